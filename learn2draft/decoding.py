@@ -1,0 +1,423 @@
+"""The draft/verify loop with KV-cache rollback (speculative decoding, Leviathan et al. 2023;
+Chen et al. 2023), built so that a policy can decide the draft depth one step at a time.
+
+One *cycle*:
+
+1. the draft proposes tokens one at a time (:meth:`SpeculativeDecoder.draft_step`); before each
+   step a :class:`DraftController` sees the features (:mod:`learn2draft.features`) and says
+   CONTINUE or STOP — the decision precedes the draw, which keeps the output law exact;
+2. the target verifies the γ drafted tokens plus the bonus position in one forward pass
+   (:meth:`SpeculativeDecoder.verify`);
+3. :func:`learn2draft.sampling.speculative_sample` accepts a prefix of length τ and emits one
+   corrected or bonus token, so τ + 1 tokens are committed (fewer at EOS / ``max_new_tokens``);
+4. both KV caches are cropped back to the committed length.
+
+Cache invariant: each model's cache holds keys/values for a prefix of the sequence
+``committed + drafted``; every forward feeds exactly the tokens after that prefix. After
+verification the valid prefix is ``committed + accepted`` minus the last token, which has not
+been fed to the target yet. A draft *tree* drafter would replace :meth:`draft_step` and pass a
+tree attention mask in :meth:`verify`; the :class:`DraftAction` a controller produces already
+carries a verification size (equal to the depth for a chain).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from learn2draft.features import build_features
+from learn2draft.models import ModelPair
+from learn2draft.sampling import SamplingConfig, sample_from, speculative_sample
+from learn2draft.timing import DeviceClock
+
+Sampler = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Generator | None], tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class DraftAction:
+    """What a controller decides for one cycle: draft ``depth`` tokens, verify ``verify_size`` of them.
+
+    For a chain drafter ``verify_size == depth``. For a draft tree (EAGLE-2 style) ``depth`` is
+    the number of sequential draft forwards and ``verify_size`` the number of tree nodes sent
+    to the target.
+    """
+
+    depth: int
+    verify_size: int
+
+
+class DraftController(ABC):
+    """Decides, before each draft step, whether to draft one more token.
+
+    Implementations: :class:`FixedDepthController` (fixed γ), the PPO policy and its ONNX
+    export in :mod:`policies`.
+    """
+
+    max_depth: int = 12
+
+    def reset(self) -> None:
+        """Called at the start of each generation."""
+
+    @abstractmethod
+    def continue_drafting(self, features: np.ndarray) -> bool:
+        """``features``: float32 (n_features,) from :func:`learn2draft.features.build_features`."""
+
+    def verification_size(self, features: np.ndarray, depth: int) -> int:
+        """Number of drafted tokens to verify; a chain verifies all of them."""
+        return depth
+
+
+class FixedDepthController(DraftController):
+    """Always draft γ = ``num_draft_tokens`` tokens (γ = 0 is autoregressive decoding)."""
+
+    def __init__(self, num_draft_tokens: int):
+        if num_draft_tokens < 0:
+            raise ValueError(f"num_draft_tokens must be ≥ 0, got {num_draft_tokens}.")
+        self.num_draft_tokens = self.max_depth = int(num_draft_tokens)
+
+    def continue_drafting(self, features: np.ndarray) -> bool:
+        return True  # the decoder stops at max_depth
+
+    def __repr__(self) -> str:
+        return f"FixedDepthController(num_draft_tokens={self.num_draft_tokens})"
+
+
+@dataclass
+class DraftStep:
+    """One drafted token. ``confidence``: max raw draft probability; ``entropy`` in nats."""
+
+    token: int
+    confidence: float
+    entropy: float
+
+
+@dataclass
+class CycleResult:
+    """The outcome of one draft/verify cycle.
+
+    Attributes:
+        tokens: ids emitted this cycle (τ + 1, fewer at EOS or ``max_new_tokens``).
+        depth: tokens drafted (γ); ``verify_size``: tokens verified.
+        num_accepted: accepted length τ (accepted prefix only).
+        draft_seconds, verify_seconds: device-synchronised seconds in the draft / target forwards
+            and the sampling that goes with them; ``other_seconds``: the rest of the cycle
+            (acceptance, cache rollback, features, controller decisions when timed).
+        finished: generation ended (EOS emitted or ``max_new_tokens`` reached).
+        features: observation for the next decision (start of the next cycle).
+    """
+
+    tokens: list[int]
+    depth: int
+    verify_size: int
+    num_accepted: int
+    draft_seconds: float
+    verify_seconds: float
+    other_seconds: float
+    finished: bool
+    features: np.ndarray = field(repr=False, default=None)
+
+    @property
+    def seconds(self) -> float:
+        return self.draft_seconds + self.verify_seconds + self.other_seconds
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.tokens) / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class GenerationResult:
+    """A whole generation. Times in seconds, ``tokens_per_second`` = new tokens / wall seconds
+    (prefill included), ``ttft_seconds`` = time to the first emitted token."""
+
+    prompt_ids: list[int]
+    tokens: list[int]
+    cycles: list[CycleResult]
+    wall_seconds: float
+    ttft_seconds: float
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.tokens) / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        """Mean accepted length τ over cycles that drafted at least one token (0 if none did)."""
+        t = [c.num_accepted for c in self.cycles if c.depth > 0]
+        return float(np.mean(t)) if t else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / drafted tokens over the generation."""
+        d = sum(c.depth for c in self.cycles)
+        return sum(c.num_accepted for c in self.cycles) / d if d else 0.0
+
+    @property
+    def overhead_fraction(self) -> float:
+        """Share of cycle time outside the two models' forwards."""
+        tot = sum(c.seconds for c in self.cycles)
+        return sum(c.other_seconds for c in self.cycles) / tot if tot else 0.0
+
+    @property
+    def mean_inter_token_seconds(self) -> float:
+        """(wall − TTFT) / (new tokens − 1)."""
+        n = len(self.tokens)
+        return (self.wall_seconds - self.ttft_seconds) / (n - 1) if n > 1 else 0.0
+
+
+class SpeculativeDecoder:
+    """Speculative decoding of one sequence (batch size 1) with a target/draft :class:`ModelPair`.
+
+    Args:
+        pair: the models.
+        sampling: settings applied identically to target and draft (greedy by default).
+        max_new_tokens: generation stops after this many tokens (> 0).
+        max_depth: the most tokens drafted in one cycle (≥ 0).
+        seed: seeds the sampling generator; the same seed gives the same output.
+        sampler: the acceptance rule; :func:`speculative_sample` unless a test swaps in another.
+
+    Raises:
+        ValueError: ``max_new_tokens`` ≤ 0 or ``max_depth`` < 0.
+    """
+
+    def __init__(
+        self,
+        pair: ModelPair,
+        sampling: SamplingConfig | None = None,
+        max_new_tokens: int = 128,
+        max_depth: int = 12,
+        seed: int = 0,
+        sampler: Sampler = speculative_sample,
+    ):
+        if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}.")
+        if max_depth < 0:
+            raise ValueError(f"max_depth must be ≥ 0, got {max_depth}.")
+        self.pair = pair
+        self.sampling = sampling or SamplingConfig()
+        self.max_new_tokens = max_new_tokens
+        self.max_depth = max_depth
+        self.seed = seed
+        self.sampler = sampler
+        self.clock = DeviceClock(pair.device)
+        self._eos = torch.tensor(pair.eos_token_ids, dtype=torch.long)
+        self._started = False
+
+    # ------------------------------------------------------------------ state
+    def start(self, prompt_ids: torch.Tensor, seed: int | None = None) -> None:
+        """Reset the state for a new prompt and prefill the target cache with all but the last prompt token.
+
+        Args:
+            prompt_ids: int64 (L,) or (1, L), L ≥ 1.
+
+        Raises:
+            ValueError: empty prompt, or prompt + ``max_new_tokens`` beyond the context window.
+        """
+        prompt_ids = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(-1).to(self.pair.device)
+        if prompt_ids.numel() == 0:
+            raise ValueError("Empty prompt: pass at least one token.")
+        self.pair.check_length(prompt_ids.numel(), self.max_new_tokens)
+        self.prompt_len = prompt_ids.numel()
+        self.ids = prompt_ids
+        self.generator = torch.Generator(device=self.pair.device).manual_seed(self.seed if seed is None else seed)
+        self.target_cache, self.draft_cache = DynamicCache(), DynamicCache()
+        self.target_len = self.draft_len = 0
+        self.accepted_history: list[int] = []
+        self.last_accept_fraction = 1.0
+        self.finished = False
+        self._begin_cycle()
+        self._started = True
+        if self.prompt_len > 1:
+            self._forward(self.pair.target, self.target_cache, self.ids[:-1])
+            self.target_len = self.prompt_len - 1
+        self._cycle_other = 0.0  # prefill is not part of a cycle; generate() counts it in wall/TTFT
+
+    def _begin_cycle(self) -> None:
+        self.drafted: list[int] = []
+        self.draft_probs: list[torch.Tensor] = []
+        self.confidences: list[float] = []
+        self.last_entropy = 0.0
+        self._cycle_draft = self._cycle_verify = self._cycle_other = 0.0
+
+    @property
+    def generated(self) -> int:
+        return self.ids.numel() - self.prompt_len
+
+    @property
+    def depth(self) -> int:
+        return len(self.drafted)
+
+    @property
+    def depth_limit(self) -> int:
+        """The most tokens this cycle may draft: ``max_depth`` capped so that τ + 1 ≤ tokens left."""
+        return max(0, min(self.max_depth, self.max_new_tokens - self.generated - 1))
+
+    def features(self) -> np.ndarray:
+        """Observation for the next decision, float32 (n_features,); see :mod:`learn2draft.features`."""
+        return build_features(
+            context_len=self.ids.numel() + self.depth,
+            depth=self.depth,
+            max_depth=max(self.max_depth, 1),
+            accepted_history=self.accepted_history,
+            confidences=self.confidences,
+            last_entropy=self.last_entropy,
+            vocab_size=self.pair.vocab_size,
+            last_accept_fraction=self.last_accept_fraction,
+            generated=self.generated,
+            max_new_tokens=self.max_new_tokens,
+        )
+
+    # --------------------------------------------------------------- forwards
+    @torch.inference_mode()
+    def _forward(self, model, cache: DynamicCache, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed ``tokens`` (int64 (n,)) after the cached prefix; return logits float (n, V)."""
+        out = model(input_ids=tokens.unsqueeze(0), cache=cache, use_cache=True)
+        return out.logits[0, :, : self.pair.vocab_size]
+
+    def _seq(self) -> torch.Tensor:
+        if not self.drafted:
+            return self.ids
+        return torch.cat([self.ids, torch.tensor(self.drafted, dtype=torch.long, device=self.ids.device)])
+
+    def draft_step(self) -> DraftStep:
+        """Draft one token with the draft model (feeding whatever its cache lacks).
+
+        Raises:
+            RuntimeError: not started, finished, or the depth limit is reached.
+        """
+        self._check_running()
+        if self.depth >= self.depth_limit:
+            raise RuntimeError(f"Depth limit {self.depth_limit} reached: call verify().")
+        t0 = self.clock.now()
+        seq = self._seq()
+        logits = self._forward(self.pair.draft, self.draft_cache, seq[self.draft_len :])[-1:]
+        self.draft_len = seq.numel()
+        q = self.sampling.probs(logits, seq)[0]
+        token = sample_from(q, self.generator)
+        raw = torch.softmax(logits[0].float(), dim=-1)
+        conf = float(raw.max())
+        ent = float(-(raw * torch.log(raw.clamp_min(1e-30))).sum())
+        self.drafted.append(token)
+        self.draft_probs.append(q)
+        self.confidences.append(conf)
+        self.last_entropy = ent
+        self._cycle_draft += self.clock.now() - t0
+        return DraftStep(token, conf, ent)
+
+    def verify(self, verify_size: int | None = None) -> CycleResult:
+        """Verify the drafted chain with one target forward, accept, commit and roll back the caches.
+
+        Args:
+            verify_size: must equal the depth for a chain (None means the depth).
+
+        Raises:
+            ValueError: ``verify_size`` differs from the depth.
+            RuntimeError: not started or already finished.
+        """
+        self._check_running()
+        gamma = self.depth
+        if verify_size is not None and verify_size != gamma:
+            raise ValueError(f"A chain drafter verifies all drafted tokens: verify_size must be {gamma}, got {verify_size}.")
+        t0 = self.clock.now()
+        seq = self._seq()
+        logits = self._forward(self.pair.target, self.target_cache, seq[self.target_len :])[-(gamma + 1) :]
+        self.target_len = seq.numel()
+        drafted = seq[self.ids.numel() :]
+        p = self.sampling.probs(logits, self.ids, drafted)
+        t1 = self.clock.now()
+        q = torch.stack(self.draft_probs) if gamma else p.new_zeros(0, p.shape[1])
+        tau, nxt = self.sampler(p, q, drafted, self.generator)
+        emitted = self.drafted[:tau] + [nxt]
+        emitted = emitted[: self.max_new_tokens - self.generated]
+        eos_at = [i for i, t in enumerate(emitted) if t in self.pair.eos_token_ids]
+        if eos_at:
+            emitted = emitted[: eos_at[0] + 1]
+        n_old = self.ids.numel()
+        self.ids = torch.cat([self.ids, torch.tensor(emitted, dtype=torch.long, device=self.ids.device)])
+        self.finished = bool(eos_at) or self.generated >= self.max_new_tokens
+        # Roll back: entries are valid for committed-old + accepted drafts (same tokens in both sequences).
+        valid = n_old + tau
+        for name in ("target", "draft"):
+            cache, length = getattr(self, f"{name}_cache"), getattr(self, f"{name}_len")
+            if length > valid:
+                cache.crop(-(length - valid))
+                setattr(self, f"{name}_len", valid)
+        self.accepted_history.append(tau)
+        self.last_accept_fraction = tau / gamma if gamma else 1.0
+        draft_s, other_s = self._cycle_draft, self._cycle_other
+        verify_s = t1 - t0
+        self._begin_cycle()
+        feats = self.features()
+        other_s += self.clock.now() - t1
+        return CycleResult(emitted, gamma, gamma, tau, draft_s, verify_s, other_s, self.finished, feats)
+
+    def _check_running(self) -> None:
+        if not self._started:
+            raise RuntimeError("Call start(prompt_ids) first.")
+        if self.finished:
+            raise RuntimeError("Generation finished (EOS or max_new_tokens): call start() for a new prompt.")
+
+    def add_other_seconds(self, seconds: float) -> None:
+        """Charge time spent outside the decoder (e.g. a controller's decision) to the current cycle."""
+        self._cycle_other += seconds
+
+    # ----------------------------------------------------------------- driving
+    def run_cycle(self, controller: DraftController) -> CycleResult:
+        """Draft while the controller says CONTINUE (up to the decoder's and the controller's
+        ``max_depth``), then verify.
+        The controller's decision time is charged to ``other_seconds``."""
+        limit = min(self.depth_limit, controller.max_depth)
+        while self.depth < limit:
+            t0 = self.clock.now()
+            go = controller.continue_drafting(self.features())
+            self._cycle_other += self.clock.now() - t0
+            if not go:
+                break
+            self.draft_step()
+        return self.verify()
+
+    def generate(self, prompt_ids: torch.Tensor, controller: DraftController, seed: int | None = None) -> GenerationResult:
+        """Generate up to ``max_new_tokens`` after ``prompt_ids`` (int64 (L,)); stop at EOS (emitted, nothing after).
+
+        The wall clock covers prefill, every cycle and the controller's decisions.
+        """
+        controller.reset()
+        t0 = self.clock.now()
+        self.start(prompt_ids, seed)
+        cycles = []
+        ttft = None
+        while not self.finished:
+            cycles.append(self.run_cycle(controller))
+            if ttft is None:
+                ttft = self.clock.now() - t0
+        wall = self.clock.now() - t0
+        return GenerationResult(
+            prompt_ids=self.ids[: self.prompt_len].tolist(),
+            tokens=self.ids[self.prompt_len :].tolist(),
+            cycles=cycles,
+            wall_seconds=wall,
+            ttft_seconds=ttft if ttft is not None else wall,
+        )
+
+
+def autoregressive_controller() -> FixedDepthController:
+    """The autoregressive baseline: γ = 0, one target forward per token, timed by the same loop."""
+    return FixedDepthController(0)
+
+
+def expected_tokens_per_cycle(alpha: float, gamma: int) -> float:
+    """E[τ + 1] = (1 − α^(γ+1)) / (1 − α) for i.i.d. acceptance α (Leviathan et al. 2023, eq. 1)."""
+    if alpha >= 1.0:
+        return float(gamma + 1)
+    return (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+
+__all__ = [
+    "CycleResult", "DraftAction", "DraftController", "DraftStep", "FixedDepthController", "GenerationResult",
+    "SpeculativeDecoder", "autoregressive_controller", "expected_tokens_per_cycle",
+]

@@ -1,0 +1,92 @@
+"""The features a drafting policy sees, and their portable specification.
+
+Every feature is known *before* the decision it informs: the depth policy decides whether to
+draft the next token from the tokens drafted so far, never from the value of a token it has not
+yet drawn (drawing first and then choosing whether to verify it would bias the output law).
+
+The specification (:func:`feature_spec`) is saved next to every exported policy so that an
+inference engine can rebuild the same float32 vector without this package.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+FEATURE_VERSION = 1
+HISTORY = 4  # recent accepted lengths in the observation
+CONTEXT_SCALE = 2048.0  # context length is divided by this, then clipped to [0, 1]
+
+FEATURE_NAMES: tuple[str, ...] = (
+    "context_len",
+    "depth",
+    *(f"accepted_len_t-{i + 1}" for i in range(HISTORY)),
+    "last_confidence",
+    "last_entropy",
+    "cum_confidence",
+    "mean_confidence",
+    "last_accept_fraction",
+    "progress",
+)
+
+FEATURE_DOCS: dict[str, str] = {
+    "context_len": f"committed tokens (prompt + generated) / {CONTEXT_SCALE:g}, clipped to [0, 1]",
+    "depth": "tokens drafted so far this cycle / max_depth",
+    **{f"accepted_len_t-{i + 1}": f"accepted length τ of the cycle {i + 1} back / max_depth (0 before it exists)"
+       for i in range(HISTORY)},
+    "last_confidence": "max softmax probability of the draft's raw logits at the last drafted token (0 at depth 0)",
+    "last_entropy": "entropy (nats) of the draft's raw softmax at the last drafted token / ln V (0 at depth 0)",
+    "cum_confidence": "product of last_confidence over this cycle's drafted tokens (1 at depth 0)",
+    "mean_confidence": "mean of last_confidence over this cycle's drafted tokens (0 at depth 0)",
+    "last_accept_fraction": "τ / depth of the previous cycle (1 if it drafted nothing or before any cycle)",
+    "progress": "tokens generated so far / max_new_tokens",
+}
+
+
+def feature_spec(max_depth: int) -> dict:
+    """JSON-serialisable description of the observation vector (float32, shape (len(FEATURE_NAMES),))."""
+    return {
+        "version": FEATURE_VERSION,
+        "dtype": "float32",
+        "shape": [len(FEATURE_NAMES)],
+        "max_depth": max_depth,
+        "history": HISTORY,
+        "context_scale": CONTEXT_SCALE,
+        "features": [{"name": n, "index": i, "definition": FEATURE_DOCS[n]} for i, n in enumerate(FEATURE_NAMES)],
+    }
+
+
+def build_features(
+    context_len: int,
+    depth: int,
+    max_depth: int,
+    accepted_history: Sequence[int],
+    confidences: Sequence[float],
+    last_entropy: float,
+    vocab_size: int,
+    last_accept_fraction: float,
+    generated: int,
+    max_new_tokens: int,
+) -> np.ndarray:
+    """Assemble the observation vector described by :data:`FEATURE_NAMES`.
+
+    Returns:
+        float32 array of shape (len(FEATURE_NAMES),), every entry in [0, 1].
+    """
+    hist = list(accepted_history)[-HISTORY:][::-1]
+    hist += [0] * (HISTORY - len(hist))
+    conf = list(confidences)
+    out = [
+        min(context_len / CONTEXT_SCALE, 1.0),
+        depth / max_depth,
+        *(min(h / max_depth, 1.0) for h in hist),
+        conf[-1] if conf else 0.0,
+        (last_entropy / math.log(vocab_size)) if conf else 0.0,
+        float(np.prod(conf)) if conf else 1.0,
+        float(np.mean(conf)) if conf else 0.0,
+        last_accept_fraction,
+        min(generated / max_new_tokens, 1.0),
+    ]
+    return np.clip(np.asarray(out, dtype=np.float32), 0.0, 1.0)

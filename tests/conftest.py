@@ -1,0 +1,65 @@
+"""Shared fixtures: tiny randomly initialised Llama models (no downloads) and the real default pair."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from learn2draft.models import make_pair
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+TINY_VOCAB = [f"w{i}" for i in range(60)]
+
+
+def tiny_tokenizer(words=TINY_VOCAB) -> PreTrainedTokenizerFast:
+    """A whitespace word-level tokenizer: ids 0..2 are <unk>, <s>, </s>, then ``words``."""
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate(words)}}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+
+
+def tiny_llama(vocab_size: int, seed: int, layers: int = 2, hidden: int = 32) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, eos_token_id=2, bos_token_id=1,
+        pad_token_id=0, tie_word_embeddings=False,
+    )
+    m = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # larger logits → peakier, more varied distributions than the tiny init gives
+        m.lm_head.weight.mul_(40.0)
+    return m
+
+
+@pytest.fixture(scope="session")
+def tiny_tok():
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tiny_tok):
+    """Target and a different draft, both random, sharing ``tiny_tok`` (V = 63)."""
+    V = len(tiny_tok)
+    return make_pair(tiny_llama(V, 0), tiny_llama(V, 1, layers=1), tiny_tok, tiny_tok)
+
+
+@pytest.fixture(scope="session")
+def tiny_self_pair(tiny_tok):
+    """Draft identical to the target: every draft token must be accepted."""
+    V = len(tiny_tok)
+    m = tiny_llama(V, 0)
+    return make_pair(m, m, tiny_tok, tiny_tok)
+
+
+@pytest.fixture(scope="session")
+def default_pair():
+    """The real embedded default pair (SmolLM2-135M-Instruct target + shipped draft), fp32 on CPU."""
+    from learn2draft.models import load_pair
+
+    return load_pair()
