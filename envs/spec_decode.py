@@ -1,0 +1,243 @@
+"""A gymnasium environment around the real draft/verify loop (:class:`learn2draft.SpeculativeDecoder`).
+
+At every step the agent sees the features of the current cycle (:func:`learn2draft.features.build_features`,
+known *before* the decision) and chooses
+
+* ``0`` = STOP: verify the tokens drafted so far with one target forward (at depth 0 this is a
+  plain autoregressive target step), or
+* ``1`` = CONTINUE: draft one more token with the draft model.
+
+When a CONTINUE reaches the cycle's depth limit (:attr:`SpeculativeDecoder.depth_limit`: ``max_depth``
+capped by the tokens left), verification happens in that same step. When the limit is already 0
+at a decision (one token left, or ``max_depth=0``), either action verifies.
+
+Reward: the cycle's emitted tokens over its wall-clock seconds (:attr:`CycleResult.tokens_per_second`),
+divided by ``reward_scale``, paid at the step that verifies; 0 at drafting steps. The seconds are
+measured by the decoder around its own calls only (draft forwards, the verify forward, acceptance,
+cache rollback, feature computation), so whatever the caller does between ``step`` calls (the
+policy forward, PPO updates, logging) never enters a cycle's time. At deployment the policy's own
+decision time *is* charged to the cycle by :meth:`SpeculativeDecoder.run_cycle`; here it is not.
+
+Two episode structures (``episode=``):
+
+* ``"generation"`` (default): one episode = one generation for a prompt drawn with ``self.np_random``.
+  Ends ``terminated`` when EOS is emitted and ``truncated`` at ``max_new_tokens``. Note that an
+  undiscounted return then *sums per-cycle rates*, which favours many short cycles over fast
+  generation; use it with care (or a time-based objective) for training.
+* ``"cycle"``: one episode = one draft/verify cycle, ``terminated`` at each verification; the next
+  :meth:`reset` (without a seed) continues the same generation, and draws a new prompt only when
+  the generation has ended. With discount 1 the return of every decision is then exactly the
+  scaled tokens/s of its cycle — the per-cycle objective (the speed-up ``E/(cγ+1)`` of Leviathan et
+  al. 2023 made state dependent). ``train`` uses this mode.
+
+Wall-clock rewards are not reproducible, so the registered spec sets ``nondeterministic=True``;
+observations and emitted tokens are reproducible for a given seed and action sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from learn2draft.decoding import CycleResult, SpeculativeDecoder
+from learn2draft.features import FEATURE_NAMES
+from learn2draft.models import DEFAULT_DRAFT, DEFAULT_TARGET, ModelPair, load_pair, parse_dtype
+from learn2draft.sampling import SamplingConfig
+
+STOP = 0
+CONTINUE = 1
+ACTION_MEANINGS = {STOP: "STOP (verify now)", CONTINUE: "CONTINUE (draft one more token)"}
+EPISODE_MODES = ("generation", "cycle")
+
+
+class SpecDecodeEnv(gym.Env):
+    """Draft-depth control as a gymnasium environment, on the real speculative decoder.
+
+    Args:
+        pair: the target/draft models; if None, loaded with :func:`learn2draft.load_pair` from
+            ``target`` / ``draft`` / ``device`` / ``dtype``.
+        prompts: the prompts episodes draw from: strings (tokenised once, through the chat template
+            when the tokenizer has one and ``chat``) or token-id sequences (int, shape (L,)).
+            Default: ``learn2draft.prompts.load_prompts("train")``.
+        sampling: sampling settings for target and draft (greedy by default).
+        max_new_tokens: tokens generated per prompt (> 0).
+        max_depth: the most tokens drafted per cycle (≥ 0); also the scale of the depth features.
+        reward_scale: rewards are ``tokens_per_second / reward_scale`` (> 0). Use e.g. the
+            autoregressive tokens/s of the pair so that a reward of 1.0 means "as fast as plain
+            decoding"; a fixed scale keeps exported policies free of normalisation state.
+        episode: ``"generation"`` or ``"cycle"`` (see the module docstring).
+        chat: apply the tokenizer's chat template to string prompts.
+        target, draft, device, dtype: used only when ``pair`` is None (``dtype``: a torch dtype or
+            ``"float32" | "bfloat16" | "float16"``).
+
+    Observation: float32 array of shape ``(len(FEATURE_NAMES),)`` in [0, 1] (``decoder.features()``).
+    Action: ``Discrete(2)``, 0 = STOP, 1 = CONTINUE.
+    Info (every step): ``depth`` (tokens drafted in the current cycle, before any verification),
+    ``verified`` (bool), ``generated`` (tokens emitted so far in the generation), ``prompt_index``.
+    At a verifying step additionally the :class:`CycleResult` numbers: ``tokens`` (count emitted),
+    ``accepted`` (τ), ``seconds``, ``draft_seconds``, ``verify_seconds``, ``other_seconds``,
+    ``tokens_per_second`` (unscaled), ``forced`` (the depth limit made the step verify) and
+    ``generation_finished``.
+
+    Raises:
+        ValueError: empty prompt list, bad ``max_new_tokens`` / ``max_depth`` / ``reward_scale`` /
+            ``episode``, or a prompt longer than the context window.
+        learn2draft.ModelLoadError: ``pair`` is None and a model cannot be loaded.
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(
+        self,
+        pair: ModelPair | None = None,
+        prompts: Sequence[str | Sequence[int]] | None = None,
+        sampling: SamplingConfig | None = None,
+        max_new_tokens: int = 64,
+        max_depth: int = 8,
+        reward_scale: float = 1.0,
+        episode: str = "generation",
+        chat: bool = True,
+        target: str = DEFAULT_TARGET,
+        draft: str = DEFAULT_DRAFT,
+        device: str = "cpu",
+        dtype: str | torch.dtype = "float32",
+    ):
+        super().__init__()
+        if not (isinstance(reward_scale, (int, float)) and np.isfinite(reward_scale) and reward_scale > 0):
+            raise ValueError(f"reward_scale must be a finite number > 0, got {reward_scale!r}.")
+        if episode not in EPISODE_MODES:
+            raise ValueError(f"episode must be one of {EPISODE_MODES}, got {episode!r}.")
+        if pair is None:
+            pair = load_pair(target, draft, device=device, dtype=parse_dtype(dtype) if isinstance(dtype, str) else dtype)
+        if prompts is None:
+            from learn2draft.prompts import load_prompts
+
+            prompts = load_prompts("train")
+        if len(prompts) == 0:
+            raise ValueError("prompts is empty: pass at least one prompt.")
+        self.pair = pair
+        self.sampling = sampling or SamplingConfig()
+        # SpeculativeDecoder validates max_new_tokens and max_depth.
+        self.decoder = SpeculativeDecoder(pair, self.sampling, max_new_tokens=max_new_tokens, max_depth=max_depth)
+        self.max_new_tokens = max_new_tokens
+        self.max_depth = max_depth
+        self.reward_scale = float(reward_scale)
+        self.episode = episode
+        self.prompt_ids = [self._encode(p, chat) for p in prompts]
+        for ids in self.prompt_ids:
+            pair.check_length(ids.numel(), max_new_tokens)
+
+        self.observation_space = spaces.Box(0.0, 1.0, shape=(len(FEATURE_NAMES),), dtype=np.float32)
+        self.action_space = spaces.Discrete(2)
+        self.prompt_index: int | None = None
+        self._needs_reset = True
+
+    def _encode(self, prompt: str | Sequence[int], chat: bool) -> torch.Tensor:
+        if isinstance(prompt, str):
+            return self.pair.encode_prompt(prompt, chat=chat)
+        ids = torch.as_tensor(prompt, dtype=torch.long).reshape(-1).to(self.pair.device)
+        if ids.numel() == 0:
+            raise ValueError("Empty prompt: pass at least one token id.")
+        return ids
+
+    # ------------------------------------------------------------------ gymnasium API
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        """Start a generation (or, in ``episode="cycle"`` mode, continue the current one).
+
+        Args:
+            seed: seeds ``self.np_random`` (through ``super().reset``), which draws the prompt and
+                the decoder's sampling seed.
+            options: ``{"prompt_index": i}`` forces prompt ``i``; ``{"new_generation": True}``
+                forces a new generation in cycle mode.
+
+        Returns:
+            ``(observation, info)``; observation float32 ``(len(FEATURE_NAMES),)``.
+
+        Raises:
+            ValueError: ``prompt_index`` out of range.
+        """
+        super().reset(seed=seed)
+        options = options or {}
+        d = self.decoder
+        continuing = (
+            self.episode == "cycle" and seed is None and not options.get("new_generation")
+            and "prompt_index" not in options and getattr(d, "_started", False) and not d.finished
+            and self.prompt_index is not None
+        )
+        if not continuing:
+            idx = options.get("prompt_index")
+            if idx is None:
+                idx = int(self.np_random.integers(len(self.prompt_ids)))
+            elif not 0 <= int(idx) < len(self.prompt_ids):
+                raise ValueError(f"prompt_index must be in [0, {len(self.prompt_ids)}), got {idx}.")
+            self.prompt_index = int(idx)
+            d.start(self.prompt_ids[self.prompt_index], seed=int(self.np_random.integers(2**31 - 1)))
+        self._needs_reset = False
+        info = {"prompt_index": self.prompt_index, "generated": d.generated, "new_generation": not continuing}
+        return d.features(), info
+
+    def step(self, action) -> tuple[np.ndarray, float, bool, bool, dict]:
+        """Apply STOP (0) or CONTINUE (1); see the class docstring for reward, termination and info.
+
+        Raises:
+            ValueError: ``action`` is not 0 or 1.
+            RuntimeError: called before :meth:`reset` or after the episode ended.
+        """
+        if not self.action_space.contains(action):
+            raise ValueError(
+                f"Invalid action {action!r}: valid actions are "
+                + ", ".join(f"{a} = {m}" for a, m in ACTION_MEANINGS.items()) + "."
+            )
+        if self._needs_reset:
+            raise RuntimeError("The episode has ended (or never started): call reset() first.")
+        d = self.decoder
+        action = int(action)
+        forced = False
+        if action == CONTINUE and d.depth < d.depth_limit:
+            d.draft_step()
+            verify = d.depth >= d.depth_limit
+            forced = verify
+        else:
+            verify = True
+            forced = action == CONTINUE  # the limit was already reached (0 tokens may be drafted)
+        info: dict[str, Any] = {
+            "depth": d.depth, "verified": verify, "prompt_index": self.prompt_index,
+        }
+        if not verify:
+            t0 = d.clock.now()
+            obs = d.features()
+            d.add_other_seconds(d.clock.now() - t0)  # as run_cycle charges features() to the cycle
+            info["generated"] = d.generated
+            return obs, 0.0, False, False, info
+
+        res: CycleResult = d.verify()
+        reward = res.tokens_per_second / self.reward_scale
+        info.update(
+            tokens=len(res.tokens), accepted=res.num_accepted, seconds=res.seconds,
+            draft_seconds=res.draft_seconds, verify_seconds=res.verify_seconds, other_seconds=res.other_seconds,
+            tokens_per_second=res.tokens_per_second, forced=forced, generation_finished=res.finished,
+            generated=d.generated,
+        )
+        eos = res.finished and bool(res.tokens) and res.tokens[-1] in self.pair.eos_token_ids
+        if self.episode == "cycle":
+            terminated, truncated = True, False
+        else:
+            terminated, truncated = eos, res.finished and not eos
+        self._needs_reset = terminated or truncated
+        return res.features.copy(), float(reward), terminated, truncated, info
+
+    def action_meanings(self) -> dict[int, str]:
+        """``{0: "STOP (verify now)", 1: "CONTINUE (draft one more token)"}``."""
+        return dict(ACTION_MEANINGS)
+
+    def generated_tokens(self) -> list[int]:
+        """Token ids emitted so far in the current generation (prompt excluded)."""
+        return self.decoder.ids[self.decoder.prompt_len :].tolist()
+
+
+__all__ = ["ACTION_MEANINGS", "CONTINUE", "EPISODE_MODES", "STOP", "SpecDecodeEnv"]

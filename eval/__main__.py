@@ -1,0 +1,148 @@
+"""``python -m eval``: compare a learned drafting policy with the best fixed γ, and check the output law.
+
+Example::
+
+    python -m eval --policy runs/default            # speed comparison (greedy), table + JSON + plot
+    python -m eval --policy runs/default --law-check  # also the real-model law check at T=0.8, top-p 0.95
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def parse_gammas(text: str) -> list[int]:
+    """``"1-12"`` or ``"1,2,4,8"`` → sorted list of positive ints. Raises ValueError otherwise."""
+    try:
+        if "-" in text:
+            a, b = (int(x) for x in text.split("-"))
+            out = list(range(a, b + 1))
+        else:
+            out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--gammas {text!r}: use a range like 1-12 or a list like 1,2,4,8.") from None
+    if not out or min(out) < 1:
+        raise ValueError(f"--gammas {text!r}: need at least one γ ≥ 1.")
+    return sorted(set(out))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--policy", default="runs/default", help="directory written by `python -m train` (default: runs/default)")
+    p.add_argument("--target", default=None, help="target model (default: the one the policy was trained with)")
+    p.add_argument("--draft", default=None, help="draft model (default: the one the policy was trained with)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, … (default: cuda if available, else cpu)")
+    p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
+    p.add_argument("--num-train-prompts", type=int, default=8, help="training prompts for the γ grid search")
+    p.add_argument("--num-heldout-prompts", type=int, default=8, help="held-out prompts for the comparison")
+    p.add_argument("--repeats", type=int, default=3, help="repeats of the held-out comparison (for the spread)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default: the policy's training setting")
+    p.add_argument("--gammas", default="1-12", help="fixed γ grid, e.g. 1-12 or 1,2,4,8")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="output directory (default: <policy>/eval)")
+    p.add_argument("--law-check", action="store_true", help="also run the output-law check on the real models")
+    p.add_argument("--law-samples", type=int, default=200, help="samples per arm for the law check")
+    p.add_argument("--law-tokens", type=int, default=3, help="first k tokens compared by the law check")
+    p.add_argument("--skip-speed", action="store_true", help="only the law check")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args) -> int:
+    from eval.compare import compare, format_markdown, plot
+    from eval.runner import encode_all
+    from learn2draft.models import load_pair, parse_dtype
+    from learn2draft.prompts import load_prompts
+    from learn2draft.sampling import SamplingConfig
+    from policies.export import load_policy
+
+    policy_dir = Path(args.policy)
+    if not policy_dir.is_dir():
+        raise FileNotFoundError(f"No policy directory at {policy_dir}: run `python -m train` first or pass --policy DIR.")
+    policy = load_policy(policy_dir)
+    cfg = json.loads((policy_dir / "config.json").read_text()) if (policy_dir / "config.json").exists() else {}
+    for name in ("num_train_prompts", "num_heldout_prompts", "repeats"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be ≥ 1.")
+    gammas = parse_gammas(args.gammas)
+    max_new = args.max_new_tokens or cfg.get("max_new_tokens", 64)
+    if max_new <= 0:
+        raise ValueError("--max-new-tokens must be > 0.")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    target = args.target or cfg.get("target", "smollm2-135m-instruct")
+    draft = args.draft or cfg.get("draft", "smollm2-135m-draft")
+    out = Path(args.out) if args.out else policy_dir / "eval"
+    out.mkdir(parents=True, exist_ok=True)
+    sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p)
+
+    t0 = time.perf_counter()
+    print(f"Loading target={target} draft={draft} on {device} ({args.dtype}) …", flush=True)
+    pair = load_pair(target, draft, device=device, dtype=parse_dtype(args.dtype))
+    machine = _machine(device)
+    results: dict = {"machine": machine, "target": target, "draft": draft, "policy_dir": str(policy_dir)}
+    if not args.skip_speed:
+        train_ids = encode_all(pair, load_prompts("train")[: args.num_train_prompts], max_new)
+        held_ids = encode_all(pair, load_prompts("heldout")[: args.num_heldout_prompts], max_new)
+        res = compare(pair, policy, train_ids, held_ids, sampling, max_new, gammas, args.repeats, args.seed)
+        results["speed"] = res
+        md = format_markdown(res)
+        (out / "results.md").write_text(f"Machine: {machine}\n\n{md}\n")
+        plot(res, out / "results.png")
+        print("\n" + md + "\n")
+    if args.law_check:
+        from eval.law import format_law_table, law_check
+        from learn2draft.decoding import FixedDepthController
+
+        law_sampling = SamplingConfig(temperature=0.8, top_p=0.95)
+        g = results.get("speed", {}).get("gamma_train", 4)
+        law = law_check(pair, {"learned policy": policy, f"fixed γ={g}": FixedDepthController(g)},
+                        [load_prompts("heldout")[0]], sampling=law_sampling, num_tokens=args.law_tokens,
+                        num_samples=args.law_samples, seed=args.seed)
+        results["law_check"] = law
+        table = format_law_table(law)
+        with open(out / "results.md", "a") as f:
+            f.write("\n## Output-law check\n\n" + table + "\n")
+        print("Output-law check\n" + table + "\n")
+    results["wall_seconds"] = time.perf_counter() - t0
+    (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    print(f"Wrote {out / 'results.md'}, {out / 'results.json'}" + ("" if args.skip_speed else f", {out / 'results.png'}")
+          + f" in {results['wall_seconds']:.0f} s.")
+    return 0
+
+
+def _machine(device: str) -> str:
+    """One line naming the machine: CPU model and cores, or the GPU."""
+    import os
+    import platform
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name(torch.device(device))}, torch {torch.__version__}"
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} (threads={torch.get_num_threads()})"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""Running decoding methods side by side, interleaved, on the same prompts and seeds.
+
+A *method* is anything that turns a prompt into tokens: this project's loop under a
+:class:`~learn2draft.decoding.DraftController` (autoregressive, fixed γ, a learned policy), or
+Hugging Face ``generate()`` with or without ``assistant_model=``. Every run is timed with the same
+device-synchronised clock; methods are interleaved (a rotated order per prompt and repeat) so a
+noisy, shared machine slows them all alike.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+from transformers.generation.streamers import BaseStreamer
+
+from learn2draft.decoding import DraftController, SpeculativeDecoder
+from learn2draft.models import ModelPair
+from learn2draft.sampling import SamplingConfig
+from learn2draft.timing import DeviceClock
+
+
+@dataclass
+class RunRecord:
+    """One generation. Seconds are wall-clock, device-synchronised; ``tau`` is the mean accepted
+    length (None where the method does not expose it); ``overhead_fraction`` is the share of
+    cycle time outside the two models' forwards (None for Hugging Face methods)."""
+
+    method: str
+    prompt_index: int
+    repeat: int
+    new_tokens: int
+    wall_seconds: float
+    ttft_seconds: float
+    inter_token_seconds: float
+    tau: float | None = None
+    overhead_fraction: float | None = None
+    tokens: list[int] = field(default_factory=list, repr=False)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+
+class Method:
+    """A named way of generating; subclasses implement :meth:`run`."""
+
+    name: str
+
+    def run(self, prompt_ids: torch.Tensor, seed: int) -> RunRecord:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class DecoderMethod(Method):
+    """This project's draft/verify loop under a controller (γ = 0 is the autoregressive baseline)."""
+
+    def __init__(self, name: str, pair: ModelPair, controller: DraftController, sampling: SamplingConfig,
+                 max_new_tokens: int, max_depth: int = 12):
+        self.name, self.controller = name, controller
+        self.decoder = SpeculativeDecoder(pair, sampling, max_new_tokens=max_new_tokens,
+                                          max_depth=max(max_depth, controller.max_depth))
+
+    def run(self, prompt_ids: torch.Tensor, seed: int) -> RunRecord:
+        r = self.decoder.generate(prompt_ids, self.controller, seed=seed)
+        drafted = any(c.depth for c in r.cycles)
+        return RunRecord(self.name, -1, -1, len(r.tokens), r.wall_seconds, r.ttft_seconds,
+                         r.mean_inter_token_seconds, r.mean_accepted if drafted else None,
+                         r.overhead_fraction, r.tokens)
+
+
+class _TimingStreamer(BaseStreamer):
+    """Records when ``generate()`` pushes tokens; the first push is the prompt itself."""
+
+    def __init__(self, clock: DeviceClock):
+        self.clock, self.times, self.first = clock, [], True
+
+    def put(self, value):
+        if self.first:
+            self.first = False
+            return
+        self.times.append(self.clock.now())
+
+    def end(self):
+        pass
+
+
+class HFGenerateMethod(Method):
+    """Hugging Face ``generate()`` with the target, optionally with ``assistant_model=`` (assisted generation).
+
+    Args:
+        assistant_config: attributes set on a *copy* of the draft's ``generation_config`` before every
+            call (``num_assistant_tokens``, ``num_assistant_tokens_schedule``,
+            ``assistant_confidence_threshold``): transformers reads them from the draft and the
+            heuristic schedule writes back into it, so each call starts from the same state.
+    """
+
+    def __init__(self, name: str, pair: ModelPair, sampling: SamplingConfig, max_new_tokens: int,
+                 assistant: bool = False, assistant_config: dict | None = None):
+        if sampling.prefix_dependent or sampling.min_p:
+            raise ValueError("The Hugging Face comparison supports temperature/top-k/top-p only.")
+        self.name, self.pair, self.max_new_tokens = name, pair, max_new_tokens
+        self.assistant = assistant
+        self._base_gc = copy.deepcopy(pair.draft.generation_config)
+        self.assistant_config = assistant_config or {}
+        self.kwargs = dict(max_new_tokens=max_new_tokens, do_sample=not sampling.greedy,
+                           eos_token_id=list(pair.eos_token_ids), pad_token_id=pair.eos_token_ids[0])
+        if not sampling.greedy:
+            self.kwargs.update(temperature=sampling.temperature, top_k=sampling.top_k or None, top_p=sampling.top_p)
+        else:
+            self.kwargs.update(temperature=None, top_k=None, top_p=None)
+        self.clock = DeviceClock(pair.device)
+
+    def run(self, prompt_ids: torch.Tensor, seed: int) -> RunRecord:
+        kwargs = dict(self.kwargs)
+        if self.assistant:
+            gc = copy.deepcopy(self._base_gc)
+            for k, v in self.assistant_config.items():
+                setattr(gc, k, v)
+            self.pair.draft.generation_config = gc
+            kwargs["assistant_model"] = self.pair.draft
+        torch.manual_seed(seed)
+        streamer = _TimingStreamer(self.clock)
+        t0 = self.clock.now()
+        with torch.inference_mode():
+            out = self.pair.target.generate(prompt_ids.unsqueeze(0), attention_mask=torch.ones_like(prompt_ids).unsqueeze(0),
+                                            streamer=streamer, **kwargs)
+        wall = self.clock.now() - t0
+        self.pair.draft.generation_config = self._base_gc
+        new = out[0, prompt_ids.numel():].tolist()
+        ttft = (streamer.times[0] - t0) if streamer.times else wall
+        itl = (wall - ttft) / (len(new) - 1) if len(new) > 1 else 0.0
+        return RunRecord(self.name, -1, -1, len(new), wall, ttft, itl, None, None, new)
+
+
+def run_interleaved(methods: Sequence[Method], prompts: Sequence[torch.Tensor], repeats: int, seed: int = 0,
+                    desc: str = "runs", progress: bool = True) -> list[RunRecord]:
+    """Run every method on every prompt ``repeats`` times, rotating the method order per (repeat, prompt).
+
+    All methods get the same seed for a given (repeat, prompt). Returns one :class:`RunRecord` each.
+    """
+    records = []
+    total = len(methods) * len(prompts) * repeats
+    with tqdm(total=total, desc=desc, disable=not progress, leave=False) as bar:
+        for rep in range(repeats):
+            for pi, ids in enumerate(prompts):
+                k = (rep * len(prompts) + pi) % len(methods)
+                for m in list(methods[k:]) + list(methods[:k]):
+                    r = m.run(ids, seed=seed + 1000 * rep + pi)
+                    r.prompt_index, r.repeat = pi, rep
+                    records.append(r)
+                    bar.update(1)
+    return records
+
+
+def summarize(records: Sequence[RunRecord], reference: str | None = None) -> dict[str, dict]:
+    """Aggregate per method. tokens/s of a repeat = its new tokens / its wall seconds over all prompts;
+    reported as mean and standard deviation over repeats. Ratios to ``reference`` are computed per
+    repeat (same prompts and seeds) and reported likewise, with their min and max."""
+    by = {}
+    for r in records:
+        by.setdefault(r.method, []).append(r)
+    out = {}
+    for name, rs in by.items():
+        reps = sorted({r.repeat for r in rs})
+        tps = np.array([sum(r.new_tokens for r in rs if r.repeat == k) / sum(r.wall_seconds for r in rs if r.repeat == k)
+                        for k in reps])
+        taus = [r.tau for r in rs if r.tau is not None]
+        ovh = [r.overhead_fraction for r in rs if r.overhead_fraction is not None]
+        out[name] = {
+            "tokens_per_second_mean": float(tps.mean()),
+            "tokens_per_second_std": float(tps.std(ddof=1)) if len(tps) > 1 else 0.0,
+            "tokens_per_second_per_repeat": tps.tolist(),
+            "tau_mean": float(np.mean(taus)) if taus else None,
+            "ttft_seconds_mean": float(np.mean([r.ttft_seconds for r in rs])),
+            "inter_token_seconds_mean": float(np.mean([r.inter_token_seconds for r in rs])),
+            "overhead_fraction_mean": float(np.mean(ovh)) if ovh else None,
+            "new_tokens_total": int(sum(r.new_tokens for r in rs)),
+            "runs": len(rs),
+        }
+    if reference is not None and reference in out:
+        for name in out:
+            out[name][f"ratio_to_{reference}"] = ratio_stats(out[name], out[reference])
+    return out
+
+
+def ratio_stats(a: dict, b: dict) -> dict:
+    """Per-repeat ratio of tokens/s a / b: mean, std, min, max, and the repeats."""
+    ra = np.array(a["tokens_per_second_per_repeat"]) / np.array(b["tokens_per_second_per_repeat"])
+    return {"mean": float(ra.mean()), "std": float(ra.std(ddof=1)) if len(ra) > 1 else 0.0,
+            "min": float(ra.min()), "max": float(ra.max()), "per_repeat": ra.tolist()}
+
+
+def verdict(r: dict) -> str:
+    """Plain words for a ratio: 'faster' only when every repeat was faster, 'slower' only when
+    every repeat was slower, else 'no clear difference'."""
+    if r["min"] > 1.0:
+        return "faster in every repeat"
+    if r["max"] < 1.0:
+        return "slower in every repeat"
+    return "no clear difference (repeats disagree)"
+
+
+def encode_all(pair: ModelPair, prompts: Sequence[str], max_new_tokens: int) -> list[torch.Tensor]:
+    """Tokenise prompts with the chat template; raises ValueError for an empty or too long prompt."""
+    out = []
+    for p in prompts:
+        ids = pair.encode_prompt(p)
+        pair.check_length(ids.numel(), max_new_tokens)
+        out.append(ids)
+    return out
+
+
+def records_to_json(records: Sequence[RunRecord]) -> list[dict]:
+    rows = []
+    for r in records:
+        d = asdict(r)
+        d.pop("tokens")
+        d["tokens_per_second"] = r.tokens_per_second
+        rows.append(d)
+    return rows
+
+
+ControllerFactory = Callable[[], DraftController]

@@ -1,0 +1,204 @@
+"""Draft controllers driven by a policy: any callable, a stable-baselines3 model, or an ONNX export.
+
+All of them plug into :meth:`learn2draft.SpeculativeDecoder.run_cycle` / ``generate`` as a
+:class:`learn2draft.DraftController`: before each draft step they receive the feature vector
+(float32, shape ``(len(FEATURE_NAMES),)``, see :mod:`learn2draft.features`) and answer with an
+action of :class:`envs.SpecDecodeEnv`'s action space — ``0`` = STOP (verify now), ``1`` = CONTINUE.
+
+Importing this module imports neither stable-baselines3 nor onnxruntime: :class:`SB3Controller`
+imports SB3 only when it loads a model from a path, :class:`OnnxController` imports onnxruntime
+when constructed. An exported policy therefore runs with the engine, numpy and onnxruntime alone.
+
+The decoder's ``max_depth`` should equal the controller's (the one the policy was trained with):
+the ``depth`` and ``accepted_len_*`` features are divided by the decoder's ``max_depth``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from learn2draft.decoding import DraftController
+from learn2draft.features import FEATURE_NAMES
+
+STOP = 0
+CONTINUE = 1
+_LAST_CONFIDENCE = FEATURE_NAMES.index("last_confidence")
+_DEPTH = FEATURE_NAMES.index("depth")
+
+
+def _as_action(value: Any) -> int:
+    """Turn a policy output (int, numpy scalar, 0-d or 1-element array) into 0 or 1.
+
+    Raises:
+        ValueError: the output is not a single 0/1 action.
+    """
+    arr = np.asarray(value)
+    if arr.size != 1:
+        raise ValueError(f"A policy must return one action (0 = STOP, 1 = CONTINUE), got shape {arr.shape}.")
+    a = arr.reshape(()).item()
+    if a not in (STOP, CONTINUE):
+        raise ValueError(f"Invalid policy action {a!r}: valid actions are 0 = STOP and 1 = CONTINUE.")
+    return int(a)
+
+
+class PolicyController(DraftController):
+    """Wrap any callable ``features -> action`` as a :class:`DraftController`.
+
+    Args:
+        policy: called with float32 features of shape ``(len(FEATURE_NAMES),)``; returns 0 (STOP) or
+            1 (CONTINUE) as an int, numpy scalar or 1-element array.
+        max_depth: the most tokens drafted per cycle (≥ 0); the decoder also caps the depth.
+
+    Raises:
+        ValueError: ``max_depth`` < 0 (on construction); the policy returns anything but one
+            0/1 action (on decision).
+    """
+
+    def __init__(self, policy: Callable[[np.ndarray], Any], max_depth: int = 8):
+        if max_depth < 0:
+            raise ValueError(f"max_depth must be ≥ 0, got {max_depth}.")
+        self.policy = policy
+        self.max_depth = int(max_depth)
+
+    def act(self, features: np.ndarray) -> int:
+        """The policy's action (0 = STOP, 1 = CONTINUE) for one float32 feature vector."""
+        return _as_action(self.policy(np.asarray(features, dtype=np.float32)))
+
+    def continue_drafting(self, features: np.ndarray) -> bool:
+        return self.act(features) == CONTINUE
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(policy={self.policy!r}, max_depth={self.max_depth})"
+
+
+class SB3Controller(PolicyController):
+    """Drive the decoder with a stable-baselines3 model's deterministic action (``model.predict``).
+
+    Args:
+        model: a trained SB3 algorithm (e.g. ``PPO``) whose observation space is the feature Box
+            and whose action space is ``Discrete(2)``, or the path of its ``.zip`` (loaded with
+            ``PPO.load(path, device="cpu")``; SB3 is imported only then).
+        max_depth: as in :class:`PolicyController`; use the training environment's.
+        deterministic: argmax action (default) or a sample from the policy.
+
+    Raises:
+        FileNotFoundError: ``model`` is a path that does not exist.
+    """
+
+    def __init__(self, model: Any, max_depth: int = 8, deterministic: bool = True):
+        if isinstance(model, (str, Path)):
+            path = Path(model)
+            if not path.exists() and not path.with_suffix(".zip").exists():
+                raise FileNotFoundError(f"No SB3 model at {path}.")
+            from stable_baselines3 import PPO
+
+            model = PPO.load(str(path), device="cpu")
+        self.model = model
+        self.deterministic = deterministic
+        super().__init__(self._predict, max_depth)
+
+    def _predict(self, features: np.ndarray) -> np.ndarray:
+        action, _ = self.model.predict(features, deterministic=self.deterministic)
+        return action
+
+
+class OnnxController(PolicyController):
+    """Run an exported ONNX policy with onnxruntime alone (see :mod:`policies.export`).
+
+    The graph takes ``obs`` float32 ``(batch, len(FEATURE_NAMES))`` and returns ``action`` int64
+    ``(batch,)`` (argmax of the logits) and ``logits`` float32 ``(batch, 2)``.
+
+    Args:
+        path: the ``.onnx`` file.
+        max_depth: as in :class:`PolicyController` (``load_policy`` reads it from ``policy_config.json``).
+        intra_op_num_threads: onnxruntime threads; 1 suits a small MLP (no thread hand-off).
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        ValueError: the graph's input does not take ``len(FEATURE_NAMES)`` features.
+    """
+
+    def __init__(self, path: str | Path, max_depth: int = 8, intra_op_num_threads: int = 1):
+        import onnxruntime as ort
+
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"No ONNX policy at {path}.")
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = intra_op_num_threads
+        opts.inter_op_num_threads = 1
+        self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        inp = self.session.get_inputs()[0]
+        n = inp.shape[-1]
+        if isinstance(n, int) and n != len(FEATURE_NAMES):
+            raise ValueError(
+                f"{path} expects {n} features but this learn2draft version builds {len(FEATURE_NAMES)}: "
+                "re-export the policy with the current feature set."
+            )
+        self.path = path
+        self.input_name = inp.name
+        super().__init__(self._predict, max_depth)
+
+    def logits(self, features: np.ndarray) -> np.ndarray:
+        """float32 logits ``(batch, 2)`` for features of shape ``(n_features,)`` or ``(batch, n_features)``."""
+        obs = np.asarray(features, dtype=np.float32).reshape(-1, len(FEATURE_NAMES))
+        return self.session.run(["logits"], {self.input_name: obs})[0]
+
+    def actions(self, features: np.ndarray) -> np.ndarray:
+        """int64 actions ``(batch,)`` for features of shape ``(n_features,)`` or ``(batch, n_features)``."""
+        obs = np.asarray(features, dtype=np.float32).reshape(-1, len(FEATURE_NAMES))
+        return self.session.run(["action"], {self.input_name: obs})[0]
+
+    def _predict(self, features: np.ndarray) -> np.ndarray:
+        return self.actions(features)
+
+    def __repr__(self) -> str:
+        return f"OnnxController(path={str(self.path)!r}, max_depth={self.max_depth})"
+
+
+class ConfidenceThresholdController(DraftController):
+    """Heuristic baseline: keep drafting while the draft's confidence in its last token is high.
+
+    Draft at least ``min_depth`` tokens; after that, STOP as soon as the last drafted token's
+    max draft probability (feature ``last_confidence``) is below ``threshold``. This is the rule of
+    Hugging Face assisted generation's ``assistant_confidence_threshold`` (checked after each draft
+    token), except that the decision is taken before the next token is drawn, as the law requires.
+
+    Args:
+        threshold: in [0, 1]; 0 always drafts to ``max_depth``.
+        max_depth: the most tokens drafted per cycle (≥ 0).
+        min_depth: tokens always drafted first (0 ≤ min_depth ≤ max_depth). The depth is read from
+            the ``depth`` feature, so build the decoder with the same ``max_depth``.
+
+    Raises:
+        ValueError: an argument is out of range.
+    """
+
+    def __init__(self, threshold: float = 0.4, max_depth: int = 8, min_depth: int = 1):
+        if not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"threshold must be in [0, 1], got {threshold}.")
+        if max_depth < 0 or not 0 <= min_depth <= max_depth:
+            raise ValueError(f"Need 0 ≤ min_depth ≤ max_depth, got min_depth={min_depth}, max_depth={max_depth}.")
+        self.threshold = float(threshold)
+        self.max_depth = int(max_depth)
+        self.min_depth = int(min_depth)
+
+    def continue_drafting(self, features: np.ndarray) -> bool:
+        # "depth" is depth / the decoder's max_depth, assumed equal to this controller's max_depth.
+        depth = round(float(features[_DEPTH]) * self.max_depth)
+        if depth < self.min_depth:
+            return True
+        return float(features[_LAST_CONFIDENCE]) >= self.threshold
+
+    def __repr__(self) -> str:
+        return (f"ConfidenceThresholdController(threshold={self.threshold}, max_depth={self.max_depth}, "
+                f"min_depth={self.min_depth})")
+
+
+__all__ = [
+    "CONTINUE", "STOP", "ConfidenceThresholdController", "OnnxController", "PolicyController", "SB3Controller",
+]

@@ -1,0 +1,223 @@
+"""Export a stable-baselines3 PPO depth policy to ONNX, check it, and load it back.
+
+An export directory holds
+
+* ``policy.onnx`` — input ``obs`` float32 ``(batch, len(FEATURE_NAMES))``; outputs ``action`` int64
+  ``(batch,)`` = argmax of ``logits`` float32 ``(batch, 2)`` (0 = STOP, 1 = CONTINUE). The graph is the
+  policy's actor only (features extractor → actor MLP → action head); no observation normalisation
+  is involved because the features are already in [0, 1].
+* ``feature_spec.json`` — :func:`learn2draft.features.feature_spec`: how to build ``obs``.
+* ``policy_config.json`` — ``max_depth``, the sampling settings, model names and training settings.
+* ``export_check.json`` — the result of :func:`check_onnx` (agreement of onnxruntime's actions with
+  the PyTorch policy's deterministic actions).
+
+The exporter is ``torch.onnx.export(..., dynamo=False)`` (TorchScript-based; the dynamo exporter
+needs ``onnxscript``). :func:`load_policy` needs only onnxruntime and the engine.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from learn2draft.features import FEATURE_NAMES, FEATURE_VERSION, feature_spec
+from policies.controllers import OnnxController
+
+ONNX_FILE = "policy.onnx"
+FEATURE_SPEC_FILE = "feature_spec.json"
+POLICY_CONFIG_FILE = "policy_config.json"
+CHECK_FILE = "export_check.json"
+OPSET = 17
+
+
+class ExportCheckError(RuntimeError):
+    """onnxruntime's actions differ from the PyTorch policy's on some observations."""
+
+
+class OnnxablePolicy(nn.Module):
+    """The deterministic actor of an SB3 ``ActorCriticPolicy`` with a ``Discrete`` action space.
+
+    ``forward(obs)``: obs float32 ``(batch, n_features)`` → ``(action int64 (batch,), logits float32 (batch, n_actions))``,
+    with ``action = argmax(logits)`` — what ``policy.predict(obs, deterministic=True)`` returns.
+    """
+
+    def __init__(self, policy: nn.Module):
+        super().__init__()
+        from stable_baselines3.common.policies import ActorCriticPolicy, BaseModel
+
+        if not isinstance(policy, ActorCriticPolicy):
+            raise TypeError(f"Expected an SB3 ActorCriticPolicy (e.g. PPO's), got {type(policy).__name__}.")
+        self._base_extract = BaseModel.extract_features
+        self.policy = policy
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        p = self.policy
+        features = self._base_extract(p, obs, p.pi_features_extractor)
+        logits = p.action_net(p.mlp_extractor.forward_actor(features))
+        return torch.argmax(logits, dim=-1), logits
+
+
+def export_onnx(model: Any, path: str | Path, opset: int = OPSET) -> Path:
+    """Write the deterministic actor of an SB3 PPO ``model`` to ``path`` as ONNX (dynamic batch size).
+
+    Raises:
+        TypeError: the model's policy is not an ``ActorCriticPolicy``.
+        ValueError: the observation space is not a flat Box of ``len(FEATURE_NAMES)`` features, or the
+            action space is not ``Discrete``.
+    """
+    from gymnasium import spaces
+
+    obs_space, act_space = model.observation_space, model.action_space
+    if not (isinstance(obs_space, spaces.Box) and obs_space.shape == (len(FEATURE_NAMES),)):
+        raise ValueError(f"Expected a Box observation space of shape ({len(FEATURE_NAMES)},), got {obs_space}.")
+    if not isinstance(act_space, spaces.Discrete):
+        raise ValueError(f"Expected a Discrete action space, got {act_space}.")
+    path = Path(path)
+    module = OnnxablePolicy(model.policy).to("cpu").eval()
+    dummy = torch.zeros(1, len(FEATURE_NAMES), dtype=torch.float32)
+    with torch.no_grad():
+        torch.onnx.export(
+            module, (dummy,), str(path), input_names=["obs"], output_names=["action", "logits"],
+            dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}, "logits": {0: "batch"}},
+            opset_version=opset, dynamo=False,
+        )
+    import onnx
+
+    onnx.checker.check_model(onnx.load(str(path)))
+    return path
+
+
+def check_onnx(model: Any, onnx_path: str | Path, observations: np.ndarray) -> dict:
+    """Compare onnxruntime's actions with the PyTorch policy's deterministic actions.
+
+    Args:
+        model: the SB3 model (reference: ``model.predict(obs, deterministic=True)``).
+        onnx_path: the exported graph.
+        observations: float32 ``(n, len(FEATURE_NAMES))``.
+
+    Returns:
+        ``{"n": n, "agreement": fraction of identical actions in [0, 1], "disagreements": count,
+        "max_abs_logit_diff": max |logits_onnx − logits_torch|, "stop_fraction": share of STOP actions}``.
+    """
+    obs = np.asarray(observations, dtype=np.float32).reshape(-1, len(FEATURE_NAMES))
+    ref_actions, _ = model.predict(obs, deterministic=True)
+    ref_actions = np.asarray(ref_actions).reshape(-1)
+    module = OnnxablePolicy(model.policy).to("cpu").eval()
+    with torch.no_grad():
+        _, ref_logits = module(torch.as_tensor(obs))
+    ctrl = OnnxController(onnx_path)
+    logits = ctrl.logits(obs)
+    actions = ctrl.actions(obs)
+    same = actions == ref_actions
+    return {
+        "n": int(obs.shape[0]),
+        "agreement": float(same.mean()) if obs.shape[0] else 1.0,
+        "disagreements": int((~same).sum()),
+        "max_abs_logit_diff": float(np.abs(logits - ref_logits.numpy()).max()) if obs.shape[0] else 0.0,
+        "stop_fraction": float((actions == 0).mean()) if obs.shape[0] else 0.0,
+    }
+
+
+@dataclass
+class ExportResult:
+    """Where an export went and how its check went (``check``: see :func:`check_onnx`)."""
+
+    directory: Path
+    onnx_path: Path
+    check: dict
+
+
+def export_policy(
+    model: Any,
+    out_dir: str | Path,
+    max_depth: int,
+    config: dict | None = None,
+    observations: np.ndarray | None = None,
+    n_random: int = 2048,
+    seed: int = 0,
+) -> ExportResult:
+    """Export ``model`` to ``out_dir`` (``policy.onnx``, ``feature_spec.json``, ``policy_config.json``,
+    ``export_check.json``) and check it.
+
+    Args:
+        model: a trained SB3 PPO model on :class:`envs.SpecDecodeEnv`.
+        out_dir: created if missing; existing export files are overwritten.
+        max_depth: the training environment's ``max_depth`` (the decoder must use the same).
+        config: extra JSON-serialisable settings stored in ``policy_config.json`` (sampling, model
+            names, training settings, …).
+        observations: recorded observations float32 ``(n, len(FEATURE_NAMES))`` to check on (e.g. the
+            last rollout buffer); ``n_random`` uniform [0, 1] observations drawn with ``seed`` are added.
+
+    Returns:
+        :class:`ExportResult`.
+
+    Raises:
+        ExportCheckError: onnxruntime disagrees with the PyTorch policy on any observation
+            (the files stay on disk for inspection, with the check result).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    onnx_path = export_onnx(model, out / ONNX_FILE)
+    (out / FEATURE_SPEC_FILE).write_text(json.dumps(feature_spec(max_depth), indent=2))
+    policy_config = {
+        "format": "learn2draft-policy/1",
+        "max_depth": int(max_depth),
+        "actions": {"0": "STOP (verify now)", "1": "CONTINUE (draft one more token)"},
+        "onnx": {"file": ONNX_FILE, "input": "obs", "outputs": ["action", "logits"], "opset": OPSET},
+        **(config or {}),
+    }
+    (out / POLICY_CONFIG_FILE).write_text(json.dumps(policy_config, indent=2, default=str))
+
+    rng = np.random.default_rng(seed)
+    parts = [rng.random((n_random, len(FEATURE_NAMES)), dtype=np.float32)]
+    if observations is not None and len(observations):
+        parts.insert(0, np.asarray(observations, dtype=np.float32).reshape(-1, len(FEATURE_NAMES)))
+    obs = np.concatenate(parts)
+    check = check_onnx(model, onnx_path, obs)
+    check["recorded"] = int(obs.shape[0] - n_random)
+    check["random"] = int(n_random)
+    (out / CHECK_FILE).write_text(json.dumps(check, indent=2))
+    if check["agreement"] < 1.0:
+        raise ExportCheckError(
+            f"ONNX export disagrees with the PyTorch policy on {check['disagreements']} of {check['n']} "
+            f"observations (agreement {check['agreement']:.6f}, max |Δlogit| {check['max_abs_logit_diff']:.2e}); "
+            f"see {out / CHECK_FILE}."
+        )
+    return ExportResult(out, onnx_path, check)
+
+
+def load_policy(directory: str | Path, intra_op_num_threads: int = 1) -> OnnxController:
+    """Load an export directory as an :class:`OnnxController` (onnxruntime only; no SB3, no torch graph).
+
+    Reads ``max_depth`` from ``policy_config.json`` and checks ``feature_spec.json`` against this
+    version's features.
+
+    Raises:
+        FileNotFoundError: the directory or one of its files is missing.
+        ValueError: the feature specification differs from this learn2draft version's.
+    """
+    d = Path(directory)
+    for name in (ONNX_FILE, FEATURE_SPEC_FILE, POLICY_CONFIG_FILE):
+        if not (d / name).is_file():
+            raise FileNotFoundError(f"{d / name} is missing: is {d} a policy export directory (see policies.export)?")
+    cfg = json.loads((d / POLICY_CONFIG_FILE).read_text())
+    spec = json.loads((d / FEATURE_SPEC_FILE).read_text())
+    names = [f["name"] for f in spec.get("features", [])]
+    if spec.get("version") != FEATURE_VERSION or names != list(FEATURE_NAMES):
+        raise ValueError(
+            f"{d / FEATURE_SPEC_FILE} describes feature version {spec.get('version')} {names}, but this learn2draft "
+            f"builds version {FEATURE_VERSION} {list(FEATURE_NAMES)}: re-export the policy or use a matching version."
+        )
+    return OnnxController(d / ONNX_FILE, max_depth=int(cfg["max_depth"]), intra_op_num_threads=intra_op_num_threads)
+
+
+__all__ = [
+    "CHECK_FILE", "FEATURE_SPEC_FILE", "ONNX_FILE", "POLICY_CONFIG_FILE", "ExportCheckError", "ExportResult",
+    "OnnxablePolicy", "check_onnx", "export_onnx", "export_policy", "load_policy",
+]
