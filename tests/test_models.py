@@ -1,0 +1,85 @@
+"""Model-pair loading: sources, clear errors for bad input, tokenizer agreement."""
+
+import pytest
+import torch
+
+from learn2draft.models import (
+    DEFAULT_TARGET,
+    ModelLoadError,
+    TokenizerMismatchError,
+    check_tokenizers,
+    load_model,
+    load_tokenizer,
+    make_pair,
+    parse_dtype,
+    resolve_model_source,
+    smollm2_gguf_path,
+)
+from tests.conftest import tiny_llama, tiny_tokenizer
+
+
+def test_default_target_resolves_to_gguf_in_wheel():
+    src, gguf = resolve_model_source(DEFAULT_TARGET)
+    assert gguf == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert smollm2_gguf_path().is_file()
+
+
+@pytest.mark.parametrize("bad", ["", "   ", "./no/such/dir", "/no/such/model.gguf"])
+def test_bad_model_names_give_clear_errors(bad):
+    with pytest.raises(ModelLoadError) as e:
+        resolve_model_source(bad)
+    assert "path" in str(e.value).lower() or "empty" in str(e.value).lower()
+
+
+def test_directory_without_config_is_refused(tmp_path):
+    with pytest.raises(ModelLoadError, match="config.json"):
+        resolve_model_source(str(tmp_path))
+
+
+def test_unknown_hub_id_offline_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelLoadError, match="Could not load"):
+        load_tokenizer("no-such-org/no-such-model-xyz")
+
+
+def test_local_directory_round_trip(tmp_path, tiny_tok):
+    m = tiny_llama(len(tiny_tok), 3)
+    m.save_pretrained(tmp_path)
+    tiny_tok.save_pretrained(tmp_path)
+    loaded = load_model(str(tmp_path))
+    x = torch.tensor([[1, 5, 7]])
+    with torch.no_grad():
+        assert torch.allclose(loaded(x).logits, m(x).logits, atol=1e-6)
+    assert load_tokenizer(str(tmp_path)).get_vocab() == tiny_tok.get_vocab()
+
+
+def test_tokenizer_mismatch_is_refused_and_names_ids(tiny_tok):
+    other = tiny_tokenizer([f"w{i}" for i in range(59)] + ["zz"])
+    with pytest.raises(TokenizerMismatchError, match="id 62"):
+        check_tokenizers(tiny_tok, other)
+    with pytest.raises(TokenizerMismatchError):
+        make_pair(tiny_llama(63, 0), tiny_llama(63, 1), tiny_tok, other)
+
+
+def test_padded_draft_vocabulary_is_accepted(tiny_tok):
+    """A draft with extra (padding) embedding rows but the same tokenizer is fine: V is the tokenizer's."""
+    pair = make_pair(tiny_llama(63, 0), tiny_llama(80, 1), tiny_tok, tiny_tok)
+    assert pair.vocab_size == 63
+
+
+def test_model_smaller_than_tokenizer_is_refused(tiny_tok):
+    with pytest.raises(ValueError, match="output rows"):
+        make_pair(tiny_llama(63, 0), tiny_llama(40, 1), tiny_tok, tiny_tok)
+
+
+def test_prompt_errors(tiny_pair):
+    with pytest.raises(ValueError, match="Empty prompt"):
+        tiny_pair.encode_prompt("   ")
+    with pytest.raises(ValueError, match="context window"):
+        tiny_pair.encode_prompt(" ".join(["w1"] * 600))
+
+
+def test_parse_dtype():
+    assert parse_dtype("bf16") is torch.bfloat16
+    with pytest.raises(ValueError, match="float32"):
+        parse_dtype("int8")
