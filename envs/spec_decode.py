@@ -36,6 +36,7 @@ observations and emitted tokens are reproducible for a given seed and action seq
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -108,7 +109,7 @@ class SpecDecodeEnv(gym.Env):
         dtype: str | torch.dtype = "float32",
     ):
         super().__init__()
-        if not (isinstance(reward_scale, (int, float)) and np.isfinite(reward_scale) and reward_scale > 0):
+        if not (isinstance(reward_scale, numbers.Real) and np.isfinite(reward_scale) and reward_scale > 0):
             raise ValueError(f"reward_scale must be a finite number > 0, got {reward_scale!r}.")
         if episode not in EPISODE_MODES:
             raise ValueError(f"episode must be one of {EPISODE_MODES}, got {episode!r}.")
@@ -128,7 +129,8 @@ class SpecDecodeEnv(gym.Env):
         self.max_depth = max_depth
         self.reward_scale = float(reward_scale)
         self.episode = episode
-        self.prompt_ids = [self._encode(p, chat) for p in prompts]
+        self.chat = chat
+        self.prompt_ids = [self.encode(p) for p in prompts]
         for ids in self.prompt_ids:
             pair.check_length(ids.numel(), max_new_tokens)
 
@@ -136,10 +138,16 @@ class SpecDecodeEnv(gym.Env):
         self.action_space = spaces.Discrete(2)
         self.prompt_index: int | None = None
         self._needs_reset = True
+        self._in_generation = False  # a generation is started and not finished
 
-    def _encode(self, prompt: str | Sequence[int], chat: bool) -> torch.Tensor:
+    def encode(self, prompt: str | Sequence[int]) -> torch.Tensor:
+        """Token ids int64 ``(L,)`` of a prompt given as text (chat template per ``chat``) or as ids.
+
+        Raises:
+            ValueError: empty prompt, or longer than the context window.
+        """
         if isinstance(prompt, str):
-            return self.pair.encode_prompt(prompt, chat=chat)
+            return self.pair.encode_prompt(prompt, chat=self.chat)
         ids = torch.as_tensor(prompt, dtype=torch.long).reshape(-1).to(self.pair.device)
         if ids.numel() == 0:
             raise ValueError("Empty prompt: pass at least one token id.")
@@ -166,8 +174,7 @@ class SpecDecodeEnv(gym.Env):
         d = self.decoder
         continuing = (
             self.episode == "cycle" and seed is None and not options.get("new_generation")
-            and "prompt_index" not in options and getattr(d, "_started", False) and not d.finished
-            and self.prompt_index is not None
+            and "prompt_index" not in options and self._in_generation
         )
         if not continuing:
             idx = options.get("prompt_index")
@@ -177,6 +184,7 @@ class SpecDecodeEnv(gym.Env):
                 raise ValueError(f"prompt_index must be in [0, {len(self.prompt_ids)}), got {idx}.")
             self.prompt_index = int(idx)
             d.start(self.prompt_ids[self.prompt_index], seed=int(self.np_random.integers(2**31 - 1)))
+            self._in_generation = True
         self._needs_reset = False
         info = {"prompt_index": self.prompt_index, "generated": d.generated, "new_generation": not continuing}
         return d.features(), info
@@ -216,6 +224,7 @@ class SpecDecodeEnv(gym.Env):
             return obs, 0.0, False, False, info
 
         res: CycleResult = d.verify()
+        self._in_generation = not res.finished
         reward = res.tokens_per_second / self.reward_scale
         info.update(
             tokens=len(res.tokens), accepted=res.num_accepted, seconds=res.seconds,

@@ -1,0 +1,215 @@
+"""Policy controllers, the ONNX export and its check, on tiny random models."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from envs import SpecDecodeEnv
+from learn2draft import FEATURE_NAMES, FixedDepthController, SpeculativeDecoder
+from policies import ConfidenceThresholdController, OnnxController, PolicyController, SB3Controller, load_policy
+from policies.export import ExportCheckError, check_onnx, export_onnx, export_policy
+
+PROMPTS = ["w1 w2 w3 w4", "w5 w6", "w7 w8 w9 w10 w11", "w12"]
+N = len(FEATURE_NAMES)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def tiny_ppo(tiny_pair):
+    """A briefly trained PPO model on the tiny env (its weights matter, not its quality)."""
+    from stable_baselines3 import PPO
+
+    torch.set_num_threads(1)
+    env = SpecDecodeEnv(tiny_pair, PROMPTS, max_new_tokens=10, max_depth=3, episode="cycle", reward_scale=100.0)
+    model = PPO("MlpPolicy", env, n_steps=64, batch_size=32, n_epochs=2, seed=0, device="cpu",
+                policy_kwargs={"net_arch": [16, 16]})
+    model.learn(128)
+    with torch.no_grad():  # a short run barely moves the logits: spread them and centre them so both actions occur
+        torch.manual_seed(0)
+        model.policy.action_net.weight.normal_(0.0, 3.0)
+        obs = torch.rand(2000, len(FEATURE_NAMES), generator=torch.Generator().manual_seed(0))
+        logits = model.policy.get_distribution(obs).distribution.logits
+        model.policy.action_net.bias[1] -= (logits[:, 1] - logits[:, 0]).median()
+    return model
+
+
+@pytest.fixture(scope="module")
+def export_dir(tiny_ppo, tmp_path_factory):
+    d = tmp_path_factory.mktemp("export")
+    res = export_policy(tiny_ppo, d, max_depth=3, config={"note": "test"},
+                        observations=tiny_ppo.rollout_buffer.observations, n_random=512)
+    assert res.check["agreement"] == 1.0
+    return d
+
+
+def decode(pair, controller, max_depth=3, prompt="w7 w8 w9 w10 w11", n=12):
+    dec = SpeculativeDecoder(pair, max_new_tokens=n, max_depth=max_depth)
+    return dec.generate(pair.encode_prompt(prompt), controller)
+
+
+# ------------------------------------------------------------------ PolicyController
+def test_policy_controller_always_continue_equals_fixed_depth(tiny_pair):
+    got = decode(tiny_pair, PolicyController(lambda f: 1, max_depth=3))
+    ref = decode(tiny_pair, FixedDepthController(3))
+    assert got.tokens == ref.tokens
+    assert [c.depth for c in got.cycles] == [c.depth for c in ref.cycles]
+
+
+def test_policy_controller_sees_features_and_stops(tiny_pair):
+    seen = []
+
+    def policy(f):
+        seen.append(f.copy())
+        return 1 if f[FEATURE_NAMES.index("depth")] < 0.5 else 0  # depth < 1.5 of max 3 → two tokens
+
+    g = decode(tiny_pair, PolicyController(policy, max_depth=3))
+    assert all(f.dtype == np.float32 and f.shape == (N,) for f in seen)
+    assert all(c.depth == 2 for c in g.cycles[:-1])
+
+
+@pytest.mark.parametrize("bad", [2, -1, np.array([0, 1]), "go"])
+def test_policy_controller_rejects_invalid_actions(bad):
+    with pytest.raises(ValueError, match="action"):
+        PolicyController(lambda f: bad).continue_drafting(np.zeros(N, np.float32))
+
+
+def test_policy_controller_accepts_numpy_outputs():
+    c = PolicyController(lambda f: np.array([1]))
+    assert c.continue_drafting(np.zeros(N, np.float32))
+    assert not PolicyController(lambda f: np.int64(0)).continue_drafting(np.zeros(N, np.float32))
+    with pytest.raises(ValueError):
+        PolicyController(lambda f: 0, max_depth=-1)
+
+
+# ------------------------------------------------------------------ heuristic baseline
+def test_confidence_threshold_controller_rule():
+    c = ConfidenceThresholdController(threshold=0.4, max_depth=4, min_depth=1)
+    f = np.zeros(N, np.float32)
+    assert c.continue_drafting(f)  # depth 0 < min_depth
+    f[FEATURE_NAMES.index("depth")] = 1 / 4
+    f[FEATURE_NAMES.index("last_confidence")] = 0.3
+    assert not c.continue_drafting(f)
+    f[FEATURE_NAMES.index("last_confidence")] = 0.5
+    assert c.continue_drafting(f)
+    for kw in ({"threshold": 1.5}, {"max_depth": 2, "min_depth": 3}, {"min_depth": -1}):
+        with pytest.raises(ValueError):
+            ConfidenceThresholdController(**kw)
+
+
+def test_confidence_threshold_zero_is_fixed_depth(tiny_pair):
+    got = decode(tiny_pair, ConfidenceThresholdController(threshold=0.0, max_depth=3))
+    ref = decode(tiny_pair, FixedDepthController(3))
+    assert [c.depth for c in got.cycles] == [c.depth for c in ref.cycles]
+
+
+# ------------------------------------------------------------------ export
+def test_export_directory_contents(export_dir):
+    names = {p.name for p in export_dir.iterdir()}
+    assert {"policy.onnx", "feature_spec.json", "policy_config.json", "export_check.json"} <= names
+    cfg = json.loads((export_dir / "policy_config.json").read_text())
+    assert cfg["max_depth"] == 3 and cfg["note"] == "test"
+    spec = json.loads((export_dir / "feature_spec.json").read_text())
+    assert [f["name"] for f in spec["features"]] == list(FEATURE_NAMES)
+    check = json.loads((export_dir / "export_check.json").read_text())
+    assert check["agreement"] == 1.0 and check["n"] == 64 + 512 and check["recorded"] == 64
+
+
+def test_onnx_actions_match_sb3_policy(tiny_ppo, export_dir):
+    rng = np.random.default_rng(1)
+    obs = np.concatenate([rng.random((4000, N), dtype=np.float32), tiny_ppo.rollout_buffer.observations.reshape(-1, N)])
+    ref, _ = tiny_ppo.predict(obs, deterministic=True)
+    ctrl = load_policy(export_dir)
+    assert isinstance(ctrl, OnnxController) and ctrl.max_depth == 3
+    np.testing.assert_array_equal(ctrl.actions(obs), ref)
+    assert 0.02 < float(np.mean(ref)) < 0.98  # both actions occur, so the comparison is not vacuous
+    with torch.no_grad():
+        logits = tiny_ppo.policy.get_distribution(torch.as_tensor(obs)).distribution.logits.numpy()
+    np.testing.assert_allclose(ctrl.logits(obs) - ctrl.logits(obs).max(-1, keepdims=True),
+                               logits - logits.max(-1, keepdims=True), atol=1e-5)
+    res = check_onnx(tiny_ppo, export_dir / "policy.onnx", obs)
+    assert res["agreement"] == 1.0 and res["max_abs_logit_diff"] < 1e-4
+
+
+def test_onnx_and_sb3_controllers_decode_identically(tiny_pair, tiny_ppo, export_dir, tmp_path):
+    onnx_run = decode(tiny_pair, load_policy(export_dir))
+    sb3_run = decode(tiny_pair, SB3Controller(tiny_ppo, max_depth=3))
+    assert onnx_run.tokens == sb3_run.tokens
+    assert [c.depth for c in onnx_run.cycles] == [c.depth for c in sb3_run.cycles]
+    tiny_ppo.save(tmp_path / "m.zip")
+    from_path = decode(tiny_pair, SB3Controller(tmp_path / "m.zip", max_depth=3))
+    assert [c.depth for c in from_path.cycles] == [c.depth for c in sb3_run.cycles]
+
+
+def test_export_fails_loudly_on_disagreement(tiny_ppo, tmp_path, monkeypatch):
+    orig = OnnxController.actions
+    monkeypatch.setattr(OnnxController, "actions", lambda self, f: 1 - orig(self, f))
+    with pytest.raises(ExportCheckError, match="disagrees"):
+        export_policy(tiny_ppo, tmp_path, max_depth=3, n_random=64)
+    assert json.loads((tmp_path / "export_check.json").read_text())["agreement"] == 0.0
+
+
+def test_export_rejects_wrong_spaces(tiny_ppo, tmp_path):
+    class Fake:
+        observation_space = tiny_ppo.action_space
+        action_space = tiny_ppo.action_space
+        policy = tiny_ppo.policy
+
+    with pytest.raises(ValueError, match="Box"):
+        export_onnx(Fake(), tmp_path / "x.onnx")
+
+
+def test_load_policy_errors(export_dir, tmp_path):
+    with pytest.raises(FileNotFoundError, match="policy.onnx"):
+        load_policy(tmp_path)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for name in ("policy.onnx", "policy_config.json"):
+        (bad / name).write_bytes((export_dir / name).read_bytes())
+    spec = json.loads((export_dir / "feature_spec.json").read_text())
+    spec["features"] = spec["features"][::-1]
+    (bad / "feature_spec.json").write_text(json.dumps(spec))
+    with pytest.raises(ValueError, match="feature"):
+        load_policy(bad)
+
+
+def test_onnx_controller_checks_input_width(tmp_path):
+    path = tmp_path / "narrow.onnx"
+    torch.onnx.export(torch.nn.Linear(5, 2), (torch.zeros(1, 5),), str(path), input_names=["obs"],
+                      output_names=["logits"], dynamo=False)
+    with pytest.raises(ValueError, match="features"):
+        OnnxController(path)
+    with pytest.raises(FileNotFoundError):
+        OnnxController(tmp_path / "missing.onnx")
+
+
+def test_runtime_path_needs_no_rl_code(export_dir):
+    """The engine never imports RL code; an exported policy runs without SB3 or gymnasium."""
+    code = (
+        "import sys, numpy as np\n"
+        "import learn2draft\n"
+        "bad = [m for m in ('stable_baselines3', 'gymnasium', 'envs', 'policies', 'train', 'wandb') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+        "from policies import load_policy\n"
+        f"c = load_policy({str(export_dir)!r})\n"
+        f"c.continue_drafting(np.zeros({N}, np.float32))\n"
+        "bad = [m for m in ('stable_baselines3', 'gymnasium', 'wandb') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+        "print('ok')\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]

@@ -1,0 +1,151 @@
+"""``python -m train``: train a PPO draft-depth policy on the real speculative decoder.
+
+Defaults train on the embedded pair (SmolLM2-135M-Instruct target + shipped draft) with the
+'train' prompts, sized to finish in about 10 minutes on a 2-core CPU, and log to Weights & Biases
+offline (``wandb sync <out>/wandb/offline-run-*`` uploads later). Everything lands in ``--out``:
+``model.zip``, ``config.json``, ``feature_spec.json``, ``metrics.json``, ``logs/progress.csv``,
+``checkpoints/`` and ``policy/`` (ONNX export, ``feature_spec.json``, ``policy_config.json``,
+``export_check.json``). Run ``python -m train --help`` for every flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from train.training import WANDB_MODES, TrainConfig, default_out_dir, prepare_out_dir
+
+_WANDB_ALIASES = {"dryrun": "offline", "run": "online"}
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line interface (every :class:`TrainConfig` setting has a flag)."""
+    d = TrainConfig()
+    env_mode = _WANDB_ALIASES.get(os.environ.get("WANDB_MODE", ""), os.environ.get("WANDB_MODE") or "offline")
+    p = argparse.ArgumentParser(
+        prog="python -m train",
+        description="Train a PPO policy that chooses the draft depth of speculative decoding, rewarded by "
+                    "measured tokens/s, then export it to ONNX.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    g = p.add_argument_group("models and decoding")
+    g.add_argument("--target", default=d.target, help="target model: alias, hub id, local dir or .gguf file")
+    g.add_argument("--draft", default=d.draft, help="draft model (must share the target's tokenizer)")
+    g.add_argument("--device", default=d.device, help="torch device, e.g. cpu, cuda, cuda:1")
+    g.add_argument("--dtype", default=d.dtype, choices=["float32", "bfloat16", "float16"])
+    g.add_argument("--temperature", type=float, default=d.temperature, help="0 = greedy")
+    g.add_argument("--top-k", type=int, default=d.top_k, help="0 = off")
+    g.add_argument("--top-p", type=float, default=d.top_p, help="1.0 = off")
+    g.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="tokens per generation (episode)")
+    g.add_argument("--max-depth", type=int, default=d.max_depth, help="most tokens drafted per cycle")
+    g = p.add_argument_group("PPO")
+    g.add_argument("--timesteps", type=int, default=d.timesteps, help="environment steps (draft decisions) to train")
+    g.add_argument("--n-steps", type=int, default=d.n_steps, help="steps per rollout")
+    g.add_argument("--batch-size", type=int, default=d.batch_size)
+    g.add_argument("--n-epochs", type=int, default=d.n_epochs)
+    g.add_argument("--learning-rate", type=float, default=d.learning_rate)
+    g.add_argument("--gamma", type=float, default=d.gamma, help="discount (1.0: a decision's return is its cycle's rate)")
+    g.add_argument("--gae-lambda", type=float, default=d.gae_lambda)
+    g.add_argument("--ent-coef", type=float, default=d.ent_coef)
+    g.add_argument("--clip-range", type=float, default=d.clip_range)
+    g.add_argument("--net-arch", type=_int_list, default=d.net_arch, help="hidden sizes, e.g. 64,64")
+    g.add_argument("--reward-scale", type=float, default=None,
+                   help="divide tokens/s rewards by this (default: the measured autoregressive per-cycle tokens/s)")
+    g.add_argument("--episode", choices=["cycle", "generation"], default=d.episode,
+                   help="episode = one draft/verify cycle (per-cycle objective) or one whole generation")
+    g.add_argument("--seed", type=int, default=d.seed)
+    g = p.add_argument_group("run")
+    g.add_argument("--out", default=None, help="output directory (default runs/ppo-<date>-<time>)")
+    g.add_argument("--overwrite", action="store_true", help="replace the results of an existing --out")
+    g.add_argument("--name", default=None, help="W&B run name (default: the --out folder name)")
+    g.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, help="timesteps between checkpoints; 0 = off")
+    g.add_argument("--wandb-mode", default=env_mode, help=f"one of {', '.join(WANDB_MODES)} (default: $WANDB_MODE or offline)")
+    g.add_argument("--wandb-project", default=d.wandb_project)
+    g.add_argument("--no-progress-bar", action="store_true", help="hide the tqdm/rich progress bar")
+    g.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads (1: stable timings on a shared CPU; evaluate with the same)")
+    g.add_argument("--prompt-split", default=d.prompt_split, choices=["train", "heldout"])
+    g.add_argument("--warmup-prompts", type=int, default=d.warmup_prompts,
+                   help="generations that warm up and measure the autoregressive rate")
+    g.add_argument("--eval-prompts", type=int, default=d.eval_prompts,
+                   help="held-out prompts for the final policy-vs-fixed-depth check; 0 = skip")
+    g.add_argument("--eval-gammas", type=_int_list, default=d.eval_gammas, help="fixed depths in that check")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """Map parsed arguments to a :class:`TrainConfig` (not yet validated)."""
+    mode = _WANDB_ALIASES.get(args.wandb_mode, args.wandb_mode)
+    return TrainConfig(
+        target=args.target, draft=args.draft, device=args.device, dtype=args.dtype,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        max_new_tokens=args.max_new_tokens, max_depth=args.max_depth,
+        timesteps=args.timesteps, n_steps=args.n_steps, batch_size=args.batch_size, n_epochs=args.n_epochs,
+        learning_rate=args.learning_rate, gamma=args.gamma, gae_lambda=args.gae_lambda, ent_coef=args.ent_coef,
+        clip_range=args.clip_range, net_arch=tuple(args.net_arch), reward_scale=args.reward_scale,
+        episode=args.episode, seed=args.seed, out=args.out or default_out_dir(), overwrite=args.overwrite,
+        checkpoint_every=args.checkpoint_every, wandb_mode=mode, wandb_project=args.wandb_project,
+        run_name=args.name, progress_bar=not args.no_progress_bar, threads=args.threads,
+        prompt_split=args.prompt_split, warmup_prompts=args.warmup_prompts, eval_prompts=args.eval_prompts,
+        eval_gammas=tuple(args.eval_gammas),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv``, load the models, train, export; return 0.
+
+    Bad settings, unknown models, an unwritable or already used ``--out`` end with a one-line
+    ``error:`` message and exit status 2 (``SystemExit``); a failed ONNX check exits with 1.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    cfg = config_from_args(args)
+
+    import torch
+
+    from learn2draft.models import ModelLoadError, TokenizerMismatchError, load_pair, parse_dtype, resolve_model_source
+    from policies.export import ExportCheckError
+    from train.training import run
+
+    try:
+        cfg.validate()
+        for name in (cfg.target, cfg.draft):
+            resolve_model_source(name)  # cheap existence checks, before anything is created
+        prepare_out_dir(cfg.out, cfg.overwrite)  # fail before the (slow) model loading
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        print(f"Loading target {cfg.target!r} and draft {cfg.draft!r} on {cfg.device} ({cfg.dtype}) …", file=sys.stderr)
+        pair = load_pair(cfg.target, cfg.draft, device=cfg.device, dtype=parse_dtype(cfg.dtype))
+        metrics = run(pair, cfg)
+    except ExportCheckError as e:
+        parser.exit(1, f"{parser.prog}: error: {e}\n")
+    except (ModelLoadError, TokenizerMismatchError, ValueError, FileExistsError, PermissionError) as e:
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
+    except OSError as e:
+        parser.exit(2, f"{parser.prog}: error: {e.__class__.__name__}: {e}\n")
+    summary = {
+        "out": metrics["paths"]["out"],
+        "wall_seconds": round(metrics["wall_seconds"], 1),
+        "timesteps": metrics["timesteps"],
+        "ep_rew_mean": metrics["ep_rew_mean"],
+        "cycles": metrics["cycles"],
+        "onnx_agreement": metrics["export_check"]["agreement"],
+        "evaluation": metrics["evaluation"],
+    }
+    print(json.dumps(summary, indent=2, default=str))
+    if metrics["paths"]["wandb"] and cfg.wandb_mode == "offline":
+        print(f"W&B offline run in {metrics['paths']['wandb']}: upload with `wandb sync {metrics['paths']['wandb']}/offline-run-*`",
+              file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

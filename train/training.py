@@ -1,0 +1,498 @@
+"""PPO training of a draft-depth policy on the real speculative decoder.
+
+:func:`run` takes an already loaded :class:`learn2draft.ModelPair` (so tests can pass tiny models)
+and a :class:`TrainConfig`; ``python -m train`` (:mod:`train.__main__`) loads the pair from names
+and calls it. Reading order: :class:`TrainConfig` → :func:`run` (top to bottom).
+
+What one run does:
+
+1. checks the output directory (never overwrites results unless ``overwrite``);
+2. warms the models up and measures the autoregressive per-cycle tokens/s of the pair on training
+   prompts; with ``reward_scale=None`` that rate becomes the reward scale, so a reward of 1.0 means
+   "as fast as plain decoding" (a fixed scale keeps the exported policy free of normalisation state);
+3. trains stable-baselines3 PPO on :class:`envs.SpecDecodeEnv` in ``episode="cycle"`` mode with
+   discount 1 — the return of each decision is the scaled tokens/s of its cycle (see
+   :mod:`envs.spec_decode` for why summing per-cycle rates over a whole generation would favour
+   short cycles);
+4. logs SB3's ``rollout/*``, ``train/*``, ``time/*`` and the per-cycle tokens/s, depth and τ to a CSV
+   file and to Weights & Biases (offline by default);
+5. saves ``model.zip``, ``config.json``, checkpoints, and the ONNX export (``policy/``) with its check;
+6. optionally compares the exported policy with fixed depths on a few held-out prompts
+   (a quick sanity check, not a benchmark: see ``python -m eval``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import re
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from learn2draft.decoding import FixedDepthController, SpeculativeDecoder
+from learn2draft.features import feature_spec
+from learn2draft.models import DEFAULT_DRAFT, DEFAULT_TARGET, ModelPair
+from learn2draft.sampling import SamplingConfig
+
+RESULT_FILES = ("config.json", "model.zip", "metrics.json", "policy")
+WANDB_MODES = ("offline", "online", "disabled")
+
+
+@dataclass
+class TrainConfig:
+    """All settings of a training run (saved as ``config.json``).
+
+    Model / decoding: ``target``, ``draft`` (names, recorded; :func:`run` uses the pair it is given),
+    ``device``, ``dtype``, sampling (``temperature`` 0 = greedy, ``top_k``, ``top_p``),
+    ``max_new_tokens`` per generation, ``max_depth`` tokens per cycle.
+
+    PPO (stable-baselines3): ``timesteps`` (environment steps = draft decisions), ``n_steps`` per
+    rollout, ``batch_size``, ``n_epochs``, ``learning_rate``, ``gamma`` (1.0: undiscounted cycles),
+    ``gae_lambda``, ``ent_coef``, ``clip_range``, ``net_arch`` (hidden sizes of the actor and critic MLPs).
+
+    Reward: ``reward_scale`` (None = the measured autoregressive per-cycle tokens/s), ``episode``
+    (``"cycle"`` or ``"generation"``, see :mod:`envs.spec_decode`).
+
+    Run: ``seed``, ``out`` (output directory), ``overwrite``, ``checkpoint_every`` (timesteps; 0 = off),
+    ``wandb_mode`` (offline / online / disabled), ``wandb_project``, ``run_name``, ``progress_bar``,
+    ``threads`` (torch CPU threads; None = torch's default. 1 by default: on a shared 2-core CPU a
+    second thread waiting on a busy core made a SmolLM2-135M forward ~6x slower and much noisier,
+    and noisy clocks are noisy rewards; evaluate with the same setting), ``prompt_split``, ``warmup_prompts``
+    (generations used to warm up and measure the autoregressive rate), ``eval_prompts`` (held-out
+    prompts for the final sanity check; 0 = skip) and ``eval_gammas`` (fixed depths compared there).
+    """
+
+    target: str = DEFAULT_TARGET
+    draft: str = DEFAULT_DRAFT
+    device: str = "cpu"
+    dtype: str = "float32"
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    max_depth: int = 8
+    timesteps: int = 8192
+    n_steps: int = 256
+    batch_size: int = 64
+    n_epochs: int = 10
+    learning_rate: float = 3e-4
+    gamma: float = 1.0
+    gae_lambda: float = 0.95
+    ent_coef: float = 0.01
+    clip_range: float = 0.2
+    net_arch: tuple[int, ...] = (64, 64)
+    reward_scale: float | None = None
+    episode: str = "cycle"
+    seed: int = 0
+    out: str = "runs/ppo"
+    overwrite: bool = False
+    checkpoint_every: int = 2048
+    wandb_mode: str = "offline"
+    wandb_project: str = "learn2draft"
+    run_name: str | None = None
+    progress_bar: bool = True
+    threads: int | None = 1
+    prompt_split: str = "train"
+    warmup_prompts: int = 2
+    eval_prompts: int = 3
+    eval_gammas: tuple[int, ...] = (0, 4)
+    extra: dict = field(default_factory=dict)
+
+    def sampling(self) -> SamplingConfig:
+        """The :class:`SamplingConfig` of these settings."""
+        return SamplingConfig(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+
+    def validate(self) -> None:
+        """Raise ValueError with a clear message for any setting out of range."""
+        checks = [
+            (self.timesteps > 0, f"timesteps must be > 0, got {self.timesteps}."),
+            (self.max_new_tokens > 0, f"max_new_tokens must be > 0, got {self.max_new_tokens}."),
+            (self.max_depth >= 1, f"max_depth must be ≥ 1 (a policy needs something to decide), got {self.max_depth}."),
+            (self.n_steps > 1, f"n_steps must be > 1, got {self.n_steps}."),
+            (0 < self.batch_size <= self.n_steps, f"batch_size must be in [1, n_steps={self.n_steps}], got {self.batch_size}."),
+            (self.n_epochs > 0, f"n_epochs must be > 0, got {self.n_epochs}."),
+            (self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}."),
+            (0 < self.gamma <= 1, f"gamma must be in (0, 1], got {self.gamma}."),
+            (0 <= self.gae_lambda <= 1, f"gae_lambda must be in [0, 1], got {self.gae_lambda}."),
+            (self.reward_scale is None or (math.isfinite(self.reward_scale) and self.reward_scale > 0),
+             f"reward_scale must be > 0 (or None = auto), got {self.reward_scale}."),
+            (self.episode in ("cycle", "generation"), f"episode must be 'cycle' or 'generation', got {self.episode!r}."),
+            (self.checkpoint_every >= 0, f"checkpoint_every must be ≥ 0, got {self.checkpoint_every}."),
+            (self.wandb_mode in WANDB_MODES, f"wandb_mode must be one of {WANDB_MODES}, got {self.wandb_mode!r}."),
+            (self.threads is None or self.threads > 0, f"threads must be > 0, got {self.threads}."),
+            (self.warmup_prompts >= 1, f"warmup_prompts must be ≥ 1, got {self.warmup_prompts}."),
+            (self.eval_prompts >= 0, f"eval_prompts must be ≥ 0, got {self.eval_prompts}."),
+            (all(g >= 0 for g in self.eval_gammas), f"eval_gammas must be ≥ 0, got {self.eval_gammas}."),
+            (len(self.net_arch) > 0 and all(h > 0 for h in self.net_arch), f"net_arch must be positive sizes, got {self.net_arch}."),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ValueError(msg)
+        self.sampling()  # SamplingConfig validates temperature / top_k / top_p
+
+
+def prepare_out_dir(out: str | Path, overwrite: bool = False) -> Path:
+    """Create ``out`` if needed and check that it is writable and holds no earlier results.
+
+    Raises:
+        FileExistsError: ``out`` already holds results (config.json, model.zip, …) and not ``overwrite``.
+        PermissionError / OSError: ``out`` cannot be created or written (message names the path).
+    """
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"--out {out} exists and is not a directory: choose another path.")
+    if out.is_dir() and not overwrite:
+        found = [name for name in RESULT_FILES if (out / name).exists()]
+        if found:
+            raise FileExistsError(
+                f"{out} already holds results ({', '.join(found)}): pass --overwrite to replace them, "
+                "or choose another --out."
+            )
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise PermissionError(f"Cannot write to output directory {out}: {e.strerror or e}.") from None
+    return out
+
+
+# --------------------------------------------------------------------------- logging
+def _numeric(v: Any) -> float | None:
+    """A loggable float from a number or a one-element array/tensor; None for anything else."""
+    if isinstance(v, torch.Tensor):
+        return float(v.item()) if v.numel() == 1 else None
+    if isinstance(v, np.ndarray):
+        return float(v.item()) if v.size == 1 else None
+    if isinstance(v, (bool, int, float, np.bool_, np.integer, np.floating)):
+        return float(v)
+    return None
+
+
+def make_wandb_output_format(run: Any):
+    """An SB3 logger output format (``KVWriter``) that forwards every numeric value to ``run.log``.
+
+    SB3's own ``WandbCallback`` does not send ``rollout/*`` / ``train/*`` (it relies on tensorboard
+    syncing); adding this writer to the SB3 ``Logger`` does. It also keeps the last value of every
+    key in ``last_values`` (used for ``metrics.json``). ``run`` may be None (only ``last_values``).
+    """
+    from stable_baselines3.common.logger import KVWriter
+
+    class WandbOutputFormat(KVWriter):
+        def __init__(self) -> None:
+            self.run = run
+            self.last_values: dict[str, float] = {}
+
+        def write(self, key_values: dict[str, Any], key_excluded: dict[str, tuple[str, ...]], step: int = 0) -> None:
+            data = {}
+            for k, v in key_values.items():
+                if "wandb" in key_excluded.get(k, ()):
+                    continue
+                x = _numeric(v)
+                if x is not None:
+                    data[k] = x
+            self.last_values.update(data)
+            if self.run is not None and data:
+                self.run.log({**data, "global_step": step})
+
+        def close(self) -> None:
+            pass
+
+    return WandbOutputFormat()
+
+
+def _cycle_stats_callback(wandb_run: Any, window: int = 500):
+    """SB3 callback: per-cycle tokens/s, depth, τ into the SB3 logger (means per rollout) and W&B (every cycle)."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class CycleStatsCallback(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.cycles = 0
+            self.generations = 0
+            self.recent: deque[tuple[float, int, int, int, float]] = deque(maxlen=window)
+            self.recent_generations: deque[float] = deque(maxlen=max(10, window // 20))
+            self._gen_tokens = 0
+            self._gen_seconds = 0.0
+
+        def _on_step(self) -> bool:
+            for info in self.locals.get("infos", ()):
+                if not info.get("verified"):
+                    continue
+                self.cycles += 1
+                row = (info["tokens_per_second"], info["depth"], info["accepted"], info["tokens"], info["seconds"])
+                self.recent.append(row)
+                for key, v in zip(("tokens_per_s", "depth", "accepted", "tokens", "seconds"), row):
+                    self.logger.record_mean(f"cycle/{key}", v)
+                self._gen_tokens += info["tokens"]
+                self._gen_seconds += info["seconds"]
+                log = {"cycle/tokens_per_s": row[0], "cycle/depth": row[1], "cycle/accepted": row[2],
+                       "cycle/index": self.cycles, "global_step": self.num_timesteps}
+                if info.get("generation_finished"):
+                    rate = self._gen_tokens / self._gen_seconds if self._gen_seconds > 0 else 0.0
+                    self.generations += 1
+                    self.recent_generations.append(rate)
+                    self.logger.record_mean("generation/tokens_per_s", rate)
+                    log["generation/tokens_per_s"] = rate
+                    self._gen_tokens, self._gen_seconds = 0, 0.0
+                if wandb_run is not None:
+                    wandb_run.log(log)
+            return True
+
+        def summary(self) -> dict:
+            """Means over the last ``window`` cycles (and recent generations)."""
+            if not self.recent:
+                return {"cycles": 0, "generations": self.generations}
+            arr = np.asarray(self.recent, dtype=np.float64)
+            return {
+                "cycles": self.cycles,
+                "generations": self.generations,
+                "window_cycles": len(self.recent),
+                "cycle_tokens_per_s_mean": float(arr[:, 0].mean()),
+                "cycle_depth_mean": float(arr[:, 1].mean()),
+                "cycle_accepted_mean": float(arr[:, 2].mean()),
+                "tokens_per_cycle_mean": float(arr[:, 3].mean()),
+                "window_tokens_per_s": float(arr[:, 3].sum() / arr[:, 4].sum()) if arr[:, 4].sum() > 0 else 0.0,
+                "generation_tokens_per_s_mean": float(np.mean(self.recent_generations)) if self.recent_generations else None,
+            }
+
+    return CycleStatsCallback()
+
+
+def _init_wandb(cfg: TrainConfig, out: Path, run_config: dict):
+    """Start a W&B run in ``cfg.wandb_mode`` (None when disabled); the mode is never hard-coded."""
+    if cfg.wandb_mode == "disabled":
+        return None
+    import wandb
+
+    run = wandb.init(
+        project=cfg.wandb_project, name=cfg.run_name or out.name, dir=str(out), mode=cfg.wandb_mode,
+        config=run_config, job_type="train",
+        settings=wandb.Settings(console="off", x_disable_stats=True, silent=True),
+    )
+    run.define_metric("global_step")
+    run.define_metric("*", step_metric="global_step")
+    return run
+
+
+# --------------------------------------------------------------------------- measurements
+def measure_rate(
+    pair: ModelPair, prompt_ids: list[torch.Tensor], controller, cfg: TrainConfig, seed: int = 0
+) -> dict:
+    """Generate for each prompt with ``controller``.
+
+    Returns:
+        ``tokens_per_s`` (total tokens / total wall seconds, prefill and the controller's decisions
+        included), ``cycle_tokens_per_s`` (total tokens / total cycle seconds, the quantity the
+        environment rewards), ``tokens``, ``seconds``, ``mean_depth`` and ``mean_accepted`` (τ) per cycle.
+    """
+    dec = SpeculativeDecoder(pair, cfg.sampling(), max_new_tokens=cfg.max_new_tokens, max_depth=cfg.max_depth)
+    toks = secs = cycle_secs = 0.0
+    depths, taus = [], []
+    for i, ids in enumerate(prompt_ids):
+        g = dec.generate(ids, controller, seed=seed + i)
+        toks += len(g.tokens)
+        secs += g.wall_seconds
+        cycle_secs += sum(c.seconds for c in g.cycles)
+        depths += [c.depth for c in g.cycles]
+        taus += [c.num_accepted for c in g.cycles]
+    return {
+        "tokens_per_s": toks / secs if secs > 0 else 0.0,
+        "cycle_tokens_per_s": toks / cycle_secs if cycle_secs > 0 else 0.0,
+        "tokens": int(toks),
+        "seconds": secs,
+        "mean_depth": float(np.mean(depths)) if depths else 0.0,
+        "mean_accepted": float(np.mean(taus)) if taus else 0.0,
+    }
+
+
+def _versions() -> dict:
+    import gymnasium
+    import stable_baselines3
+    import transformers
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "gymnasium": gymnasium.__version__, "stable_baselines3": stable_baselines3.__version__}
+
+
+# --------------------------------------------------------------------------- the run
+def run(pair: ModelPair, config: TrainConfig | None = None, prompts: list[str] | None = None,
+        eval_prompts: list[str] | None = None) -> dict:
+    """Train a PPO depth policy for ``pair``; write everything to ``config.out``.
+
+    Args:
+        pair: loaded target/draft models (e.g. from :func:`learn2draft.load_pair`, or tiny test models).
+        config: settings (default :class:`TrainConfig`).
+        prompts: training prompts (strings or token-id lists); default ``load_prompts(config.prompt_split)``.
+        eval_prompts: prompts for the final sanity check; default the first ``config.eval_prompts``
+            of ``load_prompts("heldout")``.
+
+    Returns:
+        The summary written to ``metrics.json``: wall seconds, the measured autoregressive rate and
+        reward scale, final SB3 metrics (``train/*``, ``rollout/*``), per-cycle means over the last
+        cycles, the export check and the evaluation (if any), and the output paths.
+
+    Raises:
+        ValueError: a setting is out of range, or a prompt does not fit the context window.
+        FileExistsError / PermissionError: see :func:`prepare_out_dir`.
+        policies.export.ExportCheckError: the ONNX export disagrees with the PyTorch policy.
+    """
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import CallbackList, CheckpointCallback
+    from stable_baselines3.common.logger import Logger, make_output_format
+    from stable_baselines3.common.monitor import Monitor
+    from stable_baselines3.common.utils import set_random_seed
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from envs.spec_decode import SpecDecodeEnv
+    from learn2draft.prompts import load_prompts
+    from policies.export import export_policy, load_policy
+
+    t_start = time.perf_counter()
+    cfg = config or TrainConfig()
+    cfg.validate()
+    out = prepare_out_dir(cfg.out, cfg.overwrite)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    set_random_seed(cfg.seed)
+    prompts = list(prompts) if prompts is not None else load_prompts(cfg.prompt_split)
+    sampling = cfg.sampling()
+
+    # The environment tokenises and checks every prompt up front.
+    env = SpecDecodeEnv(pair, prompts, sampling, max_new_tokens=cfg.max_new_tokens, max_depth=cfg.max_depth,
+                        episode=cfg.episode)
+    warm_ids = env.prompt_ids[: cfg.warmup_prompts]
+
+    # Warm-up (first forwards allocate) and the autoregressive reference rate.
+    measure_rate(pair, warm_ids[:1], FixedDepthController(min(2, cfg.max_depth)), cfg, seed=cfg.seed)
+    ar = measure_rate(pair, warm_ids, FixedDepthController(0), cfg, seed=cfg.seed)
+    reward_scale = cfg.reward_scale or ar["cycle_tokens_per_s"] or 1.0
+    env.reward_scale = float(reward_scale)
+
+    run_config = {
+        **asdict(cfg),
+        "target": pair.target_name or cfg.target,
+        "draft": pair.draft_name or cfg.draft,
+        "sampling": sampling.to_dict(),
+        "reward_scale_used": reward_scale,
+        "autoregressive_warmup": ar,
+        "n_prompts": len(prompts),
+        "vocab_size": pair.vocab_size,
+        "torch_threads": torch.get_num_threads(),
+        "versions": _versions(),
+        "env_id": "learn2draft/SpecDecode-v0",
+    }
+    (out / "config.json").write_text(json.dumps(run_config, indent=2, default=str))
+    (out / "feature_spec.json").write_text(json.dumps(feature_spec(cfg.max_depth), indent=2))
+
+    wandb_run = _init_wandb(cfg, out, run_config)
+    try:
+        vec_env = DummyVecEnv([lambda: Monitor(env)])
+        model = PPO(
+            "MlpPolicy", vec_env, n_steps=cfg.n_steps, batch_size=cfg.batch_size, n_epochs=cfg.n_epochs,
+            learning_rate=cfg.learning_rate, gamma=cfg.gamma, gae_lambda=cfg.gae_lambda, ent_coef=cfg.ent_coef,
+            clip_range=cfg.clip_range, policy_kwargs={"net_arch": list(cfg.net_arch)}, seed=cfg.seed,
+            device="cpu", verbose=0,
+        )
+        log_dir = out / "logs"
+        wandb_format = make_wandb_output_format(wandb_run)
+        model.set_logger(Logger(str(log_dir), [make_output_format("csv", str(log_dir)), wandb_format]))
+
+        cycle_cb = _cycle_stats_callback(wandb_run)
+        callbacks = [cycle_cb]
+        if cfg.checkpoint_every:
+            # CheckpointCallback counts calls (= vector-env steps), not timesteps.
+            callbacks.append(CheckpointCallback(max(1, cfg.checkpoint_every // vec_env.num_envs),
+                                                str(out / "checkpoints"), name_prefix="ppo"))
+        interrupted = False
+        t_train = time.perf_counter()
+        try:
+            model.learn(cfg.timesteps, callback=CallbackList(callbacks), progress_bar=cfg.progress_bar)
+        except KeyboardInterrupt:
+            interrupted = True  # keep what was learnt; export it below
+        train_seconds = time.perf_counter() - t_train
+        model.logger.dump(step=model.num_timesteps)  # the last update's train/* values
+        model.save(str(out / "model.zip"))
+
+        export = export_policy(
+            model, out / "policy", cfg.max_depth,
+            config={"sampling": sampling.to_dict(), "target": run_config["target"], "draft": run_config["draft"],
+                    "max_new_tokens": cfg.max_new_tokens, "reward_scale": reward_scale, "training": asdict(cfg)},
+            observations=model.rollout_buffer.observations, seed=cfg.seed,
+        )
+
+        evaluation = None
+        if cfg.eval_prompts and not interrupted:
+            texts = eval_prompts if eval_prompts is not None else load_prompts("heldout")[: cfg.eval_prompts]
+            ids = [env.encode(p) for p in texts]
+            policy = load_policy(out / "policy")
+            evaluation = {}
+            # Interleave methods prompt by prompt so that load drifts hit all of them alike.
+            ctrls = {f"fixed_gamma_{g}": FixedDepthController(min(g, cfg.max_depth)) for g in cfg.eval_gammas}
+            ctrls["policy"] = policy
+            per = {k: [] for k in ctrls}
+            for i, p in enumerate(ids):
+                for name, c in ctrls.items():
+                    per[name].append(measure_rate(pair, [p], c, cfg, seed=cfg.seed + 1000 + i))
+            for name, rows in per.items():
+                tok = sum(r["tokens"] for r in rows)
+                sec = sum(r["seconds"] for r in rows)
+                evaluation[name] = {
+                    "tokens_per_s": tok / sec if sec > 0 else 0.0,
+                    "mean_depth": float(np.mean([r["mean_depth"] for r in rows])),
+                    "mean_accepted": float(np.mean([r["mean_accepted"] for r in rows])),
+                }
+            evaluation["prompts"] = len(ids)
+
+        ep_rewards = [ep["r"] for ep in model.ep_info_buffer] if model.ep_info_buffer else []
+        metrics = {
+            "wall_seconds": time.perf_counter() - t_start,
+            "train_seconds": train_seconds,
+            "timesteps": int(model.num_timesteps),
+            "steps_per_second": model.num_timesteps / train_seconds if train_seconds > 0 else 0.0,
+            "interrupted": interrupted,
+            "reward_scale": reward_scale,
+            "autoregressive_warmup": ar,
+            "ep_rew_mean": float(np.mean(ep_rewards)) if ep_rewards else None,
+            "sb3_last": wandb_format.last_values,
+            "cycles": cycle_cb.summary(),
+            "export_check": export.check,
+            "evaluation": evaluation,
+            "paths": {"out": str(out), "model": str(out / "model.zip"), "policy": str(out / "policy"),
+                      "logs": str(log_dir), "wandb": str(out / "wandb") if wandb_run is not None else None},
+        }
+        (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str))
+        if wandb_run is not None:
+            wandb_run.summary.update({k: v for k, v in metrics.items() if isinstance(v, (int, float))})
+            if evaluation:
+                for name, row in evaluation.items():
+                    if isinstance(row, dict):
+                        wandb_run.summary[f"eval/{name}/tokens_per_s"] = row["tokens_per_s"]
+            import wandb
+
+            art = wandb.Artifact(re.sub(r"[^A-Za-z0-9_.-]", "-", f"policy-{out.name}"), type="policy",
+                                 metadata={"max_depth": cfg.max_depth})
+            art.add_dir(str(out / "policy"))
+            wandb_run.log_artifact(art)
+        return metrics
+    finally:
+        if wandb_run is not None:
+            wandb_run.finish()
+
+
+def default_out_dir() -> str:
+    """``runs/ppo-YYYYmmdd-HHMMSS`` (local time)."""
+    return os.path.join("runs", time.strftime("ppo-%Y%m%d-%H%M%S"))
+
+
+__all__ = ["RESULT_FILES", "TrainConfig", "default_out_dir", "make_wandb_output_format", "measure_rate",
+           "prepare_out_dir", "run"]
