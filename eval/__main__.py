@@ -32,6 +32,11 @@ def parse_gammas(text: str) -> list[int]:
     return sorted(set(out))
 
 
+def resolve_export_dir(path: Path) -> Path:
+    """A training run directory holds its ONNX export in ``policy/``; an export directory is used as is."""
+    return path / "policy" if (path / "policy").is_dir() else path
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--policy", default="runs/default", help="directory written by `python -m train` (default: runs/default)")
@@ -47,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the training run's)")
     p.add_argument("--out", default=None, help="output directory (default: <policy>/eval)")
     p.add_argument("--law-check", action="store_true", help="also run the output-law check on the real models")
     p.add_argument("--law-samples", type=int, default=200, help="samples per arm for the law check")
@@ -75,8 +81,11 @@ def _run(args) -> int:
     policy_dir = Path(args.policy)
     if not policy_dir.is_dir():
         raise FileNotFoundError(f"No policy directory at {policy_dir}: run `python -m train` first or pass --policy DIR.")
-    policy = load_policy(policy_dir)
+    policy = load_policy(resolve_export_dir(policy_dir))
     cfg = json.loads((policy_dir / "config.json").read_text()) if (policy_dir / "config.json").exists() else {}
+    threads = args.threads or cfg.get("threads")
+    if threads:
+        torch.set_num_threads(int(threads))
     for name in ("num_train_prompts", "num_heldout_prompts", "repeats"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be ≥ 1.")

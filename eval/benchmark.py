@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args) -> int:
-    from eval.__main__ import _machine, parse_gammas
+    from eval.__main__ import _machine, parse_gammas, resolve_export_dir
     from eval.compare import grid_search
     from eval.runner import DecoderMethod, HFGenerateMethod, encode_all, run_interleaved, summarize
     from learn2draft.decoding import FixedDepthController
@@ -121,7 +121,7 @@ def _run(args) -> int:
     if Path(args.policy).is_dir():
         from policies.export import load_policy
 
-        policy = load_policy(Path(args.policy))
+        policy = load_policy(resolve_export_dir(Path(args.policy)))
     else:
         print(f"note: no policy at {args.policy}; the learned-policy row is skipped (run `python -m train`).")
     held = encode_all(pair, load_prompts("heldout")[: args.num_prompts], args.max_new_tokens)
@@ -144,7 +144,7 @@ def _run(args) -> int:
                              assistant_config={"num_assistant_tokens_schedule": "heuristic"}),
             DecoderMethod("learn2draft autoregressive", pair, FixedDepthController(0), sampling, args.max_new_tokens),
             DecoderMethod(f"learn2draft fixed γ={gamma}", pair, FixedDepthController(gamma), sampling,
-                          args.max_new_tokens, gamma),
+                          args.max_new_tokens),
         ]
         if policy is not None:
             methods.append(DecoderMethod("learn2draft learned policy", pair, policy, sampling, args.max_new_tokens))

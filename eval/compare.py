@@ -27,7 +27,7 @@ def grid_search(pair: ModelPair, prompts: Sequence[torch.Tensor], gammas: Sequen
                 max_new_tokens: int, repeats: int = 1, seed: int = 0, desc: str = "γ grid") -> dict:
     """Measure tokens/s of every fixed γ on ``prompts`` (interleaved); return
     ``{"best_gamma": int, "tokens_per_second": {γ: mean tokens/s}, "tau": {γ: mean τ}}``."""
-    methods = [DecoderMethod(f"gamma={g}", pair, FixedDepthController(g), sampling, max_new_tokens, g) for g in gammas]
+    methods = [DecoderMethod(f"gamma={g}", pair, FixedDepthController(g), sampling, max_new_tokens) for g in gammas]
     summary = summarize(run_interleaved(methods, prompts, repeats, seed, desc=desc))
     tps = {g: summary[f"gamma={g}"]["tokens_per_second_mean"] for g in gammas}
     return {"best_gamma": max(tps, key=tps.get), "tokens_per_second": tps,
@@ -47,9 +47,9 @@ def compare(pair: ModelPair, policy: DraftController, train_prompts: Sequence[to
     if g_train == g_hind:
         names["hind"] = names["train"] = f"fixed γ={g_train} (chosen on train = best in hindsight)"
     methods = [DecoderMethod(AR, pair, FixedDepthController(0), sampling, max_new_tokens)]
-    methods.append(DecoderMethod(names["train"], pair, FixedDepthController(g_train), sampling, max_new_tokens, g_train))
+    methods.append(DecoderMethod(names["train"], pair, FixedDepthController(g_train), sampling, max_new_tokens))
     if g_hind != g_train:
-        methods.append(DecoderMethod(names["hind"], pair, FixedDepthController(g_hind), sampling, max_new_tokens, g_hind))
+        methods.append(DecoderMethod(names["hind"], pair, FixedDepthController(g_hind), sampling, max_new_tokens))
     methods.append(DecoderMethod(policy_name, pair, policy, sampling, max_new_tokens))
     records: list[RunRecord] = run_interleaved(methods, heldout_prompts, repeats, seed + 100, desc="comparison")
     summary = summarize(records, reference=AR)

@@ -59,10 +59,11 @@ class DecoderMethod(Method):
     """This project's draft/verify loop under a controller (γ = 0 is the autoregressive baseline)."""
 
     def __init__(self, name: str, pair: ModelPair, controller: DraftController, sampling: SamplingConfig,
-                 max_new_tokens: int, max_depth: int = 12):
+                 max_new_tokens: int):
+        # The decoder's max_depth is the controller's: the depth features are scaled by it, so a
+        # policy must see the scale it was trained with.
         self.name, self.controller = name, controller
-        self.decoder = SpeculativeDecoder(pair, sampling, max_new_tokens=max_new_tokens,
-                                          max_depth=max(max_depth, controller.max_depth))
+        self.decoder = SpeculativeDecoder(pair, sampling, max_new_tokens=max_new_tokens, max_depth=controller.max_depth)
 
     def run(self, prompt_ids: torch.Tensor, seed: int) -> RunRecord:
         r = self.decoder.generate(prompt_ids, self.controller, seed=seed)

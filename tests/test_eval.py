@@ -58,7 +58,7 @@ def test_decoder_and_hf_greedy_agree_on_tiny_models(tiny_pair):
     ids = torch.tensor([1, 5, 9, 12])
     g = SamplingConfig()
     ours = DecoderMethod("ar", tiny_pair, FixedDepthController(0), g, 12).run(ids, 0)
-    spec = DecoderMethod("g3", tiny_pair, FixedDepthController(3), g, 12, 3).run(ids, 0)
+    spec = DecoderMethod("g3", tiny_pair, FixedDepthController(3), g, 12).run(ids, 0)
     hf = HFGenerateMethod("hf", tiny_pair, g, 12).run(ids, 0)
     assisted = HFGenerateMethod("hfa", tiny_pair, g, 12, assistant=True,
                                 assistant_config={"num_assistant_tokens_schedule": "heuristic"}).run(ids, 0)
@@ -83,3 +83,9 @@ def test_grid_and_markdown_on_tiny_models(tiny_pair):
 def test_eval_cli_missing_policy_is_clear(tmp_path, capsys):
     assert eval_main(["--policy", str(tmp_path / "nope")]) == 2
     assert "python -m train" in capsys.readouterr().err
+
+
+def test_decoder_method_uses_the_controllers_max_depth(tiny_pair):
+    """Depth features are scaled by the decoder's max_depth: a policy must run at the depth scale it was trained on."""
+    m = DecoderMethod("p", tiny_pair, FixedDepthController(5), SamplingConfig(), 8)
+    assert m.decoder.max_depth == 5

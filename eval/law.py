@@ -1,0 +1,530 @@
+"""Output-law checks: does speculative decoding emit the target's distribution?
+
+Two things live here.
+
+1. **Acceptance rules as data** (:class:`AcceptanceRule`): the acceptance probability and the
+   law a token is drawn from after a rejection. :data:`LEVIATHAN_RULE` is the exact rule of
+   Leviathan, Kalman & Matias (ICML 2023, Algorithm 1): accept ``x ~ q`` with probability
+   ``min(1, p(x)/q(x))``, after a rejection draw from ``norm(max(p − q, 0))``.
+   :data:`RESAMPLE_FROM_TARGET_RULE` is the classic mistake, kept as the project's single
+   **negative control**: after a rejection it draws from ``p`` itself. On the three-symbol example
+   p = (0.5, 0.3, 0.2), q = (0.2, 0.5, 0.3) it emits (0.35, 0.39, 0.26) instead of p.
+   :func:`resample_from_target_rule` is that rule as a sampler with the signature of
+   :func:`learn2draft.sampling.speculative_sample`, to plug into
+   ``SpeculativeDecoder(sampler=...)``. The exact enumeration test, the Monte Carlo test and the
+   real-model test all take the wrong rule from here.
+
+2. **The real-model law check** (:func:`law_check`): draw the first ``k`` tokens many times with
+   plain autoregressive sampling and with speculative sampling under each controller, and compare
+   the two samples position by position with a chi-square test on the contingency table of token
+   counts; the first position is also tested against the target's exact first-token law. A
+   Bonferroni correction covers all tests. :func:`format_law_table` renders the result as Markdown
+   (``python -m eval --law-check``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from learn2draft.decoding import DraftController, FixedDepthController, Sampler, SpeculativeDecoder
+from learn2draft.models import ModelPair
+from learn2draft.sampling import SamplingConfig, speculative_sample
+
+#: Label used in count tables for "generation ended (EOS) before this position".
+ENDED = -1
+
+
+# --------------------------------------------------------------------------------------------
+# Acceptance rules
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AcceptanceRule:
+    """One cycle's acceptance rule for a chain of drafted tokens, as two functions.
+
+    Attributes:
+        name: short label.
+        accept_probability: ``(p_x, q_x) -> a`` in [0, 1], the probability of accepting a drafted
+            token x with target probability ``p_x`` and draft probability ``q_x > 0`` (floats).
+        correction: ``(p, q) -> r``, float64 (V,) arrays in, the distribution (float64 (V,),
+            summing to 1) that the emitted token is drawn from after a rejection at this position.
+
+    The bonus token (every drafted token accepted) is always drawn from the target's ``p``.
+    """
+
+    name: str
+    accept_probability: Callable[[float, float], float]
+    correction: Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+def _accept_min_ratio(p_x: float, q_x: float) -> float:
+    return min(1.0, p_x / q_x)
+
+
+def _residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    r = np.maximum(p - q, 0.0)
+    z = r.sum()
+    return r / z if z > 0 else p / p.sum()  # z = 0 only when p = q, where rejection has probability 0
+
+
+def _target_itself(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    return p / p.sum()
+
+
+#: The exact rule (Leviathan et al. 2023, Algorithm 1 / Appendix A.1).
+LEVIATHAN_RULE = AcceptanceRule("leviathan (exact)", _accept_min_ratio, _residual)
+
+#: NEGATIVE CONTROL — a wrong rule: accept with min(1, p/q) but, after a rejection, resample from
+#: p instead of the residual. It over-weights tokens the draft proposes too often. Never use it to
+#: decode; it exists so that every law test can show that it catches a biased sampler.
+RESAMPLE_FROM_TARGET_RULE = AcceptanceRule("resample-from-target (WRONG, negative control)", _accept_min_ratio,
+                                           _target_itself)
+
+
+def _draw(dist: np.ndarray, u: float) -> int:
+    """Inverse-CDF draw from a float64 (V,) distribution with one uniform u in [0, 1)."""
+    c = np.cumsum(dist)
+    i = int(np.searchsorted(c, u * c[-1], side="right"))
+    return i if i < len(c) else int(np.flatnonzero(dist > 0)[-1])
+
+
+def rule_sampler(rule: AcceptanceRule) -> Sampler:
+    """A sampler following ``rule``, with the signature of :func:`learn2draft.sampling.speculative_sample`.
+
+    For tests and negative controls only (it copies the probabilities to the host in float64);
+    the engine decodes with :func:`~learn2draft.sampling.speculative_sample`.
+
+    Returns:
+        ``sampler(target_probs (γ+1, V), draft_probs (γ, V), draft_tokens int64 (γ,), generator)
+        -> (num_accepted, next_token)``; it draws γ+1 float64 uniforms from ``generator``.
+    """
+
+    def sample(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: torch.Tensor,
+               generator: torch.Generator | None = None) -> tuple[int, int]:
+        gamma = int(draft_tokens.numel())
+        u = torch.rand(gamma + 1, generator=generator, device=target_probs.device, dtype=torch.float64).tolist()
+        p = target_probs.detach().double().cpu().numpy()
+        q = draft_probs.detach().double().cpu().numpy() if gamma else None
+        for i, x in enumerate(draft_tokens.reshape(-1).tolist()):
+            if not u[i] < rule.accept_probability(float(p[i, x]), float(q[i, x])):
+                return i, _draw(rule.correction(p[i], q[i]), u[gamma])
+        return gamma, _draw(p[gamma] / p[gamma].sum(), u[gamma])
+
+    sample.__name__ = sample.__qualname__ = f"rule_sampler[{rule.name}]"
+    return sample
+
+
+def resample_from_target_rule(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: torch.Tensor,
+                              generator: torch.Generator | None = None) -> tuple[int, int]:
+    """NEGATIVE CONTROL: the wrong rule "on rejection, resample from p" (:data:`RESAMPLE_FROM_TARGET_RULE`).
+
+    Same signature and shapes as :func:`learn2draft.sampling.speculative_sample`; pass it as
+    ``SpeculativeDecoder(..., sampler=resample_from_target_rule)`` to check that a law test flags
+    a biased sampler. Its output law is ``min(p, q) + (1 − Σ min(p, q)) · p`` for one draft token,
+    which differs from ``p`` whenever p ≠ q. Never use it to decode.
+    """
+    return _RESAMPLE_FROM_TARGET_SAMPLER(target_probs, draft_probs, draft_tokens, generator)
+
+
+_RESAMPLE_FROM_TARGET_SAMPLER = rule_sampler(RESAMPLE_FROM_TARGET_RULE)
+
+
+# --------------------------------------------------------------------------------------------
+# Two-sample statistics
+# --------------------------------------------------------------------------------------------
+def two_sample_test(a: Sequence[int], b: Sequence[int], min_expected: float = 5.0) -> dict:
+    """Pearson chi-square test that two samples of categorical labels come from one law.
+
+    The contingency table has one row per sample and one column per label. Labels whose expected
+    count under the null falls below ``min_expected`` in either row are merged into one "rare"
+    bin (Cochran's rule for the chi-square approximation); if that bin is itself too small it is
+    merged into the smallest remaining column. No continuity correction (``correction=False``).
+
+    Args:
+        a, b: labels (ints), non-empty.
+        min_expected: smallest expected cell count for a column to stay on its own.
+
+    Returns:
+        dict with ``chi2``, ``dof``, ``p_value`` (1.0 when fewer than two bins remain: nothing to
+        compare), ``tv`` (the plug-in total-variation distance ½ Σ |f_a − f_b| over unmerged labels,
+        biased upwards by sampling noise: about sqrt(K/n) for K labels with n draws each),
+        ``bins`` (columns tested), ``n_a``, ``n_b``, and ``counts_a``/``counts_b`` (label → count,
+        labels as strings for JSON).
+
+    Raises:
+        ValueError: a sample is empty.
+    """
+    from scipy.stats import chi2_contingency
+
+    if not len(a) or not len(b):
+        raise ValueError("Both samples must be non-empty.")
+    ca, cb = Counter(int(x) for x in a), Counter(int(x) for x in b)
+    na, nb = sum(ca.values()), sum(cb.values())
+    labels = sorted(set(ca) | set(cb), key=lambda t: -(ca[t] + cb[t]))
+    tv = 0.5 * sum(abs(ca[t] / na - cb[t] / nb) for t in labels)
+    frac = min(na, nb) / (na + nb)  # expected count in the smaller row = column total × frac
+
+    def ok(col):
+        return (col[0] + col[1]) * frac >= min_expected
+
+    cols, rare = [], [0, 0]
+    for t in labels:
+        col = [ca[t], cb[t]]
+        if ok(col):
+            cols.append(col)
+        else:
+            rare[0] += col[0]
+            rare[1] += col[1]
+    if sum(rare):
+        if ok(rare) or not cols:
+            cols.append(rare)
+        else:
+            smallest = min(range(len(cols)), key=lambda j: sum(cols[j]))
+            cols[smallest] = [cols[smallest][0] + rare[0], cols[smallest][1] + rare[1]]
+    if len(cols) < 2:
+        chi2, dof, p = 0.0, 0, 1.0
+    else:
+        chi2, p, dof, _ = chi2_contingency(np.array(cols).T, correction=False)
+    return {
+        "chi2": float(chi2), "dof": int(dof), "p_value": float(p), "tv": float(tv), "bins": len(cols),
+        "n_a": na, "n_b": nb,
+        "counts_a": {str(k): v for k, v in sorted(ca.items())}, "counts_b": {str(k): v for k, v in sorted(cb.items())},
+    }
+
+
+def goodness_of_fit_test(sample: Sequence[int], probs: np.ndarray, min_expected: float = 5.0) -> dict:
+    """Pearson chi-square test that a sample of token ids follows the exact law ``probs``.
+
+    Tokens with expected count below ``min_expected`` are merged into one bin, itself merged into
+    the smallest other bin when its expected count is still below ``min_expected`` (Cochran's
+    rule). A sample containing a token of probability exactly 0 (or the :data:`ENDED` label, or an
+    id outside the law) gets p-value 0: impossible under the law.
+
+    Args:
+        sample: token ids, non-empty.
+        probs: float (V,), the exact law (sums to 1).
+
+    Returns:
+        dict with ``chi2``, ``dof``, ``p_value``, ``tv`` (plug-in ½ Σ |f − p|), ``bins``, ``n`` and
+        ``impossible`` (draws of probability-0 tokens).
+    """
+    from scipy.stats import chisquare
+
+    probs = np.asarray(probs, dtype=np.float64)
+    n = len(sample)
+    if not n:
+        raise ValueError("The sample must be non-empty.")
+    counts = Counter(int(x) for x in sample)
+    impossible = sum(c for t, c in counts.items() if t < 0 or t >= len(probs) or probs[t] == 0)
+    freq = np.zeros(len(probs))
+    for t, c in counts.items():
+        if 0 <= t < len(probs):
+            freq[t] += c
+    tv = 0.5 * (np.abs(freq / n - probs).sum() + sum(c for t, c in counts.items() if not 0 <= t < len(probs)) / n)
+    big = probs * n >= min_expected
+    obs = list(freq[big]) + [n - freq[big].sum()]
+    exp = list(probs[big] * n) + [n - probs[big].sum() * n]
+    if exp[-1] < min_expected and len(obs) > 1:  # the merged bin is too small on its own
+        j = int(np.argmin(exp[:-1]))
+        obs[j] += obs[-1]
+        exp[j] += exp[-1]
+        obs, exp = obs[:-1], exp[:-1]
+    if impossible:
+        chi2, p, dof = float("inf"), 0.0, len(obs) - 1
+    elif len(obs) < 2:
+        chi2, p, dof = 0.0, 1.0, 0
+    else:
+        exp = np.array(exp) * (sum(obs) / sum(exp))
+        chi2, p = chisquare(np.array(obs), exp)
+        dof = len(obs) - 1
+    return {"chi2": float(chi2), "dof": int(dof), "p_value": float(p), "tv": float(tv), "bins": len(obs), "n": n,
+            "impossible": int(impossible)}
+
+
+class _PrefillMemo:
+    """Wraps a causal LM so that a forward on an *empty* cache with an input seen before is replayed
+    (the same logits; the same keys/values copied into the cache) instead of recomputed.
+
+    The law check restarts the decoder on one prompt hundreds of times; the prompt's prefill (the
+    target's and the draft's first forward) is identical each time and is most of the cost of a
+    short draw. Replaying a deterministic computation does not change what is sampled. Every other
+    call, and any cache without ``layers[i].keys/values`` (DynamicCache), goes straight to the model.
+    """
+
+    def __init__(self, model):
+        self.model = model
+        self._memo: dict[tuple, tuple] = {}
+
+    def __getattr__(self, name):
+        if name == "model":  # not set yet (copy / unpickle): do not recurse
+            raise AttributeError(name)
+        return getattr(self.model, name)
+
+    def __call__(self, input_ids=None, cache=None, **kwargs):
+        if cache is None or cache.get_seq_length() != 0 or input_ids is None or input_ids.shape[0] != 1:
+            return self.model(input_ids=input_ids, cache=cache, **kwargs)
+        key = tuple(input_ids.reshape(-1).tolist())
+        hit = self._memo.get(key)
+        if hit is None:
+            out = self.model(input_ids=input_ids, cache=cache, **kwargs)
+            layers = getattr(cache, "layers", None)
+            if layers and all(hasattr(layer, "keys") and hasattr(layer, "values") for layer in layers):
+                self._memo[key] = (out.logits.clone(), [(la.keys.clone(), la.values.clone()) for la in layers])
+            return out
+        logits, kv = hit
+        for i, (k, v) in enumerate(kv):
+            cache.update(k.clone(), v.clone(), i)
+        return SimpleNamespace(logits=logits.clone())
+
+
+def _memo_pair(pair: ModelPair) -> ModelPair:
+    target = _PrefillMemo(pair.target)
+    draft = target if pair.draft is pair.target else _PrefillMemo(pair.draft)
+    return dataclasses.replace(pair, target=target, draft=draft)
+
+
+def first_token_probs(pair: ModelPair, prompt_ids: torch.Tensor, sampling: SamplingConfig) -> np.ndarray:
+    """The target's exact law of the first generated token: float64 (V,).
+
+    Computed the way the loop computes it (prefill all but the last prompt token, then one forward
+    for the last), processed by ``sampling.probs``.
+    """
+    from transformers import DynamicCache
+
+    ids = torch.as_tensor(prompt_ids).reshape(-1).to(pair.device)
+    cache = DynamicCache()
+    with torch.inference_mode():
+        if ids.numel() > 1:
+            pair.target(input_ids=ids[None, :-1], cache=cache, use_cache=True)
+        logits = pair.target(input_ids=ids[None, -1:], cache=cache, use_cache=True).logits[0, -1:, : pair.vocab_size]
+    return sampling.probs(logits, ids)[0].double().cpu().numpy()
+
+
+# --------------------------------------------------------------------------------------------
+# Real-model law check
+# --------------------------------------------------------------------------------------------
+def _seed(*key: int) -> int:
+    return int(np.random.SeedSequence([int(k) for k in key]).generate_state(1)[0])
+
+
+def sample_first_tokens(
+    pair: ModelPair,
+    prompt_ids: torch.Tensor,
+    controller: DraftController,
+    sampling: SamplingConfig,
+    num_tokens: int,
+    seeds: Sequence[int],
+    sampler: Sampler = speculative_sample,
+) -> tuple[np.ndarray, dict]:
+    """Run the real draft/verify loop once per seed and keep the first ``num_tokens`` tokens.
+
+    The decoder is driven cycle by cycle (:meth:`SpeculativeDecoder.start` /
+    :meth:`~SpeculativeDecoder.run_cycle`) until at least ``num_tokens`` tokens are emitted or the
+    generation ends; ``max_new_tokens`` is ``num_tokens + controller.max_depth`` so the cap never
+    shortens a block that still contributes to the first ``num_tokens`` tokens.
+
+    Args:
+        prompt_ids: int64 (L,).
+        controller: decides the depth (``FixedDepthController(0)`` is plain sampling).
+        seeds: one per sample; the decoder's generator is seeded with it.
+        sampler: the acceptance rule (:func:`speculative_sample` or a negative control).
+
+    Returns:
+        ``(tokens, stats)``: int64 array (len(seeds), num_tokens), :data:`ENDED` after an EOS;
+        stats: ``seconds``, ``cycles``, ``drafted``, ``accepted`` totals.
+    """
+    max_depth = int(controller.max_depth)
+    dec = SpeculativeDecoder(pair, sampling, max_new_tokens=num_tokens + max_depth, max_depth=max_depth,
+                             sampler=sampler)
+    out = np.full((len(seeds), num_tokens), ENDED, dtype=np.int64)
+    stats = {"seconds": 0.0, "cycles": 0, "drafted": 0, "accepted": 0}
+    t0 = time.perf_counter()
+    for r, s in enumerate(seeds):
+        controller.reset()
+        dec.start(prompt_ids, seed=int(s))
+        while not dec.finished and dec.generated < num_tokens:
+            c = dec.run_cycle(controller)
+            stats["cycles"] += 1
+            stats["drafted"] += c.depth
+            stats["accepted"] += c.num_accepted
+        toks = dec.ids[dec.prompt_len:][:num_tokens].tolist()
+        out[r, : len(toks)] = toks
+    stats["seconds"] = time.perf_counter() - t0
+    return out, stats
+
+
+def law_check(
+    pair: ModelPair,
+    controllers: dict[str, DraftController],
+    prompts: Sequence[str | torch.Tensor],
+    sampling: SamplingConfig = SamplingConfig(temperature=0.8, top_p=0.95),
+    num_tokens: int = 3,
+    num_samples: int = 200,
+    seed: int = 0,
+    sampler: Sampler = speculative_sample,
+    alpha: float = 0.01,
+    chat: bool = True,
+    progress: bool = False,
+) -> dict:
+    """Compare speculative sampling under each controller with plain sampling, on real models.
+
+    For each prompt, the first ``num_tokens`` tokens are drawn ``num_samples`` times with plain
+    autoregressive sampling (``FixedDepthController(0)``, always with the exact sampler) and
+    ``num_samples`` times under each controller with ``sampler``. Every draw uses its own seed, and
+    the arms use disjoint seeds, so the samples are independent. Tests:
+
+    * two-sample, for every (prompt, controller, position): the controller's and the plain arm's
+      marginal token laws, by :func:`two_sample_test` (chi-square on the contingency table, rare
+      tokens merged), with the estimated total-variation distance;
+    * exact, at position 1 for every arm (the plain one included): the first token's law is known
+      exactly (one target forward, :func:`first_token_probs`), so each arm is also tested against
+      it by :func:`goodness_of_fit_test` — twice the power of the two-sample test for the same
+      draws, since only one side is noisy.
+
+    Verdict: Bonferroni over all m tests — a test is flagged when its p-value is below
+    ``alpha / m``, and the check passes when none is, so a correct sampler fails it with
+    probability at most ``alpha`` (up to the chi-square approximation).
+
+    The prompt's prefill is computed once and replayed for every draw (:class:`_PrefillMemo`;
+    it returns exactly what recomputation would), so a draw costs about ``num_tokens`` target
+    forwards plus the draft's steps.
+
+    Cost: ``num_samples × (1 + len(controllers)) × len(prompts)`` short generations.
+
+    Args:
+        pair: target/draft models.
+        controllers: name → controller; each gets its own decoder with ``max_depth = controller.max_depth``.
+        prompts: text (encoded with :meth:`ModelPair.encode_prompt`, through the chat template when
+            ``chat``) or int64 (L,) token ids.
+        sampling: applied to target and draft alike; must not be greedy.
+        num_tokens: k, positions compared (≥ 1).
+        num_samples: draws per arm and prompt (≥ 10).
+        seed: base seed; the result is a deterministic function of it.
+        sampler: acceptance rule for the controllers' arms (:func:`resample_from_target_rule` to
+            see the check fail).
+        alpha: family-wise false-alarm rate, in (0, 1).
+        chat: encode text prompts through the tokenizer's chat template.
+        progress: print one line per arm.
+
+    Returns:
+        JSON-serialisable dict: ``passed`` (bool), ``verdict`` (str), ``num_tests`` m,
+        ``threshold`` (alpha / m), ``min_p_value``, ``max_tv``, ``tests`` (one dict per test:
+        prompt, controller, position, kind ("two-sample" or "exact"), chi2, dof, p_value,
+        p_bonferroni = min(1, m·p), tv, bins, flagged, and counts for two-sample tests), ``arms``
+        (per prompt and arm: seconds, cycles, drafted, accepted, mean accepted length), and the
+        settings.
+
+    Raises:
+        ValueError: greedy sampling (nothing random to compare), no controllers or prompts, or an
+            argument out of range.
+    """
+    if sampling.greedy:
+        raise ValueError("law_check needs sampling (temperature > 0): greedy output is deterministic.")
+    if not controllers:
+        raise ValueError("Pass at least one controller to compare with plain sampling.")
+    if not prompts:
+        raise ValueError("Pass at least one prompt.")
+    if num_tokens < 1 or num_samples < 10:
+        raise ValueError(f"Need num_tokens ≥ 1 and num_samples ≥ 10, got {num_tokens} and {num_samples}.")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}.")
+    sampler_name = getattr(sampler, "__name__", repr(sampler))
+    arms_meta, tests = [], []
+    memo = _memo_pair(pair)
+    for pi, prompt in enumerate(prompts):
+        ids = pair.encode_prompt(prompt, chat=chat) if isinstance(prompt, str) else torch.as_tensor(prompt).reshape(-1)
+        seeds = lambda arm: [_seed(seed, pi, arm, s) for s in range(num_samples)]  # noqa: E731
+        exact = first_token_probs(pair, ids, sampling)
+        ref, st = sample_first_tokens(memo, ids, FixedDepthController(0), sampling, num_tokens, seeds(0))
+        arms_meta.append({"prompt": pi, "arm": "autoregressive", **st})
+        tests.append({"prompt": pi, "controller": "autoregressive", "position": 1, "kind": "exact",
+                      **goodness_of_fit_test(ref[:, 0], exact)})
+        if progress:
+            print(f"law check: prompt {pi} autoregressive {st['seconds']:.1f} s", flush=True)
+        for ai, (name, ctrl) in enumerate(controllers.items(), start=1):
+            got, st = sample_first_tokens(memo, ids, ctrl, sampling, num_tokens, seeds(ai), sampler)
+            st["mean_accepted"] = st["accepted"] / st["cycles"] if st["cycles"] else 0.0
+            arms_meta.append({"prompt": pi, "arm": name, **st})
+            if progress:
+                print(f"law check: prompt {pi} {name} {st['seconds']:.1f} s, τ̄ = {st['mean_accepted']:.2f}",
+                      flush=True)
+            tests.append({"prompt": pi, "controller": name, "position": 1, "kind": "exact",
+                          **goodness_of_fit_test(got[:, 0], exact)})
+            for j in range(num_tokens):
+                res = two_sample_test(ref[:, j], got[:, j])
+                tests.append({"prompt": pi, "controller": name, "position": j + 1, "kind": "two-sample", **res})
+    m = len(tests)
+    threshold = alpha / m
+    for t in tests:
+        t["p_bonferroni"] = min(1.0, t["p_value"] * m)
+        t["flagged"] = t["p_value"] < threshold
+    passed = not any(t["flagged"] for t in tests)
+    min_p = min(t["p_value"] for t in tests)
+    return {
+        "passed": passed,
+        "verdict": ("PASS: no test rejects the target's law" if passed else
+                    f"FAIL: {sum(t['flagged'] for t in tests)} of {m} tests reject the target's law"),
+        "num_tests": m,
+        "alpha": alpha,
+        "threshold": threshold,
+        "min_p_value": min_p,
+        "max_tv": max(t["tv"] for t in tests),
+        "tests": tests,
+        "arms": arms_meta,
+        "sampling": sampling.to_dict(),
+        "sampler": sampler_name,
+        "num_tokens": num_tokens,
+        "num_samples": num_samples,
+        "seed": seed,
+        "num_prompts": len(prompts),
+    }
+
+
+def format_law_table(result: dict) -> str:
+    """Render a :func:`law_check` result as a Markdown table plus a verdict line.
+
+    One row per (prompt, controller, position): χ², degrees of freedom, p-value, Bonferroni
+    p-value, estimated TV distance, and ✗ where the test is flagged.
+    """
+    defaults = SamplingConfig().to_dict()
+    settings = ", ".join(f"{k}={v}" for k, v in result["sampling"].items() if k == "temperature" or v != defaults[k])
+    lines = [
+        f"Output-law check: first {result['num_tokens']} tokens, {result['num_samples']} samples per arm, "
+        f"{result['num_prompts']} prompt(s), sampling {settings}, sampler `{result['sampler']}`, "
+        f"seed {result['seed']}.",
+        "",
+        "| prompt | controller | position | test | χ² | dof | p-value | p (Bonferroni) | TV (estimate) | flagged |",
+        "|---:|---|---:|---|---:|---:|---:|---:|---:|:---:|",
+    ]
+    for t in result["tests"]:
+        test = "vs exact p" if t.get("kind") == "exact" else "vs plain sampling"
+        lines.append(
+            f"| {t['prompt']} | {t['controller']} | {t['position']} | {test} | {t['chi2']:.2f} | {t['dof']} | "
+            f"{t['p_value']:.3g} | {t['p_bonferroni']:.3g} | {t['tv']:.3f} | {'✗' if t['flagged'] else ''} |"
+        )
+    arms = [a for a in result.get("arms", []) if a["arm"] != "autoregressive"]
+    if arms:
+        lines += ["", "Mean accepted length per cycle: " + ", ".join(
+            f"{a['arm']} (prompt {a['prompt']}) τ̄ = {a.get('mean_accepted', 0):.2f}" for a in arms) + "."]
+    lines += [
+        "",
+        f"**{result['verdict']}** (Bonferroni over {result['num_tests']} tests: flagged when p < "
+        f"{result['alpha']:g}/{result['num_tests']} = {result['threshold']:.2g}; "
+        f"smallest p = {result['min_p_value']:.3g}; "
+        "the TV estimates are biased upwards by sampling noise).",
+    ]
+    return "\n".join(lines)
+
+
+__all__ = [
+    "AcceptanceRule", "ENDED", "LEVIATHAN_RULE", "RESAMPLE_FROM_TARGET_RULE", "first_token_probs", "format_law_table",
+    "goodness_of_fit_test", "law_check", "resample_from_target_rule", "rule_sampler", "sample_first_tokens",
+    "two_sample_test",
+]
