@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--law-check", action="store_true", help="also run the output-law check on the real models")
     p.add_argument("--law-samples", type=int, default=200, help="samples per arm for the law check")
     p.add_argument("--law-tokens", type=int, default=3, help="first k tokens compared by the law check")
+    p.add_argument("--law-prompt", default="Name a color.",
+                   help="prompt of the law check: one whose first tokens are uncertain, so a biased rule shows")
     p.add_argument("--skip-speed", action="store_true", help="only the law check")
     return p
 
@@ -121,7 +123,7 @@ def _run(args) -> int:
         law_sampling = SamplingConfig(temperature=0.8, top_p=0.95)
         g = results.get("speed", {}).get("gamma_train", 4)
         law = law_check(pair, {"learned policy": policy, f"fixed γ={g}": FixedDepthController(g)},
-                        [load_prompts("heldout")[0]], sampling=law_sampling, num_tokens=args.law_tokens,
+                        [args.law_prompt], sampling=law_sampling, num_tokens=args.law_tokens,
                         num_samples=args.law_samples, seed=args.seed)
         results["law_check"] = law
         table = format_law_table(law)

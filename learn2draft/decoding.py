@@ -103,7 +103,8 @@ class CycleResult:
     Attributes:
         tokens: ids emitted this cycle (τ + 1, fewer at EOS or ``max_new_tokens``).
         depth: tokens drafted (γ); ``verify_size``: tokens verified.
-        num_accepted: accepted length τ (accepted prefix only).
+        num_accepted: accepted length τ (accepted prefix only, and only tokens actually emitted:
+            drafted tokens accepted after an EOS do not count).
         draft_seconds, verify_seconds: device-synchronised seconds in the draft / target forwards
             and the sampling that goes with them; ``other_seconds``: the rest of the cycle
             (acceptance, cache rollback, features, controller decisions when timed).
@@ -347,6 +348,7 @@ class SpeculativeDecoder:
             if length > valid:
                 cache.crop(-(length - valid))
                 setattr(self, f"{name}_len", valid)
+        tau = min(tau, len(emitted))  # drafted tokens accepted after an EOS are not emitted: not counted
         self.accepted_history.append(tau)
         self.last_accept_fraction = tau / gamma if gamma else 1.0
         draft_s, other_s = self._cycle_draft, self._cycle_other

@@ -15,6 +15,7 @@ token iff it is the target's argmax.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import torch
@@ -132,6 +133,11 @@ class SamplingConfig:
             )
         procs = self.processors()
         n = logits.shape[0]
+        if n > 1 and (new_tokens is None or new_tokens.numel() < n - 1):
+            got = None if new_tokens is None else new_tokens.numel()
+            raise ValueError(
+                f"{n} rows of logits need at least {n - 1} new_tokens (row i follows prefix + new_tokens[:i]), got {got}."
+            )
         if self.prefix_dependent:
             rows = []
             for i in range(n):
@@ -148,33 +154,47 @@ class SamplingConfig:
 
 
 def sample_from(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
-    """Draw one token id from a float (V,) distribution (need not be normalised) by inverting its CDF.
-
-    The CDF is accumulated in float64, so a token of probability 0 is never drawn (its CDF step is
-    empty). Inverse-CDF sampling with one uniform is ~10× cheaper than ``torch.multinomial`` at
-    V = 49,152 on CPU.
+    """Draw one token id from a float (V,) distribution (need not be normalised), by inverse CDF
+    with one float64 uniform from ``generator`` (see :func:`_inverse_cdf`).
 
     Raises:
         ValueError: the probabilities are NaN, infinite, negative or all zero.
     """
-    cdf = probs.double().cumsum(0)
-    total = cdf[-1]
-    if not bool(torch.isfinite(total)) or not bool(total > 0) or bool((probs < 0).any()):
-        raise ValueError("Cannot sample: probabilities are NaN, infinite, negative or all zero.")
-    u = torch.rand(1, generator=generator, device=probs.device, dtype=torch.float64) * total
-    idx = int(torch.searchsorted(cdf, u, right=True))
-    if idx >= probs.numel():  # u rounded up to the total: take the last token with mass
-        idx = int(probs.nonzero()[-1])
+    lo, hi = torch.aminmax(probs)
+    if not (float(lo) >= 0 and float(hi) < math.inf):
+        raise ValueError("Cannot sample: probabilities are NaN, infinite or negative.")
+    u = float(torch.rand(1, generator=generator, device=probs.device, dtype=torch.float64))
+    idx = _inverse_cdf(probs, u)
+    if idx is None:
+        raise ValueError("Cannot sample: probabilities are all zero.")
     return idx
 
 
-def _check_probs(name: str, t: torch.Tensor, rows: int, V: int | None) -> None:
-    if t.dim() != 2 or t.shape[0] != rows or (V is not None and t.shape[1] != V):
-        raise ValueError(f"{name} must have shape ({rows}, V){'' if V is None else f' with V={V}'}, got {tuple(t.shape)}.")
-    # One summing pass catches NaN/inf anywhere; negative entries are caught where they are used
-    # (the gathered p(x), q(x) and the row that is sampled from).
-    if t.numel() and not bool(torch.isfinite(t.sum())):
-        raise ValueError(f"{name} has NaN or infinite entries: pass probabilities (softmax of processed logits).")
+def _check_shape(name: str, t: torch.Tensor, rows: int, V: int | None) -> None:
+    if t.dim() != 2 or t.shape[0] != rows or t.shape[1] == 0 or (V is not None and t.shape[1] != V):
+        want = f"({rows}, V)" + ("" if V is None else f" with V={V}")
+        raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}.")
+
+
+def _bad_probs(name: str) -> ValueError:
+    return ValueError(
+        f"{name} has NaN, infinite or negative entries: pass probabilities (softmax of processed logits)."
+    )
+
+
+def _inverse_cdf(weights: torch.Tensor, u: float) -> int | None:
+    """Index i with probability weights[i] / sum(weights), from one uniform ``u`` in [0, 1).
+
+    Inverse-CDF sampling in float64: the first i with cumsum[i] > u · total. A zero weight is
+    never chosen (its cumsum equals its predecessor's). Returns None when the weights sum to 0.
+    """
+    c = weights.double().cumsum(0)
+    idx = int(torch.searchsorted(c, c[-1:] * u, right=True))
+    if idx < c.numel():
+        return idx
+    if float(c[-1]) > 0:  # u · total rounded up to total: the last token with mass
+        return int((weights > 0).nonzero()[-1, 0])
+    return None
 
 
 def speculative_sample(
@@ -189,7 +209,7 @@ def speculative_sample(
         target_probs: float (γ+1, V); row i is p for the position of ``draft_tokens[i]``, the
             last row is p for the bonus position. Already processed (temperature, top-k, …).
         draft_probs: float (γ, V); row i is the q that ``draft_tokens[i]`` was sampled from,
-            processed identically.
+            processed identically. Ignored when γ = 0.
         draft_tokens: int64 (γ,), γ ≥ 0.
         generator: optional torch.Generator on the probabilities' device, for reproducibility.
 
@@ -198,38 +218,59 @@ def speculative_sample(
         prefix; ``next_token`` is drawn from the residual norm(max(p_τ − q_τ, 0)) after a
         rejection, or the bonus token from p_γ when all γ are accepted.
 
+    Randomness: one call draws γ+1 float64 uniforms from ``generator``: u_i for the acceptance
+    test of draft token i (accept iff ``u_i · q_i(x_i) < p_i(x_i)``, i.e. with probability
+    min(1, p/q), nothing divided) and u_γ for the emitted token, drawn by inverse CDF in float64.
+    Everything the decision needs crosses to the host in one small transfer, so the call costs a
+    few tensor operations whatever V is (about 20 µs on CPU for small V).
+
     Edge cases: p = q is accepted everywhere (u·q < p for u ∈ [0, 1)), so the residual with
     Z = 0 is never formed; a token with q(x) = 0 is never proposed but stays reachable through
-    the residual; a token with p(x) = 0 < q(x) is always rejected. The acceptance test is
-    ``u·q(x) < p(x)`` so nothing is divided.
+    the residual; a token with p(x) = 0 < q(x) is always rejected and never emitted.
 
     Raises:
-        ValueError: shapes disagree, probabilities are not finite and non-negative, or a draft
-            token has zero draft probability (it cannot have been sampled from q).
+        ValueError: shapes disagree, probabilities are not finite and non-negative, a draft
+            token is out of range or has zero draft probability (it cannot have been sampled
+            from q), or the bonus row of ``target_probs`` has zero mass.
     """
     gamma = int(draft_tokens.numel())
-    _check_probs("target_probs", target_probs, gamma + 1, None)
+    _check_shape("target_probs", target_probs, gamma + 1, None)
     V = target_probs.shape[1]
+    dev = target_probs.device
+    u = torch.rand(gamma + 1, generator=generator, device=dev, dtype=torch.float64).tolist()
+    parts = [torch.stack(torch.aminmax(target_probs))]
     if gamma:
-        _check_probs("draft_probs", draft_probs, gamma, V)
-        if bool((draft_tokens < 0).any()) or bool((draft_tokens >= V).any()):
-            raise ValueError(f"draft_tokens must be ids in [0, {V}), got {draft_tokens.tolist()}.")
-        idx = torch.arange(gamma, device=target_probs.device)
-        px = target_probs[idx, draft_tokens]
-        qx = draft_probs[idx, draft_tokens]
-        if bool((px < 0).any()) or bool((qx < 0).any()):
-            raise ValueError("Negative probabilities: pass probabilities (softmax of processed logits).")
-        if bool((qx == 0).any()):
+        _check_shape("draft_probs", draft_probs, gamma, V)
+        x = draft_tokens.reshape(-1).tolist()
+        if min(x) < 0 or max(x) >= V:
+            raise ValueError(f"draft_tokens must be ids in [0, {V}), got {x}.")
+        xs = draft_tokens.reshape(gamma, 1).to(dev)
+        parts += [
+            torch.stack(torch.aminmax(draft_probs)),
+            target_probs[:gamma].gather(1, xs).view(-1),
+            draft_probs.gather(1, xs).view(-1),
+        ]
+    vals = torch.cat(parts).tolist()  # the only device → host transfer before the final draw
+    if not (vals[0] >= 0 and vals[1] < math.inf):  # NaN fails both comparisons
+        raise _bad_probs("target_probs")
+    tau = gamma
+    if gamma:
+        if not (vals[2] >= 0 and vals[3] < math.inf):
+            raise _bad_probs("draft_probs")
+        px, qx = vals[4 : 4 + gamma], vals[4 + gamma :]
+        if min(qx) <= 0:
             raise ValueError("A draft token has q(x) = 0: it cannot have been sampled from draft_probs.")
-        u = torch.rand(gamma, generator=generator, device=target_probs.device, dtype=px.dtype)
-        rejected = (u * qx >= px).nonzero()
-        tau = int(rejected[0, 0]) if rejected.numel() else gamma
-    else:
-        tau = 0
+        for i in range(gamma):
+            if u[i] * qx[i] >= px[i]:
+                tau = i
+                break
     if tau == gamma:
-        return tau, sample_from(target_probs[gamma], generator)
-    residual = (target_probs[tau] - draft_probs[tau]).clamp_min_(0)
-    if not bool(residual.sum() > 0):
+        token = _inverse_cdf(target_probs[gamma], u[gamma])
+        if token is None:
+            raise ValueError("The bonus row of target_probs sums to 0: pass probabilities.")
+        return tau, token
+    token = _inverse_cdf((target_probs[tau] - draft_probs[tau]).clamp_min_(0), u[gamma])
+    if token is None:
         # Only reachable through rounding when p ≈ q; p itself is then the right law.
-        residual = target_probs[tau]
-    return tau, sample_from(residual, generator)
+        token = _inverse_cdf(target_probs[tau], u[gamma])
+    return tau, token

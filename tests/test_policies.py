@@ -21,12 +21,6 @@ N = len(FEATURE_NAMES)
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +28,6 @@ def tiny_ppo(tiny_pair):
     """A briefly trained PPO model on the tiny env (its weights matter, not its quality)."""
     from stable_baselines3 import PPO
 
-    torch.set_num_threads(1)
     env = SpecDecodeEnv(tiny_pair, PROMPTS, max_new_tokens=10, max_depth=3, episode="cycle", reward_scale=100.0)
     model = PPO("MlpPolicy", env, n_steps=64, batch_size=32, n_epochs=2, seed=0, device="cpu",
                 policy_kwargs={"net_arch": [16, 16]})

@@ -1,0 +1,127 @@
+"""Tools for testing the real draft/verify loop: logit hooks that force or forbid a token at given
+absolute positions, a cache-free greedy reference, scripted controllers and a recording sampler."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from learn2draft.decoding import DraftController
+from learn2draft.features import FEATURE_NAMES
+from learn2draft.sampling import SamplingConfig, speculative_sample
+
+DEPTH = FEATURE_NAMES.index("depth")
+LAST_CONFIDENCE = FEATURE_NAMES.index("last_confidence")
+
+
+def bias_token(model: torch.nn.Module, token: int, bias: float, positions: Iterable[int] | None = None) -> list:
+    """Add ``bias`` to ``token``'s logit wherever the model predicts the token at an absolute
+    sequence index in ``positions`` (all positions when None).
+
+    Works with the cache the decoder passes (``cache=``): row j of a forward that feeds n tokens
+    after a cache of length c predicts index c + j + 1. Returns the hook handles (``.remove()``).
+    """
+    pos = None if positions is None else set(positions)
+    state = {}
+
+    def pre(module, args, kwargs):
+        cache = kwargs.get("cache")
+        state["past"] = cache.get_seq_length() if cache is not None else 0
+
+    def post(module, args, kwargs, out):
+        n = out.logits.shape[1]
+        for j in range(n):
+            if pos is None or state["past"] + j + 1 in pos:
+                out.logits[:, j, token] += bias
+        return out
+
+    return [model.register_forward_pre_hook(pre, with_kwargs=True), model.register_forward_hook(post, with_kwargs=True)]
+
+
+def noisy_copy(model: torch.nn.Module, scale: float, seed: int) -> torch.nn.Module:
+    """A deep copy with Gaussian noise (relative ``scale``) on every weight: a draft that agrees
+    with the target most of the time, so cycles see both acceptances and rejections."""
+    m = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for prm in m.parameters():
+            prm.add_(torch.randn(prm.shape, generator=g) * scale * prm.std().clamp_min(1e-3))
+    return m
+
+
+@torch.inference_mode()
+def greedy_reference(model, prompt: torch.Tensor, n: int, V: int, eos: Iterable[int] = (),
+                     sampling: SamplingConfig = SamplingConfig()) -> list[int]:
+    """Plain greedy decoding, the reference the speculative loop must reproduce: the prompt once,
+    then one token per forward with a cache that only ever grows (no drafting, no rollback), the
+    argmax of ``sampling.probs`` (so penalties apply). Stops after ``n`` tokens or an EOS (included)."""
+    ids = prompt.clone()
+    cache = DynamicCache()
+    feed = ids
+    out: list[int] = []
+    eos = set(eos)
+    for _ in range(n):
+        logits = model(input_ids=feed[None], cache=cache, use_cache=True).logits[0, -1:, :V]
+        tok = int(sampling.probs(logits, ids)[0].argmax())
+        out.append(tok)
+        feed = torch.tensor([tok])
+        ids = torch.cat([ids, feed])
+        if tok in eos:
+            break
+    return out
+
+
+class ScheduleController(DraftController):
+    """Drafts ``schedule[c % len(schedule)]`` tokens in cycle c (cycles counted at depth 0).
+
+    The depth is read from the ``depth`` feature, so build the decoder with ``max_depth`` equal
+    to this controller's ``max_depth`` (the largest entry)."""
+
+    def __init__(self, schedule: list[int]):
+        self.schedule, self.max_depth = list(schedule), max(schedule)
+        self.reset()
+
+    def reset(self) -> None:
+        self.cycle, self.planned = -1, []
+
+    def continue_drafting(self, features: np.ndarray) -> bool:
+        depth = round(float(features[DEPTH]) * self.max_depth)
+        if depth == 0:
+            self.cycle += 1
+            self.planned.append(self.schedule[self.cycle % len(self.schedule)])
+        return depth < self.planned[-1]
+
+
+class ConfidencePolicy(DraftController):
+    """Keeps drafting while the draft's confidence in its last token is ≥ ``threshold`` (always
+    drafts the first token): its depth varies with the features, and it decides before each draw."""
+
+    def __init__(self, threshold: float = 0.5, max_depth: int = 8):
+        self.threshold, self.max_depth = threshold, max_depth
+
+    def continue_drafting(self, features: np.ndarray) -> bool:
+        if round(float(features[DEPTH]) * self.max_depth) == 0:
+            return True
+        return float(features[LAST_CONFIDENCE]) >= self.threshold
+
+    def __repr__(self) -> str:
+        return f"ConfidencePolicy(threshold={self.threshold}, max_depth={self.max_depth})"
+
+
+class RecordingSampler:
+    """Wraps a sampler (default: the real :func:`speculative_sample`) and records every call:
+    ``(drafted tokens, τ, next token, V)``. ``transform(p, q, x)`` may rewrite p before the call."""
+
+    def __init__(self, inner=speculative_sample, transform=None):
+        self.inner, self.transform, self.calls = inner, transform, []
+
+    def __call__(self, p, q, x, generator=None):
+        if self.transform is not None:
+            p = self.transform(p, q, x)
+        tau, y = self.inner(p, q, x, generator)
+        self.calls.append((x.tolist(), tau, y, p.shape[1]))
+        return tau, y

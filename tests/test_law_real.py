@@ -1,0 +1,172 @@
+"""The output-law check of ``eval.law``: its statistics, on tiny models (fast), and on the real
+default pair (slow), where it must pass for the exact sampler and flag the wrong rule.
+
+Sample counts and why (real pair, ~0.07–0.2 s per draw on one CPU thread, so each arm stays under
+a minute): prompt "Name a color." (chat template) at temperature 1, top-k 5 — the first token after
+a short question is where this draft and the target disagree most, and top-k 5 keeps the law on
+≤ 6 chi-square bins, so the wrong rule's bias (TV ≈ 0.2 from p with the current draft) is
+concentrated.
+
+* exact rule: 200 draws per arm, first 2 tokens, a policy whose depth varies with the features.
+  A correct sampler fails the Bonferroni-corrected check with probability ≤ α = 0.01.
+* wrong rule: 300 draws per arm, first token. The test computes the wrong rule's exact
+  first-token law from the two models and the noncentrality λ = n Σ (w − p)² / p of the
+  exact-law chi-square test: it requires λ ≥ 25 (power ≳ 0.85 at the Bonferroni level with ≤ 6
+  bins; the current draft gives λ ≈ 50). With a fixed seed the outcome is deterministic.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_llama
+from helpers_loop import ConfidencePolicy, bias_token
+from scipy.stats import chi2, ncx2
+
+from eval.law import (
+    ENDED,
+    _memo_pair,
+    first_token_probs,
+    format_law_table,
+    goodness_of_fit_test,
+    law_check,
+    resample_from_target_rule,
+    sample_first_tokens,
+    two_sample_test,
+)
+from learn2draft.decoding import FixedDepthController
+from learn2draft.models import make_pair
+from learn2draft.sampling import SamplingConfig
+
+PROMPT = torch.tensor([1, 5, 9, 14, 20, 33, 8, 12])
+
+
+
+
+# ------------------------------------------------------------------------------------ statistics
+def test_two_sample_test_same_and_different_laws():
+    rng = np.random.default_rng(0)
+    p = np.array([0.5, 0.3, 0.15, 0.04, 0.01])
+    a, b = rng.choice(5, 2000, p=p), rng.choice(5, 2000, p=p)
+    same = two_sample_test(a, b)
+    assert same["p_value"] > 0.01 and same["dof"] == same["bins"] - 1
+    c = rng.choice(5, 2000, p=[0.35, 0.39, 0.2, 0.05, 0.01])
+    assert two_sample_test(a, c)["p_value"] < 1e-6
+    # rare labels are merged: 30 singletons do not become 30 bins
+    r = two_sample_test(list(range(30)) + [0] * 100, list(range(30, 60)) + [0] * 100)
+    assert r["bins"] <= 3
+    assert two_sample_test([7] * 50, [7] * 50)["p_value"] == 1.0  # nothing to compare
+    with pytest.raises(ValueError):
+        two_sample_test([], [1])
+
+
+def test_goodness_of_fit_test():
+    rng = np.random.default_rng(1)
+    p = np.array([0.6, 0.25, 0.1, 0.05, 0.0])
+    assert goodness_of_fit_test(rng.choice(5, 3000, p=p), p)["p_value"] > 0.01
+    assert goodness_of_fit_test(rng.choice(5, 3000, p=[0.5, 0.3, 0.1, 0.1, 0.0]), p)["p_value"] < 1e-6
+    r = goodness_of_fit_test([0] * 10 + [4], p)  # a token of probability 0
+    assert r["p_value"] == 0.0 and r["impossible"] == 1
+    assert goodness_of_fit_test([0] * 5 + [ENDED], p)["impossible"] == 1
+
+
+# -------------------------------------------------------------------------------- tiny models
+@pytest.fixture(scope="module")
+def tiny_law_pair(tiny_tok):
+    V = len(tiny_tok)
+    target, draft = tiny_llama(V, 0), tiny_llama(V, 1, layers=1)
+    for m in (target, draft):
+        with torch.no_grad():
+            m.lm_head.weight.mul_(0.1)  # flatter laws: many tokens in play, large draft/target gap
+    return make_pair(target, draft, tiny_tok, tiny_tok)
+
+
+def test_prefill_memo_changes_nothing(tiny_law_pair):
+    cfg = SamplingConfig(temperature=1.0)
+    seeds = list(range(40))
+    for ctrl in (FixedDepthController(0), FixedDepthController(3)):
+        plain, _ = sample_first_tokens(tiny_law_pair, PROMPT, ctrl, cfg, 4, seeds)
+        memo, _ = sample_first_tokens(_memo_pair(tiny_law_pair), PROMPT, ctrl, cfg, 4, seeds)
+        assert np.array_equal(plain, memo)
+        assert len({tuple(r) for r in plain}) > 10
+
+
+def test_first_tokens_stop_at_eos(tiny_tok):
+    V = len(tiny_tok)
+    m = tiny_llama(V, 0)
+    bias_token(m, 2, 1e4, positions=[PROMPT.numel() + 1])  # EOS is always the 2nd generated token
+    toks, _ = sample_first_tokens(make_pair(m, m, tiny_tok, tiny_tok), PROMPT, FixedDepthController(3),
+                                  SamplingConfig(temperature=1.0), 4, [0, 1, 2])
+    assert (toks[:, 1] == 2).all() and (toks[:, 2:] == ENDED).all()
+
+
+def test_law_check_on_tiny_models_passes_and_flags_the_wrong_rule(tiny_law_pair):
+    cfg = SamplingConfig(temperature=1.0, top_k=8)
+    controllers = {"γ=3": FixedDepthController(3), "policy": ConfidencePolicy(0.2, 5)}
+    ok = law_check(tiny_law_pair, controllers, [PROMPT], sampling=cfg, num_tokens=3, num_samples=400, seed=0)
+    assert ok["passed"], format_law_table(ok)
+    assert ok["num_tests"] == 1 + 2 * (1 + 3)  # exact test of each arm + 3 positions per controller
+    assert {t["kind"] for t in ok["tests"]} == {"exact", "two-sample"}
+    json.dumps(ok)  # serialisable as the CLI writes it
+    bad = law_check(tiny_law_pair, {"γ=3": FixedDepthController(3)}, [PROMPT], sampling=cfg, num_tokens=3,
+                    num_samples=400, seed=0, sampler=resample_from_target_rule)
+    assert not bad["passed"] and bad["sampler"] == "resample_from_target_rule"
+    assert any(t["flagged"] for t in bad["tests"] if t["controller"] == "γ=3")
+    table = format_law_table(bad)
+    assert "FAIL" in table and "✗" in table and "| 0 | γ=3 | 1 |" in table
+
+
+def test_law_check_rejects_bad_arguments(tiny_law_pair):
+    with pytest.raises(ValueError, match="greedy"):
+        law_check(tiny_law_pair, {"γ=1": FixedDepthController(1)}, [PROMPT], sampling=SamplingConfig())
+    with pytest.raises(ValueError, match="controller"):
+        law_check(tiny_law_pair, {}, [PROMPT], sampling=SamplingConfig(temperature=1.0))
+    with pytest.raises(ValueError, match="num_samples"):
+        law_check(tiny_law_pair, {"γ=1": FixedDepthController(1)}, [PROMPT],
+                  sampling=SamplingConfig(temperature=1.0), num_samples=3)
+
+
+# ------------------------------------------------------------------------------- real pair (slow)
+REAL_SAMPLING = SamplingConfig(temperature=1.0, top_k=5)
+REAL_PROMPT = "Name a color."
+ALPHA = 0.01
+
+
+@pytest.mark.slow
+def test_real_law_check_passes_for_the_exact_rule(default_pair):
+    res = law_check(default_pair, {"policy": ConfidencePolicy(0.5, 6)}, [REAL_PROMPT], sampling=REAL_SAMPLING,
+                    num_tokens=2, num_samples=200, seed=0, alpha=ALPHA)
+    print("\n" + format_law_table(res))
+    assert res["passed"], format_law_table(res)
+    arm = next(a for a in res["arms"] if a["arm"] == "policy")
+    assert arm["drafted"] > 0  # speculative decoding really happened
+
+
+@pytest.mark.slow
+def test_real_law_check_flags_the_wrong_rule(default_pair):
+    n = 300
+    ids = default_pair.encode_prompt(REAL_PROMPT)
+    p = first_token_probs(default_pair, ids, REAL_SAMPLING)
+    # the draft's first-token law, processed identically (full forward, same settings)
+    with torch.inference_mode():
+        logits = default_pair.draft(input_ids=ids[None]).logits[0, -1:, : default_pair.vocab_size]
+    q = REAL_SAMPLING.probs(logits, ids)[0].double().numpy()
+    m = np.minimum(p, q)
+    w = m + (1 - m.sum()) * p  # the wrong rule's first-token law
+    keep = p * n >= 5
+    lam = n * (np.sum((w - p)[keep] ** 2 / p[keep]) + (w - p)[~keep].sum() ** 2 / max(p[~keep].sum(), 1e-12))
+    bins = int(keep.sum()) + 1
+    power = ncx2.sf(chi2.isf(ALPHA / 3, bins - 1), bins - 1, lam)  # 3 tests in this check
+    if lam < 25:
+        pytest.skip(f"draft too close to the target here (λ = {lam:.1f}, power {power:.2f}): the negative "
+                    "control has no power at n = 300; pick another prompt or a higher temperature")
+    res = law_check(default_pair, {"γ=3": FixedDepthController(3)}, [REAL_PROMPT], sampling=REAL_SAMPLING,
+                    num_tokens=1, num_samples=n, seed=0, sampler=resample_from_target_rule, alpha=ALPHA)
+    print(f"\nλ = {lam:.1f}, expected power {power:.3f}, TV(wrong, p) = {0.5 * np.abs(w - p).sum():.3f}\n"
+          + format_law_table(res))
+    assert not res["passed"], format_law_table(res)
+    exact = next(t for t in res["tests"] if t["controller"] == "γ=3" and t["kind"] == "exact")
+    assert exact["flagged"]

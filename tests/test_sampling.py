@@ -1,0 +1,287 @@
+"""SamplingConfig (the processing shared by p and q) and speculative_sample's edge cases."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from learn2draft.sampling import SamplingConfig, _inverse_cdf, sample_from, speculative_sample
+
+V = 40
+CONFIGS = [
+    SamplingConfig(temperature=1.0),
+    SamplingConfig(temperature=0.7),
+    SamplingConfig(temperature=1.3, top_k=7),
+    SamplingConfig(temperature=0.9, top_p=0.8),
+    SamplingConfig(temperature=1.1, min_p=0.05),
+    SamplingConfig(temperature=0.8, top_k=12, top_p=0.9, min_p=0.02),
+    SamplingConfig(temperature=0.8, repetition_penalty=1.4),
+    SamplingConfig(temperature=1.2, presence_penalty=0.9),
+    SamplingConfig(temperature=0.6, top_k=10, top_p=0.95, repetition_penalty=1.3, presence_penalty=0.5),
+    SamplingConfig(temperature=0.0, repetition_penalty=1.5, presence_penalty=1.0),
+    SamplingConfig(temperature=0.0),
+]
+
+
+def case(seed: int, n: int = 5):
+    """Random logits (n, V), a prefix with repeats, and n − 1 drafted tokens (some already in the prefix)."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(n, V, generator=g) * 3
+    prefix = torch.tensor([3, 7, 7, 11, 20, 3, 5])
+    new = torch.tensor([7, 30, 11, 31, 2, 9][: n - 1])
+    return logits, prefix, new
+
+
+def reference_probs(cfg: SamplingConfig, logits: np.ndarray, context: list[int]) -> np.ndarray:
+    """Independent float64 re-implementation of the processing for one row (definitions from
+    transformers' generate(): penalties, then temperature, top-k, top-p, min-p)."""
+    x = logits.astype(np.float64).copy()
+    seen = sorted(set(context))
+    if cfg.repetition_penalty != 1.0:  # CTRL: divide positive logits, multiply negative ones
+        x[seen] = np.where(x[seen] < 0, x[seen] * cfg.repetition_penalty, x[seen] / cfg.repetition_penalty)
+    x[seen] -= cfg.presence_penalty
+    if cfg.temperature == 0:
+        out = np.zeros_like(x)
+        out[np.argmax(x)] = 1.0
+        return out
+    x = x / cfg.temperature
+    keep = np.ones_like(x, bool)
+    if cfg.top_k:
+        keep &= x >= np.sort(x)[-cfg.top_k]
+    if cfg.top_p < 1.0:  # smallest set of most likely tokens with mass ≥ top_p (after top-k)
+        xs = np.where(keep, x, -np.inf)
+        pr = np.exp(xs - xs.max())
+        pr /= pr.sum()
+        order = np.argsort(-pr)
+        mass_before = np.cumsum(pr[order]) - pr[order]
+        drop = order[mass_before >= cfg.top_p]
+        keep[drop] = False
+    if cfg.min_p > 0:
+        xs = np.where(keep, x, -np.inf)
+        pr = np.exp(xs - xs.max())
+        pr /= pr.sum()
+        keep &= pr >= cfg.min_p * pr.max()
+    x = np.where(keep, x, -np.inf)
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+# ------------------------------------------------------------------------- SamplingConfig.probs
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: repr(c.to_dict()))
+def test_probs_match_independent_reference(cfg):
+    for seed in range(3):
+        logits, prefix, new = case(seed)
+        got = cfg.probs(logits, prefix, new)
+        assert got.dtype == torch.float32 and got.shape == logits.shape
+        for i in range(logits.shape[0]):
+            ctx = prefix.tolist() + new[:i].tolist()
+            ref = reference_probs(cfg, logits[i].numpy(), ctx)
+            np.testing.assert_allclose(got[i].numpy(), ref, rtol=1e-5, atol=1e-6)  # float32 softmax vs float64
+        torch.testing.assert_close(got.sum(-1), torch.ones(logits.shape[0]))
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: repr(c.to_dict()))
+def test_row_i_equals_single_row_with_longer_prefix(cfg):
+    """How the decoder computes p (one call, n rows) and q (one row per draft step) must agree."""
+    logits, prefix, new = case(7)
+    multi = cfg.probs(logits, prefix, new)
+    for i in range(logits.shape[0]):
+        single = cfg.probs(logits[i : i + 1], torch.cat([prefix, new[:i]]))
+        torch.testing.assert_close(multi[i : i + 1], single, rtol=0, atol=0)
+
+
+def test_penalties_really_depend_on_the_drafted_tokens():
+    """A row after a drafted token penalises that token (the test above would pass if the
+    penalty ignored ``new_tokens``, as long as it did so consistently; this one would not)."""
+    cfg = SamplingConfig(temperature=1.0, presence_penalty=2.0)
+    logits = torch.zeros(2, V)
+    p = cfg.probs(logits, torch.tensor([1]), torch.tensor([5]))
+    assert float(p[0, 5]) == pytest.approx(float(p[0, 6]))  # row 0 has not seen token 5
+    assert float(p[1, 5]) == pytest.approx(float(p[1, 6]) * math.exp(-2.0), rel=1e-5)  # row 1 has
+
+
+def test_greedy_is_one_hot_argmax_after_penalties():
+    logits = torch.zeros(1, V)
+    logits[0, 4], logits[0, 9] = 5.0, 4.0  # raw argmax 4, but 4 is in the prefix
+    prefix = torch.tensor([4, 1])
+    plain = SamplingConfig(temperature=0.0).probs(logits, prefix)
+    assert plain[0].argmax() == 4 and plain[0].sum() == 1 and (plain[0] > 0).sum() == 1
+    pen = SamplingConfig(temperature=0.0, repetition_penalty=1.5).probs(logits, prefix)
+    assert pen[0, 9] == 1.0 and pen.sum() == 1.0  # 5/1.5 < 4
+    pres = SamplingConfig(temperature=0.0, presence_penalty=1.5).probs(logits, prefix)
+    assert pres[0, 9] == 1.0
+    # top-k / top-p are irrelevant to greedy
+    assert torch.equal(SamplingConfig(temperature=0.0, top_k=1, top_p=0.5).probs(logits, prefix), plain)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: repr(c.to_dict()))
+def test_probs_do_not_modify_the_logits(cfg):
+    """The decoder reads the draft's raw logits again (confidence features) after probs()."""
+    logits, prefix, new = case(3)
+    before = logits.clone()
+    cfg.probs(logits, prefix, new)
+    assert torch.equal(logits, before)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_nan_or_infinite_logits_raise(bad):
+    logits, prefix, new = case(0)
+    logits[2, 5] = bad
+    for cfg in (SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.0),
+                SamplingConfig(temperature=0.7, repetition_penalty=1.2)):
+        with pytest.raises(ValueError, match="NaN or infinite logits"):
+            cfg.probs(logits, prefix, new)
+
+
+def test_probs_need_the_drafted_tokens():
+    logits, prefix, _ = case(0)
+    with pytest.raises(ValueError, match="new_tokens"):
+        SamplingConfig(temperature=1.0, repetition_penalty=1.2).probs(logits, prefix)
+    with pytest.raises(ValueError, match="new_tokens"):
+        SamplingConfig(temperature=1.0).probs(logits, prefix, torch.tensor([1]))
+
+
+@pytest.mark.parametrize("kwargs", [dict(temperature=-1), dict(top_k=-1), dict(top_p=0.0), dict(top_p=1.5),
+                                    dict(min_p=1.0), dict(min_p=-0.1), dict(repetition_penalty=0.0),
+                                    dict(temperature=float("nan"))])
+def test_invalid_settings_raise(kwargs):
+    with pytest.raises(ValueError):
+        SamplingConfig(**kwargs)
+
+
+# -------------------------------------------------------------------------- speculative_sample
+def rand_probs(rows, Vv, seed, zeros=0.0):
+    g = torch.Generator().manual_seed(seed)
+    p = torch.softmax(torch.randn(rows, Vv, generator=g) * 2, -1)
+    if zeros:
+        p = p * (torch.rand(rows, Vv, generator=g) >= zeros)
+        p[:, 0] += 1e-3
+        p = p / p.sum(-1, keepdim=True)
+    return p
+
+
+def test_p_equal_q_accepts_everything_and_never_forms_the_residual(monkeypatch):
+    import learn2draft.sampling as S
+
+    calls = []
+    real = S._inverse_cdf
+    monkeypatch.setattr(S, "_inverse_cdf", lambda w, u: calls.append(w.clone()) or real(w, u))
+    gamma = 6
+    p = rand_probs(gamma + 1, 30, 0, zeros=0.3)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        x = torch.stack([torch.multinomial(p[i], 1, generator=g)[0] for i in range(gamma)])
+        tau, y = speculative_sample(p, p[:gamma].clone(), x, g)
+        assert tau == gamma and p[gamma, y] > 0
+    assert len(calls) == 300 and all(torch.equal(c, p[gamma]) for c in calls)  # only bonus rows drawn
+
+
+def test_zero_draft_probability_token_is_reached_through_the_residual_and_p_zero_always_rejected():
+    p = torch.tensor([[0.6, 0.4, 0.0], [0.2, 0.3, 0.5]])
+    q = torch.tensor([[0.0, 0.5, 0.5]])
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):  # drafted 2 has p = 0 < q: always rejected; the residual is all on token 0
+        assert speculative_sample(p, q, torch.tensor([2]), g) == (0, 0)
+    firsts = []
+    for _ in range(4000):  # drafted 1: accepted w.p. 0.8, else residual → 0; token 0 (q = 0) is emitted first
+        x = int(torch.multinomial(q[0], 1, generator=g))
+        tau, y = speculative_sample(p, q, torch.tensor([x]), g)
+        firsts.append(x if tau == 1 else y)
+    freq = np.bincount(firsts, minlength=3) / len(firsts)
+    # exact law p = (0.6, 0.4, 0); ±0.04 is > 5 standard errors (sqrt(0.24/4000) ≈ 0.008)
+    np.testing.assert_allclose(freq, [0.6, 0.4, 0.0], atol=0.04)
+    assert freq[2] == 0
+
+
+def test_draft_sampling_never_proposes_zero_probability_tokens():
+    q = torch.tensor([0.0, 0.5, 0.0, 0.5, 0.0])
+    g = torch.Generator().manual_seed(0)
+    assert {sample_from(q, g) for _ in range(2000)} == {1, 3}
+
+
+def test_accept_reject_accept_counts_one():
+    """Pattern accept, reject, accept → τ = 1: only the accepted prefix counts."""
+    q = rand_probs(3, 10, 1)
+    x = torch.tensor([2, 5, 7])
+    p = torch.empty(4, 10)
+    p[0] = q[0]  # p = q: always accepted
+    p[1] = q[1]
+    p[1, 5] = 0.0  # p(x_1) = 0: always rejected
+    p[1] /= p[1].sum()
+    p[2] = q[2]  # would be accepted, but comes after a rejection
+    p[3] = rand_probs(1, 10, 2)[0]
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        tau, y = speculative_sample(p, q, x, g)
+        assert tau == 1 and y != 5 and (p[1] - q[1]).clamp_min(0)[y] > 0
+
+
+def test_gamma_zero_draws_from_p():
+    p = torch.zeros(1, 8)
+    p[0, 6] = 1.0
+    assert speculative_sample(p, torch.zeros(0, 8), torch.zeros(0, dtype=torch.long)) == (0, 6)
+
+
+def test_greedy_one_hot_accepts_iff_argmax():
+    p = torch.zeros(4, 6)
+    p[0, 1] = p[1, 2] = p[2, 3] = p[3, 4] = 1.0
+    q = torch.zeros(3, 6)
+    q[0, 1] = q[1, 2] = q[2, 0] = 1.0
+    assert speculative_sample(p, q, torch.tensor([1, 2, 0])) == (2, 3)  # third differs: corrected to p's argmax
+    q[2] = p[2]
+    assert speculative_sample(p, q, torch.tensor([1, 2, 3])) == (3, 4)  # all accepted: bonus = argmax of p_3
+
+
+def test_same_generator_seed_same_result():
+    p, q = rand_probs(5, 20, 3), rand_probs(4, 20, 4)
+    x = torch.tensor([1, 2, 3, 4])
+    a = [speculative_sample(p, q, x, torch.Generator().manual_seed(s)) for s in range(50)]
+    b = [speculative_sample(p, q, x, torch.Generator().manual_seed(s)) for s in range(50)]
+    assert a == b and len(set(a)) > 1
+
+
+@pytest.mark.parametrize("where", ["target", "draft"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -0.1])
+def test_bad_probabilities_raise(where, bad):
+    p, q = rand_probs(3, 10, 0), rand_probs(2, 10, 1)
+    (p if where == "target" else q)[1, 7] = bad  # not at a drafted token: the check must see the whole tensor
+    with pytest.raises(ValueError, match=f"{where}_probs has NaN, infinite or negative"):
+        speculative_sample(p, q, torch.tensor([1, 2]))
+
+
+def test_shape_token_and_zero_q_errors():
+    p, q = rand_probs(3, 10, 0), rand_probs(2, 10, 1)
+    with pytest.raises(ValueError, match="target_probs must have shape"):
+        speculative_sample(p[:2], q, torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="draft_probs must have shape"):
+        speculative_sample(p, q[:, :9], torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="draft_tokens must be ids"):
+        speculative_sample(p, q, torch.tensor([1, 10]))
+    with pytest.raises(ValueError, match="draft_tokens must be ids"):
+        speculative_sample(p, q, torch.tensor([-1, 2]))
+    q[1, 2] = 0.0
+    with pytest.raises(ValueError, match="q\\(x\\) = 0"):
+        speculative_sample(p, q, torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="sums to 0"):
+        speculative_sample(torch.zeros(1, 10), q[:0], torch.zeros(0, dtype=torch.long))
+
+
+def test_inverse_cdf_edges():
+    w = torch.tensor([0.0, 0.3, 0.7, 0.0, 0.0])
+    assert _inverse_cdf(w, 0.0) == 1  # never the leading zero
+    assert _inverse_cdf(w, 0.2999) == 1 and _inverse_cdf(w, 0.3001) == 2
+    assert _inverse_cdf(w, float(np.nextafter(1.0, 0.0))) == 2  # never a trailing zero
+    assert _inverse_cdf(torch.zeros(4), 0.5) is None
+
+
+def test_residual_that_rounds_to_zero_falls_back_to_p():
+    """max(p − q, 0) = 0 after a rejection can only come from rounding; the sampler then draws from p."""
+    p = torch.tensor([[0.25, 0.5], [0.5, 0.5]])  # p ≤ q everywhere (unnormalised, as after rounding)
+    q = torch.tensor([[0.5, 0.5]])
+    g = torch.Generator().manual_seed(0)
+    out = [speculative_sample(p, q, torch.tensor([0]), g) for _ in range(400)]
+    rejected = [y for tau, y in out if tau == 0]
+    assert 100 < len(rejected) < 300 and set(rejected) == {0, 1}
