@@ -85,6 +85,8 @@ def test_eos_at_every_slot_of_a_block_and_at_the_bonus_slot(V, tiny_tok, samplin
         last, slot = r.cycles[-1], g % (gamma + 1)
         assert last.depth == gamma and last.finished
         assert len(last.tokens) == slot + 1  # everything after the EOS (drafted tokens, bonus) discarded
+        # τ counts only accepted tokens that were emitted: EOS at a drafted slot counts, tokens after it do not
+        assert last.num_accepted == min(slot + 1, gamma)
         if sampling.greedy:
             assert r.tokens == greedy_reference(m, PROMPT, 50, V, eos=[EOS])
 
