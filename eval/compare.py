@@ -84,9 +84,9 @@ def format_markdown(res: dict) -> str:
         ovh = "–" if m["overhead_fraction_mean"] is None else f"{100 * m['overhead_fraction_mean']:.1f}%"
         lines.append(f"| {name} | {m['tokens_per_second_mean']:.1f} ± {m['tokens_per_second_std']:.1f} | "
                      f"{r['mean']:.2f} ({r['min']:.2f}–{r['max']:.2f}) | {tau} | {m['ttft_seconds_mean']:.3f} | {ovh} |")
-    lines += ["", f"γ grid on train prompts (tokens/s): " + ", ".join(
+    lines += ["", "γ grid on train prompts (tokens/s): " + ", ".join(
         f"{g}: {v:.1f}" for g, v in res["grid_train"]["tokens_per_second"].items()),
-        f"γ grid on held-out prompts (tokens/s): " + ", ".join(
+        "γ grid on held-out prompts (tokens/s): " + ", ".join(
         f"{g}: {v:.1f}" for g, v in res["grid_heldout"]["tokens_per_second"].items()), ""]
     for base, v in res["verdicts"].items():
         r = v["ratio"]

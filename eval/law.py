@@ -440,7 +440,7 @@ def law_check(
     memo = _memo_pair(pair)
     for pi, prompt in enumerate(prompts):
         ids = pair.encode_prompt(prompt, chat=chat) if isinstance(prompt, str) else torch.as_tensor(prompt).reshape(-1)
-        seeds = lambda arm: [_seed(seed, pi, arm, s) for s in range(num_samples)]  # noqa: E731
+        seeds = lambda arm: [_seed(seed, pi, arm, s) for s in range(num_samples)]  # noqa: E731, B023 (used in this iteration)
         exact = first_token_probs(pair, ids, sampling)
         ref, st = sample_first_tokens(memo, ids, FixedDepthController(0), sampling, num_tokens, seeds(0))
         arms_meta.append({"prompt": pi, "arm": "autoregressive", **st})

@@ -60,7 +60,7 @@ class DraftController(ABC):
 
     max_depth: int = 12
 
-    def reset(self) -> None:
+    def reset(self) -> None:  # noqa: B027 (optional hook, a no-op by default)
         """Called at the start of each generation."""
 
     @abstractmethod

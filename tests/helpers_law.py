@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 
@@ -103,7 +103,7 @@ def speculative_law(rule: AcceptanceRule, p: Dist, q: Dist, policy: Policy, leng
         sequence (tuple of ``length`` ints) → probability.
     """
 
-    @lru_cache(maxsize=None)
+    @cache
     def law_from(prefix: tuple) -> tuple[tuple[tuple, float], ...]:
         acc: dict[tuple, float] = defaultdict(float)
         for emitted, pe in cycle_law(rule, p, q, policy, prefix, peek).items():

@@ -6,13 +6,12 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_llama
 from gymnasium.utils.env_checker import check_env
 
 from envs import CONTINUE, ENV_ID, STOP, SpecDecodeEnv
 from learn2draft import FEATURE_NAMES, FixedDepthController, SpeculativeDecoder
 from learn2draft.models import make_pair
-
-from conftest import tiny_llama
 
 PROMPTS = ["w1 w2 w3 w4", "w5 w6", "w7 w8 w9 w10 w11", "w12", "w13 w14 w15"]
 

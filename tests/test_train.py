@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_llama
 
 import train
 from train.__main__ import build_parser, config_from_args, main
 from train.training import TrainConfig, make_wandb_output_format, prepare_out_dir
-
-from conftest import tiny_llama
 
 PROMPTS = ["w1 w2 w3 w4", "w5 w6", "w7 w8 w9 w10 w11", "w12"]
 
