@@ -63,13 +63,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def run_cli(parser: argparse.ArgumentParser, run, argv: list[str] | None) -> int:
+    """Parse ``argv`` and call ``run(args)``; bad input (ValueError, FileNotFoundError, RuntimeError)
+    becomes one ``error:`` line on stderr and exit code 2 instead of a traceback."""
+    args = parser.parse_args(argv)
     try:
-        return _run(args)
+        return run(args)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(build_parser(), _run, argv)
 
 
 def _run(args) -> int:

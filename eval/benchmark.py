@@ -92,12 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return _run(args)
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    from eval.__main__ import run_cli
+
+    return run_cli(build_parser(), _run, argv)
 
 
 def _run(args) -> int:

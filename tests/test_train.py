@@ -196,16 +196,3 @@ def test_cli_end_to_end_with_local_model_dirs(tiny_model_dirs, tmp_path, capsys)
     assert main([*TINY_ARGS, "--target", target, "--draft", draft, "--out", str(out), "--overwrite",
                  "--eval-prompts", "0"]) == 0
 
-
-@pytest.mark.slow
-def test_cli_end_to_end_default_pair(tmp_path, capsys):
-    """One short training run on the real embedded pair (loads SmolLM2-135M; ~1 minute on 2 CPU cores)."""
-    out = tmp_path / "run"
-    args = ["--timesteps", "64", "--n-steps", "32", "--batch-size", "16", "--n-epochs", "1", "--max-new-tokens", "16",
-            "--wandb-mode", "disabled", "--no-progress-bar", "--checkpoint-every", "0", "--eval-prompts", "1",
-            "--warmup-prompts", "1", "--out", str(out)]
-    assert main(args) == 0
-    summary = json.loads(capsys.readouterr().out)
-    assert summary["onnx_agreement"] == 1.0
-    metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["autoregressive_warmup"]["tokens_per_s"] > 0 and metrics["cycles"]["cycles"] > 0
