@@ -32,6 +32,15 @@ def parse_gammas(text: str) -> list[int]:
     return sorted(set(out))
 
 
+def make_out_dir(out: Path) -> Path:
+    """Create the output directory; raises ValueError naming ``--out`` if it cannot be."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--out {out}: cannot create this directory ({e.strerror or e}); choose another path.") from None
+    return out
+
+
 def resolve_export_dir(path: Path) -> Path:
     """A training run directory holds its ONNX export in ``policy/``; an export directory is used as is."""
     return path / "policy" if (path / "policy").is_dir() else path
@@ -44,8 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft", default=None, help="draft model (default: the one the policy was trained with)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, … (default: cuda if available, else cpu)")
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
-    p.add_argument("--num-train-prompts", type=int, default=8, help="training prompts for the γ grid search")
-    p.add_argument("--num-heldout-prompts", type=int, default=8, help="held-out prompts for the comparison")
+    p.add_argument("--num-train-prompts", type=int, default=6, help="training prompts for the γ grid search")
+    p.add_argument("--num-heldout-prompts", type=int, default=6, help="held-out prompts for the comparison")
     p.add_argument("--repeats", type=int, default=3, help="repeats of the held-out comparison (for the spread)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: the policy's training setting")
     p.add_argument("--gammas", default="1-12", help="fixed γ grid, e.g. 1-12 or 1,2,4,8")
@@ -55,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the training run's)")
     p.add_argument("--out", default=None, help="output directory (default: <policy>/eval)")
     p.add_argument("--law-check", action="store_true", help="also run the output-law check on the real models")
-    p.add_argument("--law-samples", type=int, default=200, help="samples per arm for the law check")
+    p.add_argument("--law-samples", type=int, default=150, help="samples per arm for the law check")
     p.add_argument("--law-tokens", type=int, default=3, help="first k tokens compared by the law check")
     p.add_argument("--law-prompt", default="Name a color.",
                    help="prompt of the law check: one whose first tokens are uncertain, so a biased rule shows")
@@ -64,12 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_cli(parser: argparse.ArgumentParser, run, argv: list[str] | None) -> int:
-    """Parse ``argv`` and call ``run(args)``; bad input (ValueError, FileNotFoundError, RuntimeError)
+    """Parse ``argv`` and call ``run(args)``; bad input (ValueError, OSError, RuntimeError)
     becomes one ``error:`` line on stderr and exit code 2 instead of a traceback."""
     args = parser.parse_args(argv)
     try:
         return run(args)
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
+    except (ValueError, OSError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
@@ -81,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args) -> int:
     from eval.compare import compare, format_markdown, plot
     from eval.runner import encode_all
-    from learn2draft.models import load_pair, parse_dtype
+    from learn2draft.models import check_device, load_pair, parse_dtype
     from learn2draft.prompts import load_prompts
     from learn2draft.sampling import SamplingConfig
     from policies.export import load_policy
@@ -89,28 +98,38 @@ def _run(args) -> int:
     policy_dir = Path(args.policy)
     if not policy_dir.is_dir():
         raise FileNotFoundError(f"No policy directory at {policy_dir}: run `python -m train` first or pass --policy DIR.")
-    policy = load_policy(resolve_export_dir(policy_dir))
-    cfg = json.loads((policy_dir / "config.json").read_text()) if (policy_dir / "config.json").exists() else {}
-    threads = args.threads or cfg.get("threads")
-    if threads:
-        torch.set_num_threads(int(threads))
+    export_dir = resolve_export_dir(policy_dir)
+    policy = load_policy(export_dir)
+    # The training run's settings (config.json of a run dir, else the export's policy_config.json).
+    cfg_file = policy_dir / "config.json" if (policy_dir / "config.json").exists() else export_dir / "policy_config.json"
+    cfg = json.loads(cfg_file.read_text())
+    # Check every setting before the (slow) model loading.
     for name in ("num_train_prompts", "num_heldout_prompts", "repeats"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be ≥ 1.")
+    if args.law_check and (args.law_samples < 10 or args.law_tokens < 1 or not args.law_prompt.strip()):
+        raise ValueError("--law-samples must be ≥ 10, --law-tokens ≥ 1 and --law-prompt non-empty.")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be ≥ 1, got {args.threads}.")
+    threads = args.threads or cfg.get("threads")
+    if threads:
+        torch.set_num_threads(int(threads))
     gammas = parse_gammas(args.gammas)
-    max_new = args.max_new_tokens or cfg.get("max_new_tokens", 64)
+    max_new = args.max_new_tokens if args.max_new_tokens is not None else cfg.get("max_new_tokens", 64)
     if max_new <= 0:
-        raise ValueError("--max-new-tokens must be > 0.")
+        raise ValueError(f"--max-new-tokens must be > 0, got {max_new}.")
+    dtype = parse_dtype(args.dtype)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    check_device(device)
     target = args.target or cfg.get("target", "smollm2-135m-instruct")
     draft = args.draft or cfg.get("draft", "smollm2-135m-draft")
     out = Path(args.out) if args.out else policy_dir / "eval"
-    out.mkdir(parents=True, exist_ok=True)
+    make_out_dir(out)
     sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p)
 
     t0 = time.perf_counter()
     print(f"Loading target={target} draft={draft} on {device} ({args.dtype}) …", flush=True)
-    pair = load_pair(target, draft, device=device, dtype=parse_dtype(args.dtype))
+    pair = load_pair(target, draft, device=device, dtype=dtype)
     machine = _machine(device)
     results: dict = {"machine": machine, "target": target, "draft": draft, "policy_dir": str(policy_dir)}
     if not args.skip_speed:
@@ -121,6 +140,7 @@ def _run(args) -> int:
         md = format_markdown(res)
         (out / "results.md").write_text(f"Machine: {machine}\n\n{md}\n")
         plot(res, out / "results.png")
+        (out / "results.json").write_text(json.dumps(results, indent=2, default=str))  # kept if the law check fails
         print("\n" + md + "\n")
     if args.law_check:
         from eval.law import format_law_table, law_check
@@ -133,7 +153,9 @@ def _run(args) -> int:
                         num_samples=args.law_samples, seed=args.seed)
         results["law_check"] = law
         table = format_law_table(law)
-        with open(out / "results.md", "a") as f:
+        with open(out / "results.md", "w" if args.skip_speed else "a") as f:
+            if args.skip_speed:
+                f.write(f"Machine: {machine}\n")
             f.write("\n## Output-law check\n\n" + table + "\n")
         print("Output-law check\n" + table + "\n")
     results["wall_seconds"] = time.perf_counter() - t0

@@ -77,14 +77,16 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="smollm2-135m-instruct")
     p.add_argument("--draft", default="smollm2-135m-draft")
-    p.add_argument("--policy", default="runs/default", help="trained policy dir (skipped if absent)")
+    p.add_argument("--policy", default=None,
+                   help="trained run or export dir (default: runs/default if it exists, else the row is skipped)")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--temperatures", default="0,0.7", help="comma-separated")
     p.add_argument("--num-prompts", type=int, default=6, help="held-out prompts")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--gamma", type=int, default=None, help="fixed γ; default: best of a grid on train prompts")
+    p.add_argument("--num-draft-tokens", type=int, default=None,
+                   help="fixed γ (num_draft_tokens); default: the best of --gammas on the training prompts")
     p.add_argument("--gammas", default="2,3,4,5,6,8", help="grid for the fixed γ when --gamma is not given")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/benchmark")
@@ -98,29 +100,41 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args) -> int:
-    from eval.__main__ import _machine, parse_gammas, resolve_export_dir
+    from eval.__main__ import _machine, make_out_dir, parse_gammas, resolve_export_dir
     from eval.compare import grid_search
     from eval.runner import DecoderMethod, HFGenerateMethod, encode_all, run_interleaved, summarize
     from learn2draft.decoding import FixedDepthController
-    from learn2draft.models import load_pair, parse_dtype
+    from learn2draft.models import check_device, load_pair, parse_dtype
     from learn2draft.prompts import load_prompts
     from learn2draft.sampling import SamplingConfig
 
-    temps = [float(t) for t in args.temperatures.split(",")]
+    # Check every setting before the (slow) model loading.
+    try:
+        temps = [float(t) for t in args.temperatures.split(",")]
+    except ValueError:
+        raise ValueError(f"--temperatures {args.temperatures!r}: use comma-separated numbers, e.g. 0,0.7.") from None
+    samplings = {T: SamplingConfig(temperature=T) for T in temps}
     if args.num_prompts < 1 or args.repeats < 1 or args.max_new_tokens < 1:
         raise ValueError("--num-prompts, --repeats and --max-new-tokens must be ≥ 1.")
+    if args.num_draft_tokens is not None and args.num_draft_tokens < 1:
+        raise ValueError(f"--num-draft-tokens must be ≥ 1, got {args.num_draft_tokens}.")
+    gammas = parse_gammas(args.gammas)
+    dtype = parse_dtype(args.dtype)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    print(f"Loading target={args.target} draft={args.draft} on {device} …", flush=True)
-    pair = load_pair(args.target, args.draft, device=device, dtype=parse_dtype(args.dtype))
+    check_device(device)
     policy = None
-    if Path(args.policy).is_dir():
+    policy_dir = Path(args.policy or "runs/default")
+    if policy_dir.is_dir():
         from policies.export import load_policy
 
-        policy = load_policy(resolve_export_dir(Path(args.policy)))
+        policy = load_policy(resolve_export_dir(policy_dir))
+    elif args.policy:
+        raise FileNotFoundError(f"--policy {args.policy}: no such directory (run `python -m train` first).")
     else:
-        print(f"note: no policy at {args.policy}; the learned-policy row is skipped (run `python -m train`).")
+        print("note: no policy at runs/default; the learned-policy row is skipped (run `python -m train`).")
+    out = make_out_dir(Path(args.out))
+    print(f"Loading target={args.target} draft={args.draft} on {device} …", flush=True)
+    pair = load_pair(args.target, args.draft, device=device, dtype=dtype)
     held = encode_all(pair, load_prompts("heldout")[: args.num_prompts], args.max_new_tokens)
     train = encode_all(pair, load_prompts("train")[: args.num_prompts], args.max_new_tokens)
     report = {"machine": _machine(device), "target": args.target, "draft": args.draft,
@@ -131,9 +145,9 @@ def _run(args) -> int:
           f"One-token forward at context 128: draft {1e3 * report['forward_cost']['draft_seconds']:.2f} ms, target "
           f"{1e3 * report['forward_cost']['target_seconds']:.2f} ms, ratio {report['forward_cost']['ratio']:.3f}.", ""]
     for T in temps:
-        sampling = SamplingConfig(temperature=T)
-        gamma = args.gamma or grid_search(pair, train, parse_gammas(args.gammas), sampling, args.max_new_tokens,
-                                          seed=args.seed, desc=f"γ grid T={T}")["best_gamma"]
+        sampling = samplings[T]
+        gamma = args.num_draft_tokens or grid_search(pair, train, gammas, sampling, args.max_new_tokens,
+                                                     seed=args.seed, desc=f"γ grid T={T}")["best_gamma"]
         methods = [
             HFGenerateMethod(PLAIN, pair, sampling, args.max_new_tokens),
             HFGenerateMethod("hf assisted (default)", pair, sampling, args.max_new_tokens, assistant=True),

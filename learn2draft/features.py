@@ -32,7 +32,8 @@ FEATURE_NAMES: tuple[str, ...] = (
 )
 
 FEATURE_DOCS: dict[str, str] = {
-    "context_len": f"committed tokens (prompt + generated) / {CONTEXT_SCALE:g}, clipped to [0, 1]",
+    "context_len": f"(committed tokens (prompt + generated) + tokens drafted so far this cycle) / {CONTEXT_SCALE:g}, "
+                   "clipped to [0, 1]",
     "depth": "tokens drafted so far this cycle / max_depth",
     **{f"accepted_len_t-{i + 1}": f"accepted length τ of the cycle {i + 1} back / max_depth (0 before it exists)"
        for i in range(HISTORY)},

@@ -127,6 +127,29 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
         ) from None
 
 
+def check_device(device: str | torch.device) -> torch.device:
+    """Parse ``device`` and check that this torch build can use it.
+
+    Raises:
+        ModelLoadError: the name is not a torch device, or CUDA / MPS is not available here.
+    """
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ModelLoadError(f"Unknown device {device!r}: use cpu, cuda, cuda:N or mps.") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ModelLoadError(
+                f"Device {device!r} asked for, but this torch build ({torch.__version__}) sees no CUDA GPU: install a "
+                "CUDA build of torch into the environment, or use --device cpu."
+            )
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ModelLoadError(f"Device {device!r} does not exist: this machine has {torch.cuda.device_count()} GPU(s).")
+    if dev.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise ModelLoadError(f"Device {device!r} asked for, but MPS is not available: use --device cpu.")
+    return dev
+
+
 def load_model(
     name_or_path: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
 ) -> PreTrainedModel:
@@ -138,8 +161,9 @@ def load_model(
         dtype: parameter dtype; GGUF weights are dequantised to it.
 
     Raises:
-        ModelLoadError: the model cannot be found or loaded.
+        ModelLoadError: the model cannot be found or loaded, or ``device`` is unavailable.
     """
+    device = check_device(device)
     src, gguf = resolve_model_source(name_or_path)
     kwargs = {"gguf_file": gguf} if gguf else {}
     try:
@@ -282,9 +306,10 @@ def load_pair(
         device, dtype: where and how both models run.
 
     Raises:
-        ModelLoadError: a model or tokenizer cannot be loaded.
+        ModelLoadError: a model or tokenizer cannot be loaded, or ``device`` is unavailable.
         TokenizerMismatchError: the draft's tokenizer differs from the target's.
     """
+    check_device(device)
     ttok, dtok = load_tokenizer(target), load_tokenizer(draft)
     check_tokenizers(ttok, dtok)  # before the (slow) weight loading
     t = load_model(target, device, dtype)

@@ -229,10 +229,15 @@ def speculative_sample(
     the residual; a token with p(x) = 0 < q(x) is always rejected and never emitted.
 
     Raises:
-        ValueError: shapes disagree, probabilities are not finite and non-negative, a draft
+        ValueError: inputs are not tensors, ``draft_tokens`` is not an integer tensor, shapes
+            disagree, a row does not sum to 1 (±1e-3), probabilities are not finite and non-negative, a draft
             token is out of range or has zero draft probability (it cannot have been sampled
-            from q), or the bonus row of ``target_probs`` has zero mass.
+            from q).
     """
+    if not all(isinstance(t, torch.Tensor) for t in (target_probs, draft_probs, draft_tokens)):
+        raise ValueError("target_probs, draft_probs and draft_tokens must be torch tensors.")
+    if draft_tokens.dtype.is_floating_point or draft_tokens.dtype.is_complex or draft_tokens.dtype == torch.bool:
+        raise ValueError(f"draft_tokens must hold integer token ids (int64), got dtype {draft_tokens.dtype}.")
     gamma = int(draft_tokens.numel())
     _check_shape("target_probs", target_probs, gamma + 1, None)
     V = target_probs.shape[1]
@@ -250,13 +255,23 @@ def speculative_sample(
             target_probs[:gamma].gather(1, xs).view(-1),
             draft_probs.gather(1, xs).view(-1),
         ]
+    parts.append(target_probs.sum(-1))
+    if gamma:
+        parts.append(draft_probs.sum(-1))
     vals = torch.cat(parts).tolist()  # the only device → host transfer before the final draw
+    sums = vals[len(vals) - (2 * gamma + 1):]
+    vals = vals[: len(vals) - (2 * gamma + 1)]
     if not (vals[0] >= 0 and vals[1] < math.inf):  # NaN fails both comparisons
         raise _bad_probs("target_probs")
+    if gamma and not (vals[2] >= 0 and vals[3] < math.inf):
+        raise _bad_probs("draft_probs")
+    if any(not abs(t - 1.0) <= 1e-3 for t in sums):  # NaN fails too
+        raise ValueError(
+            f"Every row of target_probs and draft_probs must sum to 1 (got sums {[round(t, 4) for t in sums]}): "
+            "pass probabilities (softmax of processed logits), not logits or unnormalised weights."
+        )
     tau = gamma
     if gamma:
-        if not (vals[2] >= 0 and vals[3] < math.inf):
-            raise _bad_probs("draft_probs")
         px, qx = vals[4 : 4 + gamma], vals[4 + gamma :]
         if min(qx) <= 0:
             raise ValueError("A draft token has q(x) = 0: it cannot have been sampled from draft_probs.")
@@ -265,10 +280,7 @@ def speculative_sample(
                 tau = i
                 break
     if tau == gamma:
-        token = _inverse_cdf(target_probs[gamma], u[gamma])
-        if token is None:
-            raise ValueError("The bonus row of target_probs sums to 0: pass probabilities.")
-        return tau, token
+        return tau, _inverse_cdf(target_probs[gamma], u[gamma])  # the row sums to 1 (checked above)
     token = _inverse_cdf((target_probs[tau] - draft_probs[tau]).clamp_min_(0), u[gamma])
     if token is None:
         # Only reachable through rounding when p ≈ q; p itself is then the right law.

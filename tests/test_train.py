@@ -136,7 +136,7 @@ def test_cli_defaults_map_to_train_config(monkeypatch):
     cfg = config_from_args(build_parser().parse_args([]))
     d = TrainConfig()
     assert cfg.wandb_mode == "offline" and cfg.timesteps == d.timesteps and cfg.max_depth == d.max_depth
-    assert cfg.out.startswith("runs/ppo-")
+    assert cfg.out == "runs/default"  # where python -m eval looks by default
     monkeypatch.setenv("WANDB_MODE", "disabled")
     assert config_from_args(build_parser().parse_args([])).wandb_mode == "disabled"
 
@@ -196,3 +196,15 @@ def test_cli_end_to_end_with_local_model_dirs(tiny_model_dirs, tmp_path, capsys)
     assert main([*TINY_ARGS, "--target", target, "--draft", draft, "--out", str(out), "--overwrite",
                  "--eval-prompts", "0"]) == 0
 
+
+
+def test_overwrite_removes_stale_results_of_the_earlier_run(tmp_path):
+    out = tmp_path / "run"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "checkpoints" / "ppo_64_steps.zip").write_text("old")
+    (out / "eval").mkdir()
+    (out / "config.json").write_text("{}")
+    (out / "notes.txt").write_text("user file")
+    prepare_out_dir(out, overwrite=True)
+    assert not (out / "checkpoints").exists() and not (out / "eval").exists() and not (out / "config.json").exists()
+    assert (out / "notes.txt").read_text() == "user file"  # only this tool's results are removed

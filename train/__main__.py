@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="episode = one draft/verify cycle (per-cycle objective) or one whole generation")
     g.add_argument("--seed", type=int, default=d.seed)
     g = p.add_argument_group("run")
-    g.add_argument("--out", default=None, help="output directory (default runs/ppo-<date>-<time>)")
+    g.add_argument("--out", default=None, help="output directory (default runs/default, where python -m eval looks)")
     g.add_argument("--overwrite", action="store_true", help="replace the results of an existing --out")
     g.add_argument("--name", default=None, help="W&B run name (default: the --out folder name)")
     g.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, help="timesteps between checkpoints; 0 = off")

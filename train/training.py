@@ -28,6 +28,7 @@ import math
 import os
 import platform
 import re
+import shutil
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
@@ -144,6 +145,7 @@ def prepare_out_dir(out: str | Path, overwrite: bool = False) -> Path:
 
     Raises:
         FileExistsError: ``out`` already holds results (config.json, model.zip, …) and not ``overwrite``.
+            With ``overwrite`` the earlier results (and its checkpoints/, policy/, eval/, logs/) are removed.
         PermissionError / OSError: ``out`` cannot be created or written (message names the path).
     """
     out = Path(out)
@@ -156,6 +158,13 @@ def prepare_out_dir(out: str | Path, overwrite: bool = False) -> Path:
                 f"{out} already holds results ({', '.join(found)}): pass --overwrite to replace them, "
                 "or choose another --out."
             )
+    if out.is_dir() and overwrite:  # replace, don't mix: stale checkpoints / exports / eval results go
+        for name in (*RESULT_FILES, "checkpoints", "eval", "logs", "feature_spec.json"):
+            path = out / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".write-test"
@@ -490,8 +499,8 @@ def run(pair: ModelPair, config: TrainConfig | None = None, prompts: list[str] |
 
 
 def default_out_dir() -> str:
-    """``runs/ppo-YYYYmmdd-HHMMSS`` (local time)."""
-    return os.path.join("runs", time.strftime("ppo-%Y%m%d-%H%M%S"))
+    """``runs/default``: where ``python -m eval`` looks by default."""
+    return os.path.join("runs", "default")
 
 
 __all__ = ["RESULT_FILES", "TrainConfig", "default_out_dir", "make_wandb_output_format", "measure_rate",
