@@ -51,7 +51,7 @@ def test_end_to_end_tiny(tmp_path, tiny_tok, tiny_target):
     m = saved["measure"]
     assert 0.0 <= m["alpha_greedy"] <= 1.0 and 0.0 <= m["alpha_t1"] <= 1.0
     assert m["positions"] > 0 and m["cost_ratio"] > 0
-    assert rep["data"]["responses"] == len(PROMPTS) + round(0.5 * len(PROMPTS))
+    assert rep["data"]["responses"] == len(PROMPTS) + round(DistillConfig().sampled_fraction * len(PROMPTS))
     # loadable through the package loader, float16 on disk, same vocabulary as the target
     d = load_model(str(out))
     assert d.config.vocab_size == tiny_target.config.vocab_size
