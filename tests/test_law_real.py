@@ -132,6 +132,8 @@ def test_law_check_rejects_bad_arguments(tiny_law_pair):
 # ------------------------------------------------------------------------------- real pair (slow)
 REAL_SAMPLING = SamplingConfig(temperature=1.0, top_k=5)
 REAL_PROMPT = "Name a color."
+WRONG_RULE_PROMPTS = ("Name a color.", "Name an animal.", "Name a fruit.", "Say one random word.",
+                      "Pick a number between 1 and 10.", "Name a country.")
 ALPHA = 0.01
 
 
@@ -145,28 +147,38 @@ def test_real_law_check_passes_for_the_exact_rule(default_pair):
     assert arm["drafted"] > 0  # speculative decoding really happened
 
 
-@pytest.mark.slow
-def test_real_law_check_flags_the_wrong_rule(default_pair):
-    n = 300
-    ids = default_pair.encode_prompt(REAL_PROMPT)
-    p = first_token_probs(default_pair, ids, REAL_SAMPLING)
-    # the draft's first-token law, processed identically (full forward, same settings)
-    with torch.inference_mode():
-        logits = default_pair.draft(input_ids=ids[None]).logits[0, -1:, : default_pair.vocab_size]
+def _wrong_rule_noncentrality(pair, prompt: str, n: int) -> tuple[float, float]:
+    """(λ, power) of the exact first-token chi-square test against the wrong rule's law, for ``n`` draws.
+
+    The wrong rule "on rejection, resample from p" emits the first token with law
+    w = min(p, q) + (1 − Σ min(p, q))·p instead of p; λ is the chi-square non-centrality n·Σ(w − p)²/p
+    over the test's bins (rare tokens merged, as in eval.law)."""
+    ids = pair.encode_prompt(prompt)
+    p = first_token_probs(pair, ids, REAL_SAMPLING)
+    with torch.inference_mode():  # the draft's first-token law, processed identically
+        logits = pair.draft(input_ids=ids[None]).logits[0, -1:, : pair.vocab_size]
     q = REAL_SAMPLING.probs(logits, ids)[0].double().numpy()
     m = np.minimum(p, q)
-    w = m + (1 - m.sum()) * p  # the wrong rule's first-token law
+    w = m + (1 - m.sum()) * p
     keep = p * n >= 5
     lam = n * (np.sum((w - p)[keep] ** 2 / p[keep]) + (w - p)[~keep].sum() ** 2 / max(p[~keep].sum(), 1e-12))
     bins = int(keep.sum()) + 1
-    power = ncx2.sf(chi2.isf(ALPHA / 3, bins - 1), bins - 1, lam)  # 3 tests in this check
-    if lam < 25:
-        pytest.skip(f"draft too close to the target here (λ = {lam:.1f}, power {power:.2f}): the negative "
-                    "control has no power at n = 300; pick another prompt or a higher temperature")
-    res = law_check(default_pair, {"γ=3": FixedDepthController(3)}, [REAL_PROMPT], sampling=REAL_SAMPLING,
+    return float(lam), float(ncx2.sf(chi2.isf(ALPHA / 3, bins - 1), bins - 1, lam))  # 3 tests in this check
+
+
+@pytest.mark.slow
+def test_real_law_check_flags_the_wrong_rule(default_pair):
+    n = 300
+    # The bias of the wrong rule depends on how far the draft is from the target at the first token:
+    # take the candidate prompt where it is largest (deterministic for the shipped pair) and require
+    # enough power, so this negative control runs rather than passing vacuously.
+    cands = {pr: _wrong_rule_noncentrality(default_pair, pr, n) for pr in WRONG_RULE_PROMPTS}
+    prompt = max(cands, key=lambda pr: cands[pr][0])
+    lam, power = cands[prompt]
+    assert lam >= 25, f"no candidate prompt gives the negative control power at n = {n}: {cands}"
+    res = law_check(default_pair, {"γ=3": FixedDepthController(3)}, [prompt], sampling=REAL_SAMPLING,
                     num_tokens=1, num_samples=n, seed=0, sampler=resample_from_target_rule, alpha=ALPHA)
-    print(f"\nλ = {lam:.1f}, expected power {power:.3f}, TV(wrong, p) = {0.5 * np.abs(w - p).sum():.3f}\n"
-          + format_law_table(res))
+    print(f"\nprompt {prompt!r}: λ = {lam:.1f}, expected power {power:.3f}\n" + format_law_table(res))
     assert not res["passed"], format_law_table(res)
     exact = next(t for t in res["tests"] if t["controller"] == "γ=3" and t["kind"] == "exact")
     assert exact["flagged"]
