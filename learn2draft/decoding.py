@@ -76,8 +76,8 @@ class FixedDepthController(DraftController):
     """Always draft γ = ``num_draft_tokens`` tokens (γ = 0 is autoregressive decoding)."""
 
     def __init__(self, num_draft_tokens: int):
-        if num_draft_tokens < 0:
-            raise ValueError(f"num_draft_tokens must be ≥ 0, got {num_draft_tokens}.")
+        if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 0:
+            raise ValueError(f"num_draft_tokens must be an integer ≥ 0, got {num_draft_tokens!r}.")
         self.num_draft_tokens = self.max_depth = int(num_draft_tokens)
 
     def continue_drafting(self, features: np.ndarray) -> bool:

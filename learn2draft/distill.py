@@ -84,7 +84,7 @@ def load_distill_prompts(path: str | Path = DISTILL_PROMPTS_FILE) -> list[str]:
         data = json.loads(p.read_text())
     except json.JSONDecodeError as e:
         raise DistillError(f"Prompt file {p} is not valid JSON: {e}.") from None
-    prompts = data["prompts"] if isinstance(data, dict) else data
+    prompts = data.get("prompts") if isinstance(data, dict) else data
     if not isinstance(prompts, list) or not prompts or not all(isinstance(s, str) and s.strip() for s in prompts):
         raise DistillError(f"Prompt file {p} must hold a non-empty list of non-empty strings.")
     check_disjoint(prompts)

@@ -69,6 +69,12 @@ class SamplingConfig:
     presence_penalty: float = 0.0
 
     def __post_init__(self):
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"{name} must be a finite number, got {v!r}.")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
+            raise ValueError(f"top_k must be an integer (0 = off), got {self.top_k!r}.")
         if not self.temperature >= 0:
             raise ValueError(f"temperature must be ≥ 0 (0 = greedy), got {self.temperature}.")
         if self.top_k < 0:

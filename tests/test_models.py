@@ -83,3 +83,13 @@ def test_parse_dtype():
     assert parse_dtype("bf16") is torch.bfloat16
     with pytest.raises(ValueError, match="float32"):
         parse_dtype("int8")
+
+
+def test_unavailable_device_is_a_clear_error():
+    from learn2draft.models import check_device
+
+    with pytest.raises(ModelLoadError, match="device"):
+        check_device("gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ModelLoadError, match="--device cpu"):
+            check_device("cuda")

@@ -302,3 +302,10 @@ def test_unnormalised_or_mistyped_inputs_are_refused():
         speculative_sample(p, q, x.float())
     with pytest.raises(ValueError, match="torch tensors"):
         speculative_sample(p, q, [1, 2])
+
+
+@pytest.mark.parametrize("kw", [{"temperature": float("inf")}, {"temperature": "0.7"}, {"top_k": 2.5},
+                                {"presence_penalty": float("nan")}, {"repetition_penalty": float("inf")}])
+def test_sampling_config_rejects_non_finite_or_mistyped_settings(kw):
+    with pytest.raises(ValueError):
+        SamplingConfig(**kw)
