@@ -16,8 +16,8 @@ Cache invariant: each model's cache holds keys/values for a prefix of the sequen
 ``committed + drafted``; every forward feeds exactly the tokens after that prefix. After
 verification the valid prefix is ``committed + accepted`` minus the last token, which has not
 been fed to the target yet. A draft *tree* drafter would replace :meth:`draft_step` and pass a
-tree attention mask in :meth:`verify`; the :class:`DraftAction` a controller produces already
-carries a verification size (equal to the depth for a chain).
+tree attention mask in :meth:`verify`; the :class:`DraftAction` a cycle executes (its
+``CycleResult.action``) already carries a verification size (equal to the depth for a chain).
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ Sampler = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Generator | 
 
 @dataclass(frozen=True)
 class DraftAction:
-    """What a controller decides for one cycle: draft ``depth`` tokens, verify ``verify_size`` of them.
+    """What one cycle does: draft ``depth`` tokens, verify ``verify_size`` of them (a chain
+    controller decides it step by step; :attr:`CycleResult.action` records it).
 
     For a chain drafter ``verify_size == depth``. For a draft tree (EAGLE-2 style) ``depth`` is
     the number of sequential draft forwards and ``verify_size`` the number of tree nodes sent
@@ -123,7 +124,13 @@ class CycleResult:
     features: np.ndarray = field(repr=False, default=None)
 
     @property
+    def action(self) -> DraftAction:
+        """The (depth, verification size) this cycle executed."""
+        return DraftAction(self.depth, self.verify_size)
+
+    @property
     def seconds(self) -> float:
+        """Cycle seconds: draft + verify + other."""
         return self.draft_seconds + self.verify_seconds + self.other_seconds
 
     @property

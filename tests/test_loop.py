@@ -283,3 +283,11 @@ def test_real_greedy_speculative_equals_autoregressive(default_pair, real_greedy
         if isinstance(ctrl, ConfidencePolicy):
             assert len(depths) > 1  # the policy's depth really varied with the features
     assert any(eos_inside_block)
+
+
+def test_cycle_records_the_action_it_executed(tiny_pair):
+    from learn2draft.decoding import DraftAction
+
+    dec = SpeculativeDecoder(tiny_pair, max_new_tokens=20)
+    r = dec.generate(torch.tensor([1, 5, 9]), FixedDepthController(3))
+    assert r.cycles[0].action == DraftAction(depth=3, verify_size=3)
