@@ -41,11 +41,6 @@ def make_out_dir(out: Path) -> Path:
     return out
 
 
-def resolve_export_dir(path: Path) -> Path:
-    """A training run directory holds its ONNX export in ``policy/``; an export directory is used as is."""
-    return path / "policy" if (path / "policy").is_dir() else path
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--policy", default="runs/default", help="directory written by `python -m train` (default: runs/default)")
@@ -93,7 +88,7 @@ def _run(args) -> int:
     from learn2draft.models import check_device, load_pair, parse_dtype
     from learn2draft.prompts import load_prompts
     from learn2draft.sampling import SamplingConfig
-    from policies.export import load_policy
+    from policies.export import load_policy, resolve_export_dir
 
     policy_dir = Path(args.policy)
     if not policy_dir.is_dir():

@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args) -> int:
-    from eval.__main__ import _machine, make_out_dir, parse_gammas, resolve_export_dir
+    from eval.__main__ import _machine, make_out_dir, parse_gammas
     from eval.compare import grid_search
     from eval.runner import DecoderMethod, HFGenerateMethod, encode_all, run_interleaved, summarize
     from learn2draft.decoding import FixedDepthController
@@ -127,7 +127,7 @@ def _run(args) -> int:
     if policy_dir.is_dir():
         from policies.export import load_policy
 
-        policy = load_policy(resolve_export_dir(policy_dir))
+        policy = load_policy(policy_dir)
     elif args.policy:
         raise FileNotFoundError(f"--policy {args.policy}: no such directory (run `python -m train` first).")
     else:

@@ -192,8 +192,16 @@ def export_policy(
     return ExportResult(out, onnx_path, check)
 
 
+def resolve_export_dir(path: str | Path) -> Path:
+    """A training run directory (``python -m train --out``) holds its export in ``policy/``; an
+    export directory is returned as is."""
+    path = Path(path)
+    return path / "policy" if (path / "policy").is_dir() else path
+
+
 def load_policy(directory: str | Path, intra_op_num_threads: int = 1) -> OnnxController:
-    """Load an export directory as an :class:`OnnxController` (onnxruntime only; no SB3, no torch graph).
+    """Load an export directory (or a training run directory holding one in ``policy/``) as an
+    :class:`OnnxController` (onnxruntime only; no SB3, no torch graph).
 
     Reads ``max_depth`` from ``policy_config.json`` and checks ``feature_spec.json`` against this
     version's features.
@@ -202,7 +210,7 @@ def load_policy(directory: str | Path, intra_op_num_threads: int = 1) -> OnnxCon
         FileNotFoundError: the directory or one of its files is missing.
         ValueError: the feature specification differs from this learn2draft version's.
     """
-    d = Path(directory)
+    d = resolve_export_dir(directory)
     for name in (ONNX_FILE, FEATURE_SPEC_FILE, POLICY_CONFIG_FILE):
         if not (d / name).is_file():
             raise FileNotFoundError(f"{d / name} is missing: is {d} a policy export directory (see policies.export)?")
@@ -219,5 +227,5 @@ def load_policy(directory: str | Path, intra_op_num_threads: int = 1) -> OnnxCon
 
 __all__ = [
     "CHECK_FILE", "FEATURE_SPEC_FILE", "ONNX_FILE", "POLICY_CONFIG_FILE", "ExportCheckError", "ExportResult",
-    "OnnxablePolicy", "check_onnx", "export_onnx", "export_policy", "load_policy",
+    "OnnxablePolicy", "check_onnx", "export_onnx", "export_policy", "load_policy", "resolve_export_dir",
 ]

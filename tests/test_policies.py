@@ -206,3 +206,12 @@ def test_runtime_path_needs_no_rl_code(export_dir):
     )
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
+
+
+def test_load_policy_accepts_a_training_run_directory(export_dir, tmp_path):
+    """`python -m train --out RUN` writes the export to RUN/policy; RUN itself loads too."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(export_dir, run / "policy")
+    assert load_policy(run).max_depth == load_policy(export_dir).max_depth
