@@ -1,0 +1,388 @@
+"""A feature-level draft head over the target's last hidden states (EAGLE; FR-Spec draft vocabulary).
+
+The head follows EAGLE (Li et al. 2024, arXiv 2401.15077) and EAGLE-3 (Li et al. 2025,
+arXiv 2503.01840): at sequence position t its input is the concatenation of
+
+* f_t — the target's last hidden state at t (``hidden_states[-1]``, which in transformers 5.x is
+  taken *after* the model's final norm: ``lm_head(hidden_states[-1])`` are the target's logits), and
+* e(x_{t+1}) — the target's own (frozen) input embedding of the next token,
+
+projected by a linear layer ``fc`` (2H → H), then ONE Llama decoder layer (transformers'
+``LlamaDecoderLayer`` with its rotary embedding and its own KV cache), then an RMSNorm
+(initialised from the target's final norm). The output g_t is a predicted feature f'_{t+1}: it is
+scored by the target's frozen LM-head rows of a frequent-token *draft vocabulary* only (FR-Spec,
+Zhao et al. 2025, arXiv 2502.14856; EAGLE-3's draft-to-target map ``d2t``), and it is fed back as
+the feature of the next position when the head drafts further than one token ahead.
+
+The draft vocabulary ``d2t`` (int64 (K,), sorted target ids) is part of the head's weights; the
+embedding and the LM-head rows come from the target when the head is attached, so a saved head
+holds only ``fc``, the decoder layer, the norm and ``d2t``.
+
+Training recipe: :mod:`train.head` (``python -m train.head``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import DynamicCache, LlamaConfig, PreTrainedModel
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+
+from learn2draft.drafters.base import DraftProposal, Drafter, raw_confidence_entropy
+from learn2draft.models import DEFAULT_TARGET, ModelLoadError
+from learn2draft.sampling import SamplingConfig, sample_from
+
+#: Directory of the head shipped for the embedded default target (SmolLM2-135M-Instruct).
+DEFAULT_HEAD_DIR = Path(__file__).resolve().parent.parent / "assets" / "smollm2-135m-head"
+HEAD_WEIGHTS = "head.safetensors"
+HEAD_CONFIG = "config.json"
+HEAD_FORMAT = "learn2draft-eagle-head-v1"
+
+
+def head_llama_config(target_config, intermediate_size: int | None = None) -> LlamaConfig:
+    """The LlamaConfig of the head's decoder layer: the target's width, heads, rotary settings and norm
+    epsilon (so the head reads the target's features at their own scale), one layer.
+
+    Args:
+        target_config: the target's config (``hidden_size``, ``num_attention_heads``, ...).
+        intermediate_size: MLP width (default: the target's).
+    """
+    tc = target_config
+    H = tc.hidden_size
+    heads = getattr(tc, "num_attention_heads", None) or max(1, H // 64)
+    rope = getattr(tc, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0}
+    cfg = LlamaConfig(
+        vocab_size=tc.vocab_size, hidden_size=H,
+        intermediate_size=int(intermediate_size or getattr(tc, "intermediate_size", 4 * H)),
+        num_hidden_layers=1, num_attention_heads=heads,
+        num_key_value_heads=getattr(tc, "num_key_value_heads", None) or heads,
+        head_dim=getattr(tc, "head_dim", None) or H // heads,
+        max_position_embeddings=getattr(tc, "max_position_embeddings", 2048),
+        rms_norm_eps=getattr(tc, "rms_norm_eps", 1e-5), rope_parameters=dict(rope),
+        attention_bias=False, mlp_bias=False, hidden_act=getattr(tc, "hidden_act", "silu"),
+    )
+    cfg._attn_implementation = "sdpa"
+    return cfg
+
+
+class DraftHead(nn.Module):
+    """EAGLE-style draft head: fc(2H → H) → one Llama decoder layer → RMSNorm → draft-vocabulary logits.
+
+    Args:
+        config: the decoder layer's :class:`LlamaConfig` (see :func:`head_llama_config`); its
+            ``vocab_size`` is the target's embedding rows.
+        d2t: int64 (K,), the draft vocabulary: sorted, unique target token ids.
+
+    Buffers set by :meth:`attach_target` (not saved): ``embed`` float (V_emb, H), the target's input
+    embedding; ``lm_rows`` float (K, H), the target's LM-head rows of ``d2t``.
+    """
+
+    def __init__(self, config: LlamaConfig, d2t: torch.Tensor):
+        super().__init__()
+        self.config = config
+        H = config.hidden_size
+        self.fc = nn.Linear(2 * H, H, bias=False)
+        self.layer = LlamaDecoderLayer(config, layer_idx=0)
+        self.norm = LlamaRMSNorm(H, eps=config.rms_norm_eps)
+        self.rotary = LlamaRotaryEmbedding(config=config)
+        d2t = torch.as_tensor(d2t, dtype=torch.long).reshape(-1)
+        self.register_buffer("d2t", d2t.clone())
+        self.register_buffer("embed", torch.zeros(0, H), persistent=False)
+        self.register_buffer("lm_rows", torch.zeros(0, H), persistent=False)
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return int(self.d2t.numel())
+
+    @torch.no_grad()
+    def attach_target(self, target: PreTrainedModel, init_norm: bool = False) -> DraftHead:
+        """Take the target's frozen input embedding and the LM-head rows of ``d2t`` (copies, no grad).
+
+        Args:
+            target: the target causal LM.
+            init_norm: also copy the target's final norm weight into the head's norm (a fresh head).
+
+        Raises:
+            ModelLoadError: the target's width or vocabulary does not fit the head.
+        """
+        emb = target.get_input_embeddings().weight
+        out = target.get_output_embeddings().weight
+        H = self.config.hidden_size
+        if emb.shape[1] != H or out.shape[1] != H:
+            raise ModelLoadError(
+                f"The head was trained for hidden size {H}, the target has {out.shape[1]}: this head belongs to "
+                "another target. Train one for it with `python -m train.head --target ... --out DIR`."
+            )
+        if int(self.d2t.max()) >= out.shape[0] or emb.shape[0] != self.config.vocab_size:
+            raise ModelLoadError(
+                f"The head's vocabulary (embedding rows {self.config.vocab_size}, draft ids up to {int(self.d2t.max())}) "
+                f"does not fit the target's ({emb.shape[0]} embedding rows, {out.shape[0]} output rows): this head "
+                "belongs to another target. Train one with `python -m train.head --target ... --out DIR`."
+            )
+        dev, dt = self.fc.weight.device, self.fc.weight.dtype
+        self.embed = emb.detach().to(dev, dt).clone()
+        self.lm_rows = out.detach()[self.d2t.to(out.device)].to(dev, dt).clone()
+        if init_norm:
+            norm = getattr(getattr(target, "model", None), "norm", None)
+            if norm is not None and getattr(norm, "weight", None) is not None and norm.weight.shape == (H,):
+                self.norm.weight.copy_(norm.weight.detach().to(dev, dt))
+        return self
+
+    def forward(
+        self,
+        features: torch.Tensor,
+        next_tokens: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        cache: DynamicCache | None = None,
+    ) -> torch.Tensor:
+        """Predicted features.
+
+        Args:
+            features: float (B, T, H), f_t (true target features or the head's own predictions).
+            next_tokens: int64 (B, T), x_{t+1}.
+            position_ids: int64 (B, T) or (1, T), t.
+            attention_mask: bool (B, 1, T, S) with True = attend over the S keys (cached + these T),
+                or None for T = 1 (attend to everything cached).
+            cache: the head's KV cache; the T new keys/values are appended to it.
+
+        Returns:
+            float (B, T, H): g_t, the predicted f_{t+1} (post-norm feature space).
+        """
+        x = self.fc(torch.cat([features, F.embedding(next_tokens, self.embed)], dim=-1))
+        pe = self.rotary(x, position_ids=position_ids)
+        h = self.layer(x, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                       use_cache=cache is not None, position_embeddings=pe)
+        return self.norm(h)
+
+    def logits(self, g: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits float (..., K) of predicted features g float (..., H)."""
+        return F.linear(g, self.lm_rows)
+
+    # ------------------------------------------------------------------ persistence
+    def head_state_dict(self) -> dict[str, torch.Tensor]:
+        """The head's own weights (fc, layer, norm, d2t): what :meth:`save` writes."""
+        return {k: v for k, v in self.state_dict().items() if not k.startswith("rotary.")}
+
+    def save(self, path: str | Path, extra: dict | None = None, dtype: torch.dtype = torch.float16) -> None:
+        """Write ``config.json`` and ``head.safetensors`` (float weights in ``dtype``, d2t int64) to ``path``."""
+        p = Path(path)
+        p.mkdir(parents=True, exist_ok=True)
+        sd = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous().cpu()
+              for k, v in self.head_state_dict().items()}
+        save_file(sd, str(p / HEAD_WEIGHTS))
+        cfg = {"format": HEAD_FORMAT, "draft_vocab_size": self.draft_vocab_size,
+               "llama_config": self.config.to_dict(), **(extra or {})}
+        (p / HEAD_CONFIG).write_text(json.dumps(cfg, indent=2))
+
+    @classmethod
+    def load(cls, path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> DraftHead:
+        """Load a head written by :meth:`save` (not yet attached to a target).
+
+        Raises:
+            ModelLoadError: missing or malformed files.
+        """
+        p = Path(path)
+        if not (p / HEAD_CONFIG).is_file() or not (p / HEAD_WEIGHTS).is_file():
+            raise ModelLoadError(
+                f"No draft head in {p} (it needs {HEAD_CONFIG} and {HEAD_WEIGHTS}). Build one with "
+                "`python -m train.head --target TARGET --out DIR` (the default target's head: `python -m train.head`)."
+            )
+        try:
+            meta = json.loads((p / HEAD_CONFIG).read_text())
+            if meta.get("format") != HEAD_FORMAT:
+                raise ValueError(f"format {meta.get('format')!r}, expected {HEAD_FORMAT!r}")
+            lc = LlamaConfig.from_dict(meta["llama_config"])
+            lc._attn_implementation = "sdpa"
+            sd = load_file(str(p / HEAD_WEIGHTS))
+            head = cls(lc, sd["d2t"])
+            missing, unexpected = head.load_state_dict(sd, strict=False)
+            missing = [k for k in missing if not k.startswith("rotary.")]
+            if missing or unexpected:
+                raise ValueError(f"missing weights {missing[:3]}, unexpected {unexpected[:3]}")
+        except (KeyError, ValueError, OSError, RuntimeError, json.JSONDecodeError) as e:
+            raise ModelLoadError(f"The draft head in {p} is malformed ({e}); rebuild it with `python -m train.head`.") from None
+        head.meta = meta
+        return head.to(device=device, dtype=dtype).eval()
+
+
+def causal_mask(q_len: int, past: int, device=None) -> torch.Tensor:
+    """bool (1, 1, q_len, past + q_len): query i (at sequence slot past + i) attends to keys 0..past + i."""
+    k = torch.arange(past + q_len, device=device)
+    q = torch.arange(q_len, device=device) + past
+    return (k[None, :] <= q[:, None])[None, None]
+
+
+class HeadDrafter(Drafter):
+    """Chain drafting with a :class:`DraftHead` that reads the target's last hidden states.
+
+    State, for the committed sequence x_0 .. x_{n−1}:
+
+    * ``feats``: float (n_f, H), the target's features f_0 .. f_{n_f−1} of verified positions
+      (observed through :meth:`observe_target`; rows of rejected tokens are dropped by :meth:`rollback`);
+    * the head's KV cache: positions 0 .. ``cache_len`` − 1 built from TRUE features (position t
+      reads f_t and x_{t+1}), followed by ``spec_len`` positions built this cycle from the head's
+      own predicted features.
+
+    :meth:`propose` on ``seq`` (length n) needs the head's output at position n − 2: it first
+    feeds the pending true positions (``cache_len`` .. min(n_f, n − 1) − 1) in one batched forward,
+    then, one position at a time, positions whose true feature is not known yet, with the head's
+    previous output as their feature (as EAGLE drafts). :meth:`rollback` drops the predicted
+    entries, so the next cycle rebuilds those positions from the target's true features.
+
+    Args:
+        head: a :class:`DraftHead` attached to the target (:meth:`DraftHead.attach_target`).
+        vocab_size: V, the target's real vocabulary; proposals are (V,) distributions, zero outside ``d2t``.
+
+    Raises:
+        ValueError (from :meth:`observe_target`): features for a position past a gap.
+    """
+
+    name = "head"
+    needs_target_hidden = True
+
+    def __init__(self, head: DraftHead, vocab_size: int, head_dir: str = ""):
+        if head.lm_rows.numel() == 0:
+            raise ValueError("The head is not attached to a target: call head.attach_target(target) first.")
+        self.head = head.eval()
+        self.vocab_size = int(vocab_size)
+        if int(head.d2t.max()) >= self.vocab_size:
+            raise ModelLoadError(f"The head's draft vocabulary has ids ≥ the target's vocabulary size {vocab_size}.")
+        self.head_dir = str(head_dir)
+        # Logit of tokens outside the draft vocabulary: finite (SamplingConfig.probs refuses non-finite logits and
+        # checks a row's sum, which V × finfo.min would overflow), and far below any real logit, so q is exactly 0
+        # there after any temperature / penalty.
+        self.masked_logit = -torch.finfo(torch.float32).max / (4 * self.vocab_size)
+        p = next(head.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        self.start(torch.zeros(0, dtype=torch.long))
+
+    def start(self, prompt_ids: torch.Tensor) -> None:
+        self.feats = torch.zeros(0, self.head.config.hidden_size, device=self.device, dtype=self.dtype)
+        self.cache = DynamicCache()
+        self.cache_len = 0  # head positions built from true features
+        self.spec_len = 0  # head positions after them built from predicted features
+        self.last_g: torch.Tensor | None = None  # (H,) the head's output at position cache_len + spec_len − 1
+        self.true_g: torch.Tensor | None = None  # (H,) the head's output at position cache_len − 1
+
+    def observe_target(self, hidden: torch.Tensor, first_position: int) -> None:
+        if first_position > self.feats.shape[0]:
+            raise ValueError(
+                f"Target features for position {first_position} but only {self.feats.shape[0]} positions known: "
+                "the decoder must pass every target forward's hidden states."
+            )
+        self.feats = torch.cat([self.feats[:first_position], hidden.detach().to(self.device, self.dtype)])
+
+    def can_propose(self, seq: torch.Tensor) -> bool:
+        return self.feats.shape[0] > 0 and seq.numel() >= 2
+
+    def _forward(self, feats: torch.Tensor, tokens: torch.Tensor, first: int) -> torch.Tensor:
+        """Feed positions first .. first + T − 1 (feats (T, H), tokens (T,)); return g (T, H)."""
+        T = tokens.numel()
+        pos = torch.arange(first, first + T, device=self.device)[None]
+        mask = causal_mask(T, first, self.device) if T > 1 else None
+        return self.head(feats[None], tokens[None], pos, attention_mask=mask, cache=self.cache)[0]
+
+    @torch.inference_mode()
+    def predict(self, seq: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits float32 (K,) for the token after ``seq`` (int64 (n,), n ≥ 2).
+
+        Raises:
+            RuntimeError: no target features observed yet.
+        """
+        n = seq.numel()
+        if not self.can_propose(seq):
+            raise RuntimeError("The head drafter needs the target's features of the prompt (call observe_target) "
+                               "and a sequence of ≥ 2 tokens.")
+        seq = seq.to(self.device)
+        end = n - 1  # feed positions < end; the output at end − 1 predicts seq[n]
+        done = self.cache_len + self.spec_len
+        if done > end:  # a shorter sequence than last time without a rollback: rebuild from true features
+            self.rollback(end)
+            done = self.cache_len + self.spec_len
+        if self.spec_len == 0:
+            true_end = min(self.feats.shape[0], end)
+            if true_end <= self.cache_len and self.last_g is None and self.cache_len > 0:
+                self.cache.crop(-1)  # the output at the last cached position was not kept: recompute it
+                self.cache_len -= 1
+            if true_end > self.cache_len:
+                g = self._forward(self.feats[self.cache_len:true_end], seq[self.cache_len + 1:true_end + 1],
+                                  self.cache_len)
+                self.cache_len = true_end
+                self.last_g = self.true_g = g[-1]
+            done = self.cache_len
+        while done < end:  # positions without a true feature: the head's own previous prediction
+            if self.last_g is None:
+                raise RuntimeError("The head drafter has no feature to continue from.")
+            g = self._forward(self.last_g[None], seq[done + 1:done + 2], done)
+            self.last_g = g[-1]
+            self.spec_len += 1
+            done += 1
+        return self.head.logits(self.last_g).float()
+
+    def propose(self, seq: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None) -> DraftProposal:
+        logits = self.predict(seq)
+        row = torch.full((self.vocab_size,), self.masked_logit, device=logits.device)
+        row[self.head.d2t] = logits
+        try:
+            q = sampling.probs(row[None], seq)[0]
+        except ValueError as e:
+            raise ValueError(f"The draft head: {e}") from None
+        token = sample_from(q, generator)
+        conf, ent = raw_confidence_entropy(logits)
+        return DraftProposal(token, q, conf, ent)
+
+    def rollback(self, length: int) -> None:
+        if self.feats.shape[0] > length:
+            self.feats = self.feats[:length]
+        total = self.cache_len + self.spec_len
+        keep = min(self.cache_len, length)  # predicted entries never survive a rollback
+        if total > keep:
+            self.cache.crop(-(total - keep))
+        self.last_g = self.true_g if keep == self.cache_len else None
+        self.true_g = self.last_g
+        self.cache_len, self.spec_len = keep, 0
+
+    def extra_config(self) -> dict:
+        return {"drafter": self.name, "head": self.head_dir, "draft_vocab_size": self.head.draft_vocab_size}
+
+
+def load_head_drafter(pair, path: str | Path | None = None, dtype: torch.dtype | None = None) -> HeadDrafter:
+    """Load a trained head from ``path`` and attach it to ``pair.target``.
+
+    Args:
+        pair: a :class:`learn2draft.ModelPair` (only ``pair.target`` and ``pair.vocab_size`` are used).
+        path: a directory written by ``python -m train.head`` (``config.json`` + ``head.safetensors``);
+            default: the shipped head of the embedded target, :data:`DEFAULT_HEAD_DIR`.
+        dtype: the head's dtype (default: the target's).
+
+    Raises:
+        learn2draft.ModelLoadError: the directory is missing or malformed, the default head is asked for a
+            target other than the embedded one, or the head does not fit the target (hidden size, vocabulary).
+    """
+    target = pair.target
+    default = path is None
+    p = DEFAULT_HEAD_DIR if default else Path(path).expanduser()
+    if not p.exists():
+        how = "`python -m train.head`" if default else f"`python -m train.head --target TARGET --out {p}`"
+        raise ModelLoadError(f"Draft head directory not found: {p}. Build one with {how} (see README).")
+    dt = dtype or next(target.parameters()).dtype
+    head = DraftHead.load(p, device=target.device, dtype=dt)
+    tname = head.meta.get("target", "")
+    if default and pair.target_name not in ("", DEFAULT_TARGET) and tname == DEFAULT_TARGET:
+        tc = target.config
+        if tc.hidden_size != head.config.hidden_size or tc.vocab_size != head.config.vocab_size:
+            raise ModelLoadError(
+                f"The shipped head is for {DEFAULT_TARGET}, not {pair.target_name!r}: train one with "
+                f"`python -m train.head --target {pair.target_name} --out DIR` and pass --head DIR."
+            )
+    head.attach_target(target)
+    return HeadDrafter(head, pair.vocab_size, head_dir=str(p))
+
+
+__all__ = ["DEFAULT_HEAD_DIR", "DraftHead", "HeadDrafter", "causal_mask", "head_llama_config", "load_head_drafter"]

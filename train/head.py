@@ -1,0 +1,983 @@
+"""``python -m train.head``: train an EAGLE-style draft head for a target by self-distillation.
+
+The head is :class:`learn2draft.drafters.head.DraftHead` (EAGLE, arXiv 2401.15077; EAGLE-3,
+arXiv 2503.01840; FR-Spec draft vocabulary, arXiv 2502.14856). The recipe, in phases:
+
+1. **Data** (cached in the work directory, shard by shard, so a rerun or a resumed run reuses it):
+   (a) the target answers the distillation prompts (``learn2draft/data/distill_prompts.json``,
+   disjoint from the policy prompts) greedily in batches, and its last hidden states (post final
+   norm) are recorded in the same ``generate()`` call; (b) teacher-forced text available offline —
+   package descriptions (``*.dist-info/METADATA``), markdown files and docstrings of the installed
+   Python packages — one batched target forward per group of chunks, far cheaper per token than
+   generating. Only hidden states are stored (float16); the target's next-token distribution is
+   recomputed from them with its LM head.
+2. **Draft vocabulary**: the K most frequent target-token ids of the training data (``d2t``);
+   coverage for several K is reported.
+3. **Training**: loss per position = KL(p ‖ q) + ``reg_weight`` · smooth-L1(g, f), where p is the
+   target's distribution restricted to the draft vocabulary and renormalised (softmax of its
+   LM-head rows on the true next feature f), q the head's, g the head's predicted feature.
+   Gaussian noise on the input features; training-time test (EAGLE-3): each batch is unrolled
+   ``ttt_steps`` times, step k feeding the head its own step-(k−1) predictions with the attention
+   pattern the drafter sees at draft step k (true-feature keys up to t − k + 1, then the head's own
+   keys at t − k + 2 .. t). AdamW, warmup + cosine, a wall-clock cap. Held-out answers (a share of
+   the prompts) are scored periodically; the best state is kept (early stopping). Checkpoints in
+   the work directory; a rerun with the same settings resumes.
+4. **Measurement**: α at temperature 0 on the held-out policy prompts
+   (``learn2draft.prompts.load_prompts("heldout")``): along the target's own greedy continuation,
+   the share of positions where the head's top-1 equals the target's greedy next token, for draft
+   step 1 (true features) and steps 2, 3 (the head's own features, the true tokens — the
+   conditional acceptance of a step given that the earlier ones were accepted); the head's cost per
+   draft step relative to one target forward (batch 1, KV caches, median of interleaved timings).
+5. **Output**: ``config.json``, ``head.safetensors`` (the head's own weights only) and
+   ``build_report.json`` in ``--out``.
+
+The defaults build the shipped head ``learn2draft/assets/smollm2-135m-head`` for
+SmolLM2-135M-Instruct.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import json
+import logging
+import math
+import os
+import random
+import shlex
+import shutil
+import site
+import statistics
+import sys
+import time
+import uuid
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from learn2draft.distill import (
+    DISTILL_PROMPTS_FILE,
+    _eos_ids,
+    _pad_left,
+    _slug,
+    check_disjoint,
+    dir_size_bytes,
+    encode_chat,
+    load_distill_prompts,
+)
+from learn2draft.drafters.head import DEFAULT_HEAD_DIR, DraftHead, head_llama_config
+from learn2draft.models import DEFAULT_TARGET, ModelLoadError, load_model, load_tokenizer
+from learn2draft.prompts import load_prompts
+
+log = logging.getLogger(__name__)
+
+DEFAULT_WORK_DIR = Path("runs") / "head"  # relative to the working directory
+CKPT_NAME = "checkpoint.pt"
+
+
+class HeadTrainError(ValueError):
+    """Bad input to the head recipe; the message says what to change."""
+
+
+# ----------------------------------------------------------------------------- config
+@dataclass
+class HeadConfig:
+    """All settings of one head build; the defaults are the recipe of the shipped head.
+
+    Data: ``num_prompts`` distillation prompts answered (0 = all) with ``max_new_tokens`` each, in
+    batches of ``gen_batch_size``; ``heldout_fraction`` of them kept for early stopping;
+    ``docs_tokens`` teacher-forced tokens of package documentation in chunks of ``docs_chunk``
+    tokens, ``docs_batch`` chunks per target forward. Head: ``draft_vocab`` K, ``intermediate``
+    MLP width (0 = the target's). Training: ``steps`` optimizer steps of about ``batch_tokens``
+    positions, ``lr``, ``warmup``, ``weight_decay``, ``ttt_steps`` unrolled draft steps with weights
+    ``ttt_decay``^(k−1), ``reg_weight`` of the feature regression, ``feat_noise`` (std of the input
+    noise relative to the features' RMS), ``eval_every`` steps between held-out scores,
+    ``max_train_minutes`` wall-clock cap (0 = none). Measurement: ``eval_prompts`` held-out policy
+    prompts (0 = all), ``eval_max_new_tokens``, ``timing_repeats``.
+    """
+
+    target: str = DEFAULT_TARGET
+    out: str = str(DEFAULT_HEAD_DIR)
+    work_dir: str = ""
+    prompts_file: str = str(DISTILL_PROMPTS_FILE)
+    seed: int = 0
+    threads: int = 2
+    num_prompts: int = 480
+    max_new_tokens: int = 128
+    gen_batch_size: int = 48
+    heldout_fraction: float = 0.04
+    docs_tokens: int = 64_000
+    docs_chunk: int = 192
+    docs_batch: int = 16
+    draft_vocab: int = 8192
+    intermediate: int = 0
+    steps: int = 6000
+    batch_tokens: int = 1024
+    lr: float = 1e-3
+    warmup: int = 50
+    weight_decay: float = 0.0
+    ttt_steps: int = 2
+    ttt_decay: float = 0.8
+    reg_weight: float = 0.2
+    feat_noise: float = 0.05
+    eval_every: int = 50
+    ckpt_every: int = 50
+    max_train_minutes: float = 14.0
+    eval_prompts: int = 0
+    eval_max_new_tokens: int = 128
+    timing_repeats: int = 30
+    save_dtype: str = "float16"
+    wandb_mode: str = field(default_factory=lambda: os.environ.get("WANDB_MODE", "offline"))
+    wandb_project: str = "learn2draft-head"
+
+    def gen_key(self, prompts: list[str]) -> str:
+        """Hash of what determines the generated answers."""
+        d = {k: getattr(self, k) for k in ("target", "max_new_tokens", "gen_batch_size")} | {"prompts": prompts}
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+    def docs_key(self) -> str:
+        """Hash of what determines the teacher-forced documentation data."""
+        d = {k: getattr(self, k) for k in ("target", "seed", "docs_tokens", "docs_chunk", "docs_batch")}
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+    def train_key(self, data_key: str) -> str:
+        """Hash of what determines training (a checkpoint is resumed only if it matches)."""
+        d = {k: getattr(self, k) for k in ("seed", "draft_vocab", "intermediate", "steps", "batch_tokens", "lr",
+                                            "warmup", "weight_decay", "ttt_steps", "ttt_decay", "reg_weight",
+                                            "feat_noise", "heldout_fraction", "max_train_minutes")}
+        d["data"] = data_key
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+    def check(self) -> None:
+        """Raise :class:`HeadTrainError` for settings out of range (before any slow work)."""
+        pos = ("max_new_tokens", "gen_batch_size", "docs_chunk", "docs_batch", "draft_vocab", "steps", "batch_tokens",
+               "ttt_steps", "eval_every", "ckpt_every", "timing_repeats", "threads", "eval_max_new_tokens")
+        for k in pos:
+            if getattr(self, k) <= 0:
+                raise HeadTrainError(f"--{k.replace('_', '-')} must be positive, got {getattr(self, k)}.")
+        for k in ("num_prompts", "docs_tokens", "intermediate", "warmup", "eval_prompts", "max_train_minutes",
+                  "weight_decay", "reg_weight", "feat_noise"):
+            if getattr(self, k) < 0:
+                raise HeadTrainError(f"--{k.replace('_', '-')} must be ≥ 0, got {getattr(self, k)}.")
+        if not 0 < self.lr < 1:
+            raise HeadTrainError(f"--lr must be in (0, 1), got {self.lr}.")
+        if not 0 <= self.heldout_fraction < 0.5:
+            raise HeadTrainError(f"--heldout-fraction must be in [0, 0.5), got {self.heldout_fraction}.")
+        if not 0 < self.ttt_decay <= 1:
+            raise HeadTrainError(f"--ttt-decay must be in (0, 1], got {self.ttt_decay}.")
+        if self.docs_chunk < 8:
+            raise HeadTrainError(f"--docs-chunk must be ≥ 8 tokens, got {self.docs_chunk}.")
+        if self.save_dtype not in ("float16", "bfloat16", "float32"):
+            raise HeadTrainError(f"--save-dtype must be float16, bfloat16 or float32, got {self.save_dtype!r}.")
+        if self.wandb_mode not in ("offline", "online", "disabled"):
+            raise HeadTrainError(f"--wandb-mode must be offline, online or disabled, got {self.wandb_mode!r}.")
+
+
+# ----------------------------------------------------------------------------- data
+# One example: ``ids`` int64 (L,), ``hidden`` float16 (n_h, H) the target's last hidden states
+# (post final norm) at positions 0 .. n_h − 1 (n_h ≤ L), ``start``: the first position t whose
+# prediction (of token t + 2) is trained. Head position t reads hidden[t] and ids[t + 1]; its
+# teacher is hidden[t + 1]; so t runs over start .. n_h − 2.
+
+
+def _save_atomic(obj, path: Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+@torch.inference_mode()
+def generate_answers(
+    target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str], max_new_tokens: int,
+    batch_size: int, cache_dir: Path | None = None, desc: str = "generate",
+) -> list[dict]:
+    """Greedy answers of ``target`` to ``prompts`` (chat template), with its last hidden states.
+
+    Prompts are sorted by length and left-padded in batches; ``generate(output_hidden_states=True)``
+    records the last layer's hidden states of the prompt (prefill) and of every generated token
+    fed back. Answers stop after the first EOS (kept).
+
+    Returns:
+        one example per prompt with a non-empty answer (see the module's data format): ``ids`` =
+        prompt + answer, ``hidden`` (L − 1, H) float16, ``start`` = prompt length − 2 (the first
+        trained prediction is the answer's second token), plus ``prompt_len`` and ``prompt`` (index
+        into ``prompts``). Batches are cached as ``cache_dir/gen_XXXX.pt`` when given.
+    """
+    encoded = [encode_chat(tokenizer, p) for p in prompts]
+    order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    eos = _eos_ids(target, tokenizer)
+    data: list[dict] = []
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    bar = tqdm(batches, desc=desc, unit="batch")
+    for b, idx in enumerate(bar):
+        path = cache_dir / f"gen_{b:04d}.pt" if cache_dir is not None else None
+        if path is not None and path.exists():
+            data += torch.load(path, weights_only=False)
+            continue
+        t0 = time.perf_counter()
+        ids, mask = _pad_left([encoded[j] for j in idx], pad_id)
+        dev = target.device
+        out = target.generate(
+            input_ids=ids.to(dev), attention_mask=mask.to(dev), max_new_tokens=max_new_tokens, do_sample=False,
+            temperature=None, top_p=None, top_k=None, output_hidden_states=True, return_dict_in_generate=True,
+            pad_token_id=pad_id,
+        )
+        Lp = ids.shape[1]
+        new = out.sequences[:, Lp:].cpu()
+        steps = [out.hidden_states[0][-1].cpu()] + [h[-1].cpu() for h in out.hidden_states[1:]]
+        gen_h = torch.cat(steps[1:], dim=1) if len(steps) > 1 else torch.zeros(ids.shape[0], 0, steps[0].shape[-1])
+        chunk = []
+        for r, j in enumerate(idx):
+            toks = new[r].tolist()
+            n = len(toks)
+            for t, tok in enumerate(toks):
+                if tok in eos:
+                    n = t + 1
+                    break
+            if n < 2:
+                continue
+            P = len(encoded[j])
+            hid = torch.cat([steps[0][r, Lp - P:], gen_h[r, :n - 1]]).to(torch.float16)
+            chunk.append({"ids": torch.tensor(encoded[j] + toks[:n], dtype=torch.long), "hidden": hid,
+                          "start": max(0, P - 2), "prompt_len": P, "prompt": j})
+        del out, steps, gen_h
+        secs = time.perf_counter() - t0
+        for c in chunk:
+            c["seconds"] = secs / max(1, len(chunk))
+        if path is not None:
+            _save_atomic(chunk, path)
+        data += chunk
+        bar.set_postfix(tokens=sum(len(d["ids"]) - d["prompt_len"] for d in data))
+    return data
+
+
+def _docstrings(path: Path) -> list[str]:
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (SyntaxError, UnicodeDecodeError, ValueError, OSError, RecursionError):
+        return []
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node)
+            if doc and len(doc) >= 300:
+                out.append(doc)
+    return out
+
+
+def collect_docs_text(max_chars: int, seed: int = 0, roots: list[str] | None = None) -> list[str]:
+    """Documentation text shipped with the installed Python packages, deterministic given ``seed``.
+
+    Sources, under the site-packages directories (``roots``): package descriptions
+    (``*.dist-info/METADATA`` bodies, usually the README), markdown / reStructuredText files, and
+    docstrings (≥ 300 characters) of ``.py`` files. Mostly-ASCII documents of ≥ 300 characters,
+    deduplicated, shuffled; collection stops at about ``max_chars`` characters.
+
+    Returns:
+        a list of documents (strings).
+    """
+    roots = roots if roots is not None else [p for p in site.getsitepackages() if Path(p).is_dir()]
+    files: list[Path] = []
+    for r in roots:
+        rp = Path(r)
+        files += sorted(rp.glob("*.dist-info/METADATA"))
+        files += sorted(p for ext in ("md", "rst") for p in rp.rglob(f"*.{ext}"))
+        files += sorted(rp.rglob("*.py"))
+    rng = random.Random(seed)
+    rng.shuffle(files)
+    seen, docs, total = set(), [], 0
+    for f in files:
+        if total >= max_chars:
+            break
+        if f.suffix == ".py":
+            texts = _docstrings(f)
+        else:
+            try:
+                t = f.read_text(encoding="utf-8", errors="ignore")
+            except OSError:
+                continue
+            if f.name == "METADATA":
+                t = t.split("\n\n", 1)[1] if "\n\n" in t else ""
+            texts = [t]
+        for t in texts:
+            t = t.strip()
+            if len(t) < 300 or sum(c.isascii() for c in t) < 0.95 * len(t):
+                continue
+            h = hashlib.sha1(t.encode()).hexdigest()
+            if h in seen:
+                continue
+            seen.add(h)
+            docs.append(t[:20_000])
+            total += len(docs[-1])
+    return docs
+
+
+@torch.inference_mode()
+def forward_docs(
+    target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, docs: list[str], max_tokens: int, chunk: int,
+    batch: int, cache_dir: Path | None = None,
+) -> list[dict]:
+    """Teacher-forced target features on documentation text: chunks of ``chunk`` tokens, ``batch``
+    chunks per forward, about ``max_tokens`` tokens in all. Cached as ``cache_dir/docs_XXXX.pt``.
+
+    Returns:
+        examples (see the data format) with ``hidden`` (chunk, H) float16 and ``start`` 0.
+    """
+    chunks: list[list[int]] = []
+    for d in docs:
+        ids = tokenizer(d, add_special_tokens=False)["input_ids"]
+        for i in range(0, len(ids) - 16, chunk):
+            piece = ids[i:i + chunk]
+            if len(piece) >= 16:
+                chunks.append(piece)
+        if sum(map(len, chunks)) >= max_tokens:
+            break
+    n_tok, keep = 0, []
+    for c in chunks:
+        if n_tok >= max_tokens:
+            break
+        keep.append(c)
+        n_tok += len(c)
+    keep.sort(key=len)
+    data: list[dict] = []
+    groups = [keep[i:i + batch] for i in range(0, len(keep), batch)]
+    bar = tqdm(groups, desc="docs forward", unit="batch")
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    for b, g in enumerate(bar):
+        path = cache_dir / f"docs_{b:04d}.pt" if cache_dir is not None else None
+        if path is not None and path.exists():
+            data += torch.load(path, weights_only=False)
+            continue
+        t0 = time.perf_counter()
+        L = max(len(c) for c in g)
+        ids = torch.full((len(g), L), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(g), L), dtype=torch.long)
+        for r, c in enumerate(g):  # right padding: causal attention never looks at the pads
+            ids[r, :len(c)] = torch.tensor(c)
+            mask[r, :len(c)] = 1
+        h = target.model(input_ids=ids.to(target.device), attention_mask=mask.to(target.device)).last_hidden_state.cpu()
+        secs = time.perf_counter() - t0
+        out = [{"ids": torch.tensor(c, dtype=torch.long), "hidden": h[r, :len(c)].to(torch.float16), "start": 0,
+                "seconds": secs / len(g)} for r, c in enumerate(g)]
+        if path is not None:
+            _save_atomic(out, path)
+        data += out
+        bar.set_postfix(tokens=sum(len(d["ids"]) for d in data))
+    return data
+
+
+def build_d2t(data: list[dict], K: int, vocab_size: int, extra: list[int] = ()) -> tuple[torch.Tensor, dict]:
+    """The draft vocabulary: the K most frequent token ids of ``data`` (ties by id), plus ``extra``
+    ids (EOS) — sorted int64 (≤ K,). Also returns the coverage (share of training tokens inside the
+    top-k set) for several k."""
+    cnt: Counter = Counter()
+    for d in data:
+        cnt.update(d["ids"][d.get("start", 0):].tolist())
+    ranked = [t for t, _ in sorted(cnt.items(), key=lambda kv: (-kv[1], kv[0])) if t < vocab_size]
+    total = sum(cnt.values())
+    ext = [int(e) for e in extra if int(e) < vocab_size]
+    top = ranked[: max(0, K - len(ext))]
+    d2t = torch.tensor(sorted(set(top) | set(ext)), dtype=torch.long)
+    cov = {}
+    for k in (1024, 2048, 4096, 8192, 16384, 32768):
+        if k <= vocab_size:
+            cov[str(k)] = sum(cnt[t] for t in ranked[:k]) / max(1, total)
+    cov["distinct_tokens"] = len(ranked)
+    return d2t, cov
+
+
+# ----------------------------------------------------------------------------- training
+def ttt_mask(m: int, k: int, lengths: torch.Tensor) -> torch.Tensor:
+    """Attention of draft step k (1-based) in a training-time-test unroll, bool (B, 1, m, k·m).
+
+    Keys are laid out step by step ([step 1 keys (m) | step 2 keys (m) | ...]); a step-k query at
+    position t sees the step-1 (true feature) keys at positions ≤ t − k + 1 and the step-s key at
+    position t − (k − s) for s = 2 .. k — what the drafter's cache holds at draft step k. Keys at
+    positions ≥ the sequence's length (padding) are masked.
+    """
+    t = torch.arange(m)
+    j = torch.arange(m)
+    blocks = [(j[None, :] <= t[:, None] - k + 1)]
+    for s in range(2, k + 1):
+        blocks.append(j[None, :] == t[:, None] - (k - s))
+    base = torch.cat(blocks, dim=1)  # (m, k·m)
+    valid = (j[None, :] < lengths[:, None]).repeat(1, k)  # (B, k·m)
+    mask = base[None] & valid[:, None, :]
+    mask[:, :, -m:] |= torch.eye(m, dtype=torch.bool)[None]  # a query always sees itself (no empty rows)
+    return mask[:, None]
+
+
+def make_batch(examples: list[dict], max_len: int = 0) -> dict:
+    """Right-padded batch of m = max(n_h) − 1 head positions.
+
+    Returns: ``feat`` float32 (B, m, H) = hidden[t], ``tok`` int64 (B, m) = ids[t + 1],
+    ``teach`` float32 (B, m, H) = hidden[t + 1], ``lengths`` int64 (B,), ``loss_mask`` bool (B, m)
+    (start ≤ t ≤ n_h − 2).
+    """
+    ms = [min(d["hidden"].shape[0], len(d["ids"]), max_len or 10**9) - 1 for d in examples]
+    m = max(ms)
+    B, H = len(examples), examples[0]["hidden"].shape[1]
+    feat = torch.zeros(B, m, H)
+    teach = torch.zeros(B, m, H)
+    tok = torch.zeros(B, m, dtype=torch.long)
+    lm = torch.zeros(B, m, dtype=torch.bool)
+    for b, (d, n) in enumerate(zip(examples, ms)):
+        h = d["hidden"][: n + 1].float()
+        feat[b, :n] = h[:n]
+        teach[b, :n] = h[1:n + 1]
+        tok[b, :n] = d["ids"][1:n + 1]
+        lm[b, d["start"]:n] = True
+    return {"feat": feat, "tok": tok, "teach": teach, "lengths": torch.tensor(ms), "loss_mask": lm}
+
+
+def head_losses(head: DraftHead, batch: dict, ttt_steps: int, ttt_decay: float, reg_weight: float,
+                noise_std: float = 0.0, generator: torch.Generator | None = None) -> dict:
+    """Training-time-test unroll of ``ttt_steps`` draft steps over a batch (see :func:`ttt_mask`).
+
+    Step k's input feature at position t is the step-(k−1) output at t − 1 (step 1: the true
+    feature plus Gaussian noise of std ``noise_std``); all steps at t share the token x_{t+1} and the
+    teacher f_{t+1}. Loss of a step = KL(p ‖ q) + ``reg_weight`` · smooth-L1(g, f_{t+1}) averaged over its
+    valid positions (t ≥ k − 1 and in the loss mask); total = Σ_k ``ttt_decay``^(k−1) · loss_k / Σ weights.
+
+    Returns:
+        dict of scalar tensors: ``loss``, and per step k ``kl{k}``, ``reg{k}``, ``top1_{k}`` (the head's top-1 equals
+        the target's top-1 within the draft vocabulary), ``n{k}`` (positions).
+    """
+    feat, tok, teach, lengths, lmask = batch["feat"], batch["tok"], batch["teach"], batch["lengths"], batch["loss_mask"]
+    B, m, _ = feat.shape
+    pos = torch.arange(m)[None].expand(B, m)
+    with torch.no_grad():
+        p_logits = head.logits(teach)
+        logp = torch.log_softmax(p_logits, dim=-1)
+        p = logp.exp()
+        p_top = p_logits.argmax(-1)
+    x = feat
+    if noise_std > 0:
+        x = x + noise_std * torch.randn(x.shape, generator=generator)
+    cache = DynamicCache()
+    out: dict = {}
+    total, wsum = 0.0, 0.0
+    for k in range(1, ttt_steps + 1):
+        if k > 1:
+            x = torch.cat([torch.zeros_like(g[:, :1]), g[:, :-1]], dim=1)  # feature at t = prediction at t − 1
+        g = head(x, tok, pos, attention_mask=ttt_mask(m, k, lengths), cache=cache)
+        sel = lmask & (pos >= k - 1)
+        n = int(sel.sum())
+        if n == 0:
+            continue
+        lq = torch.log_softmax(head.logits(g[sel]), dim=-1)
+        kl = (p[sel] * (logp[sel] - lq)).sum(-1).mean()
+        reg = F.smooth_l1_loss(g[sel], teach[sel])
+        w = ttt_decay ** (k - 1)
+        total = total + w * (kl + reg_weight * reg)
+        wsum += w
+        out[f"kl{k}"], out[f"reg{k}"] = kl.detach(), reg.detach()
+        out[f"top1_{k}"] = (lq.argmax(-1) == p_top[sel]).float().mean().detach()
+        out[f"n{k}"] = torch.tensor(float(n))
+    out["loss"] = total / max(wsum, 1e-9)
+    return out
+
+
+def _batches(data: list[dict], batch_tokens: int, seed: int, epoch: int) -> list[list[int]]:
+    """Index batches of about ``batch_tokens`` positions, examples of similar length together, shuffled."""
+    rng = random.Random(seed * 7919 + epoch)
+    idx = list(range(len(data)))
+    rng.shuffle(idx)
+    idx.sort(key=lambda i: len(data[i]["ids"]) // 16)  # stable: shuffled within length buckets
+    out, cur, cur_max = [], [], 0
+    for i in idx:
+        n = len(data[i]["ids"])
+        if cur and max(cur_max, n) * (len(cur) + 1) > batch_tokens:
+            out.append(cur)
+            cur, cur_max = [], 0
+        cur.append(i)
+        cur_max = max(cur_max, n)
+    if cur:
+        out.append(cur)
+    rng.shuffle(out)
+    return out
+
+
+def _lr_at(step: int, progress: float, cfg: HeadConfig) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    t = min(1.0, max(0.0, progress))
+    return cfg.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+@torch.no_grad()
+def evaluate_heldout(head: DraftHead, data: list[dict], ttt_steps: int, batch_tokens: int = 4096) -> dict:
+    """Top-1 agreement with the target's argmax within the draft vocabulary, per draft step, on ``data``."""
+    head.eval()
+    agree = [0.0] * ttt_steps
+    n = [0] * ttt_steps
+    for idx in _batches(data, batch_tokens, 0, 0):
+        m = head_losses(head, make_batch([data[i] for i in idx]), ttt_steps, 1.0, 0.0)
+        for k in range(1, ttt_steps + 1):
+            if f"n{k}" in m:
+                agree[k - 1] += float(m[f"top1_{k}"]) * float(m[f"n{k}"])
+                n[k - 1] += int(m[f"n{k}"])
+    head.train()
+    return {f"top1_{k + 1}": agree[k] / max(1, n[k]) for k in range(ttt_steps)} | {"positions": n[0]}
+
+
+def train_head(head: DraftHead, train: list[dict], heldout: list[dict], cfg: HeadConfig, work_dir: Path,
+               train_key: str, restart: bool = False, wandb_run=None) -> dict:
+    """Train ``head`` in place (see the module docstring, phase 3); keep the best held-out state.
+
+    Checkpoints (head, optimizer, step, best state, seconds) go to ``work_dir/checkpoint.pt`` every
+    ``cfg.ckpt_every`` steps; a call with the same ``train_key`` resumes unless ``restart``.
+    Progress = max(step / steps, seconds / cap) drives the cosine schedule and ends training at 1.
+
+    Returns:
+        dict: ``start_step``, ``step``, ``train_seconds`` (this call), ``total_train_seconds``,
+        ``best`` (held-out metrics of the kept state, with its ``step``), ``history`` (held-out
+        scores), ``last`` (last training metrics), ``stopped_by_time``.
+
+    Raises:
+        HeadTrainError: no training data.
+    """
+    if not train:
+        raise HeadTrainError("No training data: the target produced no answers and no documentation was found.")
+    ckpt = work_dir / CKPT_NAME
+    params = [p for n, p in head.named_parameters()]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    step, prior_s, best, history = 0, 0.0, None, []
+    best_state = None
+    if ckpt.exists() and not restart:
+        ck = torch.load(ckpt, weights_only=False)
+        if ck.get("train_key") == train_key:
+            head.load_state_dict(ck["head"], strict=False)
+            opt.load_state_dict(ck["optimizer"])
+            step, prior_s = ck["step"], ck["train_seconds"]
+            best, best_state, history = ck["best"], ck["best_state"], ck["history"]
+            log.info("resuming from %s at step %d", ckpt, step)
+        else:
+            log.warning("ignoring checkpoint %s: made with other settings", ckpt)
+    start_step = step
+    rms = float(torch.cat([d["hidden"][:64].float() for d in train[:200]]).pow(2).mean().sqrt())
+    noise_std = cfg.feat_noise * rms
+    gen = torch.Generator().manual_seed(cfg.seed + step)
+    t0 = time.perf_counter()
+
+    def save():
+        _save_atomic({"head": head.head_state_dict(), "optimizer": opt.state_dict(), "step": step,
+                      "train_seconds": prior_s + time.perf_counter() - t0, "best": best, "best_state": best_state,
+                      "history": history, "train_key": train_key, "config": asdict(cfg)}, ckpt)
+
+    def score():
+        nonlocal best, best_state
+        if not heldout:
+            best_state = {k: v.clone() for k, v in head.head_state_dict().items()}
+            best = {"step": step}
+            return
+        ev = evaluate_heldout(head, heldout, cfg.ttt_steps) | {"step": step}
+        history.append(ev)
+        key = sum(ev[f"top1_{k}"] for k in range(1, cfg.ttt_steps + 1))
+        if best is None or key > best["_key"]:
+            best = ev | {"_key": key}
+            best_state = {k: v.clone() for k, v in head.head_state_dict().items()}
+        if wandb_run is not None:
+            wandb_run.log({f"heldout/{k}": v for k, v in ev.items()}, step=step)
+        log.info("held-out at step %d: %s", step, {k: round(v, 4) for k, v in ev.items() if k.startswith("top1")})
+
+    head.train()
+    cap = 60 * cfg.max_train_minutes
+    last: dict = {}
+    stopped = False
+    epoch_batches: dict[int, list] = {}
+    n_per_epoch = len(_batches(train, cfg.batch_tokens, cfg.seed, 0))
+    bar = tqdm(total=cfg.steps, initial=step, desc="train head", unit="step")
+    while step < cfg.steps:
+        progress = max(step / cfg.steps, (prior_s + time.perf_counter() - t0) / cap if cap else 0.0)
+        if progress >= 1.0:
+            stopped = step < cfg.steps
+            break
+        epoch, k = divmod(step, n_per_epoch)
+        if epoch not in epoch_batches:
+            epoch_batches = {epoch: _batches(train, cfg.batch_tokens, cfg.seed, epoch)}
+        batch = make_batch([train[i] for i in epoch_batches[epoch][k]])
+        for gr in opt.param_groups:
+            gr["lr"] = _lr_at(step, progress, cfg)
+        ts = time.perf_counter()
+        m = head_losses(head, batch, cfg.ttt_steps, cfg.ttt_decay, cfg.reg_weight, noise_std, gen)
+        opt.zero_grad(set_to_none=True)
+        m["loss"].backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        last = {k2: float(v.detach()) for k2, v in m.items()} | {
+            "lr": opt.param_groups[0]["lr"], "epoch": epoch,
+            "positions_per_s": float(batch["loss_mask"].sum()) / (time.perf_counter() - ts)}
+        if wandb_run is not None:
+            wandb_run.log({f"train/{k2}": v for k2, v in last.items()}, step=step)
+        bar.update(1)
+        bar.set_postfix(loss=f"{last['loss']:.3f}", top1=f"{last.get('top1_1', 0):.3f}", ep=epoch)
+        if step % cfg.eval_every == 0:
+            score()
+        if step % cfg.ckpt_every == 0:
+            save()
+    bar.close()
+    if not history or history[-1]["step"] != step:
+        score()
+    save()
+    if best_state is not None:
+        head.load_state_dict(best_state, strict=False)
+    head.eval()
+    return {"start_step": start_step, "step": step, "train_seconds": time.perf_counter() - t0,
+            "total_train_seconds": prior_s + time.perf_counter() - t0,
+            "best": {k: v for k, v in (best or {}).items() if k != "_key"}, "history": history, "last": last,
+            "stopped_by_time": stopped}
+
+
+# ----------------------------------------------------------------------------- measurement
+@torch.no_grad()
+def measure_alpha(head: DraftHead, examples: list[dict], steps: int = 3) -> dict:
+    """α at temperature 0 along the target's own greedy continuations ``examples`` (from
+    :func:`generate_answers`, float features): per draft step k, the share of answer positions where
+    the head's top-1 (over the full vocabulary: ids outside the draft vocabulary are never
+    proposed) equals the target's greedy token. Step 1 reads true features; step k > 1 the head's
+    own step-(k−1) features (true tokens: the acceptance of step k given that the earlier steps
+    were accepted), with the drafter's attention pattern (:func:`ttt_mask`).
+
+    Returns:
+        dict: ``alpha_step{k}``, ``alpha_greedy`` (= step 1), ``alpha_per_prompt`` (step 1), ``positions``.
+    """
+    head.eval()
+    agree = [0] * steps
+    n = [0] * steps
+    per_prompt = []
+    for d in examples:
+        b = make_batch([d])
+        m = b["feat"].shape[1]
+        pos = torch.arange(m)[None]
+        cache = DynamicCache()
+        x = b["feat"]
+        target_next = torch.full((m,), -1, dtype=torch.long)  # position t predicts token t + 2
+        nxt = d["ids"][2:m + 2]
+        target_next[: nxt.numel()] = nxt
+        a_p, n_p = 0, 0
+        for k in range(1, steps + 1):
+            if k > 1:
+                x = torch.cat([torch.zeros_like(g[:, :1]), g[:, :-1]], dim=1)
+            g = head(x, b["tok"], pos, attention_mask=ttt_mask(m, k, b["lengths"]), cache=cache)
+            pred = head.d2t[head.logits(g[0]).argmax(-1)]
+            sel = b["loss_mask"][0] & (torch.arange(m) >= k - 1) & (target_next >= 0)
+            hit = int((pred[sel] == target_next[sel]).sum())
+            agree[k - 1] += hit
+            n[k - 1] += int(sel.sum())
+            if k == 1:
+                a_p, n_p = hit, int(sel.sum())
+        per_prompt.append(a_p / max(1, n_p))
+    res = {f"alpha_step{k + 1}": agree[k] / max(1, n[k]) for k in range(steps)}
+    res |= {"alpha_greedy": res["alpha_step1"], "alpha_per_prompt": per_prompt, "positions": n[0]}
+    return res
+
+
+@torch.inference_mode()
+def measure_cost(head: DraftHead, target: PreTrainedModel, tokenizer, examples: list[dict], vocab_size: int,
+                 repeats: int = 30, contexts: int = 4) -> dict:
+    """Cost of one draft step of the head (HeadDrafter.propose at a predicted position: one decoder
+    position with KV cache, LM-head rows, scatter to V, greedy processing, draw) against one
+    target forward of one token with KV cache, on ``contexts`` of the held-out sequences,
+    interleaved, median after a warm-up.
+
+    Returns:
+        dict: ``head_ms``, ``target_ms``, ``cost_ratio``, ``head_forward_ms`` (decoder + LM-head rows only),
+        ``timing_context_lens``, ``timing_samples``, ``threads``.
+    """
+    from learn2draft.drafters.head import HeadDrafter
+    from learn2draft.sampling import SamplingConfig
+
+    drafter = HeadDrafter(head, vocab_size)
+    greedy = SamplingConfig()
+    seqs = sorted(examples, key=lambda d: len(d["ids"]))
+    seqs = seqs[:: max(1, len(seqs) // contexts)][:contexts]
+    samples = {"head": [], "target": [], "fwd": []}
+    lens = []
+    for d in seqs:
+        ids = d["ids"].to(target.device)
+        lens.append(int(ids.numel()))
+        c = DynamicCache()
+        out = target(input_ids=ids[None, :-1], cache=c, use_cache=True, output_hidden_states=True)
+        drafter.start(ids)
+        drafter.observe_target(out.hidden_states[-1][0], 0)
+        drafter.predict(ids)  # fills the head cache with true positions; the next call is a draft step
+        n = ids.numel()
+        seq2 = torch.cat([ids, ids[-1:]])
+        for r in range(repeats + 3):
+            t0 = time.perf_counter()
+            drafter.propose(seq2, greedy, None)
+            t1 = time.perf_counter()
+            drafter.rollback(n - 1)
+            drafter.predict(ids)
+            t2 = time.perf_counter()
+            target(input_ids=ids[None, -1:], cache=c, use_cache=True)
+            t3 = time.perf_counter()
+            c.crop(-1)
+            g = drafter.last_g[None, None]
+            t4 = time.perf_counter()
+            head.logits(head(g, ids[None, -1:], torch.tensor([[n]]), cache=drafter.cache))
+            t5 = time.perf_counter()
+            drafter.cache.crop(-1)
+            if r >= 3:
+                samples["head"].append(t1 - t0)
+                samples["target"].append(t3 - t2)
+                samples["fwd"].append(t5 - t4)
+    h = 1000 * statistics.median(samples["head"])
+    t = 1000 * statistics.median(samples["target"])
+    return {"head_ms": h, "target_ms": t, "cost_ratio": h / t, "head_forward_ms": 1000 * statistics.median(samples["fwd"]),
+            "timing_context_lens": lens, "timing_samples": len(samples["head"]), "threads": torch.get_num_threads()}
+
+
+# ----------------------------------------------------------------------------- driver
+def check_out_dir(out: Path, target: str) -> None:
+    """Refuse an ``--out`` whose contents this tool did not write (it is replaced at the end), before slow work.
+
+    Raises:
+        HeadTrainError: ``out`` is a file, not writable, holds other files, or is the shipped head
+            while ``target`` is not the embedded target.
+    """
+    if out.exists() and not out.is_dir():
+        raise HeadTrainError(f"--out {out} exists and is not a directory: pass a directory path.")
+    parent = out.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not os.access(parent, os.W_OK):
+        raise HeadTrainError(f"Cannot write under {parent}: pass an --out directory you can write to.")
+    if out.is_dir() and any(out.iterdir()) and not (out / "build_report.json").is_file():
+        raise HeadTrainError(f"--out {out} holds files this tool did not write (no build_report.json): choose a new "
+                             "or empty directory.")
+    if out == DEFAULT_HEAD_DIR.resolve() and target != DEFAULT_TARGET:
+        raise HeadTrainError(f"--out defaults to the shipped head of {DEFAULT_TARGET}; for target {target!r} pass "
+                             "--out NEW_DIR.")
+
+
+def split_heldout(examples: list[dict], fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
+    """Split generated answers by prompt: a ``fraction`` share (at least one when > 0) is held out."""
+    if fraction <= 0 or len(examples) < 2:
+        return examples, []
+    rng = random.Random(seed + 1)
+    idx = list(range(len(examples)))
+    rng.shuffle(idx)
+    k = max(1, round(fraction * len(examples)))
+    held = set(idx[:k])
+    return [e for i, e in enumerate(examples) if i not in held], [e for i, e in enumerate(examples) if i in held]
+
+
+def build_head(cfg: HeadConfig, target: PreTrainedModel | None = None, tokenizer: PreTrainedTokenizerBase | None = None,
+               prompts: list[str] | None = None, eval_prompts: list[str] | None = None,
+               docs: list[str] | None = None, restart: bool = False, command: str | None = None,
+               data_only: bool = False) -> dict:
+    """Run the whole recipe and write the head to ``cfg.out``; return the build report.
+
+    Args:
+        cfg: settings (checked first).
+        target, tokenizer: already loaded (tests); loaded from ``cfg.target`` when None.
+        prompts: distillation prompts (default ``cfg.prompts_file``; checked disjoint from prompts.json).
+        eval_prompts: prompts for the α measurement (default: the held-out policy prompts).
+        docs: documentation texts (default: :func:`collect_docs_text` over site-packages).
+        restart: ignore an existing training checkpoint (cached data is kept).
+        command: the command line recorded in the report.
+        data_only: stop after phase 1 (fill the data cache) and return the data summary.
+
+    Raises:
+        HeadTrainError: bad settings or paths. ModelLoadError: the target cannot be loaded.
+    """
+    t_start = time.perf_counter()
+    cfg.check()
+    out = Path(cfg.out).expanduser().resolve()
+    check_out_dir(out, cfg.target)
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    if prompts is None:
+        prompts = load_distill_prompts(cfg.prompts_file)
+    else:
+        check_disjoint(prompts)
+    if cfg.num_prompts:
+        prompts = prompts[: cfg.num_prompts]
+    if eval_prompts is None:
+        eval_prompts = load_prompts("heldout")
+    if cfg.eval_prompts:
+        eval_prompts = eval_prompts[: cfg.eval_prompts]
+    if tokenizer is None:
+        tokenizer = load_tokenizer(cfg.target)
+    if target is None:
+        log.info("loading target %s", cfg.target)
+        target = load_model(cfg.target)
+    target.eval()
+    V = len(tokenizer)
+    work = Path(cfg.work_dir).expanduser() if cfg.work_dir else DEFAULT_WORK_DIR / _slug(cfg.target)
+    work.mkdir(parents=True, exist_ok=True)
+
+    # ---- phase 1: data
+    t0 = time.perf_counter()
+    gkey = cfg.gen_key(prompts)
+    (work / "gen" / gkey).mkdir(parents=True, exist_ok=True)
+    answers = generate_answers(target, tokenizer, prompts, cfg.max_new_tokens, cfg.gen_batch_size, work / "gen" / gkey)
+    gen_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    dkey = cfg.docs_key()
+    doc_data: list[dict] = []
+    if cfg.docs_tokens > 0:
+        (work / "docs" / dkey).mkdir(parents=True, exist_ok=True)
+        if docs is None:
+            docs = collect_docs_text(max_chars=cfg.docs_tokens * 6, seed=cfg.seed)
+        doc_data = forward_docs(target, tokenizer, docs, cfg.docs_tokens, cfg.docs_chunk, cfg.docs_batch,
+                                work / "docs" / dkey)
+    docs_s = time.perf_counter() - t0
+    train_ans, held_ans = split_heldout(answers, cfg.heldout_fraction, cfg.seed)
+    train = train_ans + doc_data
+    n_ans = sum(len(d["ids"]) - d["prompt_len"] for d in answers)
+    n_docs = sum(len(d["ids"]) for d in doc_data)
+    data_info = {"prompts": len(prompts), "answers": len(answers), "answer_tokens": n_ans,
+                 "heldout_answers": len(held_ans), "docs_chunks": len(doc_data), "docs_tokens": n_docs,
+                 "train_positions": sum(max(0, d["hidden"].shape[0] - 1 - d["start"]) for d in train),
+                 "generation_seconds_recorded": sum(d.get("seconds", 0.0) for d in answers),
+                 "docs_seconds_recorded": sum(d.get("seconds", 0.0) for d in doc_data)}
+    log.info("data: %s", data_info)
+    if data_only:
+        return {"data": data_info, "seconds": {"generate": gen_s, "docs_forward": docs_s}}
+
+    # ---- phase 2: draft vocabulary and head
+    eos = sorted(_eos_ids(target, tokenizer))
+    d2t, coverage = build_d2t(train, cfg.draft_vocab, V, extra=eos)
+    lcfg = head_llama_config(target.config, cfg.intermediate or None)
+    torch.manual_seed(cfg.seed)
+    head = DraftHead(lcfg, d2t).attach_target(target, init_norm=True)
+    n_params = sum(p.numel() for p in head.parameters())
+
+    run = None
+    tkey = cfg.train_key(gkey + dkey)
+    if cfg.wandb_mode != "disabled":
+        import wandb
+
+        id_file = work / f"wandb_id_{tkey}.txt"
+        run_id = id_file.read_text().strip() if id_file.exists() and not restart else uuid.uuid4().hex[:8]
+        id_file.write_text(run_id)
+        run = wandb.init(project=cfg.wandb_project, mode=cfg.wandb_mode, dir=str(work), id=run_id, resume="allow",
+                         config=asdict(cfg), name=f"head-{_slug(cfg.target)}")
+        run.log({f"data/{k}": v for k, v in data_info.items()})
+
+    # ---- phase 3: training
+    tr = train_head(head, train, held_ans, cfg, work, tkey, restart=restart, wandb_run=run)
+
+    # ---- phase 4: measurement on the held-out policy prompts
+    t0 = time.perf_counter()
+    ev = generate_answers(target, tokenizer, eval_prompts, cfg.eval_max_new_tokens, len(eval_prompts), None,
+                          desc="held-out answers")
+    for d in ev:
+        d["hidden"] = d["hidden"].float()
+        d["start"] = d["prompt_len"] - 1  # from the answer's second token (the first comes from the prefill)
+    alpha = measure_alpha(head, ev, steps=max(3, cfg.ttt_steps))
+    cost = measure_cost(head, target, tokenizer, ev, V, repeats=cfg.timing_repeats)
+    eval_s = time.perf_counter() - t0
+
+    # ---- phase 5: output
+    tmp = out.with_name(out.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    save_dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[cfg.save_dtype]
+    head.save(tmp, extra={"target": cfg.target, "target_hidden_size": target.config.hidden_size,
+                          "target_vocab_size": V}, dtype=save_dtype)
+    report = {
+        "target": cfg.target,
+        "command": command or "",
+        "config": asdict(cfg),
+        "head_parameters": n_params,
+        "head_architecture": {"hidden_size": lcfg.hidden_size, "intermediate_size": lcfg.intermediate_size,
+                              "num_attention_heads": lcfg.num_attention_heads,
+                              "num_key_value_heads": lcfg.num_key_value_heads, "draft_vocab_size": int(d2t.numel()),
+                              "layers": 1},
+        "draft_vocab_coverage": coverage,
+        "data": data_info,
+        "training": {k: tr[k] for k in ("start_step", "step", "train_seconds", "total_train_seconds",
+                                          "stopped_by_time", "best", "history", "last")},
+        "measure": alpha | cost,
+        "measure_prompts": "learn2draft.prompts.load_prompts('heldout')" if cfg.eval_prompts == 0 else
+                           f"first {cfg.eval_prompts} held-out prompts",
+        "seconds": {"generate": gen_s, "docs_forward": docs_s, "train": tr["train_seconds"], "measure": eval_s},
+        "torch_threads": torch.get_num_threads(),
+        "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__},
+    }
+    report["seconds"]["total"] = time.perf_counter() - t_start
+    report["size_bytes"] = dir_size_bytes(tmp) + 8192
+    (tmp / "build_report.json").write_text(json.dumps(report, indent=2))
+    report["size_bytes"] = dir_size_bytes(tmp)
+    (tmp / "build_report.json").write_text(json.dumps(report, indent=2))
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    if run is not None:
+        run.summary.update({f"measure/{k}": v for k, v in report["measure"].items() if isinstance(v, (int, float))})
+        run.finish()
+    return report
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[HeadConfig, argparse.Namespace]:
+    """Parse the command line into a :class:`HeadConfig` (defaults = the shipped head's recipe)."""
+    d = HeadConfig()
+    ap = argparse.ArgumentParser(
+        prog="python -m train.head",
+        description="Train an EAGLE-style draft head (one decoder layer over the target's hidden states, frequent-token "
+                    "draft vocabulary) by self-distillation, measure its acceptance rate and cost, save it.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    ap.add_argument("--target", default=d.target, help="target: alias, hub id, local directory or .gguf file")
+    ap.add_argument("--out", default=d.out, help="output directory (config.json, head.safetensors, build_report.json)")
+    ap.add_argument("--work-dir", default="", help="data cache / checkpoint directory (default runs/head/<target>)")
+    ap.add_argument("--prompts-file", default=d.prompts_file, help="JSON list of distillation prompts")
+    ap.add_argument("--restart", action="store_true", help="ignore an existing training checkpoint (data cache is kept)")
+    ap.add_argument("--wandb-mode", default=d.wandb_mode, choices=["offline", "online", "disabled"],
+                    help="W&B mode (default: $WANDB_MODE, else offline)")
+    ap.add_argument("--data-only", action="store_true", help="only generate / cache the training data, then stop")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    for name in ("seed", "threads", "num_prompts", "max_new_tokens", "gen_batch_size", "heldout_fraction", "docs_tokens",
+                 "docs_chunk", "docs_batch", "draft_vocab", "intermediate", "steps", "batch_tokens", "lr", "warmup",
+                 "weight_decay", "ttt_steps", "ttt_decay", "reg_weight", "feat_noise", "eval_every", "ckpt_every",
+                 "max_train_minutes", "eval_prompts", "eval_max_new_tokens", "timing_repeats", "save_dtype",
+                 "wandb_project"):
+        v = getattr(d, name)
+        ap.add_argument("--" + name.replace("_", "-"), type=type(v), default=v)
+    a = ap.parse_args(argv)
+    cfg = HeadConfig(**{k: getattr(a, k) for k in HeadConfig.__dataclass_fields__})
+    return cfg, a
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point; returns the exit status (2 on bad input, with a one-line message)."""
+    cfg, a = parse_args(argv)
+    logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    logging.getLogger(__name__).setLevel(logging.INFO)
+    cmd = "python -m train.head" + ("" if argv is None and len(sys.argv) <= 1 else " " + shlex.join(
+        sys.argv[1:] if argv is None else argv))
+    try:
+        cfg.check()
+        torch.set_num_threads(cfg.threads)
+        rep = build_head(cfg, restart=a.restart, command=cmd, data_only=a.data_only)
+        if a.data_only:
+            print(json.dumps(rep))
+            return 0
+    except (HeadTrainError, ModelLoadError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"error: {e.__class__.__name__}: {e}", file=sys.stderr)
+        return 2
+    m = rep["measure"]
+    print(json.dumps({"out": cfg.out, "alpha_step1": round(m["alpha_step1"], 4),
+                      "alpha_step2": round(m["alpha_step2"], 4), "alpha_step3": round(m["alpha_step3"], 4),
+                      "cost_ratio": round(m["cost_ratio"], 4), "size_mb": round(rep["size_bytes"] / 1e6, 2),
+                      "seconds": round(rep["seconds"]["total"], 1)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
