@@ -5,11 +5,13 @@ known *before* the decision) and chooses
 
 * ``0`` = STOP: verify the tokens drafted so far with one target forward (at depth 0 this is a
   plain autoregressive target step), or
-* ``1`` = CONTINUE: draft one more token with the draft model.
+* ``1`` = CONTINUE: draft one more token with the drafter.
 
-When a CONTINUE reaches the cycle's depth limit (:attr:`SpeculativeDecoder.depth_limit`: ``max_depth``
-capped by the tokens left), verification happens in that same step. When the limit is already 0
-at a decision (one token left, or ``max_depth=0``), either action verifies.
+Each step goes through :meth:`SpeculativeDecoder.step`, the step function ``run_cycle`` uses. When
+a CONTINUE reaches the cycle's depth limit (:attr:`SpeculativeDecoder.depth_limit`: ``max_depth``
+capped by the tokens left) or the drafter has no further proposal (a prompt lookup without a
+match), verification happens in that same step. When no token can be drafted at a decision (one
+token left, ``max_depth=0``, no match), either action verifies.
 
 Reward: the cycle's emitted tokens over its wall-clock seconds (:attr:`CycleResult.tokens_per_second`),
 divided by ``reward_scale``, paid at the step that verifies; 0 at drafting steps. The seconds are
@@ -45,7 +47,8 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from learn2draft.decoding import CycleResult, SpeculativeDecoder
+from learn2draft.decoding import SpeculativeDecoder
+from learn2draft.drafters import Drafter
 from learn2draft.features import FEATURE_NAMES
 from learn2draft.models import DEFAULT_DRAFT, DEFAULT_TARGET, ModelPair, load_pair, parse_dtype
 from learn2draft.sampling import SamplingConfig
@@ -73,6 +76,8 @@ class SpecDecodeEnv(gym.Env):
             decoding"; a fixed scale keeps exported policies free of normalisation state.
         episode: ``"generation"`` or ``"cycle"`` (see the module docstring).
         chat: apply the tokenizer's chat template to string prompts.
+        drafter: a :class:`learn2draft.drafters.Drafter` or a name for
+            :func:`learn2draft.drafters.make_drafter` (``"model"``, ``"head"``, ``"lookup"``).
         target, draft, device, dtype: used only when ``pair`` is None (``dtype``: a torch dtype or
             ``"float32" | "bfloat16" | "float16"``).
 
@@ -107,6 +112,7 @@ class SpecDecodeEnv(gym.Env):
         draft: str = DEFAULT_DRAFT,
         device: str = "cpu",
         dtype: str | torch.dtype = "float32",
+        drafter: Drafter | str = "model",
     ):
         super().__init__()
         if not (isinstance(reward_scale, numbers.Real) and np.isfinite(reward_scale) and reward_scale > 0):
@@ -123,8 +129,17 @@ class SpecDecodeEnv(gym.Env):
             raise ValueError("prompts is empty: pass at least one prompt.")
         self.pair = pair
         self.sampling = sampling or SamplingConfig()
+        if isinstance(max_new_tokens, int) and max_new_tokens < 2:
+            raise ValueError(f"max_new_tokens must be ≥ 2 (the prefill emits the first token), got {max_new_tokens}.")
+        if isinstance(drafter, str):
+            from learn2draft.drafters import make_drafter
+
+            drafter = make_drafter(drafter, pair)
+        self.drafter = drafter
         # SpeculativeDecoder validates max_new_tokens and max_depth.
-        self.decoder = SpeculativeDecoder(pair, self.sampling, max_new_tokens=max_new_tokens, max_depth=max_depth)
+        self.decoder = SpeculativeDecoder(
+            pair, self.sampling, max_new_tokens=max_new_tokens, max_depth=max_depth, drafter=drafter
+        )
         self.max_new_tokens = max_new_tokens
         self.max_depth = max_depth
         self.reward_scale = float(reward_scale)
@@ -182,8 +197,16 @@ class SpecDecodeEnv(gym.Env):
                 idx = int(self.np_random.integers(len(self.prompt_ids)))
             elif not 0 <= int(idx) < len(self.prompt_ids):
                 raise ValueError(f"prompt_index must be in [0, {len(self.prompt_ids)}), got {idx}.")
-            self.prompt_index = int(idx)
-            d.start(self.prompt_ids[self.prompt_index], seed=int(self.np_random.integers(2**31 - 1)))
+            for _ in range(100):  # the prefill emits the first token; a generation ended by it has no decision
+                self.prompt_index = int(idx)
+                d.start(self.prompt_ids[self.prompt_index], seed=int(self.np_random.integers(2**31 - 1)))
+                if not d.finished:
+                    break
+                if "prompt_index" in options:
+                    raise ValueError(f"Prompt {idx} ends at its first token (EOS): no drafting decision to make.")
+                idx = int(self.np_random.integers(len(self.prompt_ids)))
+            else:
+                raise ValueError("Every drawn prompt ended at its first token (EOS): pass other prompts.")
             self._in_generation = True
         self._needs_reset = False
         info = {"prompt_index": self.prompt_index, "generated": d.generated, "new_generation": not continuing}
@@ -205,25 +228,18 @@ class SpecDecodeEnv(gym.Env):
             raise RuntimeError("The episode has ended (or never started): call reset() first.")
         d = self.decoder
         action = int(action)
-        forced = False
-        if action == CONTINUE and d.depth < d.depth_limit:
-            d.draft_step()
-            verify = d.depth >= d.depth_limit
-            forced = verify
-        else:
-            verify = True
-            forced = action == CONTINUE  # the limit was already reached (0 tokens may be drafted)
+        res = d.step(action == CONTINUE)  # the decoder's own step function, as run_cycle uses it
         info: dict[str, Any] = {
-            "depth": d.depth, "verified": verify, "prompt_index": self.prompt_index,
+            "depth": d.depth if res is None else res.depth, "verified": res is not None,
+            "prompt_index": self.prompt_index,
         }
-        if not verify:
+        if res is None:
             t0 = d.clock.now()
             obs = d.features()
             d.add_other_seconds(d.clock.now() - t0)  # as run_cycle charges features() to the cycle
             info["generated"] = d.generated
             return obs, 0.0, False, False, info
-
-        res: CycleResult = d.verify()
+        forced = action == CONTINUE  # a CONTINUE that verified: the depth limit or the drafter decided
         self._in_generation = not res.finished
         reward = res.tokens_per_second / self.reward_scale
         info.update(

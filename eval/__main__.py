@@ -43,13 +43,23 @@ def make_out_dir(out: Path) -> Path:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--policy", default="runs/default", help="directory written by `python -m train` (default: runs/default)")
+    p.add_argument("--policy", default=None,
+                   help="directory written by `python -m train` or a policy export (default: the policy shipped "
+                        "for --drafter, trained on the embedded default pair)")
+    p.add_argument("--drafter", default=None, choices=["model", "head", "lookup"],
+                   help="what drafts (default: the drafter the policy was trained with)")
+    p.add_argument("--prompts", default=None,
+                   help="held-out prompts from a file (.jsonl with a 'prompt' field per line, or a JSON list of "
+                        "strings) instead of the shipped held-out set; the γ grid still runs on the training prompts")
     p.add_argument("--target", default=None, help="target model (default: the one the policy was trained with)")
     p.add_argument("--draft", default=None, help="draft model (default: the one the policy was trained with)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, … (default: cuda if available, else cpu)")
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
     p.add_argument("--num-train-prompts", type=int, default=6, help="training prompts for the γ grid search")
     p.add_argument("--num-heldout-prompts", type=int, default=6, help="held-out prompts for the comparison")
+    p.add_argument("--prompt-set", default="open", choices=["open", "copy"],
+                   help="shipped prompt sets: open chat prompts (train/heldout) or copy-heavy ones "
+                        "(copy_train/copy_heldout: code edits, extraction, QA over a text, reformatting)")
     p.add_argument("--repeats", type=int, default=3, help="repeats of the held-out comparison (for the spread)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: the policy's training setting")
     p.add_argument("--gammas", default="1-12", help="fixed γ grid, e.g. 1-12 or 1,2,4,8")
@@ -88,13 +98,24 @@ def _run(args) -> int:
     from learn2draft.models import check_device, load_pair, parse_dtype
     from learn2draft.prompts import load_prompts
     from learn2draft.sampling import SamplingConfig
-    from policies.export import load_policy, resolve_export_dir
+    from learn2draft.prompts import load_prompt_file
+    from policies.export import default_policy_dir, load_policy, policy_drafter, resolve_export_dir
 
-    policy_dir = Path(args.policy)
-    if not policy_dir.is_dir():
-        raise FileNotFoundError(f"No policy directory at {policy_dir}: run `python -m train` first or pass --policy DIR.")
+    if args.policy is None:
+        policy_dir = default_policy_dir(args.drafter or "model")
+    else:
+        policy_dir = Path(args.policy)
+        if not policy_dir.is_dir():
+            raise FileNotFoundError(f"No policy directory at {policy_dir}: run `python -m train` first or pass --policy DIR.")
     export_dir = resolve_export_dir(policy_dir)
     policy = load_policy(export_dir)
+    trained_with = policy_drafter(export_dir)
+    drafter = args.drafter or trained_with
+    if drafter != trained_with:
+        raise ValueError(f"The policy in {export_dir} was trained with the {trained_with!r} drafter, not {drafter!r}: "
+                         f"its features mean other things. Pass --drafter {trained_with}, or a policy trained with "
+                         f"`python -m train --drafter {drafter}`.")
+    user_prompts = load_prompt_file(args.prompts) if args.prompts else None
     # The training run's settings (config.json of a run dir, else the export's policy_config.json).
     cfg_file = policy_dir / "config.json" if (policy_dir / "config.json").exists() else export_dir / "policy_config.json"
     cfg = json.loads(cfg_file.read_text())
@@ -118,7 +139,12 @@ def _run(args) -> int:
     check_device(device)
     target = args.target or cfg.get("target", "smollm2-135m-instruct")
     draft = args.draft or cfg.get("draft", "smollm2-135m-draft")
-    out = Path(args.out) if args.out else policy_dir / "eval"
+    if args.out:
+        out = Path(args.out)
+    elif args.policy is None:  # the shipped policy's directory is part of the installed package
+        out = Path("runs") / f"eval-{drafter}"
+    else:
+        out = policy_dir / "eval"
     make_out_dir(out)
     sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p)
 
@@ -126,11 +152,15 @@ def _run(args) -> int:
     print(f"Loading target={target} draft={draft} on {device} ({args.dtype}) …", flush=True)
     pair = load_pair(target, draft, device=device, dtype=dtype)
     machine = _machine(device)
-    results: dict = {"machine": machine, "target": target, "draft": draft, "policy_dir": str(policy_dir)}
+    results: dict = {"machine": machine, "target": target, "draft": draft, "drafter": drafter,
+                     "policy_dir": str(policy_dir)}
     if not args.skip_speed:
-        train_ids = encode_all(pair, load_prompts("train")[: args.num_train_prompts], max_new)
-        held_ids = encode_all(pair, load_prompts("heldout")[: args.num_heldout_prompts], max_new)
-        res = compare(pair, policy, train_ids, held_ids, sampling, max_new, gammas, args.repeats, args.seed)
+        prefix = "copy_" if args.prompt_set == "copy" else ""
+        train_ids = encode_all(pair, load_prompts(prefix + "train")[: args.num_train_prompts], max_new)
+        held_texts = user_prompts if user_prompts is not None else load_prompts(prefix + "heldout")
+        held_ids = encode_all(pair, held_texts[: args.num_heldout_prompts], max_new)
+        res = compare(pair, policy, train_ids, held_ids, sampling, max_new, gammas, args.repeats, args.seed,
+                      drafter=drafter)
         results["speed"] = res
         md = format_markdown(res)
         (out / "results.md").write_text(f"Machine: {machine}\n\n{md}\n")
@@ -145,7 +175,7 @@ def _run(args) -> int:
         g = results.get("speed", {}).get("gamma_train", 4)
         law = law_check(pair, {"learned policy": policy, f"fixed γ={g}": FixedDepthController(g)},
                         [args.law_prompt], sampling=law_sampling, num_tokens=args.law_tokens,
-                        num_samples=args.law_samples, seed=args.seed)
+                        num_samples=args.law_samples, seed=args.seed, drafter=drafter)
         results["law_check"] = law
         table = format_law_table(law)
         with open(out / "results.md", "w" if args.skip_speed else "a") as f:

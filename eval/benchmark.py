@@ -6,8 +6,16 @@ On the same held-out prompts and seeds, interleaved, at temperature 0 and 0.7 (`
 * ``hf assisted (default)``: ``generate(assistant_model=draft)`` with transformers' default schedule;
 * ``hf assisted (heuristic)``: the same with ``num_assistant_tokens_schedule="heuristic"``, its
   state reset before every call;
-* this project's autoregressive loop, its best fixed γ (grid-searched on the *training* prompts),
-  and the learned policy (``--policy DIR``, skipped with a notice if absent).
+* ``hf prompt lookup (10)``: ``generate(prompt_lookup_num_tokens=10)`` (model-free n-gram drafting,
+  always 10 candidates), what a user would pick instead of the lookup drafter;
+* this project's autoregressive loop and, with ``--drafter`` (model, head or lookup): its best
+  fixed γ (grid-searched on the *training* prompts), a heuristic rule (the draft's confidence ≥ 0.4,
+  as vLLM and Hugging Face use, for model and head; the match-length rule for lookup), and the
+  learned policy (``--policy DIR``, default the one shipped for the drafter).
+
+``benchmark.json`` holds, per temperature and method: tokens/s (mean and per repeat), the ratio
+to plain ``generate()`` per repeat, τ, α (accepted / drafted tokens), TTFT and inter-token latency;
+``benchmark.png`` plots the ratios.
 
 Also micro-benchmarks the exact sampler at V = 49,152, γ = 12 and the draft/target forward
 cost ratio. Ratios are measured side by side in one process (never asserted in tests).
@@ -75,21 +83,33 @@ def forward_cost_ratio(pair, context_len: int = 128, iters: int = 30) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eval.benchmark", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", default="smollm2-135m-instruct")
-    p.add_argument("--draft", default="smollm2-135m-draft")
+    p.add_argument("--target", default="smollm2-135m-instruct", help="target model (default: the embedded SmolLM2)")
+    p.add_argument("--draft", default="smollm2-135m-draft",
+                   help="draft model, for the model drafter and HF assisted generation (default: the shipped draft)")
+    p.add_argument("--drafter", default="model", choices=["model", "head", "lookup"],
+                   help="this project's drafter for the fixed-γ, heuristic and learned rows (default: model)")
     p.add_argument("--policy", default=None,
-                   help="trained run or export dir (default: runs/default if it exists, else the row is skipped)")
-    p.add_argument("--device", default=None)
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--temperatures", default="0,0.7", help="comma-separated")
-    p.add_argument("--num-prompts", type=int, default=6, help="held-out prompts")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--max-new-tokens", type=int, default=64)
+                   help="trained run or export dir (default: the policy shipped for --drafter)")
+    p.add_argument("--device", default=None, help="cpu, cuda, … (default: cuda if available, else cpu)")
+    p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 (default: float32)")
+    p.add_argument("--temperatures", default="0,0.7", help="comma-separated (default: 0,0.7)")
+    p.add_argument("--prompt-set", default="open", choices=["open", "copy"],
+                   help="shipped prompts: open chat (train/heldout) or copy-heavy (copy_train/copy_heldout); default open")
+    p.add_argument("--prompts", default=None,
+                   help="measure on these prompts instead (.jsonl with a 'prompt' field per line, or a JSON list of "
+                        "strings); the fixed γ is still chosen on the --prompt-set training prompts")
+    p.add_argument("--num-prompts", type=int, default=6, help="prompts measured (default: 6)")
+    p.add_argument("--repeats", type=int, default=3, help="repeats of every (method, prompt) (default: 3)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="default: 64")
     p.add_argument("--num-draft-tokens", type=int, default=None,
                    help="fixed γ (num_draft_tokens); default: the best of --gammas on the training prompts")
-    p.add_argument("--gammas", default="2,3,4,5,6,8", help="grid for the fixed γ when --gamma is not given")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="runs/benchmark")
+    p.add_argument("--gammas", default="1,2,3,4,6,8",
+                   help="grid for the fixed γ when --num-draft-tokens is not given (default: 1,2,3,4,6,8)")
+    p.add_argument("--prompt-lookup-num-tokens", type=int, default=10,
+                   help="candidates per step of HF prompt lookup decoding (default: 10, the documented example)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--seed", type=int, default=0, help="default: 0")
+    p.add_argument("--out", default="runs/benchmark", help="output directory (default: runs/benchmark)")
     return p
 
 
@@ -105,8 +125,10 @@ def _run(args) -> int:
     from eval.runner import DecoderMethod, HFGenerateMethod, encode_all, run_interleaved, summarize
     from learn2draft.decoding import FixedDepthController
     from learn2draft.models import check_device, load_pair, parse_dtype
-    from learn2draft.prompts import load_prompts
+    from learn2draft.prompts import load_prompt_file, load_prompts
     from learn2draft.sampling import SamplingConfig
+    from policies.controllers import ConfidenceThresholdController, MatchLengthController
+    from policies.export import default_policy_dir, load_policy, policy_drafter
 
     # Check every setting before the (slow) model loading.
     try:
@@ -118,67 +140,117 @@ def _run(args) -> int:
         raise ValueError("--num-prompts, --repeats and --max-new-tokens must be ≥ 1.")
     if args.num_draft_tokens is not None and args.num_draft_tokens < 1:
         raise ValueError(f"--num-draft-tokens must be ≥ 1, got {args.num_draft_tokens}.")
+    if args.prompt_lookup_num_tokens < 1:
+        raise ValueError(f"--prompt-lookup-num-tokens must be ≥ 1, got {args.prompt_lookup_num_tokens}.")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be ≥ 1, got {args.threads}.")
+        torch.set_num_threads(args.threads)
     gammas = parse_gammas(args.gammas)
     dtype = parse_dtype(args.dtype)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     check_device(device)
-    policy = None
-    policy_dir = Path(args.policy or "runs/default")
-    if policy_dir.is_dir():
-        from policies.export import load_policy
-
-        policy = load_policy(policy_dir)
-    elif args.policy:
+    policy_dir = Path(args.policy) if args.policy else default_policy_dir(args.drafter)
+    if not policy_dir.is_dir():
         raise FileNotFoundError(f"--policy {args.policy}: no such directory (run `python -m train` first).")
-    else:
-        print("note: no policy at runs/default; the learned-policy row is skipped (run `python -m train`).")
+    policy = load_policy(policy_dir)
+    if policy_drafter(policy_dir) != args.drafter:
+        raise ValueError(f"The policy in {policy_dir} was trained with the {policy_drafter(policy_dir)!r} drafter, not "
+                         f"{args.drafter!r}: pass --drafter {policy_drafter(policy_dir)} or a matching --policy.")
+    user_prompts = load_prompt_file(args.prompts) if args.prompts else None
     out = make_out_dir(Path(args.out))
     print(f"Loading target={args.target} draft={args.draft} on {device} …", flush=True)
     pair = load_pair(args.target, args.draft, device=device, dtype=dtype)
-    held = encode_all(pair, load_prompts("heldout")[: args.num_prompts], args.max_new_tokens)
-    train = encode_all(pair, load_prompts("train")[: args.num_prompts], args.max_new_tokens)
-    report = {"machine": _machine(device), "target": args.target, "draft": args.draft,
-              "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "num_prompts": args.num_prompts,
+    prefix = "copy_" if args.prompt_set == "copy" else ""
+    held_texts = user_prompts if user_prompts is not None else load_prompts(prefix + "heldout")
+    held = encode_all(pair, held_texts[: args.num_prompts], args.max_new_tokens)
+    train = encode_all(pair, load_prompts(prefix + "train")[: args.num_prompts], args.max_new_tokens)
+    report = {"machine": _machine(device), "target": args.target, "draft": args.draft, "drafter": args.drafter,
+              "policy": str(policy_dir), "prompts": args.prompts or args.prompt_set,
+              "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "num_prompts": len(held),
               "sampler": sampler_microbenchmark(), "forward_cost": forward_cost_ratio(pair), "runs": {}}
     md = [f"Machine: {report['machine']}", "",
+          f"Drafter: {args.drafter}; policy: {policy_dir}; prompts: {report['prompts']} ({len(held)}), "
+          f"{args.max_new_tokens} new tokens, {args.repeats} repeats.", "",
           f"Exact sampler, V=49,152, γ=12: median {1e3 * report['sampler']['median_seconds']:.3f} ms per cycle.",
           f"One-token forward at context 128: draft {1e3 * report['forward_cost']['draft_seconds']:.2f} ms, target "
           f"{1e3 * report['forward_cost']['target_seconds']:.2f} ms, ratio {report['forward_cost']['ratio']:.3f}.", ""]
+    depth = policy.max_depth
     for T in temps:
         sampling = samplings[T]
         gamma = args.num_draft_tokens or grid_search(pair, train, gammas, sampling, args.max_new_tokens,
-                                                     seed=args.seed, desc=f"γ grid T={T}")["best_gamma"]
+                                                     seed=args.seed, desc=f"γ grid T={T}",
+                                                     drafter=args.drafter)["best_gamma"]
         methods = [
             HFGenerateMethod(PLAIN, pair, sampling, args.max_new_tokens),
             HFGenerateMethod("hf assisted (default)", pair, sampling, args.max_new_tokens, assistant=True),
             HFGenerateMethod("hf assisted (heuristic)", pair, sampling, args.max_new_tokens, assistant=True,
                              assistant_config={"num_assistant_tokens_schedule": "heuristic"}),
+            HFGenerateMethod(f"hf prompt lookup ({args.prompt_lookup_num_tokens})", pair, sampling,
+                             args.max_new_tokens, prompt_lookup_num_tokens=args.prompt_lookup_num_tokens),
             DecoderMethod("learn2draft autoregressive", pair, FixedDepthController(0), sampling, args.max_new_tokens),
-            DecoderMethod(f"learn2draft fixed γ={gamma}", pair, FixedDepthController(gamma), sampling,
-                          args.max_new_tokens),
+            DecoderMethod(f"{args.drafter}: fixed γ={gamma}", pair, FixedDepthController(gamma), sampling,
+                          args.max_new_tokens, args.drafter),
         ]
-        if policy is not None:
-            methods.append(DecoderMethod("learn2draft learned policy", pair, policy, sampling, args.max_new_tokens))
+        if args.drafter == "lookup":
+            methods.append(DecoderMethod("lookup: match-length rule", pair, MatchLengthController(depth), sampling,
+                                         args.max_new_tokens, args.drafter))
+        else:
+            methods.append(DecoderMethod(f"{args.drafter}: confidence ≥ 0.4 rule", pair,
+                                         ConfidenceThresholdController(0.4, depth), sampling, args.max_new_tokens,
+                                         args.drafter))
+        methods.append(DecoderMethod(f"{args.drafter}: learned policy", pair, policy, sampling, args.max_new_tokens,
+                                     args.drafter))
         summary = summarize(run_interleaved(methods, held, args.repeats, args.seed, desc=f"benchmark T={T}"),
                             reference=PLAIN)
         report["runs"][str(T)] = {"fixed_gamma": gamma, "methods": summary}
         md += [f"### Temperature {T}", "",
-               "| method | tokens/s (mean ± std) | × hf generate (min–max) | τ | TTFT ms | inter-token ms | loop overhead |",
-               "|---|---|---|---|---|---|---|"]
+               "| method | tokens/s (mean ± std) | × hf generate (min–max) | τ | α | TTFT ms | inter-token ms | "
+               "loop overhead |",
+               "|---|---|---|---|---|---|---|---|"]
         for name, m in summary.items():
             r = m[f"ratio_to_{PLAIN}"]
             tau = "–" if m["tau_mean"] is None else f"{m['tau_mean']:.2f}"
+            alpha = "–" if m.get("alpha") is None else f"{m['alpha']:.2f}"
             ovh = "–" if m["overhead_fraction_mean"] is None else f"{100 * m['overhead_fraction_mean']:.1f}%"
             md.append(f"| {name} | {m['tokens_per_second_mean']:.1f} ± {m['tokens_per_second_std']:.1f} | "
-                      f"{r['mean']:.2f} ({r['min']:.2f}–{r['max']:.2f}) | {tau} | {1e3 * m['ttft_seconds_mean']:.0f} | "
-                      f"{1e3 * m['inter_token_seconds_mean']:.1f} | {ovh} |")
+                      f"{r['mean']:.2f} ({r['min']:.2f}–{r['max']:.2f}) | {tau} | {alpha} | "
+                      f"{1e3 * m['ttft_seconds_mean']:.0f} | {1e3 * m['inter_token_seconds_mean']:.1f} | {ovh} |")
         md.append("")
     text = "\n".join(md)
     (out / "benchmark.md").write_text(text + "\n")
     (out / "benchmark.json").write_text(json.dumps(report, indent=2))
+    plot_benchmark(report, out / "benchmark.png")
     print("\n" + text)
-    print(f"Wrote {out / 'benchmark.md'} and {out / 'benchmark.json'}.")
+    print(f"Wrote {out / 'benchmark.md'}, {out / 'benchmark.json'} and {out / 'benchmark.png'}.")
     return 0
+
+
+def plot_benchmark(report: dict, path: Path) -> None:
+    """Bars of tokens/s relative to plain ``generate()`` (mean, min–max over repeats), one panel
+    per temperature, saved as PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = report["runs"]
+    fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 4.8), squeeze=False)
+    for ax, (T, run) in zip(axes[0], runs.items()):
+        names = list(run["methods"])
+        r = [run["methods"][n][f"ratio_to_{PLAIN}"] for n in names]
+        means = np.array([x["mean"] for x in r])
+        err = np.array([[m - x["min"] for m, x in zip(means, r)], [x["max"] - m for m, x in zip(means, r)]])
+        colors = ["#888" if n.startswith("hf") else "#c52" if "learned" in n else "#4a7" for n in names]
+        ax.barh(range(len(names)), means, xerr=err, color=colors, capsize=3)
+        ax.set_yticks(range(len(names)), names, fontsize=8)
+        ax.invert_yaxis()
+        ax.axvline(1.0, color="k", lw=0.8, ls="--")
+        ax.set_xlabel("tokens/s × plain generate() (min–max over repeats)")
+        ax.set_title(f"temperature {T}, drafter {report['drafter']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

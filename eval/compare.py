@@ -24,10 +24,12 @@ AR = "autoregressive"
 
 
 def grid_search(pair: ModelPair, prompts: Sequence[torch.Tensor], gammas: Sequence[int], sampling: SamplingConfig,
-                max_new_tokens: int, repeats: int = 1, seed: int = 0, desc: str = "γ grid") -> dict:
-    """Measure tokens/s of every fixed γ on ``prompts`` (interleaved); return
+                max_new_tokens: int, repeats: int = 1, seed: int = 0, desc: str = "γ grid",
+                drafter: str = "model") -> dict:
+    """Measure tokens/s of every fixed γ on ``prompts`` (interleaved) with ``drafter``; return
     ``{"best_gamma": int, "tokens_per_second": {γ: mean tokens/s}, "tau": {γ: mean τ}}``."""
-    methods = [DecoderMethod(f"gamma={g}", pair, FixedDepthController(g), sampling, max_new_tokens) for g in gammas]
+    methods = [DecoderMethod(f"gamma={g}", pair, FixedDepthController(g), sampling, max_new_tokens, drafter)
+               for g in gammas]
     summary = summarize(run_interleaved(methods, prompts, repeats, seed, desc=desc))
     tps = {g: summary[f"gamma={g}"]["tokens_per_second_mean"] for g in gammas}
     return {"best_gamma": max(tps, key=tps.get), "tokens_per_second": tps,
@@ -37,20 +39,23 @@ def grid_search(pair: ModelPair, prompts: Sequence[torch.Tensor], gammas: Sequen
 def compare(pair: ModelPair, policy: DraftController, train_prompts: Sequence[torch.Tensor],
             heldout_prompts: Sequence[torch.Tensor], sampling: SamplingConfig, max_new_tokens: int,
             gammas: Sequence[int] = tuple(range(1, 13)), repeats: int = 3, seed: int = 0,
-            policy_name: str = "learned policy") -> dict:
-    """Run the whole protocol of this module; returns a JSON-serialisable dict (see :func:`format_markdown`)."""
-    grid_train = grid_search(pair, train_prompts, gammas, sampling, max_new_tokens, seed=seed, desc="γ grid (train)")
+            policy_name: str = "learned policy", drafter: str = "model") -> dict:
+    """Run the whole protocol of this module with ``drafter`` (``"model" | "head" | "lookup"``) for
+    every drafting method; returns a JSON-serialisable dict (see :func:`format_markdown`)."""
+    grid_train = grid_search(pair, train_prompts, gammas, sampling, max_new_tokens, seed=seed, desc="γ grid (train)",
+                             drafter=drafter)
     grid_held = grid_search(pair, heldout_prompts, gammas, sampling, max_new_tokens, seed=seed + 7,
-                            desc="γ grid (held-out)")
+                            desc="γ grid (held-out)", drafter=drafter)
     g_train, g_hind = grid_train["best_gamma"], grid_held["best_gamma"]
     names = {"train": f"fixed γ={g_train} (chosen on train)", "hind": f"fixed γ={g_hind} (best in hindsight)"}
     if g_train == g_hind:
         names["hind"] = names["train"] = f"fixed γ={g_train} (chosen on train = best in hindsight)"
     methods = [DecoderMethod(AR, pair, FixedDepthController(0), sampling, max_new_tokens)]
-    methods.append(DecoderMethod(names["train"], pair, FixedDepthController(g_train), sampling, max_new_tokens))
+    methods.append(DecoderMethod(names["train"], pair, FixedDepthController(g_train), sampling, max_new_tokens, drafter))
     if g_hind != g_train:
-        methods.append(DecoderMethod(names["hind"], pair, FixedDepthController(g_hind), sampling, max_new_tokens))
-    methods.append(DecoderMethod(policy_name, pair, policy, sampling, max_new_tokens))
+        methods.append(DecoderMethod(names["hind"], pair, FixedDepthController(g_hind), sampling, max_new_tokens,
+                                     drafter))
+    methods.append(DecoderMethod(policy_name, pair, policy, sampling, max_new_tokens, drafter))
     records: list[RunRecord] = run_interleaved(methods, heldout_prompts, repeats, seed + 100, desc="comparison")
     summary = summarize(records, reference=AR)
     learned = summary[policy_name]
@@ -64,7 +69,7 @@ def compare(pair: ModelPair, policy: DraftController, train_prompts: Sequence[to
         "sampling": sampling.to_dict(), "max_new_tokens": max_new_tokens, "repeats": repeats, "seed": seed,
         "num_train_prompts": len(train_prompts), "num_heldout_prompts": len(heldout_prompts),
         "grid_train": grid_train, "grid_heldout": grid_held, "gamma_train": g_train, "gamma_hindsight": g_hind,
-        "methods": summary, "policy": policy_name, "verdicts": verdicts,
+        "methods": summary, "policy": policy_name, "verdicts": verdicts, "drafter": drafter,
     }
 
 
@@ -73,17 +78,19 @@ def format_markdown(res: dict) -> str:
     ref = f"ratio_to_{AR}"
     lines = [
         f"Held-out prompts: {res['num_heldout_prompts']}, repeats: {res['repeats']}, max_new_tokens: "
-        f"{res['max_new_tokens']}, sampling: {_sampling_str(res['sampling'])}",
+        f"{res['max_new_tokens']}, sampling: {_sampling_str(res['sampling'])}, drafter: {res.get('drafter', 'model')}",
         "",
-        "| method | tokens/s (mean ± std) | × autoregressive (min–max) | τ (mean accepted) | TTFT s | loop overhead |",
-        "|---|---|---|---|---|---|",
+        "| method | tokens/s (mean ± std) | × autoregressive (min–max) | τ (mean accepted) | α | TTFT s | loop overhead |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, m in res["methods"].items():
         r = m[ref]
         tau = "–" if m["tau_mean"] is None else f"{m['tau_mean']:.2f}"
         ovh = "–" if m["overhead_fraction_mean"] is None else f"{100 * m['overhead_fraction_mean']:.1f}%"
+        alpha = "–" if m.get("alpha") is None else f"{m['alpha']:.2f}"
         lines.append(f"| {name} | {m['tokens_per_second_mean']:.1f} ± {m['tokens_per_second_std']:.1f} | "
-                     f"{r['mean']:.2f} ({r['min']:.2f}–{r['max']:.2f}) | {tau} | {m['ttft_seconds_mean']:.3f} | {ovh} |")
+                     f"{r['mean']:.2f} ({r['min']:.2f}–{r['max']:.2f}) | {tau} | {alpha} | {m['ttft_seconds_mean']:.3f} | "
+                     f"{ovh} |")
     lines += ["", "γ grid on train prompts (tokens/s): " + ", ".join(
         f"{g}: {v:.1f}" for g, v in res["grid_train"]["tokens_per_second"].items()),
         "γ grid on held-out prompts (tokens/s): " + ", ".join(

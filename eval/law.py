@@ -34,6 +34,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from learn2draft.drafters import make_drafter
 from learn2draft.decoding import DraftController, FixedDepthController, Sampler, SpeculativeDecoder
 from learn2draft.models import ModelPair
 from learn2draft.sampling import SamplingConfig, speculative_sample
@@ -270,18 +271,20 @@ class _PrefillMemo:
     def __call__(self, input_ids=None, cache=None, **kwargs):
         if cache is None or cache.get_seq_length() != 0 or input_ids is None or input_ids.shape[0] != 1:
             return self.model(input_ids=input_ids, cache=cache, **kwargs)
-        key = tuple(input_ids.reshape(-1).tolist())
+        hidden = bool(kwargs.get("output_hidden_states"))
+        key = (hidden, *input_ids.reshape(-1).tolist())
         hit = self._memo.get(key)
         if hit is None:
             out = self.model(input_ids=input_ids, cache=cache, **kwargs)
             layers = getattr(cache, "layers", None)
             if layers and all(hasattr(layer, "keys") and hasattr(layer, "values") for layer in layers):
-                self._memo[key] = (out.logits.clone(), [(la.keys.clone(), la.values.clone()) for la in layers])
+                last = out.hidden_states[-1].clone() if hidden else None
+                self._memo[key] = (out.logits.clone(), [(la.keys.clone(), la.values.clone()) for la in layers], last)
             return out
-        logits, kv = hit
+        logits, kv, last = hit
         for i, (k, v) in enumerate(kv):
             cache.update(k.clone(), v.clone(), i)
-        return SimpleNamespace(logits=logits.clone())
+        return SimpleNamespace(logits=logits.clone(), hidden_states=None if last is None else (last.clone(),))
 
 
 def _memo_pair(pair: ModelPair) -> ModelPair:
@@ -291,20 +294,45 @@ def _memo_pair(pair: ModelPair) -> ModelPair:
 
 
 def first_token_probs(pair: ModelPair, prompt_ids: torch.Tensor, sampling: SamplingConfig) -> np.ndarray:
-    """The target's exact law of the first generated token: float64 (V,).
+    """The target's exact law of the token after ``prompt_ids`` (int64 (L,)): float64 (V,).
 
-    Computed the way the loop computes it (prefill all but the last prompt token, then one forward
-    for the last), processed by ``sampling.probs``.
+    Computed the way the loop's prefill computes it (one forward over the whole sequence),
+    processed by ``sampling.probs``.
     """
-    from transformers import DynamicCache
-
     ids = torch.as_tensor(prompt_ids).reshape(-1).to(pair.device)
-    cache = DynamicCache()
     with torch.inference_mode():
-        if ids.numel() > 1:
-            pair.target(input_ids=ids[None, :-1], cache=cache, use_cache=True)
-        logits = pair.target(input_ids=ids[None, -1:], cache=cache, use_cache=True).logits[0, -1:, : pair.vocab_size]
+        logits = pair.target(input_ids=ids[None]).logits[0, -1:, : pair.vocab_size]
     return sampling.probs(logits, ids)[0].double().cpu().numpy()
+
+
+def conditional_exact_tests(
+    pair: ModelPair, prompt_ids: torch.Tensor, tokens: np.ndarray, sampling: SamplingConfig,
+    memo: dict, min_count: int = 20, max_strata: int = 3,
+) -> list[dict]:
+    """Exact tests of the second token given the first: for each of the ``max_strata`` most frequent
+    first tokens x1 with at least ``min_count`` draws, :func:`goodness_of_fit_test` of the second
+    tokens of those draws against the target's exact law p(· | prompt, x1).
+
+    The first token comes from the prefill (plain sampling), so the first token where the
+    speculative rule acts is the second; conditioning on x1 keeps the test exact (draws are
+    independent given x1). ``tokens``: int64 (n, ≥ 2) draws; ``memo``: x1 → law, shared between arms.
+
+    Returns: one dict per stratum, with ``given`` = x1 and the test's fields.
+    """
+    if tokens.shape[1] < 2:
+        return []
+    first, counts = np.unique(tokens[:, 0], return_counts=True)
+    out = []
+    for x1 in first[np.argsort(-counts, kind="stable")][:max_strata]:
+        x1 = int(x1)
+        sel = tokens[tokens[:, 0] == x1, 1]
+        if x1 == ENDED or x1 in pair.eos_token_ids or sel.size < min_count:
+            continue
+        if x1 not in memo:
+            ids = torch.cat([torch.as_tensor(prompt_ids).reshape(-1).to(pair.device), torch.tensor([x1], device=pair.device)])
+            memo[x1] = first_token_probs(pair, ids, sampling)
+        out.append({"given": x1, **goodness_of_fit_test(sel, memo[x1])})
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -322,6 +350,7 @@ def sample_first_tokens(
     num_tokens: int,
     seeds: Sequence[int],
     sampler: Sampler = speculative_sample,
+    drafter: str = "model",
 ) -> tuple[np.ndarray, dict]:
     """Run the real draft/verify loop once per seed and keep the first ``num_tokens`` tokens.
 
@@ -335,6 +364,7 @@ def sample_first_tokens(
         controller: decides the depth (``FixedDepthController(0)`` is plain sampling).
         seeds: one per sample; the decoder's generator is seeded with it.
         sampler: the acceptance rule (:func:`speculative_sample` or a negative control).
+        drafter: ``"model" | "head" | "lookup"`` (:func:`learn2draft.drafters.make_drafter`).
 
     Returns:
         ``(tokens, stats)``: int64 array (len(seeds), num_tokens), :data:`ENDED` after an EOS;
@@ -342,7 +372,7 @@ def sample_first_tokens(
     """
     max_depth = int(controller.max_depth)
     dec = SpeculativeDecoder(pair, sampling, max_new_tokens=num_tokens + max_depth, max_depth=max_depth,
-                             sampler=sampler)
+                             sampler=sampler, drafter=make_drafter(drafter, pair))
     out = np.full((len(seeds), num_tokens), ENDED, dtype=np.int64)
     stats = {"seconds": 0.0, "cycles": 0, "drafted": 0, "accepted": 0}
     t0 = time.perf_counter()
@@ -372,6 +402,7 @@ def law_check(
     alpha: float = 0.01,
     chat: bool = True,
     progress: bool = False,
+    drafter: str = "model",
 ) -> dict:
     """Compare speculative sampling under each controller with plain sampling, on real models.
 
@@ -386,7 +417,10 @@ def law_check(
     * exact, at position 1 for every arm (the plain one included): the first token's law is known
       exactly (one target forward, :func:`first_token_probs`), so each arm is also tested against
       it by :func:`goodness_of_fit_test` — twice the power of the two-sample test for the same
-      draws, since only one side is noisy.
+      draws, since only one side is noisy. The first token comes from the prefill, so the
+      speculative rule first acts at position 2: :func:`conditional_exact_tests` tests each
+      controller's second token against its exact law given the first token (the most frequent
+      first tokens, one stratum each).
 
     Verdict: Bonferroni over all m tests — a test is flagged when its p-value is below
     ``alpha / m``, and the check passes when none is, so a correct sampler fails it with
@@ -412,6 +446,7 @@ def law_check(
         alpha: family-wise false-alarm rate, in (0, 1).
         chat: encode text prompts through the tokenizer's chat template.
         progress: print one line per arm.
+        drafter: ``"model" | "head" | "lookup"``, the drafter of every controller's arm.
 
     Returns:
         JSON-serialisable dict: ``passed`` (bool), ``verdict`` (str), ``num_tests`` m,
@@ -442,6 +477,7 @@ def law_check(
         ids = pair.encode_prompt(prompt, chat=chat) if isinstance(prompt, str) else torch.as_tensor(prompt).reshape(-1)
         seeds = lambda arm: [_seed(seed, pi, arm, s) for s in range(num_samples)]  # noqa: E731, B023 (used in this iteration)
         exact = first_token_probs(pair, ids, sampling)
+        exact2: dict = {}
         ref, st = sample_first_tokens(memo, ids, FixedDepthController(0), sampling, num_tokens, seeds(0))
         arms_meta.append({"prompt": pi, "arm": "autoregressive", **st})
         tests.append({"prompt": pi, "controller": "autoregressive", "position": 1, "kind": "exact",
@@ -449,7 +485,7 @@ def law_check(
         if progress:
             print(f"law check: prompt {pi} autoregressive {st['seconds']:.1f} s", flush=True)
         for ai, (name, ctrl) in enumerate(controllers.items(), start=1):
-            got, st = sample_first_tokens(memo, ids, ctrl, sampling, num_tokens, seeds(ai), sampler)
+            got, st = sample_first_tokens(memo, ids, ctrl, sampling, num_tokens, seeds(ai), sampler, drafter)
             st["mean_accepted"] = st["accepted"] / st["cycles"] if st["cycles"] else 0.0
             arms_meta.append({"prompt": pi, "arm": name, **st})
             if progress:
@@ -457,6 +493,8 @@ def law_check(
                       flush=True)
             tests.append({"prompt": pi, "controller": name, "position": 1, "kind": "exact",
                           **goodness_of_fit_test(got[:, 0], exact)})
+            for res in conditional_exact_tests(pair, ids, got, sampling, exact2):
+                tests.append({"prompt": pi, "controller": name, "position": 2, "kind": "exact", **res})
             for j in range(num_tokens):
                 res = two_sample_test(ref[:, j], got[:, j])
                 tests.append({"prompt": pi, "controller": name, "position": j + 1, "kind": "two-sample", **res})
@@ -484,6 +522,7 @@ def law_check(
         "num_samples": num_samples,
         "seed": seed,
         "num_prompts": len(prompts),
+        "drafter": drafter,
     }
 
 
@@ -504,7 +543,8 @@ def format_law_table(result: dict) -> str:
         "|---:|---|---:|---|---:|---:|---:|---:|---:|:---:|",
     ]
     for t in result["tests"]:
-        test = "vs exact p" if t.get("kind") == "exact" else "vs plain sampling"
+        test = "vs plain sampling" if t.get("kind") != "exact" else (
+            f"vs exact p given token 1 = {t['given']}" if "given" in t else "vs exact p")
         lines.append(
             f"| {t['prompt']} | {t['controller']} | {t['position']} | {test} | {t['chi2']:.2f} | {t['dof']} | "
             f"{t['p_value']:.3g} | {t['p_bonferroni']:.3g} | {t['tv']:.3f} | {'✗' if t['flagged'] else ''} |"
@@ -524,7 +564,8 @@ def format_law_table(result: dict) -> str:
 
 
 __all__ = [
-    "AcceptanceRule", "ENDED", "LEVIATHAN_RULE", "RESAMPLE_FROM_TARGET_RULE", "first_token_probs", "format_law_table",
+    "AcceptanceRule", "ENDED", "LEVIATHAN_RULE", "RESAMPLE_FROM_TARGET_RULE", "conditional_exact_tests",
+    "first_token_probs", "format_law_table",
     "goodness_of_fit_test", "law_check", "resample_from_target_rule", "rule_sampler", "sample_first_tokens",
     "two_sample_test",
 ]

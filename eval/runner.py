@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from transformers.generation.streamers import BaseStreamer
 
 from learn2draft.decoding import DraftController, SpeculativeDecoder
+from learn2draft.drafters import Drafter, make_drafter
 from learn2draft.models import ModelPair
 from learn2draft.sampling import SamplingConfig
 from learn2draft.timing import DeviceClock
@@ -40,6 +41,8 @@ class RunRecord:
     tau: float | None = None
     overhead_fraction: float | None = None
     tokens: list[int] = field(default_factory=list, repr=False)
+    drafted: int = 0  # draft tokens proposed (this project's loop only)
+    accepted: int = 0  # of which accepted
 
     @property
     def tokens_per_second(self) -> float:
@@ -56,21 +59,27 @@ class Method:
 
 
 class DecoderMethod(Method):
-    """This project's draft/verify loop under a controller (γ = 0 is the autoregressive baseline)."""
+    """This project's draft/verify loop under a controller (γ = 0 is the autoregressive baseline).
+
+    ``drafter``: ``"model" | "head" | "lookup"`` or a :class:`learn2draft.drafters.Drafter`
+    (each method gets its own: drafters hold per-generation state)."""
 
     def __init__(self, name: str, pair: ModelPair, controller: DraftController, sampling: SamplingConfig,
-                 max_new_tokens: int):
+                 max_new_tokens: int, drafter: str | Drafter = "model"):
         # The decoder's max_depth is the controller's: the depth features are scaled by it, so a
         # policy must see the scale it was trained with.
         self.name, self.controller = name, controller
-        self.decoder = SpeculativeDecoder(pair, sampling, max_new_tokens=max_new_tokens, max_depth=controller.max_depth)
+        if isinstance(drafter, str):
+            drafter = make_drafter(drafter, pair)
+        self.decoder = SpeculativeDecoder(pair, sampling, max_new_tokens=max_new_tokens, max_depth=controller.max_depth,
+                                          drafter=drafter)
 
     def run(self, prompt_ids: torch.Tensor, seed: int) -> RunRecord:
         r = self.decoder.generate(prompt_ids, self.controller, seed=seed)
-        drafted = any(c.depth for c in r.cycles)
+        drafted = sum(c.depth for c in r.cycles)
         return RunRecord(self.name, -1, -1, len(r.tokens), r.wall_seconds, r.ttft_seconds,
                          r.mean_inter_token_seconds, r.mean_accepted if drafted else None,
-                         r.overhead_fraction, r.tokens)
+                         r.overhead_fraction, r.tokens, drafted, sum(c.num_accepted for c in r.cycles))
 
 
 class _TimingStreamer(BaseStreamer):
@@ -97,10 +106,13 @@ class HFGenerateMethod(Method):
             call (``num_assistant_tokens``, ``num_assistant_tokens_schedule``,
             ``assistant_confidence_threshold``): transformers reads them from the draft and the
             heuristic schedule writes back into it, so each call starts from the same state.
+        prompt_lookup_num_tokens: Hugging Face prompt lookup decoding (n-gram candidates from the
+            prompt, always this many; no draft model), what a user picks instead of our lookup drafter.
     """
 
     def __init__(self, name: str, pair: ModelPair, sampling: SamplingConfig, max_new_tokens: int,
-                 assistant: bool = False, assistant_config: dict | None = None):
+                 assistant: bool = False, assistant_config: dict | None = None,
+                 prompt_lookup_num_tokens: int | None = None):
         if sampling.prefix_dependent or sampling.min_p:
             raise ValueError("The Hugging Face comparison supports temperature/top-k/top-p only.")
         self.name, self.pair, self.max_new_tokens = name, pair, max_new_tokens
@@ -113,6 +125,8 @@ class HFGenerateMethod(Method):
             self.kwargs.update(temperature=sampling.temperature, top_k=sampling.top_k or None, top_p=sampling.top_p)
         else:
             self.kwargs.update(temperature=None, top_k=None, top_p=None)
+        if prompt_lookup_num_tokens:
+            self.kwargs["prompt_lookup_num_tokens"] = int(prompt_lookup_num_tokens)
         self.clock = DeviceClock(pair.device)
 
     def run(self, prompt_ids: torch.Tensor, seed: int) -> RunRecord:
@@ -170,12 +184,14 @@ def summarize(records: Sequence[RunRecord], reference: str | None = None) -> dic
         tps = np.array([sum(r.new_tokens for r in rs if r.repeat == k) / sum(r.wall_seconds for r in rs if r.repeat == k)
                         for k in reps])
         taus = [r.tau for r in rs if r.tau is not None]
+        drafted = sum(r.drafted for r in rs)
         ovh = [r.overhead_fraction for r in rs if r.overhead_fraction is not None]
         out[name] = {
             "tokens_per_second_mean": float(tps.mean()),
             "tokens_per_second_std": float(tps.std(ddof=1)) if len(tps) > 1 else 0.0,
             "tokens_per_second_per_repeat": tps.tolist(),
             "tau_mean": float(np.mean(taus)) if taus else None,
+            "alpha": sum(r.accepted for r in rs) / drafted if drafted else None,
             "ttft_seconds_mean": float(np.mean([r.ttft_seconds for r in rs])),
             "inter_token_seconds_mean": float(np.mean([r.inter_token_seconds for r in rs])),
             "overhead_fraction_mean": float(np.mean(ovh)) if ovh else None,

@@ -1,22 +1,29 @@
 """The draft/verify loop with KV-cache rollback (speculative decoding, Leviathan et al. 2023;
 Chen et al. 2023), built so that a policy can decide the draft depth one step at a time.
 
+Prefill: the whole prompt goes through the target in one forward; its last logits give the first
+token, as Hugging Face ``generate()`` does (time to first token = one prefill forward).
+
 One *cycle*:
 
-1. the draft proposes tokens one at a time (:meth:`SpeculativeDecoder.draft_step`); before each
-   step a :class:`DraftController` sees the features (:mod:`learn2draft.features`) and says
-   CONTINUE or STOP — the decision precedes the draw, which keeps the output law exact;
+1. a :class:`learn2draft.drafters.Drafter` (draft model, feature-level head or prompt lookup)
+   proposes tokens one at a time (:meth:`SpeculativeDecoder.draft_step`); before each step a
+   :class:`DraftController` sees the features (:mod:`learn2draft.features`) and says CONTINUE or
+   STOP — the decision precedes the draw, which keeps the output law exact;
 2. the target verifies the γ drafted tokens plus the bonus position in one forward pass
    (:meth:`SpeculativeDecoder.verify`);
 3. :func:`learn2draft.sampling.speculative_sample` accepts a prefix of length τ and emits one
    corrected or bonus token, so τ + 1 tokens are committed (fewer at EOS / ``max_new_tokens``);
-4. both KV caches are cropped back to the committed length.
+4. the target's KV cache is cropped back to the committed length and the drafter rolled back.
 
-Cache invariant: each model's cache holds keys/values for a prefix of the sequence
+:meth:`SpeculativeDecoder.step` is the one step function both :meth:`~SpeculativeDecoder.run_cycle`
+and the gymnasium environment (:mod:`envs`) drive.
+
+Cache invariant: the target's cache holds keys/values for a prefix of the sequence
 ``committed + drafted``; every forward feeds exactly the tokens after that prefix. After
 verification the valid prefix is ``committed + accepted`` minus the last token, which has not
-been fed to the target yet. A draft *tree* drafter would replace :meth:`draft_step` and pass a
-tree attention mask in :meth:`verify`; the :class:`DraftAction` a cycle executes (its
+been fed to the target yet. A draft *tree* would replace :meth:`draft_step` and pass a tree
+attention mask in :meth:`verify`; the :class:`DraftAction` a cycle executes (its
 ``CycleResult.action``) already carries a verification size (equal to the depth for a chain).
 """
 
@@ -30,6 +37,8 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from learn2draft.drafters.base import Drafter
+from learn2draft.drafters.model import ModelDrafter
 from learn2draft.features import build_features
 from learn2draft.models import ModelPair
 from learn2draft.sampling import SamplingConfig, sample_from, speculative_sample
@@ -179,15 +188,18 @@ class GenerationResult:
 
 
 class SpeculativeDecoder:
-    """Speculative decoding of one sequence (batch size 1) with a target/draft :class:`ModelPair`.
+    """Speculative decoding of one sequence (batch size 1): a target (from a :class:`ModelPair`)
+    and a :class:`~learn2draft.drafters.Drafter`.
 
     Args:
-        pair: the models.
+        pair: the models; ``pair.target`` verifies, ``pair.draft`` drafts unless ``drafter`` is given.
         sampling: settings applied identically to target and draft (greedy by default).
         max_new_tokens: generation stops after this many tokens (> 0).
         max_depth: the most tokens drafted in one cycle (≥ 0).
         seed: seeds the sampling generator; the same seed gives the same output.
         sampler: the acceptance rule; :func:`speculative_sample` unless a test swaps in another.
+        drafter: what proposes draft tokens; default ``ModelDrafter(pair.draft, pair.vocab_size)``
+            (see :func:`learn2draft.drafters.make_drafter` for ``"model" | "head" | "lookup"``).
 
     Raises:
         ValueError: ``max_new_tokens`` ≤ 0 or ``max_depth`` < 0.
@@ -201,6 +213,7 @@ class SpeculativeDecoder:
         max_depth: int = 12,
         seed: int = 0,
         sampler: Sampler = speculative_sample,
+        drafter: Drafter | None = None,
     ):
         if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
             raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}.")
@@ -212,13 +225,18 @@ class SpeculativeDecoder:
         self.max_depth = max_depth
         self.seed = seed
         self.sampler = sampler
+        self.drafter = drafter if drafter is not None else ModelDrafter(pair.draft, pair.vocab_size)
         self.clock = DeviceClock(pair.device)
         self._eos = torch.tensor(pair.eos_token_ids, dtype=torch.long)
         self._started = False
 
     # ------------------------------------------------------------------ state
     def start(self, prompt_ids: torch.Tensor, seed: int | None = None) -> None:
-        """Reset the state for a new prompt and prefill the target cache with all but the last prompt token.
+        """Reset the state for a new prompt, prefill the target with the whole prompt in one forward
+        and emit the first token from its last logits (the prefill is the first verification).
+
+        After :meth:`start`, :attr:`finished` may already be True (the first token was EOS, or
+        ``max_new_tokens`` = 1).
 
         Args:
             prompt_ids: int64 (L,) or (1, L), L ≥ 1.
@@ -233,21 +251,25 @@ class SpeculativeDecoder:
         self.prompt_len = prompt_ids.numel()
         self.ids = prompt_ids
         self.generator = torch.Generator(device=self.pair.device).manual_seed(self.seed if seed is None else seed)
-        self.target_cache, self.draft_cache = DynamicCache(), DynamicCache()
-        self.target_len = self.draft_len = 0
+        self.target_cache = DynamicCache()
+        self.target_len = 0
         self.accepted_history: list[int] = []
         self.last_accept_fraction = 1.0
         self.finished = False
         self._begin_cycle()
         self._started = True
-        if self.prompt_len > 1:
-            self._forward(self.pair.target, self.target_cache, self.ids[:-1])
-            self.target_len = self.prompt_len - 1
+        self.drafter.start(prompt_ids)
+        logits = self._target_forward(self.ids)[-1:]
+        self.target_len = self.prompt_len
+        p = self.sampling.probs(logits, self.ids)
+        first = sample_from(p[0], self.generator)
+        self._commit([first])
+        # The target has now seen every committed token but the first generated one: the invariant holds.
         self._cycle_other = 0.0  # prefill is not part of a cycle; generate() counts it in wall/TTFT
 
     def _begin_cycle(self) -> None:
         self.drafted: list[int] = []
-        self.draft_probs: list[torch.Tensor] = []
+        self.draft_probs: list[torch.Tensor | None] = []
         self.confidences: list[float] = []
         self.last_entropy = 0.0
         self._cycle_draft = self._cycle_verify = self._cycle_other = 0.0
@@ -265,6 +287,11 @@ class SpeculativeDecoder:
         """The most tokens this cycle may draft: ``max_depth`` capped so that τ + 1 ≤ tokens left."""
         return max(0, min(self.max_depth, self.max_new_tokens - self.generated - 1))
 
+    def can_draft(self) -> bool:
+        """Whether :meth:`draft_step` may run now: below the depth limit and the drafter has a
+        proposal (a prompt lookup without a match has none)."""
+        return self.depth < self.depth_limit and self.drafter.can_propose(self._seq())
+
     def features(self) -> np.ndarray:
         """Observation for the next decision, float32 (n_features,); see :mod:`learn2draft.features`."""
         return build_features(
@@ -278,13 +305,21 @@ class SpeculativeDecoder:
             last_accept_fraction=self.last_accept_fraction,
             generated=self.generated,
             max_new_tokens=self.max_new_tokens,
+            drafter_features=self.drafter.features(self._seq()),
         )
 
     # --------------------------------------------------------------- forwards
     @torch.inference_mode()
-    def _forward(self, model, cache: DynamicCache, tokens: torch.Tensor) -> torch.Tensor:
-        """Feed ``tokens`` (int64 (n,)) after the cached prefix; return logits float (n, V)."""
-        out = model(input_ids=tokens.unsqueeze(0), cache=cache, use_cache=True)
+    def _target_forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed ``tokens`` (int64 (n,)) to the target after its cached prefix (``target_len``
+        tokens); return logits float (n, V). Passes the last hidden states to the drafter when it
+        reads them."""
+        need_hidden = self.drafter.needs_target_hidden
+        out = self.pair.target(
+            input_ids=tokens.unsqueeze(0), cache=self.target_cache, use_cache=True, output_hidden_states=need_hidden
+        )
+        if need_hidden:
+            self.drafter.observe_target(out.hidden_states[-1][0], self.target_len)
         return out.logits[0, :, : self.pair.vocab_size]
 
     def _seq(self) -> torch.Tensor:
@@ -293,29 +328,23 @@ class SpeculativeDecoder:
         return torch.cat([self.ids, torch.tensor(self.drafted, dtype=torch.long, device=self.ids.device)])
 
     def draft_step(self) -> DraftStep:
-        """Draft one token with the draft model (feeding whatever its cache lacks).
+        """Draft one token with the drafter.
 
         Raises:
-            RuntimeError: not started, finished, or the depth limit is reached.
+            RuntimeError: not started, finished, the depth limit is reached, or the drafter has
+                no proposal (check :meth:`can_draft`).
         """
         self._check_running()
         if self.depth >= self.depth_limit:
             raise RuntimeError(f"Depth limit {self.depth_limit} reached: call verify().")
         t0 = self.clock.now()
-        seq = self._seq()
-        logits = self._forward(self.pair.draft, self.draft_cache, seq[self.draft_len :])[-1:]
-        self.draft_len = seq.numel()
-        q = self.sampling.probs(logits, seq)[0]
-        token = sample_from(q, self.generator)
-        raw = torch.softmax(logits[0].float(), dim=-1)
-        conf = float(raw.max())
-        ent = float(-(raw * torch.log(raw.clamp_min(1e-30))).sum())
-        self.drafted.append(token)
-        self.draft_probs.append(q)
-        self.confidences.append(conf)
-        self.last_entropy = ent
+        prop = self.drafter.propose(self._seq(), self.sampling, self.generator)
+        self.drafted.append(prop.token)
+        self.draft_probs.append(prop.probs)
+        self.confidences.append(prop.confidence)
+        self.last_entropy = prop.entropy
         self._cycle_draft += self.clock.now() - t0
-        return DraftStep(token, conf, ent)
+        return DraftStep(prop.token, prop.confidence, prop.entropy)
 
     def verify(self, verify_size: int | None = None) -> CycleResult:
         """Verify the drafted chain with one target forward, accept, commit and roll back the caches.
@@ -333,28 +362,21 @@ class SpeculativeDecoder:
             raise ValueError(f"A chain drafter verifies all drafted tokens: verify_size must be {gamma}, got {verify_size}.")
         t0 = self.clock.now()
         seq = self._seq()
-        logits = self._forward(self.pair.target, self.target_cache, seq[self.target_len :])[-(gamma + 1) :]
+        logits = self._target_forward(seq[self.target_len :])[-(gamma + 1) :]
         self.target_len = seq.numel()
         drafted = seq[self.ids.numel() :]
         p = self.sampling.probs(logits, self.ids, drafted)
         t1 = self.clock.now()
-        q = torch.stack(self.draft_probs) if gamma else p.new_zeros(0, p.shape[1])
+        q = self._draft_q(p) if gamma else p.new_zeros(0, p.shape[1])
         tau, nxt = self.sampler(p, q, drafted, self.generator)
-        emitted = self.drafted[:tau] + [nxt]
-        emitted = emitted[: self.max_new_tokens - self.generated]
-        eos_at = [i for i, t in enumerate(emitted) if t in self.pair.eos_token_ids]
-        if eos_at:
-            emitted = emitted[: eos_at[0] + 1]
         n_old = self.ids.numel()
-        self.ids = torch.cat([self.ids, torch.tensor(emitted, dtype=torch.long, device=self.ids.device)])
-        self.finished = bool(eos_at) or self.generated >= self.max_new_tokens
+        emitted = self._commit(self.drafted[:tau] + [nxt])
         # Roll back: entries are valid for committed-old + accepted drafts (same tokens in both sequences).
         valid = n_old + tau
-        for name in ("target", "draft"):
-            cache, length = getattr(self, f"{name}_cache"), getattr(self, f"{name}_len")
-            if length > valid:
-                cache.crop(-(length - valid))
-                setattr(self, f"{name}_len", valid)
+        if self.target_len > valid:
+            self.target_cache.crop(-(self.target_len - valid))
+            self.target_len = valid
+        self.drafter.rollback(valid)
         tau = min(tau, len(emitted))  # drafted tokens accepted after an EOS are not emitted: not counted
         self.accepted_history.append(tau)
         self.last_accept_fraction = tau / gamma if gamma else 1.0
@@ -364,6 +386,27 @@ class SpeculativeDecoder:
         feats = self.features()
         other_s += self.clock.now() - t1
         return CycleResult(emitted, gamma, gamma, tau, draft_s, verify_s, other_s, self.finished, feats)
+
+    def _draft_q(self, p: torch.Tensor) -> torch.Tensor:
+        """float (γ, V): the draft distributions, with a point mass for deterministic proposals."""
+        rows = []
+        for tok, q in zip(self.drafted, self.draft_probs):
+            if q is None:
+                q = p.new_zeros(p.shape[1])
+                q[tok] = 1.0
+            rows.append(q)
+        return torch.stack(rows)
+
+    def _commit(self, tokens: list[int]) -> list[int]:
+        """Append ``tokens`` to the committed sequence, cut at EOS and ``max_new_tokens``; set
+        :attr:`finished`. Returns the tokens actually committed."""
+        emitted = tokens[: self.max_new_tokens - self.generated]
+        eos_at = [i for i, t in enumerate(emitted) if t in self.pair.eos_token_ids]
+        if eos_at:
+            emitted = emitted[: eos_at[0] + 1]
+        self.ids = torch.cat([self.ids, torch.tensor(emitted, dtype=torch.long, device=self.ids.device)])
+        self.finished = bool(eos_at) or self.generated >= self.max_new_tokens
+        return emitted
 
     def _check_running(self) -> None:
         if not self._started:
@@ -376,41 +419,59 @@ class SpeculativeDecoder:
         self._cycle_other += seconds
 
     # ----------------------------------------------------------------- driving
+    def step(self, draft_more: bool) -> CycleResult | None:
+        """Apply one decision: draft one more token (``draft_more`` and :meth:`can_draft`), or verify.
+
+        When a drafted token reaches the cycle's limit (depth limit, or no further proposal from
+        the drafter), verification happens in the same call. This is the one step function that
+        :meth:`run_cycle` and :class:`envs.SpecDecodeEnv` drive.
+
+        Returns:
+            the :class:`CycleResult` when this call verified, else None.
+
+        Raises:
+            RuntimeError: not started or finished.
+        """
+        if draft_more and self.can_draft():
+            self.draft_step()
+            if self.can_draft():
+                return None
+        return self.verify()
+
     def run_cycle(self, controller: DraftController) -> CycleResult:
         """Draft while the controller says CONTINUE (up to the decoder's and the controller's
-        ``max_depth``), then verify.
+        ``max_depth``, and while the drafter has proposals), then verify; through :meth:`step`.
         The controller's decision time is charged to ``other_seconds``."""
-        limit = min(self.depth_limit, controller.max_depth)
-        while self.depth < limit:
-            t0 = self.clock.now()
-            go = controller.continue_drafting(self.features())
-            self._cycle_other += self.clock.now() - t0
-            if not go:
-                break
-            self.draft_step()
-        return self.verify()
+        while True:
+            go = False
+            if self.depth < controller.max_depth and self.can_draft():
+                t0 = self.clock.now()
+                go = controller.continue_drafting(self.features())
+                self._cycle_other += self.clock.now() - t0
+            res = self.step(go)
+            if res is not None:
+                return res
 
     def generate(self, prompt_ids: torch.Tensor, controller: DraftController, seed: int | None = None) -> GenerationResult:
         """Generate up to ``max_new_tokens`` after ``prompt_ids`` (int64 (L,)); stop at EOS (emitted, nothing after).
 
-        The wall clock covers prefill, every cycle and the controller's decisions.
+        The wall clock covers prefill, every cycle and the controller's decisions; TTFT is the
+        prefill (one target forward over the prompt and the first token's draw).
         """
         controller.reset()
         t0 = self.clock.now()
         self.start(prompt_ids, seed)
+        ttft = self.clock.now() - t0
         cycles = []
-        ttft = None
         while not self.finished:
             cycles.append(self.run_cycle(controller))
-            if ttft is None:
-                ttft = self.clock.now() - t0
         wall = self.clock.now() - t0
         return GenerationResult(
             prompt_ids=self.ids[: self.prompt_len].tolist(),
             tokens=self.ids[self.prompt_len :].tolist(),
             cycles=cycles,
             wall_seconds=wall,
-            ttft_seconds=ttft if ttft is not None else wall,
+            ttft_seconds=ttft,
         )
 
 

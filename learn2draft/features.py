@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-FEATURE_VERSION = 1
+FEATURE_VERSION = 2  # 2: drafter features match_len, match_count; first token from the prefill
 HISTORY = 4  # recent accepted lengths in the observation
 CONTEXT_SCALE = 2048.0  # context length is divided by this, then clipped to [0, 1]
 
@@ -29,6 +29,8 @@ FEATURE_NAMES: tuple[str, ...] = (
     "mean_confidence",
     "last_accept_fraction",
     "progress",
+    "match_len",
+    "match_count",
 )
 
 FEATURE_DOCS: dict[str, str] = {
@@ -43,6 +45,10 @@ FEATURE_DOCS: dict[str, str] = {
     "mean_confidence": "mean of last_confidence over this cycle's drafted tokens (0 at depth 0)",
     "last_accept_fraction": "τ / depth of the previous cycle (1 if it drafted nothing or before any cycle)",
     "progress": "tokens generated so far / max_new_tokens",
+    "match_len": "prompt-lookup drafter only (0 for the others): length of the n-gram match behind the next "
+                 "proposal, extended backwards, min(length, 16) / 16; 0 when nothing matches",
+    "match_count": "prompt-lookup drafter only (0 for the others): earlier occurrences of the matched n-gram, "
+                   "min(count, 8) / 8",
 }
 
 
@@ -70,8 +76,12 @@ def build_features(
     last_accept_fraction: float,
     generated: int,
     max_new_tokens: int,
+    drafter_features: Sequence[float] | None = None,
 ) -> np.ndarray:
     """Assemble the observation vector described by :data:`FEATURE_NAMES`.
+
+    ``drafter_features``: the drafter's two features (``match_len``, ``match_count``; see
+    :meth:`learn2draft.drafters.Drafter.features`), zeros when None.
 
     Returns:
         float32 array of shape (len(FEATURE_NAMES),), every entry in [0, 1].
@@ -89,5 +99,6 @@ def build_features(
         float(np.mean(conf)) if conf else 0.0,
         last_accept_fraction,
         min(generated / max_new_tokens, 1.0),
+        *(drafter_features if drafter_features is not None else (0.0, 0.0)),
     ]
     return np.clip(np.asarray(out, dtype=np.float32), 0.0, 1.0)

@@ -9,6 +9,7 @@ from policies.controllers import (
     CONTINUE,
     STOP,
     ConfidenceThresholdController,
+    MatchLengthController,
     OnnxController,
     PolicyController,
     SB3Controller,
@@ -23,6 +24,6 @@ def load_policy(directory, intra_op_num_threads: int = 1) -> OnnxController:
 
 
 __all__ = [
-    "CONTINUE", "STOP", "ConfidenceThresholdController", "OnnxController", "PolicyController", "SB3Controller",
-    "load_policy",
+    "CONTINUE", "STOP", "ConfidenceThresholdController", "MatchLengthController", "OnnxController", "PolicyController",
+    "SB3Controller", "load_policy",
 ]

@@ -22,12 +22,14 @@ from typing import Any
 import numpy as np
 
 from learn2draft.decoding import DraftController
+from learn2draft.drafters.lookup import MATCH_LEN_SCALE
 from learn2draft.features import FEATURE_NAMES
 
 STOP = 0
 CONTINUE = 1
 _LAST_CONFIDENCE = FEATURE_NAMES.index("last_confidence")
 _DEPTH = FEATURE_NAMES.index("depth")
+_MATCH_LEN = FEATURE_NAMES.index("match_len")
 
 
 def _as_action(value: Any) -> int:
@@ -199,6 +201,43 @@ class ConfidenceThresholdController(DraftController):
                 f"min_depth={self.min_depth})")
 
 
+class MatchLengthController(DraftController):
+    """Heuristic baseline for the prompt-lookup drafter: at the start of a cycle, draft as many
+    tokens as the current n-gram match is long (the ``match_len`` feature, a match length in
+    tokens / 16), capped at ``max_depth`` — a long match is a long copy, so it is trusted further
+    (SuffixDecoding, arXiv 2411.04975, sizes its speculation from the match the same way). The
+    drafter itself stops when its match runs out.
+
+    Args:
+        max_depth: the most tokens drafted per cycle (≥ 0); build the decoder with the same.
+        scale: tokens drafted per matched token (> 0).
+        min_match: no drafting when the match is shorter than this many tokens (≥ 1).
+
+    Raises:
+        ValueError: an argument is out of range.
+    """
+
+    def __init__(self, max_depth: int = 8, scale: float = 1.0, min_match: int = 1):
+        if max_depth < 0 or scale <= 0 or min_match < 1:
+            raise ValueError(f"Need max_depth ≥ 0, scale > 0 and min_match ≥ 1, got {max_depth}, {scale}, {min_match}.")
+        self.max_depth, self.scale, self.min_match = int(max_depth), float(scale), int(min_match)
+        self._budget = 0
+
+    def reset(self) -> None:
+        self._budget = 0
+
+    def continue_drafting(self, features: np.ndarray) -> bool:
+        depth = round(float(features[_DEPTH]) * self.max_depth)
+        if depth == 0:
+            match = round(float(features[_MATCH_LEN]) * MATCH_LEN_SCALE)
+            self._budget = 0 if match < self.min_match else min(self.max_depth, max(1, round(self.scale * match)))
+        return depth < self._budget
+
+    def __repr__(self) -> str:
+        return f"MatchLengthController(max_depth={self.max_depth}, scale={self.scale}, min_match={self.min_match})"
+
+
 __all__ = [
-    "CONTINUE", "STOP", "ConfidenceThresholdController", "OnnxController", "PolicyController", "SB3Controller",
+    "CONTINUE", "STOP", "ConfidenceThresholdController", "MatchLengthController", "OnnxController", "PolicyController",
+    "SB3Controller",
 ]

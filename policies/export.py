@@ -30,6 +30,8 @@ from learn2draft.features import FEATURE_NAMES, FEATURE_VERSION, feature_spec
 from policies.controllers import OnnxController
 
 ONNX_FILE = "policy.onnx"
+#: Trained depth policies for the embedded default pair, one directory per drafter, shipped with the package.
+DEFAULT_POLICIES_DIR = Path(__file__).resolve().parent / "defaults"
 FEATURE_SPEC_FILE = "feature_spec.json"
 POLICY_CONFIG_FILE = "policy_config.json"
 CHECK_FILE = "export_check.json"
@@ -199,6 +201,30 @@ def resolve_export_dir(path: str | Path) -> Path:
     return path / "policy" if (path / "policy").is_dir() else path
 
 
+def default_policy_dir(drafter: str = "model") -> Path:
+    """The shipped export directory of the depth policy trained for ``drafter`` on the embedded
+    default pair (``policies/defaults/<drafter>``).
+
+    Raises:
+        FileNotFoundError: none is shipped for this drafter.
+    """
+    d = DEFAULT_POLICIES_DIR / drafter
+    if not (d / ONNX_FILE).is_file():
+        shipped = sorted(p.name for p in DEFAULT_POLICIES_DIR.glob("*") if (p / ONNX_FILE).is_file())
+        raise FileNotFoundError(
+            f"No shipped policy for drafter {drafter!r} (shipped: {', '.join(shipped) or 'none'}): train one with "
+            f"`python -m train --drafter {drafter}` and pass --policy RUN_DIR."
+        )
+    return d
+
+
+def policy_drafter(directory: str | Path) -> str:
+    """The drafter a policy export (or training run) was trained with; ``"model"`` for exports
+    that predate drafters."""
+    cfg = json.loads((resolve_export_dir(directory) / POLICY_CONFIG_FILE).read_text())
+    return str(cfg.get("drafter", "model"))
+
+
 def load_policy(directory: str | Path, intra_op_num_threads: int = 1) -> OnnxController:
     """Load an export directory (or a training run directory holding one in ``policy/``) as an
     :class:`OnnxController` (onnxruntime only; no SB3, no torch graph).
@@ -227,5 +253,6 @@ def load_policy(directory: str | Path, intra_op_num_threads: int = 1) -> OnnxCon
 
 __all__ = [
     "CHECK_FILE", "FEATURE_SPEC_FILE", "ONNX_FILE", "POLICY_CONFIG_FILE", "ExportCheckError", "ExportResult",
-    "OnnxablePolicy", "check_onnx", "export_onnx", "export_policy", "load_policy", "resolve_export_dir",
+    "DEFAULT_POLICIES_DIR", "OnnxablePolicy", "check_onnx", "default_policy_dir", "export_onnx", "export_policy",
+    "load_policy", "policy_drafter", "resolve_export_dir",
 ]

@@ -125,13 +125,17 @@ def test_time_between_steps_is_not_counted(tiny_pair):
 def test_stop_at_depth_zero_is_a_plain_target_step(tiny_pair):
     env = make_env(tiny_pair)
     env.reset(seed=0, options={"prompt_index": 2})
+    ids = env.prompt_ids[2]
+    with torch.no_grad():
+        first = int(tiny_pair.target(input_ids=ids.unsqueeze(0)).logits[0, -1, : tiny_pair.vocab_size].argmax())
+    assert env.generated_tokens() == [first]  # the prefill emits the first token, as generate() does
     _, r, term, trunc, info = env.step(STOP)
     assert info["verified"] and info["depth"] == 0 and info["accepted"] == 0 and info["tokens"] == 1
     assert info["draft_seconds"] == 0.0
-    ids = env.prompt_ids[2]
+    ids = torch.cat([ids, torch.tensor([first])])
     with torch.no_grad():
         logits = tiny_pair.target(input_ids=ids.unsqueeze(0)).logits[0, -1, : tiny_pair.vocab_size]
-    assert env.generated_tokens() == [int(logits.argmax())]
+    assert env.generated_tokens() == [first, int(logits.argmax())]
 
 
 def test_all_stop_equals_autoregressive_decoding(tiny_pair):
@@ -159,7 +163,7 @@ def test_all_continue_matches_fixed_depth_and_respects_token_budget(tiny_pair):
     ref = SpeculativeDecoder(tiny_pair, max_new_tokens=11, max_depth=3).generate(env.prompt_ids[4], FixedDepthController(3))
     assert [c["depth"] for c in cycles] == [c.depth for c in ref.cycles]
     assert env.generated_tokens() == ref.tokens
-    assert sum(c["tokens"] for c in cycles) == len(ref.tokens) <= 11
+    assert 1 + sum(c["tokens"] for c in cycles) == len(ref.tokens) <= 11  # + the prefill's token
 
 
 def test_max_depth_zero_verifies_every_step(tiny_pair):
@@ -180,18 +184,24 @@ def test_truncated_at_max_new_tokens(tiny_pair):
 
 
 def test_terminated_at_eos(tiny_tok):
-    """A target that always prefers EOS ends the episode with terminated=True."""
+    """A target that prefers EOS after its first token ends the episode with terminated=True; one
+    that emits EOS at the prefill leaves no decision, and reset says so."""
     V = len(tiny_tok)
     target = tiny_llama(V, 5)
     boost = torch.zeros(target.lm_head.weight.shape[0])
     boost[tiny_tok.eos_token_id] = 1e4
-    target.lm_head.register_forward_hook(lambda m, i, o: o + boost)
+    hook = target.lm_head.register_forward_hook(lambda m, i, o: o + boost)
     pair = make_pair(target, tiny_llama(V, 6, layers=1), tiny_tok, tiny_tok)
     env = SpecDecodeEnv(pair, PROMPTS, max_new_tokens=10, max_depth=3)
+    with pytest.raises(ValueError, match="first token"):
+        env.reset(seed=0)
+    hook.remove()
+    # EOS from every forward but the prefill (which feeds the whole prompt, more than one token).
+    target.lm_head.register_forward_hook(lambda m, i, o: o + boost if o.shape[1] == 1 else o)
     env.reset(seed=0)
     _, _, term, trunc, info = env.step(STOP)
     assert term and not trunc and info["generation_finished"]
-    assert env.generated_tokens() == [tiny_tok.eos_token_id]
+    assert len(env.generated_tokens()) == 2 and env.generated_tokens()[-1] == tiny_tok.eos_token_id
     with pytest.raises(RuntimeError, match="reset"):
         env.step(STOP)
 
@@ -278,9 +288,9 @@ def test_cycle_mode_episodes_are_cycles_of_one_generation(tiny_pair):
         if info["generation_finished"]:
             break
         _, rinfo = env.reset()  # continues the generation
-        assert not rinfo["new_generation"] and rinfo["prompt_index"] == prompt and rinfo["generated"] == total
-    assert total == len(env.generated_tokens())
+        assert not rinfo["new_generation"] and rinfo["prompt_index"] == prompt and rinfo["generated"] == total + 1
+    assert total + 1 == len(env.generated_tokens())  # + the prefill's token
     _, info = env.reset()
-    assert info["new_generation"] and info["generated"] == 0
+    assert info["new_generation"] and info["generated"] == 1
     _, info = env.reset(options={"new_generation": True})
     assert info["new_generation"]

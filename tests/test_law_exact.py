@@ -138,3 +138,61 @@ def test_peeking_policy_breaks_the_law():
     ok, err = check_law(LEVIATHAN_RULE, chain.p, chain.q, fixed_depth(3), V=4, length=3,
                         peek=lambda prefix, drafted: drafted[-1] == 0)
     assert not ok and err > 1e-3
+
+
+# ------------------------------------------------- the q shapes of the new drafters (lookup, head)
+class PointMassDraft:
+    """A deterministic drafter (prompt lookup): the proposal is a function of the prefix, q a point
+    mass on it. Some proposals have p = 0 (always rejected), some the target's most likely token."""
+
+    def __init__(self, chain: RandomChain):
+        self.chain = chain
+
+    def token(self, prefix: tuple) -> int:
+        rng = np.random.default_rng([99, len(prefix), *prefix])
+        return int(rng.integers(self.chain.V))
+
+    def q(self, prefix: tuple) -> np.ndarray:
+        row = np.zeros(self.chain.V)
+        row[self.token(prefix)] = 1.0
+        return row
+
+
+def draft_vocab_q(chain: RandomChain, keep: int):
+    """A head's q: the draft's law restricted to a draft vocabulary (tokens 0..keep−1), renormalised;
+    zero outside it, where the target may well put mass."""
+
+    def q(prefix: tuple) -> np.ndarray:
+        row = chain.q(prefix).copy()
+        row[keep:] = 0.0
+        if row.sum() == 0:
+            row[:keep] = 1.0
+        return row / row.sum()
+
+    return q
+
+
+@pytest.mark.parametrize("V,gamma,N,seed", CASES[:6])
+def test_point_mass_draft_keeps_the_target_law(V, gamma, N, seed):
+    chain = RandomChain(V, seed)
+    draft = PointMassDraft(chain)
+    # A deterministic proposal may be looked at before deciding (nothing random is drawn): stop
+    # before proposing token 0, as a lookup policy reading its match would.
+    looking = lambda prefix, drafted: len(drafted) < gamma and draft.token(prefix + drafted) != 0  # noqa: E731
+    for policy in (fixed_depth(gamma), looking):
+        ok, err = check_law(LEVIATHAN_RULE, chain.p, draft.q, policy, V, N)
+        assert ok, f"max |speculative − target| = {err:.3g} > {TOL}"
+    ok, err = check_law(RESAMPLE_FROM_TARGET_RULE, chain.p, draft.q, fixed_depth(gamma), V, N)
+    assert not ok and err > 1e-3
+
+
+@pytest.mark.parametrize("V,gamma,N,seed", [c for c in CASES if c[0] >= 4])
+def test_draft_vocabulary_q_keeps_the_target_law(V, gamma, N, seed):
+    chain = RandomChain(V, seed)
+    q = draft_vocab_q(chain, keep=V // 2)
+    assert any(q(s)[V // 2:].sum() == 0 and chain.p(s)[V // 2:].sum() > 0 for s in [(), (0,), (1,)])
+    for policy in (fixed_depth(gamma), stop_after_token(0, gamma)):
+        ok, err = check_law(LEVIATHAN_RULE, chain.p, q, policy, V, N)
+        assert ok, f"max |speculative − target| = {err:.3g} > {TOL}"
+    ok, err = check_law(RESAMPLE_FROM_TARGET_RULE, chain.p, q, stop_after_token(0, gamma), V, N)
+    assert not ok and err > 1e-3

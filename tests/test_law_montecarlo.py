@@ -108,8 +108,31 @@ def goodness_of_fit(counts: Counter, law: dict[tuple, float]) -> tuple[float, in
     return float(chisquare(obs, exp).pvalue), len(obs), impossible
 
 
+def point_mass_tables(V: int, gamma: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A deterministic drafter's q (prompt lookup): one-hot rows; one proposal has p = 0."""
+    p, _ = random_tables(V, gamma, seed)
+    q = torch.zeros(gamma, V)
+    for i in range(gamma):
+        zero = (p[i] == 0).nonzero()
+        tok = int(zero[0, 0]) if i == 0 and zero.numel() else int(p[i].argmax()) if i % 2 else (i * 3) % V
+        q[i, tok] = 1.0
+    return p, q
+
+
+def draft_vocab_tables(V: int, gamma: int, seed: int, keep: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A head's q: zero outside a draft vocabulary (tokens 0..keep−1), where p has mass."""
+    p, q = random_tables(V, gamma, seed)
+    q[:, keep:] = 0.0
+    q[:, 0] += 0.05
+    q /= q.sum(1, keepdim=True)
+    assert (p[:, keep:].sum(1) > 0).all()
+    return p, q
+
+
 SCENARIOS = {
     "example γ=1": lambda: example_tables(1),
+    "point mass V=6 γ=3": lambda: point_mass_tables(6, 3, seed=3),
+    "draft vocabulary V=6 γ=2": lambda: draft_vocab_tables(6, 2, seed=4, keep=3),
     "random V=6 γ=1": lambda: random_tables(6, 1, seed=1),
     "random V=5 γ=4": lambda: random_tables(5, 4, seed=2),
 }

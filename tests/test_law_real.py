@@ -108,15 +108,20 @@ def test_law_check_on_tiny_models_passes_and_flags_the_wrong_rule(tiny_law_pair)
     controllers = {"γ=3": FixedDepthController(3), "policy": ConfidencePolicy(0.2, 5)}
     ok = law_check(tiny_law_pair, controllers, [PROMPT], sampling=cfg, num_tokens=3, num_samples=400, seed=0)
     assert ok["passed"], format_law_table(ok)
-    assert ok["num_tests"] == 1 + 2 * (1 + 3)  # exact test of each arm + 3 positions per controller
+    cond = [t for t in ok["tests"] if t["kind"] == "exact" and t["position"] == 2]
+    assert {t["controller"] for t in cond} == {"γ=3", "policy"}  # the 2nd token, given the 1st (the prefill's)
+    # exact test of each arm at position 1 + 3 two-sample positions per controller + the conditional exact tests
+    assert ok["num_tests"] == 1 + 2 * (1 + 3) + len(cond)
     assert {t["kind"] for t in ok["tests"]} == {"exact", "two-sample"}
     json.dumps(ok)  # serialisable as the CLI writes it
-    bad = law_check(tiny_law_pair, {"γ=3": FixedDepthController(3)}, [PROMPT], sampling=cfg, num_tokens=3,
+    # Negative control: the first token comes from the prefill, so the wrong rule shows from the 2nd token on,
+    # most sharply in the exact test given the first token (fewer tests: less Bonferroni dilution).
+    bad = law_check(tiny_law_pair, {"γ=3": FixedDepthController(1)}, [PROMPT], sampling=cfg, num_tokens=2,
                     num_samples=400, seed=0, sampler=resample_from_target_rule)
     assert not bad["passed"] and bad["sampler"] == "resample_from_target_rule"
-    assert any(t["flagged"] for t in bad["tests"] if t["controller"] == "γ=3")
+    assert any(t["flagged"] for t in bad["tests"] if t["controller"] == "γ=3" and "given" in t)
     table = format_law_table(bad)
-    assert "FAIL" in table and "✗" in table and "| 0 | γ=3 | 1 |" in table
+    assert "FAIL" in table and "✗" in table
 
 
 def test_law_check_rejects_bad_arguments(tiny_law_pair):

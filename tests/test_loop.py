@@ -58,9 +58,10 @@ def check_caches(dec: SpeculativeDecoder) -> None:
     keys/values of a full (cache-free) forward over the committed prefix it claims."""
     n = dec.ids.numel()
     assert dec.target_len == dec.target_cache.get_seq_length() == n - 1
-    assert dec.draft_len == dec.draft_cache.get_seq_length() <= n - 1
+    drafter = dec.drafter
+    assert drafter.cache_len == drafter.cache.get_seq_length() <= n - 1
     for model, cache, length in ((dec.pair.target, dec.target_cache, dec.target_len),
-                                 (dec.pair.draft, dec.draft_cache, dec.draft_len)):
+                                 (drafter.model, drafter.cache, drafter.cache_len)):
         if length == 0:
             continue
         c2 = copy.deepcopy(cache)
@@ -74,7 +75,8 @@ def check_caches(dec: SpeculativeDecoder) -> None:
 @pytest.mark.parametrize("sampling", [GREEDY, T1], ids=["greedy", "T=1"])
 def test_eos_at_every_slot_of_a_block_and_at_the_bonus_slot(V, tiny_tok, sampling):
     gamma = 4
-    for g in range(2 * (gamma + 1)):  # generation index of the EOS: slots 0..γ of cycles 0 and 1
+    # Generation index of the EOS: 0 is the prefill's token, then slots 0..γ of cycles 0 and 1.
+    for g in range(2 * (gamma + 1) + 1):
         m = model_without_eos(V)
         bias_token(m, EOS, FORCE, positions=[L + g])
         pair = make_pair(m, m, tiny_tok, tiny_tok)  # draft = target: every block is accepted in full
@@ -82,7 +84,10 @@ def test_eos_at_every_slot_of_a_block_and_at_the_bonus_slot(V, tiny_tok, samplin
         r = dec.generate(PROMPT, FixedDepthController(gamma))
         assert r.tokens[-1] == EOS and len(r.tokens) == g + 1 and EOS not in r.tokens[:-1]
         assert dec.finished
-        last, slot = r.cycles[-1], g % (gamma + 1)
+        if g == 0:  # the prefill emitted EOS: no cycle ran
+            assert r.cycles == []
+            continue
+        last, slot = r.cycles[-1], (g - 1) % (gamma + 1)
         assert last.depth == gamma and last.finished
         assert len(last.tokens) == slot + 1  # everything after the EOS (drafted tokens, bonus) discarded
         # τ counts only accepted tokens that were emitted: EOS at a drafted slot counts, tokens after it do not
@@ -92,14 +97,14 @@ def test_eos_at_every_slot_of_a_block_and_at_the_bonus_slot(V, tiny_tok, samplin
 
 
 def test_eos_from_the_correction_and_rejected_drafted_eos(V, tiny_tok):
-    g, gamma = 6, 4
+    g, gamma = 8, 4
     target = model_without_eos(V)
     draft = copy.deepcopy(target)
     bias_token(target, EOS, FORCE, positions=[L + g])  # only the target wants EOS at g
     r = SpeculativeDecoder(make_pair(target, draft, tiny_tok, tiny_tok), GREEDY, 50).generate(
         PROMPT, FixedDepthController(gamma))
     assert len(r.tokens) == g + 1 and r.tokens[-1] == EOS  # the rejected draft token is corrected to EOS
-    assert r.cycles[-1].num_accepted == g % (gamma + 1)
+    assert r.cycles[-1].num_accepted == (g - 1) % (gamma + 1)  # generation index 0 comes from the prefill
 
     target, draft = model_without_eos(V), model_without_eos(V)
     bias_token(draft, EOS, FORCE, positions=[L + g])  # only the draft proposes EOS at g: always rejected

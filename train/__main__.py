@@ -47,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-p", type=float, default=d.top_p, help="1.0 = off")
     g.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="tokens per generation (episode)")
     g.add_argument("--max-depth", type=int, default=d.max_depth, help="most tokens drafted per cycle")
+    g.add_argument("--drafter", default=d.drafter, choices=["model", "head", "lookup"],
+                   help="what drafts: the draft model, the feature-level head, or prompt lookup")
     g = p.add_argument_group("PPO")
     g.add_argument("--timesteps", type=int, default=d.timesteps, help="environment steps (draft decisions) to train")
     g.add_argument("--n-steps", type=int, default=d.n_steps, help="steps per rollout")
@@ -72,7 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--wandb-project", default=d.wandb_project)
     g.add_argument("--no-progress-bar", action="store_true", help="hide the tqdm/rich progress bar")
     g.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads (1: stable timings on a shared CPU; evaluate with the same)")
-    g.add_argument("--prompt-split", default=d.prompt_split, choices=["train", "heldout"])
+    g.add_argument("--prompt-split", default=d.prompt_split,
+                   help="training prompts: train, heldout, copy_train or copy_heldout, or several joined by commas "
+                        "(e.g. train,copy_train: open and copy-heavy prompts, so a lookup policy learns when not to draft)")
     g.add_argument("--warmup-prompts", type=int, default=d.warmup_prompts,
                    help="generations that warm up and measure the autoregressive rate")
     g.add_argument("--eval-prompts", type=int, default=d.eval_prompts,
@@ -94,7 +98,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         episode=args.episode, seed=args.seed, out=args.out or default_out_dir(), overwrite=args.overwrite,
         checkpoint_every=args.checkpoint_every, wandb_mode=mode, wandb_project=args.wandb_project,
         run_name=args.name, progress_bar=not args.no_progress_bar, threads=args.threads,
-        prompt_split=args.prompt_split, warmup_prompts=args.warmup_prompts, eval_prompts=args.eval_prompts,
+        prompt_split=args.prompt_split, drafter=args.drafter, warmup_prompts=args.warmup_prompts, eval_prompts=args.eval_prompts,
         eval_gammas=tuple(args.eval_gammas),
     )
 

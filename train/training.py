@@ -39,8 +39,10 @@ import numpy as np
 import torch
 
 from learn2draft.decoding import FixedDepthController, SpeculativeDecoder
+from learn2draft.drafters import DRAFTERS, make_drafter
 from learn2draft.features import feature_spec
 from learn2draft.models import DEFAULT_DRAFT, DEFAULT_TARGET, ModelPair
+from learn2draft.prompts import SPLITS
 from learn2draft.sampling import SamplingConfig
 
 RESULT_FILES = ("config.json", "model.zip", "metrics.json", "policy")
@@ -53,7 +55,8 @@ class TrainConfig:
 
     Model / decoding: ``target``, ``draft`` (names, recorded; :func:`run` uses the pair it is given),
     ``device``, ``dtype``, sampling (``temperature`` 0 = greedy, ``top_k``, ``top_p``),
-    ``max_new_tokens`` per generation, ``max_depth`` tokens per cycle.
+    ``max_new_tokens`` per generation, ``max_depth`` tokens per cycle, ``drafter`` (``"model"``,
+    ``"head"`` or ``"lookup"``, see :func:`learn2draft.drafters.make_drafter`).
 
     PPO (stable-baselines3): ``timesteps`` (environment steps = draft decisions), ``n_steps`` per
     rollout, ``batch_size``, ``n_epochs``, ``learning_rate``, ``gamma`` (1.0: undiscounted cycles),
@@ -66,7 +69,8 @@ class TrainConfig:
     ``wandb_mode`` (offline / online / disabled), ``wandb_project``, ``run_name``, ``progress_bar``,
     ``threads`` (torch CPU threads; None = torch's default. 1 by default: on a shared 2-core CPU a
     second thread waiting on a busy core made a SmolLM2-135M forward ~6x slower and much noisier,
-    and noisy clocks are noisy rewards; evaluate with the same setting), ``prompt_split``, ``warmup_prompts``
+    and noisy clocks are noisy rewards; evaluate with the same setting), ``prompt_split`` (one split of
+    :func:`learn2draft.prompts.load_prompts` or several joined by commas, e.g. ``"train,copy_train"``), ``warmup_prompts``
     (generations used to warm up and measure the autoregressive rate), ``eval_prompts`` (held-out
     prompts for the final sanity check; 0 = skip) and ``eval_gammas`` (fixed depths compared there).
     """
@@ -102,6 +106,7 @@ class TrainConfig:
     progress_bar: bool = True
     threads: int | None = 1
     prompt_split: str = "train"
+    drafter: str = "model"
     warmup_prompts: int = 2
     eval_prompts: int = 3
     eval_gammas: tuple[int, ...] = (0, 4)
@@ -133,6 +138,9 @@ class TrainConfig:
             (self.eval_prompts >= 0, f"eval_prompts must be ≥ 0, got {self.eval_prompts}."),
             (all(g >= 0 for g in self.eval_gammas), f"eval_gammas must be ≥ 0, got {self.eval_gammas}."),
             (len(self.net_arch) > 0 and all(h > 0 for h in self.net_arch), f"net_arch must be positive sizes, got {self.net_arch}."),
+            (self.drafter in DRAFTERS, f"drafter must be one of {', '.join(DRAFTERS)}, got {self.drafter!r}."),
+            (all(sp in SPLITS for sp in self.prompt_split.split(",")),
+             f"prompt_split must be one or more of {', '.join(SPLITS)} joined by commas, got {self.prompt_split!r}."),
         ]
         for ok, msg in checks:
             if not ok:
@@ -297,14 +305,15 @@ def _init_wandb(cfg: TrainConfig, out: Path, run_config: dict):
 def measure_rate(
     pair: ModelPair, prompt_ids: list[torch.Tensor], controller, cfg: TrainConfig, seed: int = 0
 ) -> dict:
-    """Generate for each prompt with ``controller``.
+    """Generate for each prompt with ``controller`` and the drafter ``cfg.drafter``.
 
     Returns:
         ``tokens_per_s`` (total tokens / total wall seconds, prefill and the controller's decisions
         included), ``cycle_tokens_per_s`` (total tokens / total cycle seconds, the quantity the
         environment rewards), ``tokens``, ``seconds``, ``mean_depth`` and ``mean_accepted`` (τ) per cycle.
     """
-    dec = SpeculativeDecoder(pair, cfg.sampling(), max_new_tokens=cfg.max_new_tokens, max_depth=cfg.max_depth)
+    dec = SpeculativeDecoder(pair, cfg.sampling(), max_new_tokens=cfg.max_new_tokens, max_depth=cfg.max_depth,
+                             drafter=make_drafter(cfg.drafter, pair))
     toks = secs = cycle_secs = 0.0
     depths, taus = [], []
     for i, ids in enumerate(prompt_ids):
@@ -373,13 +382,17 @@ def run(pair: ModelPair, config: TrainConfig | None = None, prompts: list[str] |
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     set_random_seed(cfg.seed)
-    prompts = list(prompts) if prompts is not None else load_prompts(cfg.prompt_split)
+    if prompts is None:
+        prompts = [p for sp in cfg.prompt_split.split(",") for p in load_prompts(sp)]
+    prompts = list(prompts)
     sampling = cfg.sampling()
 
     # The environment tokenises and checks every prompt up front.
     env = SpecDecodeEnv(pair, prompts, sampling, max_new_tokens=cfg.max_new_tokens, max_depth=cfg.max_depth,
-                        episode=cfg.episode)
-    warm_ids = env.prompt_ids[: cfg.warmup_prompts]
+                        episode=cfg.episode, drafter=make_drafter(cfg.drafter, pair))
+    # Warm-up prompts spread over the list (a mixed list, e.g. train,copy_train, is warmed on both kinds).
+    step = max(1, len(env.prompt_ids) // cfg.warmup_prompts)
+    warm_ids = env.prompt_ids[::step][: cfg.warmup_prompts]
 
     # Warm-up (first forwards allocate) and the autoregressive reference rate.
     measure_rate(pair, warm_ids[:1], FixedDepthController(min(2, cfg.max_depth)), cfg, seed=cfg.seed)
@@ -391,6 +404,7 @@ def run(pair: ModelPair, config: TrainConfig | None = None, prompts: list[str] |
         **asdict(cfg),
         "target": pair.target_name or cfg.target,
         "draft": pair.draft_name or cfg.draft,
+        "drafter": cfg.drafter,
         "sampling": sampling.to_dict(),
         "reward_scale_used": reward_scale,
         "autoregressive_warmup": ar,
@@ -435,6 +449,7 @@ def run(pair: ModelPair, config: TrainConfig | None = None, prompts: list[str] |
         export = export_policy(
             model, out / "policy", cfg.max_depth,
             config={"sampling": sampling.to_dict(), "target": run_config["target"], "draft": run_config["draft"],
+                    "drafter": cfg.drafter,
                     "max_new_tokens": cfg.max_new_tokens, "reward_scale": reward_scale, "training": asdict(cfg)},
             observations=model.rollout_buffer.observations, seed=cfg.seed,
         )

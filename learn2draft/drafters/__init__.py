@@ -1,0 +1,42 @@
+"""Drafters behind one interface (:class:`Drafter`): a small draft model, a feature-level draft
+head over the target's hidden states, and model-free prompt lookup.
+
+``make_drafter(name, pair)`` builds one by name; the decoder takes it as
+``SpeculativeDecoder(pair, ..., drafter=...)``.
+"""
+
+from __future__ import annotations
+
+from learn2draft.drafters.base import NUM_DRAFTER_FEATURES, DraftProposal, Drafter
+from learn2draft.drafters.lookup import LookupDrafter
+from learn2draft.drafters.model import ModelDrafter
+
+DRAFTERS = ("model", "head", "lookup")
+
+
+def make_drafter(name: str, pair, head: str | None = None, **kwargs) -> Drafter:
+    """Build the drafter ``name`` for a :class:`learn2draft.ModelPair`.
+
+    Args:
+        name: ``"model"`` (``pair.draft``), ``"head"`` (a trained feature-level head for
+            ``pair.target``; ``head`` is its directory, default: the shipped head of the embedded
+            target) or ``"lookup"`` (prompt lookup; ``kwargs`` go to :class:`LookupDrafter`).
+        pair: the loaded models.
+
+    Raises:
+        ValueError: unknown name.
+        learn2draft.ModelLoadError: the head cannot be found or does not fit the target.
+    """
+    if name == "model":
+        return ModelDrafter(pair.draft, pair.vocab_size)
+    if name == "lookup":
+        return LookupDrafter(**kwargs)
+    if name == "head":
+        from learn2draft.drafters.head import load_head_drafter
+
+        return load_head_drafter(pair, head, **kwargs)
+    raise ValueError(f"Unknown drafter {name!r}: use one of {', '.join(DRAFTERS)}.")
+
+
+__all__ = ["DRAFTERS", "NUM_DRAFTER_FEATURES", "DraftProposal", "Drafter", "LookupDrafter", "ModelDrafter",
+           "make_drafter"]

@@ -1,0 +1,168 @@
+"""The Drafter interface and the prompt-lookup drafter, on tiny models (the head has tests/test_head.py)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_llama
+from helpers_loop import greedy_reference
+
+from learn2draft.decoding import FixedDepthController, SpeculativeDecoder
+from learn2draft.drafters import LookupDrafter, ModelDrafter, make_drafter
+from learn2draft.features import FEATURE_NAMES
+from learn2draft.models import make_pair
+from learn2draft.prompts import load_prompt_file, load_prompts
+from learn2draft.sampling import SamplingConfig
+from policies.controllers import MatchLengthController
+
+MATCH_LEN = FEATURE_NAMES.index("match_len")
+MATCH_COUNT = FEATURE_NAMES.index("match_count")
+
+
+def t(xs):
+    return torch.tensor(xs, dtype=torch.long)
+
+
+# ------------------------------------------------------------------------------ lookup matching
+def test_lookup_proposes_what_followed_the_latest_occurrence():
+    d = LookupDrafter(max_ngram=3)
+    seq = t([5, 6, 7, 8, 1, 5, 6, 7, 9, 2, 5, 6, 7])
+    d.start(seq)
+    token, length, count, conf = d.lookup(seq)
+    assert token == 9  # the latest earlier "5 6 7" was followed by 9 (the first by 8)
+    assert count == 2 and conf == 0.5
+    assert length == 3  # "2 5 6 7" vs "9 2 5 6 7"... the latest match is preceded by 1 vs 2: no extension
+    assert d.can_propose(seq)
+    prop = d.propose(seq, SamplingConfig(), None)
+    assert prop.token == 9 and prop.probs is None and prop.entropy == 0.0
+
+
+def test_lookup_extends_the_match_backwards_and_falls_back_to_shorter_ngrams():
+    d = LookupDrafter(max_ngram=2)
+    seq = t([1, 2, 3, 4, 5, 9, 1, 2, 3, 4])
+    d.start(seq)
+    token, length, count, _ = d.lookup(seq)
+    assert token == 5 and length == 4 and count == 1  # "1 2 3 4" matched in full although n ≤ 2
+    seq = t([7, 3, 8, 4, 3])  # no 2-gram "4 3" earlier, but the 1-gram "3" is followed by 8
+    d.start(seq)
+    assert d.lookup(seq)[:3] == (8, 1, 1)
+    seq = t([1, 2, 3, 4])
+    d.start(seq)
+    assert d.lookup(seq) is None and not d.can_propose(seq)
+    assert d.features(seq).tolist() == [0.0, 0.0]
+    with pytest.raises(RuntimeError, match="can_propose"):
+        d.propose(seq, SamplingConfig(), None)
+
+
+def test_lookup_rollback_forgets_rejected_tokens():
+    d = LookupDrafter()
+    seq = t([4, 5, 6, 4, 5])
+    d.start(seq[:3])
+    assert d.lookup(seq)[0] == 6
+    longer = torch.cat([seq, t([6, 4, 5])])
+    assert d.lookup(longer)[0] == 6
+    d.rollback(4)  # the last tokens were rejected; the sequence goes on differently
+    other = t([4, 5, 6, 4, 9, 5])
+    # "5" last occurred at index 1, followed by 6; the forgotten tokens would have said 4 ("5 6" → 4).
+    assert d.lookup(other)[0] == 6
+
+
+def test_bad_ngram_sizes_and_unknown_drafter(tiny_pair):
+    with pytest.raises(ValueError, match="min_ngram"):
+        LookupDrafter(max_ngram=1, min_ngram=2)
+    with pytest.raises(ValueError, match="Unknown drafter 'tree'.*model, head, lookup"):
+        make_drafter("tree", tiny_pair)
+    assert isinstance(make_drafter("model", tiny_pair), ModelDrafter)
+
+
+# ------------------------------------------------------------------------- lookup in the loop
+REPEATING = t([1, 10, 11, 12, 13, 14, 15, 10, 11, 12, 13, 14, 15, 10, 11, 12])
+
+
+@pytest.fixture(scope="module")
+def copy_target(tiny_tok):
+    """A tiny target that mostly continues a repeating prompt's pattern (trained for a few steps),
+    so lookup proposals are often right and sometimes wrong."""
+    V = len(tiny_tok)
+    torch.manual_seed(0)
+    m = tiny_llama(V, 3)
+    with torch.no_grad():
+        m.lm_head.weight.mul_(1 / 40)
+    opt = torch.optim.Adam(m.parameters(), lr=3e-2)
+    seq = torch.cat([REPEATING, REPEATING[1:], REPEATING[1:]])[None]
+    for _ in range(60):
+        loss = torch.nn.functional.cross_entropy(m(seq[:, :-1]).logits[0], seq[0, 1:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return m.eval()
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 8])
+def test_greedy_lookup_output_equals_autoregressive(tiny_tok, copy_target, gamma):
+    V = len(tiny_tok)
+    pair = make_pair(copy_target, copy_target, tiny_tok, tiny_tok)
+    dec = SpeculativeDecoder(pair, SamplingConfig(), max_new_tokens=40, max_depth=gamma, drafter=LookupDrafter())
+    r = dec.generate(REPEATING, FixedDepthController(gamma))
+    assert r.tokens == greedy_reference(copy_target, REPEATING, 40, V, eos=pair.eos_token_ids)
+    assert r.mean_accepted > 0.5  # lookup pays on a repeating pattern
+    assert all(c.verify_size == c.depth for c in r.cycles)
+
+
+def test_lookup_at_temperature_one_runs_and_stops_drafting_without_a_match(tiny_tok, copy_target):
+    pair = make_pair(copy_target, copy_target, tiny_tok, tiny_tok)
+    dec = SpeculativeDecoder(pair, SamplingConfig(temperature=1.0), max_new_tokens=30, max_depth=4,
+                             drafter=LookupDrafter())
+    r = dec.generate(REPEATING, FixedDepthController(4), seed=3)
+    assert len(r.tokens) >= 1 and 0 <= r.acceptance_rate <= 1
+    dec.start(t([1, 20, 21, 22]))  # all distinct: no match for the last token (unless the first token repeats one)
+    if not dec.drafter.can_propose(dec.ids):
+        c = dec.run_cycle(FixedDepthController(4))
+        assert c.depth == 0  # a CONTINUE with nothing to propose verifies
+
+
+def test_match_features_reach_the_policy_and_the_match_length_rule(tiny_tok, copy_target):
+    pair = make_pair(copy_target, copy_target, tiny_tok, tiny_tok)
+    dec = SpeculativeDecoder(pair, SamplingConfig(), max_new_tokens=20, max_depth=8, drafter=LookupDrafter())
+    dec.start(REPEATING)
+    f = dec.features()
+    assert f[MATCH_LEN] > 0 and f[MATCH_COUNT] > 0
+    ctrl = MatchLengthController(max_depth=8)
+    c = dec.run_cycle(ctrl)
+    assert c.depth == min(8, round(f[MATCH_LEN] * 16))
+    model_dec = SpeculativeDecoder(pair, SamplingConfig(), max_new_tokens=20, max_depth=8)
+    model_dec.start(REPEATING)
+    assert model_dec.features()[MATCH_LEN] == 0 and model_dec.features()[MATCH_COUNT] == 0
+    with pytest.raises(ValueError):
+        MatchLengthController(max_depth=4, min_match=0)
+
+
+# --------------------------------------------------------------------------------- prompt files
+def test_prompt_files(tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"prompt": "one"}\n\n{"prompt": "two", "id": 3}\n')
+    assert load_prompt_file(tmp_path / "a.jsonl") == ["one", "two"]
+    (tmp_path / "b.json").write_text(json.dumps(["x", {"prompt": "y"}]))
+    assert load_prompt_file(tmp_path / "b.json") == ["x", "y"]
+    (tmp_path / "c.jsonl").write_text('{"prompt": "ok"}\n{"text": "no prompt"}\n')
+    with pytest.raises(ValueError, match=r"c.jsonl:2: expected a non-empty string prompt"):
+        load_prompt_file(tmp_path / "c.jsonl")
+    (tmp_path / "d.json").write_text('{"prompt": "a dict"}')
+    with pytest.raises(ValueError, match="expected a JSON list"):
+        load_prompt_file(tmp_path / "d.json")
+    (tmp_path / "e.jsonl").write_text("not json\n")
+    with pytest.raises(ValueError, match="e.jsonl:1: not valid JSON"):
+        load_prompt_file(tmp_path / "e.jsonl")
+    with pytest.raises(FileNotFoundError, match="'prompt' field"):
+        load_prompt_file(tmp_path / "missing.jsonl")
+
+
+def test_copy_prompt_splits_are_disjoint_from_each_other_and_from_the_open_ones():
+    a, b = load_prompts("copy_train"), load_prompts("copy_heldout")
+    assert len(a) >= 10 and len(b) >= 10 and not set(a) & set(b)
+    assert not (set(a) | set(b)) & (set(load_prompts("train")) | set(load_prompts("heldout")))
+    with pytest.raises(ValueError, match="copy_heldout"):
+        load_prompts("nope")
+    assert np.mean([len(p) for p in b]) > 150  # they carry text to copy from
