@@ -91,6 +91,11 @@ def test_rollback_drops_features_and_predicted_entries(tiny_pair):
     assert d.cache.get_seq_length() == 5
     with pytest.raises(ValueError, match="only 6 positions known"):
         d.observe_target(torch.zeros(1, head.config.hidden_size), 9)
+    d.observe_target(_features(tiny_pair.target, seq[:6])[3:], 3)  # features replaced: the cache follows
+    assert d.cache_len == 3 and d.cache.get_seq_length() == 3
+    fresh = HeadDrafter(head, tiny_pair.vocab_size)
+    fresh.observe_target(_features(tiny_pair.target, seq[:6]), 0)
+    torch.testing.assert_close(d.predict(seq), fresh.predict(seq), atol=1e-4, rtol=1e-4)
 
 
 def test_ttt_unroll_matches_chain_drafting(tiny_pair):

@@ -79,6 +79,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_WORK_DIR = Path("runs") / "head"  # relative to the working directory
 CKPT_NAME = "checkpoint.pt"
+GEN_BLOCK = 480  # prompts per cached generation block
+DOCS_BLOCK = 64_000  # documentation tokens per cached block
 
 
 class HeadTrainError(ValueError):
@@ -108,19 +110,19 @@ class HeadConfig:
     prompts_file: str = str(DISTILL_PROMPTS_FILE)
     seed: int = 0
     threads: int = 2
-    num_prompts: int = 480
+    num_prompts: int = 960
     max_new_tokens: int = 128
     gen_batch_size: int = 48
     heldout_fraction: float = 0.04
-    docs_tokens: int = 64_000
+    docs_tokens: int = 160_000
     docs_chunk: int = 192
     docs_batch: int = 16
     draft_vocab: int = 8192
     intermediate: int = 0
     steps: int = 6000
     batch_tokens: int = 1024
-    lr: float = 1e-3
-    warmup: int = 50
+    lr: float = 1.5e-3
+    warmup: int = 30
     weight_decay: float = 0.0
     ttt_steps: int = 2
     ttt_decay: float = 0.8
@@ -128,7 +130,7 @@ class HeadConfig:
     feat_noise: float = 0.05
     eval_every: int = 50
     ckpt_every: int = 50
-    max_train_minutes: float = 14.0
+    max_train_minutes: float = 20.0
     eval_prompts: int = 0
     eval_max_new_tokens: int = 128
     timing_repeats: int = 30
@@ -137,13 +139,15 @@ class HeadConfig:
     wandb_project: str = "learn2draft-head"
 
     def gen_key(self, prompts: list[str]) -> str:
-        """Hash of what determines the generated answers."""
+        """Hash of what determines the generated answers to ``prompts`` (one block of them)."""
         d = {k: getattr(self, k) for k in ("target", "max_new_tokens", "gen_batch_size")} | {"prompts": prompts}
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
-    def docs_key(self) -> str:
-        """Hash of what determines the teacher-forced documentation data."""
-        d = {k: getattr(self, k) for k in ("target", "seed", "docs_tokens", "docs_chunk", "docs_batch")}
+    def docs_key(self, block: int = 0) -> str:
+        """Hash of what determines block ``block`` of the teacher-forced documentation data."""
+        d = {k: getattr(self, k) for k in ("target", "seed", "docs_chunk", "docs_batch")} | {"docs_tokens": DOCS_BLOCK}
+        if block:
+            d["block"] = block
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
     def train_key(self, data_key: str) -> str:
@@ -322,10 +326,15 @@ def collect_docs_text(max_chars: int, seed: int = 0, roots: list[str] | None = N
 @torch.inference_mode()
 def forward_docs(
     target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, docs: list[str], max_tokens: int, chunk: int,
-    batch: int, cache_dir: Path | None = None,
+    batch: int, cache_dir=None, block_tokens: int = 0,
 ) -> list[dict]:
     """Teacher-forced target features on documentation text: chunks of ``chunk`` tokens, ``batch``
-    chunks per forward, about ``max_tokens`` tokens in all. Cached as ``cache_dir/docs_XXXX.pt``.
+    chunks per forward, about ``max_tokens`` tokens in all.
+
+    The chunks, in document order, form blocks of about ``block_tokens`` tokens (0: one block);
+    within a block they are sorted by length and batched. Block i is cached as
+    ``cache_dir(i)/docs_XXXX.pt`` (``cache_dir``: a callable block index → Path, or None), so a
+    larger ``max_tokens`` reuses the blocks already computed.
 
     Returns:
         examples (see the data format) with ``hidden`` (chunk, H) float16 and ``start`` 0.
@@ -339,37 +348,47 @@ def forward_docs(
                 chunks.append(piece)
         if sum(map(len, chunks)) >= max_tokens:
             break
-    n_tok, keep = 0, []
+    blocks: list[list[list[int]]] = [[]]
+    n_tok = n_blk = 0
     for c in chunks:
         if n_tok >= max_tokens:
             break
-        keep.append(c)
+        if block_tokens and n_blk >= block_tokens:
+            blocks.append([])
+            n_blk = 0
+        blocks[-1].append(c)
         n_tok += len(c)
-    keep.sort(key=len)
-    data: list[dict] = []
-    groups = [keep[i:i + batch] for i in range(0, len(keep), batch)]
-    bar = tqdm(groups, desc="docs forward", unit="batch")
+        n_blk += len(c)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    for b, g in enumerate(bar):
-        path = cache_dir / f"docs_{b:04d}.pt" if cache_dir is not None else None
-        if path is not None and path.exists():
-            data += torch.load(path, weights_only=False)
-            continue
-        t0 = time.perf_counter()
-        L = max(len(c) for c in g)
-        ids = torch.full((len(g), L), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(g), L), dtype=torch.long)
-        for r, c in enumerate(g):  # right padding: causal attention never looks at the pads
-            ids[r, :len(c)] = torch.tensor(c)
-            mask[r, :len(c)] = 1
-        h = target.model(input_ids=ids.to(target.device), attention_mask=mask.to(target.device)).last_hidden_state.cpu()
-        secs = time.perf_counter() - t0
-        out = [{"ids": torch.tensor(c, dtype=torch.long), "hidden": h[r, :len(c)].to(torch.float16), "start": 0,
-                "seconds": secs / len(g)} for r, c in enumerate(g)]
-        if path is not None:
-            _save_atomic(out, path)
-        data += out
-        bar.set_postfix(tokens=sum(len(d["ids"]) for d in data))
+    data: list[dict] = []
+    for bi, keep in enumerate(blocks):
+        keep = sorted(keep, key=len)
+        cdir = cache_dir(bi) if cache_dir is not None else None
+        if cdir is not None:
+            cdir.mkdir(parents=True, exist_ok=True)
+        groups = [keep[i:i + batch] for i in range(0, len(keep), batch)]
+        bar = tqdm(groups, desc=f"docs forward {bi + 1}/{len(blocks)}", unit="batch")
+        for b, g in enumerate(bar):
+            path = cdir / f"docs_{b:04d}.pt" if cdir is not None else None
+            if path is not None and path.exists():
+                data += torch.load(path, weights_only=False)
+                continue
+            t0 = time.perf_counter()
+            L = max(len(c) for c in g)
+            ids = torch.full((len(g), L), pad_id, dtype=torch.long)
+            mask = torch.zeros((len(g), L), dtype=torch.long)
+            for r, c in enumerate(g):  # right padding: causal attention never looks at the pads
+                ids[r, :len(c)] = torch.tensor(c)
+                mask[r, :len(c)] = 1
+            h = target.model(input_ids=ids.to(target.device),
+                             attention_mask=mask.to(target.device)).last_hidden_state.cpu()
+            secs = time.perf_counter() - t0
+            out = [{"ids": torch.tensor(c, dtype=torch.long), "hidden": h[r, :len(c)].to(torch.float16), "start": 0,
+                    "seconds": secs / len(g)} for r, c in enumerate(g)]
+            if path is not None:
+                _save_atomic(out, path)
+            data += out
+            bar.set_postfix(tokens=sum(len(d["ids"]) for d in data))
     return data
 
 
@@ -819,19 +838,22 @@ def build_head(cfg: HeadConfig, target: PreTrainedModel | None = None, tokenizer
 
     # ---- phase 1: data
     t0 = time.perf_counter()
-    gkey = cfg.gen_key(prompts)
-    (work / "gen" / gkey).mkdir(parents=True, exist_ok=True)
-    answers = generate_answers(target, tokenizer, prompts, cfg.max_new_tokens, cfg.gen_batch_size, work / "gen" / gkey)
+    answers, gkeys = [], []
+    for i in range(0, len(prompts), GEN_BLOCK):  # blocks: a larger --num-prompts reuses the cached blocks
+        gkeys.append(cfg.gen_key(prompts[i:i + GEN_BLOCK]))
+        (work / "gen" / gkeys[-1]).mkdir(parents=True, exist_ok=True)
+        answers += generate_answers(target, tokenizer, prompts[i:i + GEN_BLOCK], cfg.max_new_tokens, cfg.gen_batch_size,
+                                    work / "gen" / gkeys[-1], desc=f"generate {i // GEN_BLOCK + 1}")
+    gkey = hashlib.sha256("".join(gkeys).encode()).hexdigest()[:16]
     gen_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    dkey = cfg.docs_key()
+    dkey = hashlib.sha256(f"{cfg.docs_key()}:{cfg.docs_tokens}".encode()).hexdigest()[:16]
     doc_data: list[dict] = []
     if cfg.docs_tokens > 0:
-        (work / "docs" / dkey).mkdir(parents=True, exist_ok=True)
         if docs is None:
             docs = collect_docs_text(max_chars=cfg.docs_tokens * 6, seed=cfg.seed)
         doc_data = forward_docs(target, tokenizer, docs, cfg.docs_tokens, cfg.docs_chunk, cfg.docs_batch,
-                                work / "docs" / dkey)
+                                lambda i: work / "docs" / cfg.docs_key(i), block_tokens=DOCS_BLOCK)
     docs_s = time.perf_counter() - t0
     train_ans, held_ans = split_heldout(answers, cfg.heldout_fraction, cfg.seed)
     train = train_ans + doc_data

@@ -276,6 +276,10 @@ class HeadDrafter(Drafter):
                 f"Target features for position {first_position} but only {self.feats.shape[0]} positions known: "
                 "the decoder must pass every target forward's hidden states."
             )
+        if first_position < self.cache_len:  # positions the head has read are replaced: forget their cache entries
+            self.cache.crop(-(self.cache_len + self.spec_len - first_position))
+            self.cache_len, self.spec_len = first_position, 0
+            self.last_g = self.true_g = None
         self.feats = torch.cat([self.feats[:first_position], hidden.detach().to(self.device, self.dtype)])
 
     def can_propose(self, seq: torch.Tensor) -> bool:
