@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -70,12 +76,14 @@ def test_seeded_runs_learn_the_same_policy(tiny_pair, tmp_path):
 
 
 def test_run_refuses_to_overwrite_results(tiny_pair, tmp_path):
-    out = tmp_path / "run"
-    out.mkdir()
-    (out / "model.zip").write_text("old")
+    out = fake_run(tmp_path / "run")
     with pytest.raises(FileExistsError, match="--overwrite"):
         train.run(tiny_pair, tiny_config(out), prompts=PROMPTS)
-    assert (out / "model.zip").read_text() == "old"
+    assert (out / "model.zip").read_text() == "old model"
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "model.zip").write_text("someone's")
+    with pytest.raises(FileExistsError, match="did not write"):
+        train.run(tiny_pair, tiny_config(tmp_path / "other"), prompts=PROMPTS)
 
 
 @pytest.mark.parametrize("kw, match", [
@@ -157,8 +165,7 @@ def test_cli_bad_input_is_a_clear_error(args, match, tmp_path, capsys):
 
 
 def test_cli_refuses_existing_run_dir_and_unwritable_out(tmp_path, capsys):
-    (tmp_path / "run").mkdir()
-    (tmp_path / "run" / "config.json").write_text("{}")
+    fake_run(tmp_path / "run")
     (tmp_path / "blocker").write_text("x")
     for out, match in ((tmp_path / "run", "--overwrite"), (tmp_path / "blocker" / "run", "Cannot write")):
         with pytest.raises(SystemExit) as e:
@@ -198,13 +205,189 @@ def test_cli_end_to_end_with_local_model_dirs(tiny_model_dirs, tmp_path, capsys)
 
 
 
-def test_overwrite_removes_stale_results_of_the_earlier_run(tmp_path):
-    out = tmp_path / "run"
+def fake_run(out: Path, interrupted: bool | None = False) -> Path:
+    """A directory shaped like a finished (or interrupted: no / an interrupted metrics.json) training run."""
     (out / "checkpoints").mkdir(parents=True)
     (out / "checkpoints" / "ppo_64_steps.zip").write_text("old")
     (out / "eval").mkdir()
-    (out / "config.json").write_text("{}")
+    (out / "config.json").write_text(json.dumps({"env_id": "learn2draft/SpecDecode-v0", "timesteps": 64}))
+    (out / "model.zip").write_text("old model")
+    if interrupted is not None:
+        (out / "metrics.json").write_text(json.dumps({"interrupted": interrupted}))
     (out / "notes.txt").write_text("user file")
-    prepare_out_dir(out, overwrite=True)
-    assert not (out / "checkpoints").exists() and not (out / "eval").exists() and not (out / "config.json").exists()
-    assert (out / "notes.txt").read_text() == "user file"  # only this tool's results are removed
+    return out
+
+
+def test_prepare_out_dir_deletes_nothing_and_names_the_state(tmp_path):
+    out = fake_run(tmp_path / "run")
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        prepare_out_dir(out)
+    prepare_out_dir(out, overwrite=True)  # checks only: the run is replaced later, by run()
+    assert (out / "model.zip").read_text() == "old model" and (out / "checkpoints" / "ppo_64_steps.zip").exists()
+    killed = fake_run(tmp_path / "killed", interrupted=None)
+    with pytest.raises(FileExistsError, match="interrupted run .*64 timesteps.*--resume"):
+        prepare_out_dir(killed)
+    with pytest.raises(FileExistsError, match="interrupted run .*--resume"):
+        prepare_out_dir(fake_run(tmp_path / "stopped", interrupted=True))
+    assert prepare_out_dir(killed, resume=True) == killed
+    with pytest.raises(FileNotFoundError, match="no training run"):
+        prepare_out_dir(tmp_path / "empty", resume=True)
+
+
+def test_overwrite_refuses_a_directory_it_did_not_write(tiny_model_dirs, tmp_path, capsys):
+    """A Hugging Face model directory has a config.json too: --overwrite must not delete it."""
+    model_dir = Path(tiny_model_dirs[1])
+    before = sorted(p.name for p in model_dir.iterdir())
+    for kw in ({}, {"overwrite": True}):
+        with pytest.raises(FileExistsError, match="did not write"):
+            prepare_out_dir(model_dir, **kw)
+    with pytest.raises(SystemExit) as e:
+        main([*TINY_ARGS, "--target", tiny_model_dirs[0], "--draft", tiny_model_dirs[1], "--out", str(model_dir),
+              "--overwrite"])
+    assert e.value.code == 2 and "did not write" in capsys.readouterr().err
+    assert sorted(p.name for p in model_dir.iterdir()) == before
+
+
+def test_overwrite_keeps_the_earlier_run_when_the_device_check_fails(tiny_model_dirs, tmp_path, capsys):
+    out = fake_run(tmp_path / "run")
+    with pytest.raises(SystemExit) as e:
+        main([*TINY_ARGS, "--target", tiny_model_dirs[0], "--draft", tiny_model_dirs[1], "--out", str(out),
+              "--overwrite", "--device", "cuda:7"])
+    assert e.value.code == 2 and "Traceback" not in capsys.readouterr().err
+    assert (out / "model.zip").read_text() == "old model" and (out / "checkpoints" / "ppo_64_steps.zip").exists()
+
+
+def test_overwrite_restores_the_earlier_run_when_the_new_one_fails(tiny_pair, tmp_path, monkeypatch):
+    out = fake_run(tmp_path / "run")
+
+    def broken_wandb(*a, **k):
+        raise RuntimeError("wandb exploded")
+
+    monkeypatch.setattr(train.training, "_init_wandb", broken_wandb)
+    with pytest.raises(RuntimeError, match="exploded"):
+        train.run(tiny_pair, tiny_config(out, overwrite=True, eval_prompts=0), prompts=PROMPTS)
+    assert (out / "model.zip").read_text() == "old model" and (out / "checkpoints" / "ppo_64_steps.zip").exists()
+    assert json.loads((out / "config.json").read_text())["timesteps"] == 64
+    assert not (out / "feature_spec.json").exists() and not (out / ".replaced").exists()
+
+
+def test_overwrite_replaces_the_earlier_run_and_keeps_user_files(tiny_pair, tmp_path):
+    out = fake_run(tmp_path / "run")
+    train.run(tiny_pair, tiny_config(out, overwrite=True, eval_prompts=0, timesteps=64, checkpoint_every=32),
+              prompts=PROMPTS)
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["ppo_32_steps.zip", "ppo_64_steps.zip"]
+    assert (out / "model.zip").read_bytes()[:2] == b"PK" and not (out / "eval").exists()
+    assert (out / "notes.txt").read_text() == "user file" and not (out / ".replaced").exists()
+
+
+def test_resume_continues_a_killed_run_from_its_last_checkpoint(tiny_pair, tmp_path):
+    out = tmp_path / "run"
+    first = train.run(tiny_pair, tiny_config(out, eval_prompts=0), prompts=PROMPTS)
+    wandb_id = json.loads((out / "config.json").read_text())["wandb_run_id"]
+    # what a kill after the first checkpoint leaves: config.json, checkpoints, logs — no model, no metrics
+    for name in ("model.zip", "metrics.json", "checkpoints/ppo_128_steps.zip"):
+        (out / name).unlink()
+    with pytest.raises(FileExistsError, match="interrupted run .*--resume"):
+        train.run(tiny_pair, tiny_config(out, eval_prompts=0), prompts=PROMPTS)
+    m = train.run(tiny_pair, TrainConfig.from_run(out), prompts=PROMPTS)
+    assert m["resumed_from_timesteps"] == 64 and m["timesteps"] == 128 and not m["interrupted"]
+    assert m["reward_scale"] == first["reward_scale"]  # the saved scale, not a new measurement
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["wandb_run_id"] == wandb_id and saved["resumed"] == [{"from_timesteps": 64}]
+    assert (out / "logs" / "progress-resumed-64.csv").is_file() and (out / "logs" / "progress.csv").is_file()
+    # a finished run can be extended: --timesteps is the new total
+    m2 = train.run(tiny_pair, dataclasses.replace(TrainConfig.from_run(out), timesteps=192), prompts=PROMPTS)
+    assert m2["resumed_from_timesteps"] == 128 and m2["timesteps"] == 192
+
+
+def test_cli_resume_refuses_changed_settings(tmp_path, capsys):
+    out = fake_run(tmp_path / "run", interrupted=None)
+    cfg = TrainConfig(out=str(out))
+    (out / "config.json").write_text(json.dumps({**dataclasses.asdict(cfg), "env_id": "learn2draft/SpecDecode-v0"}))
+    with pytest.raises(SystemExit) as e:
+        main(["--out", str(out), "--resume", "--max-depth", "5"])
+    assert e.value.code == 2 and "max_depth is 8 there, 5 here" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["--out", str(out), "--resume", "--overwrite"])
+    assert e.value.code == 2 and "exclude each other" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["--out", str(tmp_path / "nothing"), "--resume"])
+    assert e.value.code == 2 and "no training run" in capsys.readouterr().err
+
+
+def test_wandb_online_without_credentials_is_one_line_before_anything(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    with pytest.raises(SystemExit) as e:
+        main(["--wandb-mode", "online", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "credentials" in err and "wandb login" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------ signals (subprocess)
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _start_training(tiny_model_dirs, out: Path, *extra: str) -> subprocess.Popen:
+    """``python -m train`` on the tiny model directories, for far more timesteps than the test waits."""
+    args = [*TINY_ARGS, "--timesteps", "100000", "--checkpoint-every", "64", "--eval-prompts", "0",
+            "--target", tiny_model_dirs[0], "--draft", tiny_model_dirs[1], "--out", str(out), *extra]
+    return subprocess.Popen([sys.executable, "-m", "train", *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "WANDB_MODE": "disabled"})
+
+
+def _wait_for_checkpoint(proc: subprocess.Popen, out: Path, timeout: float = 180.0) -> None:
+    t0 = time.monotonic()
+    while not list((out / "checkpoints").glob("ppo_*_steps.zip")):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() - t0 < timeout, "no checkpoint written"
+        time.sleep(0.2)
+
+
+def test_sigterm_saves_says_interrupted_exits_nonzero_and_resumes(tiny_model_dirs, tmp_path):
+    out = tmp_path / "run"
+    proc = _start_training(tiny_model_dirs, out)
+    _wait_for_checkpoint(proc, out)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    summary = json.loads(stdout)
+    assert summary["interrupted"] is True and "--resume" in stderr and "Traceback" not in stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["interrupted"] and metrics["interrupted_by"] == "SIGTERM"
+    done = metrics["timesteps"]
+    assert (out / "model.zip").is_file() and (out / "policy" / "policy.onnx").is_file()
+    assert (out / "checkpoints" / f"ppo_{done}_steps.zip").is_file()  # resumable from where it stopped
+    # without --resume: the state is named, not "already holds results"
+    rerun = subprocess.run([sys.executable, "-m", "train", "--out", str(out), "--target", tiny_model_dirs[0],
+                            "--draft", tiny_model_dirs[1]], cwd=REPO, capture_output=True, text=True)
+    assert rerun.returncode == 2 and "interrupted run" in rerun.stderr and "--resume" in rerun.stderr
+    # --resume with the saved settings and a new total
+    resumed = subprocess.run([sys.executable, "-m", "train", "--out", str(out), "--resume", "--timesteps",
+                              str(done + 64)], cwd=REPO, capture_output=True, text=True,
+                             env={**os.environ, "WANDB_MODE": "disabled"})
+    assert resumed.returncode == 0, resumed.stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert not metrics["interrupted"] and metrics["resumed_from_timesteps"] == done
+    assert metrics["timesteps"] >= done + 64
+
+
+def test_a_killed_run_resumes_from_its_last_checkpoint(tiny_model_dirs, tmp_path):
+    out = tmp_path / "run"
+    proc = _start_training(tiny_model_dirs, out)
+    _wait_for_checkpoint(proc, out)
+    proc.kill()
+    proc.communicate(timeout=60)
+    steps = max(int(p.name.split("_")[1]) for p in (out / "checkpoints").glob("ppo_*_steps.zip"))
+    with pytest.raises(FileExistsError, match=f"interrupted run .*{steps} timesteps.*--resume"):
+        prepare_out_dir(out)
+    resumed = subprocess.run([sys.executable, "-m", "train", "--out", str(out), "--resume", "--timesteps",
+                              str(steps + 64)], cwd=REPO, capture_output=True, text=True,
+                             env={**os.environ, "WANDB_MODE": "disabled"})
+    assert resumed.returncode == 0, resumed.stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["resumed_from_timesteps"] == steps and metrics["timesteps"] >= steps + 64

@@ -13,9 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 
-from train.training import WANDB_MODES, TrainConfig, default_out_dir, prepare_out_dir
+from train.training import WANDB_MODES, TrainConfig, check_wandb, default_out_dir, prepare_out_dir
+
+#: Settings that ``--resume`` may change; any other flag must repeat the saved value.
+_RESUME_MAY_CHANGE = ("timesteps", "progress_bar", "wandb_mode", "resume")
 
 _WANDB_ALIASES = {"dryrun": "offline", "run": "online"}
 
@@ -67,7 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=d.seed)
     g = p.add_argument_group("run")
     g.add_argument("--out", default=None, help="output directory (default runs/default, where python -m eval looks)")
-    g.add_argument("--overwrite", action="store_true", help="replace the results of an existing --out")
+    g.add_argument("--overwrite", action="store_true",
+                   help="replace the earlier training run in --out (never a directory python -m train did not write)")
+    g.add_argument("--resume", action="store_true",
+                   help="continue the run in --out from its last checkpoint, with its saved settings "
+                        "(--timesteps: the new total)")
     g.add_argument("--name", default=None, help="W&B run name (default: the --out folder name)")
     g.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, help="timesteps between checkpoints; 0 = off")
     g.add_argument("--wandb-mode", default=env_mode, help=f"one of {', '.join(WANDB_MODES)} (default: $WANDB_MODE or offline)")
@@ -96,6 +104,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         learning_rate=args.learning_rate, gamma=args.gamma, gae_lambda=args.gae_lambda, ent_coef=args.ent_coef,
         clip_range=args.clip_range, net_arch=tuple(args.net_arch), reward_scale=args.reward_scale,
         episode=args.episode, seed=args.seed, out=args.out or default_out_dir(), overwrite=args.overwrite,
+        resume=args.resume,
         checkpoint_every=args.checkpoint_every, wandb_mode=mode, wandb_project=args.wandb_project,
         run_name=args.name, progress_bar=not args.no_progress_bar, threads=args.threads,
         prompt_split=args.prompt_split, drafter=args.drafter, warmup_prompts=args.warmup_prompts, eval_prompts=args.eval_prompts,
@@ -103,15 +112,54 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     )
 
 
+def _given_flags(argv: list[str] | None) -> set[str]:
+    """The ``TrainConfig`` fields set explicitly on the command line (not left at their default)."""
+    p = build_parser()
+    for action in p._actions:
+        action.default = argparse.SUPPRESS
+    given = vars(p.parse_args(argv))
+    renames = {"name": "run_name", "no_progress_bar": "progress_bar"}
+    return {renames.get(k, k) for k in given}
+
+
+def resume_config(args: argparse.Namespace, argv: list[str] | None) -> TrainConfig:
+    """For ``--resume``: the saved settings of ``--out``, with a new ``--timesteps`` total if given.
+
+    Raises:
+        FileNotFoundError: ``--out`` holds no training run.
+        ValueError: a flag other than ``--timesteps``, ``--no-progress-bar`` or ``--wandb-mode`` asks for
+            a setting other than the saved one (the run would silently change its recipe).
+    """
+    out = args.out or default_out_dir()
+    if args.overwrite:
+        raise ValueError("--overwrite and --resume exclude each other: --resume continues the run in --out, "
+                         "--overwrite starts it over.")
+    cfg = TrainConfig.from_run(out)
+    asked = config_from_args(args)
+    changed = sorted(k for k in _given_flags(argv) - {"out", *_RESUME_MAY_CHANGE}
+                     if getattr(asked, k, None) != getattr(cfg, k, None))
+    if changed:
+        k = changed[0]
+        raise ValueError(f"--resume continues {out} with its saved settings: {k} is {getattr(cfg, k)!r} there, "
+                         f"{getattr(asked, k)!r} here; drop --{k.replace('_', '-')} (or start a new run).")
+    given = _given_flags(argv)
+    for k in ("timesteps", "progress_bar", "wandb_mode"):
+        if k in given:
+            setattr(cfg, k, getattr(asked, k))
+    return cfg
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv``, load the models, train, export; return 0.
 
-    Bad settings, unknown models, an unwritable or already used ``--out`` end with a one-line
-    ``error:`` message and exit status 2 (``SystemExit``); a failed ONNX check exits with 1.
+    Bad settings, unknown models, an unwritable or already used ``--out``, ``--wandb-mode online``
+    without credentials end with a one-line ``error:`` message and exit status 2 (``SystemExit``),
+    before anything is written or loaded; a failed ONNX check exits with 1. A run stopped by Ctrl-C
+    or SIGTERM saves and exports the policy so far, prints its summary with ``"interrupted": true``
+    and how to ``--resume``, and returns 128 + the signal number (130 / 143).
     """
     parser = build_parser()
     args = parser.parse_args(argv)
-    cfg = config_from_args(args)
 
     import torch
 
@@ -120,10 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     from train.training import run
 
     try:
+        cfg = resume_config(args, argv) if args.resume else config_from_args(args)
         cfg.validate()
+        check_wandb(cfg.wandb_mode)
         for name in (cfg.target, cfg.draft):
             resolve_model_source(name)  # cheap existence checks, before anything is created
-        prepare_out_dir(cfg.out, cfg.overwrite)  # fail before the (slow) model loading
+        prepare_out_dir(cfg.out, cfg.overwrite, cfg.resume)  # fail before the (slow) model loading
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         print(f"Loading target {cfg.target!r} and draft {cfg.draft!r} on {cfg.device} ({cfg.dtype}) …", file=sys.stderr)
@@ -131,14 +181,20 @@ def main(argv: list[str] | None = None) -> int:
         metrics = run(pair, cfg)
     except ExportCheckError as e:
         parser.exit(1, f"{parser.prog}: error: {e}\n")
-    except (ModelLoadError, TokenizerMismatchError, ValueError, FileExistsError, PermissionError) as e:
+    except (ModelLoadError, TokenizerMismatchError, ValueError, FileExistsError, FileNotFoundError,
+            PermissionError) as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
     except OSError as e:
         parser.exit(2, f"{parser.prog}: error: {e.__class__.__name__}: {e}\n")
+    except KeyboardInterrupt as e:
+        sig = str(e) or "SIGINT"
+        parser.exit(128 + signal.Signals[sig].value if sig in signal.Signals.__members__ else 130,
+                    f"{parser.prog}: interrupted ({sig}) before training began; {args.out or default_out_dir()} is as it was.\n")
     summary = {
         "out": metrics["paths"]["out"],
         "wall_seconds": round(metrics["wall_seconds"], 1),
         "timesteps": metrics["timesteps"],
+        "interrupted": metrics["interrupted"],
         "ep_rew_mean": metrics["ep_rew_mean"],
         "cycles": metrics["cycles"],
         "onnx_agreement": metrics["export_check"]["agreement"],
@@ -148,6 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     if metrics["paths"]["wandb"] and cfg.wandb_mode == "offline":
         print(f"W&B offline run in {metrics['paths']['wandb']}: upload with `wandb sync {metrics['paths']['wandb']}/offline-run-*`",
               file=sys.stderr)
+    if metrics["interrupted"]:
+        sig = metrics["interrupted_by"] or "SIGINT"
+        print(f"Interrupted by {sig} at {metrics['timesteps']} of {cfg.timesteps} timesteps: the policy so far is "
+              f"saved and exported; continue with `python -m train --out {cfg.out} --resume`.", file=sys.stderr)
+        return 128 + signal.Signals[sig].value
     return 0
 
 

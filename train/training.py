@@ -6,7 +6,8 @@ and calls it. Reading order: :class:`TrainConfig` → :func:`run` (top to bottom
 
 What one run does:
 
-1. checks the output directory (never overwrites results unless ``overwrite``);
+1. checks the output directory (never replaces results unless ``overwrite``, and never anything
+   it did not write; ``resume`` continues an interrupted run);
 2. warms the models up and measures the autoregressive per-cycle tokens/s of the pair on training
    prompts; with ``reward_scale=None`` that rate becomes the reward scale, so a reward of 1.0 means
    "as fast as plain decoding" (a fixed scale keeps the exported policy free of normalisation state);
@@ -29,6 +30,8 @@ import os
 import platform
 import re
 import shutil
+import signal
+import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
@@ -65,7 +68,9 @@ class TrainConfig:
     Reward: ``reward_scale`` (None = the measured autoregressive per-cycle tokens/s), ``episode``
     (``"cycle"`` or ``"generation"``, see :mod:`envs.spec_decode`).
 
-    Run: ``seed``, ``out`` (output directory), ``overwrite``, ``checkpoint_every`` (timesteps; 0 = off),
+    Run: ``seed``, ``out`` (output directory), ``overwrite`` (replace the earlier run in ``out``),
+    ``resume`` (continue the run in ``out`` from its last checkpoint, see :func:`run`),
+    ``checkpoint_every`` (timesteps; 0 = off),
     ``wandb_mode`` (offline / online / disabled), ``wandb_project``, ``run_name``, ``progress_bar``,
     ``threads`` (torch CPU threads; None = torch's default. 1 by default: on a shared 2-core CPU a
     second thread waiting on a busy core made a SmolLM2-135M forward ~6x slower and much noisier,
@@ -99,6 +104,7 @@ class TrainConfig:
     seed: int = 0
     out: str = "runs/ppo"
     overwrite: bool = False
+    resume: bool = False
     checkpoint_every: int = 2048
     wandb_mode: str = "offline"
     wandb_project: str = "learn2draft"
@@ -142,45 +148,183 @@ class TrainConfig:
             (all(sp in SPLITS for sp in self.prompt_split.split(",")),
              f"prompt_split must be one or more of {', '.join(SPLITS)} joined by commas, got {self.prompt_split!r}."),
         ]
+        checks.append((not (self.overwrite and self.resume),
+                       "--overwrite and --resume exclude each other: --resume continues the run in --out, "
+                       "--overwrite starts it over."))
         for ok, msg in checks:
             if not ok:
                 raise ValueError(msg)
         self.sampling()  # SamplingConfig validates temperature / top_k / top_p
 
+    @classmethod
+    def from_run(cls, out: str | Path) -> TrainConfig:
+        """The settings saved in ``out/config.json`` by an earlier run (for ``--resume``).
 
-def prepare_out_dir(out: str | Path, overwrite: bool = False) -> Path:
-    """Create ``out`` if needed and check that it is writable and holds no earlier results.
+        Raises:
+            FileNotFoundError: ``out`` holds no ``config.json`` of a training run.
+        """
+        saved = read_run_config(Path(out))
+        if saved is None:
+            raise FileNotFoundError(f"--resume: {out} holds no training run (no config.json written by "
+                                    "python -m train): start one without --resume.")
+        kw = {k: saved[k] for k in cls.__dataclass_fields__ if k in saved}
+        for k in ("net_arch", "eval_gammas"):
+            if k in kw:
+                kw[k] = tuple(kw[k])
+        kw.update(out=str(out), overwrite=False, resume=True)
+        return cls(**kw)
 
-    Raises:
-        FileExistsError: ``out`` already holds results (config.json, model.zip, …) and not ``overwrite``.
-            With ``overwrite`` the earlier results (and its checkpoints/, policy/, eval/, logs/) are removed.
-        PermissionError / OSError: ``out`` cannot be created or written (message names the path).
-    """
+
+ENV_ID = "learn2draft/SpecDecode-v0"
+#: Everything a run writes into ``out`` (``--overwrite`` replaces these; W&B's ``wandb/`` is kept).
+RUN_ITEMS = (*RESULT_FILES, "feature_spec.json", "checkpoints", "logs", "eval")
+
+
+def read_run_config(out: Path) -> dict | None:
+    """``out/config.json`` if :func:`run` wrote it (it names :data:`ENV_ID`), else None."""
+    try:
+        saved = json.loads((Path(out) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return saved if isinstance(saved, dict) and saved.get("env_id") == ENV_ID else None
+
+
+def latest_checkpoint(out: Path) -> tuple[Path, int] | None:
+    """The newest ``checkpoints/ppo_<steps>_steps.zip`` of the run in ``out`` and its step count."""
+    found = []
+    for p in (Path(out) / "checkpoints").glob("ppo_*_steps.zip"):
+        m = re.fullmatch(r"ppo_(\d+)_steps\.zip", p.name)
+        if m:
+            found.append((int(m.group(1)), p))
+    if not found:
+        return None
+    steps, path = max(found)
+    return path, steps
+
+
+def run_state(out: str | Path) -> str:
+    """What ``out`` holds: ``"new"`` (absent or no results of a run), ``"complete"`` (a finished run),
+    ``"interrupted"`` (a run stopped by a signal or a kill: no ``metrics.json``, or one saying
+    ``interrupted``), ``"foreign"`` (result-like files that :func:`run` did not write, e.g. a model's
+    ``config.json``) or ``"file"`` (not a directory)."""
     out = Path(out)
     if out.exists() and not out.is_dir():
+        return "file"
+    if not out.is_dir() or not any((out / name).exists() for name in RUN_ITEMS):
+        return "new"
+    if read_run_config(out) is None:
+        return "foreign"
+    try:
+        metrics = json.loads((out / "metrics.json").read_text())
+    except (OSError, ValueError):
+        return "interrupted"
+    return "interrupted" if metrics.get("interrupted") else "complete"
+
+
+def prepare_out_dir(out: str | Path, overwrite: bool = False, resume: bool = False) -> Path:
+    """Check that ``out`` may receive a run, create it and test that it is writable. Deletes nothing.
+
+    ``out`` may be new (or hold no results), or — with ``overwrite`` — an earlier training run (its
+    results are replaced by :func:`run` only once the new run has loaded and warmed up, see
+    :class:`_Replacement`), or — with ``resume`` — a run to continue.
+
+    Raises:
+        FileExistsError: ``out`` is a file; holds files that ``python -m train`` did not write (never
+            replaced, even with ``overwrite``); holds a finished run and not ``overwrite``; holds an
+            interrupted run and neither ``resume`` nor ``overwrite`` (the message says ``--resume``).
+        FileNotFoundError: ``resume`` but ``out`` holds no training run.
+        PermissionError: ``out`` cannot be created or written (message names the path).
+    """
+    out = Path(out)
+    state = run_state(out)
+    if state == "file":
         raise FileExistsError(f"--out {out} exists and is not a directory: choose another path.")
-    if out.is_dir() and not overwrite:
+    if state == "foreign":
+        found = [name for name in RUN_ITEMS if (out / name).exists()]
+        raise FileExistsError(
+            f"{out} holds files that python -m train did not write ({', '.join(found)}; its config.json is not a "
+            "training run's): refusing to use or replace them; choose another --out."
+        )
+    if resume and state == "new":
+        raise FileNotFoundError(f"--resume: {out} holds no training run to continue: start one without --resume.")
+    if state == "interrupted" and not (resume or overwrite):
+        ckpt = latest_checkpoint(out)
+        where = f"last checkpoint at {ckpt[1]} timesteps" if ckpt else "no checkpoint yet"
+        raise FileExistsError(f"{out} holds an interrupted run ({where}): pass --resume to continue it, "
+                              "or --overwrite to start over.")
+    if state == "complete" and not (overwrite or resume):
         found = [name for name in RESULT_FILES if (out / name).exists()]
-        if found:
-            raise FileExistsError(
-                f"{out} already holds results ({', '.join(found)}): pass --overwrite to replace them, "
-                "or choose another --out."
-            )
-    if out.is_dir() and overwrite:  # replace, don't mix: stale checkpoints / exports / eval results go
-        for name in (*RESULT_FILES, "checkpoints", "eval", "logs", "feature_spec.json"):
-            path = out / name
-            if path.is_dir():
-                shutil.rmtree(path)
-            else:
-                path.unlink(missing_ok=True)
+        raise FileExistsError(
+            f"{out} already holds results ({', '.join(found)}): pass --overwrite to replace them, "
+            "or choose another --out."
+        )
     try:
         out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-test"
+        probe = out / f".write-test-{os.getpid()}"
         probe.write_text("ok")
         probe.unlink()
     except OSError as e:
         raise PermissionError(f"Cannot write to output directory {out}: {e.strerror or e}.") from None
     return out
+
+
+class _Replacement:
+    """Replace a run directory's results without ever leaving it with neither the old nor the new run.
+
+    :meth:`begin` (called once everything that can fail early has passed) moves the earlier run's
+    :data:`RUN_ITEMS` into ``out/.replaced/``; :meth:`commit` (once the new run has saved a model)
+    deletes them; :meth:`rollback` (the new run failed or was interrupted before that) removes what
+    the new run wrote and puts the earlier results back. A run killed in between leaves the earlier
+    results in ``.replaced/`` and the new run resumable with ``--resume``, which commits them away.
+    """
+
+    def __init__(self, out: Path, overwrite: bool, resume: bool) -> None:
+        self.out, self.overwrite, self.resume = out, overwrite, resume
+        self.aside = out / ".replaced"
+        self.committed = False
+
+    def begin(self) -> None:
+        if not self.overwrite:
+            return
+        if self.aside.exists():  # left by a killed earlier replacement: that run is now being replaced
+            shutil.rmtree(self.aside)
+        self.aside.mkdir()
+        for name in RUN_ITEMS:
+            if (self.out / name).exists():
+                os.replace(self.out / name, self.aside / name)
+
+    def commit(self) -> None:
+        self.committed = True
+        if self.aside.exists():
+            shutil.rmtree(self.aside)
+
+    def rollback(self) -> None:
+        if self.committed or self.resume:
+            return
+        for name in RUN_ITEMS:
+            path = self.out / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+        if self.aside.exists():
+            for item in self.aside.iterdir():
+                os.replace(item, self.out / item.name)
+            self.aside.rmdir()
+
+
+def check_wandb(mode: str) -> None:
+    """Raise ValueError, before anything is written or computed, when ``mode`` is ``"online"`` and no
+    W&B credentials are configured (``WANDB_API_KEY`` or ``wandb login``). Offline / disabled: no check."""
+    if mode != "online":
+        return
+    import wandb
+
+    try:
+        wandb.login(verify=False)
+    except Exception as e:  # wandb.errors.UsageError: "No API key configured"
+        raise ValueError(f"--wandb-mode online needs W&B credentials ({e}): run `wandb login` or set "
+                         "WANDB_API_KEY, or use --wandb-mode offline and upload later with `wandb sync`.") from None
 
 
 # --------------------------------------------------------------------------- logging
@@ -286,14 +430,17 @@ def _cycle_stats_callback(wandb_run: Any, window: int = 500):
 
 
 def _init_wandb(cfg: TrainConfig, out: Path, run_config: dict):
-    """Start a W&B run in ``cfg.wandb_mode`` (None when disabled); the mode is never hard-coded."""
+    """Start a W&B run in ``cfg.wandb_mode`` (None when disabled); the mode is never hard-coded.
+
+    The run id is ``run_config["wandb_run_id"]``, saved in ``config.json``, so ``--resume`` continues
+    the same W&B run."""
     if cfg.wandb_mode == "disabled":
         return None
     import wandb
 
     run = wandb.init(
         project=cfg.wandb_project, name=cfg.run_name or out.name, dir=str(out), mode=cfg.wandb_mode,
-        config=run_config, job_type="train",
+        config=run_config, job_type="train", id=run_config["wandb_run_id"], resume="allow",
         settings=wandb.Settings(console="off", x_disable_stats=True, silent=True),
     )
     run.define_metric("global_step")
@@ -363,7 +510,65 @@ def run(pair: ModelPair, config: TrainConfig | None = None, prompts: list[str] |
         ValueError: a setting is out of range, or a prompt does not fit the context window.
         FileExistsError / PermissionError: see :func:`prepare_out_dir`.
         policies.export.ExportCheckError: the ONNX export disagrees with the PyTorch policy.
+        KeyboardInterrupt: Ctrl-C or SIGTERM before training began (``out`` is left as it was found).
+
+    Interruption and resume: Ctrl-C or SIGTERM during training stops it cleanly — the policy so far
+    is checkpointed (``checkpoints/ppo_<steps>_steps.zip``), saved (``model.zip``) and exported, and
+    ``metrics.json`` says ``"interrupted": true`` and ``"interrupted_by"``. With ``config.resume``
+    (``--resume``) a run continues the run in ``out`` — interrupted, killed, or finished and to be
+    extended to a larger ``timesteps`` — from its newest checkpoint (PPO weights, optimiser state,
+    step count), with its saved reward scale and the same W&B run id; ``timesteps`` is the total.
+
+    ``overwrite`` replaces an earlier run of ``out`` only once the new run has checked its prompts
+    and measured its reference rate; until the new run saves a model, a failure puts the earlier
+    results back (see :class:`_Replacement`).
     """
+    t_start = time.perf_counter()
+    cfg = config or TrainConfig()
+    cfg.validate()
+    check_wandb(cfg.wandb_mode)
+    out = prepare_out_dir(cfg.out, cfg.overwrite, cfg.resume)
+    saved = read_run_config(out) if cfg.resume else None
+    replacement = _Replacement(out, cfg.overwrite, cfg.resume)
+    stop = _SignalStop()
+    with stop:  # SIGTERM (timeout, containers, schedulers) stops the run like Ctrl-C
+        try:
+            metrics = _train(pair, cfg, out, saved, replacement, stop, prompts, eval_prompts, t_start)
+        except BaseException:
+            replacement.rollback()  # a run that saved no model leaves ``out`` as it found it
+            raise
+    return metrics
+
+
+class _SignalStop:
+    """Context manager: while active, SIGTERM raises KeyboardInterrupt (as Ctrl-C does), and
+    ``signal_name`` records which signal stopped the run (``"SIGINT"`` / ``"SIGTERM"``; None if none).
+    Outside the main thread (where handlers cannot be set) it only records Ctrl-C."""
+
+    def __init__(self) -> None:
+        self.signal_name: str | None = None
+        self._old: dict[int, Any] = {}
+
+    def _handler(self, signum, frame) -> None:
+        self.signal_name = signal.Signals(signum).name
+        raise KeyboardInterrupt(self.signal_name)
+
+    def __enter__(self) -> _SignalStop:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        if exc[0] is KeyboardInterrupt and self.signal_name is None:
+            self.signal_name = "SIGINT"
+
+
+def _train(pair: ModelPair, cfg: TrainConfig, out: Path, saved: dict | None, replacement: _Replacement,
+           stop: _SignalStop, prompts, eval_prompts, t_start: float) -> dict:
+    """The body of :func:`run` (phases: environment, reference rate, replace, PPO, export, check)."""
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import CallbackList, CheckpointCallback
     from stable_baselines3.common.logger import Logger, make_output_format
@@ -375,10 +580,6 @@ def run(pair: ModelPair, config: TrainConfig | None = None, prompts: list[str] |
     from learn2draft.prompts import load_prompts
     from policies.export import export_policy, load_policy
 
-    t_start = time.perf_counter()
-    cfg = config or TrainConfig()
-    cfg.validate()
-    out = prepare_out_dir(cfg.out, cfg.overwrite)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     set_random_seed(cfg.seed)
@@ -390,14 +591,16 @@ def run(pair: ModelPair, config: TrainConfig | None = None, prompts: list[str] |
     # The environment tokenises and checks every prompt up front.
     env = SpecDecodeEnv(pair, prompts, sampling, max_new_tokens=cfg.max_new_tokens, max_depth=cfg.max_depth,
                         episode=cfg.episode, drafter=make_drafter(cfg.drafter, pair))
-    # Warm-up prompts spread over the list (a mixed list, e.g. train,copy_train, is warmed on both kinds).
-    step = max(1, len(env.prompt_ids) // cfg.warmup_prompts)
-    warm_ids = env.prompt_ids[::step][: cfg.warmup_prompts]
-
-    # Warm-up (first forwards allocate) and the autoregressive reference rate.
-    measure_rate(pair, warm_ids[:1], FixedDepthController(min(2, cfg.max_depth)), cfg, seed=cfg.seed)
-    ar = measure_rate(pair, warm_ids, FixedDepthController(0), cfg, seed=cfg.seed)
-    reward_scale = cfg.reward_scale or ar["cycle_tokens_per_s"] or 1.0
+    if saved is not None:  # resume: the same reward scale, so old and new rewards mean the same
+        ar, reward_scale = saved["autoregressive_warmup"], saved["reward_scale_used"]
+    else:
+        # Warm-up prompts spread over the list (a mixed list, e.g. train,copy_train, is warmed on both kinds).
+        step = max(1, len(env.prompt_ids) // cfg.warmup_prompts)
+        warm_ids = env.prompt_ids[::step][: cfg.warmup_prompts]
+        # Warm-up (first forwards allocate) and the autoregressive reference rate.
+        measure_rate(pair, warm_ids[:1], FixedDepthController(min(2, cfg.max_depth)), cfg, seed=cfg.seed)
+        ar = measure_rate(pair, warm_ids, FixedDepthController(0), cfg, seed=cfg.seed)
+        reward_scale = cfg.reward_scale or ar["cycle_tokens_per_s"] or 1.0
     env.reward_scale = float(reward_scale)
 
     run_config = {
@@ -412,23 +615,39 @@ def run(pair: ModelPair, config: TrainConfig | None = None, prompts: list[str] |
         "vocab_size": pair.vocab_size,
         "torch_threads": torch.get_num_threads(),
         "versions": _versions(),
-        "env_id": "learn2draft/SpecDecode-v0",
+        "env_id": ENV_ID,
+        "wandb_run_id": saved.get("wandb_run_id") if saved else None,
+        "resumed": [*(saved or {}).get("resumed", []), *([{"from_timesteps": None}] if saved else [])],
     }
+    if not run_config["wandb_run_id"]:
+        from wandb.sdk.lib.runid import generate_id
+
+        run_config["wandb_run_id"] = generate_id()
+    checkpoint = latest_checkpoint(out) if saved is not None else None
+    if checkpoint is not None:
+        run_config["resumed"][-1]["from_timesteps"] = checkpoint[1]
+
+    replacement.begin()  # from here on ``out`` belongs to the new run
     (out / "config.json").write_text(json.dumps(run_config, indent=2, default=str))
     (out / "feature_spec.json").write_text(json.dumps(feature_spec(cfg.max_depth), indent=2))
 
     wandb_run = _init_wandb(cfg, out, run_config)
     try:
         vec_env = DummyVecEnv([lambda: Monitor(env)])
-        model = PPO(
-            "MlpPolicy", vec_env, n_steps=cfg.n_steps, batch_size=cfg.batch_size, n_epochs=cfg.n_epochs,
-            learning_rate=cfg.learning_rate, gamma=cfg.gamma, gae_lambda=cfg.gae_lambda, ent_coef=cfg.ent_coef,
-            clip_range=cfg.clip_range, policy_kwargs={"net_arch": list(cfg.net_arch)}, seed=cfg.seed,
-            device="cpu", verbose=0,
-        )
+        if checkpoint is not None:  # PPO weights, optimiser state and step count
+            model = PPO.load(str(checkpoint[0]), env=vec_env, device="cpu")
+        else:
+            model = PPO(
+                "MlpPolicy", vec_env, n_steps=cfg.n_steps, batch_size=cfg.batch_size, n_epochs=cfg.n_epochs,
+                learning_rate=cfg.learning_rate, gamma=cfg.gamma, gae_lambda=cfg.gae_lambda, ent_coef=cfg.ent_coef,
+                clip_range=cfg.clip_range, policy_kwargs={"net_arch": list(cfg.net_arch)}, seed=cfg.seed,
+                device="cpu", verbose=0,
+            )
         log_dir = out / "logs"
         wandb_format = make_wandb_output_format(wandb_run)
-        model.set_logger(Logger(str(log_dir), [make_output_format("csv", str(log_dir)), wandb_format]))
+        # SB3's CSV writer truncates its file: a resumed run logs to progress-resumed-<steps>.csv.
+        suffix = f"-resumed-{model.num_timesteps}" if saved is not None else ""
+        model.set_logger(Logger(str(log_dir), [make_output_format("csv", str(log_dir), suffix), wandb_format]))
 
         cycle_cb = _cycle_stats_callback(wandb_run)
         callbacks = [cycle_cb]
@@ -438,13 +657,20 @@ def run(pair: ModelPair, config: TrainConfig | None = None, prompts: list[str] |
                                                 str(out / "checkpoints"), name_prefix="ppo"))
         interrupted = False
         t_train = time.perf_counter()
+        steps_before = model.num_timesteps
         try:
-            model.learn(cfg.timesteps, callback=CallbackList(callbacks), progress_bar=cfg.progress_bar)
+            if cfg.timesteps > model.num_timesteps:
+                model.learn(cfg.timesteps - model.num_timesteps, callback=CallbackList(callbacks),
+                            progress_bar=cfg.progress_bar, reset_num_timesteps=checkpoint is None)
         except KeyboardInterrupt:
-            interrupted = True  # keep what was learnt; export it below
+            interrupted = True  # keep what was learnt: checkpoint it (for --resume) and export it below
+            stop.signal_name = stop.signal_name or "SIGINT"
         train_seconds = time.perf_counter() - t_train
         model.logger.dump(step=model.num_timesteps)  # the last update's train/* values
+        if interrupted:
+            model.save(str(out / "checkpoints" / f"ppo_{model.num_timesteps}_steps.zip"))
         model.save(str(out / "model.zip"))
+        replacement.commit()
 
         export = export_policy(
             model, out / "policy", cfg.max_depth,
@@ -482,8 +708,11 @@ def run(pair: ModelPair, config: TrainConfig | None = None, prompts: list[str] |
             "wall_seconds": time.perf_counter() - t_start,
             "train_seconds": train_seconds,
             "timesteps": int(model.num_timesteps),
-            "steps_per_second": model.num_timesteps / train_seconds if train_seconds > 0 else 0.0,
+            "timesteps_requested": cfg.timesteps,
+            "steps_per_second": (model.num_timesteps - steps_before) / train_seconds if train_seconds > 0 else 0.0,
             "interrupted": interrupted,
+            "interrupted_by": stop.signal_name if interrupted else None,
+            "resumed_from_timesteps": steps_before if saved is not None else None,
             "reward_scale": reward_scale,
             "autoregressive_warmup": ar,
             "ep_rew_mean": float(np.mean(ep_rewards)) if ep_rewards else None,
@@ -510,7 +739,7 @@ def run(pair: ModelPair, config: TrainConfig | None = None, prompts: list[str] |
         return metrics
     finally:
         if wandb_run is not None:
-            wandb_run.finish()
+            wandb_run.finish(exit_code=1 if stop.signal_name else 0)
 
 
 def default_out_dir() -> str:
@@ -518,5 +747,5 @@ def default_out_dir() -> str:
     return os.path.join("runs", "default")
 
 
-__all__ = ["RESULT_FILES", "TrainConfig", "default_out_dir", "make_wandb_output_format", "measure_rate",
-           "prepare_out_dir", "run"]
+__all__ = ["ENV_ID", "RESULT_FILES", "RUN_ITEMS", "TrainConfig", "check_wandb", "default_out_dir", "latest_checkpoint",
+           "make_wandb_output_format", "measure_rate", "prepare_out_dir", "read_run_config", "run", "run_state"]
