@@ -19,8 +19,9 @@ Recipe (``python -m learn2draft.distill --help``):
 5. **Output**: a ``save_pretrained`` directory (config, float16 safetensors, the target's
    tokenizer) plus ``build_report.json`` (measured numbers, timings, the exact command).
 
-The defaults build the shipped draft ``learn2draft/assets/smollm2-135m-draft`` for
-SmolLM2-135M-Instruct.
+The defaults are the recipe of the shipped draft ``learn2draft/assets/smollm2-135m-draft`` for
+SmolLM2-135M-Instruct; the build goes to ``<work-dir>/draft`` unless ``--out`` names another
+directory (``--out learn2draft/assets/smollm2-135m-draft`` rebuilds the shipped draft in place).
 """
 
 from __future__ import annotations
@@ -269,10 +270,11 @@ class DistillConfig:
     ``batch_size`` sequences, ``lr``, ``warmup``, ``ce_weight`` w, ``topk`` teacher tokens kept,
     ``max_train_minutes`` wall-clock cap (0 = none). Evaluation: ``eval_max_new_tokens``,
     ``timing_repeats`` (per model and context), ``eval_prompts`` (0 = all held-out prompts).
+    Paths: ``out`` ("" = ``<work_dir>/draft``), ``work_dir`` ("" = ``runs/distill/<target>``).
     """
 
     target: str = DEFAULT_TARGET
-    out: str = str(DEFAULT_DRAFT_DIR)
+    out: str = ""
     work_dir: str = ""
     prompts_file: str = str(DISTILL_PROMPTS_FILE)
     seed: int = 0
@@ -304,6 +306,38 @@ class DistillConfig:
     save_dtype: str = "float16"
     wandb_mode: str = field(default_factory=lambda: os.environ.get("WANDB_MODE", "offline"))
     wandb_project: str = "learn2draft-distill"
+
+    def validate(self) -> None:
+        """Raise :class:`DistillError` (one line naming the flag) for any setting that would fail, or
+        silently do something else, after the slow data generation."""
+        for k in ("hidden", "layers", "intermediate", "heads", "kv_heads", "head_dim", "max_new_tokens", "topk",
+                  "steps", "batch_size", "gen_batch_size", "ckpt_every", "eval_max_new_tokens", "timing_repeats"):
+            if getattr(self, k) <= 0:
+                raise DistillError(f"--{k.replace('_', '-')} must be positive, got {getattr(self, k)}.")
+        checks = [
+            (self.hidden % self.heads == 0, f"--hidden ({self.hidden}) must be a multiple of --heads ({self.heads})."),
+            (self.heads % self.kv_heads == 0, f"--heads ({self.heads}) must be a multiple of --kv-heads ({self.kv_heads})."),
+            (0 <= self.sampled_fraction <= 1, f"--sampled-fraction must be in [0, 1], got {self.sampled_fraction}."),
+            (math.isfinite(self.lr) and self.lr > 0, f"--lr must be > 0, got {self.lr}."),
+            (self.warmup >= 0, f"--warmup must be ≥ 0, got {self.warmup}."),
+            (math.isfinite(self.weight_decay) and self.weight_decay >= 0, f"--weight-decay must be ≥ 0, got {self.weight_decay}."),
+            (0 <= self.ce_weight <= 1, f"--ce-weight must be in [0, 1], got {self.ce_weight}."),
+            (math.isfinite(self.sample_temperature) and self.sample_temperature > 0,
+             f"--sample-temperature must be > 0, got {self.sample_temperature}."),
+            (0 < self.sample_top_p <= 1, f"--sample-top-p must be in (0, 1], got {self.sample_top_p}."),
+            (self.num_prompts >= 0, f"--num-prompts must be ≥ 0 (0 = all), got {self.num_prompts}."),
+            (self.eval_prompts >= 0, f"--eval-prompts must be ≥ 0 (0 = all), got {self.eval_prompts}."),
+            (self.max_train_minutes >= 0, f"--max-train-minutes must be ≥ 0 (0 = no cap), got {self.max_train_minutes}."),
+            (self.wandb_mode in ("offline", "online", "disabled"),
+             f"--wandb-mode must be offline, online or disabled, got {self.wandb_mode!r}."),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise DistillError(msg)
+        try:
+            parse_dtype(self.save_dtype)
+        except ValueError as e:
+            raise DistillError(f"--save-dtype: {e}") from None
 
     def data_key(self, prompts: list[str]) -> str:
         """Hash of everything that determines the generated data (target, prompts, generation settings)."""
@@ -446,13 +480,9 @@ def make_draft(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cfg:
     directions (uncentred PCA; extra columns, if the draft is wider than the target, stay random).
 
     Raises:
-        DistillError: inconsistent sizes (``heads`` not dividing by ``kv_heads``, non-positive sizes).
+        DistillError: inconsistent or non-positive sizes (see :meth:`DistillConfig.validate`).
     """
-    for k in ("hidden", "layers", "intermediate", "heads", "kv_heads", "head_dim"):
-        if getattr(cfg, k) <= 0:
-            raise DistillError(f"--{k.replace('_', '-')} must be positive, got {getattr(cfg, k)}.")
-    if cfg.heads % cfg.kv_heads:
-        raise DistillError(f"--heads ({cfg.heads}) must be a multiple of --kv-heads ({cfg.kv_heads}).")
+    cfg.validate()
     tcfg = target.config
     W = target.get_output_embeddings().weight.detach().float().cpu()  # (Vm, Ht)
     rope = getattr(tcfg, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0}
@@ -777,14 +807,10 @@ def build_draft(
         DistillError: bad settings or paths. ModelLoadError: the target cannot be loaded.
     """
     t_start = time.perf_counter()
-    out = Path(cfg.out).expanduser().resolve()
+    cfg.validate()
+    work = Path(cfg.work_dir).expanduser() if cfg.work_dir else DEFAULT_WORK_DIR / _slug(cfg.target)
+    out = (Path(cfg.out).expanduser() if cfg.out else work / "draft").resolve()
     check_out_dir(out, cfg.target)
-    if not 0 <= cfg.ce_weight <= 1:
-        raise DistillError(f"--ce-weight must be in [0, 1], got {cfg.ce_weight}.")
-    if cfg.steps <= 0 or cfg.batch_size <= 0 or cfg.max_new_tokens <= 0 or cfg.topk <= 0:
-        raise DistillError("--steps, --batch-size, --max-new-tokens and --topk must be positive.")
-    if cfg.wandb_mode not in ("offline", "online", "disabled"):
-        raise DistillError(f"--wandb-mode must be offline, online or disabled, got {cfg.wandb_mode!r}.")
     save_dtype = parse_dtype(cfg.save_dtype)
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
@@ -803,7 +829,6 @@ def build_draft(
     if target.get_output_embeddings().weight.shape[0] < len(tokenizer):
         raise DistillError("The target has fewer output rows than its tokenizer has tokens.")
 
-    work = Path(cfg.work_dir).expanduser() if cfg.work_dir else DEFAULT_WORK_DIR / _slug(cfg.target)
     work.mkdir(parents=True, exist_ok=True)
     dkey = cfg.data_key(prompts)
     tkey = cfg.train_key(dkey)
@@ -847,6 +872,7 @@ def build_draft(
     tokenizer.save_pretrained(tmp)
     report = {
         "target": cfg.target,
+        "out": str(out),
         "command": command or "",
         "config": asdict(cfg),
         "draft_parameters": n_params,
@@ -891,11 +917,14 @@ def check_out_dir(out: Path, target: str) -> None:
     """
     if out.exists() and not out.is_dir():
         raise DistillError(f"--out {out} exists and is not a directory: pass a directory path.")
-    parent = out.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not os.access(parent, os.W_OK):
-        raise DistillError(f"Cannot write under {parent}: pass an --out directory you can write to.")
+    try:  # the build is written beside ``out`` (``<out>.tmp``) and swapped in: write there, don't ask
+        out.parent.mkdir(parents=True, exist_ok=True)
+        probe = out.parent / f".{out.name}.write-test-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise DistillError(f"Cannot write beside --out {out} ({e.strerror or e}): pass an --out directory you can "
+                           "write to.") from None
     if out.is_dir() and any(out.iterdir()) and not (out / "build_report.json").is_file():
         raise DistillError(
             f"--out {out} already holds files that this tool did not write (no build_report.json); they would be "
@@ -917,7 +946,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[DistillConfig, argparse.N
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     ap.add_argument("--target", default=d.target, help="target: alias, hub id, local directory or .gguf file")
-    ap.add_argument("--out", default=d.out, help="output directory (save_pretrained format)")
+    ap.add_argument("--out", default=d.out,
+                    help="output directory, save_pretrained format (default: <work-dir>/draft; "
+                         f"--out {DEFAULT_DRAFT_DIR.relative_to(DEFAULT_DRAFT_DIR.parents[2])} rebuilds the shipped draft)")
     ap.add_argument("--work-dir", default="", help="cache / checkpoint directory (default runs/distill/<target>)")
     ap.add_argument("--prompts-file", default=d.prompts_file, help="JSON list of distillation prompts")
     ap.add_argument("--restart", action="store_true", help="ignore an existing training checkpoint (data cache is kept)")
@@ -954,7 +985,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e.__class__.__name__}: {e}", file=sys.stderr)
         return 2
     m = rep["measure"]
-    print(json.dumps({"out": cfg.out, "alpha_greedy": round(m["alpha_greedy"], 4), "alpha_t1": round(m["alpha_t1"], 4),
+    print(json.dumps({"out": rep["out"], "alpha_greedy": round(m["alpha_greedy"], 4), "alpha_t1": round(m["alpha_t1"], 4),
                       "cost_ratio": round(m["cost_ratio"], 4), "size_mb": round(rep["size_bytes"] / 1e6, 2),
                       "seconds": round(rep["seconds"]["total"], 1)}))
     return 0

@@ -190,3 +190,32 @@ def test_out_dir_that_this_tool_did_not_write_is_refused_before_any_work(tmp_pat
         check_out_dir(DEFAULT_DRAFT_DIR.resolve(), "some/other-model")
     (tmp_path / "build_report.json").write_text("{}")
     check_out_dir(tmp_path, "smollm2-135m-instruct")  # an earlier build may be replaced
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["--hidden", "161", "--heads", "4"], "--hidden"),
+    (["--sampled-fraction", "1.5"], "--sampled-fraction"),
+    (["--lr", "-0.001"], "--lr"),
+    (["--heads", "3", "--kv-heads", "2", "--hidden", "6"], "--heads"),
+    (["--sample-top-p", "0"], "--sample-top-p"),
+])
+def test_bad_settings_are_refused_before_any_work(args, flag, tmp_path, capsys, monkeypatch):
+    def no_slow_work(*a, **k):
+        raise AssertionError("slow work started")
+
+    monkeypatch.setattr(distill, "load_model", no_slow_work)
+    monkeypatch.setattr(distill, "generate_data", no_slow_work)
+    assert distill.main([*args, "--out", str(tmp_path / "o"), "--work-dir", str(tmp_path / "w"),
+                         "--wandb-mode", "disabled"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and flag in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "w").exists()
+
+
+def test_default_out_is_not_the_shipped_draft_and_writability_is_tested_by_writing(tmp_path):
+    from learn2draft.distill import DistillConfig, check_out_dir, parse_args
+
+    assert DistillConfig().out == "" and parse_args([])[0].out == ""  # → <work-dir>/draft, never the asset
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(DistillError, match="Cannot write"):
+        check_out_dir(tmp_path / "file" / "sub" / "draft", "smollm2-135m-instruct")
