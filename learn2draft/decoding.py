@@ -457,7 +457,15 @@ class SpeculativeDecoder:
 
         The wall clock covers prefill, every cycle and the controller's decisions; TTFT is the
         prefill (one target forward over the prompt and the first token's draw).
+
+        Raises:
+            ValueError: ``controller`` reads the depth features on the scale of a ``max_depth``
+                (its ``depth_feature_scale``, e.g. a trained policy's) other than this decoder's.
         """
+        scale = getattr(controller, "depth_feature_scale", None)
+        if scale is not None and scale != self.max_depth:
+            raise ValueError(f"{controller!r} reads depth features scaled by max_depth={scale}, but this decoder has "
+                             f"max_depth={self.max_depth}: build the decoder with max_depth={scale}.")
         controller.reset()
         t0 = self.clock.now()
         self.start(prompt_ids, seed)

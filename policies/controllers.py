@@ -9,12 +9,15 @@ Importing this module imports neither stable-baselines3 nor onnxruntime: :class:
 imports SB3 only when it loads a model from a path, :class:`OnnxController` imports onnxruntime
 when constructed. An exported policy therefore runs with the engine, numpy and onnxruntime alone.
 
-The decoder's ``max_depth`` should equal the controller's (the one the policy was trained with):
-the ``depth`` and ``accepted_len_*`` features are divided by the decoder's ``max_depth``.
+The decoder's ``max_depth`` must equal the controller's (the one the policy was trained with):
+the ``depth`` and ``accepted_len_*`` features are divided by the decoder's ``max_depth``. Every
+controller here says so with ``depth_feature_scale`` (= its ``max_depth``), and
+:meth:`learn2draft.SpeculativeDecoder.generate` refuses a decoder with another ``max_depth``.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -66,6 +69,11 @@ class PolicyController(DraftController):
         self.policy = policy
         self.max_depth = int(max_depth)
 
+    @property
+    def depth_feature_scale(self) -> int:
+        """The ``max_depth`` that the depth features this controller reads are divided by."""
+        return self.max_depth
+
     def act(self, features: np.ndarray) -> int:
         """The policy's action (0 = STOP, 1 = CONTINUE) for one float32 feature vector."""
         return _as_action(self.policy(np.asarray(features, dtype=np.float32)))
@@ -77,6 +85,23 @@ class PolicyController(DraftController):
         return f"{type(self).__name__}(policy={self.policy!r}, max_depth={self.max_depth})"
 
 
+def saved_max_depth(model_path: str | Path) -> int | None:
+    """The ``max_depth`` recorded beside an SB3 ``.zip``: in ``policy/policy_config.json`` or
+    ``policy_config.json`` (the export) or ``config.json`` (the training run) of its folder; None if
+    none is found."""
+    d = Path(model_path).parent
+    for cfg_file in (d / "policy" / "policy_config.json", d / "policy_config.json", d / "config.json",
+                     d.parent / "config.json"):  # the last: a checkpoint in <run>/checkpoints/
+        try:
+            cfg = json.loads(cfg_file.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(cfg, dict) and isinstance(cfg.get("max_depth"), int) and (
+                cfg_file.name == "policy_config.json" or "env_id" in cfg):
+            return cfg["max_depth"]
+    return None
+
+
 class SB3Controller(PolicyController):
     """Drive the decoder with a stable-baselines3 model's deterministic action (``model.predict``).
 
@@ -84,28 +109,49 @@ class SB3Controller(PolicyController):
         model: a trained SB3 algorithm (e.g. ``PPO``) whose observation space is the feature Box
             and whose action space is ``Discrete(2)``, or the path of its ``.zip`` (loaded with
             ``PPO.load(path, device="cpu")``; SB3 is imported only then).
-        max_depth: as in :class:`PolicyController`; use the training environment's.
+        max_depth: the training environment's. None (default): read from the files saved with a
+            ``.zip`` (see :func:`saved_max_depth`) or from the model's environment (``max_depth``).
         deterministic: argmax action (default) or a sample from the policy.
 
     Raises:
         FileNotFoundError: ``model`` is a path that does not exist.
+        ValueError: ``max_depth`` is given and differs from the saved one, or is None and cannot be found.
     """
 
-    def __init__(self, model: Any, max_depth: int = 8, deterministic: bool = True):
+    def __init__(self, model: Any, max_depth: int | None = None, deterministic: bool = True):
+        known = None
         if isinstance(model, (str, Path)):
             path = Path(model)
             if not path.exists() and not path.with_suffix(".zip").exists():
                 raise FileNotFoundError(f"No SB3 model at {path}.")
             from stable_baselines3 import PPO
 
+            known = saved_max_depth(path if path.exists() else path.with_suffix(".zip"))
+            where = f"the files saved with {path}"
             model = PPO.load(str(path), device="cpu")
+        else:
+            env = model.get_env() if hasattr(model, "get_env") else None
+            try:
+                known = int(env.get_attr("max_depth")[0]) if env is not None else None
+            except (AttributeError, TypeError, ValueError):
+                known = None
+            where = "the model's environment"
+        if max_depth is not None and known is not None and int(max_depth) != known:
+            raise ValueError(f"max_depth={max_depth} differs from {where} (max_depth={known}), the scale its depth "
+                             f"features were trained on: pass max_depth={known} or leave it out.")
+        if max_depth is None and known is None:
+            raise ValueError("SB3Controller needs max_depth: pass the training environment's (the depth features "
+                             "are scaled by it).")
         self.model = model
         self.deterministic = deterministic
-        super().__init__(self._predict, max_depth)
+        super().__init__(self._predict, known if max_depth is None else int(max_depth))
 
     def _predict(self, features: np.ndarray) -> np.ndarray:
         action, _ = self.model.predict(features, deterministic=self.deterministic)
         return action
+
+    def __repr__(self) -> str:
+        return f"SB3Controller(model={type(self.model).__name__}, max_depth={self.max_depth})"
 
 
 class OnnxController(PolicyController):
@@ -186,7 +232,7 @@ class ConfidenceThresholdController(DraftController):
         if max_depth < 0 or not 0 <= min_depth <= max_depth:
             raise ValueError(f"Need 0 ≤ min_depth ≤ max_depth, got min_depth={min_depth}, max_depth={max_depth}.")
         self.threshold = float(threshold)
-        self.max_depth = int(max_depth)
+        self.max_depth = self.depth_feature_scale = int(max_depth)
         self.min_depth = int(min_depth)
 
     def continue_drafting(self, features: np.ndarray) -> bool:
@@ -221,6 +267,7 @@ class MatchLengthController(DraftController):
         if max_depth < 0 or scale <= 0 or min_match < 1:
             raise ValueError(f"Need max_depth ≥ 0, scale > 0 and min_match ≥ 1, got {max_depth}, {scale}, {min_match}.")
         self.max_depth, self.scale, self.min_match = int(max_depth), float(scale), int(min_match)
+        self.depth_feature_scale = self.max_depth  # the depth feature is read on this scale
         self._budget = 0
 
     def reset(self) -> None:
@@ -239,5 +286,5 @@ class MatchLengthController(DraftController):
 
 __all__ = [
     "CONTINUE", "STOP", "ConfidenceThresholdController", "MatchLengthController", "OnnxController", "PolicyController",
-    "SB3Controller",
+    "SB3Controller", "saved_max_depth",
 ]

@@ -215,3 +215,36 @@ def test_load_policy_accepts_a_training_run_directory(export_dir, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(export_dir, run / "policy")
     assert load_policy(run).max_depth == load_policy(export_dir).max_depth
+
+
+# ------------------------------------------------------------------ the depth scale travels with the policy
+def test_sb3_controller_reads_the_policys_own_max_depth(tiny_ppo, export_dir, tmp_path):
+    import shutil
+
+    assert SB3Controller(tiny_ppo).max_depth == 3  # from the model's environment
+    run = tmp_path / "run"
+    run.mkdir()
+    tiny_ppo.save(run / "model.zip")
+    shutil.copytree(export_dir, run / "policy")  # a training run: model.zip beside policy/policy_config.json
+    assert SB3Controller(run / "model.zip").max_depth == 3
+    with pytest.raises(ValueError, match="max_depth=3"):
+        SB3Controller(run / "model.zip", max_depth=8)
+    (tmp_path / "bare").mkdir()
+    tiny_ppo.save(tmp_path / "bare" / "model.zip")
+    with pytest.raises(ValueError, match="needs max_depth"):
+        SB3Controller(tmp_path / "bare" / "model.zip")
+    assert SB3Controller(tmp_path / "bare" / "model.zip", max_depth=3).max_depth == 3
+
+
+@pytest.mark.parametrize("make", [
+    lambda d: load_policy(d),
+    lambda d: SB3Controller(d.parent / "m.zip", max_depth=3),
+    lambda d: ConfidenceThresholdController(0.4, max_depth=3),
+    lambda d: PolicyController(lambda f: 1, max_depth=3),
+])
+def test_decoder_refuses_a_policy_trained_on_another_depth_scale(tiny_pair, tiny_ppo, export_dir, make):
+    tiny_ppo.save(export_dir.parent / "m.zip")
+    ctrl = make(export_dir)
+    with pytest.raises(ValueError, match="max_depth=3"):
+        decode(tiny_pair, ctrl, max_depth=12)
+    assert len(decode(tiny_pair, ctrl, max_depth=3).tokens) > 0
