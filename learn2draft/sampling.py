@@ -30,6 +30,12 @@ from transformers import (
 )
 
 
+#: The smallest temperature above 0 (greedy): logits / T stay finite in float32 for |logits| < 3e34.
+TEMPERATURE_MIN = 1e-4
+#: The largest |presence_penalty| and repetition_penalty (and 1 / the smallest repetition_penalty).
+PENALTY_MAX = 1e6
+
+
 class PresencePenaltyLogitsProcessor(LogitsProcessor):
     """Subtract ``penalty`` from the logit of every token already in the prefix (OpenAI / vLLM
     ``presence_penalty``; transformers has no such processor).
@@ -57,6 +63,10 @@ class SamplingConfig:
         repetition_penalty: CTRL-style penalty (Keskar et al. 2019) on tokens in the prefix (1.0 = off).
         presence_penalty: additive penalty on tokens in the prefix (0 = off).
 
+    Bounds (:data:`TEMPERATURE_MIN`, :data:`PENALTY_MAX`): a temperature in (0, 1e-4) or a
+    penalty beyond 1e6 (a repetition penalty outside [1e-6, 1e6]) would overflow float32 logits into
+    NaN in the middle of a generation; they are refused here (use temperature 0 for greedy).
+
     Raises (on construction):
         ValueError: a setting is out of range.
     """
@@ -77,14 +87,21 @@ class SamplingConfig:
             raise ValueError(f"top_k must be an integer (0 = off), got {self.top_k!r}.")
         if not self.temperature >= 0:
             raise ValueError(f"temperature must be ≥ 0 (0 = greedy), got {self.temperature}.")
+        if 0 < self.temperature < TEMPERATURE_MIN:
+            raise ValueError(f"temperature must be 0 (greedy) or ≥ {TEMPERATURE_MIN:.0e} (smaller ones overflow float32 "
+                             f"logits; their limit is greedy: pass 0), got {self.temperature:g}.")
+        if not abs(self.presence_penalty) <= PENALTY_MAX:
+            raise ValueError(f"presence_penalty must be in [-{PENALTY_MAX:.0e}, {PENALTY_MAX:.0e}] (larger ones overflow "
+                             f"float32 logits), got {self.presence_penalty:g}.")
+        if not 1 / PENALTY_MAX <= self.repetition_penalty <= PENALTY_MAX:
+            raise ValueError(f"repetition_penalty must be in [{1 / PENALTY_MAX:.0e}, {PENALTY_MAX:.0e}] (1 = off; others "
+                             f"overflow float32 logits), got {self.repetition_penalty:g}.")
         if self.top_k < 0:
             raise ValueError(f"top_k must be ≥ 0 (0 = off), got {self.top_k}.")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}.")
         if not 0 <= self.min_p < 1:
             raise ValueError(f"min_p must be in [0, 1) (0 = off), got {self.min_p}.")
-        if not self.repetition_penalty > 0:
-            raise ValueError(f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}.")
 
     @property
     def greedy(self) -> bool:

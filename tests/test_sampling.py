@@ -309,3 +309,29 @@ def test_unnormalised_or_mistyped_inputs_are_refused():
 def test_sampling_config_rejects_non_finite_or_mistyped_settings(kw):
     with pytest.raises(ValueError):
         SamplingConfig(**kw)
+
+
+@pytest.mark.parametrize("kw, name", [
+    ({"temperature": 1e-38}, "temperature"), ({"temperature": 5e-5}, "temperature"),
+    ({"temperature": 0.7, "presence_penalty": -3e38}, "presence_penalty"),
+    ({"temperature": 0.7, "presence_penalty": 2e6}, "presence_penalty"),
+    ({"temperature": 0.7, "repetition_penalty": 1e-38}, "repetition_penalty"),
+    ({"temperature": 0.7, "repetition_penalty": 3e38}, "repetition_penalty"),
+])
+def test_settings_that_would_overflow_float32_are_refused_with_the_bound(kw, name):
+    with pytest.raises(ValueError, match=rf"{name} must .*1e[-+]0\d"):
+        SamplingConfig(**kw)
+
+
+@pytest.mark.parametrize("kw", [
+    {"temperature": 1e-4}, {"temperature": 1e-4, "presence_penalty": -1e6, "repetition_penalty": 1e-6},
+    {"temperature": 1e-4, "presence_penalty": 1e6, "repetition_penalty": 1e6}, {"temperature": 1e30},
+])
+def test_extreme_settings_within_the_bounds_give_distributions(kw):
+    """At the bounds, with logits far larger than a language model's, p is a distribution, near its limit."""
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0)) * 1000
+    prefix = torch.tensor([1, 2, 3])
+    p = SamplingConfig(**kw).probs(logits, prefix, torch.tensor([4, 5]))
+    assert torch.isfinite(p).all() and torch.allclose(p.sum(-1), torch.ones(3))
+    if kw["temperature"] == 1e-4 and len(kw) == 1:
+        assert torch.equal(p.argmax(-1), logits.argmax(-1)) and (p.max(-1).values > 0.999).all()  # ≈ greedy
