@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--law-tokens", type=int, default=3, help="first k tokens compared by the law check")
     p.add_argument("--law-prompt", default="Name a color.",
                    help="prompt of the law check: one whose first tokens are uncertain, so a biased rule shows")
-    p.add_argument("--skip-speed", action="store_true", help="only the law check")
+    p.add_argument("--skip-speed", action="store_true", help="only the law check (needs --law-check)")
     return p
 
 
@@ -101,6 +101,9 @@ def _run(args) -> int:
     from learn2draft.prompts import load_prompt_file
     from policies.export import default_policy_dir, load_policy, policy_drafter, resolve_export_dir
 
+    if args.skip_speed and not args.law_check:
+        raise ValueError("--skip-speed skips the speed comparison, and without --law-check nothing is left to run: "
+                         "add --law-check, or drop --skip-speed.")
     if args.policy is None:
         policy_dir = default_policy_dir(args.drafter or "model")
     else:
@@ -185,8 +188,8 @@ def _run(args) -> int:
         print("Output-law check\n" + table + "\n")
     results["wall_seconds"] = time.perf_counter() - t0
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
-    print(f"Wrote {out / 'results.md'}, {out / 'results.json'}" + ("" if args.skip_speed else f", {out / 'results.png'}")
-          + f" in {results['wall_seconds']:.0f} s.")
+    written = [str(out / name) for name in ("results.md", "results.json", "results.png") if (out / name).is_file()]
+    print(f"Wrote {', '.join(written)} in {results['wall_seconds']:.0f} s.")
     return 0
 
 

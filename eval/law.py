@@ -154,7 +154,8 @@ def two_sample_test(a: Sequence[int], b: Sequence[int], min_expected: float = 5.
 
     Returns:
         dict with ``chi2``, ``dof``, ``p_value`` (1.0 when fewer than two bins remain: nothing to
-        compare), ``tv`` (the plug-in total-variation distance ½ Σ |f_a − f_b| over unmerged labels,
+        compare), ``p_min`` (the smallest p-value any data of these sizes and bins could give: the
+        test's reach, 1.0 at 0 degrees of freedom), ``tv`` (the plug-in total-variation distance ½ Σ |f_a − f_b| over unmerged labels,
         biased upwards by sampling noise: about sqrt(K/n) for K labels with n draws each),
         ``bins`` (columns tested), ``n_a``, ``n_b``, and ``counts_a``/``counts_b`` (label → count,
         labels as strings for JSON).
@@ -162,6 +163,7 @@ def two_sample_test(a: Sequence[int], b: Sequence[int], min_expected: float = 5.
     Raises:
         ValueError: a sample is empty.
     """
+    from scipy.stats import chi2 as chi2_dist
     from scipy.stats import chi2_contingency
 
     if not len(a) or not len(b):
@@ -193,9 +195,11 @@ def two_sample_test(a: Sequence[int], b: Sequence[int], min_expected: float = 5.
         chi2, dof, p = 0.0, 0, 1.0
     else:
         chi2, p, dof, _ = chi2_contingency(np.array(cols).T, correction=False)
+    # Pearson's χ² of a 2-row table is at most its total count (complete separation).
+    p_min = float(chi2_dist.sf(na + nb, dof)) if dof else 1.0
     return {
-        "chi2": float(chi2), "dof": int(dof), "p_value": float(p), "tv": float(tv), "bins": len(cols),
-        "n_a": na, "n_b": nb,
+        "chi2": float(chi2), "dof": int(dof), "p_value": float(p), "p_min": p_min, "tv": float(tv),
+        "bins": len(cols), "n_a": na, "n_b": nb,
         "counts_a": {str(k): v for k, v in sorted(ca.items())}, "counts_b": {str(k): v for k, v in sorted(cb.items())},
     }
 
@@ -213,9 +217,11 @@ def goodness_of_fit_test(sample: Sequence[int], probs: np.ndarray, min_expected:
         probs: float (V,), the exact law (sums to 1).
 
     Returns:
-        dict with ``chi2``, ``dof``, ``p_value``, ``tv`` (plug-in ½ Σ |f − p|), ``bins``, ``n`` and
-        ``impossible`` (draws of probability-0 tokens).
+        dict with ``chi2``, ``dof``, ``p_value``, ``p_min`` (the smallest p-value any n draws could
+        give over these bins: the test's reach, 1.0 at 0 degrees of freedom), ``tv`` (plug-in
+        ½ Σ |f − p|), ``bins``, ``n`` and ``impossible`` (draws of probability-0 tokens).
     """
+    from scipy.stats import chi2 as chi2_dist
     from scipy.stats import chisquare
 
     probs = np.asarray(probs, dtype=np.float64)
@@ -237,16 +243,18 @@ def goodness_of_fit_test(sample: Sequence[int], probs: np.ndarray, min_expected:
         obs[j] += obs[-1]
         exp[j] += exp[-1]
         obs, exp = obs[:-1], exp[:-1]
+    # the largest χ² n draws can give: all of them in the bin of smallest expected count, n²/e_min − n
+    p_min = float(chi2_dist.sf(n * n / min(exp) - n, len(obs) - 1)) if len(obs) > 1 and min(exp) > 0 else 1.0
     if impossible:
-        chi2, p, dof = float("inf"), 0.0, len(obs) - 1
+        chi2, p, dof, p_min = float("inf"), 0.0, len(obs) - 1, 0.0
     elif len(obs) < 2:
         chi2, p, dof = 0.0, 1.0, 0
     else:
         exp = np.array(exp) * (sum(obs) / sum(exp))
         chi2, p = chisquare(np.array(obs), exp)
         dof = len(obs) - 1
-    return {"chi2": float(chi2), "dof": int(dof), "p_value": float(p), "tv": float(tv), "bins": len(obs), "n": n,
-            "impossible": int(impossible)}
+    return {"chi2": float(chi2), "dof": int(dof), "p_value": float(p), "p_min": p_min, "tv": float(tv),
+            "bins": len(obs), "n": n, "impossible": int(impossible)}
 
 
 class _PrefillMemo:
@@ -424,7 +432,10 @@ def law_check(
 
     Verdict: Bonferroni over all m tests — a test is flagged when its p-value is below
     ``alpha / m``, and the check passes when none is, so a correct sampler fails it with
-    probability at most ``alpha`` (up to the chi-square approximation).
+    probability at most ``alpha`` (up to the chi-square approximation). A check without power is
+    not a pass: when, for some controller, no test could reach a p-value below ``alpha / m`` with
+    these sample sizes and bins (``p_min``; e.g. 10 draws, or 0 degrees of freedom), the verdict is
+    INCONCLUSIVE and ``passed`` is False.
 
     The prompt's prefill is computed once and replayed for every draw (:class:`_PrefillMemo`;
     it returns exactly what recomputation would), so a draw costs about ``num_tokens`` target
@@ -449,10 +460,11 @@ def law_check(
         drafter: ``"model" | "head" | "lookup"``, the drafter of every controller's arm.
 
     Returns:
-        JSON-serialisable dict: ``passed`` (bool), ``verdict`` (str), ``num_tests`` m,
+        JSON-serialisable dict: ``passed`` (bool: conclusive and nothing flagged), ``conclusive``
+        (bool), ``verdict`` (str: PASS / FAIL / INCONCLUSIVE), ``num_tests`` m,
         ``threshold`` (alpha / m), ``min_p_value``, ``max_tv``, ``tests`` (one dict per test:
         prompt, controller, position, kind ("two-sample" or "exact"), chi2, dof, p_value,
-        p_bonferroni = min(1, m·p), tv, bins, flagged, and counts for two-sample tests), ``arms``
+        p_bonferroni = min(1, m·p), p_min, can_reject, tv, bins, flagged, and counts for two-sample tests), ``arms``
         (per prompt and arm: seconds, cycles, drafted, accepted, mean accepted length), and the
         settings.
 
@@ -503,12 +515,25 @@ def law_check(
     for t in tests:
         t["p_bonferroni"] = min(1.0, t["p_value"] * m)
         t["flagged"] = t["p_value"] < threshold
-    passed = not any(t["flagged"] for t in tests)
+        t["can_reject"] = t["p_min"] < threshold
+    flagged = sum(t["flagged"] for t in tests)
+    # A controller none of whose tests could reject at this sample size was not tested at all.
+    untested = [name for name in controllers
+                if not any(t["can_reject"] for t in tests if t["controller"] == name)]
+    conclusive = bool(flagged) or not untested
+    passed = conclusive and not flagged
     min_p = min(t["p_value"] for t in tests)
+    if flagged:
+        verdict = f"FAIL: {flagged} of {m} tests reject the target's law"
+    elif untested:
+        verdict = (f"INCONCLUSIVE: no test of {', '.join(untested)} could reject the target's law with "
+                   f"{num_samples} samples per arm (too few draws, or too few bins): raise the number of samples")
+    else:
+        verdict = "PASS: no test rejects the target's law"
     return {
         "passed": passed,
-        "verdict": ("PASS: no test rejects the target's law" if passed else
-                    f"FAIL: {sum(t['flagged'] for t in tests)} of {m} tests reject the target's law"),
+        "conclusive": conclusive,
+        "verdict": verdict,
         "num_tests": m,
         "alpha": alpha,
         "threshold": threshold,

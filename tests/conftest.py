@@ -58,6 +58,19 @@ def tiny_self_pair(tiny_tok):
 
 
 @pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory, tiny_tok):
+    """The tiny target and draft saved as local model directories ("bring your own models")."""
+    root = tmp_path_factory.mktemp("models")
+    V = len(tiny_tok)
+    dirs = []
+    for name, model in (("target", tiny_llama(V, 0)), ("draft", tiny_llama(V, 1, layers=1))):
+        model.save_pretrained(root / name)
+        tiny_tok.save_pretrained(root / name)
+        dirs.append(str(root / name))
+    return dirs
+
+
+@pytest.fixture(scope="session")
 def default_pair():
     """The real embedded default pair (SmolLM2-135M-Instruct target + shipped draft), fp32 on CPU."""
     from learn2draft.models import load_pair

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_llama
 
 import train
 from train.__main__ import build_parser, config_from_args, main
@@ -172,19 +171,6 @@ def test_cli_refuses_existing_run_dir_and_unwritable_out(tmp_path, capsys):
             main(["--out", str(out), "--target", str(tmp_path / "run"), "--draft", str(tmp_path / "run")])
         assert e.value.code == 2
         assert match in capsys.readouterr().err
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dirs(tmp_path_factory, tiny_tok):
-    """The tiny target and draft saved as local model directories ("bring your own models")."""
-    root = tmp_path_factory.mktemp("models")
-    V = len(tiny_tok)
-    dirs = []
-    for name, model in (("target", tiny_llama(V, 0)), ("draft", tiny_llama(V, 1, layers=1))):
-        model.save_pretrained(root / name)
-        tiny_tok.save_pretrained(root / name)
-        dirs.append(str(root / name))
-    return dirs
 
 
 def test_cli_end_to_end_with_local_model_dirs(tiny_model_dirs, tmp_path, capsys):

@@ -1,0 +1,53 @@
+"""``python -m eval`` / ``python -m eval.benchmark`` command lines on a tiny trained run (no downloads)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import train
+from eval.__main__ import main as eval_main
+from learn2draft.models import load_pair
+from train.training import TrainConfig
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny_model_dirs, tmp_path_factory):
+    """A training run of the tiny local model directories (as ``python -m train --target DIR --draft DIR``)."""
+    out = tmp_path_factory.mktemp("runs") / "tiny"
+    pair = load_pair(*tiny_model_dirs)
+    cfg = TrainConfig(out=str(out), target=tiny_model_dirs[0], draft=tiny_model_dirs[1], timesteps=64, n_steps=64,
+                      batch_size=32, n_epochs=1, max_new_tokens=8, max_depth=3, net_arch=(8,), wandb_mode="disabled",
+                      progress_bar=False, checkpoint_every=0, eval_prompts=0, warmup_prompts=1)
+    train.run(pair, cfg, prompts=["w1 w2 w3", "w4 w5"])
+    return out
+
+
+def _no_model_loading(monkeypatch):
+    import learn2draft.models
+
+    def refuse(*a, **k):
+        raise AssertionError("models were loaded")
+
+    monkeypatch.setattr(learn2draft.models, "load_pair", refuse)
+
+
+def test_skip_speed_without_law_check_is_refused_before_loading(tiny_run, monkeypatch, capsys):
+    _no_model_loading(monkeypatch)
+    assert eval_main(["--policy", str(tiny_run), "--skip-speed", "--out", str(tiny_run / "e")]) == 2
+    err = capsys.readouterr().err
+    assert "--law-check" in err and len(err.strip().splitlines()) == 1
+    assert not (tiny_run / "e").exists()
+
+
+def test_eval_prints_only_the_files_it_wrote(tiny_run, tmp_path, capsys):
+    out = tmp_path / "eval"
+    assert eval_main(["--policy", str(tiny_run), "--skip-speed", "--law-check", "--law-samples", "10",
+                      "--law-tokens", "1", "--law-prompt", "w1 w2", "--device", "cpu", "--out", str(out)]) == 0
+    line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("Wrote ")][-1]
+    listed = [p.strip() for p in line[len("Wrote "):].rsplit(" in ", 1)[0].split(",")]
+    assert listed and all(__import__("pathlib").Path(p).is_file() for p in listed), line
+    assert not (out / "results.png").exists() and str(out / "results.png") not in line
+    law = json.loads((out / "results.json").read_text())["law_check"]
+    assert law["verdict"].startswith("INCONCLUSIVE") and not law["passed"]  # 10 samples: no power
