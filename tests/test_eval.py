@@ -67,16 +67,35 @@ def test_decoder_and_hf_greedy_agree_on_tiny_models(tiny_pair):
     assert hf.ttft_seconds <= hf.wall_seconds
 
 
-def test_grid_and_markdown_on_tiny_models(tiny_pair):
+def test_grid_picks_the_fastest_gamma_by_measured_rate(tiny_pair, monkeypatch):
+    """The grid's choice follows the measured rates: γ=2 made fastest (not the first, not the largest)."""
+    import eval.compare
+
+    seconds = {1: 2.0, 2: 0.5, 3: 1.0}  # per 10 tokens
+
+    def fake_runs(methods, prompts, repeats=1, seed=0, **kw):
+        return [RunRecord(m.name, i, r, 10, seconds[int(m.name.split("=")[1])], 0.1, 0.01, tau=0.5)
+                for r in range(repeats) for i in range(len(prompts)) for m in methods]
+
+    monkeypatch.setattr(eval.compare, "run_interleaved", fake_runs)
+    grid = grid_search(tiny_pair, [torch.tensor([1, 5, 9])], [1, 2, 3], SamplingConfig(), 8, seed=0)
+    assert grid["best_gamma"] == 2 and grid["tokens_per_second"] == {1: 5.0, 2: 20.0, 3: 10.0}
+    seconds.update({1: 0.1})
+    assert grid_search(tiny_pair, [torch.tensor([1, 5, 9])], [1, 2, 3], SamplingConfig(), 8)["best_gamma"] == 1
+
+
+def test_compare_and_markdown_on_tiny_models(tiny_pair):
     ids = [torch.tensor([1, 5, 9]), torch.tensor([1, 7])]
-    grid = grid_search(tiny_pair, ids, [1, 2], SamplingConfig(), 8, seed=0)
-    assert grid["best_gamma"] in (1, 2) and set(grid["tokens_per_second"]) == {1, 2}
     from eval.compare import compare
 
     res = compare(tiny_pair, FixedDepthController(2), ids, ids, SamplingConfig(), 8, gammas=[1, 2], repeats=2,
                   policy_name="policy")
+    grid = res["grid_train"]["tokens_per_second"]
+    assert res["gamma_train"] == max(grid, key=grid.get)  # the fixed γ compared is the grid's fastest
+    assert set(res["methods"]) >= {AR, "policy"} and all(
+        len(m["tokens_per_second_per_repeat"]) == 2 and m["tokens_per_second_mean"] > 0 for m in res["methods"].values())
     md = format_markdown(res)
-    assert AR in md and "policy vs" in md
+    assert AR in md and "policy vs" in md and f"γ={res['gamma_train']}" in md
     json.dumps(res)  # serialisable
 
 

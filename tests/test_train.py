@@ -67,11 +67,32 @@ def test_run_on_tiny_pair_writes_everything(tiny_pair, tmp_path):
     assert len(g.tokens) >= 1
 
 
-def test_seeded_runs_learn_the_same_policy(tiny_pair, tmp_path):
-    """Same seed → same prompts and actions; only timing noise differs, so rewards (and weights) may not."""
-    a = train.run(tiny_pair, tiny_config(tmp_path / "a", timesteps=64, eval_prompts=0, checkpoint_every=0), prompts=PROMPTS)
-    b = train.run(tiny_pair, tiny_config(tmp_path / "b", timesteps=64, eval_prompts=0, checkpoint_every=0), prompts=PROMPTS)
-    assert a["cycles"]["cycles"] == b["cycles"]["cycles"]  # the first rollout's actions are seeded
+def test_seeded_runs_learn_the_same_policy(tiny_pair, tmp_path, monkeypatch):
+    """Same seed → same prompts, actions and updates; wall-clock rewards are the only noise, so with a
+    deterministic clock (1 ms per reading) two runs must end with identical weights."""
+    from stable_baselines3 import PPO
+
+    from learn2draft.timing import DeviceClock
+
+    def fake_clock(monkeypatch):
+        ticks = iter(range(10**9))
+        monkeypatch.setattr(DeviceClock, "now", lambda self: next(ticks) * 1e-3)
+
+    runs = []
+    for name in ("a", "b"):
+        fake_clock(monkeypatch)
+        m = train.run(tiny_pair, tiny_config(tmp_path / name, timesteps=128, eval_prompts=0, checkpoint_every=0),
+                      prompts=PROMPTS)
+        runs.append((m, PPO.load(str(tmp_path / name / "model.zip"), device="cpu").policy.state_dict()))
+    (ma, wa), (mb, wb) = runs
+    assert ma["cycles"] == mb["cycles"] and ma["reward_scale"] == mb["reward_scale"]
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    # …and the weights moved away from the seeded initial ones: the runs learnt, identically
+    from envs.spec_decode import SpecDecodeEnv
+
+    env = SpecDecodeEnv(tiny_pair, PROMPTS, max_new_tokens=10, max_depth=3)
+    init = PPO("MlpPolicy", env, seed=0, policy_kwargs={"net_arch": [16, 16]}, device="cpu").policy.state_dict()
+    assert init.keys() == wa.keys() and any(not torch.equal(wa[k], init[k]) for k in wa)
 
 
 def test_run_refuses_to_overwrite_results(tiny_pair, tmp_path):
