@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "strings) instead of the shipped held-out set; the γ grid still runs on the training prompts")
     p.add_argument("--target", default=None, help="target model (default: the one the policy was trained with)")
     p.add_argument("--draft", default=None, help="draft model (default: the one the policy was trained with)")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, … (default: cuda if available, else cpu)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, … (default: cuda if available, else cpu, as in every command)")
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
     p.add_argument("--num-train-prompts", type=int, default=6, help="training prompts for the γ grid search")
     p.add_argument("--num-heldout-prompts", type=int, default=6, help="held-out prompts for the comparison")
@@ -95,11 +95,11 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args) -> int:
     from eval.compare import compare, format_markdown, plot
     from eval.runner import encode_all
-    from learn2draft.models import check_device, load_pair, parse_dtype
+    from learn2draft.models import check_device, default_device, load_pair, parse_dtype
     from learn2draft.prompts import load_prompts
     from learn2draft.sampling import SamplingConfig
     from learn2draft.prompts import load_prompt_file
-    from policies.export import default_policy_dir, load_policy, policy_drafter, resolve_export_dir
+    from policies.export import default_policy_dir, load_policy, policy_drafter, resolve_export_dir, run_settings
 
     if args.skip_speed and not args.law_check:
         raise ValueError("--skip-speed skips the speed comparison, and without --law-check nothing is left to run: "
@@ -119,9 +119,7 @@ def _run(args) -> int:
                          f"its features mean other things. Pass --drafter {trained_with}, or a policy trained with "
                          f"`python -m train --drafter {drafter}`.")
     user_prompts = load_prompt_file(args.prompts) if args.prompts else None
-    # The training run's settings (config.json of a run dir, else the export's policy_config.json).
-    cfg_file = policy_dir / "config.json" if (policy_dir / "config.json").exists() else export_dir / "policy_config.json"
-    cfg = json.loads(cfg_file.read_text())
+    cfg = run_settings(policy_dir)  # the training run's settings (its config.json, else the export's)
     # Check every setting before the (slow) model loading.
     for name in ("num_train_prompts", "num_heldout_prompts", "repeats"):
         if getattr(args, name) < 1:
@@ -138,7 +136,7 @@ def _run(args) -> int:
     if max_new <= 0:
         raise ValueError(f"--max-new-tokens must be > 0, got {max_new}.")
     dtype = parse_dtype(args.dtype)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = args.device or default_device()
     check_device(device)
     target = args.target or cfg.get("target", "smollm2-135m-instruct")
     draft = args.draft or cfg.get("draft", "smollm2-135m-draft")

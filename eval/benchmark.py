@@ -83,14 +83,18 @@ def forward_cost_ratio(pair, context_len: int = 128, iters: int = 30) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eval.benchmark", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", default="smollm2-135m-instruct", help="target model (default: the embedded SmolLM2)")
-    p.add_argument("--draft", default="smollm2-135m-draft",
-                   help="draft model, for the model drafter and HF assisted generation (default: the shipped draft)")
-    p.add_argument("--drafter", default="model", choices=["model", "head", "lookup"],
-                   help="this project's drafter for the fixed-γ, heuristic and learned rows (default: model)")
+    p.add_argument("--target", default=None,
+                   help="target model (default: the one the policy was trained with; the embedded SmolLM2 for a "
+                        "shipped policy)")
+    p.add_argument("--draft", default=None,
+                   help="draft model, for the model drafter and HF assisted generation (default: the one the policy "
+                        "was trained with)")
+    p.add_argument("--drafter", default=None, choices=["model", "head", "lookup"],
+                   help="this project's drafter for the fixed-γ, heuristic and learned rows (default: the one the "
+                        "policy was trained with; model for the shipped policies)")
     p.add_argument("--policy", default=None,
                    help="trained run or export dir (default: the policy shipped for --drafter)")
-    p.add_argument("--device", default=None, help="cpu, cuda, … (default: cuda if available, else cpu)")
+    p.add_argument("--device", default=None, help="cpu, cuda, … (default: cuda if available, else cpu, as in every command)")
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 (default: float32)")
     p.add_argument("--temperatures", default="0,0.7", help="comma-separated (default: 0,0.7)")
     p.add_argument("--prompt-set", default="open", choices=["open", "copy"],
@@ -124,11 +128,11 @@ def _run(args) -> int:
     from eval.compare import grid_search
     from eval.runner import DecoderMethod, HFGenerateMethod, encode_all, run_interleaved, summarize
     from learn2draft.decoding import FixedDepthController
-    from learn2draft.models import check_device, load_pair, parse_dtype
+    from learn2draft.models import DEFAULT_DRAFT, DEFAULT_TARGET, check_device, default_device, load_pair, parse_dtype
     from learn2draft.prompts import load_prompt_file, load_prompts
     from learn2draft.sampling import SamplingConfig
     from policies.controllers import ConfidenceThresholdController, MatchLengthController
-    from policies.export import default_policy_dir, load_policy, policy_drafter
+    from policies.export import default_policy_dir, load_policy, policy_drafter, run_settings
 
     # Check every setting before the (slow) model loading.
     try:
@@ -148,15 +152,20 @@ def _run(args) -> int:
         torch.set_num_threads(args.threads)
     gammas = parse_gammas(args.gammas)
     dtype = parse_dtype(args.dtype)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = args.device or default_device()
     check_device(device)
-    policy_dir = Path(args.policy) if args.policy else default_policy_dir(args.drafter)
+    policy_dir = Path(args.policy) if args.policy else default_policy_dir(args.drafter or "model")
     if not policy_dir.is_dir():
         raise FileNotFoundError(f"--policy {args.policy}: no such directory (run `python -m train` first).")
     policy = load_policy(policy_dir)
-    if policy_drafter(policy_dir) != args.drafter:
-        raise ValueError(f"The policy in {policy_dir} was trained with the {policy_drafter(policy_dir)!r} drafter, not "
-                         f"{args.drafter!r}: pass --drafter {policy_drafter(policy_dir)} or a matching --policy.")
+    trained_with = policy_drafter(policy_dir)
+    args.drafter = args.drafter or trained_with
+    if trained_with != args.drafter:
+        raise ValueError(f"The policy in {policy_dir} was trained with the {trained_with!r} drafter, not "
+                         f"{args.drafter!r}: pass --drafter {trained_with} or a matching --policy.")
+    cfg = run_settings(policy_dir)  # the pair the policy was trained on, unless named here
+    args.target = args.target or cfg.get("target", DEFAULT_TARGET)
+    args.draft = args.draft or cfg.get("draft", DEFAULT_DRAFT)
     user_prompts = load_prompt_file(args.prompts) if args.prompts else None
     out = make_out_dir(Path(args.out))
     print(f"Loading target={args.target} draft={args.draft} on {device} …", flush=True)

@@ -97,7 +97,56 @@ def resolve_model_source(name_or_path: str) -> tuple[str, str | None]:
         return str(p), None
     if name.startswith((".", "/", "~")) or os.sep in name.strip("/").replace("/", "", 1):
         raise ModelLoadError(f"Model path not found: {name}. Check the path, or pass a hub id like 'org/name'.")
+    _check_hub_reachable(name)
     return name, None
+
+
+def canonical_model_name(name_or_path: str) -> str:
+    """The name to record for a model (in ``config.json``, ``policy_config.json``): an alias or hub id
+    as given, a local directory or ``.gguf`` file as an absolute path — so that a run evaluated from
+    another working directory finds the same model instead of asking the hub for ``"tiny_target"``."""
+    name = str(name_or_path)
+    if name in (DEFAULT_TARGET, DEFAULT_DRAFT):
+        return name
+    p = Path(name).expanduser()
+    return str(p.resolve()) if p.exists() else name
+
+
+def _hub_host() -> tuple[str, int]:
+    from urllib.parse import urlparse
+
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    return url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+
+
+def _check_hub_reachable(repo_id: str, timeout: float = 3.0) -> None:
+    """Fail fast, instead of through the hub client's retries (about a minute), when ``repo_id`` is not
+    in the local Hugging Face cache and the hub cannot be reached (``HF_HUB_OFFLINE=1``, or no
+    connection within ``timeout`` seconds).
+
+    Raises:
+        ModelLoadError: names the model and says to pass a local directory or go online.
+    """
+    import socket
+
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    try:
+        if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+            return  # cached: from_pretrained can work offline
+    except Exception:  # noqa: BLE001 (a malformed repo id: from_pretrained reports it)
+        return
+    why = None
+    if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE"):
+        why = "HF_HUB_OFFLINE is set"
+    else:
+        try:
+            socket.create_connection(_hub_host(), timeout=timeout).close()
+        except OSError as e:
+            why = f"the hub is unreachable ({e.strerror or e})"
+    if why:
+        raise ModelLoadError(f"Could not load {repo_id!r}: it is neither a local path nor a cached hub model, and {why}: pass a local "
+                             "directory or .gguf file (check the path from this working directory), or go online.")
 
 
 def _clear_gguf_marks(model: PreTrainedModel) -> None:
@@ -302,7 +351,8 @@ def load_pair(
     """Load a target/draft pair and check their tokenizers.
 
     Args:
-        target, draft: aliases, hub ids, local directories or ``.gguf`` files.
+        target, draft: aliases, hub ids, local directories or ``.gguf`` files (recorded in
+            ``target_name`` / ``draft_name`` by :func:`canonical_model_name`: local paths absolute).
         device, dtype: where and how both models run.
 
     Raises:
@@ -314,7 +364,13 @@ def load_pair(
     check_tokenizers(ttok, dtok)  # before the (slow) weight loading
     t = load_model(target, device, dtype)
     d = load_model(draft, device, dtype)
-    return make_pair(t, d, ttok, dtok, target_name=target, draft_name=draft)
+    return make_pair(t, d, ttok, dtok, target_name=canonical_model_name(target), draft_name=canonical_model_name(draft))
+
+
+def default_device() -> str:
+    """The device every command uses when none is given: ``"cuda"`` if this torch can use it, else ``"cpu"``
+    (one rule, so that a policy is trained and evaluated on the same device's timings)."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def parse_dtype(name: str) -> torch.dtype:

@@ -225,6 +225,21 @@ def policy_drafter(directory: str | Path) -> str:
     return str(cfg.get("drafter", "model"))
 
 
+def run_settings(directory: str | Path) -> dict:
+    """The settings a policy was trained with: the training run's ``config.json`` when ``directory``
+    is a run (``python -m train --out``), else the export's ``policy_config.json`` (``target``,
+    ``draft``, ``drafter``, ``max_new_tokens``, ``threads``, … whatever was recorded).
+
+    Raises:
+        FileNotFoundError: neither file exists.
+    """
+    d = Path(directory)
+    for f in (d / "config.json", resolve_export_dir(d) / POLICY_CONFIG_FILE):
+        if f.is_file():
+            return json.loads(f.read_text())
+    raise FileNotFoundError(f"No config.json or {POLICY_CONFIG_FILE} in {d}: is it a training run or a policy export?")
+
+
 def load_policy(directory: str | Path, intra_op_num_threads: int = 1) -> OnnxController:
     """Load an export directory (or a training run directory holding one in ``policy/``) as an
     :class:`OnnxController` (onnxruntime only; no SB3, no torch graph).
@@ -254,5 +269,5 @@ def load_policy(directory: str | Path, intra_op_num_threads: int = 1) -> OnnxCon
 __all__ = [
     "CHECK_FILE", "FEATURE_SPEC_FILE", "ONNX_FILE", "POLICY_CONFIG_FILE", "ExportCheckError", "ExportResult",
     "DEFAULT_POLICIES_DIR", "OnnxablePolicy", "check_onnx", "default_policy_dir", "export_onnx", "export_policy",
-    "load_policy", "policy_drafter", "resolve_export_dir",
+    "load_policy", "policy_drafter", "resolve_export_dir", "run_settings",
 ]

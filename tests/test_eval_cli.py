@@ -51,3 +51,38 @@ def test_eval_prints_only_the_files_it_wrote(tiny_run, tmp_path, capsys):
     assert not (out / "results.png").exists() and str(out / "results.png") not in line
     law = json.loads((out / "results.json").read_text())["law_check"]
     assert law["verdict"].startswith("INCONCLUSIVE") and not law["passed"]  # 10 samples: no power
+
+
+def _capture_load_pair(monkeypatch) -> dict:
+    import learn2draft.models
+
+    seen = {}
+
+    def fake_load_pair(target, draft, device="cpu", dtype=None):
+        seen.update(target=target, draft=draft, device=device)
+        raise ValueError("stop: models would load here")
+
+    monkeypatch.setattr(learn2draft.models, "load_pair", fake_load_pair)
+    monkeypatch.setattr(learn2draft.models, "default_device", lambda: "meta")
+    return seen
+
+
+def test_benchmark_uses_the_runs_pair_and_the_common_device_default(tiny_run, tiny_model_dirs, tmp_path,
+                                                                     monkeypatch, capsys):
+    from eval.benchmark import main as bench_main
+    from train.__main__ import build_parser, config_from_args
+
+    seen = _capture_load_pair(monkeypatch)
+    assert bench_main(["--policy", str(tiny_run), "--out", str(tmp_path / "b")]) == 2
+    assert "stop: models would load here" in capsys.readouterr().err
+    assert seen == {"target": tiny_model_dirs[0], "draft": tiny_model_dirs[1], "device": "meta"}
+    seen.clear()
+    assert eval_main(["--policy", str(tiny_run), "--out", str(tmp_path / "e")]) == 2
+    assert seen == {"target": tiny_model_dirs[0], "draft": tiny_model_dirs[1], "device": "meta"}
+    assert config_from_args(build_parser().parse_args([])).device == "meta"  # train: the same rule
+
+
+def test_a_run_records_its_models_as_absolute_paths(tiny_run, tiny_model_dirs):
+    cfg = json.loads((tiny_run / "config.json").read_text())
+    pcfg = json.loads((tiny_run / "policy" / "policy_config.json").read_text())
+    assert cfg["target"] == pcfg["target"] == tiny_model_dirs[0] and cfg["draft"] == pcfg["draft"] == tiny_model_dirs[1]

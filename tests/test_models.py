@@ -93,3 +93,32 @@ def test_unavailable_device_is_a_clear_error():
     if not torch.cuda.is_available():
         with pytest.raises(ModelLoadError, match="--device cpu"):
             check_device("cuda")
+
+
+def test_local_paths_are_recorded_absolute(tiny_model_dirs, monkeypatch):
+    from pathlib import Path
+
+    from learn2draft.models import canonical_model_name, load_pair
+
+    root = Path(tiny_model_dirs[0]).parent
+    monkeypatch.chdir(root)
+    pair = load_pair("target", "draft")  # as typed in a shell in that directory
+    assert pair.target_name == str(root / "target") and pair.draft_name == str(root / "draft")
+    assert canonical_model_name("smollm2-135m-instruct") == "smollm2-135m-instruct"
+    assert canonical_model_name("org/model") == "org/model"
+
+
+def test_a_name_that_is_no_path_fails_fast_when_the_hub_is_unreachable(monkeypatch):
+    import socket
+    import time
+
+    def unreachable(*a, **k):
+        raise OSError(101, "Network is unreachable")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(socket, "create_connection", unreachable)
+    t0 = time.perf_counter()
+    for name in ("tiny_target", "no-such-org/no-such-model-xyz"):  # a relative dir from another directory, a hub id
+        with pytest.raises(ModelLoadError, match="neither a local path nor a cached hub model.*unreachable"):
+            resolve_model_source(name)
+    assert time.perf_counter() - t0 < 2.0

@@ -44,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("models and decoding")
     g.add_argument("--target", default=d.target, help="target model: alias, hub id, local dir or .gguf file")
     g.add_argument("--draft", default=d.draft, help="draft model (must share the target's tokenizer)")
-    g.add_argument("--device", default=d.device, help="torch device, e.g. cpu, cuda, cuda:1")
+    g.add_argument("--device", default=None,
+                   help="torch device, e.g. cpu, cuda, cuda:1 (default: cuda if available, else cpu, as in every command)")
     g.add_argument("--dtype", default=d.dtype, choices=["float32", "bfloat16", "float16"])
     g.add_argument("--temperature", type=float, default=d.temperature, help="0 = greedy")
     g.add_argument("--top-k", type=int, default=d.top_k, help="0 = off")
@@ -95,9 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """Map parsed arguments to a :class:`TrainConfig` (not yet validated)."""
+    from learn2draft.models import default_device
+
     mode = _WANDB_ALIASES.get(args.wandb_mode, args.wandb_mode)
     return TrainConfig(
-        target=args.target, draft=args.draft, device=args.device, dtype=args.dtype,
+        target=args.target, draft=args.draft, device=args.device or default_device(), dtype=args.dtype,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         max_new_tokens=args.max_new_tokens, max_depth=args.max_depth,
         timesteps=args.timesteps, n_steps=args.n_steps, batch_size=args.batch_size, n_epochs=args.n_epochs,
