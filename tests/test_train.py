@@ -110,6 +110,7 @@ def test_run_refuses_to_overwrite_results(tiny_pair, tmp_path):
     ({"timesteps": 0}, "timesteps"), ({"timesteps": -5}, "timesteps"), ({"batch_size": 1000}, "batch_size"),
     ({"wandb_mode": "sometimes"}, "wandb_mode"), ({"reward_scale": 0.0}, "reward_scale"),
     ({"episode": "forever"}, "episode"), ({"temperature": -1.0}, "temperature"), ({"max_depth": 0}, "max_depth"),
+    ({"eval_gammas": (0, 99)}, r"eval_gammas must be in \[0, max_depth=3\]"), ({"discount": 1.5}, "discount"),
 ])
 def test_bad_settings_raise_value_error(tiny_pair, tmp_path, kw, match):
     with pytest.raises(ValueError, match=match):
@@ -164,6 +165,8 @@ def test_cli_defaults_map_to_train_config(monkeypatch):
     cfg = config_from_args(build_parser().parse_args([]))
     d = TrainConfig()
     assert cfg.wandb_mode == "offline" and cfg.timesteps == d.timesteps and cfg.max_depth == d.max_depth
+    assert cfg.discount == d.discount == 1.0 and not hasattr(cfg, "gamma")  # γ is the draft depth, not the discount
+    assert config_from_args(build_parser().parse_args(["--max-depth", "3"])).fixed_gammas() == (0, 3)
     assert cfg.out == "runs/default"  # where python -m eval looks by default
     monkeypatch.setenv("WANDB_MODE", "disabled")
     assert config_from_args(build_parser().parse_args([])).wandb_mode == "disabled"

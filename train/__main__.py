@@ -1,7 +1,7 @@
 """``python -m train``: train a PPO draft-depth policy on the real speculative decoder.
 
 Defaults train on the embedded pair (SmolLM2-135M-Instruct target + shipped draft) with the
-'train' prompts, sized to finish in about 10 minutes on a 2-core CPU, and log to Weights & Biases
+'train' prompts, sized to finish in about 6.5 minutes on a 2-core CPU (measured: see the README), and log to Weights & Biases
 offline (``wandb sync <out>/wandb/offline-run-*`` uploads later). Everything lands in ``--out``:
 ``model.zip``, ``config.json``, ``feature_spec.json``, ``metrics.json``, ``logs/progress.csv``,
 ``checkpoints/`` and ``policy/`` (ONNX export, ``feature_spec.json``, ``policy_config.json``,
@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--batch-size", type=int, default=d.batch_size)
     g.add_argument("--n-epochs", type=int, default=d.n_epochs)
     g.add_argument("--learning-rate", type=float, default=d.learning_rate)
-    g.add_argument("--gamma", type=float, default=d.gamma, help="discount (1.0: a decision's return is its cycle's rate)")
+    g.add_argument("--discount", type=float, default=d.discount,
+                   help="PPO discount factor, SB3's gamma (1.0: a decision's return is its cycle's rate)")
     g.add_argument("--gae-lambda", type=float, default=d.gae_lambda)
     g.add_argument("--ent-coef", type=float, default=d.ent_coef)
     g.add_argument("--clip-range", type=float, default=d.clip_range)
@@ -90,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="generations that warm up and measure the autoregressive rate")
     g.add_argument("--eval-prompts", type=int, default=d.eval_prompts,
                    help="held-out prompts for the final policy-vs-fixed-depth check; 0 = skip")
-    g.add_argument("--eval-gammas", type=_int_list, default=d.eval_gammas, help="fixed depths in that check")
+    g.add_argument("--eval-gammas", type=_int_list, default=None,
+                   help="fixed depths in that check, each ≤ --max-depth (default: 0 and min(4, --max-depth))")
     return p
 
 
@@ -104,14 +106,14 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         max_new_tokens=args.max_new_tokens, max_depth=args.max_depth,
         timesteps=args.timesteps, n_steps=args.n_steps, batch_size=args.batch_size, n_epochs=args.n_epochs,
-        learning_rate=args.learning_rate, gamma=args.gamma, gae_lambda=args.gae_lambda, ent_coef=args.ent_coef,
+        learning_rate=args.learning_rate, discount=args.discount, gae_lambda=args.gae_lambda, ent_coef=args.ent_coef,
         clip_range=args.clip_range, net_arch=tuple(args.net_arch), reward_scale=args.reward_scale,
         episode=args.episode, seed=args.seed, out=args.out or default_out_dir(), overwrite=args.overwrite,
         resume=args.resume,
         checkpoint_every=args.checkpoint_every, wandb_mode=mode, wandb_project=args.wandb_project,
         run_name=args.name, progress_bar=not args.no_progress_bar, threads=args.threads,
         prompt_split=args.prompt_split, drafter=args.drafter, warmup_prompts=args.warmup_prompts, eval_prompts=args.eval_prompts,
-        eval_gammas=tuple(args.eval_gammas),
+        eval_gammas=None if args.eval_gammas is None else tuple(args.eval_gammas),
     )
 
 

@@ -62,7 +62,8 @@ class TrainConfig:
     ``"head"`` or ``"lookup"``, see :func:`learn2draft.drafters.make_drafter`).
 
     PPO (stable-baselines3): ``timesteps`` (environment steps = draft decisions), ``n_steps`` per
-    rollout, ``batch_size``, ``n_epochs``, ``learning_rate``, ``gamma`` (1.0: undiscounted cycles),
+    rollout, ``batch_size``, ``n_epochs``, ``learning_rate``, ``discount`` (SB3's ``gamma``, named
+    apart from the draft depth γ; 1.0: undiscounted cycles),
     ``gae_lambda``, ``ent_coef``, ``clip_range``, ``net_arch`` (hidden sizes of the actor and critic MLPs).
 
     Reward: ``reward_scale`` (None = the measured autoregressive per-cycle tokens/s), ``episode``
@@ -77,7 +78,8 @@ class TrainConfig:
     and noisy clocks are noisy rewards; evaluate with the same setting), ``prompt_split`` (one split of
     :func:`learn2draft.prompts.load_prompts` or several joined by commas, e.g. ``"train,copy_train"``), ``warmup_prompts``
     (generations used to warm up and measure the autoregressive rate), ``eval_prompts`` (held-out
-    prompts for the final sanity check; 0 = skip) and ``eval_gammas`` (fixed depths compared there).
+    prompts for the final sanity check; 0 = skip) and ``eval_gammas`` (fixed depths compared there,
+    each ≤ ``max_depth``; None = 0 and min(4, ``max_depth``)).
     """
 
     target: str = DEFAULT_TARGET
@@ -94,7 +96,7 @@ class TrainConfig:
     batch_size: int = 64
     n_epochs: int = 10
     learning_rate: float = 3e-4
-    gamma: float = 1.0
+    discount: float = 1.0
     gae_lambda: float = 0.95
     ent_coef: float = 0.01
     clip_range: float = 0.2
@@ -115,8 +117,12 @@ class TrainConfig:
     drafter: str = "model"
     warmup_prompts: int = 2
     eval_prompts: int = 3
-    eval_gammas: tuple[int, ...] = (0, 4)
+    eval_gammas: tuple[int, ...] | None = None
     extra: dict = field(default_factory=dict)
+
+    def fixed_gammas(self) -> tuple[int, ...]:
+        """The fixed depths of the final check: ``eval_gammas``, or 0 and min(4, ``max_depth``)."""
+        return tuple(self.eval_gammas) if self.eval_gammas is not None else (0, min(4, self.max_depth))
 
     def sampling(self) -> SamplingConfig:
         """The :class:`SamplingConfig` of these settings."""
@@ -132,7 +138,7 @@ class TrainConfig:
             (0 < self.batch_size <= self.n_steps, f"batch_size must be in [1, n_steps={self.n_steps}], got {self.batch_size}."),
             (self.n_epochs > 0, f"n_epochs must be > 0, got {self.n_epochs}."),
             (self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}."),
-            (0 < self.gamma <= 1, f"gamma must be in (0, 1], got {self.gamma}."),
+            (0 < self.discount <= 1, f"discount must be in (0, 1], got {self.discount}."),
             (0 <= self.gae_lambda <= 1, f"gae_lambda must be in [0, 1], got {self.gae_lambda}."),
             (self.reward_scale is None or (math.isfinite(self.reward_scale) and self.reward_scale > 0),
              f"reward_scale must be > 0 (or None = auto), got {self.reward_scale}."),
@@ -142,7 +148,9 @@ class TrainConfig:
             (self.threads is None or self.threads > 0, f"threads must be > 0, got {self.threads}."),
             (self.warmup_prompts >= 1, f"warmup_prompts must be ≥ 1, got {self.warmup_prompts}."),
             (self.eval_prompts >= 0, f"eval_prompts must be ≥ 0, got {self.eval_prompts}."),
-            (all(g >= 0 for g in self.eval_gammas), f"eval_gammas must be ≥ 0, got {self.eval_gammas}."),
+            (all(0 <= g <= self.max_depth for g in self.fixed_gammas()),
+             f"eval_gammas must be in [0, max_depth={self.max_depth}] (a larger fixed depth cannot run), "
+             f"got {self.eval_gammas}."),
             (len(self.net_arch) > 0 and all(h > 0 for h in self.net_arch), f"net_arch must be positive sizes, got {self.net_arch}."),
             (self.drafter in DRAFTERS, f"drafter must be one of {', '.join(DRAFTERS)}, got {self.drafter!r}."),
             (all(sp in SPLITS for sp in self.prompt_split.split(",")),
@@ -167,9 +175,10 @@ class TrainConfig:
         if saved is None:
             raise FileNotFoundError(f"--resume: {out} holds no training run (no config.json written by "
                                     "python -m train): start one without --resume.")
+        saved = {"discount": saved.get("gamma"), **saved} if "gamma" in saved else saved  # runs before the rename
         kw = {k: saved[k] for k in cls.__dataclass_fields__ if k in saved}
         for k in ("net_arch", "eval_gammas"):
-            if k in kw:
+            if kw.get(k) is not None:
                 kw[k] = tuple(kw[k])
         kw.update(out=str(out), overwrite=False, resume=True)
         return cls(**kw)
@@ -639,7 +648,7 @@ def _train(pair: ModelPair, cfg: TrainConfig, out: Path, saved: dict | None, rep
         else:
             model = PPO(
                 "MlpPolicy", vec_env, n_steps=cfg.n_steps, batch_size=cfg.batch_size, n_epochs=cfg.n_epochs,
-                learning_rate=cfg.learning_rate, gamma=cfg.gamma, gae_lambda=cfg.gae_lambda, ent_coef=cfg.ent_coef,
+                learning_rate=cfg.learning_rate, gamma=cfg.discount, gae_lambda=cfg.gae_lambda, ent_coef=cfg.ent_coef,
                 clip_range=cfg.clip_range, policy_kwargs={"net_arch": list(cfg.net_arch)}, seed=cfg.seed,
                 device="cpu", verbose=0,
             )
@@ -687,7 +696,7 @@ def _train(pair: ModelPair, cfg: TrainConfig, out: Path, saved: dict | None, rep
             policy = load_policy(out / "policy")
             evaluation = {}
             # Interleave methods prompt by prompt so that load drifts hit all of them alike.
-            ctrls = {f"fixed_gamma_{g}": FixedDepthController(min(g, cfg.max_depth)) for g in cfg.eval_gammas}
+            ctrls = {f"fixed_gamma_{g}": FixedDepthController(g) for g in cfg.fixed_gammas()}
             ctrls["policy"] = policy
             per = {k: [] for k in ctrls}
             for i, p in enumerate(ids):
