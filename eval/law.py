@@ -310,7 +310,7 @@ def first_token_probs(pair: ModelPair, prompt_ids: torch.Tensor, sampling: Sampl
     ids = torch.as_tensor(prompt_ids).reshape(-1).to(pair.device)
     with torch.inference_mode():
         logits = pair.target(input_ids=ids[None]).logits[0, -1:, : pair.vocab_size]
-    return sampling.probs(logits, ids)[0].double().cpu().numpy()
+    return sampling.probs(logits, ids, source="target")[0].double().cpu().numpy()
 
 
 def conditional_exact_tests(

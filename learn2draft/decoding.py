@@ -261,7 +261,7 @@ class SpeculativeDecoder:
         self.drafter.start(prompt_ids)
         logits = self._target_forward(self.ids)[-1:]
         self.target_len = self.prompt_len
-        p = self.sampling.probs(logits, self.ids)
+        p = self.sampling.probs(logits, self.ids, source="target")
         first = sample_from(p[0], self.generator)
         self._commit([first])
         # The target has now seen every committed token but the first generated one: the invariant holds.
@@ -365,7 +365,7 @@ class SpeculativeDecoder:
         logits = self._target_forward(seq[self.target_len :])[-(gamma + 1) :]
         self.target_len = seq.numel()
         drafted = seq[self.ids.numel() :]
-        p = self.sampling.probs(logits, self.ids, drafted)
+        p = self.sampling.probs(logits, self.ids, drafted, source="target")
         t1 = self.clock.now()
         q = self._draft_q(p) if gamma else p.new_zeros(0, p.shape[1])
         tau, nxt = self.sampler(p, q, drafted, self.generator)

@@ -271,6 +271,8 @@ class ModelPair:
     target_name: str = ""
     draft_name: str = ""
     max_context: int = field(default=0)
+    #: which model sets ``max_context``: ``"target"``, ``"draft"`` or ``"target and draft"`` ("" = no limit known)
+    max_context_by: str = ""
 
     @property
     def device(self) -> torch.device:
@@ -303,9 +305,14 @@ class ModelPair:
     def check_length(self, prompt_len: int, max_new_tokens: int) -> None:
         """Raise ValueError if ``prompt_len + max_new_tokens`` exceeds the context window."""
         if self.max_context and prompt_len + max_new_tokens > self.max_context:
+            by = self.max_context_by
+            whose = (f"the draft's context window of {self.max_context} tokens (the draft"
+                     f"{' ' + repr(self.draft_name) if self.draft_name else ''} has a shorter window than the target: "
+                     "use a draft with a longer one, or " if by == "draft" else
+                     f"the context window of {self.max_context} tokens (")
             raise ValueError(
-                f"Prompt of {prompt_len} tokens + max_new_tokens={max_new_tokens} exceeds the context window of "
-                f"{self.max_context} tokens: shorten the prompt or lower max_new_tokens."
+                f"Prompt of {prompt_len} tokens + max_new_tokens={max_new_tokens} exceeds {whose}"
+                "shorten the prompt or lower max_new_tokens)."
             )
 
 
@@ -335,11 +342,12 @@ def make_pair(
         eos.update(src if isinstance(src, (list, tuple)) else [src])
     if target.device != draft.device:
         raise ValueError(f"Target on {target.device} but draft on {draft.device}: load both on one device.")
-    ctx = min(
-        getattr(target.config, "max_position_embeddings", 0) or 0,
-        getattr(draft.config, "max_position_embeddings", 0) or 0,
-    )
-    return ModelPair(target, draft, tokenizer, V, tuple(sorted(eos)), target_name, draft_name, ctx)
+    windows = {role: getattr(m.config, "max_position_embeddings", 0) or 0 for role, m in (("target", target),
+                                                                                        ("draft", draft))}
+    known = {role: w for role, w in windows.items() if w > 0}  # a model without a stated window sets no limit
+    ctx = min(known.values(), default=0)
+    by = " and ".join(role for role, w in known.items() if w == ctx)
+    return ModelPair(target, draft, tokenizer, V, tuple(sorted(eos)), target_name, draft_name, ctx, by)
 
 
 def load_pair(

@@ -134,13 +134,15 @@ class SamplingConfig:
                 procs.append(MinPLogitsWarper(self.min_p))
         return procs
 
-    def probs(self, logits: torch.Tensor, prefix: torch.Tensor, new_tokens: torch.Tensor | None = None) -> torch.Tensor:
+    def probs(self, logits: torch.Tensor, prefix: torch.Tensor, new_tokens: torch.Tensor | None = None,
+              source: str = "model") -> torch.Tensor:
         """Turn raw logits into the distributions that are sampled from.
 
         Args:
             logits: float (n, V), row i predicts the token after ``prefix + new_tokens[:i]``.
             prefix: int64 (L,), the committed tokens.
             new_tokens: int64 (≥ n−1,), tokens drafted after the prefix (None when n = 1).
+            source: which model gave ``logits`` (e.g. ``"draft"``, ``"target"``), named in the error.
 
         Returns:
             float32 (n, V), rows summing to 1; one-hot on the argmax when greedy.
@@ -151,7 +153,7 @@ class SamplingConfig:
         logits = logits.float()
         if not bool(torch.isfinite(logits.sum(dim=-1)).all()):  # one pass: any NaN or ±inf makes a row sum non-finite
             raise ValueError(
-                "Model returned NaN or infinite logits; check the model weights and dtype "
+                f"The {source} returned NaN or infinite logits; check the {source}'s weights and dtype "
                 "(float16 on CPU often overflows: use float32 or bfloat16)."
             )
         procs = self.processors()

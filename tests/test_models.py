@@ -122,3 +122,38 @@ def test_a_name_that_is_no_path_fails_fast_when_the_hub_is_unreachable(monkeypat
         with pytest.raises(ModelLoadError, match="neither a local path nor a cached hub model.*unreachable"):
             resolve_model_source(name)
     assert time.perf_counter() - t0 < 2.0
+
+
+def test_a_context_limit_set_by_the_draft_names_the_draft(tiny_tok):
+    from learn2draft.models import make_pair
+
+    V = len(tiny_tok)
+    target, short_draft = tiny_llama(V, 0), tiny_llama(V, 1, layers=1)
+    short_draft.config.max_position_embeddings = 64
+    pair = make_pair(target, short_draft, tiny_tok, tiny_tok, draft_name="small-draft")
+    assert pair.max_context == 64 and pair.max_context_by == "draft"
+    with pytest.raises(ValueError, match="draft's context window of 64 tokens.*'small-draft'"):
+        pair.check_length(60, 10)
+    same = make_pair(target, tiny_llama(V, 1, layers=1), tiny_tok, tiny_tok)
+    with pytest.raises(ValueError, match="exceeds the context window of 512") as e:
+        same.check_length(500, 20)
+    assert "draft" not in str(e.value)
+    short_draft.config.max_position_embeddings = 0  # a draft stating no window does not lift the target's
+    assert make_pair(target, short_draft, tiny_tok, tiny_tok).max_context == 512
+
+
+def test_nan_logits_name_the_model_that_gave_them(tiny_pair):
+    from learn2draft import FixedDepthController, SpeculativeDecoder
+    from learn2draft.sampling import SamplingConfig
+
+    with pytest.raises(ValueError, match="The draft returned NaN"):
+        SamplingConfig().probs(torch.full((1, 5), float("nan")), torch.tensor([1]), source="draft")
+    target = tiny_llama(len(tiny_pair.tokenizer), 0)
+    with torch.no_grad():
+        target.lm_head.weight.fill_(float("nan"))
+    from learn2draft.models import make_pair
+
+    broken = make_pair(target, tiny_pair.draft, tiny_pair.tokenizer, tiny_pair.tokenizer)
+    with pytest.raises(ValueError, match="The target returned NaN"):
+        SpeculativeDecoder(broken, max_new_tokens=4, max_depth=2).generate(torch.tensor([1, 5, 9]),
+                                                                          FixedDepthController(2))
