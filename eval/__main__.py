@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+from learn2draft.cli import HelpFormatter, plain_doc
 
 
 def parse_gammas(text: str) -> list[int]:
@@ -42,7 +42,7 @@ def make_out_dir(out: Path) -> Path:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m eval", description=plain_doc(__doc__), formatter_class=HelpFormatter)
     p.add_argument("--policy", default=None,
                    help="directory written by `python -m train` or a policy export (default: the policy shipped "
                         "for --drafter, trained on the embedded default pair)")
@@ -63,9 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3, help="repeats of the held-out comparison (for the spread)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: the policy's training setting")
     p.add_argument("--gammas", default="1-12", help="fixed γ grid, e.g. 1-12 or 1,2,4,8")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1.0 = off)")
+    p.add_argument("--seed", type=int, default=0, help="seeds the sampling of every method alike")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the training run's)")
     p.add_argument("--out", default=None, help="output directory (default: <policy>/eval)")
     p.add_argument("--law-check", action="store_true", help="also run the output-law check on the real models")
@@ -93,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args) -> int:
+    import torch
+
     from eval.compare import compare, format_markdown, plot
     from eval.runner import encode_all
     from learn2draft.models import check_device, default_device, load_pair, parse_dtype
@@ -195,6 +197,8 @@ def _machine(device: str) -> str:
     """One line naming the machine: CPU model and cores, or the GPU."""
     import os
     import platform
+
+    import torch
 
     if device.startswith("cuda") and torch.cuda.is_available():
         return f"{torch.cuda.get_device_name(torch.device(device))}, torch {torch.__version__}"

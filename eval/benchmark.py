@@ -29,14 +29,16 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
+from learn2draft.cli import HelpFormatter, plain_doc
 
 PLAIN = "hf generate"
 
 
 def sampler_microbenchmark(vocab_size: int = 49152, gamma: int = 12, iters: int = 200, seed: int = 0) -> dict:
     """Median seconds of one :func:`speculative_sample` call on random (γ+1, V) / (γ, V) float32 inputs (CPU)."""
+    import numpy as np
+    import torch
+
     from learn2draft.sampling import speculative_sample
 
     g = torch.Generator().manual_seed(seed)
@@ -55,6 +57,8 @@ def sampler_microbenchmark(vocab_size: int = 49152, gamma: int = 12, iters: int 
 def forward_cost_ratio(pair, context_len: int = 128, iters: int = 30) -> dict:
     """Median seconds of a one-token forward with a KV cache of ``context_len`` tokens, draft and target
     interleaved; returns both and their ratio (draft / target)."""
+    import numpy as np
+    import torch
     from transformers import DynamicCache
 
     from learn2draft.timing import DeviceClock
@@ -81,8 +85,8 @@ def forward_cost_ratio(pair, context_len: int = 128, iters: int = 30) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m eval.benchmark", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m eval.benchmark", description=plain_doc(__doc__),
+                                formatter_class=HelpFormatter)
     p.add_argument("--target", default=None,
                    help="target model (default: the one the policy was trained with; the embedded SmolLM2 for a "
                         "shipped policy)")
@@ -124,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args) -> int:
+    import numpy as np
+    import torch
+
     from eval.__main__ import _machine, make_out_dir, parse_gammas
     from eval.compare import grid_search
     from eval.runner import DecoderMethod, HFGenerateMethod, encode_all, run_interleaved, summarize
@@ -239,6 +246,7 @@ def plot_benchmark(report: dict, path: Path) -> None:
     """Bars of tokens/s relative to plain ``generate()`` (mean, min–max over repeats), one panel
     per temperature, saved as PNG."""
     import matplotlib
+    import numpy as np
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -5,27 +5,33 @@ sampler (:mod:`.sampling`), the draft/verify loop (:mod:`.decoding`), timing (:m
 and the features a policy sees (:mod:`.features`).
 """
 
-from learn2draft.decoding import (
-    CycleResult,
-    DraftAction,
-    DraftController,
-    FixedDepthController,
-    GenerationResult,
-    SpeculativeDecoder,
-    autoregressive_controller,
-    expected_tokens_per_cycle,
-)
-from learn2draft.features import FEATURE_NAMES, build_features, feature_spec
-from learn2draft.models import (
-    DEFAULT_DRAFT,
-    DEFAULT_TARGET,
-    ModelLoadError,
-    ModelPair,
-    TokenizerMismatchError,
-    load_pair,
-    make_pair,
-)
-from learn2draft.sampling import SamplingConfig, speculative_sample
+# Exports load on first use (PEP 562), so that ``import learn2draft.<light module>`` — e.g. a
+# command's ``--help`` — does not import torch.
+_EXPORTS = {
+    "learn2draft.decoding": ("CycleResult", "DraftAction", "DraftController", "FixedDepthController",
+                             "GenerationResult", "SpeculativeDecoder", "autoregressive_controller",
+                             "expected_tokens_per_cycle"),
+    "learn2draft.features": ("FEATURE_NAMES", "build_features", "feature_spec"),
+    "learn2draft.models": ("ModelLoadError", "ModelPair", "TokenizerMismatchError", "load_pair", "make_pair"),
+    "learn2draft.names": ("DEFAULT_DRAFT", "DEFAULT_TARGET"),
+    "learn2draft.sampling": ("SamplingConfig", "speculative_sample"),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        import importlib
+
+        value = getattr(importlib.import_module(_WHERE[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'learn2draft' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])
+
 
 __version__ = "0.1.0"
 

@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
+from learn2draft.cli import HelpFormatter
 from learn2draft.models import (
     DEFAULT_DRAFT_DIR,
     DEFAULT_TARGET,
@@ -938,12 +939,19 @@ def check_out_dir(out: Path, target: str) -> None:
 
 def parse_args(argv: list[str] | None = None) -> tuple[DistillConfig, argparse.Namespace]:
     """Parse the command line into a :class:`DistillConfig` (defaults = the shipped draft's recipe)."""
+    a = build_parser().parse_args(argv)
+    cfg = DistillConfig(**{k: getattr(a, k) for k in DistillConfig.__dataclass_fields__})
+    return cfg, a
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m learn2draft.distill`` (every :class:`DistillConfig` setting has a flag)."""
     d = DistillConfig()
     ap = argparse.ArgumentParser(
         prog="python -m learn2draft.distill",
         description="Distil a small Llama draft model for a Hugging Face causal LM target (knowledge distillation "
                     "on the target's own responses), measure its acceptance rate and cost, save it.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     ap.add_argument("--target", default=d.target, help="target: alias, hub id, local directory or .gguf file")
     ap.add_argument("--out", default=d.out,
@@ -954,19 +962,42 @@ def parse_args(argv: list[str] | None = None) -> tuple[DistillConfig, argparse.N
     ap.add_argument("--restart", action="store_true", help="ignore an existing training checkpoint (data cache is kept)")
     ap.add_argument("--wandb-mode", default=d.wandb_mode, choices=["offline", "online", "disabled"],
                     help="W&B mode (default: $WANDB_MODE, else offline)")
-    ap.add_argument("-v", "--verbose", action="store_true")
+    ap.add_argument("-v", "--verbose", action="store_true", help="log progress (INFO level)")
     ap.add_argument("--no-bf16", dest="bf16", action="store_false",
                     help="train in float32 instead of bfloat16 autocast")
-    for name in ("seed", "hidden", "layers", "intermediate", "heads", "kv_heads", "head_dim", "num_prompts",
-                 "max_new_tokens", "sampled_fraction", "sample_temperature", "sample_top_p", "gen_batch_size", "topk",
-                 "steps", "batch_size", "lr", "warmup", "weight_decay", "ce_weight", "ckpt_every",
-                 "max_train_minutes", "eval_max_new_tokens", "eval_prompts", "timing_repeats", "save_dtype",
-                 "wandb_project"):
+    helps = {
+        "seed": "seeds data sampling, initialisation and training",
+        "hidden": "draft hidden size (a multiple of --heads)",
+        "layers": "draft transformer layers",
+        "intermediate": "draft MLP size",
+        "heads": "draft attention heads (a multiple of --kv-heads)",
+        "kv_heads": "draft key/value heads",
+        "head_dim": "size of one attention head",
+        "num_prompts": "distillation prompts used (0 = all)",
+        "max_new_tokens": "tokens per target answer",
+        "sampled_fraction": "fraction of prompts also answered once with sampling, in [0, 1]",
+        "sample_temperature": "temperature of those sampled answers",
+        "sample_top_p": "top-p of those sampled answers",
+        "gen_batch_size": "prompts per target.generate batch",
+        "topk": "teacher tokens kept per position (the rest is one bucket)",
+        "steps": "optimizer steps",
+        "batch_size": "sequences per step",
+        "lr": "peak AdamW learning rate",
+        "warmup": "linear warm-up steps",
+        "weight_decay": "AdamW weight decay",
+        "ce_weight": "w in (1 − w)·KL + w·CE, in [0, 1]",
+        "ckpt_every": "steps between training checkpoints",
+        "max_train_minutes": "wall-clock cap on training (0 = none)",
+        "eval_max_new_tokens": "tokens per held-out prompt when measuring α",
+        "eval_prompts": "held-out prompts measured (0 = all)",
+        "timing_repeats": "forwards timed per model and context",
+        "save_dtype": "dtype of the saved weights",
+        "wandb_project": "W&B project name",
+    }
+    for name, text in helps.items():
         v = getattr(d, name)
-        ap.add_argument("--" + name.replace("_", "-"), type=type(v), default=v)
-    a = ap.parse_args(argv)
-    cfg = DistillConfig(**{k: getattr(a, k) for k in DistillConfig.__dataclass_fields__})
-    return cfg, a
+        ap.add_argument("--" + name.replace("_", "-"), type=type(v), default=v, help=text)
+    return ap
 
 
 def main(argv: list[str] | None = None) -> int:

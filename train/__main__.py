@@ -16,7 +16,8 @@ import os
 import signal
 import sys
 
-from train.training import WANDB_MODES, TrainConfig, check_wandb, default_out_dir, prepare_out_dir
+from learn2draft.cli import HelpFormatter
+from train.config import WANDB_MODES, TrainConfig, default_out_dir
 
 #: Settings that ``--resume`` may change; any other flag must repeat the saved value.
 _RESUME_MAY_CHANGE = ("timesteps", "progress_bar", "wandb_mode", "resume")
@@ -39,14 +40,15 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m train",
         description="Train a PPO policy that chooses the draft depth of speculative decoding, rewarded by "
                     "measured tokens/s, then export it to ONNX.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     g = p.add_argument_group("models and decoding")
     g.add_argument("--target", default=d.target, help="target model: alias, hub id, local dir or .gguf file")
     g.add_argument("--draft", default=d.draft, help="draft model (must share the target's tokenizer)")
     g.add_argument("--device", default=None,
                    help="torch device, e.g. cpu, cuda, cuda:1 (default: cuda if available, else cpu, as in every command)")
-    g.add_argument("--dtype", default=d.dtype, choices=["float32", "bfloat16", "float16"])
+    g.add_argument("--dtype", default=d.dtype, choices=["float32", "bfloat16", "float16"],
+                   help="dtype of both models' weights and activations")
     g.add_argument("--temperature", type=float, default=d.temperature, help="0 = greedy")
     g.add_argument("--top-k", type=int, default=d.top_k, help="0 = off")
     g.add_argument("--top-p", type=float, default=d.top_p, help="1.0 = off")
@@ -57,20 +59,20 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("PPO")
     g.add_argument("--timesteps", type=int, default=d.timesteps, help="environment steps (draft decisions) to train")
     g.add_argument("--n-steps", type=int, default=d.n_steps, help="steps per rollout")
-    g.add_argument("--batch-size", type=int, default=d.batch_size)
-    g.add_argument("--n-epochs", type=int, default=d.n_epochs)
-    g.add_argument("--learning-rate", type=float, default=d.learning_rate)
+    g.add_argument("--batch-size", type=int, default=d.batch_size, help="minibatch size of a PPO update")
+    g.add_argument("--n-epochs", type=int, default=d.n_epochs, help="passes over each rollout per update")
+    g.add_argument("--learning-rate", type=float, default=d.learning_rate, help="Adam learning rate")
     g.add_argument("--discount", type=float, default=d.discount,
                    help="PPO discount factor, SB3's gamma (1.0: a decision's return is its cycle's rate)")
-    g.add_argument("--gae-lambda", type=float, default=d.gae_lambda)
-    g.add_argument("--ent-coef", type=float, default=d.ent_coef)
-    g.add_argument("--clip-range", type=float, default=d.clip_range)
+    g.add_argument("--gae-lambda", type=float, default=d.gae_lambda, help="GAE λ (bias/variance of the advantages)")
+    g.add_argument("--ent-coef", type=float, default=d.ent_coef, help="entropy bonus coefficient (exploration)")
+    g.add_argument("--clip-range", type=float, default=d.clip_range, help="PPO ratio clipping ε")
     g.add_argument("--net-arch", type=_int_list, default=d.net_arch, help="hidden sizes, e.g. 64,64")
     g.add_argument("--reward-scale", type=float, default=None,
                    help="divide tokens/s rewards by this (default: the measured autoregressive per-cycle tokens/s)")
     g.add_argument("--episode", choices=["cycle", "generation"], default=d.episode,
                    help="episode = one draft/verify cycle (per-cycle objective) or one whole generation")
-    g.add_argument("--seed", type=int, default=d.seed)
+    g.add_argument("--seed", type=int, default=d.seed, help="seeds PPO, the prompt order and sampling")
     g = p.add_argument_group("run")
     g.add_argument("--out", default=None, help="output directory (default runs/default, where python -m eval looks)")
     g.add_argument("--overwrite", action="store_true",
@@ -81,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--name", default=None, help="W&B run name (default: the --out folder name)")
     g.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, help="timesteps between checkpoints; 0 = off")
     g.add_argument("--wandb-mode", default=env_mode, help=f"one of {', '.join(WANDB_MODES)} (default: $WANDB_MODE or offline)")
-    g.add_argument("--wandb-project", default=d.wandb_project)
+    g.add_argument("--wandb-project", default=d.wandb_project, help="W&B project name")
     g.add_argument("--no-progress-bar", action="store_true", help="hide the tqdm/rich progress bar")
     g.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads (1: stable timings on a shared CPU; evaluate with the same)")
     g.add_argument("--prompt-split", default=d.prompt_split,
@@ -170,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from learn2draft.models import ModelLoadError, TokenizerMismatchError, load_pair, parse_dtype, resolve_model_source
     from policies.export import ExportCheckError
-    from train.training import run
+    from train.training import check_wandb, prepare_out_dir, run
 
     try:
         cfg = resume_config(args, argv) if args.resume else config_from_args(args)

@@ -25,7 +25,6 @@ What one run does:
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import re
@@ -34,7 +33,7 @@ import signal
 import threading
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -42,160 +41,17 @@ import numpy as np
 import torch
 
 from learn2draft.decoding import FixedDepthController, SpeculativeDecoder
-from learn2draft.drafters import DRAFTERS, make_drafter
+from learn2draft.drafters import make_drafter
 from learn2draft.features import feature_spec
-from learn2draft.models import DEFAULT_DRAFT, DEFAULT_TARGET, ModelPair
-from learn2draft.prompts import SPLITS
-from learn2draft.sampling import SamplingConfig
+from learn2draft.models import ModelPair
+
+from train.config import ENV_ID, WANDB_MODES, TrainConfig, default_out_dir, read_run_config  # noqa: F401 (re-exported)
 
 RESULT_FILES = ("config.json", "model.zip", "metrics.json", "policy")
-WANDB_MODES = ("offline", "online", "disabled")
 
 
-@dataclass
-class TrainConfig:
-    """All settings of a training run (saved as ``config.json``).
-
-    Model / decoding: ``target``, ``draft`` (names, recorded; :func:`run` uses the pair it is given),
-    ``device``, ``dtype``, sampling (``temperature`` 0 = greedy, ``top_k``, ``top_p``),
-    ``max_new_tokens`` per generation, ``max_depth`` tokens per cycle, ``drafter`` (``"model"``,
-    ``"head"`` or ``"lookup"``, see :func:`learn2draft.drafters.make_drafter`).
-
-    PPO (stable-baselines3): ``timesteps`` (environment steps = draft decisions), ``n_steps`` per
-    rollout, ``batch_size``, ``n_epochs``, ``learning_rate``, ``discount`` (SB3's ``gamma``, named
-    apart from the draft depth γ; 1.0: undiscounted cycles),
-    ``gae_lambda``, ``ent_coef``, ``clip_range``, ``net_arch`` (hidden sizes of the actor and critic MLPs).
-
-    Reward: ``reward_scale`` (None = the measured autoregressive per-cycle tokens/s), ``episode``
-    (``"cycle"`` or ``"generation"``, see :mod:`envs.spec_decode`).
-
-    Run: ``seed``, ``out`` (output directory), ``overwrite`` (replace the earlier run in ``out``),
-    ``resume`` (continue the run in ``out`` from its last checkpoint, see :func:`run`),
-    ``checkpoint_every`` (timesteps; 0 = off),
-    ``wandb_mode`` (offline / online / disabled), ``wandb_project``, ``run_name``, ``progress_bar``,
-    ``threads`` (torch CPU threads; None = torch's default. 1 by default: on a shared 2-core CPU a
-    second thread waiting on a busy core made a SmolLM2-135M forward ~6x slower and much noisier,
-    and noisy clocks are noisy rewards; evaluate with the same setting), ``prompt_split`` (one split of
-    :func:`learn2draft.prompts.load_prompts` or several joined by commas, e.g. ``"train,copy_train"``), ``warmup_prompts``
-    (generations used to warm up and measure the autoregressive rate), ``eval_prompts`` (held-out
-    prompts for the final sanity check; 0 = skip) and ``eval_gammas`` (fixed depths compared there,
-    each ≤ ``max_depth``; None = 0 and min(4, ``max_depth``)).
-    """
-
-    target: str = DEFAULT_TARGET
-    draft: str = DEFAULT_DRAFT
-    device: str = "cpu"
-    dtype: str = "float32"
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    max_new_tokens: int = 64
-    max_depth: int = 8
-    timesteps: int = 8192
-    n_steps: int = 256
-    batch_size: int = 64
-    n_epochs: int = 10
-    learning_rate: float = 3e-4
-    discount: float = 1.0
-    gae_lambda: float = 0.95
-    ent_coef: float = 0.01
-    clip_range: float = 0.2
-    net_arch: tuple[int, ...] = (64, 64)
-    reward_scale: float | None = None
-    episode: str = "cycle"
-    seed: int = 0
-    out: str = "runs/ppo"
-    overwrite: bool = False
-    resume: bool = False
-    checkpoint_every: int = 2048
-    wandb_mode: str = "offline"
-    wandb_project: str = "learn2draft"
-    run_name: str | None = None
-    progress_bar: bool = True
-    threads: int | None = 1
-    prompt_split: str = "train"
-    drafter: str = "model"
-    warmup_prompts: int = 2
-    eval_prompts: int = 3
-    eval_gammas: tuple[int, ...] | None = None
-    extra: dict = field(default_factory=dict)
-
-    def fixed_gammas(self) -> tuple[int, ...]:
-        """The fixed depths of the final check: ``eval_gammas``, or 0 and min(4, ``max_depth``)."""
-        return tuple(self.eval_gammas) if self.eval_gammas is not None else (0, min(4, self.max_depth))
-
-    def sampling(self) -> SamplingConfig:
-        """The :class:`SamplingConfig` of these settings."""
-        return SamplingConfig(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
-
-    def validate(self) -> None:
-        """Raise ValueError with a clear message for any setting out of range."""
-        checks = [
-            (self.timesteps > 0, f"timesteps must be > 0, got {self.timesteps}."),
-            (self.max_new_tokens > 0, f"max_new_tokens must be > 0, got {self.max_new_tokens}."),
-            (self.max_depth >= 1, f"max_depth must be ≥ 1 (a policy needs something to decide), got {self.max_depth}."),
-            (self.n_steps > 1, f"n_steps must be > 1, got {self.n_steps}."),
-            (0 < self.batch_size <= self.n_steps, f"batch_size must be in [1, n_steps={self.n_steps}], got {self.batch_size}."),
-            (self.n_epochs > 0, f"n_epochs must be > 0, got {self.n_epochs}."),
-            (self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}."),
-            (0 < self.discount <= 1, f"discount must be in (0, 1], got {self.discount}."),
-            (0 <= self.gae_lambda <= 1, f"gae_lambda must be in [0, 1], got {self.gae_lambda}."),
-            (self.reward_scale is None or (math.isfinite(self.reward_scale) and self.reward_scale > 0),
-             f"reward_scale must be > 0 (or None = auto), got {self.reward_scale}."),
-            (self.episode in ("cycle", "generation"), f"episode must be 'cycle' or 'generation', got {self.episode!r}."),
-            (self.checkpoint_every >= 0, f"checkpoint_every must be ≥ 0, got {self.checkpoint_every}."),
-            (self.wandb_mode in WANDB_MODES, f"wandb_mode must be one of {WANDB_MODES}, got {self.wandb_mode!r}."),
-            (self.threads is None or self.threads > 0, f"threads must be > 0, got {self.threads}."),
-            (self.warmup_prompts >= 1, f"warmup_prompts must be ≥ 1, got {self.warmup_prompts}."),
-            (self.eval_prompts >= 0, f"eval_prompts must be ≥ 0, got {self.eval_prompts}."),
-            (all(0 <= g <= self.max_depth for g in self.fixed_gammas()),
-             f"eval_gammas must be in [0, max_depth={self.max_depth}] (a larger fixed depth cannot run), "
-             f"got {self.eval_gammas}."),
-            (len(self.net_arch) > 0 and all(h > 0 for h in self.net_arch), f"net_arch must be positive sizes, got {self.net_arch}."),
-            (self.drafter in DRAFTERS, f"drafter must be one of {', '.join(DRAFTERS)}, got {self.drafter!r}."),
-            (all(sp in SPLITS for sp in self.prompt_split.split(",")),
-             f"prompt_split must be one or more of {', '.join(SPLITS)} joined by commas, got {self.prompt_split!r}."),
-        ]
-        checks.append((not (self.overwrite and self.resume),
-                       "--overwrite and --resume exclude each other: --resume continues the run in --out, "
-                       "--overwrite starts it over."))
-        for ok, msg in checks:
-            if not ok:
-                raise ValueError(msg)
-        self.sampling()  # SamplingConfig validates temperature / top_k / top_p
-
-    @classmethod
-    def from_run(cls, out: str | Path) -> TrainConfig:
-        """The settings saved in ``out/config.json`` by an earlier run (for ``--resume``).
-
-        Raises:
-            FileNotFoundError: ``out`` holds no ``config.json`` of a training run.
-        """
-        saved = read_run_config(Path(out))
-        if saved is None:
-            raise FileNotFoundError(f"--resume: {out} holds no training run (no config.json written by "
-                                    "python -m train): start one without --resume.")
-        saved = {"discount": saved.get("gamma"), **saved} if "gamma" in saved else saved  # runs before the rename
-        kw = {k: saved[k] for k in cls.__dataclass_fields__ if k in saved}
-        for k in ("net_arch", "eval_gammas"):
-            if kw.get(k) is not None:
-                kw[k] = tuple(kw[k])
-        kw.update(out=str(out), overwrite=False, resume=True)
-        return cls(**kw)
-
-
-ENV_ID = "learn2draft/SpecDecode-v0"
 #: Everything a run writes into ``out`` (``--overwrite`` replaces these; W&B's ``wandb/`` is kept).
 RUN_ITEMS = (*RESULT_FILES, "feature_spec.json", "checkpoints", "logs", "eval")
-
-
-def read_run_config(out: Path) -> dict | None:
-    """``out/config.json`` if :func:`run` wrote it (it names :data:`ENV_ID`), else None."""
-    try:
-        saved = json.loads((Path(out) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return saved if isinstance(saved, dict) and saved.get("env_id") == ENV_ID else None
 
 
 def latest_checkpoint(out: Path) -> tuple[Path, int] | None:
@@ -749,11 +605,6 @@ def _train(pair: ModelPair, cfg: TrainConfig, out: Path, saved: dict | None, rep
     finally:
         if wandb_run is not None:
             wandb_run.finish(exit_code=1 if stop.signal_name else 0)
-
-
-def default_out_dir() -> str:
-    """``runs/default``: where ``python -m eval`` looks by default."""
-    return os.path.join("runs", "default")
 
 
 __all__ = ["ENV_ID", "RESULT_FILES", "RUN_ITEMS", "TrainConfig", "check_wandb", "default_out_dir", "latest_checkpoint",

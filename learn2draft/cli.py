@@ -1,0 +1,30 @@
+"""What every command line shares: a ``--help`` formatter that shows each default once, and plain
+text from reST docstrings (no torch import here, so ``--help`` answers at once)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keep the description's line breaks, and append ``(default: …)`` to an option's help unless
+    the help already says its default, or there is none worth showing (None; an on/off flag)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if ("default" in text or action.default is None or isinstance(action.default, bool)
+                or action.default == argparse.SUPPRESS or not action.option_strings):
+            return text
+        return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
+
+
+def plain_doc(text: str | None) -> str:
+    """A docstring as plain text for ``--help``: ````x```` → x, ``:func:`x``` → x, ``**x**`` → x."""
+    text = text or ""
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", text)
+    text = re.sub(r"``([^`]+)``", r"\1", text)
+    return re.sub(r"\*\*([^*]+)\*\*", r"\1", text)
+
+
+__all__ = ["HelpFormatter", "plain_doc"]
