@@ -159,7 +159,8 @@ def run_interleaved(methods: Sequence[Method], prompts: Sequence[torch.Tensor], 
     """
     records = []
     total = len(methods) * len(prompts) * repeats
-    with tqdm(total=total, desc=desc, disable=not progress, leave=False) as bar:
+    # disable=None: no bar when stderr is not a terminal (a log file gets no carriage-return frames)
+    with tqdm(total=total, desc=desc, disable=None if progress else True, leave=False) as bar:
         for rep in range(repeats):
             for pi, ids in enumerate(prompts):
                 k = (rep * len(prompts) + pi) % len(methods)

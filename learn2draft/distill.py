@@ -428,7 +428,7 @@ def generate_data(
     V = len(tokenizer)
     device = target.device
     data: list[dict] = []
-    bar = tqdm(batches, desc="generate", unit="batch")
+    bar = tqdm(batches, desc="generate", unit="batch", disable=None)  # None: no bar when not a terminal
     for b, idx in enumerate(bar):
         path = cache_dir / f"batch_{b:04d}.pt"
         if path.exists():
@@ -623,7 +623,7 @@ def train_draft(draft: LlamaForCausalLM, data: list[dict], cfg: DistillConfig, w
     t0 = time.perf_counter()
     last: dict = {}
     stopped = False
-    bar = tqdm(total=cfg.steps, initial=step, desc="distil", unit="step")
+    bar = tqdm(total=cfg.steps, initial=step, desc="distil", unit="step", disable=None)
     cap = 60 * cfg.max_train_minutes
     while step < cfg.steps:
         elapsed = prior_s + time.perf_counter() - t0
@@ -697,7 +697,7 @@ def measure_draft(
     eos = set(pair.eos_token_ids)
     agree, mins, per_prompt, seqs = 0.0, 0.0, [], []
     npos = 0
-    for p in tqdm(prompts, desc="measure α", disable=not show_progress):
+    for p in tqdm(prompts, desc="measure α", disable=None if show_progress else True):
         ids = pair.encode_prompt(p)
         pair.check_length(ids.numel(), max_new_tokens)
         out = pair.target.generate(ids[None], attention_mask=torch.ones_like(ids[None]), max_new_tokens=max_new_tokens,

@@ -13,9 +13,12 @@ The embedded default pair needs no network:
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.metadata
 import logging
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -147,6 +150,35 @@ def _check_hub_reachable(repo_id: str, timeout: float = 3.0) -> None:
                              "directory or .gguf file (check the path from this working directory), or go online.")
 
 
+@contextlib.contextmanager
+def _no_progress_bars_off_terminal():
+    """While loading: no progress bars unless stderr is a terminal — in a log file a bar is a stream
+    of carriage-return frames. transformers' own bars are switched off through its logging API; the
+    GGUF de-quantisation bar (a plain ``tqdm`` in ``transformers.modeling_gguf_pytorch_utils``) is
+    built with ``disable=True`` for the duration."""
+    if sys.stderr.isatty():
+        yield
+        return
+    from transformers.utils import logging as hf_logging
+
+    try:
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # no gguf support installed: nothing to quieten there
+        gguf_utils = None
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    orig = getattr(gguf_utils, "tqdm", None)
+    if orig is not None:
+        gguf_utils.tqdm = functools.partial(orig, disable=True)
+    try:
+        yield
+    finally:
+        if orig is not None:
+            gguf_utils.tqdm = orig
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
 def _clear_gguf_marks(model: PreTrainedModel) -> None:
     """Make a GGUF-dequantised model behave as a plain one (``save_pretrained`` refuses otherwise)."""
     if getattr(model, "hf_quantizer", None) is not None:
@@ -166,7 +198,8 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     src, gguf = resolve_model_source(name_or_path)
     try:
         kwargs = {"gguf_file": gguf} if gguf else {}
-        return AutoTokenizer.from_pretrained(src, **kwargs)
+        with _no_progress_bars_off_terminal():
+            return AutoTokenizer.from_pretrained(src, **kwargs)
     except (OSError, ValueError) as e:
         raise ModelLoadError(
             f"Could not load a tokenizer for {name_or_path!r}: {e.__class__.__name__}: {str(e).splitlines()[0]}. "
@@ -214,7 +247,8 @@ def load_model(
     src, gguf = resolve_model_source(name_or_path)
     kwargs = {"gguf_file": gguf} if gguf else {}
     try:
-        model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, **kwargs)
+        with _no_progress_bars_off_terminal():
+            model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, **kwargs)
     except (OSError, ValueError) as e:
         raise ModelLoadError(
             f"Could not load model {name_or_path!r}: {e.__class__.__name__}: {str(e).splitlines()[0]}. "

@@ -86,3 +86,17 @@ def test_a_run_records_its_models_as_absolute_paths(tiny_run, tiny_model_dirs):
     cfg = json.loads((tiny_run / "config.json").read_text())
     pcfg = json.loads((tiny_run / "policy" / "policy_config.json").read_text())
     assert cfg["target"] == pcfg["target"] == tiny_model_dirs[0] and cfg["draft"] == pcfg["draft"] == tiny_model_dirs[1]
+
+
+def test_progress_bars_draw_only_on_a_terminal(tiny_pair, capfd):
+    """A log file (stderr not a terminal) gets no carriage-return progress frames."""
+    import torch
+
+    from eval.runner import DecoderMethod, run_interleaved
+    from learn2draft.decoding import FixedDepthController
+    from learn2draft.sampling import SamplingConfig
+
+    methods = [DecoderMethod(f"g{g}", tiny_pair, FixedDepthController(g), SamplingConfig(), 4) for g in (0, 2)]
+    run_interleaved(methods, [torch.tensor([1, 5, 9])], repeats=2, progress=True, desc="bar")
+    err = capfd.readouterr().err
+    assert "\r" not in err and "bar" not in err

@@ -157,3 +157,14 @@ def test_nan_logits_name_the_model_that_gave_them(tiny_pair):
     with pytest.raises(ValueError, match="The target returned NaN"):
         SpeculativeDecoder(broken, max_new_tokens=4, max_depth=2).generate(torch.tensor([1, 5, 9]),
                                                                           FixedDepthController(2))
+
+
+def test_loading_draws_no_progress_bar_into_a_log_file(tiny_model_dirs, capfd):
+    """stderr is not a terminal here (as when redirected to a file): no carriage-return frames."""
+    capfd.readouterr()
+    load_model(tiny_model_dirs[0])
+    load_tokenizer(tiny_model_dirs[0])
+    assert "\r" not in capfd.readouterr().err
+    from transformers.utils import logging as hf_logging
+
+    assert hf_logging.is_progress_bar_enabled()  # restored afterwards

@@ -30,6 +30,7 @@ import platform
 import re
 import shutil
 import signal
+import sys
 import threading
 import time
 from collections import deque
@@ -526,7 +527,9 @@ def _train(pair: ModelPair, cfg: TrainConfig, out: Path, saved: dict | None, rep
         try:
             if cfg.timesteps > model.num_timesteps:
                 model.learn(cfg.timesteps - model.num_timesteps, callback=CallbackList(callbacks),
-                            progress_bar=cfg.progress_bar, reset_num_timesteps=checkpoint is None)
+                            # a bar only on a terminal: a log file gets no carriage-return frames
+                            progress_bar=cfg.progress_bar and sys.stderr.isatty(),
+                            reset_num_timesteps=checkpoint is None)
         except KeyboardInterrupt:
             interrupted = True  # keep what was learnt: checkpoint it (for --resume) and export it below
             stop.signal_name = stop.signal_name or "SIGINT"
