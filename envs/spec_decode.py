@@ -52,9 +52,8 @@ from learn2draft.drafters import Drafter
 from learn2draft.features import FEATURE_NAMES
 from learn2draft.models import DEFAULT_DRAFT, DEFAULT_TARGET, ModelPair, load_pair, parse_dtype
 from learn2draft.sampling import SamplingConfig
+from policies.controllers import CONTINUE, STOP  # the actions are defined once, with the controllers
 
-STOP = 0
-CONTINUE = 1
 ACTION_MEANINGS = {STOP: "STOP (verify now)", CONTINUE: "CONTINUE (draft one more token)"}
 EPISODE_MODES = ("generation", "cycle")
 
@@ -145,9 +144,7 @@ class SpecDecodeEnv(gym.Env):
         self.reward_scale = float(reward_scale)
         self.episode = episode
         self.chat = chat
-        self.prompt_ids = [self.encode(p) for p in prompts]
-        for ids in self.prompt_ids:
-            pair.check_length(ids.numel(), max_new_tokens)
+        self.prompt_ids = [pair.encode_prompt(p, chat=chat, max_new_tokens=max_new_tokens) for p in prompts]
 
         self.observation_space = spaces.Box(0.0, 1.0, shape=(len(FEATURE_NAMES),), dtype=np.float32)
         self.action_space = spaces.Discrete(2)
@@ -161,12 +158,7 @@ class SpecDecodeEnv(gym.Env):
         Raises:
             ValueError: empty prompt, or longer than the context window.
         """
-        if isinstance(prompt, str):
-            return self.pair.encode_prompt(prompt, chat=self.chat)
-        ids = torch.as_tensor(prompt, dtype=torch.long).reshape(-1).to(self.pair.device)
-        if ids.numel() == 0:
-            raise ValueError("Empty prompt: pass at least one token id.")
-        return ids
+        return self.pair.encode_prompt(prompt, chat=self.chat)
 
     # ------------------------------------------------------------------ gymnasium API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:

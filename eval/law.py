@@ -486,7 +486,7 @@ def law_check(
     arms_meta, tests = [], []
     memo = _memo_pair(pair)
     for pi, prompt in enumerate(prompts):
-        ids = pair.encode_prompt(prompt, chat=chat) if isinstance(prompt, str) else torch.as_tensor(prompt).reshape(-1)
+        ids = pair.encode_prompt(prompt, chat=chat)
         seeds = lambda arm: [_seed(seed, pi, arm, s) for s in range(num_samples)]  # noqa: E731, B023 (used in this iteration)
         exact = first_token_probs(pair, ids, sampling)
         exact2: dict = {}

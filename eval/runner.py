@@ -224,12 +224,7 @@ def verdict(r: dict) -> str:
 
 def encode_all(pair: ModelPair, prompts: Sequence[str], max_new_tokens: int) -> list[torch.Tensor]:
     """Tokenise prompts with the chat template; raises ValueError for an empty or too long prompt."""
-    out = []
-    for p in prompts:
-        ids = pair.encode_prompt(p)
-        pair.check_length(ids.numel(), max_new_tokens)
-        out.append(ids)
-    return out
+    return [pair.encode_prompt(p, max_new_tokens=max_new_tokens) for p in prompts]
 
 
 def records_to_json(records: Sequence[RunRecord]) -> list[dict]:

@@ -53,12 +53,15 @@ from learn2draft.models import (
     DEFAULT_TARGET,
     ModelLoadError,
     ModelPair,
+    encode_text,
+    eos_token_ids,
     load_model,
     load_tokenizer,
     make_pair,
     parse_dtype,
 )
 from learn2draft.prompts import PROMPTS_FILE, load_prompts
+from learn2draft.timing import DeviceClock
 
 log = logging.getLogger(__name__)
 
@@ -362,15 +365,13 @@ def _slug(name: str) -> str:
 
 # ----------------------------------------------------------------------------- data
 def encode_chat(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
-    """Token ids of ``prompt`` as a user turn through the chat template with the generation prompt
-    (as :meth:`learn2draft.models.ModelPair.encode_prompt`); plain tokenisation without a template."""
-    if tokenizer.chat_template:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                            tokenize=True)
-        if hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        return list(ids)
-    return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
+    """Deprecated alias of :func:`learn2draft.models.encode_text` (kept for :mod:`train.head`)."""
+    return encode_text(tokenizer, prompt)
+
+
+def _eos_ids(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    """Deprecated alias of :func:`learn2draft.models.eos_token_ids`, as a set (kept for :mod:`train.head`)."""
+    return set(eos_token_ids(target, tokenizer))
 
 
 def _pad_left(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -381,14 +382,6 @@ def _pad_left(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.T
         ids[i, L - len(s):] = torch.tensor(s, dtype=torch.long)
         mask[i, L - len(s):] = 1
     return ids, mask
-
-
-def _eos_ids(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:
-    eos = set()
-    for src in (tokenizer.eos_token_id, getattr(target.generation_config, "eos_token_id", None)):
-        if src is not None:
-            eos.update(src if isinstance(src, (list, tuple)) else [src])
-    return eos
 
 
 @torch.inference_mode()
@@ -412,7 +405,7 @@ def generate_data(
     jobs = [(p, False) for p in prompts]
     n_s = round(cfg.sampled_fraction * len(prompts))
     jobs += [(p, True) for p in rng.sample(prompts, n_s)]
-    encoded = [(encode_chat(tokenizer, p), s) for p, s in jobs]
+    encoded = [(encode_text(tokenizer, p), s) for p, s in jobs]  # as the loop encodes prompts
     # Sort by prompt length (less padding) but keep greedy and sampled jobs in separate batches.
     order = sorted(range(len(encoded)), key=lambda i: (encoded[i][1], len(encoded[i][0])))
     batches = []
@@ -424,7 +417,7 @@ def generate_data(
             if sub:
                 batches.append(sub)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
-    eos = _eos_ids(target, tokenizer)
+    eos = set(eos_token_ids(target, tokenizer))  # the loop's EOS set
     V = len(tokenizer)
     device = target.device
     data: list[dict] = []
@@ -726,7 +719,7 @@ def measure_draft(
         raise ValueError("The target produced no tokens for any prompt.")
 
     # ---- timing: one new token with a KV cache, interleaved
-    clock_sync = (lambda: torch.cuda.synchronize(pair.device)) if pair.device.type == "cuda" else (lambda: None)
+    clock = DeviceClock(pair.device)  # the loop's clock: synchronised with the device
     samples = {"draft": [], "target": []}
     ctx_lens = []
     for seq in sorted(seqs, key=len)[:: max(1, len(seqs) // max(1, timing_contexts))][:timing_contexts]:
@@ -740,11 +733,9 @@ def measure_draft(
         for r in range(timing_repeats + 3):
             for name, model in (("draft", pair.draft), ("target", pair.target)):
                 c = caches[name]
-                clock_sync()
-                t0 = time.perf_counter()
+                t0 = clock.now()
                 model(input_ids=last, cache=c, use_cache=True)
-                clock_sync()
-                dt = time.perf_counter() - t0
+                dt = clock.now() - t0
                 c.crop(-1)
                 if r >= 3:
                     samples[name].append(dt)
@@ -752,12 +743,10 @@ def measure_draft(
     x = torch.randn(1, W.shape[1], dtype=W.dtype, device=W.device)
     head = []
     for r in range(timing_repeats + 3):
-        clock_sync()
-        t0 = time.perf_counter()
+        t0 = clock.now()
         F.linear(x, W)
-        clock_sync()
         if r >= 3:
-            head.append(time.perf_counter() - t0)
+            head.append(clock.now() - t0)
     d_ms = 1000 * statistics.median(samples["draft"])
     t_ms = 1000 * statistics.median(samples["target"])
     return {

@@ -310,28 +310,29 @@ class ModelPair:
     def device(self) -> torch.device:
         return self.target.device
 
-    def encode_prompt(self, prompt: str, chat: bool = True) -> torch.Tensor:
-        """Tokenise a prompt, through the chat template when the tokenizer has one and ``chat``.
+    def encode_prompt(self, prompt, chat: bool = True, max_new_tokens: int = 0) -> torch.Tensor:
+        """The one place a prompt becomes the token tensor the loop runs on.
+
+        Args:
+            prompt: text (tokenised by :func:`encode_text`: through the chat template when the
+                tokenizer has one and ``chat``), or token ids (a sequence of ints or a tensor of any
+                shape holding L ids).
+            max_new_tokens: tokens to be generated after it, checked against the context window too.
 
         Returns:
             int64 tensor of shape (L,) on the pair's device.
 
         Raises:
-            ValueError: the prompt is empty or longer than the target's context window.
+            ValueError: the prompt is empty, or it plus ``max_new_tokens`` exceeds the context window.
         """
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise ValueError("Empty prompt: pass some text to continue.")
-        tok = self.tokenizer
-        if chat and tok.chat_template:
-            ids = tok.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
-            )
-            if hasattr(ids, "keys"):
-                ids = ids["input_ids"]
-        else:
-            ids = tok(prompt, add_special_tokens=True)["input_ids"]
-        ids = torch.tensor(ids, dtype=torch.long, device=self.device).reshape(-1)
-        self.check_length(ids.numel(), 0)
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise ValueError("Empty prompt: pass some text to continue.")
+            prompt = encode_text(self.tokenizer, prompt, chat=chat)
+        ids = torch.as_tensor(prompt, dtype=torch.long).reshape(-1).to(self.device)
+        if ids.numel() == 0:
+            raise ValueError("Empty prompt: pass some text or at least one token id.")
+        self.check_length(ids.numel(), max_new_tokens)
         return ids
 
     def check_length(self, prompt_len: int, max_new_tokens: int) -> None:
@@ -346,6 +347,30 @@ class ModelPair:
                 f"Prompt of {prompt_len} tokens + max_new_tokens={max_new_tokens} exceeds {whose}"
                 "shorten the prompt or lower max_new_tokens)."
             )
+
+
+def encode_text(tokenizer: PreTrainedTokenizerBase, prompt: str, chat: bool = True) -> list[int]:
+    """Token ids of ``prompt``: a user turn through the chat template with the generation prompt when
+    the tokenizer has a template and ``chat``, else plain tokenisation with special tokens. Used by
+    :meth:`ModelPair.encode_prompt` and by the distillation recipe, so both see the same ids."""
+    if chat and tokenizer.chat_template:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                            tokenize=True)
+        if hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return list(ids)
+    return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
+
+
+def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
+    """The ids that end a generation: the tokenizer's EOS and every EOS of the model's generation
+    config (sorted). :func:`make_pair` and the distillation recipe use this one set."""
+    eos = set()
+    for src in (tokenizer.eos_token_id, getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
+        if src is None:
+            continue
+        eos.update(src if isinstance(src, (list, tuple)) else [src])
+    return tuple(sorted(eos))
 
 
 def make_pair(
@@ -367,11 +392,7 @@ def make_pair(
         n = m.get_output_embeddings().weight.shape[0]
         if n < V:
             raise ValueError(f"The {role} model has {n} output rows but the tokenizer has {V} tokens: wrong tokenizer?")
-    eos = set()
-    for src in (tokenizer.eos_token_id, getattr(target.generation_config, "eos_token_id", None)):
-        if src is None:
-            continue
-        eos.update(src if isinstance(src, (list, tuple)) else [src])
+    eos = eos_token_ids(target, tokenizer)
     if target.device != draft.device:
         raise ValueError(f"Target on {target.device} but draft on {draft.device}: load both on one device.")
     windows = {role: getattr(m.config, "max_position_embeddings", 0) or 0 for role, m in (("target", target),
@@ -379,7 +400,7 @@ def make_pair(
     known = {role: w for role, w in windows.items() if w > 0}  # a model without a stated window sets no limit
     ctx = min(known.values(), default=0)
     by = " and ".join(role for role, w in known.items() if w == ctx)
-    return ModelPair(target, draft, tokenizer, V, tuple(sorted(eos)), target_name, draft_name, ctx, by)
+    return ModelPair(target, draft, tokenizer, V, eos, target_name, draft_name, ctx, by)
 
 
 def load_pair(

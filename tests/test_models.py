@@ -168,3 +168,36 @@ def test_loading_draws_no_progress_bar_into_a_log_file(tiny_model_dirs, capfd):
     from transformers.utils import logging as hf_logging
 
     assert hf_logging.is_progress_bar_enabled()  # restored afterwards
+
+
+def test_one_prompt_encoder_for_text_and_ids(tiny_pair):
+    """ModelPair.encode_prompt is the one place a prompt (text or ids) becomes the loop's tensor."""
+    from learn2draft.models import encode_text
+
+    text = tiny_pair.encode_prompt("w1 w2 w3")
+    assert text.tolist() == encode_text(tiny_pair.tokenizer, "w1 w2 w3")
+    for ids in (text.tolist(), text, text[None]):
+        assert torch.equal(tiny_pair.encode_prompt(ids), text)
+    for empty in ("  ", []):
+        with pytest.raises(ValueError, match="Empty prompt"):
+            tiny_pair.encode_prompt(empty)
+    with pytest.raises(ValueError, match="context window"):
+        tiny_pair.encode_prompt(text, max_new_tokens=600)
+
+
+def test_stop_continue_eos_and_prompt_encoding_are_defined_once():
+    import inspect
+
+    import envs.spec_decode
+    import learn2draft.distill
+    import policies.controllers
+    from learn2draft import models
+
+    assert envs.spec_decode.STOP is policies.controllers.STOP and envs.spec_decode.CONTINUE is policies.controllers.CONTINUE
+    src = inspect.getsource(envs.spec_decode)
+    assert "STOP = " not in src and "CONTINUE = " not in src
+    distill_src = inspect.getsource(learn2draft.distill)
+    assert "apply_chat_template" not in distill_src
+    assert learn2draft.distill.encode_text is models.encode_text
+    assert learn2draft.distill.eos_token_ids is models.eos_token_ids
+    assert "DeviceClock(pair.device)" in inspect.getsource(learn2draft.distill.measure_draft)
