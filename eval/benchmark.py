@@ -133,7 +133,7 @@ def _run(args) -> int:
 
     from eval.__main__ import _machine, make_out_dir, parse_gammas
     from eval.compare import grid_search
-    from eval.runner import DecoderMethod, HFGenerateMethod, encode_all, run_interleaved, summarize
+    from eval.runner import DecoderMethod, HFGenerateMethod, encode_all, methods_table, run_interleaved, summarize
     from learn2draft.decoding import FixedDepthController
     from learn2draft.models import DEFAULT_DRAFT, DEFAULT_TARGET, check_device, default_device, load_pair, parse_dtype
     from learn2draft.prompts import load_prompt_file, load_prompts
@@ -220,19 +220,7 @@ def _run(args) -> int:
         summary = summarize(run_interleaved(methods, held, args.repeats, args.seed, desc=f"benchmark T={T}"),
                             reference=PLAIN)
         report["runs"][str(T)] = {"fixed_gamma": gamma, "methods": summary}
-        md += [f"### Temperature {T}", "",
-               "| method | tokens/s (mean ± std) | × hf generate (min–max) | τ | α | TTFT ms | inter-token ms | "
-               "loop overhead |",
-               "|---|---|---|---|---|---|---|---|"]
-        for name, m in summary.items():
-            r = m[f"ratio_to_{PLAIN}"]
-            tau = "–" if m["tau_mean"] is None else f"{m['tau_mean']:.2f}"
-            alpha = "–" if m.get("alpha") is None else f"{m['alpha']:.2f}"
-            ovh = "–" if m["overhead_fraction_mean"] is None else f"{100 * m['overhead_fraction_mean']:.1f}%"
-            md.append(f"| {name} | {m['tokens_per_second_mean']:.1f} ± {m['tokens_per_second_std']:.1f} | "
-                      f"{r['mean']:.2f} ({r['min']:.2f}–{r['max']:.2f}) | {tau} | {alpha} | "
-                      f"{1e3 * m['ttft_seconds_mean']:.0f} | {1e3 * m['inter_token_seconds_mean']:.1f} | {ovh} |")
-        md.append("")
+        md += [f"### Temperature {T}", "", *methods_table(summary, PLAIN), ""]
     text = "\n".join(md)
     (out / "benchmark.md").write_text(text + "\n")
     (out / "benchmark.json").write_text(json.dumps(report, indent=2))

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from eval.runner import DecoderMethod, RunRecord, ratio_stats, run_interleaved, summarize, verdict
+from eval.runner import DecoderMethod, RunRecord, methods_table, ratio_stats, run_interleaved, summarize, verdict
 from learn2draft.decoding import DraftController, FixedDepthController
 from learn2draft.models import ModelPair
 from learn2draft.sampling import SamplingConfig
@@ -75,22 +75,12 @@ def compare(pair: ModelPair, policy: DraftController, train_prompts: Sequence[to
 
 def format_markdown(res: dict) -> str:
     """The comparison as a markdown table plus one plain sentence per fixed baseline."""
-    ref = f"ratio_to_{AR}"
     lines = [
         f"Held-out prompts: {res['num_heldout_prompts']}, repeats: {res['repeats']}, max_new_tokens: "
         f"{res['max_new_tokens']}, sampling: {_sampling_str(res['sampling'])}, drafter: {res.get('drafter', 'model')}",
         "",
-        "| method | tokens/s (mean ± std) | × autoregressive (min–max) | τ (mean accepted) | α | TTFT s | loop overhead |",
-        "|---|---|---|---|---|---|---|",
+        *methods_table(res["methods"], AR),
     ]
-    for name, m in res["methods"].items():
-        r = m[ref]
-        tau = "–" if m["tau_mean"] is None else f"{m['tau_mean']:.2f}"
-        ovh = "–" if m["overhead_fraction_mean"] is None else f"{100 * m['overhead_fraction_mean']:.1f}%"
-        alpha = "–" if m.get("alpha") is None else f"{m['alpha']:.2f}"
-        lines.append(f"| {name} | {m['tokens_per_second_mean']:.1f} ± {m['tokens_per_second_std']:.1f} | "
-                     f"{r['mean']:.2f} ({r['min']:.2f}–{r['max']:.2f}) | {tau} | {alpha} | {m['ttft_seconds_mean']:.3f} | "
-                     f"{ovh} |")
     lines += ["", "γ grid on train prompts (tokens/s): " + ", ".join(
         f"{g}: {v:.1f}" for g, v in res["grid_train"]["tokens_per_second"].items()),
         "γ grid on held-out prompts (tokens/s): " + ", ".join(

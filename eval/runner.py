@@ -212,6 +212,29 @@ def ratio_stats(a: dict, b: dict) -> dict:
             "min": float(ra.min()), "max": float(ra.max()), "per_repeat": ra.tolist()}
 
 
+#: The convention of τ in every table, stated once (:attr:`learn2draft.decoding.CycleResult.num_accepted`).
+TAU_NOTE = ("τ: mean accepted length per drafting cycle — draft tokens accepted, the corrected or bonus token "
+            "excluded; α: accepted / drafted tokens.")
+
+
+def methods_table(summary: dict, reference: str) -> list[str]:
+    """The markdown table of :func:`summarize` output that eval and eval.benchmark both print: per
+    method tokens/s (mean ± std), the per-repeat ratio to ``reference`` (mean, min–max), τ, α, TTFT,
+    inter-token latency and loop overhead, followed by :data:`TAU_NOTE`. Returns its lines."""
+    lines = [f"| method | tokens/s (mean ± std) | × {reference} (min–max) | τ | α | TTFT ms | inter-token ms | "
+             "loop overhead |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, m in summary.items():
+        r = m[f"ratio_to_{reference}"]
+        tau = "–" if m["tau_mean"] is None else f"{m['tau_mean']:.2f}"
+        alpha = "–" if m.get("alpha") is None else f"{m['alpha']:.2f}"
+        ovh = "–" if m["overhead_fraction_mean"] is None else f"{100 * m['overhead_fraction_mean']:.1f}%"
+        lines.append(f"| {name} | {m['tokens_per_second_mean']:.1f} ± {m['tokens_per_second_std']:.1f} | "
+                     f"{r['mean']:.2f} ({r['min']:.2f}–{r['max']:.2f}) | {tau} | {alpha} | "
+                     f"{1e3 * m['ttft_seconds_mean']:.0f} | {1e3 * m['inter_token_seconds_mean']:.1f} | {ovh} |")
+    return [*lines, "", TAU_NOTE]
+
+
 def verdict(r: dict) -> str:
     """Plain words for a ratio: 'faster' only when every repeat was faster, 'slower' only when
     every repeat was slower, else 'no clear difference'."""

@@ -100,3 +100,23 @@ def test_progress_bars_draw_only_on_a_terminal(tiny_pair, capfd):
     run_interleaved(methods, [torch.tensor([1, 5, 9])], repeats=2, progress=True, desc="bar")
     err = capfd.readouterr().err
     assert "\r" not in err and "bar" not in err
+
+
+def test_one_table_renderer_for_eval_and_benchmark():
+    """eval's and the benchmark's tables come from eval.runner.methods_table, with τ's convention stated there."""
+    from pathlib import Path
+
+    import eval
+
+    from eval.runner import TAU_NOTE, methods_table
+
+    root = Path(eval.__file__).parent
+    holders = [p.name for p in root.glob("*.py") if "| method |" in p.read_text()]
+    assert holders == ["runner.py"]
+    summary = {"a": {"tokens_per_second_mean": 10.0, "tokens_per_second_std": 0.5, "tau_mean": 1.5, "alpha": 0.5,
+                     "overhead_fraction_mean": 0.01, "ttft_seconds_mean": 0.1, "inter_token_seconds_mean": 0.04,
+                     "ratio_to_ref": {"mean": 1.2, "min": 1.1, "max": 1.3}}}
+    lines = methods_table(summary, "ref")
+    assert lines[0].startswith("| method |") and "× ref" in lines[0] and lines[-1] == TAU_NOTE
+    assert lines[2] == "| a | 10.0 ± 0.5 | 1.20 (1.10–1.30) | 1.50 | 0.50 | 100 | 40.0 | 1.0% |"
+    assert "bonus token excluded" in TAU_NOTE
