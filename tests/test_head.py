@@ -207,6 +207,19 @@ def test_recipe_writes_a_loadable_head(trained_head_dir, tiny_pair):
     assert d.head.draft_vocab_size <= 48 + 1
 
 
+def test_recipe_resumes_with_a_longer_time_cap(trained_head_dir, tiny_tok):
+    path, rep = trained_head_dir
+    cfg = HeadConfig(**rep["config"])
+    cfg.max_train_minutes += 1.0
+    target = tiny_llama(len(tiny_tok), 0)
+    rng = random.Random(0)
+    prompts = [" ".join(rng.choice(TINY_VOCAB) for _ in range(rng.randint(3, 8))) for _ in range(16)]
+    docs = [" ".join(rng.choice(TINY_VOCAB) for _ in range(150)) for _ in range(2)]
+    rep2 = build_head(cfg, target=target, tokenizer=tiny_tok, prompts=prompts, eval_prompts=prompts[:2], docs=docs)
+    assert rep2["training"]["start_step"] == 60 == rep2["training"]["step"]
+    assert rep2["data"] == rep["data"]
+
+
 def test_training_loss_decreases(tiny_pair):
     head = _head(tiny_pair.target, d2t=torch.arange(63))
     g = torch.Generator().manual_seed(0)

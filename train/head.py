@@ -21,7 +21,8 @@ arXiv 2503.01840; FR-Spec draft vocabulary, arXiv 2502.14856). The recipe, in ph
    pattern the drafter sees at draft step k (true-feature keys up to t − k + 1, then the head's own
    keys at t − k + 2 .. t). AdamW, warmup + cosine, a wall-clock cap. Held-out answers (a share of
    the prompts) are scored periodically; the best state is kept (early stopping). Checkpoints in
-   the work directory; a rerun with the same settings resumes.
+   the work directory; a rerun with the same settings, or with a longer ``--max-train-minutes`` (which
+   continues the cosine schedule over the longer time), resumes.
 4. **Measurement**: α at temperature 0 on the held-out policy prompts
    (``learn2draft.prompts.load_prompts("heldout")``): along the target's own greedy continuation,
    the share of positions where the head's top-1 equals the target's greedy next token, for draft
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import hashlib
 import json
 import logging
@@ -548,11 +550,12 @@ def evaluate_heldout(head: DraftHead, data: list[dict], ttt_steps: int, batch_to
 
 
 def train_head(head: DraftHead, train: list[dict], heldout: list[dict], cfg: HeadConfig, work_dir: Path,
-               train_key: str, restart: bool = False, wandb_run=None) -> dict:
+               train_key: str, restart: bool = False, wandb_run=None, also_resume: tuple[str, ...] = ()) -> dict:
     """Train ``head`` in place (see the module docstring, phase 3); keep the best held-out state.
 
     Checkpoints (head, optimizer, step, best state, seconds) go to ``work_dir/checkpoint.pt`` every
-    ``cfg.ckpt_every`` steps; a call with the same ``train_key`` resumes unless ``restart``.
+    ``cfg.ckpt_every`` steps; a call with the same ``train_key`` (or one of ``also_resume``: the same run
+    with another time cap) resumes unless ``restart``.
     Progress = max(step / steps, seconds / cap) drives the cosine schedule and ends training at 1.
 
     Returns:
@@ -572,7 +575,7 @@ def train_head(head: DraftHead, train: list[dict], heldout: list[dict], cfg: Hea
     best_state = None
     if ckpt.exists() and not restart:
         ck = torch.load(ckpt, weights_only=False)
-        if ck.get("train_key") == train_key:
+        if ck.get("train_key") in (train_key, *also_resume):
             head.load_state_dict(ck["head"], strict=False)
             opt.load_state_dict(ck["optimizer"])
             step, prior_s = ck["step"], ck["train_seconds"]
@@ -878,6 +881,11 @@ def build_head(cfg: HeadConfig, target: PreTrainedModel | None = None, tokenizer
 
     run = None
     tkey = cfg.train_key(gkey + dkey)
+    also = ()
+    if (work / CKPT_NAME).exists() and not restart:  # a longer --max-train-minutes continues a finished run
+        old = torch.load(work / CKPT_NAME, weights_only=False).get("config", {}).get("max_train_minutes")
+        if isinstance(old, (int, float)) and old <= cfg.max_train_minutes:
+            also = (dataclasses.replace(cfg, max_train_minutes=old).train_key(gkey + dkey),)
     if cfg.wandb_mode != "disabled":
         import wandb
 
@@ -889,7 +897,7 @@ def build_head(cfg: HeadConfig, target: PreTrainedModel | None = None, tokenizer
         run.log({f"data/{k}": v for k, v in data_info.items()})
 
     # ---- phase 3: training
-    tr = train_head(head, train, held_ans, cfg, work, tkey, restart=restart, wandb_run=run)
+    tr = train_head(head, train, held_ans, cfg, work, tkey, restart=restart, wandb_run=run, also_resume=also)
 
     # ---- phase 4: measurement on the held-out policy prompts
     t0 = time.perf_counter()
