@@ -5,6 +5,8 @@ sampler (:mod:`.sampling`), the draft/verify loop (:mod:`.decoding`), timing (:m
 and the features a policy sees (:mod:`.features`).
 """
 
+from learn2draft._lazy import lazy_exports
+
 # Exports load on first use (PEP 562), so that ``import learn2draft.<light module>`` — e.g. a
 # command's ``--help`` — does not import torch.
 _EXPORTS = {
@@ -17,16 +19,7 @@ _EXPORTS = {
     "learn2draft.sampling": ("SamplingConfig", "speculative_sample"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
-
-
-def __getattr__(name: str):
-    if name in _WHERE:
-        import importlib
-
-        value = getattr(importlib.import_module(_WHERE[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'learn2draft' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _WHERE)
 
 
 def __dir__() -> list[str]:

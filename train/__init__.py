@@ -3,17 +3,9 @@
 The names below load on first use, so that ``python -m train --help`` does not import torch.
 """
 
+from learn2draft._lazy import lazy_exports
+
 _WHERE = {"TrainConfig": "train.config", "prepare_out_dir": "train.training", "run": "train.training"}
-
-
-def __getattr__(name: str):
-    if name in _WHERE:
-        import importlib
-
-        value = getattr(importlib.import_module(_WHERE[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'train' has no attribute {name!r}")
-
+__getattr__ = lazy_exports(__name__, _WHERE)
 
 __all__ = ["TrainConfig", "prepare_out_dir", "run"]
