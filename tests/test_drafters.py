@@ -41,7 +41,7 @@ def test_lookup_proposes_what_followed_the_latest_occurrence():
 
 
 def test_lookup_extends_the_match_backwards_and_falls_back_to_shorter_ngrams():
-    d = LookupDrafter(max_ngram=2)
+    d = LookupDrafter(max_ngram=2, min_ngram=1)
     seq = t([1, 2, 3, 4, 5, 9, 1, 2, 3, 4])
     d.start(seq)
     token, length, count, _ = d.lookup(seq)
@@ -58,7 +58,7 @@ def test_lookup_extends_the_match_backwards_and_falls_back_to_shorter_ngrams():
 
 
 def test_lookup_rollback_forgets_rejected_tokens():
-    d = LookupDrafter()
+    d = LookupDrafter(min_ngram=1)
     seq = t([4, 5, 6, 4, 5])
     d.start(seq[:3])
     assert d.lookup(seq)[0] == 6
@@ -166,3 +166,26 @@ def test_copy_prompt_splits_are_disjoint_from_each_other_and_from_the_open_ones(
     with pytest.raises(ValueError, match="copy_heldout"):
         load_prompts("nope")
     assert np.mean([len(p) for p in b]) > 150  # they carry text to copy from
+
+
+def test_env_runs_the_lookup_drafter_through_the_decoders_step(tiny_tok, copy_target):
+    import gymnasium as gym
+    from gymnasium.utils.env_checker import check_env
+
+    from envs import ENV_ID
+
+    pair = make_pair(copy_target, copy_target, tiny_tok, tiny_tok)
+    env = gym.make(ENV_ID, pair=pair, prompts=[REPEATING.tolist()], max_new_tokens=24, max_depth=4,
+                   drafter="lookup").unwrapped
+    check_env(env)  # wall-clock rewards: the spec is nondeterministic, so reward equality is not checked
+    env.reset(seed=0)
+    infos = []
+    while True:
+        _, r, term, trunc, info = env.step(1)
+        infos.append(info)
+        if term or trunc:
+            break
+    verified = [i for i in infos if i["verified"]]
+    assert sum(i["accepted"] for i in verified) > 0 and all(i["depth"] <= 4 for i in infos)
+    ref = SpeculativeDecoder(pair, SamplingConfig(), max_new_tokens=24, max_depth=4, drafter=LookupDrafter())
+    assert env.generated_tokens() == ref.generate(REPEATING, FixedDepthController(4)).tokens

@@ -9,10 +9,11 @@ concentrated.
 
 * exact rule: 200 draws per arm, first 2 tokens, a policy whose depth varies with the features.
   A correct sampler fails the Bonferroni-corrected check with probability ≤ α = 0.01.
-* wrong rule: 300 draws per arm, first token. The test computes the wrong rule's exact
-  first-token law from the two models and the noncentrality λ = n Σ (w − p)² / p of the
-  exact-law chi-square test: it requires λ ≥ 25 (power ≳ 0.85 at the Bonferroni level with ≤ 6
-  bins; the current draft gives λ ≈ 50). With a fixed seed the outcome is deterministic.
+* wrong rule: 400 draws per arm, first 2 tokens. The first token comes from the prefill, so the
+  rule acts from the second on: the test computes the wrong rule's exact law of the second token
+  given the most likely first token x1, and the noncentrality λ = n₁ Σ (w − p)² / p of the exact
+  conditional chi-square test over the n₁ ≈ n·p(x1) draws that start with x1: it requires λ ≥ 25.
+  With a fixed seed the outcome is deterministic.
 """
 
 from __future__ import annotations
@@ -152,38 +153,58 @@ def test_real_law_check_passes_for_the_exact_rule(default_pair):
     assert arm["drafted"] > 0  # speculative decoding really happened
 
 
-def _wrong_rule_noncentrality(pair, prompt: str, n: int) -> tuple[float, float]:
-    """(λ, power) of the exact first-token chi-square test against the wrong rule's law, for ``n`` draws.
+def _wrong_rule_noncentrality(pair, prompt: str, n: int, num_tests: int = 7) -> tuple[float, float, int]:
+    """(λ, power, x1) of the exact chi-square test of the *second* token given the most likely first
+    token x1, against the wrong rule's law, for the ≈ n·p(x1) draws that start with x1.
 
-    The wrong rule "on rejection, resample from p" emits the first token with law
-    w = min(p, q) + (1 − Σ min(p, q))·p instead of p; λ is the chi-square non-centrality n·Σ(w − p)²/p
-    over the test's bins (rare tokens merged, as in eval.law)."""
+    The first token comes from the prefill (plain sampling), so the rule first acts on the second.
+    The wrong rule "on rejection, resample from p" emits it with law w = min(p, q) + (1 − Σ min(p, q))·p
+    instead of p; λ is the chi-square non-centrality n₁·Σ(w − p)²/p over the test's bins (rare tokens
+    merged, as in eval.law); the power is at the Bonferroni level over ``num_tests`` tests."""
     ids = pair.encode_prompt(prompt)
+    p1 = first_token_probs(pair, ids, REAL_SAMPLING)
+    x1 = int(np.argmax(p1))
+    ids = torch.cat([ids, torch.tensor([x1])])
+    n1 = n * p1[x1]
     p = first_token_probs(pair, ids, REAL_SAMPLING)
-    with torch.inference_mode():  # the draft's first-token law, processed identically
+    with torch.inference_mode():  # the draft's law of the same token, processed identically
         logits = pair.draft(input_ids=ids[None]).logits[0, -1:, : pair.vocab_size]
     q = REAL_SAMPLING.probs(logits, ids)[0].double().numpy()
     m = np.minimum(p, q)
     w = m + (1 - m.sum()) * p
-    keep = p * n >= 5
-    lam = n * (np.sum((w - p)[keep] ** 2 / p[keep]) + (w - p)[~keep].sum() ** 2 / max(p[~keep].sum(), 1e-12))
+    keep = p * n1 >= 5
+    lam = n1 * (np.sum((w - p)[keep] ** 2 / p[keep]) + (w - p)[~keep].sum() ** 2 / max(p[~keep].sum(), 1e-12))
     bins = int(keep.sum()) + 1
-    return float(lam), float(ncx2.sf(chi2.isf(ALPHA / 3, bins - 1), bins - 1, lam))  # 3 tests in this check
+    return float(lam), float(ncx2.sf(chi2.isf(ALPHA / num_tests, bins - 1), bins - 1, lam)), x1
 
 
 @pytest.mark.slow
 def test_real_law_check_flags_the_wrong_rule(default_pair):
-    n = 300
-    # The bias of the wrong rule depends on how far the draft is from the target at the first token:
-    # take the candidate prompt where it is largest (deterministic for the shipped pair) and require
-    # enough power, so this negative control runs rather than passing vacuously.
+    n = 400
+    # The bias of the wrong rule depends on how far the draft is from the target at the token where it
+    # acts: take the candidate prompt where it is largest (deterministic for the shipped pair) and
+    # require enough power, so this negative control runs rather than passing vacuously.
     cands = {pr: _wrong_rule_noncentrality(default_pair, pr, n) for pr in WRONG_RULE_PROMPTS}
     prompt = max(cands, key=lambda pr: cands[pr][0])
-    lam, power = cands[prompt]
+    lam, power, x1 = cands[prompt]
     assert lam >= 25, f"no candidate prompt gives the negative control power at n = {n}: {cands}"
     res = law_check(default_pair, {"γ=3": FixedDepthController(3)}, [prompt], sampling=REAL_SAMPLING,
-                    num_tokens=1, num_samples=n, seed=0, sampler=resample_from_target_rule, alpha=ALPHA)
-    print(f"\nprompt {prompt!r}: λ = {lam:.1f}, expected power {power:.3f}\n" + format_law_table(res))
+                    num_tokens=2, num_samples=n, seed=0, sampler=resample_from_target_rule, alpha=ALPHA)
+    print(f"\nprompt {prompt!r}, first token {x1}: λ = {lam:.1f}, expected power {power:.3f}\n"
+          + format_law_table(res))
     assert not res["passed"], format_law_table(res)
-    exact = next(t for t in res["tests"] if t["controller"] == "γ=3" and t["kind"] == "exact")
+    exact = next(t for t in res["tests"] if t["controller"] == "γ=3" and t.get("given") == x1)
     assert exact["flagged"]
+
+
+@pytest.mark.slow
+def test_real_law_check_passes_with_the_lookup_drafter(default_pair):
+    """Point-mass proposals on the real target: the law holds (150 draws per arm, first 4 tokens of an
+    answer that copies the prompt, so the lookup drafter has matches from the third token on)."""
+    prompt = "Repeat this sentence: The quick brown fox jumps over the lazy dog."
+    res = law_check(default_pair, {"γ=3": FixedDepthController(3)}, [prompt], sampling=REAL_SAMPLING,
+                    num_tokens=4, num_samples=150, seed=1, alpha=ALPHA, drafter="lookup")
+    print("\n" + format_law_table(res))
+    assert res["passed"] and res["drafter"] == "lookup", format_law_table(res)
+    arm = next(a for a in res["arms"] if a["arm"] == "γ=3")
+    assert arm["drafted"] > 0

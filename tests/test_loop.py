@@ -296,3 +296,19 @@ def test_cycle_records_the_action_it_executed(tiny_pair):
     dec = SpeculativeDecoder(tiny_pair, max_new_tokens=20)
     r = dec.generate(torch.tensor([1, 5, 9]), FixedDepthController(3))
     assert r.cycles[0].action == DraftAction(depth=3, verify_size=3)
+
+
+@pytest.mark.slow
+def test_real_greedy_lookup_equals_autoregressive(default_pair, real_greedy):
+    from learn2draft.drafters import LookupDrafter
+    from policies.controllers import MatchLengthController
+
+    for ctrl in (FixedDepthController(4), MatchLengthController(8)):
+        dec = SpeculativeDecoder(default_pair, GREEDY, max_new_tokens=48, max_depth=ctrl.max_depth,
+                                 drafter=LookupDrafter())
+        drafted = 0
+        for p in REAL_PROMPTS:
+            r = dec.generate(default_pair.encode_prompt(p), ctrl)
+            assert r.tokens == real_greedy[p], (ctrl, p)
+            drafted += sum(c.depth for c in r.cycles)
+        assert drafted > 0
