@@ -1,5 +1,6 @@
-"""What every command line shares: a ``--help`` formatter that shows each default once, and plain
-text from reST docstrings (no torch import here, so ``--help`` answers at once)."""
+"""What every command line shares: a ``--help`` formatter that shows each default once, plain
+text from reST docstrings, and the W&B credentials check made before any work (no torch import
+here, so ``--help`` answers at once)."""
 
 from __future__ import annotations
 
@@ -27,4 +28,18 @@ def plain_doc(text: str | None) -> str:
     return re.sub(r"\*\*([^*]+)\*\*", r"\1", text)
 
 
-__all__ = ["HelpFormatter", "plain_doc"]
+def check_wandb(mode: str) -> None:
+    """Raise ValueError, before anything is written or computed, when ``mode`` is ``"online"`` and no
+    W&B credentials are configured (``WANDB_API_KEY`` or ``wandb login``). Offline / disabled: no check."""
+    if mode != "online":
+        return
+    import wandb
+
+    try:
+        wandb.login(verify=False)
+    except Exception as e:  # wandb.errors.UsageError: "No API key configured"
+        raise ValueError(f"--wandb-mode online needs W&B credentials ({e}): run `wandb login` or set "
+                         "WANDB_API_KEY, or use --wandb-mode offline and upload later with `wandb sync`.") from None
+
+
+__all__ = ["HelpFormatter", "check_wandb", "plain_doc"]

@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
-from learn2draft.cli import HelpFormatter
+from learn2draft.cli import HelpFormatter, check_wandb
 from learn2draft.models import (
     DEFAULT_DRAFT_DIR,
     DEFAULT_TARGET,
@@ -798,6 +798,10 @@ def build_draft(
     """
     t_start = time.perf_counter()
     cfg.validate()
+    try:
+        check_wandb(cfg.wandb_mode)
+    except ValueError as e:
+        raise DistillError(str(e)) from None
     work = Path(cfg.work_dir).expanduser() if cfg.work_dir else DEFAULT_WORK_DIR / _slug(cfg.target)
     out = (Path(cfg.out).expanduser() if cfg.out else work / "draft").resolve()
     check_out_dir(out, cfg.target)

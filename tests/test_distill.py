@@ -219,3 +219,18 @@ def test_default_out_is_not_the_shipped_draft_and_writability_is_tested_by_writi
     (tmp_path / "file").write_text("x")
     with pytest.raises(DistillError, match="Cannot write"):
         check_out_dir(tmp_path / "file" / "sub" / "draft", "smollm2-135m-instruct")
+
+
+def test_wandb_online_without_credentials_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    def no_slow_work(*a, **k):
+        raise AssertionError("slow work started")
+
+    monkeypatch.setattr(distill, "load_model", no_slow_work)
+    monkeypatch.setattr(distill, "generate_data", no_slow_work)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    assert distill.main(["--out", str(tmp_path / "o"), "--work-dir", str(tmp_path / "w"), "--wandb-mode", "online"]) == 2
+    err = capsys.readouterr().err
+    assert "credentials" in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "w").exists()

@@ -44,6 +44,7 @@ import torch
 from learn2draft.decoding import FixedDepthController, SpeculativeDecoder
 from learn2draft.drafters import make_drafter
 from learn2draft.features import feature_spec
+from learn2draft.cli import check_wandb  # noqa: F401 (re-exported)
 from learn2draft.models import ModelPair
 
 from train.config import ENV_ID, WANDB_MODES, TrainConfig, default_out_dir, read_run_config  # noqa: F401 (re-exported)
@@ -177,20 +178,6 @@ class _Replacement:
             for item in self.aside.iterdir():
                 os.replace(item, self.out / item.name)
             self.aside.rmdir()
-
-
-def check_wandb(mode: str) -> None:
-    """Raise ValueError, before anything is written or computed, when ``mode`` is ``"online"`` and no
-    W&B credentials are configured (``WANDB_API_KEY`` or ``wandb login``). Offline / disabled: no check."""
-    if mode != "online":
-        return
-    import wandb
-
-    try:
-        wandb.login(verify=False)
-    except Exception as e:  # wandb.errors.UsageError: "No API key configured"
-        raise ValueError(f"--wandb-mode online needs W&B credentials ({e}): run `wandb login` or set "
-                         "WANDB_API_KEY, or use --wandb-mode offline and upload later with `wandb sync`.") from None
 
 
 # --------------------------------------------------------------------------- logging
