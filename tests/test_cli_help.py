@@ -39,7 +39,7 @@ def test_every_option_has_a_help_line_and_shows_its_default_once(command):
 
 @pytest.mark.parametrize("command", ["train", "eval", "eval.benchmark"])
 def test_help_answers_without_importing_torch(command):
-    code = ("import runpy, sys\nsys.argv = ['x', '--help']\ntry:\n    runpy.run_module(%r, run_name='__main__')\n"
-            "except SystemExit:\n    pass\nprint('TORCH' if 'torch' in sys.modules else 'NO-TORCH', file=sys.stderr)") % command
+    code = (f"import runpy, sys\nsys.argv = ['x', '--help']\ntry:\n    runpy.run_module({command!r}, run_name='__main__')\n"
+            "except SystemExit:\n    pass\nprint('TORCH' if 'torch' in sys.modules else 'NO-TORCH', file=sys.stderr)")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert "usage:" in r.stdout and r.stderr.strip().endswith("NO-TORCH"), r.stderr

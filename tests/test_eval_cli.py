@@ -107,7 +107,6 @@ def test_one_table_renderer_for_eval_and_benchmark():
     from pathlib import Path
 
     import eval
-
     from eval.runner import TAU_NOTE, methods_table
 
     root = Path(eval.__file__).parent

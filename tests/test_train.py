@@ -401,3 +401,4 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(tiny_model_dirs, tmp_path
     assert resumed.returncode == 0, resumed.stderr
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["resumed_from_timesteps"] == steps and metrics["timesteps"] >= steps + 64
+

@@ -41,12 +41,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from learn2draft.cli import check_wandb  # noqa: F401 (re-exported)
 from learn2draft.decoding import FixedDepthController, SpeculativeDecoder
 from learn2draft.drafters import make_drafter
 from learn2draft.features import feature_spec
-from learn2draft.cli import check_wandb  # noqa: F401 (re-exported)
 from learn2draft.models import ModelPair
-
 from train.config import ENV_ID, WANDB_MODES, TrainConfig, default_out_dir, read_run_config  # noqa: F401 (re-exported)
 
 RESULT_FILES = ("config.json", "model.zip", "metrics.json", "policy")
