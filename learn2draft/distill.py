@@ -42,26 +42,8 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-from tqdm.auto import tqdm
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
-
 from learn2draft.cli import HelpFormatter, check_wandb
-from learn2draft.models import (
-    DEFAULT_DRAFT_DIR,
-    DEFAULT_TARGET,
-    ModelLoadError,
-    ModelPair,
-    encode_text,
-    eos_token_ids,
-    load_model,
-    load_tokenizer,
-    make_pair,
-    parse_dtype,
-)
-from learn2draft.prompts import PROMPTS_FILE, load_prompts
-from learn2draft.timing import DeviceClock
+from learn2draft.names import DEFAULT_DRAFT_DIR, DEFAULT_TARGET
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +57,192 @@ class DistillError(ValueError):
 
 
 # ----------------------------------------------------------------------------- prompts
+@dataclass
+class DistillConfig:
+    """All settings of one build. The defaults are the recipe of the shipped default draft.
+
+    Sizes: ``hidden`` / ``layers`` / ``intermediate`` / ``heads`` / ``kv_heads`` / ``head_dim``
+    define the draft's Llama architecture. Generation: ``max_new_tokens`` per response,
+    ``num_prompts`` (0 = all), ``sampled_fraction`` of the prompts also answered once with
+    sampling at ``sample_temperature`` / ``sample_top_p``. Training: ``steps`` optimizer steps of
+    ``batch_size`` sequences, ``lr``, ``warmup``, ``ce_weight`` w, ``topk`` teacher tokens kept,
+    ``max_train_minutes`` wall-clock cap (0 = none). Evaluation: ``eval_max_new_tokens``,
+    ``timing_repeats`` (per model and context), ``eval_prompts`` (0 = all held-out prompts).
+    Paths: ``out`` ("" = ``<work_dir>/draft``), ``work_dir`` ("" = ``runs/distill/<target>``).
+    """
+
+    target: str = DEFAULT_TARGET
+    out: str = ""
+    work_dir: str = ""
+    prompts_file: str = str(DISTILL_PROMPTS_FILE)
+    seed: int = 0
+    hidden: int = 160
+    layers: int = 1
+    intermediate: int = 1024
+    heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 40
+    num_prompts: int = 0
+    max_new_tokens: int = 128
+    sampled_fraction: float = 0.25
+    sample_temperature: float = 0.8
+    sample_top_p: float = 0.95
+    gen_batch_size: int = 64
+    topk: int = 20
+    steps: int = 900
+    batch_size: int = 16
+    lr: float = 3e-3
+    warmup: int = 30
+    weight_decay: float = 0.01
+    ce_weight: float = 0.5
+    bf16: bool = True
+    ckpt_every: int = 50
+    max_train_minutes: float = 16.0
+    eval_max_new_tokens: int = 128
+    eval_prompts: int = 0
+    timing_repeats: int = 30
+    save_dtype: str = "float16"
+    wandb_mode: str = field(default_factory=lambda: os.environ.get("WANDB_MODE", "offline"))
+    wandb_project: str = "learn2draft-distill"
+
+    def validate(self) -> None:
+        """Raise :class:`DistillError` (one line naming the flag) for any setting that would fail, or
+        silently do something else, after the slow data generation."""
+        for k in ("hidden", "layers", "intermediate", "heads", "kv_heads", "head_dim", "max_new_tokens", "topk",
+                  "steps", "batch_size", "gen_batch_size", "ckpt_every", "eval_max_new_tokens", "timing_repeats"):
+            if getattr(self, k) <= 0:
+                raise DistillError(f"--{k.replace('_', '-')} must be positive, got {getattr(self, k)}.")
+        checks = [
+            (self.hidden % self.heads == 0, f"--hidden ({self.hidden}) must be a multiple of --heads ({self.heads})."),
+            (self.heads % self.kv_heads == 0, f"--heads ({self.heads}) must be a multiple of --kv-heads ({self.kv_heads})."),
+            (0 <= self.sampled_fraction <= 1, f"--sampled-fraction must be in [0, 1], got {self.sampled_fraction}."),
+            (math.isfinite(self.lr) and self.lr > 0, f"--lr must be > 0, got {self.lr}."),
+            (self.warmup >= 0, f"--warmup must be ≥ 0, got {self.warmup}."),
+            (math.isfinite(self.weight_decay) and self.weight_decay >= 0, f"--weight-decay must be ≥ 0, got {self.weight_decay}."),
+            (0 <= self.ce_weight <= 1, f"--ce-weight must be in [0, 1], got {self.ce_weight}."),
+            (math.isfinite(self.sample_temperature) and self.sample_temperature > 0,
+             f"--sample-temperature must be > 0, got {self.sample_temperature}."),
+            (0 < self.sample_top_p <= 1, f"--sample-top-p must be in (0, 1], got {self.sample_top_p}."),
+            (self.num_prompts >= 0, f"--num-prompts must be ≥ 0 (0 = all), got {self.num_prompts}."),
+            (self.eval_prompts >= 0, f"--eval-prompts must be ≥ 0 (0 = all), got {self.eval_prompts}."),
+            (self.max_train_minutes >= 0, f"--max-train-minutes must be ≥ 0 (0 = no cap), got {self.max_train_minutes}."),
+            (self.wandb_mode in ("offline", "online", "disabled"),
+             f"--wandb-mode must be offline, online or disabled, got {self.wandb_mode!r}."),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise DistillError(msg)
+        from learn2draft.models import parse_dtype
+
+        try:
+            parse_dtype(self.save_dtype)
+        except ValueError as e:
+            raise DistillError(f"--save-dtype: {e}") from None
+
+    def data_key(self, prompts: list[str]) -> str:
+        """Hash of everything that determines the generated data (target, prompts, generation settings)."""
+        d = {k: getattr(self, k) for k in ("target", "seed", "max_new_tokens", "sampled_fraction",
+                                            "sample_temperature", "sample_top_p", "gen_batch_size", "topk")}
+        d["prompts"] = prompts
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+    def train_key(self, data_key: str) -> str:
+        """Hash of everything that determines training (a checkpoint is only resumed if it matches)."""
+        d = {k: getattr(self, k) for k in ("hidden", "layers", "intermediate", "heads", "kv_heads", "head_dim",
+                                            "steps", "batch_size", "lr", "warmup", "weight_decay", "ce_weight",
+                                            "seed", "bf16", "max_train_minutes")}
+        d["data"] = data_key
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[DistillConfig, argparse.Namespace]:
+    """Parse the command line into a :class:`DistillConfig` (defaults = the shipped draft's recipe)."""
+    a = build_parser().parse_args(argv)
+    cfg = DistillConfig(**{k: getattr(a, k) for k in DistillConfig.__dataclass_fields__})
+    return cfg, a
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m learn2draft.distill`` (every :class:`DistillConfig` setting has a flag)."""
+    d = DistillConfig()
+    ap = argparse.ArgumentParser(
+        prog="python -m learn2draft.distill",
+        description="Distil a small Llama draft model for a Hugging Face causal LM target (knowledge distillation "
+                    "on the target's own responses), measure its acceptance rate and cost, save it.",
+        formatter_class=HelpFormatter,
+    )
+    ap.add_argument("--target", default=d.target, help="target: alias, hub id, local directory or .gguf file")
+    ap.add_argument("--out", default=d.out,
+                    help="output directory, save_pretrained format (default: <work-dir>/draft; "
+                         f"--out {DEFAULT_DRAFT_DIR.relative_to(DEFAULT_DRAFT_DIR.parents[2])} rebuilds the shipped draft)")
+    ap.add_argument("--work-dir", default="", help="cache / checkpoint directory (default runs/distill/<target>)")
+    ap.add_argument("--prompts-file", default=d.prompts_file, help="JSON list of distillation prompts")
+    ap.add_argument("--restart", action="store_true", help="ignore an existing training checkpoint (data cache is kept)")
+    ap.add_argument("--wandb-mode", default=d.wandb_mode, choices=["offline", "online", "disabled"],
+                    help="W&B mode (default: $WANDB_MODE, else offline)")
+    ap.add_argument("-v", "--verbose", action="store_true", help="log progress (INFO level)")
+    ap.add_argument("--no-bf16", dest="bf16", action="store_false",
+                    help="train in float32 instead of bfloat16 autocast")
+    helps = {
+        "seed": "seeds data sampling, initialisation and training",
+        "hidden": "draft hidden size (a multiple of --heads)",
+        "layers": "draft transformer layers",
+        "intermediate": "draft MLP size",
+        "heads": "draft attention heads (a multiple of --kv-heads)",
+        "kv_heads": "draft key/value heads",
+        "head_dim": "size of one attention head",
+        "num_prompts": "distillation prompts used (0 = all)",
+        "max_new_tokens": "tokens per target answer",
+        "sampled_fraction": "fraction of prompts also answered once with sampling, in [0, 1]",
+        "sample_temperature": "temperature of those sampled answers",
+        "sample_top_p": "top-p of those sampled answers",
+        "gen_batch_size": "prompts per target.generate batch",
+        "topk": "teacher tokens kept per position (the rest is one bucket)",
+        "steps": "optimizer steps",
+        "batch_size": "sequences per step",
+        "lr": "peak AdamW learning rate",
+        "warmup": "linear warm-up steps",
+        "weight_decay": "AdamW weight decay",
+        "ce_weight": "w in (1 − w)·KL + w·CE, in [0, 1]",
+        "ckpt_every": "steps between training checkpoints",
+        "max_train_minutes": "wall-clock cap on training (0 = none)",
+        "eval_max_new_tokens": "tokens per held-out prompt when measuring α",
+        "eval_prompts": "held-out prompts measured (0 = all)",
+        "timing_repeats": "forwards timed per model and context",
+        "save_dtype": "dtype of the saved weights",
+        "wandb_project": "W&B project name",
+    }
+    for name, text in helps.items():
+        v = getattr(d, name)
+        ap.add_argument("--" + name.replace("_", "-"), type=type(v), default=v, help=text)
+    return ap
+
+
+if __name__ == "__main__":
+    # ``python -m learn2draft.distill --help`` (or a mistyped flag) answers here, before torch and
+    # transformers are imported below; main() parses the command line again.
+    build_parser().parse_args()
+
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase  # noqa: E402
+
+from learn2draft.models import (  # noqa: E402
+    ModelLoadError,
+    ModelPair,
+    encode_text,
+    eos_token_ids,
+    load_model,
+    load_tokenizer,
+    make_pair,
+    parse_dtype,
+)
+from learn2draft.prompts import PROMPTS_FILE, load_prompts  # noqa: E402
+from learn2draft.timing import DeviceClock  # noqa: E402
+
+
 def load_distill_prompts(path: str | Path = DISTILL_PROMPTS_FILE) -> list[str]:
     """Load a distillation prompt list (a JSON list of strings, or ``{"prompts": [...]}``).
 
@@ -263,102 +431,6 @@ def make_distill_prompts(seed: int = 0) -> list[str]:  # noqa: C901 (a flat list
 
 
 # ----------------------------------------------------------------------------- config
-@dataclass
-class DistillConfig:
-    """All settings of one build. The defaults are the recipe of the shipped default draft.
-
-    Sizes: ``hidden`` / ``layers`` / ``intermediate`` / ``heads`` / ``kv_heads`` / ``head_dim``
-    define the draft's Llama architecture. Generation: ``max_new_tokens`` per response,
-    ``num_prompts`` (0 = all), ``sampled_fraction`` of the prompts also answered once with
-    sampling at ``sample_temperature`` / ``sample_top_p``. Training: ``steps`` optimizer steps of
-    ``batch_size`` sequences, ``lr``, ``warmup``, ``ce_weight`` w, ``topk`` teacher tokens kept,
-    ``max_train_minutes`` wall-clock cap (0 = none). Evaluation: ``eval_max_new_tokens``,
-    ``timing_repeats`` (per model and context), ``eval_prompts`` (0 = all held-out prompts).
-    Paths: ``out`` ("" = ``<work_dir>/draft``), ``work_dir`` ("" = ``runs/distill/<target>``).
-    """
-
-    target: str = DEFAULT_TARGET
-    out: str = ""
-    work_dir: str = ""
-    prompts_file: str = str(DISTILL_PROMPTS_FILE)
-    seed: int = 0
-    hidden: int = 160
-    layers: int = 1
-    intermediate: int = 1024
-    heads: int = 4
-    kv_heads: int = 2
-    head_dim: int = 40
-    num_prompts: int = 0
-    max_new_tokens: int = 128
-    sampled_fraction: float = 0.25
-    sample_temperature: float = 0.8
-    sample_top_p: float = 0.95
-    gen_batch_size: int = 64
-    topk: int = 20
-    steps: int = 900
-    batch_size: int = 16
-    lr: float = 3e-3
-    warmup: int = 30
-    weight_decay: float = 0.01
-    ce_weight: float = 0.5
-    bf16: bool = True
-    ckpt_every: int = 50
-    max_train_minutes: float = 16.0
-    eval_max_new_tokens: int = 128
-    eval_prompts: int = 0
-    timing_repeats: int = 30
-    save_dtype: str = "float16"
-    wandb_mode: str = field(default_factory=lambda: os.environ.get("WANDB_MODE", "offline"))
-    wandb_project: str = "learn2draft-distill"
-
-    def validate(self) -> None:
-        """Raise :class:`DistillError` (one line naming the flag) for any setting that would fail, or
-        silently do something else, after the slow data generation."""
-        for k in ("hidden", "layers", "intermediate", "heads", "kv_heads", "head_dim", "max_new_tokens", "topk",
-                  "steps", "batch_size", "gen_batch_size", "ckpt_every", "eval_max_new_tokens", "timing_repeats"):
-            if getattr(self, k) <= 0:
-                raise DistillError(f"--{k.replace('_', '-')} must be positive, got {getattr(self, k)}.")
-        checks = [
-            (self.hidden % self.heads == 0, f"--hidden ({self.hidden}) must be a multiple of --heads ({self.heads})."),
-            (self.heads % self.kv_heads == 0, f"--heads ({self.heads}) must be a multiple of --kv-heads ({self.kv_heads})."),
-            (0 <= self.sampled_fraction <= 1, f"--sampled-fraction must be in [0, 1], got {self.sampled_fraction}."),
-            (math.isfinite(self.lr) and self.lr > 0, f"--lr must be > 0, got {self.lr}."),
-            (self.warmup >= 0, f"--warmup must be ≥ 0, got {self.warmup}."),
-            (math.isfinite(self.weight_decay) and self.weight_decay >= 0, f"--weight-decay must be ≥ 0, got {self.weight_decay}."),
-            (0 <= self.ce_weight <= 1, f"--ce-weight must be in [0, 1], got {self.ce_weight}."),
-            (math.isfinite(self.sample_temperature) and self.sample_temperature > 0,
-             f"--sample-temperature must be > 0, got {self.sample_temperature}."),
-            (0 < self.sample_top_p <= 1, f"--sample-top-p must be in (0, 1], got {self.sample_top_p}."),
-            (self.num_prompts >= 0, f"--num-prompts must be ≥ 0 (0 = all), got {self.num_prompts}."),
-            (self.eval_prompts >= 0, f"--eval-prompts must be ≥ 0 (0 = all), got {self.eval_prompts}."),
-            (self.max_train_minutes >= 0, f"--max-train-minutes must be ≥ 0 (0 = no cap), got {self.max_train_minutes}."),
-            (self.wandb_mode in ("offline", "online", "disabled"),
-             f"--wandb-mode must be offline, online or disabled, got {self.wandb_mode!r}."),
-        ]
-        for ok, msg in checks:
-            if not ok:
-                raise DistillError(msg)
-        try:
-            parse_dtype(self.save_dtype)
-        except ValueError as e:
-            raise DistillError(f"--save-dtype: {e}") from None
-
-    def data_key(self, prompts: list[str]) -> str:
-        """Hash of everything that determines the generated data (target, prompts, generation settings)."""
-        d = {k: getattr(self, k) for k in ("target", "seed", "max_new_tokens", "sampled_fraction",
-                                            "sample_temperature", "sample_top_p", "gen_batch_size", "topk")}
-        d["prompts"] = prompts
-        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
-
-    def train_key(self, data_key: str) -> str:
-        """Hash of everything that determines training (a checkpoint is only resumed if it matches)."""
-        d = {k: getattr(self, k) for k in ("hidden", "layers", "intermediate", "heads", "kv_heads", "head_dim",
-                                            "steps", "batch_size", "lr", "warmup", "weight_decay", "ce_weight",
-                                            "seed", "bf16", "max_train_minutes")}
-        d["data"] = data_key
-        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
-
-
 def _slug(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in Path(name).name or name)[:60]
 
@@ -928,69 +1000,6 @@ def check_out_dir(out: Path, target: str) -> None:
         raise DistillError(
             f"--out defaults to the shipped draft of {DEFAULT_TARGET}; for target {target!r} pass --out NEW_DIR."
         )
-
-
-def parse_args(argv: list[str] | None = None) -> tuple[DistillConfig, argparse.Namespace]:
-    """Parse the command line into a :class:`DistillConfig` (defaults = the shipped draft's recipe)."""
-    a = build_parser().parse_args(argv)
-    cfg = DistillConfig(**{k: getattr(a, k) for k in DistillConfig.__dataclass_fields__})
-    return cfg, a
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The command line of ``python -m learn2draft.distill`` (every :class:`DistillConfig` setting has a flag)."""
-    d = DistillConfig()
-    ap = argparse.ArgumentParser(
-        prog="python -m learn2draft.distill",
-        description="Distil a small Llama draft model for a Hugging Face causal LM target (knowledge distillation "
-                    "on the target's own responses), measure its acceptance rate and cost, save it.",
-        formatter_class=HelpFormatter,
-    )
-    ap.add_argument("--target", default=d.target, help="target: alias, hub id, local directory or .gguf file")
-    ap.add_argument("--out", default=d.out,
-                    help="output directory, save_pretrained format (default: <work-dir>/draft; "
-                         f"--out {DEFAULT_DRAFT_DIR.relative_to(DEFAULT_DRAFT_DIR.parents[2])} rebuilds the shipped draft)")
-    ap.add_argument("--work-dir", default="", help="cache / checkpoint directory (default runs/distill/<target>)")
-    ap.add_argument("--prompts-file", default=d.prompts_file, help="JSON list of distillation prompts")
-    ap.add_argument("--restart", action="store_true", help="ignore an existing training checkpoint (data cache is kept)")
-    ap.add_argument("--wandb-mode", default=d.wandb_mode, choices=["offline", "online", "disabled"],
-                    help="W&B mode (default: $WANDB_MODE, else offline)")
-    ap.add_argument("-v", "--verbose", action="store_true", help="log progress (INFO level)")
-    ap.add_argument("--no-bf16", dest="bf16", action="store_false",
-                    help="train in float32 instead of bfloat16 autocast")
-    helps = {
-        "seed": "seeds data sampling, initialisation and training",
-        "hidden": "draft hidden size (a multiple of --heads)",
-        "layers": "draft transformer layers",
-        "intermediate": "draft MLP size",
-        "heads": "draft attention heads (a multiple of --kv-heads)",
-        "kv_heads": "draft key/value heads",
-        "head_dim": "size of one attention head",
-        "num_prompts": "distillation prompts used (0 = all)",
-        "max_new_tokens": "tokens per target answer",
-        "sampled_fraction": "fraction of prompts also answered once with sampling, in [0, 1]",
-        "sample_temperature": "temperature of those sampled answers",
-        "sample_top_p": "top-p of those sampled answers",
-        "gen_batch_size": "prompts per target.generate batch",
-        "topk": "teacher tokens kept per position (the rest is one bucket)",
-        "steps": "optimizer steps",
-        "batch_size": "sequences per step",
-        "lr": "peak AdamW learning rate",
-        "warmup": "linear warm-up steps",
-        "weight_decay": "AdamW weight decay",
-        "ce_weight": "w in (1 − w)·KL + w·CE, in [0, 1]",
-        "ckpt_every": "steps between training checkpoints",
-        "max_train_minutes": "wall-clock cap on training (0 = none)",
-        "eval_max_new_tokens": "tokens per held-out prompt when measuring α",
-        "eval_prompts": "held-out prompts measured (0 = all)",
-        "timing_repeats": "forwards timed per model and context",
-        "save_dtype": "dtype of the saved weights",
-        "wandb_project": "W&B project name",
-    }
-    for name, text in helps.items():
-        v = getattr(d, name)
-        ap.add_argument("--" + name.replace("_", "-"), type=type(v), default=v, help=text)
-    return ap
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,5 @@
 """Every command's ``--help``: a help line for every option, each default shown once, no reST markup,
-and — for train, eval and eval.benchmark — an answer without importing torch."""
+and an answer without importing torch."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def test_every_option_has_a_help_line_and_shows_its_default_once(command):
     assert not re.search(r"``|:(class|func|mod|meth|data|attr):`", help_text), help_text
 
 
-@pytest.mark.parametrize("command", ["train", "eval", "eval.benchmark"])
+@pytest.mark.parametrize("command", ["train", "eval", "eval.benchmark", "learn2draft.distill"])
 def test_help_answers_without_importing_torch(command):
     code = (f"import runpy, sys\nsys.argv = ['x', '--help']\ntry:\n    runpy.run_module({command!r}, run_name='__main__')\n"
             "except SystemExit:\n    pass\nprint('TORCH' if 'torch' in sys.modules else 'NO-TORCH', file=sys.stderr)")
