@@ -203,10 +203,11 @@ def _machine(device: str) -> str:
         return f"{torch.cuda.get_device_name(torch.device(device))}, torch {torch.__version__}"
     cpu = platform.processor() or platform.machine()
     try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
     except OSError:
         pass
     return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} (threads={torch.get_num_threads()})"

@@ -521,6 +521,7 @@ def _train(pair: ModelPair, cfg: TrainConfig, out: Path, saved: dict | None, rep
             stop.signal_name = stop.signal_name or "SIGINT"
         train_seconds = time.perf_counter() - t_train
         model.logger.dump(step=model.num_timesteps)  # the last update's train/* values
+        model.logger.close()  # flushes and closes logs/progress*.csv
         if interrupted:
             model.save(str(out / "checkpoints" / f"ppo_{model.num_timesteps}_steps.zip"))
         model.save(str(out / "model.zip"))
