@@ -41,10 +41,7 @@ class ModelDrafter(Drafter):
         out = self.model(input_ids=seq[self.cache_len :].unsqueeze(0), cache=self.cache, use_cache=True)
         self.cache_len = seq.numel()
         logits = out.logits[0, -1:, : self.vocab_size]
-        try:
-            q = sampling.probs(logits, seq)[0]
-        except ValueError as e:
-            raise ValueError(f"The draft model: {e}") from None
+        q = sampling.probs(logits, seq, source="draft")[0]
         token = sample_from(q, generator)
         conf, ent = raw_confidence_entropy(logits[0])
         return DraftProposal(token, q, conf, ent)
