@@ -65,16 +65,21 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from learn2draft.distill import (
     DISTILL_PROMPTS_FILE,
-    _eos_ids,
     _pad_left,
     _slug,
     check_disjoint,
     dir_size_bytes,
-    encode_chat,
     load_distill_prompts,
 )
 from learn2draft.drafters.head import DEFAULT_HEAD_DIR, DraftHead, head_llama_config
-from learn2draft.models import DEFAULT_TARGET, ModelLoadError, load_model, load_tokenizer
+from learn2draft.models import (
+    DEFAULT_TARGET,
+    ModelLoadError,
+    encode_text,
+    eos_token_ids,
+    load_model,
+    load_tokenizer,
+)
 from learn2draft.prompts import load_prompts
 
 log = logging.getLogger(__name__)
@@ -215,10 +220,10 @@ def generate_answers(
         trained prediction is the answer's second token), plus ``prompt_len`` and ``prompt`` (index
         into ``prompts``). Batches are cached as ``cache_dir/gen_XXXX.pt`` when given.
     """
-    encoded = [encode_chat(tokenizer, p) for p in prompts]
+    encoded = [encode_text(tokenizer, p) for p in prompts]
     order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
-    eos = _eos_ids(target, tokenizer)
+    eos = set(eos_token_ids(target, tokenizer))
     data: list[dict] = []
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     bar = tqdm(batches, desc=desc, unit="batch")
@@ -872,7 +877,7 @@ def build_head(cfg: HeadConfig, target: PreTrainedModel | None = None, tokenizer
         return {"data": data_info, "seconds": {"generate": gen_s, "docs_forward": docs_s}}
 
     # ---- phase 2: draft vocabulary and head
-    eos = sorted(_eos_ids(target, tokenizer))
+    eos = sorted(eos_token_ids(target, tokenizer))
     d2t, coverage = build_d2t(train, cfg.draft_vocab, V, extra=eos)
     lcfg = head_llama_config(target.config, cfg.intermediate or None)
     torch.manual_seed(cfg.seed)
