@@ -108,3 +108,34 @@ def test_decoder_method_uses_the_controllers_max_depth(tiny_pair):
     """Depth features are scaled by the decoder's max_depth: a policy must run at the depth scale it was trained on."""
     m = DecoderMethod("p", tiny_pair, FixedDepthController(5), SamplingConfig(), 8)
     assert m.decoder.max_depth == 5
+
+
+def test_hf_prompt_lookup_and_our_lookup_agree_with_greedy_on_tiny_models(tiny_pair):
+    ids = torch.tensor([1, 5, 9, 12, 5, 9, 12, 5])
+    g = SamplingConfig()
+    hf = HFGenerateMethod("hf", tiny_pair, g, 12).run(ids, 0)
+    hf_lookup = HFGenerateMethod("hfl", tiny_pair, g, 12, prompt_lookup_num_tokens=3).run(ids, 0)
+    ours = DecoderMethod("lookup", tiny_pair, FixedDepthController(3), g, 12, drafter="lookup").run(ids, 0)
+    assert hf.tokens == hf_lookup.tokens == ours.tokens
+    s = summarize([ours])
+    assert s["lookup"]["alpha"] is not None and 0 <= s["lookup"]["alpha"] <= 1
+
+
+@pytest.mark.parametrize("drafter", ["model", "lookup", "head"])
+def test_a_trained_policy_ships_for_every_drafter(drafter):
+    from policies.export import default_policy_dir, load_policy, policy_drafter
+
+    d = default_policy_dir(drafter)
+    assert policy_drafter(d) == drafter
+    policy = load_policy(d)  # checks the feature spec against this version's
+    assert policy.max_depth >= 1
+    check = json.loads((d / "export_check.json").read_text())
+    assert check["agreement"] == 1.0
+
+
+def test_eval_refuses_a_policy_trained_with_another_drafter(capsys):
+    from policies.export import default_policy_dir
+
+    assert eval_main(["--policy", str(default_policy_dir("lookup")), "--drafter", "model"]) == 2
+    err = capsys.readouterr().err
+    assert "trained with the 'lookup' drafter" in err and "--drafter lookup" in err
