@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "for --drafter, trained on the embedded default pair)")
     p.add_argument("--drafter", default=None, choices=["model", "head", "lookup"],
                    help="what drafts (default: the drafter the policy was trained with)")
+    p.add_argument("--head", default=None,
+                   help="with the head drafter: a head directory written by `python -m train.head` (default: the "
+                        "one the policy was trained with, else the shipped head of the embedded target)")
     p.add_argument("--prompts", default=None,
                    help="held-out prompts from a file (.jsonl with a 'prompt' field per line, or a JSON list of "
                         "strings) instead of the shipped held-out set; the γ grid still runs on the training prompts")
@@ -100,7 +103,15 @@ def _run(args) -> int:
     from learn2draft.models import check_device, default_device, load_pair, parse_dtype
     from learn2draft.prompts import load_prompt_file, load_prompts
     from learn2draft.sampling import SamplingConfig
-    from policies.export import default_policy_dir, load_policy, policy_drafter, resolve_export_dir, run_settings
+    from policies.export import (
+        DEFAULT_POLICIES_DIR,
+        default_policy_dir,
+        load_policy,
+        policy_drafter,
+        policy_head,
+        resolve_export_dir,
+        run_settings,
+    )
 
     if args.skip_speed and not args.law_check:
         raise ValueError("--skip-speed skips the speed comparison, and without --law-check nothing is left to run: "
@@ -113,6 +124,7 @@ def _run(args) -> int:
             raise FileNotFoundError(f"No policy directory at {policy_dir}: run `python -m train` first or pass --policy DIR.")
     export_dir = resolve_export_dir(policy_dir)
     policy = load_policy(export_dir)
+    head = args.head or policy_head(export_dir)
     trained_with = policy_drafter(export_dir)
     drafter = args.drafter or trained_with
     if drafter != trained_with:
@@ -143,7 +155,7 @@ def _run(args) -> int:
     draft = args.draft or cfg.get("draft", "smollm2-135m-draft")
     if args.out:
         out = Path(args.out)
-    elif args.policy is None:  # the shipped policy's directory is part of the installed package
+    elif args.policy is None or DEFAULT_POLICIES_DIR in policy_dir.resolve().parents:  # inside the installed package
         out = Path("runs") / f"eval-{drafter}"
     else:
         out = policy_dir / "eval"
@@ -162,7 +174,7 @@ def _run(args) -> int:
         held_texts = user_prompts if user_prompts is not None else load_prompts(prefix + "heldout")
         held_ids = encode_all(pair, held_texts[: args.num_heldout_prompts], max_new)
         res = compare(pair, policy, train_ids, held_ids, sampling, max_new, gammas, args.repeats, args.seed,
-                      drafter=drafter)
+                      drafter=drafter, head=head)
         results["speed"] = res
         md = format_markdown(res)
         (out / "results.md").write_text(f"Machine: {machine}\n\n{md}\n")
@@ -177,7 +189,7 @@ def _run(args) -> int:
         g = results.get("speed", {}).get("gamma_train", 4)
         law = law_check(pair, {"learned policy": policy, f"fixed γ={g}": FixedDepthController(g)},
                         [args.law_prompt], sampling=law_sampling, num_tokens=args.law_tokens,
-                        num_samples=args.law_samples, seed=args.seed, drafter=drafter)
+                        num_samples=args.law_samples, seed=args.seed, drafter=drafter, head=head)
         results["law_check"] = law
         table = format_law_table(law)
         with open(out / "results.md", "w" if args.skip_speed else "a") as f:

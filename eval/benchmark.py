@@ -96,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drafter", default=None, choices=["model", "head", "lookup"],
                    help="this project's drafter for the fixed-γ, heuristic and learned rows (default: the one the "
                         "policy was trained with; model for the shipped policies)")
+    p.add_argument("--head", default=None,
+                   help="with the head drafter: a head directory written by `python -m train.head` (default: the "
+                        "one the policy was trained with, else the shipped head of the embedded target)")
     p.add_argument("--policy", default=None,
                    help="trained run or export dir (default: the policy shipped for --drafter)")
     p.add_argument("--device", default=None, help="cpu, cuda, … (default: cuda if available, else cpu, as in every command)")
@@ -138,7 +141,7 @@ def _run(args) -> int:
     from learn2draft.prompts import load_prompt_file, load_prompts
     from learn2draft.sampling import SamplingConfig
     from policies.controllers import ConfidenceThresholdController, MatchLengthController
-    from policies.export import default_policy_dir, load_policy, policy_drafter, run_settings
+    from policies.export import default_policy_dir, load_policy, policy_drafter, policy_head, run_settings
 
     # Check every setting before the (slow) model loading.
     try:
@@ -165,6 +168,7 @@ def _run(args) -> int:
         raise FileNotFoundError(f"--policy {args.policy}: no such directory (run `python -m train` first).")
     policy = load_policy(policy_dir)
     trained_with = policy_drafter(policy_dir)
+    head = args.head or policy_head(policy_dir)
     args.drafter = args.drafter or trained_with
     if trained_with != args.drafter:
         raise ValueError(f"The policy in {policy_dir} was trained with the {trained_with!r} drafter, not "
@@ -195,7 +199,7 @@ def _run(args) -> int:
         sampling = samplings[T]
         gamma = args.num_draft_tokens or grid_search(pair, train, gammas, sampling, args.max_new_tokens,
                                                      seed=args.seed, desc=f"γ grid T={T}",
-                                                     drafter=args.drafter)["best_gamma"]
+                                                     drafter=args.drafter, head=head)["best_gamma"]
         methods = [
             HFGenerateMethod(PLAIN, pair, sampling, args.max_new_tokens),
             HFGenerateMethod("hf assisted (default)", pair, sampling, args.max_new_tokens, assistant=True),
@@ -205,17 +209,17 @@ def _run(args) -> int:
                              args.max_new_tokens, prompt_lookup_num_tokens=args.prompt_lookup_num_tokens),
             DecoderMethod("learn2draft autoregressive", pair, FixedDepthController(0), sampling, args.max_new_tokens),
             DecoderMethod(f"{args.drafter}: fixed γ={gamma}", pair, FixedDepthController(gamma), sampling,
-                          args.max_new_tokens, args.drafter),
+                          args.max_new_tokens, args.drafter, head),
         ]
         if args.drafter == "lookup":
             methods.append(DecoderMethod("lookup: match-length rule", pair, MatchLengthController(depth), sampling,
-                                         args.max_new_tokens, args.drafter))
+                                         args.max_new_tokens, args.drafter, head))
         else:
             methods.append(DecoderMethod(f"{args.drafter}: confidence ≥ 0.4 rule", pair,
                                          ConfidenceThresholdController(0.4, depth), sampling, args.max_new_tokens,
-                                         args.drafter))
+                                         args.drafter, head))
         methods.append(DecoderMethod(f"{args.drafter}: learned policy", pair, policy, sampling, args.max_new_tokens,
-                                     args.drafter))
+                                     args.drafter, head))
         summary = summarize(run_interleaved(methods, held, args.repeats, args.seed, desc=f"benchmark T={T}"),
                             reference=PLAIN)
         report["runs"][str(T)] = {"fixed_gamma": gamma, "methods": summary}

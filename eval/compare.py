@@ -25,10 +25,10 @@ AR = "autoregressive"
 
 def grid_search(pair: ModelPair, prompts: Sequence[torch.Tensor], gammas: Sequence[int], sampling: SamplingConfig,
                 max_new_tokens: int, repeats: int = 1, seed: int = 0, desc: str = "γ grid",
-                drafter: str = "model") -> dict:
+                drafter: str = "model", head: str | None = None) -> dict:
     """Measure tokens/s of every fixed γ on ``prompts`` (interleaved) with ``drafter``; return
     ``{"best_gamma": int, "tokens_per_second": {γ: mean tokens/s}, "tau": {γ: mean τ}}``."""
-    methods = [DecoderMethod(f"gamma={g}", pair, FixedDepthController(g), sampling, max_new_tokens, drafter)
+    methods = [DecoderMethod(f"gamma={g}", pair, FixedDepthController(g), sampling, max_new_tokens, drafter, head)
                for g in gammas]
     summary = summarize(run_interleaved(methods, prompts, repeats, seed, desc=desc))
     tps = {g: summary[f"gamma={g}"]["tokens_per_second_mean"] for g in gammas}
@@ -39,23 +39,24 @@ def grid_search(pair: ModelPair, prompts: Sequence[torch.Tensor], gammas: Sequen
 def compare(pair: ModelPair, policy: DraftController, train_prompts: Sequence[torch.Tensor],
             heldout_prompts: Sequence[torch.Tensor], sampling: SamplingConfig, max_new_tokens: int,
             gammas: Sequence[int] = tuple(range(1, 13)), repeats: int = 3, seed: int = 0,
-            policy_name: str = "learned policy", drafter: str = "model") -> dict:
+            policy_name: str = "learned policy", drafter: str = "model", head: str | None = None) -> dict:
     """Run the whole protocol of this module with ``drafter`` (``"model" | "head" | "lookup"``) for
     every drafting method; returns a JSON-serialisable dict (see :func:`format_markdown`)."""
     grid_train = grid_search(pair, train_prompts, gammas, sampling, max_new_tokens, seed=seed, desc="γ grid (train)",
-                             drafter=drafter)
+                             drafter=drafter, head=head)
     grid_held = grid_search(pair, heldout_prompts, gammas, sampling, max_new_tokens, seed=seed + 7,
-                            desc="γ grid (held-out)", drafter=drafter)
+                            desc="γ grid (held-out)", drafter=drafter, head=head)
     g_train, g_hind = grid_train["best_gamma"], grid_held["best_gamma"]
     names = {"train": f"fixed γ={g_train} (chosen on train)", "hind": f"fixed γ={g_hind} (best in hindsight)"}
     if g_train == g_hind:
         names["hind"] = names["train"] = f"fixed γ={g_train} (chosen on train = best in hindsight)"
     methods = [DecoderMethod(AR, pair, FixedDepthController(0), sampling, max_new_tokens)]
-    methods.append(DecoderMethod(names["train"], pair, FixedDepthController(g_train), sampling, max_new_tokens, drafter))
+    methods.append(DecoderMethod(names["train"], pair, FixedDepthController(g_train), sampling, max_new_tokens, drafter,
+                                 head))
     if g_hind != g_train:
         methods.append(DecoderMethod(names["hind"], pair, FixedDepthController(g_hind), sampling, max_new_tokens,
-                                     drafter))
-    methods.append(DecoderMethod(policy_name, pair, policy, sampling, max_new_tokens, drafter))
+                                     drafter, head))
+    methods.append(DecoderMethod(policy_name, pair, policy, sampling, max_new_tokens, drafter, head))
     records: list[RunRecord] = run_interleaved(methods, heldout_prompts, repeats, seed + 100, desc="comparison")
     summary = summarize(records, reference=AR)
     learned = summary[policy_name]

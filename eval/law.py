@@ -359,6 +359,7 @@ def sample_first_tokens(
     seeds: Sequence[int],
     sampler: Sampler = speculative_sample,
     drafter: str = "model",
+    head: str | None = None,
 ) -> tuple[np.ndarray, dict]:
     """Run the real draft/verify loop once per seed and keep the first ``num_tokens`` tokens.
 
@@ -380,7 +381,7 @@ def sample_first_tokens(
     """
     max_depth = int(controller.max_depth)
     dec = SpeculativeDecoder(pair, sampling, max_new_tokens=num_tokens + max_depth, max_depth=max_depth,
-                             sampler=sampler, drafter=make_drafter(drafter, pair))
+                             sampler=sampler, drafter=make_drafter(drafter, pair, head=head))
     out = np.full((len(seeds), num_tokens), ENDED, dtype=np.int64)
     stats = {"seconds": 0.0, "cycles": 0, "drafted": 0, "accepted": 0}
     t0 = time.perf_counter()
@@ -411,6 +412,7 @@ def law_check(
     chat: bool = True,
     progress: bool = False,
     drafter: str = "model",
+    head: str | None = None,
 ) -> dict:
     """Compare speculative sampling under each controller with plain sampling, on real models.
 
@@ -497,7 +499,7 @@ def law_check(
         if progress:
             print(f"law check: prompt {pi} autoregressive {st['seconds']:.1f} s", flush=True)
         for ai, (name, ctrl) in enumerate(controllers.items(), start=1):
-            got, st = sample_first_tokens(memo, ids, ctrl, sampling, num_tokens, seeds(ai), sampler, drafter)
+            got, st = sample_first_tokens(memo, ids, ctrl, sampling, num_tokens, seeds(ai), sampler, drafter, head)
             st["mean_accepted"] = st["accepted"] / st["cycles"] if st["cycles"] else 0.0
             arms_meta.append({"prompt": pi, "arm": name, **st})
             if progress:

@@ -62,15 +62,16 @@ class DecoderMethod(Method):
     """This project's draft/verify loop under a controller (γ = 0 is the autoregressive baseline).
 
     ``drafter``: ``"model" | "head" | "lookup"`` or a :class:`learn2draft.drafters.Drafter`
-    (each method gets its own: drafters hold per-generation state)."""
+    (each method gets its own: drafters hold per-generation state); ``head``: the head directory
+    for ``"head"`` (default: the shipped head of the embedded target)."""
 
     def __init__(self, name: str, pair: ModelPair, controller: DraftController, sampling: SamplingConfig,
-                 max_new_tokens: int, drafter: str | Drafter = "model"):
+                 max_new_tokens: int, drafter: str | Drafter = "model", head: str | None = None):
         # The decoder's max_depth is the controller's: the depth features are scaled by it, so a
         # policy must see the scale it was trained with.
         self.name, self.controller = name, controller
         if isinstance(drafter, str):
-            drafter = make_drafter(drafter, pair)
+            drafter = make_drafter(drafter, pair, head=head)
         self.decoder = SpeculativeDecoder(pair, sampling, max_new_tokens=max_new_tokens, max_depth=controller.max_depth,
                                           drafter=drafter)
 

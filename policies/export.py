@@ -240,6 +240,12 @@ def run_settings(directory: str | Path) -> dict:
     raise FileNotFoundError(f"No config.json or {POLICY_CONFIG_FILE} in {d}: is it a training run or a policy export?")
 
 
+def policy_head(directory: str | Path) -> str | None:
+    """The head directory a policy trained with the head drafter recorded (None: the shipped head)."""
+    cfg = json.loads((resolve_export_dir(directory) / POLICY_CONFIG_FILE).read_text())
+    return cfg.get("head")
+
+
 def load_policy(directory: str | Path, intra_op_num_threads: int = 1) -> OnnxController:
     """Load an export directory (or a training run directory holding one in ``policy/``) as an
     :class:`OnnxController` (onnxruntime only; no SB3, no torch graph).

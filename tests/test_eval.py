@@ -139,3 +139,19 @@ def test_eval_refuses_a_policy_trained_with_another_drafter(capsys):
     assert eval_main(["--policy", str(default_policy_dir("lookup")), "--drafter", "model"]) == 2
     err = capsys.readouterr().err
     assert "trained with the 'lookup' drafter" in err and "--drafter lookup" in err
+
+
+def test_a_users_head_directory_reaches_the_drafter(tiny_pair, tmp_path):
+    """--head DIR on train / eval / benchmark ends up in make_drafter; a head that does not fit the
+    target is refused with the head drafter's clear error."""
+    from learn2draft.models import ModelLoadError
+
+    with pytest.raises(ModelLoadError):
+        DecoderMethod("h", tiny_pair, FixedDepthController(2), SamplingConfig(), 8, drafter="head",
+                      head=str(tmp_path / "no-head"))
+    from eval.benchmark import build_parser as bench_parser
+    from eval.__main__ import build_parser as eval_parser
+    from train.__main__ import build_parser as train_parser
+
+    for parser in (bench_parser(), eval_parser(), train_parser()):
+        assert parser.parse_args(["--head", "some/dir"]).head == "some/dir"

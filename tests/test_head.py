@@ -258,3 +258,18 @@ def test_real_target_greedy_with_shipped_head_equals_autoregressive(default_pair
         sp = SpeculativeDecoder(default_pair, max_new_tokens=48, drafter=d).generate(ids, FixedDepthController(3))
         assert sp.tokens == ar.tokens
         assert sp.acceptance_rate > 0
+
+
+def test_head_recipe_refuses_to_replace_a_draft_model_folder(tmp_path):
+    """A draft model written by learn2draft.distill also has a build_report.json: it is not a head."""
+    from learn2draft.models import DEFAULT_DRAFT_DIR
+    from train.head import HeadTrainError, check_out_dir
+
+    with pytest.raises(HeadTrainError, match="did not write"):
+        check_out_dir(DEFAULT_DRAFT_DIR, "smollm2-135m-instruct")
+    fake = tmp_path / "d"
+    fake.mkdir()
+    (fake / "build_report.json").write_text("{}")
+    (fake / "config.json").write_text('{"model_type": "llama"}')
+    with pytest.raises(HeadTrainError, match="did not write"):
+        check_out_dir(fake, "smollm2-135m-instruct")

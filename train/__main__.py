@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-depth", type=int, default=d.max_depth, help="most tokens drafted per cycle")
     g.add_argument("--drafter", default=d.drafter, choices=["model", "head", "lookup"],
                    help="what drafts: the draft model, the feature-level head, or prompt lookup")
+    g.add_argument("--head", default=None,
+                   help="with --drafter head: a head directory written by `python -m train.head` "
+                        "(default: the shipped head of the embedded target)")
     g = p.add_argument_group("PPO")
     g.add_argument("--timesteps", type=int, default=d.timesteps, help="environment steps (draft decisions) to train")
     g.add_argument("--n-steps", type=int, default=d.n_steps, help="steps per rollout")
@@ -114,7 +117,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         resume=args.resume,
         checkpoint_every=args.checkpoint_every, wandb_mode=mode, wandb_project=args.wandb_project,
         run_name=args.name, progress_bar=not args.no_progress_bar, threads=args.threads,
-        prompt_split=args.prompt_split, drafter=args.drafter, warmup_prompts=args.warmup_prompts, eval_prompts=args.eval_prompts,
+        prompt_split=args.prompt_split, drafter=args.drafter, head=args.head, warmup_prompts=args.warmup_prompts, eval_prompts=args.eval_prompts,
         eval_gammas=None if args.eval_gammas is None else tuple(args.eval_gammas),
     )
 

@@ -24,7 +24,8 @@ class TrainConfig:
     Model / decoding: ``target``, ``draft`` (names, recorded; :func:`run` uses the pair it is given),
     ``device``, ``dtype``, sampling (``temperature`` 0 = greedy, ``top_k``, ``top_p``),
     ``max_new_tokens`` per generation, ``max_depth`` tokens per cycle, ``drafter`` (``"model"``,
-    ``"head"`` or ``"lookup"``, see :func:`learn2draft.drafters.make_drafter`).
+    ``"head"`` or ``"lookup"``, see :func:`learn2draft.drafters.make_drafter`), ``head`` (the head
+    directory for the head drafter; None = the shipped head of the embedded target).
 
     PPO (stable-baselines3): ``timesteps`` (environment steps = draft decisions), ``n_steps`` per
     rollout, ``batch_size``, ``n_epochs``, ``learning_rate``, ``discount`` (SB3's ``gamma``, named
@@ -80,6 +81,7 @@ class TrainConfig:
     threads: int | None = 1
     prompt_split: str = "train"
     drafter: str = "model"
+    head: str | None = None
     warmup_prompts: int = 2
     eval_prompts: int = 3
     eval_gammas: tuple[int, ...] | None = None

@@ -71,7 +71,7 @@ from learn2draft.distill import (
     dir_size_bytes,
     load_distill_prompts,
 )
-from learn2draft.drafters.head import DEFAULT_HEAD_DIR, DraftHead, head_llama_config
+from learn2draft.drafters.head import DEFAULT_HEAD_DIR, HEAD_CONFIG, HEAD_FORMAT, DraftHead, head_llama_config
 from learn2draft.models import (
     DEFAULT_TARGET,
     ModelLoadError,
@@ -765,6 +765,16 @@ def measure_cost(head: DraftHead, target: PreTrainedModel, tokenizer, examples: 
 
 
 # ----------------------------------------------------------------------------- driver
+def _is_head_dir(path: Path) -> bool:
+    """A directory this recipe wrote: a head ``config.json`` of :data:`HEAD_FORMAT` and a build report
+    (a draft model written by ``learn2draft.distill`` also has a build report, but no head config)."""
+    try:
+        meta = json.loads((path / HEAD_CONFIG).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("format") == HEAD_FORMAT and (path / "build_report.json").is_file()
+
+
 def check_out_dir(out: Path, target: str) -> None:
     """Refuse an ``--out`` whose contents this tool did not write (it is replaced at the end), before slow work.
 
@@ -779,9 +789,9 @@ def check_out_dir(out: Path, target: str) -> None:
         parent = parent.parent
     if not os.access(parent, os.W_OK):
         raise HeadTrainError(f"Cannot write under {parent}: pass an --out directory you can write to.")
-    if out.is_dir() and any(out.iterdir()) and not (out / "build_report.json").is_file():
-        raise HeadTrainError(f"--out {out} holds files this tool did not write (no build_report.json): choose a new "
-                             "or empty directory.")
+    if out.is_dir() and any(out.iterdir()) and not _is_head_dir(out):
+        raise HeadTrainError(f"--out {out} holds files this tool did not write (no draft head with its "
+                             "build_report.json): choose a new or empty directory.")
     if out == DEFAULT_HEAD_DIR.resolve() and target != DEFAULT_TARGET:
         raise HeadTrainError(f"--out defaults to the shipped head of {DEFAULT_TARGET}; for target {target!r} pass "
                              "--out NEW_DIR.")

@@ -312,7 +312,7 @@ def measure_rate(
         environment rewards), ``tokens``, ``seconds``, ``mean_depth`` and ``mean_accepted`` (τ) per cycle.
     """
     dec = SpeculativeDecoder(pair, cfg.sampling(), max_new_tokens=cfg.max_new_tokens, max_depth=cfg.max_depth,
-                             drafter=make_drafter(cfg.drafter, pair))
+                             drafter=make_drafter(cfg.drafter, pair, head=cfg.head))
     toks = secs = cycle_secs = 0.0
     depths, taus = [], []
     for i, ids in enumerate(prompt_ids):
@@ -442,7 +442,7 @@ def _train(pair: ModelPair, cfg: TrainConfig, out: Path, saved: dict | None, rep
 
     # The environment tokenises and checks every prompt up front.
     env = SpecDecodeEnv(pair, prompts, sampling, max_new_tokens=cfg.max_new_tokens, max_depth=cfg.max_depth,
-                        episode=cfg.episode, drafter=make_drafter(cfg.drafter, pair))
+                        episode=cfg.episode, drafter=make_drafter(cfg.drafter, pair, head=cfg.head))
     if saved is not None:  # resume: the same reward scale, so old and new rewards mean the same
         ar, reward_scale = saved["autoregressive_warmup"], saved["reward_scale_used"]
     else:
@@ -460,6 +460,7 @@ def _train(pair: ModelPair, cfg: TrainConfig, out: Path, saved: dict | None, rep
         "target": pair.target_name or cfg.target,
         "draft": pair.draft_name or cfg.draft,
         "drafter": cfg.drafter,
+        "head": str(Path(cfg.head).resolve()) if cfg.head else None,
         "sampling": sampling.to_dict(),
         "reward_scale_used": reward_scale,
         "autoregressive_warmup": ar,
@@ -530,7 +531,8 @@ def _train(pair: ModelPair, cfg: TrainConfig, out: Path, saved: dict | None, rep
         export = export_policy(
             model, out / "policy", cfg.max_depth,
             config={"sampling": sampling.to_dict(), "target": run_config["target"], "draft": run_config["draft"],
-                    "drafter": cfg.drafter,
+                    "drafter": cfg.drafter, "head": str(Path(cfg.head).resolve()) if cfg.head else None,
+        "head": str(Path(cfg.head).resolve()) if cfg.head else None,
                     "max_new_tokens": cfg.max_new_tokens, "reward_scale": reward_scale, "training": asdict(cfg)},
             observations=model.rollout_buffer.observations, seed=cfg.seed,
         )
