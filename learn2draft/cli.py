@@ -33,13 +33,21 @@ def check_wandb(mode: str) -> None:
     W&B credentials are configured (``WANDB_API_KEY`` or ``wandb login``). Offline / disabled: no check."""
     if mode != "online":
         return
+    import os
+
     import wandb
 
+    # An explicit --wandb-mode online overrides $WANDB_MODE (wandb.init(mode=...) does too); with
+    # WANDB_MODE=disabled in the environment wandb.login() would return without checking anything.
+    saved = os.environ.pop("WANDB_MODE", None)
     try:
         wandb.login(verify=False)
     except Exception as e:  # wandb.errors.UsageError: "No API key configured"
         raise ValueError(f"--wandb-mode online needs W&B credentials ({e}): run `wandb login` or set "
                          "WANDB_API_KEY, or use --wandb-mode offline and upload later with `wandb sync`.") from None
+    finally:
+        if saved is not None:
+            os.environ["WANDB_MODE"] = saved
 
 
 __all__ = ["HelpFormatter", "check_wandb", "plain_doc"]
