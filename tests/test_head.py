@@ -273,3 +273,16 @@ def test_head_recipe_refuses_to_replace_a_draft_model_folder(tmp_path):
     (fake / "config.json").write_text('{"model_type": "llama"}')
     with pytest.raises(HeadTrainError, match="did not write"):
         check_out_dir(fake, "smollm2-135m-instruct")
+
+
+def test_head_recipe_refuses_wandb_online_without_credentials_before_any_work(tmp_path, capsys, monkeypatch):
+    import train.head as recipe
+
+    monkeypatch.setattr(recipe, "build_head", lambda *a, **k: (_ for _ in ()).throw(AssertionError("slow work")))
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    assert recipe.main(["--out", str(tmp_path / "h"), "--wandb-mode", "online"]) == 2
+    err = capsys.readouterr().err
+    assert "credentials" in err and len(err.strip().splitlines()) == 1

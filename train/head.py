@@ -71,6 +71,7 @@ from learn2draft.distill import (
     dir_size_bytes,
     load_distill_prompts,
 )
+from learn2draft.cli import check_wandb
 from learn2draft.drafters.head import DEFAULT_HEAD_DIR, HEAD_CONFIG, HEAD_FORMAT, DraftHead, head_llama_config
 from learn2draft.models import (
     DEFAULT_TARGET,
@@ -981,20 +982,46 @@ def parse_args(argv: list[str] | None = None) -> tuple[HeadConfig, argparse.Name
     )
     ap.add_argument("--target", default=d.target, help="target: alias, hub id, local directory or .gguf file")
     ap.add_argument("--out", default=d.out, help="output directory (config.json, head.safetensors, build_report.json)")
-    ap.add_argument("--work-dir", default="", help="data cache / checkpoint directory (default runs/head/<target>)")
+    ap.add_argument("--work-dir", default="", help="data cache / checkpoint directory (empty: runs/head/<target>)")
     ap.add_argument("--prompts-file", default=d.prompts_file, help="JSON list of distillation prompts")
     ap.add_argument("--restart", action="store_true", help="ignore an existing training checkpoint (data cache is kept)")
     ap.add_argument("--wandb-mode", default=d.wandb_mode, choices=["offline", "online", "disabled"],
-                    help="W&B mode (default: $WANDB_MODE, else offline)")
+                    help="W&B mode ($WANDB_MODE if set)")
     ap.add_argument("--data-only", action="store_true", help="only generate / cache the training data, then stop")
-    ap.add_argument("-v", "--verbose", action="store_true")
-    for name in ("seed", "threads", "num_prompts", "max_new_tokens", "gen_batch_size", "heldout_fraction", "docs_tokens",
-                 "docs_chunk", "docs_batch", "draft_vocab", "intermediate", "steps", "batch_tokens", "lr", "warmup",
-                 "weight_decay", "ttt_steps", "ttt_decay", "reg_weight", "feat_noise", "eval_every", "ckpt_every",
-                 "max_train_minutes", "eval_prompts", "eval_max_new_tokens", "timing_repeats", "save_dtype",
-                 "wandb_project"):
+    ap.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    helps = {
+        "seed": "random seed (data order, held-out split, initialisation)",
+        "threads": "torch CPU threads (1 ran fastest on a shared 2-core CPU)",
+        "num_prompts": "distillation prompts the target answers",
+        "max_new_tokens": "tokens per generated answer",
+        "gen_batch_size": "answers generated per batched target.generate call",
+        "heldout_fraction": "share of answers held out for early stopping",
+        "docs_tokens": "teacher-forced documentation tokens from installed packages",
+        "docs_chunk": "tokens per documentation chunk (one target forward each)",
+        "docs_batch": "documentation chunks per batched target forward",
+        "draft_vocab": "size K of the frequent-token draft vocabulary (FR-Spec)",
+        "intermediate": "MLP width of the head's decoder layer (0 = the target's)",
+        "steps": "most optimiser steps",
+        "batch_tokens": "training positions per optimiser step",
+        "lr": "AdamW learning rate",
+        "warmup": "linear warm-up steps",
+        "weight_decay": "AdamW weight decay",
+        "ttt_steps": "training-time-test steps unrolled on the head's own features (EAGLE-3)",
+        "ttt_decay": "loss weight decay per unrolled step",
+        "reg_weight": "weight of the feature-regression (smooth L1) loss next to the KL loss",
+        "feat_noise": "relative Gaussian noise on the input features",
+        "eval_every": "steps between held-out evaluations (early stopping)",
+        "ckpt_every": "steps between checkpoints (resume)",
+        "max_train_minutes": "wall-clock budget for training, minutes (a longer one resumes a finished run)",
+        "eval_prompts": "held-out policy prompts for the final α measurement (0 = all)",
+        "eval_max_new_tokens": "tokens per prompt in the final α measurement",
+        "timing_repeats": "repeats of the head-step / target-forward cost measurement",
+        "save_dtype": "dtype of the saved weights",
+        "wandb_project": "W&B project",
+    }
+    for name, text in helps.items():
         v = getattr(d, name)
-        ap.add_argument("--" + name.replace("_", "-"), type=type(v), default=v)
+        ap.add_argument("--" + name.replace("_", "-"), type=type(v), default=v, help=text)
     a = ap.parse_args(argv)
     cfg = HeadConfig(**{k: getattr(a, k) for k in HeadConfig.__dataclass_fields__})
     return cfg, a
@@ -1009,6 +1036,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.argv[1:] if argv is None else argv))
     try:
         cfg.check()
+        check_wandb(cfg.wandb_mode)  # before ~30 min of data generation
         torch.set_num_threads(cfg.threads)
         rep = build_head(cfg, restart=a.restart, command=cmd, data_only=a.data_only)
         if a.data_only:
