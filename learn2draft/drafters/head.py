@@ -101,7 +101,8 @@ class DraftHead(nn.Module):
 
     @torch.no_grad()
     def attach_target(self, target: PreTrainedModel, init_norm: bool = False) -> DraftHead:
-        """Take the target's frozen input embedding and the LM-head rows of ``d2t`` (copies, no grad).
+        """Take the target's frozen input embedding (shared, not copied) and the LM-head rows of ``d2t``
+        (a copy), without gradients.
 
         Args:
             target: the target causal LM.
@@ -125,7 +126,9 @@ class DraftHead(nn.Module):
                 "belongs to another target. Train one with `python -m train.head --target ... --out DIR`."
             )
         dev, dt = self.fc.weight.device, self.fc.weight.dtype
-        self.embed = emb.detach().to(dev, dt).clone()
+        # Shared with the target (no copy when device and dtype match): several drafters over one target
+        # (a γ grid builds one per method) must not each hold the whole embedding. Never modified in place.
+        self.embed = emb.detach().to(dev, dt)
         self.lm_rows = out.detach()[self.d2t.to(out.device)].to(dev, dt).clone()
         if init_norm:
             norm = getattr(getattr(target, "model", None), "norm", None)
