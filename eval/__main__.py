@@ -53,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "one the policy was trained with, else the shipped head of the embedded target)")
     p.add_argument("--prompts", default=None,
                    help="held-out prompts from a file (.jsonl with a 'prompt' field per line, or a JSON list of "
-                        "strings) instead of the shipped held-out set; the γ grid still runs on the training prompts")
+                        "strings) instead of the shipped held-out set (its first --num-heldout-prompts); the γ grid still runs on the "
+                        "training prompts")
     p.add_argument("--target", default=None, help="target model (default: the one the policy was trained with)")
     p.add_argument("--draft", default=None, help="draft model (default: the one the policy was trained with)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, … (default: cuda if available, else cpu, as in every command)")

@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="shipped prompts: open chat (train/heldout) or copy-heavy (copy_train/copy_heldout); default open")
     p.add_argument("--prompts", default=None,
                    help="measure on these prompts instead (.jsonl with a 'prompt' field per line, or a JSON list of "
-                        "strings); the fixed γ is still chosen on the --prompt-set training prompts")
+                        "strings; its first --num-prompts); the fixed γ is still chosen on the --prompt-set training prompts")
     p.add_argument("--num-prompts", type=int, default=6, help="prompts measured (default: 6)")
     p.add_argument("--repeats", type=int, default=3, help="repeats of every (method, prompt) (default: 3)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="default: 64")
