@@ -115,7 +115,10 @@ def test_a_name_that_is_no_path_fails_fast_when_the_hub_is_unreachable(monkeypat
     def unreachable(*a, **k):
         raise OSError(101, "Network is unreachable")
 
+    from huggingface_hub import constants
+
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # make test sets HF_HUB_OFFLINE=1; read at import
     monkeypatch.setattr(socket, "create_connection", unreachable)
     t0 = time.perf_counter()
     for name in ("tiny_target", "no-such-org/no-such-model-xyz"):  # a relative dir from another directory, a hub id
