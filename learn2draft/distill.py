@@ -264,6 +264,20 @@ def load_distill_prompts(path: str | Path = DISTILL_PROMPTS_FILE) -> list[str]:
     return list(prompts)
 
 
+def select_distill_prompts(prompts: list[str] | None, prompts_file: str | Path, num_prompts: int) -> list[str]:
+    """The prompts a distillation recipe (draft model or head) trains on: ``prompts`` if given (checked
+    disjoint from the policy prompts), else those of ``prompts_file``; the first ``num_prompts`` (0 = all).
+
+    Raises:
+        DistillError: the file is unreadable, or a prompt is also a policy prompt.
+    """
+    if prompts is None:
+        prompts = load_distill_prompts(prompts_file)
+    else:
+        check_disjoint(prompts)
+    return prompts[:num_prompts] if num_prompts else prompts
+
+
 def check_disjoint(prompts: list[str]) -> None:
     """Raise :class:`DistillError` if any prompt also appears in ``prompts.json`` (train or heldout).
 
@@ -880,12 +894,7 @@ def build_draft(
     save_dtype = parse_dtype(cfg.save_dtype)
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
-    if prompts is None:
-        prompts = load_distill_prompts(cfg.prompts_file)
-    else:
-        check_disjoint(prompts)
-    if cfg.num_prompts:
-        prompts = prompts[: cfg.num_prompts]
+    prompts = select_distill_prompts(prompts, cfg.prompts_file, cfg.num_prompts)
     if tokenizer is None:
         tokenizer = load_tokenizer(cfg.target)
     if target is None:

@@ -67,9 +67,8 @@ from learn2draft.distill import (
     DISTILL_PROMPTS_FILE,
     _pad_left,
     _slug,
-    check_disjoint,
     dir_size_bytes,
-    load_distill_prompts,
+    select_distill_prompts,
 )
 from learn2draft.cli import check_wandb
 from learn2draft.drafters.head import DEFAULT_HEAD_DIR, HEAD_CONFIG, HEAD_FORMAT, DraftHead, head_llama_config
@@ -835,12 +834,7 @@ def build_head(cfg: HeadConfig, target: PreTrainedModel | None = None, tokenizer
     check_out_dir(out, cfg.target)
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
-    if prompts is None:
-        prompts = load_distill_prompts(cfg.prompts_file)
-    else:
-        check_disjoint(prompts)
-    if cfg.num_prompts:
-        prompts = prompts[: cfg.num_prompts]
+    prompts = select_distill_prompts(prompts, cfg.prompts_file, cfg.num_prompts)
     if eval_prompts is None:
         eval_prompts = load_prompts("heldout")
     if cfg.eval_prompts:
