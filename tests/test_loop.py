@@ -312,3 +312,24 @@ def test_real_greedy_lookup_equals_autoregressive(default_pair, real_greedy):
             assert r.tokens == real_greedy[p], (ctrl, p)
             drafted += sum(c.depth for c in r.cycles)
         assert drafted > 0
+
+
+@pytest.mark.parametrize("bad, match", [
+    (torch.tensor([[5, 6, 7], [8, 9, 10]]), "batch size 2"),
+    (torch.zeros(1, 1, 3, dtype=torch.long), "shape"),
+    (torch.tensor([5.0, 6.0]), "integer token ids"),
+    (torch.zeros(1, 0, dtype=torch.long), "Empty prompt"),
+])
+def test_bad_prompt_tensors_are_refused_not_flattened(tiny_pair, bad, match):
+    """A (2, L) batch used to be read silently as one prompt of 2L tokens."""
+    dec = SpeculativeDecoder(tiny_pair, max_new_tokens=4, max_depth=2)
+    with pytest.raises(ValueError, match=match):
+        dec.generate(bad, FixedDepthController(2))
+    with pytest.raises(ValueError, match=match):
+        tiny_pair.encode_prompt(bad, max_new_tokens=4)
+
+
+def test_a_batch_of_one_equals_the_flat_prompt(tiny_pair):
+    dec = SpeculativeDecoder(tiny_pair, max_new_tokens=6, max_depth=2)
+    flat = dec.generate(torch.tensor([5, 6, 7]), FixedDepthController(2)).tokens
+    assert dec.generate(torch.tensor([[5, 6, 7]]), FixedDepthController(2)).tokens == flat
