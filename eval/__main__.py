@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from learn2draft.cli import HelpFormatter, plain_doc
+from learn2draft.cli import HelpFormatter, plain_doc, run_cli
 
 
 def parse_gammas(text: str) -> list[int]:
@@ -79,17 +79,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prompt of the law check: one whose first tokens are uncertain, so a biased rule shows")
     p.add_argument("--skip-speed", action="store_true", help="only the law check (needs --law-check)")
     return p
-
-
-def run_cli(parser: argparse.ArgumentParser, run, argv: list[str] | None) -> int:
-    """Parse ``argv`` and call ``run(args)``; bad input (ValueError, OSError, RuntimeError)
-    becomes one ``error:`` line on stderr and exit code 2 instead of a traceback."""
-    args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except (ValueError, OSError, RuntimeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
 
 
 def main(argv: list[str] | None = None) -> int:

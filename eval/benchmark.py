@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from learn2draft.cli import HelpFormatter, plain_doc
+from learn2draft.cli import HelpFormatter, plain_doc, run_cli
 
 PLAIN = "hf generate"
 
@@ -125,8 +125,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from eval.__main__ import run_cli
-
     return run_cli(build_parser(), _run, argv)
 
 

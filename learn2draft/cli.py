@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -50,4 +51,15 @@ def check_wandb(mode: str) -> None:
             os.environ["WANDB_MODE"] = saved
 
 
-__all__ = ["HelpFormatter", "check_wandb", "plain_doc"]
+def run_cli(parser: argparse.ArgumentParser, run, argv: list[str] | None) -> int:
+    """Parse ``argv`` and call ``run(args)``; bad input (ValueError, OSError, RuntimeError)
+    becomes one ``error:`` line on stderr and exit code 2 instead of a traceback."""
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except (ValueError, OSError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+__all__ = ["HelpFormatter", "check_wandb", "plain_doc", "run_cli"]

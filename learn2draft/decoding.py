@@ -452,11 +452,24 @@ class SpeculativeDecoder:
             if res is not None:
                 return res
 
-    def generate(self, prompt_ids: torch.Tensor, controller: DraftController, seed: int | None = None) -> GenerationResult:
-        """Generate up to ``max_new_tokens`` after ``prompt_ids`` (int64 (L,)); stop at EOS (emitted, nothing after).
+    def generate(
+        self,
+        prompt_ids: torch.Tensor,
+        controller: DraftController,
+        seed: int | None = None,
+        on_tokens: Callable[[list[int], CycleResult | None], bool | None] | None = None,
+    ) -> GenerationResult:
+        """Generate up to ``max_new_tokens`` after ``prompt_ids`` (int64 (L,) or (1, L)); stop at EOS
+        (emitted, nothing after).
 
         The wall clock covers prefill, every cycle and the controller's decisions; TTFT is the
         prefill (one target forward over the prompt and the first token's draw).
+
+        Args:
+            on_tokens: called as tokens are committed, for streaming: ``on_tokens(tokens, None)``
+                with the first token after the prefill, then ``on_tokens(cycle.tokens, cycle)``
+                after every cycle. Returning True stops the generation there (e.g. a stop string
+                was seen); its time is charged to the wall clock.
 
         Raises:
             ValueError: ``controller`` reads the depth features on the scale of a ``max_depth``
@@ -471,8 +484,10 @@ class SpeculativeDecoder:
         self.start(prompt_ids, seed)
         ttft = self.clock.now() - t0
         cycles = []
-        while not self.finished:
+        stop = bool(on_tokens and on_tokens(self.ids[self.prompt_len :].tolist(), None))
+        while not self.finished and not stop:
             cycles.append(self.run_cycle(controller))
+            stop = bool(on_tokens and on_tokens(cycles[-1].tokens, cycles[-1]))
         wall = self.clock.now() - t0
         return GenerationResult(
             prompt_ids=self.ids[: self.prompt_len].tolist(),

@@ -1,0 +1,311 @@
+"""``python -m learn2draft.generate`` (also ``learn2draft-generate``): speculative decoding of one
+prompt, streamed to the terminal as tokens are committed.
+
+Examples::
+
+    python -m learn2draft.generate "Rewrite this list as JSON: apples 3, pears 5"
+    echo "Explain KV caches in two sentences." | python -m learn2draft.generate --temperature 0.7 --seed 1
+    python -m learn2draft.generate "Name three colours." --show-cycles --metrics
+    python -m learn2draft.generate "def fib(n):" --no-chat --drafter model --num-draft-tokens 3
+
+The prompt comes from the argument, or from standard input when the argument is omitted or ``-``.
+By default it goes through the target's chat template as a user turn (``--no-chat`` feeds it as
+plain text). Drafting is decided by the policy shipped for ``--drafter`` (or ``--policy DIR``, a
+run of ``python -m train`` or an export), or by a fixed γ (``--num-draft-tokens``; 0 is plain
+autoregressive decoding). The output law is the target's whatever drafts or decides.
+
+Streaming is UTF-8 safe: a character split across tokens is printed once it is whole. Generation
+stops at EOS, ``--max-new-tokens`` or the first ``--stop`` string (the stop string is not printed).
+``--show-cycles`` writes one line per draft/verify cycle to standard error (depth decided, the
+accepted draft tokens, and the corrected token after a rejection or the bonus token after a full
+acceptance; when both go to a terminal, the text is printed whole after the cycle lines); ``--metrics`` writes one JSON line of metrics to standard error at the end
+(tokens/s, τ, α, TTFT in seconds, …), so standard output carries only the generated text.
+
+The engine imports no policy code; this command loads an exported policy with
+:func:`policies.export.load_policy` (ONNX Runtime) only when one is asked for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TextIO
+
+from learn2draft.cli import HelpFormatter, plain_doc, run_cli
+
+DRAFTER_CHOICES = ("model", "head", "lookup")
+
+
+class TextStream:
+    """Incremental detokenisation with stop strings, for streaming generated tokens as text.
+
+    Tokens are decoded all together each time (the tokenizer sees whole words, so spaces and
+    multi-byte characters come out as in a final ``decode``); text is released only up to a point
+    that later tokens cannot change: a trailing U+FFFD (an incomplete UTF-8 sequence of byte-level
+    BPE) is held back until the character is whole, and so is any tail that could be the start of
+    a stop string.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer (``decode``).
+        stop: stop strings; the text is cut before the first occurrence of any of them.
+        skip_special_tokens: passed to ``decode`` (EOS and template markers are not printed).
+    """
+
+    def __init__(self, tokenizer, stop: list[str] | tuple[str, ...] = (), skip_special_tokens: bool = True):
+        self.tokenizer = tokenizer
+        self.stop = [s for s in stop if s]
+        self.skip = skip_special_tokens
+        self.ids: list[int] = []
+        self.text = ""  # released so far
+        self.stopped = False  # a stop string was found
+
+    def put(self, tokens: list[int]) -> str:
+        """Add committed token ids; return the newly releasable text ("" if none)."""
+        if self.stopped:
+            return ""
+        self.ids.extend(tokens)
+        full = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip)
+        cut = self._stop_at(full)
+        if cut is not None:
+            self.stopped = True
+            return self._release(full[:cut])
+        safe = len(full.rstrip("\ufffd"))
+        if self.stop:  # hold back a tail that could grow into a stop string
+            hold = max(len(s) for s in self.stop) - 1
+            for k in range(min(hold, safe), 0, -1):
+                if any(s.startswith(full[safe - k : safe]) for s in self.stop):
+                    safe -= k
+                    break
+        return self._release(full[:safe])
+
+    def end(self) -> str:
+        """The rest of the text at the end of the generation (held-back characters included)."""
+        if self.stopped:
+            return ""
+        full = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip)
+        return self._release(full)
+
+    def _stop_at(self, full: str) -> int | None:
+        # Only a stop string that ends in unreleased text can be new; search from a little before it.
+        start = max(0, len(self.text) - max((len(s) for s in self.stop), default=0))
+        hits = [i for s in self.stop if (i := full.find(s, start)) >= 0]
+        return min(hits) if hits else None
+
+    def _release(self, upto: str) -> str:
+        new = upto[len(self.text):]
+        if new:
+            self.text = upto
+        return new
+
+
+def describe_cycle(tokenizer, cycle, index: int) -> str:
+    """One line for ``--show-cycles``: the depth decided, the accepted draft tokens, and the
+    corrected token (a draft token was rejected), the bonus token (every draft token was accepted)
+    or the target's token (nothing was drafted)."""
+    tau, toks = cycle.num_accepted, cycle.tokens
+    accepted, last = toks[:tau], toks[tau:]
+    kind = "target" if cycle.depth == 0 else ("bonus" if tau == cycle.depth else "corrected")
+    parts = [f"cycle {index}: depth {cycle.depth}, accepted {tau}"]
+    if accepted:
+        parts.append(f"accepted={tokenizer.decode(accepted)!r}")
+    if last:
+        parts.append(f"{kind}={tokenizer.decode(last)!r}")
+    return "  ".join(parts)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m learn2draft.generate", description=plain_doc(__doc__),
+                                formatter_class=HelpFormatter)
+    p.add_argument("prompt", nargs="?", default=None,
+                   help="the prompt; omit it or pass - to read it from standard input")
+    p.add_argument("--drafter", default="lookup", choices=DRAFTER_CHOICES,
+                   help="what drafts: lookup (prompt lookup, the one that pays on the CPU default pair), model (the "
+                        "draft model) or head (the feature-level head)")
+    p.add_argument("--policy", default=None,
+                   help="a run of `python -m train` or a policy export (default: the policy shipped for --drafter)")
+    p.add_argument("--num-draft-tokens", type=int, default=None,
+                   help="draft this fixed γ every cycle instead of following a policy (0: autoregressive)")
+    p.add_argument("--target", default=None, help="target model: alias, hub id, local directory or .gguf "
+                   "(default: the one the policy was trained with; the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--draft", default=None, help="draft model for --drafter model (default: the policy's)")
+    p.add_argument("--head", default=None,
+                   help="with --drafter head: a head directory from `python -m train.head` (default: the policy's, "
+                        "else the shipped head)")
+    p.add_argument("--no-chat", action="store_true", help="feed the prompt as plain text, not through the chat template")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="default: 256")
+    p.add_argument("--stop", action="append", default=[], metavar="STRING",
+                   help="stop before this string (repeatable; default: none)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0)")
+    p.add_argument("--top-k", type=int, default=0, help="0 = off (default: 0)")
+    p.add_argument("--top-p", type=float, default=1.0, help="1 = off (default: 1)")
+    p.add_argument("--min-p", type=float, default=0.0, help="0 = off (default: 0)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="1 = off (default: 1)")
+    p.add_argument("--seed", type=int, default=0, help="seeds the sampling (default: 0)")
+    p.add_argument("--device", default=None, help="cpu, cuda, … (default: cuda if available, else cpu)")
+    p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 (default: float32)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--show-cycles", action="store_true",
+                   help="one line per cycle on standard error: depth, accepted tokens, corrected / bonus token")
+    p.add_argument("--metrics", action="store_true",
+                   help="one JSON line of metrics on standard error at the end (tokens/s, τ, α, TTFT)")
+    return p
+
+
+def _read_prompt(arg: str | None, stdin: TextIO) -> str:
+    if arg is not None and arg != "-":
+        text = arg
+    elif stdin.isatty():
+        raise ValueError("No prompt: pass it as an argument, or pipe it on standard input "
+                         "(echo 'Hello' | python -m learn2draft.generate).")
+    else:
+        text = stdin.read()
+    if not text.strip():
+        raise ValueError("Empty prompt: pass some text to continue.")
+    return text
+
+
+def _same_terminal(a: TextIO, b: TextIO) -> bool:
+    try:
+        return a.isatty() and b.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _check_args(args) -> None:
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be ≥ 1, got {args.max_new_tokens}.")
+    if args.num_draft_tokens is not None:
+        if args.num_draft_tokens < 0:
+            raise ValueError(f"--num-draft-tokens must be ≥ 0, got {args.num_draft_tokens}.")
+        if args.policy is not None:
+            raise ValueError("Pass either --policy (a learned policy decides the depth) or --num-draft-tokens "
+                             "(a fixed γ), not both.")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be ≥ 1, got {args.threads}.")
+    if args.head is not None and args.drafter != "head":
+        raise ValueError(f"--head is only read with --drafter head (got --drafter {args.drafter}).")
+
+
+def _run(args) -> int:
+    stdin, stdout, stderr = sys.stdin, sys.stdout, sys.stderr
+    _check_args(args)
+    prompt = _read_prompt(args.prompt, stdin)
+
+    from pathlib import Path
+
+    import torch
+
+    from learn2draft.decoding import FixedDepthController, SpeculativeDecoder
+    from learn2draft.drafters import make_drafter
+    from learn2draft.models import (
+        DEFAULT_DRAFT,
+        DEFAULT_TARGET,
+        check_device,
+        default_device,
+        load_pair,
+        parse_dtype,
+        resolve_model_source,
+    )
+    from learn2draft.sampling import SamplingConfig
+
+    sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                              repetition_penalty=args.repetition_penalty)
+    dtype = parse_dtype(args.dtype)
+    device = args.device or default_device()
+    check_device(device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    settings: dict = {}
+    head = args.head
+    if args.num_draft_tokens is None:
+        from policies.export import default_policy_dir, load_policy, policy_drafter, policy_head, run_settings
+
+        policy_dir = Path(args.policy) if args.policy else default_policy_dir(args.drafter)
+        if not policy_dir.is_dir():
+            raise ValueError(f"--policy {args.policy}: no such directory (a run of `python -m train` or a policy "
+                             "export), or use --num-draft-tokens N for a fixed γ.")
+        trained_with = policy_drafter(policy_dir)
+        if trained_with != args.drafter:
+            raise ValueError(f"The policy in {policy_dir} was trained with the {trained_with!r} drafter, not "
+                             f"{args.drafter!r}: pass --drafter {trained_with}, or a policy for {args.drafter}.")
+        controller = load_policy(policy_dir)
+        max_depth = controller.max_depth
+        settings = run_settings(policy_dir)
+        head = head or policy_head(policy_dir)
+    else:
+        controller = FixedDepthController(args.num_draft_tokens)
+        max_depth = args.num_draft_tokens
+    target = args.target or settings.get("target", DEFAULT_TARGET)
+    draft = args.draft or settings.get("draft", DEFAULT_DRAFT)
+    for name in (target, draft):
+        resolve_model_source(name)  # a clear error for a missing path before the slow loading
+
+    pair = load_pair(target, draft, device=device, dtype=dtype)
+    drafter = make_drafter(args.drafter, pair, head=head)
+    ids = pair.encode_prompt(prompt, chat=not args.no_chat, max_new_tokens=args.max_new_tokens)
+    decoder = SpeculativeDecoder(pair, sampling, max_new_tokens=args.max_new_tokens, max_depth=max_depth,
+                                 seed=args.seed, drafter=drafter)
+    stream = TextStream(pair.tokenizer, stop=args.stop)
+    cycles_seen = [0]
+
+    # Cycle lines and streamed text on one terminal would cut into each other: there the text is
+    # printed whole after the cycle lines.
+    defer_text = args.show_cycles and _same_terminal(stdout, stderr)
+
+    def on_tokens(tokens: list[int], cycle) -> bool:
+        if cycle is not None and args.show_cycles:
+            cycles_seen[0] += 1
+            print(describe_cycle(pair.tokenizer, cycle, cycles_seen[0]), file=stderr, flush=True)
+        text = stream.put(tokens)
+        if not defer_text:
+            stdout.write(text)
+            stdout.flush()
+        return stream.stopped
+
+    interrupted = False
+    try:
+        result = decoder.generate(ids, controller, on_tokens=on_tokens)
+    except KeyboardInterrupt:
+        interrupted = True
+        result = None
+    rest = stream.end()
+    stdout.write((stream.text if defer_text else rest) + "\n")
+    stdout.flush()
+    if interrupted:
+        print("interrupted", file=stderr)
+        return 130
+    if args.metrics:
+        reason = ("stop_string" if stream.stopped else
+                  "eos" if result.tokens and result.tokens[-1] in pair.eos_token_ids else "max_new_tokens")
+        print(json.dumps({
+            "new_tokens": len(result.tokens),
+            "tokens_per_second": round(result.tokens_per_second, 3),
+            "ttft_seconds": round(result.ttft_seconds, 4),
+            "wall_seconds": round(result.wall_seconds, 4),
+            "mean_inter_token_seconds": round(result.mean_inter_token_seconds, 5),
+            "cycles": len(result.cycles),
+            "mean_accepted_length": round(result.mean_accepted, 3),
+            "acceptance_rate": round(result.acceptance_rate, 3),
+            "drafted_tokens": sum(c.depth for c in result.cycles),
+            "stop_reason": reason,
+            "drafter": args.drafter,
+            "controller": repr(controller),
+            "target": target,
+            "device": str(pair.device),
+        }), file=stderr, flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m learn2draft.generate`` and ``learn2draft-generate``; returns the exit
+    status (2 with a one-line ``error:`` message on bad input, 130 when interrupted)."""
+    try:
+        return run_cli(build_parser(), _run, argv)
+    except KeyboardInterrupt:  # while loading the models
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""``python -m learn2draft.generate``: streaming text (UTF-8 safe, stop strings), the per-cycle view,
+the metrics line, and clear errors for bad input."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+import torch
+
+from learn2draft import generate as gen
+from learn2draft.decoding import FixedDepthController, SpeculativeDecoder
+from learn2draft.drafters import make_drafter
+from learn2draft.models import DEFAULT_TARGET, load_tokenizer
+from policies.export import default_policy_dir, load_policy
+
+MIXED = "Café 🙂 naïve 日本語 done. STOP here, more text"
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer(DEFAULT_TARGET)
+
+
+def _stream_one_by_one(tok, ids, stop=()):
+    s = gen.TextStream(tok, stop=list(stop))
+    chunks = [s.put([i]) for i in ids]
+    chunks.append(s.end())
+    return s, chunks
+
+
+def test_stream_prints_split_characters_once_whole(tok):
+    ids = tok(MIXED, add_special_tokens=False).input_ids
+    assert any("\ufffd" in tok.decode([i]) for i in ids), "the test needs a character split across tokens"
+    s, chunks = _stream_one_by_one(tok, ids)
+    assert "".join(chunks) == tok.decode(ids)
+    assert not any("\ufffd" in c for c in chunks)
+    assert "日" in "".join(chunks)
+
+
+@pytest.mark.parametrize("stop", ["STOP", "語 do", "e, m", "日本"])
+def test_stream_stops_before_the_stop_string_even_across_tokens(tok, stop):
+    ids = tok(MIXED, add_special_tokens=False).input_ids
+    s, chunks = _stream_one_by_one(tok, ids, stop=[stop, "never-there"])
+    out = "".join(chunks)
+    assert s.stopped
+    assert out == MIXED[: MIXED.index(stop)]
+
+
+def test_stream_holds_a_possible_stop_prefix_then_releases_it(tok):
+    s = gen.TextStream(tok, stop=["STOPX"])
+    ids = tok("go STOP", add_special_tokens=False).input_ids
+    printed = "".join(s.put([i]) for i in ids)
+    assert not printed.endswith("STOP")  # could still become STOPX
+    assert printed + s.end() == "go STOP" and not s.stopped
+
+
+def _run_cli(monkeypatch, capsys, argv, stdin_text=None, pair=None):
+    if stdin_text is not None:
+        monkeypatch.setattr("sys.stdin", io.StringIO(stdin_text))
+    if pair is not None:
+        monkeypatch.setattr("learn2draft.models.load_pair", lambda *a, **k: pair)
+    rc = gen.main(argv)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_cli_streams_the_same_tokens_as_the_decoder(default_pair, monkeypatch, capsys):
+    """Real pair, shipped lookup policy: the printed text is the decoded generation, the cycle lines
+    add up to it, and the metrics line agrees with them."""
+    prompt = "Rewrite as a JSON list: apples, pears, plums."
+    argv = ["--max-new-tokens", "24", "--show-cycles", "--metrics"]
+    rc, out, err = _run_cli(monkeypatch, capsys, argv, stdin_text=prompt, pair=default_pair)
+    assert rc == 0, err
+    pol = load_policy(default_policy_dir("lookup"))
+    dec = SpeculativeDecoder(default_pair, max_new_tokens=24, max_depth=pol.max_depth,
+                             drafter=make_drafter("lookup", default_pair))
+    res = dec.generate(default_pair.encode_prompt(prompt, max_new_tokens=24), pol)
+    assert out == default_pair.tokenizer.decode(res.tokens, skip_special_tokens=True) + "\n"
+    lines = err.strip().splitlines()
+    metrics = json.loads(lines[-1])
+    cycle_lines = [ln for ln in lines if ln.startswith("cycle ")]
+    assert len(cycle_lines) == metrics["cycles"] == len(res.cycles)
+    assert metrics["new_tokens"] == len(res.tokens)
+    assert metrics["drafted_tokens"] == sum(c.depth for c in res.cycles)
+    assert metrics["stop_reason"] in {"eos", "max_new_tokens"}
+    for ln, c in zip(cycle_lines, res.cycles):
+        assert f"depth {c.depth}, accepted {c.num_accepted}" in ln
+        kind = "target=" if c.depth == 0 else ("bonus=" if c.num_accepted == c.depth else "corrected=")
+        assert kind in ln
+
+
+def test_cli_fixed_gamma_on_local_models_with_a_stop_string(tiny_model_dirs, monkeypatch, capsys):
+    target, draft = tiny_model_dirs
+    base = ["w1 w2 w3", "--target", target, "--draft", draft, "--drafter", "model", "--no-chat",
+            "--max-new-tokens", "12", "--num-draft-tokens", "2"]
+    rc, full, err = _run_cli(monkeypatch, capsys, base + ["--metrics"])
+    assert rc == 0, err
+    words = full.split()
+    assert len(words) >= 3, full
+    stop = " " + words[2]
+    rc, cut, err = _run_cli(monkeypatch, capsys, base + ["--stop", stop, "--metrics"])
+    assert rc == 0, err
+    assert cut == full[: full.index(stop)] + "\n"
+    assert json.loads(err.strip().splitlines()[-1])["stop_reason"] == "stop_string"
+
+
+@pytest.mark.parametrize("argv, stdin_text, match", [
+    ([], "   \n", "Empty prompt"),
+    (["hi", "--policy", "/nonexistent/policy"], None, "no such directory"),
+    (["hi", "--policy", "x", "--num-draft-tokens", "2"], None, "not both"),
+    (["hi", "--num-draft-tokens", "-1"], None, "≥ 0"),
+    (["hi", "--max-new-tokens", "0"], None, "≥ 1"),
+    (["hi", "--head", "somewhere"], None, "--drafter head"),
+    (["hi", "--drafter", "model", "--policy", str(default_policy_dir("lookup"))], None, "trained with the 'lookup'"),
+    (["hi", "--temperature", "-1", "--num-draft-tokens", "1"], None, "temperature"),
+    (["hi", "--num-draft-tokens", "1", "--target", "/no/such/model"], None, "/no/such/model"),
+])
+def test_cli_bad_input_is_one_error_line(monkeypatch, capsys, argv, stdin_text, match):
+    rc, out, err = _run_cli(monkeypatch, capsys, argv, stdin_text=stdin_text)
+    assert rc == 2
+    assert err.startswith("error:") and match in err and "Traceback" not in err
+
+
+def test_cli_without_prompt_on_a_terminal_says_how_to_pass_one(monkeypatch, capsys):
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr("sys.stdin", Tty(""))
+    rc = gen.main([])
+    assert rc == 2 and "No prompt" in capsys.readouterr().err
+
+
+def test_describe_cycle_marks_corrected_and_bonus(tok):
+    from learn2draft.decoding import CycleResult
+
+    ids = tok(" a b c", add_special_tokens=False).input_ids
+    full = CycleResult(ids, 2, 2, 2, 0.0, 0.0, 0.0, False)
+    part = CycleResult(ids[:2], 3, 3, 1, 0.0, 0.0, 0.0, False)
+    assert "bonus=' c'" in gen.describe_cycle(tok, full, 1)
+    assert "accepted=' a'" in gen.describe_cycle(tok, part, 2) and "corrected=' b'" in gen.describe_cycle(tok, part, 2)
+
+
+def test_on_tokens_can_stop_a_generation_early(tiny_pair):
+    dec = SpeculativeDecoder(tiny_pair, max_new_tokens=20, max_depth=2)
+    seen = []
+
+    def on_tokens(tokens, cycle):
+        seen.extend(tokens)
+        return len(seen) >= 3
+
+    res = dec.generate(torch.tensor([5, 6, 7]), FixedDepthController(2), on_tokens=on_tokens)
+    assert res.tokens == seen and 3 <= len(seen) <= 5
