@@ -11,11 +11,16 @@ accepted, emit a bonus token from p_{γ+1}. The emitted tokens then follow p exa
 applied to target and draft logits by :meth:`SamplingConfig.probs`. Temperature 0 (greedy)
 is the limit where p and q are one-hot on their argmax; the same rule then accepts a draft
 token iff it is the target's argmax.
+
+For a draft *tree* of deterministic (top-k) candidates, :func:`tree_speculative_sample` applies
+EAGLE-2/3's recursive point-mass rule instead: it needs no q and is exact for any tree the
+draft side builds.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -310,3 +315,172 @@ def speculative_sample(
         # Only reachable through rounding when p ≈ q; p itself is then the right law.
         token = _inverse_cdf(target_probs[tau], u[gamma])
     return tau, token
+
+
+def tree_speculative_sample(
+    parents: torch.Tensor,
+    tokens: torch.Tensor,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None = None,
+) -> tuple[list[int], int]:
+    """Exact speculative sampling for a draft *tree* of deterministic candidates (EAGLE-2/3's rule).
+
+    The rule is the recursive point-mass rejection of EAGLE-2 (Li et al. 2024, arXiv 2406.16858)
+    and EAGLE-3 (arXiv 2503.01840; ``SafeAILab/EAGLE eagle/model/utils.py::evaluate_posterior``):
+    starting at the root, with p_res = the target's distribution at the current node, visit the
+    node's children in order; accept child x with probability p_res(x) (p_res normalised); on
+    rejection set p_res(x) = 0 and renormalise. An accepted child becomes the current node (a
+    fresh p_res from its own row). When every child is rejected, the next token is drawn from
+    p_res; when the current node is a leaf, it is a bonus token drawn from its row. Because the
+    candidates are *deterministic* (top-k of the draft, not sampled), this rule emits the target's
+    law whatever the tree shape, and whatever depth and size policies built it as long as they read
+    only draft-side information. It needs no draft distribution q; at temperature 0 (one-hot rows)
+    it accepts the child equal to the target's argmax.
+
+    Numerics: only the rejected children's mass matters, p_res = p with the rejected tokens
+    zeroed, so child x is accepted iff ``u · (S − R) < p(x)``, with S the sum of the node's row (in
+    the row's dtype: float32 rounding, ~1e-7 relative, the precision of p itself), R the float64 sum
+    of p over the node's already-rejected children and u a float64 uniform: probability
+    p(x) / (S − R) = p_res(x) with nothing renormalised over the vocabulary. The emitted token is
+    drawn by inverse CDF in float64 (as :func:`speculative_sample` does).
+
+    Args:
+        parents: int64 (N+1,); ``parents[0] = -1`` (node 0 is the root: the position after the
+            last committed token) and ``0 ≤ parents[i] < i`` for the drafted nodes 1..N (a parent
+            precedes its children).
+        tokens: int64 (N+1,), node i's token id; entry 0 is unused.
+        target_probs: float (N+1, V); row i is the target's processed next-token distribution after
+            node i's path (root row: after the committed tokens), processed like every sampled
+            distribution (:meth:`SamplingConfig.probs`).
+        generator: optional torch.Generator on ``target_probs``' device.
+
+    Children order: the children of a node are visited in increasing node index. Build the tree
+    so that this is decreasing draft score (:class:`learn2draft.tree.DraftTree` and
+    :func:`learn2draft.tree.select_top_nodes` do): the most likely candidate is tried first. The
+    order changes which candidate is accepted, never the output law.
+
+    Returns:
+        ``(accepted, next_token)``: ``accepted`` the accepted node indices from the root's child
+        down (a path; τ = ``len(accepted)``), ``next_token`` the token drawn from p_res after the
+        last accepted node's children were all rejected, or the bonus token from a leaf's row.
+
+    Randomness: one call draws N+1 float64 uniforms from ``generator`` whatever happens: u_i for
+    the acceptance test of node i (i ≥ 1) and u_0 for the emitted token (inverse CDF in float64).
+
+    Edge cases: a child with p(x) = 0 is always rejected and its token never emitted; a token no
+    child proposes stays reachable through p_res; a sibling repeating an already-rejected token has
+    p_res = 0 and is rejected. Z = 0 (p_res without mass after every child was rejected) cannot
+    happen in exact arithmetic — the last rejected child with p(x) > 0 had p_res(x) = 1 — and is
+    reached only through float rounding; that child's token is then emitted as ``next_token``, which
+    is what the exact rule emits (accepting it would emit the same token, and the next cycle draws
+    what follows from the same target conditional).
+
+    Validation reads only what the rule reads, to stay at a few tensor operations whatever N is
+    (a full check of an (N+1, V) matrix costs ~1 ms at V = 49,152): the children's probabilities
+    (one gather), and for each node the walk reaches, its row (finite, non-negative, sums to 1).
+
+    Raises:
+        ValueError: inputs are not tensors or not integer where ids are expected; shapes disagree;
+            ``parents`` is not a tree in parent-first order; a token is out of [0, V); a read row
+            or a child's probability is NaN, infinite or negative; a read row does not sum to 1
+            (±1e-3).
+    """
+    if not all(isinstance(t, torch.Tensor) for t in (parents, tokens, target_probs)):
+        raise ValueError("parents, tokens and target_probs must be torch tensors.")
+    for name, t in (("parents", parents), ("tokens", tokens)):
+        if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+            raise ValueError(f"{name} must hold integer node / token ids (int64), got dtype {t.dtype}.")
+    if parents.dim() != 1 or parents.numel() == 0 or tokens.shape != parents.shape:
+        raise ValueError(f"parents and tokens must both have shape (N+1,) with the root at 0, got "
+                         f"{tuple(parents.shape)} and {tuple(tokens.shape)}.")
+    n1 = parents.numel()
+    _check_shape("target_probs", target_probs, n1, None)
+    if target_probs.dtype.is_complex or not target_probs.dtype.is_floating_point:
+        raise ValueError(f"target_probs must be floating point probabilities, got dtype {target_probs.dtype}.")
+    V = target_probs.shape[1]
+    par, tok = parents.tolist(), tokens.tolist()
+    if par[0] != -1:
+        raise ValueError(f"parents[0] must be -1 (node 0 is the root), got {par[0]}.")
+    children: list[list[int]] = [[] for _ in range(n1)]
+    for i in range(1, n1):
+        if not 0 <= par[i] < i:
+            raise ValueError(f"parents[{i}] = {par[i]} must be in [0, {i}): number the nodes so that a parent precedes "
+                             "its children (learn2draft.tree.select_top_nodes returns such an order).")
+        children[par[i]].append(i)
+    if n1 > 1 and (min(tok[1:]) < 0 or max(tok[1:]) >= V):
+        raise ValueError(f"tokens[1:] must be ids in [0, {V}), got min {min(tok[1:])}, max {max(tok[1:])}.")
+    dev = target_probs.device
+    u = torch.rand(n1, generator=generator, device=dev, dtype=torch.float64).tolist()
+    px = [0.0]
+    if n1 > 1:
+        px += target_probs[parents[1:].to(dev), tokens[1:].to(dev)].double().tolist()  # p(x) of every child, one gather
+        if not (min(px) >= 0 and max(px) < math.inf):  # NaN fails both
+            raise _bad_probs("target_probs")
+    sums: dict[int, float] = {}
+
+    def row_sum(i: int) -> float:
+        if i not in sums:
+            row = target_probs[i]
+            lo, s = torch.stack([row.min(), row.sum()]).tolist()  # one transfer; a NaN or ±inf shows in one of them
+            if not (lo >= 0 and s < math.inf):
+                raise _bad_probs("target_probs")
+            if not abs(s - 1.0) <= 1e-3:
+                raise ValueError(f"Row {i} of target_probs sums to {s:.4g}, not 1: pass probabilities (softmax of "
+                                 "processed logits), not logits or unnormalised weights.")
+            sums[i] = s
+        return sums[i]
+
+    accepted, node, rejected, last_positive = _tree_walk(
+        children, tok, px, row_sum, lambda i, num, den: u[i] * den < num)
+    row_sum(node)  # validates the row the emitted token is drawn from
+    if not rejected:
+        return accepted, _inverse_cdf(target_probs[node], u[0])  # a leaf: the bonus token
+    res = target_probs[node].clone()
+    res[torch.tensor(rejected, dtype=torch.long, device=dev)] = 0
+    nxt = _inverse_cdf(res, u[0])
+    if nxt is None:  # Z = 0: only through rounding (see the docstring)
+        nxt = last_positive
+    return accepted, nxt
+
+
+def _tree_walk(
+    children: list[list[int]],
+    tokens: list[int],
+    px: list[float],
+    row_sum: Callable[[int], float],
+    bernoulli: Callable[[int, float, float], bool],
+) -> tuple[list[int], int, list[int], int | None]:
+    """The accept/reject walk of :func:`tree_speculative_sample`, with the randomness passed in.
+
+    ``bernoulli(i, num, den)`` decides node i's acceptance test, True with probability
+    min(1, num / den) (``u_i · den < num`` in the sampler; the exact-enumeration tests pass an
+    oracle that explores both answers with their probabilities). ``px[i]``: the target's p of
+    node i's token in its parent's row; ``row_sum(i)``: the sum S of node i's row.
+
+    Returns:
+        ``(accepted, node, rejected, last_positive)``: the accepted path, the node whose row the
+        next token comes from, the tokens rejected among its children (p_res = that row with them
+        zeroed; empty for a leaf) and the last rejected token with p(x) > 0 (the Z = 0 fallback).
+    """
+    node, accepted = 0, []
+    while True:
+        kids = children[node]
+        if not kids:
+            return accepted, node, [], None
+        total = row_sum(node)
+        mass, rejected, seen, last_positive = 0.0, [], set(), None
+        for c in kids:
+            x = tokens[c]
+            if x in seen:  # p_res(x) = 0 already: rejected for sure
+                continue
+            if bernoulli(c, px[c], total - mass):
+                accepted.append(c)
+                node = c
+                break
+            seen.add(x)
+            rejected.append(x)
+            mass += px[c]
+            if px[c] > 0:
+                last_positive = x
+        else:
+            return accepted, node, rejected, last_positive

@@ -1,0 +1,80 @@
+"""Micro-benchmark of the tree sampler: ``python -m eval.tree_bench [--vocab-size V] [--nodes N]``.
+
+Prints the median and 90th-percentile milliseconds of one
+:func:`learn2draft.sampling.tree_speculative_sample` call (issue 8's goal: ≤ 1 ms at V = 49,152
+and 64 nodes on CPU). Timings on a shared machine are noisy: run it under ``nice`` and report the
+machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def tree_sampler_microbenchmark(vocab_size: int = 49152, num_nodes: int = 64, width: int = 4, iters: int = 200,
+                                seed: int = 0) -> dict:
+    """Median seconds of one tree-sampler call on a CPU, float32 rows.
+
+    The tree is EAGLE-2 shaped (the root's ``width`` best children, then each level's ``width``
+    best nodes expanded with ``width`` children, until ``num_nodes``), and every node's children
+    are the top tokens of the target's own row (softmax of 8 · N(0, 1) logits: peaked), so walks go deep
+    and read several rows: a case near the worst for the sampler.
+
+    Returns:
+        dict: ``vocab_size``, ``num_nodes``, ``median_seconds``, ``p90_seconds``,
+        ``mean_accepted`` (τ per call).
+
+    Raises:
+        ValueError: ``num_nodes`` < 1 or ``width`` < 1.
+    """
+    import numpy as np
+    import torch
+
+    from learn2draft.sampling import tree_speculative_sample
+
+    if num_nodes < 1 or width < 1:
+        raise ValueError(f"num_nodes and width must be ≥ 1, got {num_nodes} and {width}.")
+    g = torch.Generator().manual_seed(seed)
+    probs = torch.softmax(torch.randn(num_nodes + 1, vocab_size, generator=g) * 8, -1)
+    top = probs.topk(width, dim=-1).indices
+    parents, tokens, level = [-1], [-1], [0]
+    while len(parents) <= num_nodes:
+        nxt = []
+        for node in level[:width]:
+            for j in range(width):
+                if len(parents) > num_nodes:
+                    break
+                parents.append(node)
+                tokens.append(int(top[node, j]))
+                nxt.append(len(parents) - 1)
+        level = nxt
+    par, tok = torch.tensor(parents), torch.tensor(tokens)
+    ts, taus = [], []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        acc, _ = tree_speculative_sample(par, tok, probs, g)
+        ts.append(time.perf_counter() - t0)
+        taus.append(len(acc))
+    return {"vocab_size": vocab_size, "num_nodes": num_nodes, "median_seconds": float(np.median(ts)),
+            "p90_seconds": float(np.percentile(ts, 90)), "mean_accepted": float(np.mean(taus))}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m eval.tree_bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--vocab-size", type=int, default=49152, help="vocabulary size V (default 49152)")
+    ap.add_argument("--nodes", type=int, default=64, help="drafted nodes N in the tree (default 64)")
+    ap.add_argument("--iters", type=int, default=200, help="calls timed (default 200)")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    args = ap.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    r = tree_sampler_microbenchmark(args.vocab_size, args.nodes, iters=args.iters)
+    print(f"tree_speculative_sample: V={r['vocab_size']}, {r['num_nodes']} nodes, {args.threads} thread(s): "
+          f"median {r['median_seconds'] * 1e3:.3f} ms, p90 {r['p90_seconds'] * 1e3:.3f} ms, "
+          f"mean accepted {r['mean_accepted']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,333 @@
+"""Draft trees (EAGLE-2 style): the tree structure, top-V selection, tree attention mask and
+positions, and the cache gather after acceptance.
+
+A draft tree is drafted as in EAGLE-2 (Li et al. 2024, arXiv 2406.16858) and Learning to Draft
+(arXiv 2603.01639, ``eagle/model/cnets.py::topK_genrate``): at each depth the W best nodes of the
+deepest level (by cumulative draft log-probability) are expanded with their top-k children, and
+every scored node is kept. Candidates are deterministic (top-k, not sampled), which is what makes
+:func:`learn2draft.sampling.tree_speculative_sample` exact whatever the depth and verification-size
+policies decide, as long as they read only draft-side information.
+
+Verification sends the top-V nodes by score (ancestors included) to the target in one forward:
+
+* node 0, the *root*, is the last committed token (not yet fed to the target), at sequence slot L
+  = the target's cache length; node i is fed at slot L + i;
+* :func:`tree_attention_mask`: node i attends to the cached prefix, its ancestors and itself;
+* :func:`tree_position_ids`: node i sits at position L + depth(i) (its place in its own path);
+* after acceptance, :func:`gather_cache` keeps the prefix, the root and the accepted path's
+  entries, in order, so no cache keeps a rejected branch.
+
+Node order convention (relied on by the sampler): a parent precedes its children, and the children
+of a node appear in decreasing score, so increasing node index = the order in which the sampler
+tries siblings.
+
+Everything here is pure bookkeeping on small host tensors except :func:`gather_cache`, which
+moves key/value entries on the cache's device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+def _as_long(name: str, t, ndim: int | None = 1) -> torch.Tensor:
+    t = torch.as_tensor(t)
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise ValueError(f"{name} must hold integer ids (int64), got dtype {t.dtype}.")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}.")
+    return t.long()
+
+
+def check_parents(parents) -> list[int]:
+    """Validate a parent array and return it as a list.
+
+    Args:
+        parents: int64 (N+1,) with ``parents[0] = -1`` and ``0 ≤ parents[i] < i`` (parent first).
+
+    Raises:
+        ValueError: not a 1-D integer array of that form.
+    """
+    par = _as_long("parents", parents).tolist()
+    if not par or par[0] != -1:
+        raise ValueError(f"parents must start with -1 (node 0 is the root), got {par[:3]}.")
+    for i in range(1, len(par)):
+        if not 0 <= par[i] < i:
+            raise ValueError(f"parents[{i}] = {par[i]} must be in [0, {i}): number the nodes so that a parent precedes "
+                             "its children (select_top_nodes returns such an order).")
+    return par
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """A draft tree; node 0 is the root (the last committed token), nodes 1..N are drafted.
+
+    Attributes:
+        parents: int64 (N+1,), ``parents[0] = -1``, ``0 ≤ parents[i] < i``.
+        tokens: int64 (N+1,), node i's token id (entry 0: the root's token, or -1 when unknown).
+        scores: float64 (N+1,), cumulative draft log-probability of node i's path (root 0; ≤ 0,
+            non-increasing along a path).
+        depth: int64 (N+1,), node i's distance from the root (root 0).
+
+    Build one with :meth:`root` and :meth:`expand`; all tensors live on the CPU (host bookkeeping).
+    Instances are immutable: :meth:`expand` and :meth:`subtree` return new trees.
+
+    Raises (on construction):
+        ValueError: the four arrays are not 1-D of one length ≥ 1, or ``parents[0] ≠ -1``.
+    """
+
+    parents: torch.Tensor
+    tokens: torch.Tensor
+    scores: torch.Tensor
+    depth: torch.Tensor
+
+    def __post_init__(self):
+        n = self.parents.numel()
+        if n == 0 or any(t.dim() != 1 or t.numel() != n for t in (self.parents, self.tokens, self.scores, self.depth)):
+            raise ValueError("parents, tokens, scores and depth must all have shape (N+1,), N ≥ 0.")
+        if int(self.parents[0]) != -1:
+            raise ValueError("parents[0] must be -1: node 0 is the root.")
+
+    @classmethod
+    def root(cls, token: int = -1) -> DraftTree:
+        """A tree with only the root (the last committed token ``token``)."""
+        return cls(torch.tensor([-1]), torch.tensor([int(token)]), torch.zeros(1, dtype=torch.float64),
+                   torch.zeros(1, dtype=torch.long))
+
+    @property
+    def num_nodes(self) -> int:
+        """N, the drafted nodes (the root excluded)."""
+        return self.parents.numel() - 1
+
+    @property
+    def max_depth(self) -> int:
+        """The deepest level (0 for the root alone): the number of draft forwards that built the tree."""
+        return int(self.depth.max())
+
+    def children(self) -> list[list[int]]:
+        """Children lists, ``children()[i]`` in increasing node index."""
+        out: list[list[int]] = [[] for _ in range(self.parents.numel())]
+        for i, p in enumerate(self.parents.tolist()[1:], start=1):
+            out[p].append(i)
+        return out
+
+    def path(self, node: int) -> list[int]:
+        """Node indices from the root's child down to ``node`` (empty for the root)."""
+        par = self.parents.tolist()
+        out = []
+        while node > 0:
+            out.append(node)
+            node = par[node]
+        return out[::-1]
+
+    def path_tokens(self, node: int) -> list[int]:
+        """Token ids along :meth:`path` (what the node's row of target probabilities follows)."""
+        toks = self.tokens.tolist()
+        return [toks[i] for i in self.path(node)]
+
+    def frontier(self, width: int) -> torch.Tensor:
+        """The ``width`` best nodes of the deepest level by score (ties: lower index first): the
+        nodes EAGLE-2 expands next. int64 (≤ width,), in decreasing score.
+
+        Raises:
+            ValueError: ``width`` < 1.
+        """
+        if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+            raise ValueError(f"width must be an integer ≥ 1, got {width!r}.")
+        level = torch.nonzero(self.depth == self.max_depth).reshape(-1)
+        order = np.lexsort((level.numpy(), -self.scores[level].numpy()))  # score desc, then index
+        return level[torch.as_tensor(order[:width], dtype=torch.long)]
+
+    def expand(self, nodes, child_tokens, child_logprobs) -> DraftTree:
+        """Append children: row j of ``child_tokens`` / ``child_logprobs`` are children of ``nodes[j]``.
+
+        Children are appended parent by parent in the given order, each parent's children in
+        decreasing log-probability (sorted here, ties by the given order), so siblings follow the
+        node order convention. A child's score is its parent's score + its draft log-probability.
+        Children with log-probability -inf (draft probability 0) are dropped.
+
+        Args:
+            nodes: int64 (W,), existing node indices.
+            child_tokens: int64 (W, k).
+            child_logprobs: float (W, k), draft log-probabilities (≤ 0, or -inf).
+
+        Returns:
+            the new tree (nodes 0..N unchanged, the children at N+1 ...).
+
+        Raises:
+            ValueError: shapes disagree, a node index is out of range, a log-probability is NaN or > 0.
+        """
+        nodes = _as_long("nodes", nodes)
+        toks = _as_long("child_tokens", child_tokens, ndim=2).cpu()
+        lp = torch.as_tensor(child_logprobs).detach().to("cpu", torch.float64)
+        if lp.shape != toks.shape or toks.shape[0] != nodes.numel():
+            raise ValueError(f"child_tokens and child_logprobs must have shape (W, k) with W = len(nodes) = "
+                             f"{nodes.numel()}, got {tuple(toks.shape)} and {tuple(lp.shape)}.")
+        if nodes.numel() and not (0 <= int(nodes.min()) and int(nodes.max()) <= self.num_nodes):
+            raise ValueError(f"nodes must be indices in [0, {self.num_nodes}], got {nodes.tolist()}.")
+        if bool(torch.isnan(lp).any()) or bool((lp > 1e-6).any()):
+            raise ValueError("child_logprobs must be log-probabilities (≤ 0 or -inf), got NaN or a positive value.")
+        lp, order = lp.sort(dim=1, descending=True, stable=True)
+        toks = toks.gather(1, order)
+        keep = lp > -torch.inf
+        par = nodes.cpu()[:, None].expand_as(toks)[keep]
+        return DraftTree(
+            torch.cat([self.parents, par]),
+            torch.cat([self.tokens, toks[keep]]),
+            torch.cat([self.scores, self.scores[par] + lp.clamp_max(0.0)[keep]]),
+            torch.cat([self.depth, self.depth[par] + 1]),
+        )
+
+    def subtree(self, nodes) -> DraftTree:
+        """The tree restricted to ``nodes`` and renumbered 0..M in their order.
+
+        Args:
+            nodes: int64 (M+1,): starts with the root 0, closed under parents, a parent before its
+                children (:func:`select_top_nodes` returns such a list).
+
+        Raises:
+            ValueError: ``nodes`` is not of that form.
+        """
+        nodes = _as_long("nodes", nodes)
+        idx = nodes.tolist()
+        if not idx or idx[0] != 0 or len(set(idx)) != len(idx) or min(idx) < 0 or max(idx) > self.num_nodes:
+            raise ValueError("nodes must start with the root 0 and list distinct node indices of this tree.")
+        new = {old: j for j, old in enumerate(idx)}
+        par = self.parents.tolist()
+        new_par = [-1]
+        for j, old in enumerate(idx[1:], start=1):
+            p = new.get(par[old])
+            if p is None or p >= j:
+                raise ValueError(f"node {old}'s parent {par[old]} must be listed before it.")
+            new_par.append(p)
+        return DraftTree(torch.tensor(new_par), self.tokens[nodes], self.scores[nodes], self.depth[nodes])
+
+
+def select_top_nodes(tree: DraftTree, size: int) -> torch.Tensor:
+    """The nodes to verify: the root, the ``size`` best drafted nodes by score (ties: lower index)
+    and their ancestors, in the node order convention (by depth, then decreasing score, then index).
+
+    Scores are cumulative log-probabilities, non-increasing along a path, so the ancestors of a
+    top-``size`` node are themselves in the top ``size`` and the result has min(size, N) + 1
+    nodes; with other scores, missing ancestors are added beyond ``size``.
+
+    Args:
+        tree: the drafted tree.
+        size: V, the verification size (≥ 0; 0 keeps the root only, ≥ N keeps everything).
+
+    Returns:
+        int64 (M+1,) node indices of ``tree``, ``[0, ...]``; pass them to :meth:`DraftTree.subtree`.
+
+    Raises:
+        ValueError: ``size`` is not an integer ≥ 0.
+    """
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 0:
+        raise ValueError(f"size must be an integer ≥ 0 (nodes to verify), got {size!r}.")
+    n = tree.num_nodes
+    scores, depth = tree.scores.numpy(), tree.depth.numpy()
+    drafted = np.arange(1, n + 1)
+    best = drafted[np.lexsort((drafted, -scores[1:]))][: int(size)]
+    chosen = np.zeros(n + 1, dtype=bool)
+    chosen[0] = True
+    par = tree.parents.numpy()
+    for i in best.tolist():
+        while not chosen[i]:
+            chosen[i] = True
+            i = par[i]
+    idx = np.flatnonzero(chosen)
+    return torch.as_tensor(idx[np.lexsort((idx, -scores[idx], depth[idx]))], dtype=torch.long)
+
+
+def ancestor_matrix(parents) -> torch.Tensor:
+    """bool (N+1, N+1): entry (i, j) is True when node j is node i or one of its ancestors.
+
+    Raises:
+        ValueError: ``parents`` is not a parent-first tree (:func:`check_parents`).
+    """
+    par = check_parents(parents)
+    n = len(par)
+    anc = np.zeros((n, n), dtype=bool)
+    for i in range(n):
+        if i:
+            anc[i] = anc[par[i]]
+        anc[i, i] = True
+    return torch.from_numpy(anc)
+
+
+def tree_attention_mask(parents, prefix_len: int, dtype: torch.dtype = torch.bool,
+                        device: torch.device | str | None = None) -> torch.Tensor:
+    """The 4D attention mask for verifying a tree after a cached prefix of ``prefix_len`` tokens.
+
+    Query i (node i, at slot L + i) attends to every prefix slot 0..L−1 and to the slots of its
+    ancestors and itself. transformers (5.x, ``masking_utils._preprocess_mask_arguments``) passes
+    a 4D mask through unchanged: the ``sdpa`` attention takes bool (True = attend) or an additive
+    float mask; ``eager`` adds the mask to the scores, so it needs the additive float form; flash
+    attention does not take custom masks.
+
+    Args:
+        parents: int64 (N+1,), parent-first (:func:`check_parents`).
+        prefix_len: L ≥ 0, the tokens already in the target's cache.
+        dtype: ``torch.bool`` (True = attend) or a float dtype (0 = attend, ``finfo(dtype).min``
+            = masked; pass the model's dtype).
+        device: where to build it.
+
+    Returns:
+        (1, 1, N+1, L+N+1) of ``dtype``.
+
+    Raises:
+        ValueError: bad ``parents``, ``prefix_len`` < 0, or a dtype that is neither bool nor floating.
+    """
+    if isinstance(prefix_len, bool) or not isinstance(prefix_len, (int, np.integer)) or prefix_len < 0:
+        raise ValueError(f"prefix_len must be an integer ≥ 0, got {prefix_len!r}.")
+    if dtype != torch.bool and not dtype.is_floating_point:
+        raise ValueError(f"dtype must be torch.bool or a floating dtype (additive mask), got {dtype}.")
+    anc = ancestor_matrix(parents).to(device)
+    n = anc.shape[0]
+    mask = torch.cat([torch.ones(n, int(prefix_len), dtype=torch.bool, device=device), anc], dim=1)[None, None]
+    if dtype == torch.bool:
+        return mask
+    out = torch.zeros(mask.shape, dtype=dtype, device=device)
+    return out.masked_fill_(~mask, torch.finfo(dtype).min)
+
+
+def tree_position_ids(depth, prefix_len: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """int64 (1, N+1): position L + depth(i) of node i (the root is at L, the slot after the prefix).
+
+    Raises:
+        ValueError: ``depth`` not a 1-D integer array, or ``prefix_len`` < 0.
+    """
+    depth = _as_long("depth", depth)
+    if isinstance(prefix_len, bool) or not isinstance(prefix_len, (int, np.integer)) or prefix_len < 0:
+        raise ValueError(f"prefix_len must be an integer ≥ 0, got {prefix_len!r}.")
+    return (depth.to(device) + int(prefix_len))[None]
+
+
+def path_cache_indices(accepted, prefix_len: int) -> torch.Tensor:
+    """Cache slots to keep after a tree verification: the prefix 0..L−1, the root's slot L and the
+    accepted nodes' slots L + i, in order.
+
+    Args:
+        accepted: node indices of the accepted path, increasing (as the sampler returns them).
+        prefix_len: L, the cache length before the verification forward.
+
+    Returns:
+        int64 (L + 1 + τ,).
+
+    Raises:
+        ValueError: ``accepted`` not strictly increasing positive node indices, or ``prefix_len`` < 0.
+    """
+    acc = _as_long("accepted", torch.as_tensor(list(accepted), dtype=torch.long))
+    if acc.numel() and (int(acc[0]) < 1 or bool((acc[1:] <= acc[:-1]).any())):
+        raise ValueError(f"accepted must be increasing node indices ≥ 1 (a path from the root), got {acc.tolist()}.")
+    if isinstance(prefix_len, bool) or not isinstance(prefix_len, (int, np.integer)) or prefix_len < 0:
+        raise ValueError(f"prefix_len must be an integer ≥ 0, got {prefix_len!r}.")
+    return torch.cat([torch.arange(int(prefix_len) + 1), acc + int(prefix_len)])
+
+
+__all__ = [
+    "DraftTree", "ancestor_matrix", "check_parents", "path_cache_indices", "select_top_nodes", "tree_attention_mask",
+    "tree_position_ids",
+]
