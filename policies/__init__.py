@@ -1,26 +1,25 @@
-"""What decides the draft depth: policy-driven controllers, baselines, ONNX export and loading.
+"""What decides the draft depth: policy-driven controllers, baselines, ONNX export and loading,
+and the adapters for the engines users run (:mod:`policies.hf`, :mod:`policies.vllm`).
 
-Importing :mod:`policies` pulls in neither stable-baselines3 nor onnxruntime; :mod:`policies.export`
-(imported lazily through :func:`load_policy` / :func:`export_policy`) needs torch and onnx, and its
-exported graphs run with onnxruntime alone.
+Exports load on first use (PEP 562): importing :mod:`policies` — e.g. for ``python -m
+policies.check``, which needs only numpy and onnxruntime — pulls in neither torch,
+stable-baselines3 nor onnxruntime. :mod:`policies.export` needs torch and onnx; its exported
+graphs run with onnxruntime alone.
 """
 
-from policies.controllers import (
-    CONTINUE,
-    STOP,
-    ConfidenceThresholdController,
-    MatchLengthController,
-    OnnxController,
-    PolicyController,
-    SB3Controller,
-)
+from learn2draft._lazy import lazy_exports
+
+_EXPORTS = {
+    "policies.controllers": ("CONTINUE", "STOP", "ConfidenceThresholdController", "MatchLengthController",
+                             "OnnxController", "PolicyController", "SB3Controller"),
+    "policies.export": ("load_policy",),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+__getattr__ = lazy_exports(__name__, _WHERE)
 
 
-def load_policy(directory, intra_op_num_threads: int = 1) -> OnnxController:
-    """Load an exported policy directory; see :func:`policies.export.load_policy`."""
-    from policies.export import load_policy as _load
-
-    return _load(directory, intra_op_num_threads)
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])
 
 
 __all__ = [

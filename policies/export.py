@@ -10,6 +10,9 @@ An export directory holds
 * ``policy_config.json`` — ``max_depth``, the sampling settings, model names and training settings.
 * ``export_check.json`` — the result of :func:`check_onnx` (agreement of onnxruntime's actions with
   the PyTorch policy's deterministic actions).
+* ``parity.json`` — parity vectors (:func:`parity_vectors`): observations with the PyTorch policy's
+  expected actions and logits, which any engine integration can replay with
+  ``python -m policies.check EXPORT_DIR`` (numpy and onnxruntime only, :mod:`policies.check`).
 
 The exporter is ``torch.onnx.export(..., dynamo=False)`` (TorchScript-based; the dynamo exporter
 needs ``onnxscript``). :func:`load_policy` needs only onnxruntime and the engine.
@@ -35,6 +38,11 @@ DEFAULT_POLICIES_DIR = Path(__file__).resolve().parent / "defaults"
 FEATURE_SPEC_FILE = "feature_spec.json"
 POLICY_CONFIG_FILE = "policy_config.json"
 CHECK_FILE = "export_check.json"
+PARITY_FILE = "parity.json"
+PARITY_FORMAT = "learn2draft-parity/1"
+#: |logit_runtime − logit_expected| allowed by the parity check: float32 MLPs on other kernels
+#: (GPU, other BLAS, fused ops) differ by ~1e-6 here; 1e-4 leaves room without hiding a wrong graph.
+PARITY_LOGIT_ATOL = 1e-4
 OPSET = 17
 
 
@@ -126,6 +134,62 @@ def check_onnx(model: Any, onnx_path: str | Path, observations: np.ndarray) -> d
     }
 
 
+def parity_vectors(model: Any, observations: np.ndarray, max_vectors: int = 128,
+                   feature_names: tuple[str, ...] = FEATURE_NAMES) -> dict:
+    """Parity vectors for an exported policy: observations with the PyTorch policy's expected actions
+    and logits, for :mod:`policies.check` and any engine integration to replay.
+
+    The vectors are the all-zeros and all-ones observations plus up to ``max_vectors`` − 2 rows of
+    ``observations`` (recorded ones first, as given), keeping every row whose action is the rarer
+    one so that both actions appear whenever the policy takes both.
+
+    Args:
+        model: the SB3 model (reference: its deterministic actor, :class:`OnnxablePolicy`).
+        observations: float32 ``(n, n_features)``.
+        feature_names: the names of the ``n_features`` observation entries, in order.
+
+    Returns:
+        a JSON-serialisable dict: ``format``, ``input`` ("obs"), ``feature_names``,
+        ``observations`` (list of lists of float32 values), ``actions`` (ints), ``logits`` (lists),
+        ``tolerance`` (``logits_atol``; actions must match exactly except where the expected logits
+        are within ``tie_margin`` of each other).
+    """
+    n_feat = len(feature_names)
+    obs = np.asarray(observations, dtype=np.float32).reshape(-1, n_feat)
+    obs = np.concatenate([np.zeros((1, n_feat), np.float32), np.ones((1, n_feat), np.float32), obs])
+    module = OnnxablePolicy(model.policy).to("cpu").eval()
+    with torch.no_grad():
+        actions, logits = module(torch.as_tensor(obs))
+    actions = actions.numpy()
+    if len(obs) > max_vectors:
+        values, counts = np.unique(actions[2:], return_counts=True)
+        rare = values[np.argmin(counts)] if len(values) > 1 else None
+        keep = [0, 1] + [i for i in range(2, len(obs)) if actions[i] == rare][: max_vectors // 2]
+        rest = [i for i in range(2, len(obs)) if i not in set(keep)]
+        keep += rest[: max_vectors - len(keep)]
+        keep.sort()
+        obs, actions, logits = obs[keep], actions[keep], logits[keep]
+    return {
+        "format": PARITY_FORMAT,
+        "input": "obs",
+        "outputs": ["action", "logits"],
+        "feature_names": list(feature_names),
+        "reference": "the PyTorch policy (stable-baselines3 actor, deterministic) at export time",
+        "observations": obs.tolist(),
+        "actions": [int(a) for a in actions],
+        "logits": logits.numpy().tolist(),
+        "tolerance": {"logits_atol": PARITY_LOGIT_ATOL, "tie_margin": 2 * PARITY_LOGIT_ATOL},
+    }
+
+
+def write_parity(model: Any, out_dir: str | Path, observations: np.ndarray, max_vectors: int = 128,
+                 feature_names: tuple[str, ...] = FEATURE_NAMES) -> Path:
+    """Write :func:`parity_vectors` to ``out_dir/parity.json``; returns the path."""
+    path = Path(out_dir) / PARITY_FILE
+    path.write_text(json.dumps(parity_vectors(model, observations, max_vectors, feature_names)))
+    return path
+
+
 @dataclass
 class ExportResult:
     """Where an export went and how its check went (``check``: see :func:`check_onnx`)."""
@@ -145,7 +209,7 @@ def export_policy(
     seed: int = 0,
 ) -> ExportResult:
     """Export ``model`` to ``out_dir`` (``policy.onnx``, ``feature_spec.json``, ``policy_config.json``,
-    ``export_check.json``) and check it.
+    ``export_check.json``, ``parity.json``) and check it.
 
     Args:
         model: a trained SB3 PPO model on :class:`envs.SpecDecodeEnv`.
@@ -185,6 +249,7 @@ def export_policy(
     check["recorded"] = int(obs.shape[0] - n_random)
     check["random"] = int(n_random)
     (out / CHECK_FILE).write_text(json.dumps(check, indent=2))
+    write_parity(model, out, obs)
     if check["agreement"] < 1.0:
         raise ExportCheckError(
             f"ONNX export disagrees with the PyTorch policy on {check['disagreements']} of {check['n']} "
@@ -273,7 +338,7 @@ def load_policy(directory: str | Path, intra_op_num_threads: int = 1) -> OnnxCon
 
 
 __all__ = [
-    "CHECK_FILE", "FEATURE_SPEC_FILE", "ONNX_FILE", "POLICY_CONFIG_FILE", "ExportCheckError", "ExportResult",
+    "CHECK_FILE", "FEATURE_SPEC_FILE", "ONNX_FILE", "PARITY_FILE", "POLICY_CONFIG_FILE", "ExportCheckError", "ExportResult",
     "DEFAULT_POLICIES_DIR", "OnnxablePolicy", "check_onnx", "default_policy_dir", "export_onnx", "export_policy",
-    "load_policy", "policy_drafter", "resolve_export_dir", "run_settings",
+    "load_policy", "parity_vectors", "policy_drafter", "resolve_export_dir", "run_settings", "write_parity",
 ]

@@ -248,3 +248,81 @@ def test_decoder_refuses_a_policy_trained_on_another_depth_scale(tiny_pair, tiny
     with pytest.raises(ValueError, match="max_depth=3"):
         decode(tiny_pair, ctrl, max_depth=12)
     assert len(decode(tiny_pair, ctrl, max_depth=3).tokens) > 0
+
+
+# ------------------------------------------------------------------ parity vectors / policies.check
+def _check_cli(path):
+    return subprocess.run([sys.executable, "-m", "policies.check", str(path)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_export_writes_parity_vectors_from_the_pytorch_policy(tiny_ppo, export_dir):
+    from policies.export import OnnxablePolicy
+
+    parity = json.loads((export_dir / "parity.json").read_text())
+    obs = np.asarray(parity["observations"], dtype=np.float32)
+    assert obs.shape[1] == len(FEATURE_NAMES) and parity["feature_names"] == list(FEATURE_NAMES)
+    assert np.all(obs[0] == 0) and np.all(obs[1] == 1)
+    with torch.no_grad():
+        actions, logits = OnnxablePolicy(tiny_ppo.policy)(torch.as_tensor(obs))
+    assert parity["actions"] == actions.tolist()
+    np.testing.assert_allclose(parity["logits"], logits.numpy(), atol=1e-6)
+    assert {0, 1} <= set(parity["actions"])  # the fixture's policy takes both actions: both are kept
+
+
+def test_policies_check_passes_on_an_export_and_on_the_shipped_policies(export_dir):
+    from policies.check import check_export
+    from policies.export import DEFAULT_POLICIES_DIR
+
+    rep = check_export(export_dir)
+    assert rep["passed"] and rep["vectors"] >= 64 and rep["max_abs_logit_diff"] < 1e-5
+    for d in ("model", "head", "lookup"):
+        assert check_export(DEFAULT_POLICIES_DIR / d)["passed"], d
+
+
+def test_policies_check_runs_without_torch_and_reports_through_its_exit_status(export_dir, tmp_path):
+    import shutil
+
+    code = ("import sys, runpy\nsys.argv = ['x', sys.argv[1]]\ntry:\n    runpy.run_module('policies.check', "
+            "run_name='__main__')\nexcept SystemExit as e:\n    rc = e.code\n"
+            "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', rc, file=sys.stderr)")
+    r = subprocess.run([sys.executable, "-c", code, str(export_dir)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.stderr.strip().endswith("NO-TORCH 0"), r.stderr[-2000:]
+
+    bad = tmp_path / "tampered"
+    shutil.copytree(export_dir, bad)
+    parity = json.loads((bad / "parity.json").read_text())
+    margins = np.abs(np.diff(np.asarray(parity["logits"]), axis=1)).ravel()
+    i = int(np.argmax(margins))  # flip the clearest decision: not excused as a tie
+    parity["actions"][i] = 1 - parity["actions"][i]
+    (bad / "parity.json").write_text(json.dumps(parity))
+    r = _check_cli(bad)
+    assert r.returncode == 1 and "actions differ" in r.stderr
+
+    parity["actions"][i] = 1 - parity["actions"][i]
+    parity["logits"][i][0] += 0.01
+    (bad / "parity.json").write_text(json.dumps(parity))
+    r = _check_cli(bad)
+    assert r.returncode == 1 and "logits differ" in r.stderr
+
+    spec = json.loads((bad / "feature_spec.json").read_text())
+    spec["features"] = spec["features"][:-1]
+    (bad / "feature_spec.json").write_text(json.dumps(spec))
+    assert _check_cli(bad).returncode == 1
+
+
+@pytest.mark.parametrize("damage, match", [("missing-dir", "no such directory"), ("no-parity", "re-export"),
+                                           ("broken-onnx", "onnxruntime cannot load")])
+def test_policies_check_bad_input_exits_2(export_dir, tmp_path, damage, match):
+    import shutil
+
+    d = tmp_path / "x"
+    if damage != "missing-dir":
+        shutil.copytree(export_dir, d)
+    if damage == "no-parity":
+        (d / "parity.json").unlink()
+    if damage == "broken-onnx":
+        (d / "policy.onnx").write_bytes(b"not a model")
+    r = _check_cli(d)
+    assert r.returncode == 2 and r.stderr.startswith("error:") and match in r.stderr, r.stderr

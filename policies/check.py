@@ -1,0 +1,137 @@
+"""``python -m policies.check EXPORT_DIR``: replay an exported policy's parity vectors with
+onnxruntime and numpy only, and say whether the export is consistent and reproduces them.
+
+Any engine integration can run the same check on its own runtime: ``parity.json`` (written by
+:func:`policies.export.export_policy`) holds observations (float32, in the order of
+``feature_spec.json``), the expected ``action`` (int, 0 = STOP, 1 = CONTINUE) and ``logits``
+(float32, one per action) of the PyTorch policy the graph was exported from, and the tolerance
+(``logits_atol``; an action may differ only where the expected logits are within ``tie_margin``).
+
+Checked: the four files exist and parse; ``feature_spec.json``, ``parity.json`` and the ONNX
+graph's input agree on the features; onnxruntime's actions and logits match the vectors. Exit
+status 0 when everything passes, 1 when a check fails, 2 on bad input (no such directory, a
+missing file). This module imports neither torch nor learn2draft's engine.
+
+Example::
+
+    python -m policies.check policies/defaults/lookup
+    python -m policies.check runs/default          # a training run: its export in policy/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+FILES = ("policy.onnx", "feature_spec.json", "policy_config.json", "parity.json")
+
+
+def _resolve(path: Path) -> Path:
+    return path / "policy" if (path / "policy").is_dir() else path
+
+
+def check_export(directory: str | Path) -> dict:
+    """Run every check on an export directory (or a training run holding one in ``policy/``).
+
+    Returns:
+        ``{"directory", "passed": bool, "vectors": n, "action_mismatches": count (ties excused),
+        "ties": count, "max_abs_logit_diff": float, "problems": [str, ...]}``.
+
+    Raises:
+        FileNotFoundError: the directory or one of :data:`FILES` is missing.
+        ValueError: a file does not parse, or ``parity.json`` has an unknown format.
+    """
+    import onnxruntime as ort
+
+    d = _resolve(Path(directory))
+    if not d.is_dir():
+        raise FileNotFoundError(f"{directory}: no such directory (an export, e.g. policies/defaults/lookup, or a "
+                                "training run).")
+    for name in FILES:
+        if not (d / name).is_file():
+            hint = (" (exports written before parity vectors existed have none: re-export the policy)"
+                    if name == "parity.json" else "")
+            raise FileNotFoundError(f"{d / name} is missing{hint}.")
+    try:
+        spec = json.loads((d / "feature_spec.json").read_text())
+        cfg = json.loads((d / "policy_config.json").read_text())
+        parity = json.loads((d / "parity.json").read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{d}: a JSON file does not parse ({e}).") from None
+    if not str(parity.get("format", "")).startswith("learn2draft-parity/"):
+        raise ValueError(f"{d / 'parity.json'}: unknown format {parity.get('format')!r}.")
+
+    problems: list[str] = []
+    names = [f["name"] for f in spec.get("features", [])]
+    if parity.get("feature_names") != names:
+        problems.append(f"parity.json's feature names {parity.get('feature_names')} differ from feature_spec.json's "
+                        f"{names}")
+    if list(spec.get("shape", [])) != [len(names)]:
+        problems.append(f"feature_spec.json: shape {spec.get('shape')} but {len(names)} features listed")
+    onnx_cfg = cfg.get("onnx", {})
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    try:
+        sess = ort.InferenceSession(str(d / onnx_cfg.get("file", "policy.onnx")), opts,
+                                    providers=["CPUExecutionProvider"])
+    except Exception as e:  # onnxruntime's InvalidProtobuf / InvalidGraph / Fail
+        raise ValueError(f"{d / onnx_cfg.get('file', 'policy.onnx')}: onnxruntime cannot load it ({e}).") from None
+    inp = sess.get_inputs()[0]
+    width = inp.shape[-1]
+    if isinstance(width, int) and width != len(names):
+        problems.append(f"the ONNX graph takes {width} features, feature_spec.json lists {len(names)}")
+    outputs = [o.name for o in sess.get_outputs()]
+    for want in ("action", "logits"):
+        if want not in outputs:
+            problems.append(f"the ONNX graph has no output {want!r} (outputs: {outputs})")
+
+    obs = np.asarray(parity["observations"], dtype=np.float32)
+    exp_actions = np.asarray(parity["actions"], dtype=np.int64)
+    exp_logits = np.asarray(parity["logits"], dtype=np.float32)
+    tol = parity.get("tolerance", {})
+    atol, tie = float(tol.get("logits_atol", 1e-4)), float(tol.get("tie_margin", 2e-4))
+    result = {"directory": str(d), "vectors": int(len(obs)), "action_mismatches": 0, "ties": 0,
+              "max_abs_logit_diff": None}
+    if obs.ndim != 2 or len(obs) != len(exp_actions) or exp_logits.shape[0] != len(obs):
+        problems.append(f"parity.json: {len(obs)} observations, {len(exp_actions)} actions, "
+                        f"{exp_logits.shape[0]} logit rows")
+    elif not problems:
+        actions, logits = sess.run(["action", "logits"], {inp.name: obs})
+        diff = float(np.abs(logits - exp_logits).max()) if len(obs) else 0.0
+        sorted_logits = np.sort(exp_logits, axis=1)
+        is_tie = (sorted_logits[:, -1] - sorted_logits[:, -2]) < tie if exp_logits.shape[1] > 1 else np.zeros(len(obs), bool)
+        wrong = (np.asarray(actions).reshape(-1) != exp_actions) & ~is_tie
+        result.update(action_mismatches=int(wrong.sum()), ties=int(is_tie.sum()), max_abs_logit_diff=diff)
+        if wrong.any():
+            problems.append(f"{int(wrong.sum())} of {len(obs)} actions differ from the expected ones "
+                            f"(first at vector {int(np.argmax(wrong))})")
+        if diff > atol:
+            problems.append(f"logits differ by up to {diff:.3g} (> {atol:g})")
+    result["problems"] = problems
+    result["passed"] = not problems
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point: prints one JSON report; exit status 0 (pass), 1 (fail) or 2 (bad input)."""
+    p = argparse.ArgumentParser(prog="python -m policies.check", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("export_dir", help="a policy export directory, or a training run holding one in policy/")
+    args = p.parse_args(argv)
+    try:
+        report = check_export(args.export_dir)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(report, indent=2))
+    print("PASS" if report["passed"] else "FAIL: " + "; ".join(report["problems"]),
+          file=sys.stderr if not report["passed"] else sys.stdout)
+    return 0 if report["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
