@@ -102,3 +102,72 @@ def build_features(
         *(drafter_features if drafter_features is not None else (0.0, 0.0)),
     ]
     return np.clip(np.asarray(out, dtype=np.float32), 0.0, 1.0)
+
+
+# --------------------------------------------------------------------------------------------
+# Engine-visible features: what vLLM's draft-length policy protocol hands a policy
+# --------------------------------------------------------------------------------------------
+ENGINE_FEATURE_VERSION = 1
+#: Top-1 draft probabilities of the last tokens, newest first, in the engine-visible observation.
+ENGINE_HISTORY = 3
+#: The first decision an engine asks for comes after this many drafted tokens: vLLM drafts a seed
+#: token, then calls ``update(step=0, …)`` after the second, so its policy never sees the seed's
+#: probability and keeps at least 2 tokens (``k_valid = step + 2`` on the first stop).
+ENGINE_MIN_DEPTH = 2
+
+ENGINE_FEATURE_NAMES: tuple[str, ...] = (
+    "depth",
+    *(f"top1_prob_t-{i}" for i in range(ENGINE_HISTORY)),
+    "mean_top1_prob",
+    "min_top1_prob",
+    "cum_top1_prob",
+)
+
+ENGINE_FEATURE_DOCS: dict[str, str] = {
+    "depth": "tokens drafted so far this cycle, the seed included (vLLM: step + 2) / max_depth",
+    **{f"top1_prob_t-{i}": f"top-1 probability of the draft's distribution for the token drafted {i} steps before the "
+                           "newest one, the seed excluded (vLLM: token_probs of update(step − " + str(i) + ")); "
+                           "0 before it exists" for i in range(ENGINE_HISTORY)},
+    "mean_top1_prob": "mean of the top-1 probabilities of this cycle's drafted tokens, the seed excluded",
+    "min_top1_prob": "minimum of the same",
+    "cum_top1_prob": "product of the same",
+}
+
+
+def engine_feature_spec(max_depth: int) -> dict:
+    """JSON-serialisable description of the engine-visible observation (float32, shape
+    (len(ENGINE_FEATURE_NAMES),)) read by policies meant for vLLM's draft-length policy protocol
+    (:mod:`policies.vllm`): only the draft step and the draft's top-1 probabilities, which the
+    engine computes anyway. For a batch, the engine passes one probability per sequence and the
+    adapter uses their mean (as vLLM's own ``ConfidenceThresholdPolicy`` does)."""
+    return {
+        "version": ENGINE_FEATURE_VERSION,
+        "kind": "engine",
+        "dtype": "float32",
+        "shape": [len(ENGINE_FEATURE_NAMES)],
+        "max_depth": max_depth,
+        "history": ENGINE_HISTORY,
+        "min_depth": ENGINE_MIN_DEPTH,
+        "features": [{"name": n, "index": i, "definition": ENGINE_FEATURE_DOCS[n]}
+                     for i, n in enumerate(ENGINE_FEATURE_NAMES)],
+    }
+
+
+def build_engine_features(depth: int, max_depth: int, top1_probs: Sequence[float]) -> np.ndarray:
+    """Assemble the engine-visible observation described by :data:`ENGINE_FEATURE_NAMES`.
+
+    Args:
+        depth: tokens drafted so far this cycle, the seed included (≥ :data:`ENGINE_MIN_DEPTH` at
+            an engine's decisions).
+        max_depth: the engine's ``num_speculative_tokens`` (> 0).
+        top1_probs: top-1 draft probabilities of the tokens drafted after the seed, oldest first.
+
+    Returns:
+        float32 array of shape (len(ENGINE_FEATURE_NAMES),), every entry in [0, 1].
+    """
+    p = [float(x) for x in top1_probs]
+    hist = p[::-1][:ENGINE_HISTORY]
+    hist += [0.0] * (ENGINE_HISTORY - len(hist))
+    out = [depth / max_depth, *hist, float(np.mean(p)) if p else 0.0, min(p) if p else 0.0,
+           float(np.prod(p)) if p else 1.0]
+    return np.clip(np.asarray(out, dtype=np.float32), 0.0, 1.0)

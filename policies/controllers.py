@@ -164,13 +164,16 @@ class OnnxController(PolicyController):
         path: the ``.onnx`` file.
         max_depth: as in :class:`PolicyController` (``load_policy`` reads it from ``policy_config.json``).
         intra_op_num_threads: onnxruntime threads; 1 suits a small MLP (no thread hand-off).
+        n_features: the graph's input width (the loop's ``len(FEATURE_NAMES)``; the engine-visible
+            policies of :mod:`policies.vllm` read ``len(ENGINE_FEATURE_NAMES)``).
 
     Raises:
         FileNotFoundError: no file at ``path``.
         ValueError: the graph's input does not take ``len(FEATURE_NAMES)`` features.
     """
 
-    def __init__(self, path: str | Path, max_depth: int = 8, intra_op_num_threads: int = 1):
+    def __init__(self, path: str | Path, max_depth: int = 8, intra_op_num_threads: int = 1,
+                 n_features: int = len(FEATURE_NAMES)):
         import onnxruntime as ort
 
         path = Path(path)
@@ -182,23 +185,24 @@ class OnnxController(PolicyController):
         self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         inp = self.session.get_inputs()[0]
         n = inp.shape[-1]
-        if isinstance(n, int) and n != len(FEATURE_NAMES):
+        if isinstance(n, int) and n != n_features:
             raise ValueError(
-                f"{path} expects {n} features but this learn2draft version builds {len(FEATURE_NAMES)}: "
+                f"{path} expects {n} features but this learn2draft version builds {n_features}: "
                 "re-export the policy with the current feature set."
             )
         self.path = path
+        self.n_features = n_features
         self.input_name = inp.name
         super().__init__(self._predict, max_depth)
 
     def logits(self, features: np.ndarray) -> np.ndarray:
         """float32 logits ``(batch, 2)`` for features of shape ``(n_features,)`` or ``(batch, n_features)``."""
-        obs = np.asarray(features, dtype=np.float32).reshape(-1, len(FEATURE_NAMES))
+        obs = np.asarray(features, dtype=np.float32).reshape(-1, self.n_features)
         return self.session.run(["logits"], {self.input_name: obs})[0]
 
     def actions(self, features: np.ndarray) -> np.ndarray:
         """int64 actions ``(batch,)`` for features of shape ``(n_features,)`` or ``(batch, n_features)``."""
-        obs = np.asarray(features, dtype=np.float32).reshape(-1, len(FEATURE_NAMES))
+        obs = np.asarray(features, dtype=np.float32).reshape(-1, self.n_features)
         return self.session.run(["action"], {self.input_name: obs})[0]
 
     def _predict(self, features: np.ndarray) -> np.ndarray:

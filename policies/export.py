@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from learn2draft.features import FEATURE_NAMES, FEATURE_VERSION, feature_spec
+from learn2draft.features import ENGINE_FEATURE_NAMES, FEATURE_NAMES, FEATURE_VERSION, engine_feature_spec, feature_spec
 from policies.controllers import OnnxController
 
 ONNX_FILE = "policy.onnx"
@@ -84,13 +84,15 @@ def export_onnx(model: Any, path: str | Path, opset: int = OPSET) -> Path:
     from gymnasium import spaces
 
     obs_space, act_space = model.observation_space, model.action_space
-    if not (isinstance(obs_space, spaces.Box) and obs_space.shape == (len(FEATURE_NAMES),)):
-        raise ValueError(f"Expected a Box observation space of shape ({len(FEATURE_NAMES)},), got {obs_space}.")
+    widths = (len(FEATURE_NAMES), len(ENGINE_FEATURE_NAMES))
+    if not (isinstance(obs_space, spaces.Box) and len(obs_space.shape) == 1 and obs_space.shape[0] in widths):
+        raise ValueError(f"Expected a Box observation space of shape ({len(FEATURE_NAMES)},) (the loop's features) or "
+                         f"({len(ENGINE_FEATURE_NAMES)},) (engine-visible features), got {obs_space}.")
     if not isinstance(act_space, spaces.Discrete):
         raise ValueError(f"Expected a Discrete action space, got {act_space}.")
     path = Path(path)
     module = OnnxablePolicy(model.policy).to("cpu").eval()
-    dummy = torch.zeros(1, len(FEATURE_NAMES), dtype=torch.float32)
+    dummy = torch.zeros(1, obs_space.shape[0], dtype=torch.float32)
     with torch.no_grad():
         torch.onnx.export(
             module, (dummy,), str(path), input_names=["obs"], output_names=["action", "logits"],
@@ -115,13 +117,14 @@ def check_onnx(model: Any, onnx_path: str | Path, observations: np.ndarray) -> d
         ``{"n": n, "agreement": fraction of identical actions in [0, 1], "disagreements": count,
         "max_abs_logit_diff": max |logits_onnx − logits_torch|, "stop_fraction": share of STOP actions}``.
     """
-    obs = np.asarray(observations, dtype=np.float32).reshape(-1, len(FEATURE_NAMES))
+    n_features = model.observation_space.shape[0]
+    obs = np.asarray(observations, dtype=np.float32).reshape(-1, n_features)
     ref_actions, _ = model.predict(obs, deterministic=True)
     ref_actions = np.asarray(ref_actions).reshape(-1)
     module = OnnxablePolicy(model.policy).to("cpu").eval()
     with torch.no_grad():
         _, ref_logits = module(torch.as_tensor(obs))
-    ctrl = OnnxController(onnx_path)
+    ctrl = OnnxController(onnx_path, n_features=n_features)
     logits = ctrl.logits(obs)
     actions = ctrl.actions(obs)
     same = actions == ref_actions
@@ -230,9 +233,14 @@ def export_policy(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     onnx_path = export_onnx(model, out / ONNX_FILE)
-    (out / FEATURE_SPEC_FILE).write_text(json.dumps(feature_spec(max_depth), indent=2))
+    n_features = model.observation_space.shape[0]
+    engine = n_features == len(ENGINE_FEATURE_NAMES)
+    names = ENGINE_FEATURE_NAMES if engine else FEATURE_NAMES
+    spec = engine_feature_spec(max_depth) if engine else feature_spec(max_depth)
+    (out / FEATURE_SPEC_FILE).write_text(json.dumps(spec, indent=2))
     policy_config = {
         "format": "learn2draft-policy/1",
+        "features": "engine" if engine else "full",
         "max_depth": int(max_depth),
         "actions": {"0": "STOP (verify now)", "1": "CONTINUE (draft one more token)"},
         "onnx": {"file": ONNX_FILE, "input": "obs", "outputs": ["action", "logits"], "opset": OPSET},
@@ -241,15 +249,15 @@ def export_policy(
     (out / POLICY_CONFIG_FILE).write_text(json.dumps(policy_config, indent=2, default=str))
 
     rng = np.random.default_rng(seed)
-    parts = [rng.random((n_random, len(FEATURE_NAMES)), dtype=np.float32)]
+    parts = [rng.random((n_random, n_features), dtype=np.float32)]
     if observations is not None and len(observations):
-        parts.insert(0, np.asarray(observations, dtype=np.float32).reshape(-1, len(FEATURE_NAMES)))
+        parts.insert(0, np.asarray(observations, dtype=np.float32).reshape(-1, n_features))
     obs = np.concatenate(parts)
     check = check_onnx(model, onnx_path, obs)
     check["recorded"] = int(obs.shape[0] - n_random)
     check["random"] = int(n_random)
     (out / CHECK_FILE).write_text(json.dumps(check, indent=2))
-    write_parity(model, out, obs)
+    write_parity(model, out, obs, feature_names=names)
     if check["agreement"] < 1.0:
         raise ExportCheckError(
             f"ONNX export disagrees with the PyTorch policy on {check['disagreements']} of {check['n']} "
@@ -329,6 +337,10 @@ def load_policy(directory: str | Path, intra_op_num_threads: int = 1) -> OnnxCon
     cfg = json.loads((d / POLICY_CONFIG_FILE).read_text())
     spec = json.loads((d / FEATURE_SPEC_FILE).read_text())
     names = [f["name"] for f in spec.get("features", [])]
+    if spec.get("kind") == "engine":
+        raise ValueError(f"{d} reads engine-visible features only (trained with --features engine, for vLLM): run it "
+                         "with policies.vllm.LearnedDraftLengthPolicy (in this project's loop: "
+                         "policies.vllm.ProtocolController), not as a loop controller.")
     if spec.get("version") != FEATURE_VERSION or names != list(FEATURE_NAMES):
         raise ValueError(
             f"{d / FEATURE_SPEC_FILE} describes feature version {spec.get('version')} {names}, but this learn2draft "
