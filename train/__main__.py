@@ -1,4 +1,5 @@
-"""``python -m train``: train a PPO draft-depth policy on the real speculative decoder.
+"""``python -m train``: train a PPO draft-depth policy on the real speculative decoder (or, with
+``--replay TRACES --profile PROFILE``, on recorded traces and a latency profile: see :mod:`envs.replay`).
 
 Defaults train on the embedded pair (SmolLM2-135M-Instruct target + shipped draft) with the
 'train' prompts, sized to finish in about 6.5 minutes on a 2-core CPU (measured: see the README), and log to Weights & Biases
@@ -98,6 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="held-out prompts for the final policy-vs-fixed-depth check; 0 = skip")
     g.add_argument("--eval-gammas", type=_int_list, default=None,
                    help="fixed depths in that check, each ≤ --max-depth (default: 0 and min(4, --max-depth))")
+    g = p.add_argument_group("replay (train in minutes without running a model)")
+    g.add_argument("--replay", default=None, metavar="TRACES",
+                   help="train on learn2draft/SpecDecodeReplay-v0 from these trace files (python -m eval.record; several "
+                        "joined by commas); models, drafter, sampling, --max-new-tokens and --max-depth come from them")
+    g.add_argument("--profile", default=None, metavar="PROFILE",
+                   help="with --replay: the latency profile, a JSON file (python -m eval.profile) or a shipped name "
+                        "(cpu-2core, gpu-like)")
     return p
 
 
@@ -119,6 +127,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         run_name=args.name, progress_bar=not args.no_progress_bar, threads=args.threads,
         prompt_split=args.prompt_split, drafter=args.drafter, head=args.head, warmup_prompts=args.warmup_prompts, eval_prompts=args.eval_prompts,
         eval_gammas=None if args.eval_gammas is None else tuple(args.eval_gammas),
+        replay=args.replay, profile=args.profile,
     )
 
 
@@ -175,19 +184,26 @@ def main(argv: list[str] | None = None) -> int:
 
     from learn2draft.models import ModelLoadError, TokenizerMismatchError, load_pair, parse_dtype, resolve_model_source
     from policies.export import ExportCheckError
-    from train.training import check_wandb, prepare_out_dir, run
+    from train.training import apply_replay_settings, check_wandb, prepare_out_dir, run
 
     try:
         cfg = resume_config(args, argv) if args.resume else config_from_args(args)
         cfg.validate()
         check_wandb(cfg.wandb_mode)
-        for name in (cfg.target, cfg.draft):
-            resolve_model_source(name)  # cheap existence checks, before anything is created
+        if cfg.replay:
+            apply_replay_settings(cfg)  # reads the traces and the profile: no model is loaded
+        else:
+            for name in (cfg.target, cfg.draft):
+                resolve_model_source(name)  # cheap existence checks, before anything is created
         prepare_out_dir(cfg.out, cfg.overwrite, cfg.resume)  # fail before the (slow) model loading
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        print(f"Loading target {cfg.target!r} and draft {cfg.draft!r} on {cfg.device} ({cfg.dtype}) …", file=sys.stderr)
-        pair = load_pair(cfg.target, cfg.draft, device=cfg.device, dtype=parse_dtype(cfg.dtype))
+        if cfg.replay:
+            print(f"Replaying traces {cfg.replay} with the latency profile {cfg.profile} …", file=sys.stderr)
+            pair = None
+        else:
+            print(f"Loading target {cfg.target!r} and draft {cfg.draft!r} on {cfg.device} ({cfg.dtype}) …", file=sys.stderr)
+            pair = load_pair(cfg.target, cfg.draft, device=cfg.device, dtype=parse_dtype(cfg.dtype))
         metrics = run(pair, cfg)
     except ExportCheckError as e:
         parser.exit(1, f"{parser.prog}: error: {e}\n")

@@ -15,6 +15,8 @@ from learn2draft.prompts import SPLITS
 WANDB_MODES = ("offline", "online", "disabled")
 #: The environment a run trains on; ``config.json`` names it, which marks a directory as a training run.
 ENV_ID = "learn2draft/SpecDecode-v0"
+#: The environment of a run with ``replay`` (recorded traces and a latency profile, :mod:`envs.replay`).
+REPLAY_ENV_ID = "learn2draft/SpecDecodeReplay-v0"
 
 
 @dataclass
@@ -46,6 +48,14 @@ class TrainConfig:
     (generations used to warm up and measure the autoregressive rate), ``eval_prompts`` (held-out
     prompts for the final sanity check; 0 = skip) and ``eval_gammas`` (fixed depths compared there,
     each ≤ ``max_depth``; None = 0 and min(4, ``max_depth``)).
+
+    Replay (no model runs): ``replay`` (trace files written by ``python -m eval.record``, several joined by
+    commas) and ``profile`` (a latency profile file or a shipped name, :func:`learn2draft.latency.load_profile`)
+    train on ``learn2draft/SpecDecodeReplay-v0`` instead of the real loop; the models, drafter, sampling,
+    ``max_new_tokens`` and ``max_depth`` then come from the traces (a setting left at its default takes the
+    traces' value; one set to another value is an error, except ``max_new_tokens`` / ``max_depth`` below the
+    traces'), and the final check compares the policy with fixed depths and the oracle in replay, on the
+    training traces.
     """
 
     target: str = DEFAULT_TARGET
@@ -85,6 +95,8 @@ class TrainConfig:
     warmup_prompts: int = 2
     eval_prompts: int = 3
     eval_gammas: tuple[int, ...] | None = None
+    replay: str | None = None
+    profile: str | None = None
     extra: dict = field(default_factory=dict)
 
     def fixed_gammas(self) -> tuple[int, ...]:
@@ -127,6 +139,9 @@ class TrainConfig:
             (all(sp in SPLITS for sp in self.prompt_split.split(",")),
              f"prompt_split must be one or more of {', '.join(SPLITS)} joined by commas, got {self.prompt_split!r}."),
         ]
+        checks.append(((self.replay is None) == (self.profile is None),
+                       "--replay TRACES and --profile PROFILE go together: replay needs both the traces and the "
+                       "latency profile (e.g. --profile cpu-2core)."))
         checks.append((not (self.overwrite and self.resume),
                        "--overwrite and --resume exclude each other: --resume continues the run in --out, "
                        "--overwrite starts it over."))
@@ -156,12 +171,12 @@ class TrainConfig:
 
 
 def read_run_config(out: Path) -> dict | None:
-    """``out/config.json`` if :func:`run` wrote it (it names :data:`ENV_ID`), else None."""
+    """``out/config.json`` if :func:`run` wrote it (it names :data:`ENV_ID` or :data:`REPLAY_ENV_ID`), else None."""
     try:
         saved = json.loads((Path(out) / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    return saved if isinstance(saved, dict) and saved.get("env_id") == ENV_ID else None
+    return saved if isinstance(saved, dict) and saved.get("env_id") in (ENV_ID, REPLAY_ENV_ID) else None
 
 
 def default_out_dir() -> str:
@@ -170,4 +185,4 @@ def default_out_dir() -> str:
 
 
 
-__all__ = ["ENV_ID", "WANDB_MODES", "TrainConfig", "default_out_dir", "read_run_config"]
+__all__ = ["ENV_ID", "REPLAY_ENV_ID", "WANDB_MODES", "TrainConfig", "default_out_dir", "read_run_config"]

@@ -20,6 +20,11 @@ What one run does:
 5. saves ``model.zip``, ``config.json``, checkpoints, and the ONNX export (``policy/``) with its check;
 6. optionally compares the exported policy with fixed depths on a few held-out prompts
    (a quick sanity check, not a benchmark: see ``python -m eval``).
+
+With ``replay`` and ``profile`` (``--replay TRACES --profile PROFILE``) steps 2–3 run on
+:class:`envs.replay.SpecDecodeReplayEnv` instead — recorded traces and a latency profile, no model
+(:func:`apply_replay_settings`); the reward scale is the replayed autoregressive rate, and step 6
+compares the policy with fixed depths and the hindsight oracle in replay.
 """
 
 from __future__ import annotations
@@ -46,7 +51,14 @@ from learn2draft.decoding import FixedDepthController, SpeculativeDecoder
 from learn2draft.drafters import make_drafter
 from learn2draft.features import feature_spec
 from learn2draft.models import ModelPair
-from train.config import ENV_ID, WANDB_MODES, TrainConfig, default_out_dir, read_run_config  # noqa: F401 (re-exported)
+from train.config import (  # noqa: F401 (re-exported)
+    ENV_ID,
+    REPLAY_ENV_ID,
+    WANDB_MODES,
+    TrainConfig,
+    default_out_dir,
+    read_run_config,
+)
 
 RESULT_FILES = ("config.json", "model.zip", "metrics.json", "policy")
 
@@ -341,13 +353,98 @@ def _versions() -> dict:
             "gymnasium": gymnasium.__version__, "stable_baselines3": stable_baselines3.__version__}
 
 
+# --------------------------------------------------------------------------- replay
+def apply_replay_settings(cfg: TrainConfig):
+    """For ``cfg.replay``: load the traces and the profile, take the traces' models, drafter, sampling,
+    ``max_new_tokens`` and ``max_depth`` into ``cfg`` (settings left at their defaults) and build the replay
+    environment (:class:`envs.replay.SpecDecodeReplayEnv`, ``episode=cfg.episode``, reward scale 1).
+
+    Returns:
+        the environment.
+
+    Raises:
+        FileNotFoundError: a trace or profile file is missing.
+        ValueError: a setting given explicitly differs from the traces' (the message names the flag), or
+            ``max_new_tokens`` / ``max_depth`` exceed the traces', or the profile lacks the traces' drafter.
+    """
+    from envs.replay import SpecDecodeReplayEnv
+    from learn2draft.latency import load_profile
+    from learn2draft.traces import load_traces
+
+    traces = load_traces(cfg.replay)
+    profile = load_profile(cfg.profile)
+    h, defaults = traces.header, TrainConfig()
+
+    def take(name: str, value) -> None:
+        current = getattr(cfg, name)
+        if current == value:
+            return
+        if current != getattr(defaults, name):
+            raise ValueError(f"--{name.replace('_', '-')} {current!r}, but the traces {cfg.replay} were recorded with "
+                             f"{value!r}: drop --{name.replace('_', '-')}, or record traces with it (python -m eval.record).")
+        setattr(cfg, name, value)
+
+    take("target", h.get("target") or cfg.target)
+    take("draft", h.get("draft") or cfg.draft)
+    take("drafter", traces.drafter)
+    for k in ("temperature", "top_k", "top_p"):
+        take(k, type(getattr(defaults, k))(h["sampling"][k]))
+    if cfg.drafter == "head":
+        head = (h.get("drafter") or {}).get("head") or None
+        if cfg.head is None:
+            cfg.head = head
+        elif head and Path(cfg.head).resolve() != Path(head).resolve():
+            raise ValueError(f"--head {cfg.head}, but the traces were recorded with the head in {head}: drop --head.")
+    if cfg.max_new_tokens == defaults.max_new_tokens:
+        cfg.max_new_tokens = traces.max_new_tokens
+    if cfg.max_depth == defaults.max_depth:
+        cfg.max_depth = traces.max_depth
+    cfg.validate()
+    return SpecDecodeReplayEnv(traces, profile, max_new_tokens=cfg.max_new_tokens, max_depth=cfg.max_depth,
+                               episode=cfg.episode)
+
+
+def _replay_source(env, cfg: TrainConfig) -> dict:
+    """What a replay-trained policy was trained on (saved in ``config.json`` and ``policy_config.json``)."""
+    h = env.traces.header
+    return {"traces": [str(Path(p).resolve()) for p in str(cfg.replay).split(",") if p.strip()],
+            "trace_format_version": h.get("format_version"), "trace_prompts": len(env.traces),
+            "trace_prompt_source": h.get("prompt_source"), "trace_machine": h.get("machine"),
+            "profile": str(Path(cfg.profile).resolve()) if Path(cfg.profile).is_file() else cfg.profile,
+            "profile_name": env.profile.name, "profile_source": env.profile.source,
+            "profile_machine": env.profile.machine}
+
+
+def _replay_evaluation(env, policy, cfg: TrainConfig) -> dict:
+    """The final check in replay, on the training traces (in-sample): the policy and the fixed depths of
+    ``cfg.fixed_gammas()`` as :func:`envs.replay.replay_controller` scores them, with the hindsight oracle and the
+    best fixed depth of :func:`eval.oracle.oracle_report` (T > 0: 5 generations per prompt)."""
+    from eval.oracle import oracle_report
+
+    ctrls = {f"fixed_gamma_{g}": FixedDepthController(g) for g in cfg.fixed_gammas()}
+    ctrls["policy"] = policy
+    rep = oracle_report(env, ctrls, repeats=5, seed=cfg.seed + 1000)
+    m = rep["methods"]
+    evaluation = {name: {"tokens_per_s": m[name]["tokens_per_s"], "mean_depth": m[name]["mean_depth"],
+                         "mean_accepted": m[name]["mean_accepted"], "ratio_to_oracle": m[name]["ratio_to_oracle"]}
+                  for name in ctrls}
+    oracle = m["oracle (hindsight DP)"]
+    evaluation["oracle"] = {"tokens_per_s": oracle["tokens_per_s"], "kind": rep["oracle_kind"]}
+    evaluation["best_fixed"] = {"method": rep["best_fixed"], "tokens_per_s": m[rep["best_fixed"]]["tokens_per_s"],
+                                "ratio_to_oracle": m[rep["best_fixed"]]["ratio_to_oracle"]}
+    evaluation["prompts"] = rep["prompts"]
+    evaluation["source"] = f"replay of the training traces (in-sample) with profile {env.profile.name}"
+    return evaluation
+
+
 # --------------------------------------------------------------------------- the run
-def run(pair: ModelPair, config: TrainConfig | None = None, prompts: list[str] | None = None,
+def run(pair: ModelPair | None, config: TrainConfig | None = None, prompts: list[str] | None = None,
         eval_prompts: list[str] | None = None) -> dict:
     """Train a PPO depth policy for ``pair``; write everything to ``config.out``.
 
     Args:
-        pair: loaded target/draft models (e.g. from :func:`learn2draft.load_pair`, or tiny test models).
+        pair: loaded target/draft models (e.g. from :func:`learn2draft.load_pair`, or tiny test models);
+            None (not used) with ``config.replay``, which trains on recorded traces (see :func:`apply_replay_settings`).
         config: settings (default :class:`TrainConfig`).
         prompts: training prompts (strings or token-id lists); default ``load_prompts(config.prompt_split)``.
         eval_prompts: prompts for the final sanity check; default the first ``config.eval_prompts``
@@ -435,16 +532,22 @@ def _train(pair: ModelPair, cfg: TrainConfig, out: Path, saved: dict | None, rep
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     set_random_seed(cfg.seed)
-    if prompts is None:
-        prompts = [p for sp in cfg.prompt_split.split(",") for p in load_prompts(sp)]
-    prompts = list(prompts)
+    if cfg.replay:  # recorded traces and a latency profile: no model runs
+        env = apply_replay_settings(cfg)
+        prompts = [None] * len(env.prompt_indices)
+    else:
+        if prompts is None:
+            prompts = [p for sp in cfg.prompt_split.split(",") for p in load_prompts(sp)]
+        prompts = list(prompts)
+        # The environment tokenises and checks every prompt up front.
+        env = SpecDecodeEnv(pair, prompts, cfg.sampling(), max_new_tokens=cfg.max_new_tokens, max_depth=cfg.max_depth,
+                            episode=cfg.episode, drafter=make_drafter(cfg.drafter, pair, head=cfg.head))
     sampling = cfg.sampling()
-
-    # The environment tokenises and checks every prompt up front.
-    env = SpecDecodeEnv(pair, prompts, sampling, max_new_tokens=cfg.max_new_tokens, max_depth=cfg.max_depth,
-                        episode=cfg.episode, drafter=make_drafter(cfg.drafter, pair, head=cfg.head))
     if saved is not None:  # resume: the same reward scale, so old and new rewards mean the same
         ar, reward_scale = saved["autoregressive_warmup"], saved["reward_scale_used"]
+    elif cfg.replay:  # the replayed autoregressive rate, measured as measure_rate measures it on the real loop
+        ar = {"cycle_tokens_per_s": env.autoregressive_rate(), "source": f"replay with profile {env.profile.name}"}
+        reward_scale = cfg.reward_scale or ar["cycle_tokens_per_s"] or 1.0
     else:
         # Warm-up prompts spread over the list (a mixed list, e.g. train,copy_train, is warmed on both kinds).
         step = max(1, len(env.prompt_ids) // cfg.warmup_prompts)
@@ -457,18 +560,19 @@ def _train(pair: ModelPair, cfg: TrainConfig, out: Path, saved: dict | None, rep
 
     run_config = {
         **asdict(cfg),
-        "target": pair.target_name or cfg.target,
-        "draft": pair.draft_name or cfg.draft,
+        "target": (pair.target_name if pair is not None else "") or cfg.target,
+        "draft": (pair.draft_name if pair is not None else "") or cfg.draft,
         "drafter": cfg.drafter,
         "head": str(Path(cfg.head).resolve()) if cfg.head else None,
         "sampling": sampling.to_dict(),
         "reward_scale_used": reward_scale,
         "autoregressive_warmup": ar,
         "n_prompts": len(prompts),
-        "vocab_size": pair.vocab_size,
+        "vocab_size": pair.vocab_size if pair is not None else env.vocab_size,
         "torch_threads": torch.get_num_threads(),
         "versions": _versions(),
-        "env_id": ENV_ID,
+        "env_id": REPLAY_ENV_ID if cfg.replay else ENV_ID,
+        **({"replay_source": _replay_source(env, cfg)} if cfg.replay else {}),
         "wandb_run_id": saved.get("wandb_run_id") if saved else None,
         "resumed": [*(saved or {}).get("resumed", []), *([{"from_timesteps": None}] if saved else [])],
     }
@@ -533,12 +637,16 @@ def _train(pair: ModelPair, cfg: TrainConfig, out: Path, saved: dict | None, rep
             config={"sampling": sampling.to_dict(), "target": run_config["target"], "draft": run_config["draft"],
                     "drafter": cfg.drafter, "head": str(Path(cfg.head).resolve()) if cfg.head else None,
         "head": str(Path(cfg.head).resolve()) if cfg.head else None,
-                    "max_new_tokens": cfg.max_new_tokens, "reward_scale": reward_scale, "training": asdict(cfg)},
+                    "max_new_tokens": cfg.max_new_tokens, "reward_scale": reward_scale, "training": asdict(cfg),
+                    "trained_on": ({"env": REPLAY_ENV_ID, **run_config["replay_source"]} if cfg.replay
+                                   else {"env": ENV_ID})},
             observations=model.rollout_buffer.observations, seed=cfg.seed,
         )
 
         evaluation = None
-        if cfg.eval_prompts and not interrupted:
+        if cfg.eval_prompts and not interrupted and cfg.replay:
+            evaluation = _replay_evaluation(env, load_policy(out / "policy"), cfg)
+        elif cfg.eval_prompts and not interrupted:
             texts = eval_prompts if eval_prompts is not None else load_prompts("heldout")[: cfg.eval_prompts]
             ids = [env.encode(p) for p in texts]
             policy = load_policy(out / "policy")
@@ -599,5 +707,5 @@ def _train(pair: ModelPair, cfg: TrainConfig, out: Path, saved: dict | None, rep
             wandb_run.finish(exit_code=1 if stop.signal_name else 0)
 
 
-__all__ = ["ENV_ID", "RESULT_FILES", "RUN_ITEMS", "TrainConfig", "check_wandb", "default_out_dir", "latest_checkpoint",
+__all__ = ["ENV_ID", "REPLAY_ENV_ID", "RESULT_FILES", "RUN_ITEMS", "TrainConfig", "apply_replay_settings", "check_wandb", "default_out_dir", "latest_checkpoint",
            "make_wandb_output_format", "measure_rate", "prepare_out_dir", "read_run_config", "run", "run_state"]

@@ -1,0 +1,398 @@
+"""The draft-depth environment replayed from recorded traces and a latency profile — no model runs.
+
+:class:`SpecDecodeReplayEnv` (registered as ``learn2draft/SpecDecodeReplay-v0``) has the observation
+and action spaces of the real-loop environment :class:`envs.spec_decode.SpecDecodeEnv`, the same step
+semantics and the same reward formula; only where the numbers come from differs:
+
+* what the drafter and the target agree on comes from a trace (:mod:`learn2draft.traces`): the
+  drafted chain at every position, its draft-side features, and the acceptance probability of each
+  drafted token;
+* what each cycle costs comes from a latency profile (:mod:`learn2draft.latency`):
+  ``seconds(d, c) = d · (draft_step(c) + step_overhead) + verify(d + 1, c) + cycle_overhead`` at
+  context length c, for the trace's drafter.
+
+Replay state per generation: the position t (tokens generated), the depth j drafted in the current
+cycle, the accepted lengths of the cycles so far and the last cycle's τ / depth. The observation at
+(t, j) is the vector :func:`learn2draft.features.build_features` builds from the trace's chain at t
+(the confidences and entropies of its first j tokens, the drafter features before step j) and the
+replay state — the same vector the real environment would show in that state. For speed the parts
+that depend on (t, j) only are built once per prompt with ``build_features`` and the history
+entries are filled in per step (tests check the result against ``build_features``).
+
+A cycle that starts at t and verifies at depth j (0 ≤ j ≤ the chain available at t, capped by
+``max_depth`` and the tokens left, as :attr:`SpeculativeDecoder.depth_limit` caps it) accepts τ
+tokens: at temperature 0 ``τ = min(j, accepted_run[t])``; at T > 0 τ is drawn with ``self.np_random``
+from the recorded acceptance probabilities (token i accepted with probability ``accept_prob[t, i]``
+once tokens < i were). It emits τ + 1 tokens (fewer at EOS / ``max_new_tokens``, and τ counts only
+emitted tokens, as :meth:`SpeculativeDecoder.verify` counts it) and the next cycle starts at
+t + emitted. The reward at a verifying step is ``emitted / seconds(j, c) / reward_scale``, 0 at
+drafting steps — :attr:`CycleResult.tokens_per_second` / ``reward_scale`` in the real environment.
+T > 0 replays follow the recorded trajectory after each cycle: see :mod:`learn2draft.traces` for what
+that approximates.
+
+Rewards are deterministic for a seed (no clock), so the environment is registered as deterministic
+and passes every check of gymnasium's ``check_env``.
+
+Throughput: a few µs per step on one core (measure with :func:`measure_steps_per_second`).
+"""
+
+from __future__ import annotations
+
+import numbers
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from learn2draft.features import FEATURE_NAMES, HISTORY, build_features
+from learn2draft.latency import LatencyProfile, load_profile
+from learn2draft.traces import PromptTrace, TraceSet, load_traces
+from policies.controllers import CONTINUE, STOP
+
+REPLAY_ENV_ID = "learn2draft/SpecDecodeReplay-v0"
+EPISODE_MODES = ("generation", "cycle")
+_HIST = np.asarray([FEATURE_NAMES.index(f"accepted_len_t-{i + 1}") for i in range(HISTORY)])
+_LAF = FEATURE_NAMES.index("last_accept_fraction")
+
+
+@dataclass
+class _Replay:
+    """What replay needs of one prompt, precomputed (t = 0..n rows, d = 0..max_depth columns)."""
+
+    n: int  # tokens generated in this replay (≤ the trace's n: max_new_tokens may be smaller)
+    eos: bool  # the generation ends with EOS (terminated) rather than at max_new_tokens (truncated)
+    avail: np.ndarray  # int (n+1,): drafts possible at t
+    run: np.ndarray  # int (n+1,): accepted run at T=0
+    accept: np.ndarray  # float (n+1, D): acceptance probabilities
+    static: np.ndarray  # float32 (n+1, D+1, F): observation with empty history
+    draft: np.ndarray  # float (n+1, D+1) seconds
+    verify: np.ndarray
+    other: np.ndarray
+    total: np.ndarray
+
+
+class SpecDecodeReplayEnv(gym.Env):
+    """Draft-depth control replayed from traces and a latency profile.
+
+    Args:
+        traces: a :class:`learn2draft.traces.TraceSet`, a trace file, or several (a list, or paths joined by
+            commas) recorded with the same settings (``python -m eval.record``).
+        profile: a :class:`learn2draft.latency.LatencyProfile`, a profile file, or a shipped profile's name
+            (``"cpu-2core"``, ``"gpu-like"``); it must hold costs for the trace's drafter.
+        max_new_tokens: tokens per generation, ≤ the trace's (None: the trace's).
+        max_depth: the most tokens drafted per cycle and the scale of the depth features, ≤ the trace's
+            (None: the trace's).
+        reward_scale: rewards are ``tokens_per_second / reward_scale`` (> 0), as in ``SpecDecodeEnv``;
+            :meth:`autoregressive_rate` is the scale ``python -m train`` uses.
+        episode: ``"generation"`` or ``"cycle"`` (see :mod:`envs.spec_decode`).
+        prompt_indices: replay only these prompts of the traces (default all).
+
+    Observation, action, info: as :class:`envs.spec_decode.SpecDecodeEnv` (``seconds``, ``draft_seconds``,
+    ``verify_seconds``, ``other_seconds`` come from the profile).
+
+    Raises:
+        ValueError: bad settings (the message says which), a profile without the drafter's costs or
+            too small a verify table for ``max_depth``, or traces in which every generation ends at its
+            first token.
+        FileNotFoundError: a trace or profile file is missing.
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(
+        self,
+        traces: TraceSet | str | Path | Sequence[str | Path],
+        profile: LatencyProfile | str | Path,
+        max_new_tokens: int | None = None,
+        max_depth: int | None = None,
+        reward_scale: float = 1.0,
+        episode: str = "generation",
+        prompt_indices: Sequence[int] | None = None,
+    ):
+        super().__init__()
+        self.traces = traces if isinstance(traces, TraceSet) else load_traces(traces)
+        self.profile = profile if isinstance(profile, LatencyProfile) else load_profile(profile)
+        tr = self.traces
+        if not (isinstance(reward_scale, numbers.Real) and np.isfinite(reward_scale) and reward_scale > 0):
+            raise ValueError(f"reward_scale must be a finite number > 0, got {reward_scale!r}.")
+        if episode not in EPISODE_MODES:
+            raise ValueError(f"episode must be one of {EPISODE_MODES}, got {episode!r}.")
+        self.max_depth = tr.max_depth if max_depth is None else max_depth
+        self.max_new_tokens = tr.max_new_tokens if max_new_tokens is None else max_new_tokens
+        if not (isinstance(self.max_depth, int) and 0 <= self.max_depth <= tr.max_depth):
+            raise ValueError(f"max_depth must be an integer in [0, {tr.max_depth}] (the traces hold chains of up to "
+                             f"{tr.max_depth} tokens), got {max_depth!r}; record deeper traces for more.")
+        if not (isinstance(self.max_new_tokens, int) and 2 <= self.max_new_tokens <= tr.max_new_tokens):
+            raise ValueError(f"max_new_tokens must be an integer in [2, {tr.max_new_tokens}] (the traces' length), "
+                             f"got {max_new_tokens!r}.")
+        self.drafter = tr.drafter
+        self.profile.cost(self.drafter)  # raises ValueError if the profile lacks the drafter
+        self.profile.verify(self.max_depth + 1, 0)  # raises ValueError if the verify table is too small
+        self.vocab_size = int(tr.header["vocab_size"])
+        self.deterministic = tr.deterministic
+        self.reward_scale = float(reward_scale)
+        self.episode = episode
+        self.prompt_indices = list(range(len(tr))) if prompt_indices is None else [int(i) for i in prompt_indices]
+        if not self.prompt_indices or not all(0 <= i < len(tr) for i in self.prompt_indices):
+            raise ValueError(f"prompt_indices must be a non-empty list of indices in [0, {len(tr)}).")
+        self._usable = [i for i in self.prompt_indices if min(tr.prompts[i].n, self.max_new_tokens) > 1]
+        if not self._usable:
+            raise ValueError("Every traced generation ends at its first token (EOS): no drafting decision to make.")
+        self._cache: dict[int, _Replay] = {}
+
+        self.observation_space = spaces.Box(0.0, 1.0, shape=(len(FEATURE_NAMES),), dtype=np.float32)
+        self.action_space = spaces.Discrete(2)
+        self.prompt_index: int | None = None
+        self._needs_reset = True
+        self._in_generation = False
+
+    # ------------------------------------------------------------------ precomputation
+    def replay_data(self, index: int) -> _Replay:
+        """The precomputed replay tables of trace prompt ``index`` (built on first use)."""
+        r = self._cache.get(index)
+        if r is None:
+            r = self._cache[index] = self._prepare(self.traces.prompts[index])
+        return r
+
+    def _prepare(self, pt: PromptTrace) -> _Replay:
+        D, N = self.max_depth, self.max_new_tokens
+        n = min(pt.n, N)
+        eos = pt.ended_by_eos and pt.n <= N
+        t = np.arange(n + 1)
+        avail = np.minimum(np.minimum(pt.chain_len[: n + 1], D), np.maximum(N - t - 1, 0)).astype(np.int64)
+        avail[n] = 0
+        run = np.minimum(pt.accepted_run()[: n + 1], avail)
+        static = np.zeros((n + 1, D + 1, len(FEATURE_NAMES)), dtype=np.float32)
+        P = pt.prompt_len
+        for tt in range(1, n + 1):
+            conf = pt.confidence[tt].tolist()
+            ent = pt.entropy[tt].tolist()
+            for j in range(int(avail[tt]) + 1):
+                static[tt, j] = build_features(
+                    context_len=P + tt + j, depth=j, max_depth=max(D, 1), accepted_history=[], confidences=conf[:j],
+                    last_entropy=ent[j - 1] if j else 0.0, vocab_size=self.vocab_size, last_accept_fraction=1.0,
+                    generated=tt, max_new_tokens=N, drafter_features=pt.drafter_features[tt, j],
+                )
+        costs = self.profile.cycle_table(self.drafter, P + t, D)
+        return _Replay(n, eos, avail, run, pt.accept_prob[: n + 1, :D], static, costs["draft"], costs["verify"],
+                       costs["other"], costs["total"])
+
+    def autoregressive_rate(self) -> float:
+        """tokens/s of plain decoding (depth 0 every cycle) over the replayed prompts: all generated tokens
+        (the prefill's first one included) over the summed cycle seconds — the ``cycle_tokens_per_s`` that
+        ``python -m train`` measures on the real loop for its reward scale."""
+        tokens = seconds = 0.0
+        for i in self._usable:
+            r = self.replay_data(i)
+            tokens += r.n
+            seconds += float(r.total[1:r.n, 0].sum())
+        return tokens / seconds if seconds > 0 else 0.0
+
+    # ------------------------------------------------------------------ gymnasium API
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        """Start a generation (or, in ``episode="cycle"`` mode, continue the current one); as
+        :meth:`envs.spec_decode.SpecDecodeEnv.reset`.
+
+        Args:
+            seed: seeds ``self.np_random``: the prompt draw and, at T > 0, the acceptance draws.
+            options: ``{"prompt_index": i}`` (an index into the traces) forces that prompt;
+                ``{"new_generation": True}`` forces a new generation in cycle mode.
+
+        Raises:
+            ValueError: ``prompt_index`` out of range, not among ``prompt_indices``, or a prompt whose
+                generation ends at its first token.
+        """
+        super().reset(seed=seed)
+        options = options or {}
+        continuing = (self.episode == "cycle" and seed is None and not options.get("new_generation")
+                      and "prompt_index" not in options and self._in_generation)
+        if not continuing:
+            idx = options.get("prompt_index")
+            if idx is None:
+                for _ in range(100):  # as the real env: redraw prompts whose generation ends at the first token
+                    idx = self.prompt_indices[int(self.np_random.integers(len(self.prompt_indices)))]
+                    if idx in self._usable:
+                        break
+                else:
+                    idx = self._usable[0]
+            else:
+                idx = int(idx)
+                if idx not in self.prompt_indices:
+                    raise ValueError(f"prompt_index must be one of the replayed prompts (0..{len(self.traces) - 1}"
+                                     f"{'' if len(self.prompt_indices) == len(self.traces) else ', restricted'}), got {idx}.")
+                if idx not in self._usable:
+                    raise ValueError(f"Prompt {idx} ends at its first token (EOS): no drafting decision to make.")
+            self.prompt_index = idx
+            self._r = self.replay_data(idx)
+            self._t, self._j = 1, 0
+            self._history: list[int] = []
+            self._hist = np.zeros(HISTORY, dtype=np.float32)
+            self._laf = np.float32(1.0)
+            self._in_generation = True
+        self._needs_reset = False
+        info = {"prompt_index": self.prompt_index, "generated": self._t, "new_generation": not continuing}
+        return self._obs(), info
+
+    def _obs(self) -> np.ndarray:
+        obs = self._r.static[self._t, self._j].copy()
+        obs[_HIST] = self._hist
+        obs[_LAF] = self._laf
+        return obs
+
+    def can_draft(self) -> bool:
+        """Whether drafting one more token is possible now (as :meth:`SpeculativeDecoder.can_draft`)."""
+        return self._j < self._r.avail[self._t]
+
+    @property
+    def depth(self) -> int:
+        """Tokens drafted in the current cycle."""
+        return self._j
+
+    def step(self, action) -> tuple[np.ndarray, float, bool, bool, dict]:
+        """Apply STOP (0) or CONTINUE (1); as :meth:`envs.spec_decode.SpecDecodeEnv.step`.
+
+        Raises:
+            ValueError: ``action`` is not 0 or 1.
+            RuntimeError: called before :meth:`reset` or after the episode ended.
+        """
+        if not ((type(action) is int or isinstance(action, np.integer)) and (action == 0 or action == 1)):
+            if not self.action_space.contains(action):
+                raise ValueError(f"Invalid action {action!r}: valid actions are {STOP} = STOP (verify now) and "
+                                 f"{CONTINUE} = CONTINUE (draft one more token).")
+        if self._needs_reset:
+            raise RuntimeError("The episode has ended (or never started): call reset() first.")
+        r, t, j = self._r, self._t, self._j
+        avail = r.avail[t]
+        if action == CONTINUE and j < avail:
+            j += 1
+            if j < avail:
+                self._j = j
+                return self._obs(), 0.0, False, False, {"depth": j, "verified": False, "prompt_index": self.prompt_index,
+                                                         "generated": t}
+        # Verify the j drafted tokens.
+        if self.deterministic:
+            tau = min(j, int(r.run[t]))
+        else:
+            tau, acc, rng = 0, r.accept[t], self.np_random
+            while tau < j and rng.random() < acc[tau]:
+                tau += 1
+        emitted = min(tau + 1, r.n - t)
+        tau = min(tau, emitted)  # accepted tokens after an EOS are not emitted: not counted
+        seconds = float(r.total[t, j])
+        self._history.append(tau)
+        h = self._history[-HISTORY:][::-1]
+        self._hist = np.zeros(HISTORY, dtype=np.float32)
+        self._hist[: len(h)] = [min(x / max(self.max_depth, 1), 1.0) for x in h]
+        self._laf = np.float32(tau / j if j else 1.0)
+        t += emitted
+        self._t, self._j = t, 0
+        finished = t >= r.n
+        self._in_generation = not finished
+        rate = emitted / seconds
+        info = {
+            "depth": j, "verified": True, "prompt_index": self.prompt_index, "tokens": emitted, "accepted": tau,
+            "seconds": seconds, "draft_seconds": float(r.draft[t - emitted, j]),
+            "verify_seconds": float(r.verify[t - emitted, j]), "other_seconds": float(r.other[t - emitted, j]),
+            "tokens_per_second": rate, "forced": action == CONTINUE, "generation_finished": finished, "generated": t,
+        }
+        if self.episode == "cycle":
+            terminated, truncated = True, False
+        else:
+            terminated, truncated = finished and r.eos, finished and not r.eos
+        self._needs_reset = terminated or truncated
+        return self._obs(), rate / self.reward_scale, terminated, truncated, info
+
+    def action_meanings(self) -> dict[int, str]:
+        """``{0: "STOP (verify now)", 1: "CONTINUE (draft one more token)"}``."""
+        return {STOP: "STOP (verify now)", CONTINUE: "CONTINUE (draft one more token)"}
+
+
+# --------------------------------------------------------------------------- scoring
+def replay_controller(env: SpecDecodeReplayEnv, controller, prompt_indices: Sequence[int] | None = None,
+                      repeats: int = 1, seed: int = 0) -> dict:
+    """Score any :class:`learn2draft.DraftController` (fixed γ, heuristics, an exported policy) in replay.
+
+    Each generation is driven as :meth:`SpeculativeDecoder.run_cycle` drives the real loop: before each draft
+    step, if the depth is below the controller's ``max_depth`` and drafting is possible, the controller sees
+    the observation and says CONTINUE or STOP; otherwise the cycle verifies. ``controller.reset()`` starts each
+    generation. The env's episode mode does not matter (generations are followed across cycle episodes).
+
+    Args:
+        env: the replay environment (its traces, profile, ``max_depth`` and ``max_new_tokens``).
+        controller: a ``DraftController``; one that reads depth features on another ``max_depth`` scale
+            (``depth_feature_scale``) is refused, as :meth:`SpeculativeDecoder.generate` refuses it.
+        prompt_indices: trace prompts to run (default: the env's usable ones).
+        repeats: generations per prompt (T > 0: different acceptance draws; at T = 0 all repeats are equal).
+        seed: the acceptance draws of repeat k of prompt i use seed ``seed + 1000·k + i``.
+
+    Returns:
+        ``tokens_per_s`` (all generated tokens / summed cycle seconds, the measure of
+        :meth:`SpecDecodeReplayEnv.autoregressive_rate`), ``tokens``, ``seconds``, ``cycles``, ``mean_depth``,
+        ``mean_accepted`` (τ per cycle), and ``per_prompt``: per prompt index the mean tokens and seconds.
+
+    Raises:
+        ValueError: a depth-feature scale mismatch, or ``repeats`` < 1.
+    """
+    scale = getattr(controller, "depth_feature_scale", None)
+    if scale is not None and scale != env.max_depth:
+        raise ValueError(f"{controller!r} reads depth features scaled by max_depth={scale}, but the replay env has "
+                         f"max_depth={env.max_depth}: build it with max_depth={scale}.")
+    if repeats < 1:
+        raise ValueError(f"repeats must be ≥ 1, got {repeats}.")
+    idx = env._usable if prompt_indices is None else list(prompt_indices)
+    cmax = getattr(controller, "max_depth", env.max_depth)
+    tokens = seconds = 0.0
+    depths = taus = cycles = 0
+    per = {}
+    for k in range(repeats):
+        for i in idx:
+            controller.reset()
+            obs, _ = env.reset(seed=seed + 1000 * k + i, options={"prompt_index": i})
+            tok, sec = env._r.n, 0.0
+            while True:
+                go = False
+                if env.depth < cmax and env.can_draft():
+                    go = controller.continue_drafting(obs)
+                obs, _, _, _, info = env.step(CONTINUE if go else STOP)
+                if info["verified"]:
+                    sec += info["seconds"]
+                    depths += info["depth"]
+                    taus += info["accepted"]
+                    cycles += 1
+                    if info["generation_finished"]:
+                        break
+                    if env.episode == "cycle":
+                        obs, _ = env.reset()  # the next cycle of the same generation
+            tokens += tok
+            seconds += sec
+            row = per.setdefault(i, [0.0, 0.0])
+            row[0] += tok / repeats
+            row[1] += sec / repeats
+    return {"tokens_per_s": tokens / seconds if seconds > 0 else 0.0, "tokens": tokens, "seconds": seconds,
+            "cycles": cycles, "mean_depth": depths / cycles if cycles else 0.0,
+            "mean_accepted": taus / cycles if cycles else 0.0,
+            "per_prompt": {i: {"tokens": v[0], "seconds": v[1]} for i, v in per.items()}}
+
+
+def measure_steps_per_second(env: SpecDecodeReplayEnv, steps: int = 200_000, seed: int = 0) -> float:
+    """Environment steps per second under uniformly random actions (reset time included): the replay's
+    throughput on this core. A measurement, not a test."""
+    rng = np.random.default_rng(seed)
+    actions = rng.integers(0, 2, size=steps).tolist()
+    env.reset(seed=seed)
+    for i in env._usable:  # build every prompt's tables before timing
+        env.replay_data(i)
+    t0 = time.perf_counter()
+    for a in actions:
+        _, _, term, trunc, _ = env.step(a)
+        if term or trunc:
+            env.reset()
+    return steps / (time.perf_counter() - t0)
+
+
+__all__ = ["EPISODE_MODES", "REPLAY_ENV_ID", "SpecDecodeReplayEnv", "measure_steps_per_second", "replay_controller"]

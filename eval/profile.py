@@ -1,0 +1,280 @@
+"""``python -m eval.profile``: measure a latency profile of this machine for the replay environment.
+
+Measures, with device-synchronised clocks (learn2draft.timing.DeviceClock):
+
+* the target's verification cost: one forward over n new tokens after c cached tokens plus the
+  processing of its logits (what the decoder times as verify_seconds), for n in --tokens and c in
+  --contexts, median of --repeats runs, sizes interleaved;
+* each drafter's cost per draft step (Drafter.propose, what the decoder times as draft_seconds per
+  token) at the same contexts;
+* the per-cycle and per-draft-step overhead (the decoder's other_seconds: acceptance, rollback,
+  features), fitted as other = cycle_overhead + step_overhead · depth over cycles of short real
+  generations at a few fixed depths.
+
+Writes a small JSON profile (learn2draft.latency) with the machine it ran on. Example::
+
+    nice -n 19 python -m eval.profile --out eval/profiles/cpu-2core.json --name cpu-2core
+    python -m eval.profile --device cuda --drafter model,lookup --out my-gpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+from learn2draft.cli import HelpFormatter, plain_doc
+from learn2draft.names import DEFAULT_DRAFT, DEFAULT_TARGET
+
+DRAFTER_CHOICES = ("model", "head", "lookup")
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        out = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise ValueError(f"--{what} {text!r}: expected comma-separated integers.") from None
+    if not out:
+        raise ValueError(f"--{what} is empty.")
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m eval.profile", description=plain_doc(__doc__), formatter_class=HelpFormatter)
+    p.add_argument("--target", default=DEFAULT_TARGET, help="target model: alias, hub id, local dir or .gguf file")
+    p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model (for the model drafter)")
+    p.add_argument("--head", default=None, help="head directory for the head drafter (default: the shipped head)")
+    p.add_argument("--drafter", default="model,head,lookup",
+                   help="drafters to measure, comma-separated from model, head, lookup")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, … (default: cuda if available, else cpu)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="model dtype")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (as python -m train uses by default)")
+    p.add_argument("--contexts", default="128,512,1024", help="context lengths (cached tokens) measured")
+    p.add_argument("--tokens", default="1,2,4,8,16,32,64", help="verified token counts measured (must include 1)")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per (context, tokens); the median is kept")
+    p.add_argument("--draft-steps", type=int, default=8, help="draft steps timed per context and repeat")
+    p.add_argument("--overhead-prompts", type=int, default=2, help="training prompts generated for the overhead fit")
+    p.add_argument("--overhead-tokens", type=int, default=32, help="tokens per generation of the overhead fit")
+    p.add_argument("--overhead-depths", default="0,2,4", help="fixed depths of the overhead fit")
+    p.add_argument("--name", default=None, help="profile name (default: cpu-<cores>core or the GPU's name)")
+    p.add_argument("--note", default="", help="free text added to the profile's source, e.g. 'under nice -n 19'")
+    p.add_argument("--out", default=None, help="output JSON file (default runs/profiles/<name>.json)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from eval.__main__ import run_cli
+
+    return run_cli(build_parser(), _run, argv)
+
+
+# --------------------------------------------------------------------------- measurements
+def token_stream(pair, length: int):
+    """int64 (length,) real text ids: the training prompts (chat template applied) repeated. Lookup drafters
+    find matches in it after the first pass, as they do in repetitive answers."""
+    import torch
+
+    from learn2draft.prompts import load_prompts
+
+    parts = [pair.encode_prompt(p) for p in load_prompts("train")]
+    seq = torch.cat(parts)
+    reps = -(-length // seq.numel())
+    return seq.repeat(reps)[:length]
+
+
+def measure_verify(pair, sampling, seq, contexts: list[int], tokens: list[int], repeats: int,
+                   output_hidden: bool = False) -> list[list[float]]:
+    """Median seconds of one target forward over n tokens after c cached ones plus ``sampling.probs`` of its logits
+    (the decoder's ``verify_seconds``), as float (len(contexts), len(tokens)). Sizes are interleaved (a rotated
+    order per repeat); one unrecorded warm-up pass per context."""
+    import torch
+    from transformers import DynamicCache
+
+    from learn2draft.timing import DeviceClock
+
+    clock = DeviceClock(pair.device)
+    V = pair.vocab_size
+    table = []
+    with torch.inference_mode():
+        for c in contexts:
+            cache = DynamicCache()
+            pair.target(input_ids=seq[None, :c], cache=cache, use_cache=True)
+            times = {n: [] for n in tokens}
+            for rep in range(repeats + 1):
+                k = rep % len(tokens)
+                for n in tokens[k:] + tokens[:k]:
+                    t0 = clock.now()
+                    out = pair.target(input_ids=seq[None, c:c + n], cache=cache, use_cache=True,
+                                      output_hidden_states=output_hidden)
+                    sampling.probs(out.logits[0, :, :V], seq[: c + 1], seq[c + 1:c + n], source="target")
+                    dt = clock.now() - t0
+                    cache.crop(-n)
+                    if rep:
+                        times[n].append(dt)
+            table.append([statistics.median(times[n]) for n in tokens])
+    return table
+
+
+def measure_draft_step(pair, drafter, sampling, seq, contexts: list[int], steps: int, repeats: int) -> list[float]:
+    """Median seconds of one :meth:`Drafter.propose` (the decoder's draft seconds per token) after c committed
+    tokens, per context; the first proposal after each rollback (which feeds the committed tokens) is not timed."""
+    import torch
+    from transformers import DynamicCache
+
+    from learn2draft.timing import DeviceClock
+
+    clock = DeviceClock(pair.device)
+    gen = torch.Generator(device=pair.device).manual_seed(0)
+    out = []
+    with torch.inference_mode():
+        for c in contexts:
+            drafter.start(seq[:c])
+            if drafter.needs_target_hidden:
+                o = pair.target(input_ids=seq[None, :c], cache=DynamicCache(), use_cache=True, output_hidden_states=True)
+                drafter.observe_target(o.hidden_states[-1][0], 0)
+            times = []
+            for _ in range(repeats):
+                s = seq[: c + 1]
+                for k in range(steps + 1):
+                    if not drafter.can_propose(s):
+                        break
+                    t0 = clock.now()
+                    prop = drafter.propose(s, sampling, gen)
+                    dt = clock.now() - t0
+                    if k:
+                        times.append(dt)
+                    s = torch.cat([s, torch.tensor([prop.token], device=s.device)])
+                drafter.rollback(c)
+            out.append(statistics.median(times) if times else 0.0)
+    return out
+
+
+def measure_overheads(pair, drafter_name: str, head, sampling, prompts, max_new_tokens: int, depths: list[int]) -> dict:
+    """Fit the decoder's ``other_seconds`` per cycle as ``cycle_overhead + step_overhead · depth`` (least squares,
+    clamped at 0) over real generations with fixed depths; also the loop's own mean draft seconds per token and
+    verify seconds per depth, to check the tables against the loop."""
+    import numpy as np
+
+    from learn2draft.decoding import FixedDepthController, SpeculativeDecoder
+    from learn2draft.drafters import make_drafter
+
+    rows = []
+    dmax = max(depths)
+    dec = SpeculativeDecoder(pair, sampling, max_new_tokens=max_new_tokens, max_depth=max(dmax, 1),
+                             drafter=make_drafter(drafter_name, pair, head=head))
+    dec.generate(prompts[0], FixedDepthController(min(2, dmax)), seed=0)  # warm-up
+    for i, ids in enumerate(prompts):
+        for k in range(len(depths)):
+            d = depths[(i + k) % len(depths)]
+            g = dec.generate(ids, FixedDepthController(d), seed=i)
+            rows += [(c.depth, c.other_seconds, c.draft_seconds, c.verify_seconds) for c in g.cycles]
+    arr = np.asarray(rows, dtype=np.float64)
+    X = np.stack([np.ones(len(arr)), arr[:, 0]], axis=1)
+    (a, b), *_ = np.linalg.lstsq(X, arr[:, 1], rcond=None)
+    by_depth = {}
+    for d in sorted({int(x) for x in arr[:, 0]}):
+        sel = arr[arr[:, 0] == d]
+        by_depth[str(d)] = {"cycles": int(len(sel)), "other_seconds": float(sel[:, 1].mean()),
+                            "draft_seconds_per_token": float(sel[:, 2].sum() / (d * len(sel))) if d else 0.0,
+                            "verify_seconds": float(sel[:, 3].mean())}
+    return {"cycle_overhead_seconds": max(float(a), 0.0), "step_overhead_seconds": max(float(b), 0.0),
+            "loop_measurements": by_depth}
+
+
+def measure_profile(pair, drafters: list[str], head=None, sampling=None, contexts=(128, 512, 1024),
+                    tokens=(1, 2, 4, 8, 16, 32, 64), repeats: int = 5, draft_steps: int = 8, overhead_prompts: int = 2,
+                    overhead_tokens: int = 32, overhead_depths=(0, 2, 4), name: str = "", note: str = "",
+                    progress=print):
+    """Measure a :class:`learn2draft.latency.LatencyProfile` for ``pair`` and ``drafters`` on this machine.
+
+    Raises:
+        ValueError: ``tokens`` does not start at 1, or a context plus the largest token count exceeds the
+            pair's context window.
+    """
+    from learn2draft.drafters import make_drafter
+    from learn2draft.latency import DrafterCost, LatencyProfile, machine_info
+    from learn2draft.prompts import load_prompts
+    from learn2draft.sampling import SamplingConfig
+
+    sampling = sampling or SamplingConfig()
+    contexts, tokens = sorted(contexts), sorted(tokens)
+    if tokens[0] != 1:
+        raise ValueError(f"--tokens must include 1 (the autoregressive step), got {tokens}.")
+    if pair.max_context and contexts[-1] + tokens[-1] > pair.max_context:
+        raise ValueError(f"context {contexts[-1]} + {tokens[-1]} tokens exceeds the pair's window of {pair.max_context}.")
+    seq = token_stream(pair, contexts[-1] + tokens[-1] + draft_steps + 2)
+    progress(f"verify: contexts {contexts} × tokens {tokens}, {repeats} repeats …")
+    verify = measure_verify(pair, sampling, seq, contexts, tokens, repeats)
+    costs = {}
+    prompts = [pair.encode_prompt(p) for p in load_prompts("train")[:overhead_prompts]]
+    for d in drafters:
+        progress(f"drafter {d}: draft steps and overheads …")
+        dr = make_drafter(d, pair, head=head)
+        step = measure_draft_step(pair, dr, sampling, seq, contexts, draft_steps, repeats)
+        ov = measure_overheads(pair, d, head, sampling, prompts, overhead_tokens, list(overhead_depths))
+        costs[d] = DrafterCost(list(contexts), step, ov["step_overhead_seconds"], ov["cycle_overhead_seconds"],
+                               {"config": dr.extra_config(), "loop_measurements": ov["loop_measurements"]})
+    machine = machine_info(str(pair.device))
+    machine["dtype"] = str(next(pair.target.parameters()).dtype).replace("torch.", "")
+    source = (f"measured by python -m eval.profile on {machine.get('gpu') or machine['cpu']} ({machine['cores']} cores, "
+              f"torch {machine['torch']}, {machine['torch_threads']} thread(s), device {machine['device']}, "
+              f"{machine['dtype']}), nice {machine.get('nice', '?')}, 1-min load average {machine.get('load_average_1m', '?')} "
+              f"at the end; medians of {repeats} runs" + (f"; {note}" if note else ""))
+    return LatencyProfile(
+        name=name or default_name(machine), verify_tokens=list(tokens), verify_contexts=[float(c) for c in contexts],
+        verify_seconds=verify, drafters=costs, machine=machine, source=source,
+        meta={"target": pair.target_name, "draft": pair.draft_name, "sampling": sampling.to_dict(),
+              "model": "seconds(d, c) = d·(draft_step(c) + step_overhead) + verify(d+1, c) + cycle_overhead"},
+    )
+
+
+def default_name(machine: dict) -> str:
+    """``cpu-<cores>core``, or the GPU's name in lower case with dashes."""
+    if machine.get("gpu"):
+        return "-".join(machine["gpu"].lower().replace("nvidia", "").split())
+    return f"cpu-{machine.get('cores', 0)}core"
+
+
+def _run(args) -> int:
+    import json
+    import time
+
+    import torch
+
+    from learn2draft.models import check_device, default_device, load_pair, parse_dtype
+
+    drafters = [d.strip() for d in args.drafter.split(",") if d.strip()]
+    bad = [d for d in drafters if d not in DRAFTER_CHOICES]
+    if not drafters or bad:
+        raise ValueError(f"--drafter {args.drafter!r}: use one or more of {', '.join(DRAFTER_CHOICES)} joined by commas.")
+    contexts, tokens = _ints(args.contexts, "contexts"), _ints(args.tokens, "tokens")
+    depths = _ints(args.overhead_depths, "overhead-depths")
+    if args.repeats < 1 or args.draft_steps < 1 or args.overhead_prompts < 1 or args.overhead_tokens < 2:
+        raise ValueError("--repeats, --draft-steps and --overhead-prompts must be ≥ 1 and --overhead-tokens ≥ 2.")
+    if args.threads < 1:
+        raise ValueError(f"--threads must be ≥ 1, got {args.threads}.")
+    torch.set_num_threads(args.threads)
+    device = args.device or default_device()
+    check_device(device)
+    t0 = time.perf_counter()
+    print(f"Loading target={args.target} draft={args.draft} on {device} ({args.dtype}) …", file=sys.stderr)
+    pair = load_pair(args.target, args.draft, device=device, dtype=parse_dtype(args.dtype))
+    prof = measure_profile(pair, drafters, head=args.head, contexts=contexts, tokens=tokens, repeats=args.repeats,
+                           draft_steps=args.draft_steps, overhead_prompts=args.overhead_prompts,
+                           overhead_tokens=args.overhead_tokens, overhead_depths=depths, name=args.name or "",
+                           note=args.note, progress=lambda m: print(m, file=sys.stderr))
+    out = Path(args.out) if args.out else Path("runs") / "profiles" / f"{prof.name}.json"
+    prof.meta["measure_seconds"] = round(time.perf_counter() - t0, 1)
+    prof.save(out)
+    rel = prof.relative_verify_cost()
+    print(json.dumps({"profile": str(out), "name": prof.name, "verify_1_token_ms": round(1e3 * prof.verify_seconds[0][0], 2),
+                      "verify_relative_to_1": {k: round(v, 2) for k, v in rel.items()},
+                      "draft_step_ms": {d: round(1e3 * c.step_seconds[0], 3) for d, c in prof.drafters.items()},
+                      "cycle_overhead_ms": {d: round(1e3 * c.cycle_overhead_seconds, 3) for d, c in prof.drafters.items()},
+                      "seconds": prof.meta["measure_seconds"]}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

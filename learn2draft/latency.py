@@ -1,0 +1,302 @@
+"""Latency profiles: what each part of a draft/verify cycle costs on one machine.
+
+A profile is a small JSON file (written by ``python -m eval.profile``, or by hand for hardware one
+does not have) that turns a cycle's shape into seconds:
+
+    seconds(d, c) = d · (draft_step(c) + step_overhead) + verify(d + 1, c) + cycle_overhead
+
+for a chain cycle that drafts d tokens at context length c (committed tokens). The terms are the
+ones :class:`learn2draft.decoding.CycleResult` measures:
+
+* ``verify(n, c)`` — ``verify_seconds``: one target forward over n = d + 1 new tokens (the last
+  committed token and the d drafted ones) after c cached tokens, and the processing of its logits;
+* ``draft_step(c)`` — ``draft_seconds`` / d: one :meth:`Drafter.propose` (per drafter);
+* ``cycle_overhead`` + d · ``step_overhead`` — ``other_seconds``: acceptance, cache rollback, the
+  next observation, and the feature vector built before every draft decision (per drafter).
+
+``verify`` is tabulated at a few token counts (e.g. 1, 2, 4, …, 64) and context lengths and
+interpolated linearly in both (linearly extrapolated above the largest context, held constant below
+the smallest; more tokens than tabulated is an error). ``draft_step`` is tabulated over contexts
+the same way. Everything is in seconds.
+
+File format (``format: learn2draft-profile``, ``format_version: 1``)::
+
+    {"format": "learn2draft-profile", "format_version": 1, "name": "cpu-2core",
+     "source": "how the numbers were obtained", "machine": {...},
+     "target": "...", "draft": "...",
+     "verify": {"tokens": [1, 2, 4, ...], "contexts": [128, 512, 1024],
+                "seconds": [[...per token count...], ...per context...]},
+     "drafters": {"model": {"step_seconds": {"contexts": [...], "seconds": [...]},
+                            "step_overhead_seconds": 1e-4, "cycle_overhead_seconds": 1e-3}, ...}}
+
+This module needs numpy only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+PROFILE_FORMAT = "learn2draft-profile"
+PROFILE_FORMAT_VERSION = 1
+#: Where the shipped profiles live (``eval/profiles``): ``cpu-2core.json`` (measured) and ``gpu-like.json``.
+SHIPPED_PROFILES_DIR = Path(__file__).resolve().parent.parent / "eval" / "profiles"
+
+
+def _ctx_weights(x: np.ndarray, xs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Piecewise-linear interpolation weights over the increasing knots ``xs`` (k,) for points ``x`` (m,):
+    value = (1 − w)·y[lo] + w·y[hi]. Constant below xs[0]; the last segment's slope above xs[-1] (w > 1)."""
+    x = np.asarray(x, dtype=np.float64)
+    k = xs.shape[0]
+    if k == 1:
+        z = np.zeros(x.shape, dtype=np.int64)
+        return z, z, np.zeros(x.shape)
+    hi = np.clip(np.searchsorted(xs, x, side="right"), 1, k - 1)
+    lo = hi - 1
+    w = (x - xs[lo]) / (xs[hi] - xs[lo])
+    return lo, hi, np.maximum(w, 0.0)
+
+
+@dataclass
+class DrafterCost:
+    """Per-drafter costs (seconds): ``step_contexts`` / ``step_seconds`` tabulate one draft step over context
+    lengths; ``step_overhead_seconds`` per draft decision; ``cycle_overhead_seconds`` per cycle."""
+
+    step_contexts: list[float]
+    step_seconds: list[float]
+    step_overhead_seconds: float = 0.0
+    cycle_overhead_seconds: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class LatencyProfile:
+    """Costs of cycle parts on one machine (see the module docstring).
+
+    Attributes:
+        name: short name (``"cpu-2core"``).
+        verify_tokens: token counts n (increasing, starting at 1) of the verify table.
+        verify_contexts: context lengths c (increasing) of the verify table.
+        verify_seconds: float (len(contexts), len(tokens)) seconds.
+        drafters: per drafter name (``"model"``, ``"head"``, ``"lookup"``), its :class:`DrafterCost`.
+        machine: the machine the numbers belong to (CPU/GPU model, cores, torch version, device, dtype, …).
+        source: how the numbers were obtained (measured with which command, or hand-written from what).
+        meta: every other top-level entry of the file (target, draft, notes, raw measurements).
+    """
+
+    name: str
+    verify_tokens: list[int]
+    verify_contexts: list[float]
+    verify_seconds: list[list[float]]
+    drafters: dict[str, DrafterCost]
+    machine: dict = field(default_factory=dict)
+    source: str = ""
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.validate()
+
+    # ------------------------------------------------------------------ checks
+    def validate(self) -> None:
+        """Raise ValueError with a clear message for a malformed profile."""
+        n, c = np.asarray(self.verify_tokens, dtype=np.float64), np.asarray(self.verify_contexts, dtype=np.float64)
+        s = np.asarray(self.verify_seconds, dtype=np.float64)
+        if n.ndim != 1 or n.size == 0 or n[0] != 1 or np.any(np.diff(n) <= 0):
+            raise ValueError(f"Profile {self.name!r}: verify tokens must be increasing and start at 1, got {self.verify_tokens}.")
+        if c.ndim != 1 or c.size == 0 or np.any(np.diff(c) <= 0) or c[0] < 0:
+            raise ValueError(f"Profile {self.name!r}: verify contexts must be increasing and ≥ 0, got {self.verify_contexts}.")
+        if s.shape != (c.size, n.size) or not np.all(np.isfinite(s)) or np.any(s <= 0):
+            raise ValueError(f"Profile {self.name!r}: verify seconds must be positive numbers of shape "
+                             f"(contexts, tokens) = ({c.size}, {n.size}), got shape {s.shape}.")
+        if not self.drafters:
+            raise ValueError(f"Profile {self.name!r} has no drafter costs.")
+        for d, cost in self.drafters.items():
+            xs, ys = np.asarray(cost.step_contexts, float), np.asarray(cost.step_seconds, float)
+            if xs.ndim != 1 or xs.size == 0 or xs.shape != ys.shape or np.any(np.diff(xs) <= 0):
+                raise ValueError(f"Profile {self.name!r}, drafter {d!r}: step contexts must be increasing and match "
+                                 "step seconds in length.")
+            vals = [*ys.tolist(), cost.step_overhead_seconds, cost.cycle_overhead_seconds]
+            if not all(math.isfinite(v) and v >= 0 for v in vals):
+                raise ValueError(f"Profile {self.name!r}, drafter {d!r}: costs must be finite seconds ≥ 0.")
+
+    def cost(self, drafter: str) -> DrafterCost:
+        """The costs of ``drafter``.
+
+        Raises:
+            ValueError: the profile has no costs for it.
+        """
+        if drafter not in self.drafters:
+            raise ValueError(f"Profile {self.name!r} has no costs for the {drafter!r} drafter (it has "
+                             f"{', '.join(self.drafters)}): measure them with `python -m eval.profile --drafter {drafter}`.")
+        return self.drafters[drafter]
+
+    # ------------------------------------------------------------------ costs
+    def verify(self, tokens, context) -> np.ndarray:
+        """Seconds of one verification forward of ``tokens`` new tokens after ``context`` cached ones.
+
+        Args:
+            tokens: int or int array (m,), ≥ 1; ``context``: number or array broadcastable with it.
+
+        Returns:
+            float64 array of the broadcast shape.
+
+        Raises:
+            ValueError: a token count outside [1, max tabulated].
+        """
+        n, c = np.broadcast_arrays(np.asarray(tokens, dtype=np.float64), np.asarray(context, dtype=np.float64))
+        nmax = self.verify_tokens[-1]
+        if n.size and (n.min() < 1 or n.max() > nmax):
+            raise ValueError(f"Profile {self.name!r} tabulates verification of 1..{nmax} tokens, asked for "
+                             f"{int(n.min())}..{int(n.max())}: use a smaller max_depth or measure larger sizes.")
+        s = np.asarray(self.verify_seconds, dtype=np.float64)  # (C, N)
+        ns = np.asarray(self.verify_tokens, dtype=np.float64)
+        flat_n, flat_c = n.reshape(-1), c.reshape(-1)
+        by_ctx = np.stack([np.interp(flat_n, ns, row) for row in s])  # (C, m): interpolated in tokens
+        lo, hi, w = _ctx_weights(flat_c, np.asarray(self.verify_contexts, dtype=np.float64))
+        cols = np.arange(flat_n.shape[0])
+        out = (1 - w) * by_ctx[lo, cols] + w * by_ctx[hi, cols]
+        return out.reshape(n.shape)
+
+    def draft_step(self, drafter: str, context) -> np.ndarray:
+        """Seconds of one draft step of ``drafter`` at ``context`` committed tokens (number or array)."""
+        cost = self.cost(drafter)
+        c = np.asarray(context, dtype=np.float64)
+        ys = np.asarray(cost.step_seconds, dtype=np.float64)
+        lo, hi, w = _ctx_weights(c.reshape(-1), np.asarray(cost.step_contexts, dtype=np.float64))
+        return ((1 - w) * ys[lo] + w * ys[hi]).reshape(c.shape)
+
+    def cycle_table(self, drafter: str, contexts, max_depth: int) -> dict[str, np.ndarray]:
+        """The cost of every depth at every context, for fast replay.
+
+        Args:
+            drafter: its costs are used; ``contexts``: int (m,) committed tokens; ``max_depth``: d = 0..max_depth.
+
+        Returns:
+            ``{"draft": , "verify": , "other": , "total": }``, each float64 (m, max_depth + 1) seconds.
+
+        Raises:
+            ValueError: unknown drafter, or max_depth + 1 beyond the verify table.
+        """
+        c = np.asarray(contexts, dtype=np.float64).reshape(-1)
+        d = np.arange(max_depth + 1, dtype=np.float64)
+        cost = self.cost(drafter)
+        verify = self.verify(d[None, :] + 1, c[:, None])
+        draft = self.draft_step(drafter, c)[:, None] * d[None, :]
+        other = cost.cycle_overhead_seconds + cost.step_overhead_seconds * np.broadcast_to(d, (c.size, d.size))
+        return {"draft": draft, "verify": verify, "other": other, "total": draft + verify + other}
+
+    def relative_verify_cost(self, tokens=(2, 4, 8, 16, 32, 64), context: float | None = None) -> dict[int, float]:
+        """verify(n) / verify(1) at ``context`` (default: the first tabulated one), for n within the table."""
+        c = self.verify_contexts[0] if context is None else context
+        one = float(self.verify(1, c))
+        return {int(n): float(self.verify(n, c)) / one for n in tokens if n <= self.verify_tokens[-1]}
+
+    # ------------------------------------------------------------------ files
+    def to_dict(self) -> dict:
+        return {
+            "format": PROFILE_FORMAT, "format_version": PROFILE_FORMAT_VERSION, "name": self.name,
+            "source": self.source, "machine": self.machine, **self.meta,
+            "verify": {"tokens": list(self.verify_tokens), "contexts": list(self.verify_contexts),
+                       "seconds": [list(map(float, r)) for r in self.verify_seconds]},
+            "drafters": {k: {"step_seconds": {"contexts": list(v.step_contexts), "seconds": list(map(float, v.step_seconds))},
+                             "step_overhead_seconds": float(v.step_overhead_seconds),
+                             "cycle_overhead_seconds": float(v.cycle_overhead_seconds), **v.extra}
+                         for k, v in self.drafters.items()},
+        }
+
+    def save(self, path: str | Path) -> Path:
+        """Write the profile as indented JSON to ``path``."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str = "profile") -> LatencyProfile:
+        """Build from the JSON structure of the module docstring.
+
+        Raises:
+            ValueError: wrong format / version, a missing entry, or bad numbers (the message names ``where``).
+        """
+        if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
+            raise ValueError(f"{where} is not a learn2draft latency profile (format {data.get('format') if isinstance(data, dict) else None!r}, "
+                             f"expected {PROFILE_FORMAT!r}): write one with `python -m eval.profile`.")
+        if data.get("format_version") != PROFILE_FORMAT_VERSION:
+            raise ValueError(f"{where}: profile format version {data.get('format_version')}, this learn2draft reads "
+                             f"version {PROFILE_FORMAT_VERSION}.")
+        try:
+            v = data["verify"]
+            drafters = {}
+            for k, d in data["drafters"].items():
+                extra = {kk: vv for kk, vv in d.items()
+                         if kk not in ("step_seconds", "step_overhead_seconds", "cycle_overhead_seconds")}
+                drafters[k] = DrafterCost(list(d["step_seconds"]["contexts"]), list(d["step_seconds"]["seconds"]),
+                                          float(d.get("step_overhead_seconds", 0.0)),
+                                          float(d.get("cycle_overhead_seconds", 0.0)), extra)
+            known = {"format", "format_version", "name", "source", "machine", "verify", "drafters"}
+            return cls(name=str(data.get("name", Path(where).stem)), verify_tokens=[int(x) for x in v["tokens"]],
+                       verify_contexts=[float(x) for x in v["contexts"]], verify_seconds=[list(map(float, r)) for r in v["seconds"]],
+                       drafters=drafters, machine=dict(data.get("machine", {})), source=str(data.get("source", "")),
+                       meta={k: val for k, val in data.items() if k not in known})
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{where}: malformed profile (missing or wrong entry {e}); see learn2draft.latency for the "
+                             "format.") from None
+
+
+def load_profile(path: str | Path) -> LatencyProfile:
+    """Read a profile JSON file. A bare name (``cpu-2core``, ``gpu-like``) means a shipped profile in
+    :data:`SHIPPED_PROFILES_DIR`.
+
+    Raises:
+        FileNotFoundError: no such file or shipped profile.
+        ValueError: not a valid profile (see :meth:`LatencyProfile.from_dict`).
+    """
+    p = Path(path)
+    if not p.is_file() and p.suffix == "" and len(p.parts) == 1:
+        p = SHIPPED_PROFILES_DIR / f"{p.name}.json"
+    if not p.is_file():
+        shipped = sorted(x.stem for x in SHIPPED_PROFILES_DIR.glob("*.json"))
+        raise FileNotFoundError(f"No latency profile at {path} (shipped: {', '.join(shipped) or 'none'}): measure one with "
+                                "`python -m eval.profile --out FILE`.")
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{p}: not valid JSON ({e.msg}).") from None
+    return LatencyProfile.from_dict(data, str(p))
+
+
+def machine_info(device: str = "cpu") -> dict:
+    """The machine a measurement ran on: CPU model, cores, load average, nice level, torch version and threads,
+    the device (GPU name for CUDA). Imports torch."""
+    import os
+    import platform
+
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    info = {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "device": str(device), "python": platform.python_version(), "platform": platform.platform()}
+    try:
+        info["load_average_1m"] = round(os.getloadavg()[0], 2)
+        info["nice"] = os.nice(0)
+    except (OSError, AttributeError):
+        pass
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    return info
+
+
+__all__ = ["PROFILE_FORMAT", "PROFILE_FORMAT_VERSION", "SHIPPED_PROFILES_DIR", "DrafterCost", "LatencyProfile",
+           "load_profile", "machine_info"]

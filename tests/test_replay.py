@@ -1,0 +1,501 @@
+"""Recorded traces, latency profiles, the replay environment and the oracle (issue 10), on tiny random
+models; one slow test on the real default pair."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_llama
+from gymnasium.utils.env_checker import check_env
+from helpers_loop import noisy_copy
+
+from envs import CONTINUE, REPLAY_ENV_ID, STOP, SpecDecodeEnv, SpecDecodeReplayEnv
+from envs.replay import measure_steps_per_second, replay_controller
+from eval.oracle import evaluate_policy, oracle_prompt, oracle_report
+from learn2draft import FixedDepthController, SpeculativeDecoder, build_features
+from learn2draft.drafters import make_drafter
+from learn2draft.drafters.head import DraftHead, HeadDrafter, head_llama_config
+from learn2draft.latency import DrafterCost, LatencyProfile, load_profile
+from learn2draft.models import make_pair
+from learn2draft.sampling import SamplingConfig
+from learn2draft.traces import TraceSet, load_traces, record_traces
+
+REPO = Path(__file__).resolve().parent.parent
+PROMPTS = ["w1 w2 w3 w4", "w5 w6 w5 w6 w5", "w7 w8 w9 w10 w11", "w12", "w13 w14 w15 w13 w14"]
+N, D = 16, 4  # max_new_tokens, max_depth of the tiny traces
+
+# Costs linear in tokens and context (so interpolation is exact) and distinct per part, in seconds.
+V1, V_TOK, V_CTX, STEP, STEP_OV, CYCLE_OV = 0.010, 0.002, 1e-5, 0.003, 0.0002, 0.001
+
+
+def linear_profile(step: float = STEP) -> LatencyProfile:
+    tokens, contexts = [1, 2, 4, 8], [0.0, 64.0]
+    table = [[V1 + V_TOK * (n - 1) + V_CTX * c for n in tokens] for c in contexts]
+    costs = {d: DrafterCost([0.0], [step], STEP_OV, CYCLE_OV) for d in ("model", "head", "lookup")}
+    return LatencyProfile("linear-test", tokens, contexts, table, costs, machine={"cpu": "test"}, source="tests")
+
+
+def direct_seconds(d: int, context: int) -> float:
+    """The profile's cycle formula, computed by hand."""
+    return d * (STEP + STEP_OV) + (V1 + V_TOK * d + V_CTX * context) + CYCLE_OV
+
+
+def tiny_head_drafter(pair) -> HeadDrafter:
+    torch.manual_seed(0)
+    V = pair.target.config.vocab_size
+    head = DraftHead(head_llama_config(pair.target.config), torch.arange(3, V, 2)).to(pair.target.dtype)
+    head.attach_target(pair.target, init_norm=True)
+    with torch.no_grad():
+        head.norm.weight.mul_(20.0)
+    return HeadDrafter(head.eval(), pair.vocab_size)
+
+
+def drafter_for(name: str, pair):
+    return tiny_head_drafter(pair) if name == "head" else make_drafter(name, pair)
+
+
+@pytest.fixture(scope="module")
+def noisy_pair(tiny_tok):
+    """A draft that agrees with the target often but not always: cycles see acceptances and rejections."""
+    target = tiny_llama(len(tiny_tok), 0)
+    return make_pair(target, noisy_copy(target, 0.3, seed=5), tiny_tok, tiny_tok)
+
+
+@pytest.fixture(scope="module")
+def noisy_pair64(tiny_tok):
+    """The noisy pair in float64: forwards batched differently round alike, so observations compare exactly."""
+    target = tiny_llama(len(tiny_tok), 0).double()
+    return make_pair(target, noisy_copy(target, 0.3, seed=5), tiny_tok, tiny_tok)
+
+
+@pytest.fixture(scope="module")
+def pairs(noisy_pair, noisy_pair64, tiny_pair, tiny_self_pair):
+    return {"noisy": noisy_pair, "noisy64": noisy_pair64, "random": tiny_pair, "self": tiny_self_pair}
+
+
+_TRACES: dict = {}
+
+
+def traces_for(pairs, pair_name: str, drafter: str, temperature: float = 0.0) -> TraceSet:
+    key = (pair_name, drafter, temperature)
+    if key not in _TRACES:
+        pair = pairs[pair_name]
+        _TRACES[key] = record_traces(pair, drafter_for(drafter, pair), PROMPTS, SamplingConfig(temperature=temperature),
+                                     max_new_tokens=N, max_depth=D, seed=3, progress=False)
+    return _TRACES[key]
+
+
+# ------------------------------------------------------------------ recorded accepted lengths = a real run
+@pytest.mark.parametrize("pair_name,drafter", [("noisy", "model"), ("noisy", "lookup"), ("noisy", "head"),
+                                               ("random", "model"), ("self", "model")])
+def test_recorded_accepted_lengths_match_a_real_run(pairs, pair_name, drafter):
+    """At T=0 the committed sequence is the greedy output whatever the depths; the trace predicts, for every
+    cycle of a real fixed-depth run, its depth (chain availability, depth limit) and its accepted length."""
+    pair, tr = pairs[pair_name], traces_for(pairs, pair_name, drafter)
+    assert tr.header["greedy_inconsistencies"] == 0
+    checked = 0
+    for d in (0, 1, 2, 4):
+        dec = SpeculativeDecoder(pair, max_new_tokens=N, max_depth=D, drafter=drafter_for(drafter, pair))
+        for i, pt in enumerate(tr.prompts):
+            g = dec.generate(torch.as_tensor(pt.prompt_ids), FixedDepthController(d), seed=i)
+            assert g.tokens == pt.output.tolist()
+            t, run = 1, pt.accepted_run()
+            for c in g.cycles:
+                depth = min(int(pt.chain_len[t]), d, N - t - 1)
+                assert (c.depth, c.num_accepted) == (depth, min(depth, int(run[t]), pt.n - t)), (d, i, t)
+                t += len(c.tokens)
+                checked += depth > 0
+            assert t == pt.n
+    assert checked > 20
+
+
+@pytest.mark.slow
+def test_recorded_accepted_lengths_match_a_real_run_on_the_default_pair(default_pair):
+    pair = default_pair
+    tr = record_traces(pair, make_drafter("model", pair), ["Name three fruits.", "What is 2+2?"], SamplingConfig(),
+                       max_new_tokens=20, max_depth=5, progress=False)
+    assert tr.header["greedy_inconsistencies"] == 0
+    for d in (1, 3, 5):
+        dec = SpeculativeDecoder(pair, max_new_tokens=20, max_depth=5, drafter=make_drafter("model", pair))
+        for i, pt in enumerate(tr.prompts):
+            g = dec.generate(torch.as_tensor(pt.prompt_ids), FixedDepthController(d), seed=i)
+            assert g.tokens == pt.output.tolist()
+            t, run = 1, pt.accepted_run()
+            for c in g.cycles:
+                depth = min(int(pt.chain_len[t]), d, 20 - t - 1)
+                assert (c.depth, c.num_accepted) == (depth, min(depth, int(run[t]), pt.n - t))
+                t += len(c.tokens)
+
+
+# ------------------------------------------------------------------ the replay env = the real env
+@pytest.mark.parametrize("drafter", ["model", "lookup", "head"])
+def test_replay_observations_and_outcomes_match_the_real_env(pairs, drafter):
+    """Same actions, same observations, outcomes and termination. In float64 the vectors are identical; in
+    float32 the confidences differ by rounding (the recorder feeds the draft other chunks than the loop; up to
+    1.4e-5 seen with the tiny head, whose norm is scaled up 20×), so the models here are float64."""
+    pair_name = "noisy64"
+    pair, tr = pairs[pair_name], traces_for(pairs, pair_name, drafter)
+    real = SpecDecodeEnv(pair, PROMPTS, max_new_tokens=N, max_depth=D, drafter=drafter_for(drafter, pair))
+    rep = SpecDecodeReplayEnv(tr, linear_profile())
+    rng = np.random.default_rng(0)
+    steps = 0
+    for i in range(len(PROMPTS)):
+        o1, _ = real.reset(seed=1, options={"prompt_index": i})
+        o2, _ = rep.reset(seed=1, options={"prompt_index": i})
+        np.testing.assert_array_equal(o1, o2)
+        while True:
+            a = int(rng.random() < 0.7)
+            o1, _, te1, tr1, i1 = real.step(a)
+            o2, _, te2, tr2, i2 = rep.step(a)
+            steps += 1
+            np.testing.assert_array_equal(o1, o2)
+            assert (te1, tr1) == (te2, tr2)
+            for k in ("depth", "verified", "generated", "tokens", "accepted", "forced", "generation_finished"):
+                assert i1.get(k) == i2.get(k), (k, i1, i2)
+            if te1 or tr1:
+                break
+    assert steps > 30
+
+
+def test_fast_observation_equals_build_features(pairs):
+    """The per-step fill of the history entries gives build_features' vector in every visited state."""
+    tr = traces_for(pairs, "noisy", "lookup")
+    env = SpecDecodeReplayEnv(tr, linear_profile(), max_depth=3, max_new_tokens=12)
+    rng = np.random.default_rng(1)
+    for i in range(len(PROMPTS)):
+        obs, _ = env.reset(options={"prompt_index": i})
+        pt, hist, laf = tr.prompts[i], [], 1.0
+        while True:
+            t, j = env._t, env.depth
+            ref = build_features(pt.prompt_len + t + j, j, 3, hist, pt.confidence[t, :j].tolist(),
+                                 pt.entropy[t, j - 1] if j else 0.0, int(tr.header["vocab_size"]), laf, t, 12,
+                                 pt.drafter_features[t, j])
+            np.testing.assert_array_equal(obs, ref)
+            obs, _, term, trunc, info = env.step(int(rng.random() < 0.6))
+            if info["verified"]:
+                hist.append(info["accepted"])
+                laf = info["accepted"] / info["depth"] if info["depth"] else 1.0
+            if term or trunc:
+                break
+
+
+# ------------------------------------------------------------------ rewards
+@pytest.mark.parametrize("depth", [0, 2, 4])
+def test_replay_rewards_match_a_direct_computation(pairs, depth):
+    tr = traces_for(pairs, "noisy", "model")
+    scale = 7.0
+    env = SpecDecodeReplayEnv(tr, linear_profile(), reward_scale=scale, episode="cycle")
+    for i, pt in enumerate(tr.prompts):
+        env.reset(options={"prompt_index": i})
+        t, run = 1, pt.accepted_run()
+        while t < pt.n:
+            d = min(depth, int(pt.chain_len[t]), N - t - 1)
+            info = {"verified": False}
+            for _ in range(d):  # CONTINUE up to the depth (the last one verifies when it hits the limit)
+                _, r, term, _, info = env.step(CONTINUE)
+                if info["verified"]:
+                    break
+                assert r == 0.0 and not term
+            if not info["verified"]:
+                _, r, term, _, info = env.step(STOP)
+            emitted = min(min(d, int(run[t])) + 1, pt.n - t)
+            seconds = direct_seconds(d, pt.prompt_len + t)
+            assert info["depth"] == d and info["tokens"] == emitted and term
+            assert info["seconds"] == pytest.approx(seconds, rel=1e-12)
+            assert r == pytest.approx(emitted / seconds / scale, rel=1e-12)
+            t += emitted
+            if t < pt.n:
+                env.reset()  # cycle mode: the next cycle of the same generation
+
+
+def test_autoregressive_rate_is_the_depth_zero_rate(pairs):
+    tr = traces_for(pairs, "noisy", "model")
+    env = SpecDecodeReplayEnv(tr, linear_profile())
+    tokens = sum(pt.n for pt in tr.prompts)
+    seconds = sum(direct_seconds(0, pt.prompt_len + t) for pt in tr.prompts for t in range(1, pt.n))
+    assert env.autoregressive_rate() == pytest.approx(tokens / seconds, rel=1e-12)
+    res = replay_controller(env, FixedDepthController(0))
+    assert res["tokens_per_s"] == pytest.approx(tokens / seconds, rel=1e-12)
+
+
+def test_t_positive_accepted_lengths_follow_the_recorded_law(pairs):
+    """At T>0 the replay draws τ from the recorded acceptance probabilities: the frequency of τ at one position
+    matches Π a_i (1 − a_τ). 6000 seeded draws; tolerance 0.03 is > 4 standard errors (≤ 0.0065)."""
+    tr = traces_for(pairs, "noisy", "model", temperature=1.0)
+    assert "approximation" in tr.header
+    acc = np.concatenate([pt.accept_prob[1:pt.n][~np.isnan(pt.accept_prob[1:pt.n])] for pt in tr.prompts])
+    assert acc.size and np.all((acc >= 0) & (acc <= 1)) and 0.05 < acc.mean() < 0.95
+    env = SpecDecodeReplayEnv(tr, linear_profile(), episode="cycle")
+    i = max(range(len(PROMPTS)), key=lambda k: tr.prompts[k].chain_len[1])
+    a = tr.prompts[i].accept_prob[1, :2]
+    law = [1 - a[0], a[0] * (1 - a[1]), a[0] * a[1]]
+    counts = np.zeros(3)
+    for s in range(6000):
+        env.reset(seed=s, options={"prompt_index": i})
+        env.step(CONTINUE)
+        _, _, _, _, info = env.step(CONTINUE)
+        if not info["verified"]:
+            _, _, _, _, info = env.step(STOP)
+        assert info["depth"] == 2
+        counts[info["accepted"]] += 1
+    np.testing.assert_allclose(counts / counts.sum(), law, atol=0.03)
+
+
+def test_a_draft_equal_to_the_target_is_always_accepted_at_t_positive(pairs):
+    tr = traces_for(pairs, "self", "model", temperature=1.0)
+    acc = np.concatenate([pt.accept_prob[pt.chain_len > 0][:, 0] for pt in tr.prompts])
+    np.testing.assert_allclose(acc, 1.0, atol=1e-4)  # p = q up to differently batched float forwards
+
+
+# ------------------------------------------------------------------ gymnasium conformance, speed
+@pytest.mark.parametrize("episode", ["generation", "cycle"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_check_env_passes(pairs, tmp_path, episode, temperature):
+    path = traces_for(pairs, "noisy", "model", temperature).save(tmp_path / "t.npz")
+    prof = linear_profile().save(tmp_path / "p.json")
+    env = gym.make(REPLAY_ENV_ID, traces=str(path), profile=str(prof), episode=episode)
+    assert not env.spec.nondeterministic
+    check_env(env.unwrapped)
+    env.close()
+
+
+def test_spaces_equal_the_real_envs(pairs):
+    real = SpecDecodeEnv(pairs["noisy"], PROMPTS, max_new_tokens=N, max_depth=D)
+    rep = SpecDecodeReplayEnv(traces_for(pairs, "noisy", "model"), linear_profile())
+    assert rep.observation_space == real.observation_space and rep.action_space == real.action_space
+    with pytest.raises(ValueError, match="Invalid action"):
+        rep.reset(seed=0)
+        rep.step(2)
+
+
+def test_steps_per_second_is_measured(pairs):
+    env = SpecDecodeReplayEnv(traces_for(pairs, "noisy", "lookup"), linear_profile())
+    assert measure_steps_per_second(env, steps=2000) > 0  # a measurement, no speed assertion
+
+
+# ------------------------------------------------------------------ the oracle
+def brute_force_seconds(env: SpecDecodeReplayEnv, index: int) -> float:
+    """The least total seconds over every depth sequence, each run through the replay env."""
+    best = np.inf
+    r = env.replay_data(index)
+
+    def run(depths):
+        env.reset(options={"prompt_index": index})
+        total, k, done = 0.0, 0, False
+        while not done:
+            if k >= len(depths):
+                return None, env._t  # needs a longer sequence
+            info = {"verified": False}
+            for _ in range(depths[k]):
+                _, _, _, _, info = env.step(CONTINUE)
+                if info["verified"]:
+                    break
+            if not info["verified"]:
+                _, _, _, _, info = env.step(STOP)
+            total += info["seconds"]
+            done = info["generation_finished"]
+            k += 1
+        return total, None
+
+    stack = [[]]
+    while stack:
+        seq = stack.pop()
+        total, t = run(seq)
+        if total is None:
+            stack.extend(seq + [d] for d in range(int(r.avail[t]) + 1))
+        else:
+            best = min(best, total)
+    return best
+
+
+@pytest.mark.parametrize("drafter", ["model", "lookup"])
+def test_oracle_beats_every_fixed_depth_and_equals_brute_force(pairs, drafter):
+    tr = traces_for(pairs, "noisy", drafter)
+    env = SpecDecodeReplayEnv(tr, linear_profile(step=0.0005), max_new_tokens=8, max_depth=3)
+    assert any(env.replay_data(i).run[1:].max() > 0 for i in env._usable)  # some drafts are accepted
+    for i in env._usable:
+        r = env.replay_data(i)
+        best, depths = oracle_prompt(r, True)
+        assert best == pytest.approx(brute_force_seconds(env, i), rel=1e-12)
+        assert best == pytest.approx(evaluate_policy(r, lambda t: depths[t], True), rel=1e-12)
+        for d in range(4):
+            assert best <= evaluate_policy(r, lambda t, d=d: d, True) + 1e-12
+    rep = oracle_report(env, {"γ=2": FixedDepthController(2)})
+    o = rep["methods"]["oracle (hindsight DP)"]["tokens_per_s"]
+    assert all(m["tokens_per_s"] <= o * (1 + 1e-12) for m in rep["methods"].values())
+    assert rep["methods"]["γ=2"]["tokens_per_s"] == pytest.approx(rep["methods"]["fixed γ=2"]["tokens_per_s"])
+
+
+def test_oracle_at_t_positive_is_the_expected_time_optimum(pairs):
+    tr = traces_for(pairs, "noisy", "model", temperature=1.0)
+    env = SpecDecodeReplayEnv(tr, linear_profile(step=0.0005))
+    for i in env._usable:
+        r = env.replay_data(i)
+        best, _ = oracle_prompt(r, False)
+        assert all(best <= evaluate_policy(r, lambda t, d=d: d, False) + 1e-12 for d in range(D + 1))
+    # A fixed depth's expected seconds (exact) agree with its Monte Carlo replay: 400 generations per prompt,
+    # tolerance 3% (the replayed totals' relative standard error is below 0.5%).
+    mc = replay_controller(env, FixedDepthController(3), repeats=400)
+    exact = sum(evaluate_policy(env.replay_data(i), lambda t: 3, False) for i in env._usable)
+    assert mc["seconds"] / 400 == pytest.approx(exact, rel=0.03)
+
+
+# ------------------------------------------------------------------ files
+def test_trace_file_round_trip_and_version_check(pairs, tmp_path):
+    tr = traces_for(pairs, "noisy", "head")
+    path = tr.save(tmp_path / "traces")
+    assert path.suffix == ".npz" and path.with_suffix(".json").is_file()
+    back = TraceSet.load(path)
+    assert back.header["format_version"] == 1 and back.header["structure"] == "chain"
+    for a, b in zip(tr.prompts, back.prompts):
+        for k in ("prompt_ids", "output", "chain_len", "draft_tokens", "confidence", "entropy", "drafter_features",
+                  "accept_prob"):
+            np.testing.assert_array_equal(getattr(a, k), getattr(b, k))
+    both = load_traces(f"{path},{path}")
+    assert len(both) == 2 * len(tr)
+    data = dict(np.load(path))
+    header = json.loads(str(data["header"]))
+    for change, match in (({"format_version": 99}, "format version 99"), ({"structure": "tree"}, "chain traces only"),
+                          ({"feature_version": 1}, "feature version 1")):
+        data["header"] = np.array(json.dumps({**header, **change}))
+        np.savez(tmp_path / "bad.npz", **data)
+        with pytest.raises(ValueError, match=match):
+            TraceSet.load(tmp_path / "bad.npz")
+    with pytest.raises(FileNotFoundError, match="eval.record"):
+        TraceSet.load(tmp_path / "missing.npz")
+
+
+def test_profiles_validate_and_the_shipped_ones_load(tmp_path):
+    p = linear_profile()
+    back = load_profile(p.save(tmp_path / "p.json"))
+    assert back.verify(3, 32.0) == pytest.approx(V1 + 2 * V_TOK + 32 * V_CTX)
+    assert back.verify(2, 100.0) == pytest.approx(V1 + V_TOK + 100 * V_CTX)  # linear above the last context
+    with pytest.raises(ValueError, match="1..8 tokens"):
+        back.verify(9, 0)
+    with pytest.raises(ValueError, match="no costs for the 'lookup'"):
+        LatencyProfile("x", [1], [0.0], [[0.01]], {"model": DrafterCost([0.0], [0.001])}).cost("lookup")
+    with pytest.raises(ValueError, match="start at 1"):
+        LatencyProfile("x", [2, 4], [0.0], [[0.01, 0.02]], {"model": DrafterCost([0.0], [0.001])})
+    for name in ("cpu-2core", "gpu-like"):
+        prof = load_profile(name)
+        assert set(prof.drafters) == {"model", "head", "lookup"} and prof.source and prof.machine
+    gpu = load_profile("gpu-like").relative_verify_cost()
+    assert gpu[64] == pytest.approx(1.05, abs=0.01)
+
+
+# ------------------------------------------------------------------ training on replay, commands
+def test_train_replay_runs_end_to_end_and_exports(pairs, tmp_path):
+    import train
+    from policies.export import load_policy, policy_drafter
+    from train.training import TrainConfig
+
+    path = traces_for(pairs, "noisy", "lookup").save(tmp_path / "t.npz")
+    prof = linear_profile().save(tmp_path / "p.json")
+    cfg = TrainConfig(out=str(tmp_path / "run"), timesteps=128, n_steps=64, batch_size=32, n_epochs=2, net_arch=(16, 16),
+                      wandb_mode="disabled", progress_bar=False, checkpoint_every=64, replay=str(path), profile=str(prof),
+                      eval_gammas=(0, 2))
+    m = train.run(None, cfg)
+    out = tmp_path / "run"
+    assert m["timesteps"] == 128 and m["export_check"]["agreement"] == 1.0
+    assert m["reward_scale"] == pytest.approx(SpecDecodeReplayEnv(str(path), str(prof)).autoregressive_rate())
+    ev = m["evaluation"]
+    assert ev["policy"]["ratio_to_oracle"] <= 1 + 1e-9 and ev["best_fixed"]["ratio_to_oracle"] <= 1 + 1e-9
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["env_id"] == REPLAY_ENV_ID and saved["drafter"] == "lookup" and saved["max_depth"] == D
+    pcfg = json.loads((out / "policy/policy_config.json").read_text())
+    assert pcfg["trained_on"]["env"] == REPLAY_ENV_ID and pcfg["trained_on"]["profile_name"] == "linear-test"
+    assert pcfg["trained_on"]["traces"] == [str(path.resolve())] and pcfg["max_new_tokens"] == N
+    assert policy_drafter(out) == "lookup"
+    ctrl = load_policy(out)  # the same export path as a real-loop policy: it drives the real decoder
+    dec = SpeculativeDecoder(pairs["noisy"], max_new_tokens=N, max_depth=ctrl.max_depth, drafter=make_drafter("lookup", pairs["noisy"]))
+    assert dec.generate(torch.as_tensor(load_traces(path).prompts[0].prompt_ids), ctrl).tokens
+    with pytest.raises(ValueError, match="--drafter 'head', but the traces"):
+        train.run(None, TrainConfig(out=str(tmp_path / "r2"), drafter="head", replay=str(path), profile=str(prof),
+                                    wandb_mode="disabled"))
+
+
+def test_train_cli_replay(pairs, tmp_path, capsys):
+    from train.__main__ import main
+
+    path = traces_for(pairs, "noisy", "model").save(tmp_path / "t.npz")
+    prof = linear_profile().save(tmp_path / "p.json")
+    args = ["--replay", str(path), "--profile", str(prof), "--timesteps", "64", "--n-steps", "32", "--batch-size", "32",
+            "--n-epochs", "1", "--net-arch", "8", "--wandb-mode", "disabled", "--no-progress-bar", "--checkpoint-every",
+            "0", "--out", str(tmp_path / "run")]
+    assert main(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["onnx_agreement"] == 1.0 and "oracle" in summary["evaluation"]
+    with pytest.raises(SystemExit) as e:
+        main(["--replay", str(path), "--out", str(tmp_path / "r2")])
+    assert e.value.code == 2 and "--profile" in capsys.readouterr().err
+
+
+def test_record_profile_and_oracle_commands(tiny_model_dirs, tmp_path, capsys):
+    from eval.oracle import main as oracle_main
+    from eval.profile import main as profile_main
+    from eval.record import main as record_main
+
+    target, draft = tiny_model_dirs
+    trace = tmp_path / "tr.npz"
+    assert record_main(["--target", target, "--draft", draft, "--drafter", "lookup", "--num-prompts", "2",
+                        "--max-new-tokens", "8", "--max-depth", "3", "--out", str(trace)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["prompts"] == 2 and TraceSet.load(trace).header["prompt_source"] == "train"
+    prof = tmp_path / "prof.json"
+    assert profile_main(["--target", target, "--draft", draft, "--drafter", "lookup,model", "--contexts", "8,16",
+                         "--tokens", "1,2,4", "--repeats", "1", "--draft-steps", "2", "--overhead-prompts", "1",
+                         "--overhead-tokens", "6", "--device", "cpu", "--out", str(prof)]) == 0
+    p = load_profile(prof)
+    assert set(p.drafters) == {"lookup", "model"} and p.machine["cores"] and "measured by python -m eval.profile" in p.source
+    capsys.readouterr()
+    assert oracle_main([str(trace), "--profile", str(prof)]) == 0
+    text = capsys.readouterr().out
+    assert "oracle (hindsight DP)" in text and "best fixed / oracle" in text
+    assert record_main(["--drafter", "lookup", "--max-depth", "-1"]) == 2
+    assert "--max-depth" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["eval.record", "eval.profile", "eval.oracle"])
+def test_help_has_a_line_per_option_and_needs_no_torch(command):
+    import importlib
+
+    parser = importlib.import_module(command).build_parser()
+    fmt = parser._get_formatter()
+    for action in parser._actions:
+        if action.option_strings and action.help != "show this help message and exit":
+            assert action.help and action.help.strip(), action.option_strings
+            assert len(re.findall(r"\(default[: ]", fmt._get_help_string(action))) <= 1
+    assert not re.search(r"``|:(class|func|mod|meth|data|attr):`", parser.format_help())
+    code = (f"import runpy, sys\nsys.argv = ['x', '--help']\ntry:\n    runpy.run_module({command!r}, run_name='__main__')\n"
+            "except SystemExit:\n    pass\nprint('TORCH' if 'torch' in sys.modules else 'NO-TORCH', file=sys.stderr)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert "usage:" in r.stdout and r.stderr.strip().endswith("NO-TORCH"), r.stderr
+
+
+def test_bad_replay_settings_are_clear_errors(pairs):
+    tr = traces_for(pairs, "noisy", "model")
+    with pytest.raises(ValueError, match="max_depth must be an integer in \\[0, 4\\]"):
+        SpecDecodeReplayEnv(tr, linear_profile(), max_depth=5)
+    with pytest.raises(ValueError, match="max_new_tokens must be an integer in \\[2, 16\\]"):
+        SpecDecodeReplayEnv(tr, linear_profile(), max_new_tokens=17)
+    small = LatencyProfile("small", [1, 2], [0.0], [[0.01, 0.02]], {"model": DrafterCost([0.0], [0.001])})
+    with pytest.raises(ValueError, match="1..2 tokens"):
+        SpecDecodeReplayEnv(tr, small)
+    with pytest.raises(ValueError, match="python -m eval.profile --drafter lookup"):
+        SpecDecodeReplayEnv(traces_for(pairs, "noisy", "lookup"), small)
+    with pytest.raises(FileNotFoundError, match="eval.profile"):
+        load_profile("no-such-profile")
+    env = SpecDecodeReplayEnv(tr, linear_profile())
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step(STOP)
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="prompt_index"):
+        env.reset(options={"prompt_index": 99})
