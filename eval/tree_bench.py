@@ -1,9 +1,10 @@
-"""Micro-benchmark of the tree sampler: ``python -m eval.tree_bench [--vocab-size V] [--nodes N]``.
+"""Micro-benchmarks of draft trees: ``python -m eval.tree_bench [--vocab-size V] [--nodes N] [--overhead]``.
 
 Prints the median and 90th-percentile milliseconds of one
 :func:`learn2draft.sampling.tree_speculative_sample` call (issue 8's goal: ≤ 1 ms at V = 49,152
-and 64 nodes on CPU). Timings on a shared machine are noisy: run it under ``nice`` and report the
-machine.
+and 64 nodes on CPU); with ``--overhead``, also the share of tree cycle time spent in the tree's
+own work (selection and mask, sampling, cache gather; goal ≤ 5 %) on the default pair. Timings on
+a shared machine are noisy: run it under ``nice`` and report the machine.
 """
 
 from __future__ import annotations
@@ -60,12 +61,50 @@ def tree_sampler_microbenchmark(vocab_size: int = 49152, num_nodes: int = 64, wi
             "p90_seconds": float(np.percentile(ts, 90)), "mean_accepted": float(np.mean(taus))}
 
 
+def tree_cycle_overhead(pair, drafter: str = "head", depth: int = 4, verify_size: int = 8, width: int = 4,
+                        top_k: int = 4, prompts: tuple[str, ...] = ("Write a haiku about the sea.",
+                                                                     "Explain what a hash table is."),
+                        max_new_tokens: int = 48) -> dict:
+    """Share of tree cycle time spent outside the models' forwards, greedy, on ``pair``.
+
+    Runs :class:`learn2draft.tree.TreeSpeculativeDecoder` with a fixed (depth, V) once per prompt
+    (after one warm-up generation) and sums its per-cycle :attr:`~learn2draft.tree.TreeSpeculativeDecoder.tree_timings`.
+
+    Returns:
+        dict: seconds per part (``draft``, ``forward`` (target forward + processing p),
+        ``select_mask``, ``sample``, ``gather`` (cache gather + drafter rollback), ``cycle``),
+        ``tree_overhead_fraction`` = (select_mask + sample + gather) / cycle, ``cycles``,
+        ``mean_accepted``, ``tokens``.
+    """
+    from learn2draft.drafters import make_drafter
+    from learn2draft.tree import FixedTreeController, TreeSpeculativeDecoder
+
+    dec = TreeSpeculativeDecoder(pair, max_new_tokens=max_new_tokens, width=width, top_k=top_k,
+                                 drafter=make_drafter(drafter, pair))
+    ctrl = FixedTreeController(depth, verify_size)
+    dec.generate(pair.encode_prompt(prompts[0]), ctrl)  # warm-up
+    dec.tree_timings.clear()
+    acc, toks = [], 0
+    for pr in prompts:
+        res = dec.generate(pair.encode_prompt(pr), ctrl)
+        acc += [c.num_accepted for c in res.cycles]
+        toks += len(res.tokens)
+    keys = ("draft", "forward", "select_mask", "sample", "gather", "cycle")
+    tot = {k: sum(t[k] for t in dec.tree_timings) for k in keys}
+    tot["tree_overhead_fraction"] = (tot["select_mask"] + tot["sample"] + tot["gather"]) / tot["cycle"]
+    tot.update(cycles=len(dec.tree_timings), mean_accepted=sum(acc) / max(len(acc), 1), tokens=toks)
+    return tot
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m eval.tree_bench", description=__doc__.splitlines()[0])
     ap.add_argument("--vocab-size", type=int, default=49152, help="vocabulary size V (default 49152)")
     ap.add_argument("--nodes", type=int, default=64, help="drafted nodes N in the tree (default 64)")
     ap.add_argument("--iters", type=int, default=200, help="calls timed (default 200)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    ap.add_argument("--overhead", action="store_true",
+                    help="also measure the tree's share of cycle time on the default pair (greedy, head drafter, "
+                         "depth 4, V 8, W = k = 4; loads the models)")
     args = ap.parse_args(argv)
     import torch
 
@@ -74,6 +113,14 @@ def main(argv: list[str] | None = None) -> None:
     print(f"tree_speculative_sample: V={r['vocab_size']}, {r['num_nodes']} nodes, {args.threads} thread(s): "
           f"median {r['median_seconds'] * 1e3:.3f} ms, p90 {r['p90_seconds'] * 1e3:.3f} ms, "
           f"mean accepted {r['mean_accepted']:.2f}")
+    if args.overhead:
+        from learn2draft.models import load_pair
+
+        o = tree_cycle_overhead(load_pair())
+        parts = ", ".join(f"{k} {o[k]:.3f} s" for k in ("draft", "forward", "select_mask", "sample", "gather", "cycle"))
+        print(f"tree cycle (head, depth 4, V 8): {o['cycles']} cycles, {o['tokens']} tokens, "
+              f"τ̄ = {o['mean_accepted']:.2f}; {parts}; tree overhead {100 * o['tree_overhead_fraction']:.2f} % "
+              "of cycle time")
 
 
 if __name__ == "__main__":

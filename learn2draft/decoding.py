@@ -22,9 +22,11 @@ and the gymnasium environment (:mod:`envs`) drive.
 Cache invariant: the target's cache holds keys/values for a prefix of the sequence
 ``committed + drafted``; every forward feeds exactly the tokens after that prefix. After
 verification the valid prefix is ``committed + accepted`` minus the last token, which has not
-been fed to the target yet. A draft *tree* would replace :meth:`draft_step` and pass a tree
-attention mask in :meth:`verify`; the :class:`DraftAction` a cycle executes (its
-``CycleResult.action``) already carries a verification size (equal to the depth for a chain).
+been fed to the target yet. Draft *trees* (EAGLE-2 drafting, top-V verification with a tree
+attention mask, the accepted path's entries gathered into the cache) are
+:class:`learn2draft.tree.TreeSpeculativeDecoder`, a subclass of this decoder; the
+:class:`DraftAction` a cycle executes (its ``CycleResult.action``) carries the verification size
+(equal to the depth for a chain, the tree nodes verified for a tree).
 """
 
 from __future__ import annotations

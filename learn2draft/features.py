@@ -105,6 +105,99 @@ def build_features(
 
 
 # --------------------------------------------------------------------------------------------
+# The verification-size policy of draft trees (issue 8)
+# --------------------------------------------------------------------------------------------
+SIZE_FEATURE_VERSION = 1
+#: Ranks r at which the sorted tree node probabilities are read (LTD's size choices span 1..64).
+SIZE_RANKS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 48, 64)
+#: Tree sizes are divided by this, then clipped to [0, 1].
+SIZE_NODE_SCALE = 64.0
+
+SIZE_FEATURE_NAMES: tuple[str, ...] = (
+    "context_len",
+    "depth",
+    *(f"accepted_len_t-{i + 1}" for i in range(HISTORY)),
+    "last_accept_fraction",
+    "tree_nodes",
+    *(f"node_prob_r{r}" for r in SIZE_RANKS),
+    *(f"expected_accepted_r{r}" for r in SIZE_RANKS),
+)
+
+SIZE_FEATURE_DOCS: dict[str, str] = {
+    "context_len": f"committed tokens (prompt + generated) / {CONTEXT_SCALE:g}, clipped to [0, 1]",
+    "depth": "levels of the draft tree (draft forwards this cycle) / max_depth",
+    **{f"accepted_len_t-{i + 1}": f"accepted length τ of the cycle {i + 1} back / max_depth (0 before it exists)"
+       for i in range(HISTORY)},
+    "last_accept_fraction": "τ / depth of the previous cycle (1 if it drafted nothing or before any cycle)",
+    "tree_nodes": f"drafted nodes N / {SIZE_NODE_SCALE:g}, clipped to [0, 1]",
+    **{f"node_prob_r{r}": f"exp(score) of the {r}-th best drafted node (its path's draft probability; the "
+                          "nodes sorted by score, decreasing), 0 when the tree has fewer nodes" for r in SIZE_RANKS},
+    **{f"expected_accepted_r{r}": f"sum of exp(score) over the {r} best drafted nodes / max_depth, clipped to [0, 1]: "
+                                  f"the accepted length the draft expects when verifying V = {r}"
+       for r in SIZE_RANKS},
+}
+
+
+def size_feature_spec(max_depth: int) -> dict:
+    """JSON-serialisable description of the verification-size observation (float32,
+    shape (len(SIZE_FEATURE_NAMES),)), saved next to an exported size policy.
+
+    The size policy decides V once drafting stops, from draft-side information only (the tree's
+    scores and depth, the context, the accepted lengths of past cycles): reading anything the
+    target computes this cycle would break the law of :func:`learn2draft.sampling.tree_speculative_sample`.
+    """
+    return {
+        "version": SIZE_FEATURE_VERSION,
+        "dtype": "float32",
+        "shape": [len(SIZE_FEATURE_NAMES)],
+        "max_depth": max_depth,
+        "history": HISTORY,
+        "context_scale": CONTEXT_SCALE,
+        "node_scale": SIZE_NODE_SCALE,
+        "ranks": list(SIZE_RANKS),
+        "features": [{"name": n, "index": i, "definition": SIZE_FEATURE_DOCS[n]}
+                     for i, n in enumerate(SIZE_FEATURE_NAMES)],
+    }
+
+
+def build_size_features(
+    scores: Sequence[float] | np.ndarray,
+    depth: int,
+    max_depth: int,
+    context_len: int,
+    accepted_history: Sequence[int],
+    last_accept_fraction: float,
+) -> np.ndarray:
+    """Assemble the verification-size observation described by :data:`SIZE_FEATURE_NAMES`.
+
+    Args:
+        scores: the drafted nodes' scores (cumulative draft log-probabilities, ≤ 0), any order;
+            the root excluded.
+        depth: levels of the tree; ``max_depth``: the decoder's (> 0).
+        context_len: committed tokens (prompt + generated).
+        accepted_history: accepted lengths τ of the past cycles, oldest first.
+        last_accept_fraction: τ / depth of the previous cycle.
+
+    Returns:
+        float32 array of shape (len(SIZE_FEATURE_NAMES),), every entry in [0, 1].
+    """
+    probs = np.sort(np.exp(np.asarray(scores, dtype=np.float64).reshape(-1)))[::-1]
+    cum = np.cumsum(probs)
+    hist = list(accepted_history)[-HISTORY:][::-1]
+    hist += [0] * (HISTORY - len(hist))
+    out = [
+        min(context_len / CONTEXT_SCALE, 1.0),
+        depth / max_depth,
+        *(min(h / max_depth, 1.0) for h in hist),
+        last_accept_fraction,
+        min(probs.size / SIZE_NODE_SCALE, 1.0),
+        *(probs[r - 1] if probs.size >= r else 0.0 for r in SIZE_RANKS),
+        *((cum[min(r, cum.size) - 1] / max_depth) if cum.size else 0.0 for r in SIZE_RANKS),
+    ]
+    return np.clip(np.asarray(out, dtype=np.float32), 0.0, 1.0)
+
+
+# --------------------------------------------------------------------------------------------
 # Engine-visible features: what vLLM's draft-length policy protocol hands a policy
 # --------------------------------------------------------------------------------------------
 ENGINE_FEATURE_VERSION = 1

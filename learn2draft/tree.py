@@ -21,8 +21,11 @@ Node order convention (relied on by the sampler): a parent precedes its children
 of a node appear in decreasing score, so increasing node index = the order in which the sampler
 tries siblings.
 
-Everything here is pure bookkeeping on small host tensors except :func:`gather_cache`, which
-moves key/value entries on the cache's device.
+The structure and its helpers are pure bookkeeping on small host tensors; :func:`gather_cache`
+moves key/value entries on the cache's device. The tree cycle itself — drafting, the size
+decision, verification, acceptance, cache gather — is :class:`TreeSpeculativeDecoder` (a
+:class:`learn2draft.decoding.SpeculativeDecoder` whose draft step expands a tree level), with
+:class:`FixedTreeController` for a fixed (depth, V).
 """
 
 from __future__ import annotations
@@ -31,6 +34,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from transformers.cache_utils import DynamicLayer
+
+from learn2draft.decoding import CycleResult, DraftController, SpeculativeDecoder
+from learn2draft.features import build_size_features
+from learn2draft.models import ModelPair
+from learn2draft.sampling import SamplingConfig, tree_speculative_sample
 
 
 def _as_long(name: str, t, ndim: int | None = 1) -> torch.Tensor:
@@ -327,7 +336,294 @@ def path_cache_indices(accepted, prefix_len: int) -> torch.Tensor:
     return torch.cat([torch.arange(int(prefix_len) + 1), acc + int(prefix_len)])
 
 
+def gather_cache(cache, prefix_len: int, accepted) -> int:
+    """Keep only the accepted path's key/value entries after a tree verification, in place.
+
+    The cache held ``prefix_len`` (L) entries, then the verified nodes at slots L + i; afterwards it
+    holds the prefix, the root (slot L) and the accepted nodes, in order (:func:`path_cache_indices`),
+    so it equals the cache of a plain forward over the committed sequence. Entries are moved with one
+    indexed copy per layer and tensor (nothing when the accepted nodes are already 1..τ), then cropped.
+
+    Args:
+        cache: a transformers ``DynamicCache`` whose layers are full-attention ``DynamicLayer``s
+            (``layers[i].keys / .values`` of shape (batch, kv_heads, seq, head_dim)).
+        prefix_len: L.
+        accepted: increasing node indices (from :func:`learn2draft.sampling.tree_speculative_sample`).
+
+    Returns:
+        the new cache length L + 1 + τ.
+
+    Raises:
+        ValueError: a layer is not a full-attention DynamicLayer (sliding-window or static caches cannot
+            be gathered this way), or the cache is shorter than the slots read.
+    """
+    keep = path_cache_indices(accepted, prefix_len)
+    new_len = keep.numel()
+    L, tau = int(prefix_len), len(keep) - int(prefix_len) - 1
+    move = tau > 0 and keep[L + 1 :].tolist() != list(range(L + 1, L + 1 + tau))
+    with torch.inference_mode():
+        for i, layer in enumerate(cache.layers):
+            if type(layer) is not DynamicLayer:
+                raise ValueError(f"Cache layer {i} is a {type(layer).__name__}: tree verification needs full-attention "
+                                 "DynamicLayer caches (a plain DynamicCache of a model without sliding windows).")
+            if not layer.is_initialized:
+                continue
+            S = layer.keys.shape[-2]
+            if S < int(keep[-1]) + 1:
+                raise ValueError(f"Cache layer {i} holds {S} entries but slot {int(keep[-1])} is kept: "
+                                 "wrong prefix_len?")
+            if move:
+                src = keep[L + 1 :].to(layer.keys.device)
+                layer.keys[:, :, L + 1 : new_len] = layer.keys.index_select(2, src)
+                layer.values[:, :, L + 1 : new_len] = layer.values.index_select(2, src)
+            if S > new_len:
+                layer.crop(-(S - new_len))
+    return new_len
+
+
+class FixedTreeController(DraftController):
+    """Draft ``depth`` tree levels and verify the best ``verify_size`` nodes: a fixed (depth, V).
+
+    Raises:
+        ValueError: ``depth`` < 0 or ``verify_size`` < 0.
+    """
+
+    def __init__(self, depth: int, verify_size: int):
+        for name, v in (("depth", depth), ("verify_size", verify_size)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name} must be an integer ≥ 0, got {v!r}.")
+        self.max_depth, self.verify_size = int(depth), int(verify_size)
+
+    def continue_drafting(self, features: np.ndarray) -> bool:
+        return True  # the decoder stops at max_depth
+
+    def verification_size(self, features: np.ndarray, depth: int) -> int:
+        return self.verify_size
+
+    def __repr__(self) -> str:
+        return f"FixedTreeController(depth={self.max_depth}, verify_size={self.verify_size})"
+
+
+def decides_verification_size(controller: DraftController) -> bool:
+    """Whether ``controller`` overrides :meth:`DraftController.verification_size` (a size policy, a
+    :class:`FixedTreeController`); a chain controller (fixed γ, a depth policy) does not."""
+    return type(controller).verification_size is not DraftController.verification_size
+
+
+class TreeSpeculativeDecoder(SpeculativeDecoder):
+    """Speculative decoding with a draft *tree* (EAGLE-2 drafting, Learning to Draft's cycle).
+
+    One cycle (:meth:`run_cycle`):
+
+    1. before each depth the controller says CONTINUE or STOP (:meth:`DraftController.continue_drafting`
+       on :meth:`features`, as for a chain; the confidences are the best frontier node's); each
+       :meth:`draft_step` expands the ``width`` best nodes of the deepest level with their top-``top_k``
+       children (:meth:`learn2draft.drafters.Drafter.propose_topk`), every scored node kept;
+    2. the size decision: a controller that overrides :meth:`DraftController.verification_size`
+       gets :meth:`size_features` (:func:`learn2draft.features.size_feature_spec`) and the depth and
+       returns V; any other controller leaves V to this decoder's ``verify_size``;
+    3. :meth:`verify`: the top-V nodes by score (:func:`select_top_nodes`, ancestors included) and
+       the root go through the target in ONE forward with :func:`tree_attention_mask` and
+       :func:`tree_position_ids`; :func:`learn2draft.sampling.tree_speculative_sample` accepts a
+       path and emits one corrected or bonus token; τ + 1 tokens are committed;
+    4. :func:`gather_cache` keeps the accepted path's entries in the target's cache (length =
+       committed − 1, as for a chain); the drafter gets the accepted path's target hidden states
+       (head) and rolls back to the committed length, forgetting its tree entries.
+
+    Works with the ``model`` and ``head`` drafters (``drafter.supports_tree``). The inherited
+    :meth:`start`, :meth:`features`, :meth:`generate` and commit logic are the chain decoder's.
+    :attr:`tree_timings` holds, per cycle, the seconds of the tree's own work (``select_mask``:
+    selection, mask and positions; ``sample``: probabilities' processing excluded, the sampler;
+    ``gather``: cache gather and drafter rollback) next to ``draft``, ``forward`` and ``cycle``.
+
+    Args:
+        pair, sampling, max_new_tokens, max_depth, seed, drafter: as :class:`SpeculativeDecoder`
+            (``max_depth``: the most tree levels per cycle).
+        width: W, frontier nodes expanded per level (≥ 1).
+        top_k: k, children per expanded node (≥ 1).
+        verify_size: V when the controller does not decide it; None = every drafted node.
+        tree_sampler: the acceptance rule (:func:`tree_speculative_sample` unless a test swaps it).
+
+    Raises:
+        ValueError: ``width``, ``top_k`` or ``verify_size`` out of range, a drafter without trees
+            (lookup), or a target whose attention cannot take a custom mask (flash attention).
+    """
+
+    def __init__(
+        self,
+        pair: ModelPair,
+        sampling: SamplingConfig | None = None,
+        max_new_tokens: int = 128,
+        max_depth: int = 12,
+        seed: int = 0,
+        drafter=None,
+        width: int = 4,
+        top_k: int = 4,
+        verify_size: int | None = None,
+        tree_sampler=tree_speculative_sample,
+    ):
+        super().__init__(pair, sampling, max_new_tokens, max_depth, seed, drafter=drafter)
+        for name, v in (("width", width), ("top_k", top_k)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an integer ≥ 1, got {v!r}.")
+        if verify_size is not None and (isinstance(verify_size, bool) or not isinstance(verify_size, int)
+                                        or verify_size < 0):
+            raise ValueError(f"verify_size must be an integer ≥ 0 or None (every node), got {verify_size!r}.")
+        if not self.drafter.supports_tree:
+            raise ValueError(f"The {self.drafter.name!r} drafter does not draft trees: use the model or head drafter "
+                             "(or SpeculativeDecoder for a chain).")
+        impl = str(getattr(pair.target.config, "_attn_implementation", "") or "")
+        if "flash" in impl:
+            raise ValueError(f"The target uses {impl!r} attention, which takes no custom tree mask: load it with "
+                             "attn_implementation='sdpa' or 'eager'.")
+        self.width, self.top_k, self.verify_size = width, top_k, verify_size
+        self.tree_sampler = tree_sampler
+        self.tree_timings: list[dict] = []
+
+    # ------------------------------------------------------------------ state
+    def _begin_cycle(self) -> None:
+        super()._begin_cycle()
+        self.tree: DraftTree | None = None
+        self._t_draft = 0.0
+
+    @property
+    def depth(self) -> int:
+        """Tree levels drafted this cycle (draft forwards)."""
+        return 0 if self.tree is None else self.tree.max_depth
+
+    def size_features(self) -> np.ndarray:
+        """Observation for the verification-size decision, float32 (len(SIZE_FEATURE_NAMES),); see
+        :func:`learn2draft.features.size_feature_spec`."""
+        scores = self.tree.scores[1:].numpy() if self.tree is not None else np.zeros(0)
+        return build_size_features(scores, self.depth, max(self.max_depth, 1), self.ids.numel(),
+                                   self.accepted_history, self.last_accept_fraction)
+
+    # --------------------------------------------------------------- drafting
+    def draft_step(self):
+        """Expand one tree level: the ``width`` best deepest nodes get their top-``top_k`` children.
+
+        Returns:
+            the :class:`learn2draft.drafters.base.TopKProposal` of this level.
+
+        Raises:
+            RuntimeError: not started, finished, the depth limit is reached, or the drafter cannot
+                propose (check :meth:`can_draft`).
+        """
+        self._check_running()
+        if self.depth >= self.depth_limit:
+            raise RuntimeError(f"Depth limit {self.depth_limit} reached: call verify().")
+        if not self.drafter.can_propose(self.ids):
+            raise RuntimeError("The drafter has no proposal now: call verify().")
+        t0 = self.clock.now()
+        if self.tree is None:
+            self.tree = DraftTree.root(int(self.ids[-1]))
+        nodes = self.tree.frontier(self.width)
+        prop = self.drafter.propose_topk(self.ids, self.tree, nodes.tolist(), self.top_k, self.sampling)
+        self.tree = self.tree.expand(nodes, prop.tokens, prop.logprobs)
+        self.confidences.append(prop.confidence)
+        self.last_entropy = prop.entropy
+        self._cycle_draft += self.clock.now() - t0
+        return prop
+
+    # ------------------------------------------------------------ verification
+    @torch.inference_mode()
+    def _tree_forward(self, tokens: torch.Tensor, mask: torch.Tensor | None, pos: torch.Tensor):
+        out = self.pair.target(input_ids=tokens[None], attention_mask=mask, position_ids=pos, cache=self.target_cache,
+                               use_cache=True, output_hidden_states=self.drafter.needs_target_hidden)
+        hidden = out.hidden_states[-1][0] if self.drafter.needs_target_hidden else None
+        return out.logits[0, :, : self.pair.vocab_size], hidden
+
+    def _tree_probs(self, logits: torch.Tensor, sub: DraftTree) -> torch.Tensor:
+        """float (M+1, V): row i = the target's processed distribution after committed + path(i)."""
+        if not self.sampling.prefix_dependent:  # the prefix is not read: one batched call
+            dummy = self.ids.new_zeros(max(logits.shape[0] - 1, 0))
+            return self.sampling.probs(logits, self.ids, dummy, source="target")
+        rows = []
+        for i in range(logits.shape[0]):
+            path = torch.tensor(sub.path_tokens(i), dtype=torch.long, device=self.ids.device)
+            rows.append(self.sampling.probs(logits[i : i + 1], torch.cat([self.ids, path]), source="target"))
+        return torch.cat(rows)
+
+    def verify(self, verify_size: int | None = None) -> CycleResult:
+        """Verify the top-``verify_size`` tree nodes in one target forward, accept, commit, gather the caches.
+
+        Args:
+            verify_size: V, drafted nodes sent to the target (≥ 0; None: this decoder's
+                ``verify_size``, or every node). Clipped to the nodes drafted.
+
+        Raises:
+            ValueError: ``verify_size`` not an integer ≥ 0.
+            RuntimeError: not started or already finished.
+        """
+        self._check_running()
+        if verify_size is None:
+            verify_size = self.verify_size
+        tree = self.tree if self.tree is not None else DraftTree.root(int(self.ids[-1]))
+        size = tree.num_nodes if verify_size is None else verify_size
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 0:
+            raise ValueError(f"verify_size must be an integer ≥ 0 (tree nodes to verify), got {verify_size!r}.")
+        dev = self.pair.device
+        t0 = self.clock.now()
+        sub = tree.subtree(select_top_nodes(tree, min(int(size), tree.num_nodes)))
+        L = self.target_len
+        tokens = sub.tokens.clone()
+        tokens[0] = int(self.ids[-1])
+        tokens = tokens.to(dev)
+        if sub.num_nodes:
+            mask = tree_attention_mask(sub.parents, L, dtype=self.pair.target.dtype, device=dev)
+            pos = tree_position_ids(sub.depth, L, device=dev)
+        else:  # the root alone: a plain one-token forward
+            mask, pos = None, None
+        t1 = self.clock.now()
+        logits, hidden = self._tree_forward(tokens, mask, pos)
+        p = self._tree_probs(logits, sub)
+        t2 = self.clock.now()
+        accepted, nxt = self.tree_sampler(sub.parents, sub.tokens, p, self.generator)
+        t3 = self.clock.now()
+        n_old = self.ids.numel()
+        toks = sub.tokens.tolist()
+        emitted = self._commit([toks[a] for a in accepted] + [nxt])
+        self.target_len = gather_cache(self.target_cache, L, accepted)
+        if hidden is not None:
+            keep = torch.tensor([0, *accepted], dtype=torch.long, device=hidden.device)
+            self.drafter.observe_target(hidden.index_select(0, keep), L)
+        self.drafter.rollback(n_old + len(accepted))
+        t4 = self.clock.now()
+        tau = min(len(accepted), len(emitted))  # accepted tokens after an EOS are not emitted: not counted
+        depth = self.depth
+        self.accepted_history.append(tau)
+        self.last_accept_fraction = tau / depth if depth else 1.0
+        draft_s, other_s = self._cycle_draft, self._cycle_other
+        timing = {"draft": draft_s, "select_mask": t1 - t0, "forward": t2 - t1, "sample": t3 - t2, "gather": t4 - t3}
+        self._begin_cycle()
+        feats = self.features()
+        other_s += (t1 - t0) + (t3 - t2) + (t4 - t3) + (self.clock.now() - t4)
+        timing["cycle"] = draft_s + (t2 - t1) + other_s
+        self.tree_timings.append(timing)
+        return CycleResult(emitted, depth, sub.num_nodes, tau, draft_s, t2 - t1, other_s, self.finished, feats)
+
+    # ----------------------------------------------------------------- driving
+    def run_cycle(self, controller: DraftController) -> CycleResult:
+        """Draft tree levels while the controller says CONTINUE (up to the decoder's and the
+        controller's ``max_depth``), decide V (the controller's size decision when it makes one,
+        else ``verify_size``), verify. Decision times are charged to ``other_seconds``."""
+        while self.depth < controller.max_depth and self.can_draft():
+            t0 = self.clock.now()
+            go = controller.continue_drafting(self.features())
+            self._cycle_other += self.clock.now() - t0
+            if not go:
+                break
+            self.draft_step()
+        size = None
+        if decides_verification_size(controller):
+            t0 = self.clock.now()
+            size = int(controller.verification_size(self.size_features(), self.depth))
+            self._cycle_other += self.clock.now() - t0
+        return self.verify(size)
+
+
 __all__ = [
-    "DraftTree", "ancestor_matrix", "check_parents", "path_cache_indices", "select_top_nodes", "tree_attention_mask",
+    "DraftTree", "FixedTreeController", "TreeSpeculativeDecoder", "ancestor_matrix", "check_parents",
+    "decides_verification_size", "gather_cache", "path_cache_indices", "select_top_nodes", "tree_attention_mask",
     "tree_position_ids",
 ]

@@ -16,6 +16,11 @@ Three drafters implement it (:mod:`learn2draft.drafters`):
   over prompt and generated tokens, as Hugging Face's ``prompt_lookup_num_tokens``).
 
 The decoder keeps the law; a drafter only has to say truthfully which q its token came from.
+
+Draft trees (:class:`learn2draft.tree.TreeSpeculativeDecoder`): a drafter with
+``supports_tree = True`` (model, head) also implements :meth:`Drafter.propose_topk`, which expands
+the frontier of a :class:`learn2draft.tree.DraftTree` with each node's top-k children (deterministic
+candidates, no q needed); :meth:`Drafter.rollback` then also forgets every tree entry.
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ class Drafter(ABC):
     name: str = "drafter"
     needs_target_hidden: bool = False
     deterministic: bool = False
+    supports_tree: bool = False
 
     @abstractmethod
     def start(self, prompt_ids: torch.Tensor) -> None:
@@ -93,7 +99,30 @@ class Drafter(ABC):
     @abstractmethod
     def rollback(self, length: int) -> None:
         """Forget everything past the first ``length`` tokens of the sequence (the committed,
-        verified prefix)."""
+        verified prefix), and every draft-tree entry (drafters that draft trees)."""
+
+    def propose_topk(self, seq: torch.Tensor, tree, nodes: list[int], k: int, sampling: SamplingConfig) -> TopKProposal:
+        """Draft trees: the top-``k`` children of each node in ``nodes`` (EAGLE-2 expansion).
+
+        Called once per tree depth by :class:`learn2draft.tree.TreeSpeculativeDecoder`: first with
+        ``nodes = [0]`` on a tree holding only its root (the last committed token ``seq[-1]``), then
+        with the frontier of each new level (:meth:`learn2draft.tree.DraftTree.frontier`). A node's
+        children are the ``k`` most likely tokens of the draft's distribution after ``seq`` + the
+        node's path, processed by :func:`draft_log_probs` (deterministic: no sampling, so no q).
+        The drafter keeps what it needs to expand the children later (caches of the fed nodes);
+        :meth:`rollback` forgets it.
+
+        Args:
+            seq: int64 (n,), the committed tokens; the tree's root is ``seq[-1]``.
+            tree: the :class:`learn2draft.tree.DraftTree` drafted so far.
+            nodes: node indices of ``tree`` to expand, all on its deepest level.
+            k: children per node (≥ 1).
+            sampling: the settings applied to the target's p (see :func:`draft_log_probs`).
+
+        Raises:
+            NotImplementedError: the drafter does not draft trees (``supports_tree`` is False).
+        """
+        raise NotImplementedError(f"The {self.name!r} drafter does not draft trees: use the model or head drafter.")
 
     def observe_target(self, hidden: torch.Tensor, first_position: int) -> None:  # noqa: B027 (optional hook)
         """Receive the target's last hidden states (float (n, H)) for sequence positions
@@ -109,6 +138,103 @@ class Drafter(ABC):
         return {"drafter": self.name}
 
 
+@dataclass
+class TopKProposal:
+    """The children :meth:`Drafter.propose_topk` proposes for W tree nodes.
+
+    Attributes:
+        tokens: int64 (W, k'), each node's top-k' tokens (k' = min(k, V)), most likely first.
+        logprobs: float64 (W, k'), their draft log-probabilities under :func:`draft_log_probs`
+            (-inf for tokens the processing removed: :meth:`learn2draft.tree.DraftTree.expand` drops them).
+        confidence: the draft's raw max probability at the first node (the best of the frontier).
+        entropy: nats, of the draft's raw distribution at the first node.
+    """
+
+    tokens: torch.Tensor
+    logprobs: torch.Tensor
+    confidence: float
+    entropy: float
+
+
+def draft_log_probs(logits: torch.Tensor, sampling: SamplingConfig, prefixes: list[torch.Tensor]) -> torch.Tensor:
+    """Log-probabilities that score a draft tree's candidates: log_softmax of the draft logits after
+    the logits processors of ``sampling`` (penalties, temperature, top-k, top-p, min-p; the same
+    processors as the target's p), without the one-hot of greedy decoding — at temperature 0 only
+    the penalties apply, so the scores stay the draft's own log-probabilities (as EAGLE-2 scores
+    its tree) rather than 0 / -inf.
+
+    Any deterministic scoring keeps the law exact (:func:`learn2draft.sampling.tree_speculative_sample`);
+    this one spends the verification budget where the draft expects the target's mass.
+
+    Args:
+        logits: float (W, V), raw draft logits, row i for the node after ``prefixes[i]``.
+        sampling: the sampling settings.
+        prefixes: W int64 (n_i,) sequences (committed + the node's path), read by the penalties only.
+
+    Returns:
+        float32 (W, V); -inf where top-k / top-p / min-p removed a token.
+
+    Raises:
+        ValueError: NaN or infinite logits.
+    """
+    logits = logits.float()
+    if not bool(torch.isfinite(logits.sum(dim=-1)).all()):
+        raise ValueError("The draft returned NaN or infinite logits; check the draft's weights and dtype "
+                         "(float16 on CPU often overflows: use float32 or bfloat16).")
+    procs = sampling.processors()
+    if not len(procs):
+        scores = logits
+    elif sampling.prefix_dependent:
+        scores = torch.cat([procs(prefixes[i][None], logits[i : i + 1].clone()) for i in range(logits.shape[0])])
+    else:  # temperature / top-k / top-p / min-p do not read the prefix
+        scores = procs(prefixes[0][-1:].expand(logits.shape[0], 1), logits.clone())
+    return torch.log_softmax(scores, dim=-1)
+
+
+def topk_proposal(logits: torch.Tensor, k: int, sampling: SamplingConfig, prefixes: list[torch.Tensor],
+                  raw_first: torch.Tensor | None = None) -> TopKProposal:
+    """A :class:`TopKProposal` from raw draft logits float (W, V) (see :func:`draft_log_probs`);
+    ``raw_first``: the raw logits the first node's confidence and entropy are read from (default
+    ``logits[0]``; a head passes its draft-vocabulary logits).
+
+    Raises:
+        ValueError: ``k`` < 1, or NaN / infinite logits.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k (children per node) must be an integer ≥ 1, got {k!r}.")
+    lp = draft_log_probs(logits, sampling, prefixes)
+    top = lp.topk(min(k, lp.shape[-1]), dim=-1)
+    conf, ent = raw_confidence_entropy(logits[0] if raw_first is None else raw_first)
+    return TopKProposal(top.indices.cpu(), top.values.double().cpu(), conf, ent)
+
+
+def tree_slot_mask(ancestor_slots: list[list[int]], base: int, total: int, dtype: torch.dtype,
+                   device=None) -> torch.Tensor:
+    """The 4D mask for feeding W tree nodes to a drafter's cache: row j attends to slots 0..base−1
+    (the committed sequence), to ``ancestor_slots[j]`` (where its ancestors were fed) and to its own
+    new slot ``total + j``.
+
+    Args:
+        ancestor_slots: W lists of cache slots in [base, total).
+        base: cache slots holding the committed sequence.
+        total: cache length before this forward.
+        dtype: ``torch.bool`` (True = attend) or a float dtype (additive: 0 / ``finfo.min``).
+
+    Returns:
+        (1, 1, W, total + W) of ``dtype``.
+    """
+    W = len(ancestor_slots)
+    mask = torch.zeros(W, total + W, dtype=torch.bool)
+    mask[:, :base] = True
+    for j, slots in enumerate(ancestor_slots):
+        mask[j, slots] = True
+        mask[j, total + j] = True
+    mask = mask.to(device)[None, None]
+    if dtype == torch.bool:
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, torch.finfo(dtype).min)
+
+
 def raw_confidence_entropy(logits: torch.Tensor) -> tuple[float, float]:
     """Max probability and entropy (nats) of softmax(``logits``) for float (V,) raw logits."""
     raw = torch.softmax(logits.float(), dim=-1)
@@ -117,4 +243,5 @@ def raw_confidence_entropy(logits: torch.Tensor) -> tuple[float, float]:
     return conf, ent
 
 
-__all__ = ["NUM_DRAFTER_FEATURES", "DraftProposal", "Drafter", "raw_confidence_entropy"]
+__all__ = ["NUM_DRAFTER_FEATURES", "DraftProposal", "Drafter", "TopKProposal", "draft_log_probs",
+           "raw_confidence_entropy", "topk_proposal", "tree_slot_mask"]

@@ -33,7 +33,14 @@ from torch import nn
 from transformers import DynamicCache, LlamaConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from learn2draft.drafters.base import DraftProposal, Drafter, raw_confidence_entropy
+from learn2draft.drafters.base import (
+    DraftProposal,
+    Drafter,
+    TopKProposal,
+    raw_confidence_entropy,
+    topk_proposal,
+    tree_slot_mask,
+)
 from learn2draft.models import DEFAULT_TARGET, ModelLoadError
 from learn2draft.sampling import SamplingConfig, sample_from
 
@@ -238,6 +245,12 @@ class HeadDrafter(Drafter):
     previous output as their feature (as EAGLE drafts). :meth:`rollback` drops the predicted
     entries, so the next cycle rebuilds those positions from the target's true features.
 
+    Draft trees (:meth:`propose_topk`, as EAGLE-2): the root's output comes from :meth:`predict`; a
+    tree node f with parent a is fed with the head's output at a as its feature and f's token, at
+    position n − 2 + depth(f), with a tree attention mask (the committed positions, f's ancestors'
+    slots, itself). Its output predicts f's children. Tree entries count as predicted entries
+    (``spec_len``), so :meth:`rollback` drops them.
+
     Args:
         head: a :class:`DraftHead` attached to the target (:meth:`DraftHead.attach_target`).
         vocab_size: V, the target's real vocabulary; proposals are (V,) distributions, zero outside ``d2t``.
@@ -248,6 +261,7 @@ class HeadDrafter(Drafter):
 
     name = "head"
     needs_target_hidden = True
+    supports_tree = True
 
     def __init__(self, head: DraftHead, vocab_size: int, head_dir: str = ""):
         if head.lm_rows.numel() == 0:
@@ -272,6 +286,9 @@ class HeadDrafter(Drafter):
         self.spec_len = 0  # head positions after them built from predicted features
         self.last_g: torch.Tensor | None = None  # (H,) the head's output at position cache_len + spec_len − 1
         self.true_g: torch.Tensor | None = None  # (H,) the head's output at position cache_len − 1
+        self.tree_g: dict[int, torch.Tensor] = {}  # tree node → the head's output there (H,)
+        self.tree_slots: dict[int, int] = {}  # tree node (not the root) → cache slot
+        self.tree_base = 0  # cache entries before the tree's (the committed sequence's positions)
 
     def observe_target(self, hidden: torch.Tensor, first_position: int) -> None:
         if first_position > self.feats.shape[0]:
@@ -333,6 +350,8 @@ class HeadDrafter(Drafter):
         return self.head.logits(self.last_g).float()
 
     def propose(self, seq: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None) -> DraftProposal:
+        if self.tree_g:  # a draft tree was left without a rollback: its entries are not on this sequence
+            self.rollback(seq.numel())
         logits = self.predict(seq)
         row = torch.full((self.vocab_size,), self.masked_logit, device=logits.device)
         row[self.head.d2t] = logits
@@ -344,7 +363,43 @@ class HeadDrafter(Drafter):
         conf, ent = raw_confidence_entropy(logits)
         return DraftProposal(token, q, conf, ent)
 
+    @torch.inference_mode()
+    def propose_topk(self, seq: torch.Tensor, tree, nodes: list[int], k: int, sampling: SamplingConfig) -> TopKProposal:
+        nodes = [int(i) for i in nodes]
+        if tree.max_depth == 0:  # a new tree: the root's output from the committed sequence
+            if self.tree_g:
+                self.rollback(seq.numel())
+            logits = self.predict(seq)[None]
+            self.tree_g, self.tree_slots = {0: self.last_g}, {}
+            self.tree_base = self.cache_len + self.spec_len
+        else:
+            if any(tree.path(f)[-2:-1] and tree.path(f)[-2] not in self.tree_g for f in nodes) or 0 not in self.tree_g:
+                raise RuntimeError("Tree nodes are expanded before their parents: expand the tree level by level, "
+                                   "starting from the root.")
+            par = tree.parents[nodes].tolist()
+            total = self.tree_base + len(self.tree_slots)
+            anc = [[self.tree_slots[a] for a in tree.path(f)[:-1]] for f in nodes]
+            mask = tree_slot_mask(anc, self.tree_base, total, torch.bool, self.device)
+            feats = torch.stack([self.tree_g[a] for a in par])[None]
+            toks = tree.tokens[nodes].to(self.device)[None]
+            pos = (tree.depth[nodes] + (seq.numel() - 2)).to(self.device)[None]
+            g = self.head(feats, toks, pos, attention_mask=mask, cache=self.cache)[0]
+            for j, f in enumerate(nodes):
+                self.tree_g[f] = g[j]
+                self.tree_slots[f] = total + j
+            self.spec_len += len(nodes)
+            logits = self.head.logits(g).float()
+        rows = torch.full((len(nodes), self.vocab_size), self.masked_logit, device=logits.device)
+        rows[:, self.head.d2t] = logits
+        prefixes = ([torch.cat([seq, tree.tokens[tree.path(f)].to(seq.device)]) for f in nodes]
+                    if sampling.prefix_dependent else [seq])
+        try:
+            return topk_proposal(rows, k, sampling, prefixes, raw_first=logits[0])
+        except ValueError as e:
+            raise ValueError(f"The draft head: {e}") from None
+
     def rollback(self, length: int) -> None:
+        self.tree_g, self.tree_slots = {}, {}
         if self.feats.shape[0] > length:
             self.feats = self.feats[:length]
         total = self.cache_len + self.spec_len
