@@ -8,6 +8,8 @@ On the same held-out prompts and seeds, interleaved, at temperature 0 and 0.7 (`
   state reset before every call;
 * ``hf prompt lookup (10)``: ``generate(prompt_lookup_num_tokens=10)`` (model-free n-gram drafting,
   always 10 candidates), what a user would pick instead of the lookup drafter;
+* ``hf generate + learned policy``: ``generate(assistant_model=draft)`` with the learned policy choosing
+  the candidates per cycle (:func:`policies.hf.use_policy`); with the model drafter's policy only;
 * this project's autoregressive loop and, with ``--drafter`` (model, head or lookup): its best
   fixed γ (grid-searched on the *training* prompts), a heuristic rule (the draft's confidence ≥ 0.4,
   as vLLM and Hugging Face use, for model and head; the match-length rule for lookup), and the
@@ -32,6 +34,26 @@ from pathlib import Path
 from learn2draft.cli import HelpFormatter, plain_doc, run_cli
 
 PLAIN = "hf generate"
+HF_POLICY = "hf generate + learned policy"
+
+
+class HFPolicyMethod:
+    """A benchmark method: an assisted Hugging Face method (``eval.runner.HFGenerateMethod`` with
+    ``assistant=True``) run with a learned policy installed on the target (:func:`policies.hf.use_policy`,
+    outside the timed call); τ, drafted and accepted tokens come from the policy's cycle records."""
+
+    def __init__(self, inner, controller):
+        self.inner, self.controller, self.name = inner, controller, inner.name
+
+    def run(self, prompt_ids, seed: int):
+        from policies.hf import use_policy
+
+        with use_policy(self.inner.pair.target, self.controller) as hook:
+            rec = self.inner.run(prompt_ids, seed)
+        verified = [c for c in hook.last_cycles if c.verified]
+        rec.drafted, rec.accepted = sum(c.verified for c in verified), sum(c.accepted for c in verified)
+        rec.tau = sum(c.accepted for c in verified) / len(verified) if verified else None
+        return rec
 
 
 def sampler_microbenchmark(vocab_size: int = 49152, gamma: int = 12, iters: int = 200, seed: int = 0) -> dict:
@@ -205,6 +227,8 @@ def _run(args) -> int:
                              assistant_config={"num_assistant_tokens_schedule": "heuristic"}),
             HFGenerateMethod(f"hf prompt lookup ({args.prompt_lookup_num_tokens})", pair, sampling,
                              args.max_new_tokens, prompt_lookup_num_tokens=args.prompt_lookup_num_tokens),
+            *([HFPolicyMethod(HFGenerateMethod(HF_POLICY, pair, sampling, args.max_new_tokens, assistant=True),
+                              policy)] if args.drafter == "model" else []),
             DecoderMethod("learn2draft autoregressive", pair, FixedDepthController(0), sampling, args.max_new_tokens),
             DecoderMethod(f"{args.drafter}: fixed γ={gamma}", pair, FixedDepthController(gamma), sampling,
                           args.max_new_tokens, args.drafter, head),
