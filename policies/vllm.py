@@ -65,7 +65,7 @@ def load_mlp(onnx_path: str | Path) -> list[tuple[torch.Tensor, torch.Tensor]]:
             if attrs.get("transB", 0) != 1 or attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0:
                 raise ValueError(f"{onnx_path}: unexpected Gemm attributes {attrs}.")
             w, b = init[node.input[1]], init[node.input[2]]
-            layers.append((torch.as_tensor(w, dtype=torch.float32), torch.as_tensor(b, dtype=torch.float32)))
+            layers.append((torch.tensor(w, dtype=torch.float32), torch.tensor(b, dtype=torch.float32)))
         elif node.op_type == "Tanh":
             acts.append(len(layers))
         elif node.op_type not in ("Cast", "Flatten", "ArgMax"):

@@ -67,6 +67,24 @@ def test_run_on_tiny_pair_writes_everything(tiny_pair, tmp_path):
     assert len(g.tokens) >= 1
 
 
+def test_engine_features_train_export_and_run_through_the_vllm_protocol(tiny_pair, tmp_path):
+    """--features engine: the policy sees only what vLLM's draft-length protocol passes; its export
+    carries the engine spec and parity vectors, and the final check drives it through the protocol."""
+    from learn2draft.features import ENGINE_FEATURE_NAMES
+    from policies.check import check_export
+    from policies.vllm import LearnedDraftLengthPolicy
+
+    out = tmp_path / "engine"
+    m = train.run(tiny_pair, tiny_config(out, features="engine", max_depth=4, eval_gammas=(0, 4)), prompts=PROMPTS,
+                  eval_prompts=["w20 w21"])
+    spec = json.loads((out / "policy/feature_spec.json").read_text())
+    assert spec["kind"] == "engine" and [f["name"] for f in spec["features"]] == list(ENGINE_FEATURE_NAMES)
+    assert json.loads((out / "feature_spec.json").read_text()) == spec
+    assert m["export_check"]["agreement"] == 1.0 and check_export(out)["passed"]
+    assert m["evaluation"]["policy"]["mean_depth"] >= 0 and LearnedDraftLengthPolicy(out).num_spec_tokens == 4
+    assert json.loads((out / "config.json").read_text())["features"] == "engine"
+
+
 def test_seeded_runs_learn_the_same_policy(tiny_pair, tmp_path, monkeypatch):
     """Same seed → same prompts, actions and updates; wall-clock rewards are the only noise, so with a
     deterministic clock (1 ms per reading) two runs must end with identical weights."""
@@ -111,6 +129,7 @@ def test_run_refuses_to_overwrite_results(tiny_pair, tmp_path):
     ({"wandb_mode": "sometimes"}, "wandb_mode"), ({"reward_scale": 0.0}, "reward_scale"),
     ({"episode": "forever"}, "episode"), ({"temperature": -1.0}, "temperature"), ({"max_depth": 0}, "max_depth"),
     ({"eval_gammas": (0, 99)}, r"eval_gammas must be in \[0, max_depth=3\]"), ({"discount": 1.5}, "discount"),
+    ({"features": "some"}, "features"),
 ])
 def test_bad_settings_raise_value_error(tiny_pair, tmp_path, kw, match):
     with pytest.raises(ValueError, match=match):

@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--head", default=None,
                    help="with --drafter head: a head directory written by `python -m train.head` "
                         "(default: the shipped head of the embedded target)")
+    g.add_argument("--features", default=d.features, choices=["full", "engine"],
+                   help="what the policy observes: full (this loop's features) or engine (only the draft step and "
+                        "top-1 draft probabilities, as vLLM's draft-length policy protocol passes them; run the "
+                        "export with policies.vllm.LearnedDraftLengthPolicy)")
     g = p.add_argument_group("PPO")
     g.add_argument("--timesteps", type=int, default=d.timesteps, help="environment steps (draft decisions) to train")
     g.add_argument("--n-steps", type=int, default=d.n_steps, help="steps per rollout")
@@ -125,7 +129,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         resume=args.resume,
         checkpoint_every=args.checkpoint_every, wandb_mode=mode, wandb_project=args.wandb_project,
         run_name=args.name, progress_bar=not args.no_progress_bar, threads=args.threads,
-        prompt_split=args.prompt_split, drafter=args.drafter, head=args.head, warmup_prompts=args.warmup_prompts, eval_prompts=args.eval_prompts,
+        prompt_split=args.prompt_split, drafter=args.drafter, head=args.head, features=args.features,
+        warmup_prompts=args.warmup_prompts, eval_prompts=args.eval_prompts,
         eval_gammas=None if args.eval_gammas is None else tuple(args.eval_gammas),
         replay=args.replay, profile=args.profile,
     )

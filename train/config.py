@@ -49,6 +49,10 @@ class TrainConfig:
     prompts for the final sanity check; 0 = skip) and ``eval_gammas`` (fixed depths compared there,
     each ≤ ``max_depth``; None = 0 and min(4, ``max_depth``)).
 
+    Observation: ``features`` ``"full"`` (the loop's features, :data:`learn2draft.features.FEATURE_NAMES`) or
+    ``"engine"`` (only what vLLM's draft-length policy protocol passes, :data:`learn2draft.features.ENGINE_FEATURE_NAMES`,
+    through :class:`envs.engine_view.EngineViewWrapper`; the export then runs with :mod:`policies.vllm`).
+
     Replay (no model runs): ``replay`` (trace files written by ``python -m eval.record``, several joined by
     commas) and ``profile`` (a latency profile file or a shipped name, :func:`learn2draft.latency.load_profile`)
     train on ``learn2draft/SpecDecodeReplay-v0`` instead of the real loop; the models, drafter, sampling,
@@ -92,6 +96,7 @@ class TrainConfig:
     prompt_split: str = "train"
     drafter: str = "model"
     head: str | None = None
+    features: str = "full"
     warmup_prompts: int = 2
     eval_prompts: int = 3
     eval_gammas: tuple[int, ...] | None = None
@@ -139,6 +144,11 @@ class TrainConfig:
             (all(sp in SPLITS for sp in self.prompt_split.split(",")),
              f"prompt_split must be one or more of {', '.join(SPLITS)} joined by commas, got {self.prompt_split!r}."),
         ]
+        checks.append((self.features in ("full", "engine"),
+                       f"features must be 'full' or 'engine', got {self.features!r}."))
+        checks.append((not (self.features == "engine" and self.replay),
+                       "--features engine trains on the real loop only (the replay environment builds the loop's "
+                       "features): drop --replay, or train --features full."))
         checks.append(((self.replay is None) == (self.profile is None),
                        "--replay TRACES and --profile PROFILE go together: replay needs both the traces and the "
                        "latency profile (e.g. --profile cpu-2core)."))

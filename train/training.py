@@ -47,9 +47,9 @@ import numpy as np
 import torch
 
 from learn2draft.cli import check_wandb  # noqa: F401 (re-exported)
-from learn2draft.decoding import FixedDepthController, SpeculativeDecoder
+from learn2draft.decoding import DraftController, FixedDepthController, SpeculativeDecoder
 from learn2draft.drafters import make_drafter
-from learn2draft.features import feature_spec
+from learn2draft.features import engine_feature_spec, feature_spec
 from learn2draft.models import ModelPair
 from train.config import (  # noqa: F401 (re-exported)
     ENV_ID,
@@ -316,7 +316,8 @@ def _init_wandb(cfg: TrainConfig, out: Path, run_config: dict):
 def measure_rate(
     pair: ModelPair, prompt_ids: list[torch.Tensor], controller, cfg: TrainConfig, seed: int = 0
 ) -> dict:
-    """Generate for each prompt with ``controller`` and the drafter ``cfg.drafter``.
+    """Generate for each prompt with ``controller`` (a :class:`DraftController`, or a function of the
+    decoder returning one, e.g. a :class:`policies.vllm.ProtocolController`) and the drafter ``cfg.drafter``.
 
     Returns:
         ``tokens_per_s`` (total tokens / total wall seconds, prefill and the controller's decisions
@@ -325,6 +326,8 @@ def measure_rate(
     """
     dec = SpeculativeDecoder(pair, cfg.sampling(), max_new_tokens=cfg.max_new_tokens, max_depth=cfg.max_depth,
                              drafter=make_drafter(cfg.drafter, pair, head=cfg.head))
+    if not isinstance(controller, DraftController):  # a factory of a controller that reads the decoder
+        controller = controller(dec)
     toks = secs = cycle_secs = 0.0
     depths, taus = [], []
     for i, ids in enumerate(prompt_ids):
@@ -586,11 +589,17 @@ def _train(pair: ModelPair, cfg: TrainConfig, out: Path, saved: dict | None, rep
 
     replacement.begin()  # from here on ``out`` belongs to the new run
     (out / "config.json").write_text(json.dumps(run_config, indent=2, default=str))
-    (out / "feature_spec.json").write_text(json.dumps(feature_spec(cfg.max_depth), indent=2))
+    spec = engine_feature_spec(cfg.max_depth) if cfg.features == "engine" else feature_spec(cfg.max_depth)
+    (out / "feature_spec.json").write_text(json.dumps(spec, indent=2))
 
     wandb_run = _init_wandb(cfg, out, run_config)
     try:
-        vec_env = DummyVecEnv([lambda: Monitor(env)])
+        if cfg.features == "engine":  # what vLLM's draft-length policy protocol shows a policy
+            from envs.engine_view import EngineViewWrapper
+
+            vec_env = DummyVecEnv([lambda: Monitor(EngineViewWrapper(env))])
+        else:
+            vec_env = DummyVecEnv([lambda: Monitor(env)])
         if checkpoint is not None:  # PPO weights, optimiser state and step count
             model = PPO.load(str(checkpoint[0]), env=vec_env, device="cpu")
         else:
@@ -649,7 +658,13 @@ def _train(pair: ModelPair, cfg: TrainConfig, out: Path, saved: dict | None, rep
         elif cfg.eval_prompts and not interrupted:
             texts = eval_prompts if eval_prompts is not None else load_prompts("heldout")[: cfg.eval_prompts]
             ids = [env.encode(p) for p in texts]
-            policy = load_policy(out / "policy")
+            if cfg.features == "engine":  # driven through vLLM's protocol, as the engine would
+                from policies.vllm import LearnedDraftLengthPolicy, ProtocolController
+
+                engine_policy = LearnedDraftLengthPolicy(out / "policy")
+                policy = lambda dec: ProtocolController(engine_policy, dec)  # noqa: E731
+            else:
+                policy = load_policy(out / "policy")
             evaluation = {}
             # Interleave methods prompt by prompt so that load drifts hit all of them alike.
             ctrls = {f"fixed_gamma_{g}": FixedDepthController(g) for g in cfg.fixed_gammas()}
