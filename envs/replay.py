@@ -260,10 +260,11 @@ class SpecDecodeReplayEnv(gym.Env):
             ValueError: ``action`` is not 0 or 1.
             RuntimeError: called before :meth:`reset` or after the episode ended.
         """
-        if not ((type(action) is int or isinstance(action, np.integer)) and (action == 0 or action == 1)):
+        if type(action) is not int or not 0 <= action <= 1:  # the fast path: a Python int 0 or 1
             if not self.action_space.contains(action):
                 raise ValueError(f"Invalid action {action!r}: valid actions are {STOP} = STOP (verify now) and "
                                  f"{CONTINUE} = CONTINUE (draft one more token).")
+            action = int(action)
         if self._needs_reset:
             raise RuntimeError("The episode has ended (or never started): call reset() first.")
         r, t, j = self._r, self._t, self._j

@@ -150,7 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eval.oracle", description=plain_doc(__doc__), formatter_class=HelpFormatter)
     p.add_argument("traces", help="trace file(s) from python -m eval.record (several joined by commas)")
     p.add_argument("--profile", required=True, help="latency profile: a JSON file or a shipped name (cpu-2core, gpu-like)")
-    p.add_argument("--policy", default=None, help="a training run or policy export to score against the oracle")
+    p.add_argument("--policy", action="append", default=[],
+                   help="a training run or policy export to score against the oracle; repeat the flag for several "
+                        "(they must share max_depth)")
     p.add_argument("--max-depth", type=int, default=None,
                    help="largest depth considered (default: the policy's, else the traces')")
     p.add_argument("--max-new-tokens", type=int, default=None,
@@ -178,23 +180,31 @@ def _run(args) -> int:
     if args.policy:
         from policies.export import load_policy, policy_drafter, resolve_export_dir, run_settings
 
-        export = resolve_export_dir(args.policy)
-        ctrl = load_policy(export)
-        if policy_drafter(export) != traces.drafter:
-            raise ValueError(f"The policy in {export} was trained with the {policy_drafter(export)!r} drafter, the traces "
-                             f"were recorded with {traces.drafter!r}: record traces with that drafter.")
-        if max_depth is not None and max_depth != ctrl.max_depth:
-            raise ValueError(f"--max-depth {max_depth} differs from the policy's {ctrl.max_depth} (its depth features' "
+        depths = {}
+        for path in args.policy:
+            export = resolve_export_dir(path)
+            ctrl = load_policy(export)
+            if policy_drafter(export) != traces.drafter:
+                raise ValueError(f"The policy in {export} was trained with the {policy_drafter(export)!r} drafter, the "
+                                 f"traces were recorded with {traces.drafter!r}: record traces with that drafter.")
+            depths[path] = ctrl.max_depth
+            settings = run_settings(path)
+            if max_new is None and settings.get("max_new_tokens") and settings["max_new_tokens"] <= traces.max_new_tokens:
+                max_new = int(settings["max_new_tokens"])
+            t_pol = (settings.get("sampling") or {}).get("temperature", settings.get("temperature"))
+            if t_pol is not None and float(t_pol) != float(traces.header["sampling"]["temperature"]):
+                print(f"note: {path} was trained at temperature {t_pol}, the traces were recorded at "
+                      f"{traces.header['sampling']['temperature']}.", file=sys.stderr)
+            name = Path(path).name or str(path)
+            controllers[name if name not in controllers else str(path)] = ctrl
+        if len(set(depths.values())) > 1:
+            raise ValueError(f"The policies read depth features on different max_depth scales {depths}: score them "
+                             "in separate runs.")
+        pol_depth = next(iter(depths.values()))
+        if max_depth is not None and max_depth != pol_depth:
+            raise ValueError(f"--max-depth {max_depth} differs from the policies' {pol_depth} (their depth features' "
                              "scale): drop --max-depth.")
-        max_depth = ctrl.max_depth
-        settings = run_settings(args.policy)
-        if max_new is None and settings.get("max_new_tokens") and settings["max_new_tokens"] <= traces.max_new_tokens:
-            max_new = int(settings["max_new_tokens"])
-        t_pol = (settings.get("sampling") or {}).get("temperature", settings.get("temperature"))
-        if t_pol is not None and float(t_pol) != float(traces.header["sampling"]["temperature"]):
-            print(f"note: the policy was trained at temperature {t_pol}, the traces were recorded at "
-                  f"{traces.header['sampling']['temperature']}.", file=sys.stderr)
-        controllers["learned policy"] = ctrl
+        max_depth = pol_depth
     env = SpecDecodeReplayEnv(traces, profile, max_new_tokens=max_new, max_depth=max_depth)
     rep = oracle_report(env, controllers, repeats=args.repeats, seed=args.seed)
     print(format_report(rep))

@@ -392,7 +392,7 @@ def test_profiles_validate_and_the_shipped_ones_load(tmp_path):
 
 
 # ------------------------------------------------------------------ training on replay, commands
-def test_train_replay_runs_end_to_end_and_exports(pairs, tmp_path):
+def test_train_replay_runs_end_to_end_and_exports(pairs, tmp_path, capsys):
     import train
     from policies.export import load_policy, policy_drafter
     from train.training import TrainConfig
@@ -417,6 +417,10 @@ def test_train_replay_runs_end_to_end_and_exports(pairs, tmp_path):
     ctrl = load_policy(out)  # the same export path as a real-loop policy: it drives the real decoder
     dec = SpeculativeDecoder(pairs["noisy"], max_new_tokens=N, max_depth=ctrl.max_depth, drafter=make_drafter("lookup", pairs["noisy"]))
     assert dec.generate(torch.as_tensor(load_traces(path).prompts[0].prompt_ids), ctrl).tokens
+    from eval.oracle import main as oracle_main
+
+    assert oracle_main([str(path), "--profile", str(prof), "--policy", str(out)]) == 0
+    assert "run / oracle = " in capsys.readouterr().out
     with pytest.raises(ValueError, match="--drafter 'head', but the traces"):
         train.run(None, TrainConfig(out=str(tmp_path / "r2"), drafter="head", replay=str(path), profile=str(prof),
                                     wandb_mode="disabled"))
@@ -461,9 +465,31 @@ def test_record_profile_and_oracle_commands(tiny_model_dirs, tmp_path, capsys):
     assert "oracle (hindsight DP)" in text and "best fixed / oracle" in text
     assert record_main(["--drafter", "lookup", "--max-depth", "-1"]) == 2
     assert "--max-depth" in capsys.readouterr().err
+    from eval.simreal import main as simreal_main
+
+    assert simreal_main([str(trace), "--profile", str(prof), "--gammas", "0,2", "--device", "cpu"]) == 0
+    text = capsys.readouterr().out
+    assert "| fixed γ=2 |" in text and "differing from the recorded greedy output: 0" in text
 
 
-@pytest.mark.parametrize("command", ["eval.record", "eval.profile", "eval.oracle"])
+def test_sim_vs_real_reproduces_the_cycle_structure(pairs):
+    """At T=0 the replay predicts every cycle of the real run: same outputs, mean depth and τ; only the seconds
+    differ (profile vs clock)."""
+    from eval.simreal import format_table, sim_vs_real
+
+    tr = traces_for(pairs, "noisy", "model")
+    ctrls = {"γ=0": FixedDepthController(0), "γ=3": FixedDepthController(3)}
+    rep = sim_vs_real(pairs["noisy"], tr, linear_profile(), ctrls, drafter=lambda: make_drafter("model", pairs["noisy"]))
+    assert rep["token_mismatches"] == 0 and rep["prompts"] == len(PROMPTS)
+    for m in rep["methods"].values():
+        assert m["predicted_mean_accepted"] == pytest.approx(m["measured_mean_accepted"], abs=1e-12)
+        assert m["predicted_mean_depth"] == pytest.approx(m["measured_mean_depth"], abs=1e-12)
+        assert m["measured_tokens_per_s"] > 0 and m["error"] is not None
+    assert rep["methods"]["γ=3"]["measured_mean_accepted"] > 0
+    assert "| γ=3 |" in format_table(rep)
+
+
+@pytest.mark.parametrize("command", ["eval.record", "eval.profile", "eval.oracle", "eval.simreal"])
 def test_help_has_a_line_per_option_and_needs_no_torch(command):
     import importlib
 

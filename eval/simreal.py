@@ -1,0 +1,206 @@
+"""``python -m eval.simreal``: the replay's predicted tokens/s next to the real loop's measured tokens/s.
+
+For every method — fixed depths (--gammas) and each --policy (a replay-trained one, a real-loop-trained
+one, …) — on the prompts of the traces:
+
+* predicted: the method scored in the replay environment (envs.replay.replay_controller) with the
+  traces and the latency profile;
+* measured: the method run on the real models (the traces' target, draft and drafter), interleaved
+  prompt by prompt, with the decoder's device-synchronised clocks.
+
+Both rates are all generated tokens over summed cycle seconds (the quantity the environments reward;
+prefill excluded). The measured rate includes the controller's decision time (the loop charges it to
+the cycle), the replay's does not; the wall-clock rate with prefill is reported beside it. For the
+prediction to mean anything, the profile and the traces must come from this machine and these models
+(python -m eval.profile, python -m eval.record on held-out prompts), measured on a quiet machine.
+
+Example::
+
+    python -m eval.simreal runs/traces/model-heldout.npz --profile runs/profiles/cpu-2core.json \\
+        --policy runs/replay-model --policy runs/real-model --gammas 0,2,4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from learn2draft.cli import HelpFormatter, plain_doc
+
+
+def sim_vs_real(pair, traces, profile, controllers: dict, drafter=None, repeats: int = 1, seed: int = 0,
+                progress=None) -> dict:
+    """Predicted (replay) and measured (real loop) tokens/s of each controller on the traces' prompts.
+
+    Args:
+        pair: the loaded models the traces were recorded with.
+        traces: a :class:`learn2draft.traces.TraceSet`; profile: a :class:`learn2draft.latency.LatencyProfile`.
+        controllers: name → ``DraftController``; each runs with its own ``max_depth`` when it declares a
+            depth-feature scale (a policy), else with the traces' ``max_depth``.
+        drafter: a factory ``() -> Drafter`` for the real runs (default: ``make_drafter`` of the traces' drafter).
+        repeats: real generations per prompt (the replay at T > 0 uses 20 per prompt).
+        seed: the sampling seed of prompt i in repeat k is ``seed + 1000·k + i``.
+
+    Returns:
+        ``{"methods": {name: {"predicted_tokens_per_s", "measured_tokens_per_s", "error", "measured_wall_tokens_per_s",
+        "predicted_mean_accepted", "measured_mean_accepted", "predicted_mean_depth", "measured_mean_depth"}},
+        "prompts": P, "token_mismatches": count (T = 0: real outputs that differ from the recorded greedy output)}``;
+        ``error`` = predicted / measured − 1.
+    """
+    import torch
+
+    from envs.replay import SpecDecodeReplayEnv, replay_controller
+    from learn2draft.decoding import SpeculativeDecoder
+    from learn2draft.drafters import make_drafter
+    from learn2draft.sampling import SamplingConfig
+
+    h = traces.header
+    sampling = SamplingConfig(**h["sampling"])
+    if drafter is None:
+        head = (h.get("drafter") or {}).get("head") or None
+
+        def drafter():
+            return make_drafter(traces.drafter, pair, head=head)
+
+    envs, methods, decoders = {}, {}, {}
+    for name, ctrl in controllers.items():
+        md = getattr(ctrl, "depth_feature_scale", None) or traces.max_depth
+        if md not in envs:
+            envs[md] = SpecDecodeReplayEnv(traces, profile, max_depth=md)
+        env = envs[md]
+        pred = replay_controller(env, ctrl, repeats=1 if env.deterministic else 20, seed=seed)
+        methods[name] = {"predicted_tokens_per_s": pred["tokens_per_s"], "predicted_mean_depth": pred["mean_depth"],
+                         "predicted_mean_accepted": pred["mean_accepted"], "max_depth": md}
+        decoders[name] = SpeculativeDecoder(pair, sampling, max_new_tokens=traces.max_new_tokens, max_depth=md,
+                                            drafter=drafter())
+    idx = list(next(iter(envs.values()))._usable)
+    names = list(controllers)
+    acc = {n: {"tokens": 0, "cycle_s": 0.0, "wall_s": 0.0, "cycles": 0, "depth": 0, "tau": 0} for n in names}
+    mismatches = 0
+    dec0 = decoders[names[0]]  # warm-up: the first forwards allocate
+    dec0.generate(torch.as_tensor(traces.prompts[idx[0]].prompt_ids), controllers[names[0]], seed=seed)
+    for k in range(repeats):
+        for j, i in enumerate(idx):
+            pt = traces.prompts[i]
+            r = (k * len(idx) + j) % len(names)
+            for n in names[r:] + names[:r]:  # rotated order: load drifts hit every method alike
+                g = decoders[n].generate(torch.as_tensor(pt.prompt_ids), controllers[n], seed=seed + 1000 * k + i)
+                a = acc[n]
+                a["tokens"] += len(g.tokens)
+                a["cycle_s"] += sum(c.seconds for c in g.cycles)
+                a["wall_s"] += g.wall_seconds
+                a["cycles"] += len(g.cycles)
+                a["depth"] += sum(c.depth for c in g.cycles)
+                a["tau"] += sum(c.num_accepted for c in g.cycles)
+                if traces.deterministic and g.tokens != pt.output[: traces.max_new_tokens].tolist():
+                    mismatches += 1
+            if progress:
+                progress(f"repeat {k + 1}/{repeats}, prompt {j + 1}/{len(idx)}")
+    for n in names:
+        a, m = acc[n], methods[n]
+        m["measured_tokens_per_s"] = a["tokens"] / a["cycle_s"] if a["cycle_s"] > 0 else 0.0
+        m["measured_wall_tokens_per_s"] = a["tokens"] / a["wall_s"] if a["wall_s"] > 0 else 0.0
+        m["measured_mean_depth"] = a["depth"] / a["cycles"] if a["cycles"] else 0.0
+        m["measured_mean_accepted"] = a["tau"] / a["cycles"] if a["cycles"] else 0.0
+        m["error"] = m["predicted_tokens_per_s"] / m["measured_tokens_per_s"] - 1 if m["measured_tokens_per_s"] else None
+    return {"methods": methods, "prompts": len(idx), "repeats": repeats, "token_mismatches": mismatches,
+            "profile": profile.name, "drafter": traces.drafter, "deterministic": traces.deterministic,
+            "rate": "all generated tokens / summed cycle seconds (prefill excluded); wall: with prefill"}
+
+
+def format_table(rep: dict) -> str:
+    """Markdown table of :func:`sim_vs_real`."""
+    lines = [f"Sim vs real: {rep['prompts']} prompts × {rep['repeats']}, drafter {rep['drafter']}, profile {rep['profile']}",
+             "", "| method | predicted tok/s | measured tok/s | error | measured wall tok/s | τ pred / meas | depth pred / meas |",
+             "|---|---|---|---|---|---|---|"]
+    for n, m in rep["methods"].items():
+        err = "–" if m["error"] is None else f"{100 * m['error']:+.1f}%"
+        lines.append(f"| {n} | {m['predicted_tokens_per_s']:.2f} | {m['measured_tokens_per_s']:.2f} | {err} | "
+                     f"{m['measured_wall_tokens_per_s']:.2f} | {m['predicted_mean_accepted']:.2f} / "
+                     f"{m['measured_mean_accepted']:.2f} | {m['predicted_mean_depth']:.2f} / {m['measured_mean_depth']:.2f} |")
+    if rep["deterministic"]:
+        lines.append(f"\nreal outputs differing from the recorded greedy output: {rep['token_mismatches']}")
+    lines.append(f"rates: {rep['rate']}")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m eval.simreal", description=plain_doc(__doc__), formatter_class=HelpFormatter)
+    p.add_argument("traces", help="trace file(s) recorded on this machine (held-out prompts), several joined by commas")
+    p.add_argument("--profile", required=True, help="latency profile measured on this machine (JSON file or shipped name)")
+    p.add_argument("--policy", action="append", default=[],
+                   help="a training run or policy export; repeat the flag to compare several")
+    p.add_argument("--gammas", default="0,2,4", help="fixed depths measured beside the policies ('' for none)")
+    p.add_argument("--num-prompts", type=int, default=None, help="only the first N prompts of the traces")
+    p.add_argument("--repeats", type=int, default=1, help="real generations per prompt and method")
+    p.add_argument("--seed", type=int, default=0, help="sampling seeds")
+    p.add_argument("--device", default=None, help="cpu, cuda, … (default: cuda if available, else cpu)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="model dtype (use the traces')")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (use the profile's)")
+    p.add_argument("--json", default=None, help="also write the report to this JSON file")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from eval.__main__ import run_cli
+
+    return run_cli(build_parser(), _run, argv)
+
+
+def _run(args) -> int:
+    import torch
+
+    from learn2draft.decoding import FixedDepthController
+    from learn2draft.latency import load_profile
+    from learn2draft.models import check_device, default_device, load_pair, parse_dtype
+    from learn2draft.traces import TraceSet, load_traces
+    from policies.export import load_policy, policy_drafter, resolve_export_dir
+
+    traces = load_traces(args.traces)
+    if args.num_prompts is not None:
+        if args.num_prompts < 1:
+            raise ValueError(f"--num-prompts must be ≥ 1, got {args.num_prompts}.")
+        traces = TraceSet(traces.header, traces.prompts[: args.num_prompts])
+    profile = load_profile(args.profile)
+    if args.repeats < 1 or args.threads < 1:
+        raise ValueError("--repeats and --threads must be ≥ 1.")
+    try:
+        gammas = [int(x) for x in args.gammas.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--gammas {args.gammas!r}: expected comma-separated integers.") from None
+    if any(not 0 <= g <= traces.max_depth for g in gammas):
+        raise ValueError(f"--gammas must be in [0, {traces.max_depth}] (the traces' max_depth), got {gammas}.")
+    controllers = {f"fixed γ={g}": FixedDepthController(g) for g in gammas}
+    for p in args.policy:
+        export = resolve_export_dir(p)
+        if policy_drafter(export) != traces.drafter:
+            raise ValueError(f"{p} was trained with the {policy_drafter(export)!r} drafter, the traces use {traces.drafter!r}.")
+        controllers[Path(p).name or str(p)] = load_policy(export)
+    if not controllers:
+        raise ValueError("Nothing to measure: pass --policy and/or --gammas.")
+    torch.set_num_threads(args.threads)
+    device = args.device or default_device()
+    check_device(device)
+    t0 = time.perf_counter()
+    h = traces.header
+    print(f"Loading target={h['target']} draft={h['draft']} on {device} ({args.dtype}) …", file=sys.stderr)
+    pair = load_pair(h["target"], h["draft"], device=device, dtype=parse_dtype(args.dtype))
+    rep = sim_vs_real(pair, traces, profile, controllers, repeats=args.repeats, seed=args.seed,
+                      progress=lambda m: print(m, file=sys.stderr))
+    rep["seconds"] = round(time.perf_counter() - t0, 1)
+    print(format_table(rep))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(rep, indent=2, default=str))
+    return 0
+
+
+__all__ = ["build_parser", "format_table", "main", "sim_vs_real"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
