@@ -4,6 +4,9 @@ Example::
 
     python -m eval --policy runs/default            # speed comparison (greedy), table + JSON + plot
     python -m eval --policy runs/default --law-check  # also the real-model law check at T=0.8, top-p 0.95
+    python -m eval --drafter head --tree            # also draft trees: a fixed (depth, V) grid and the best one
+    python -m eval --drafter head --tree --tree-policy runs/tree  # … and a learned tree policy
+    python -m eval --drafter head --tree --law-check --skip-speed  # the law check with tree arms too
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ from pathlib import Path
 from learn2draft.cli import HelpFormatter, plain_doc, run_cli
 
 
-def parse_gammas(text: str) -> list[int]:
-    """``"1-12"`` or ``"1,2,4,8"`` → sorted list of positive ints. Raises ValueError otherwise."""
+def parse_ints(text: str, flag: str = "--gammas", what: str = "γ") -> list[int]:
+    """``"1-12"`` or ``"1,2,4,8"`` → sorted list of positive ints. Raises ValueError naming ``flag`` otherwise."""
     try:
         if "-" in text:
             a, b = (int(x) for x in text.split("-"))
@@ -26,10 +29,55 @@ def parse_gammas(text: str) -> list[int]:
         else:
             out = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise ValueError(f"--gammas {text!r}: use a range like 1-12 or a list like 1,2,4,8.") from None
+        raise ValueError(f"{flag} {text!r}: use a range like 1-12 or a list like 1,2,4,8.") from None
     if not out or min(out) < 1:
-        raise ValueError(f"--gammas {text!r}: need at least one γ ≥ 1.")
+        raise ValueError(f"{flag} {text!r}: need at least one {what} ≥ 1.")
     return sorted(set(out))
+
+
+def parse_gammas(text: str) -> list[int]:
+    """``"1-12"`` or ``"1,2,4,8"`` → sorted list of positive ints. Raises ValueError otherwise."""
+    return parse_ints(text, "--gammas", "γ")
+
+
+def add_tree_arguments(p: argparse.ArgumentParser) -> None:
+    """The tree flags shared by ``python -m eval`` and ``python -m eval.benchmark``."""
+    p.add_argument("--tree", action="store_true",
+                   help="also draft trees (EAGLE-2 drafting, top-V verification; model or head drafter): a fixed "
+                        "(depth, V) grid on the training prompts, the best fixed tree and, when there is one, "
+                        "the learned tree policy")
+    p.add_argument("--tree-policy", default=None,
+                   help="with --tree: a learned tree policy (depth and verification size), loaded with "
+                        "policies.tree.load_tree_policy (default: the one shipped in policies/defaults/"
+                        "<drafter>-tree, if any; else no learned-tree row)")
+    p.add_argument("--tree-depths", default="2,4,6", help="with --tree: depths of the fixed-tree grid, e.g. 1-6")
+    p.add_argument("--verify-sizes", default="4,8,16",
+                   help="with --tree: verification sizes V of the fixed-tree grid, e.g. 1,2,4,8,16,32 (clipped "
+                        "to the nodes a tree of that depth holds)")
+    p.add_argument("--width", type=int, default=None,
+                   help="with --tree: W, frontier nodes expanded per level (default: the tree policy's, else 4)")
+    p.add_argument("--top-k", type=int, default=None,
+                   help="with --tree: k, children per expanded node (default: the tree policy's, else 4)")
+
+
+def check_tree_arguments(args, drafter: str) -> None:
+    """Refuse tree flags without ``--tree`` and trees with the lookup drafter, before any model loads.
+
+    Raises:
+        ValueError: naming the flag and what to do.
+    """
+    given = [f for f, v in (("--tree-policy", args.tree_policy), ("--width", args.width), ("--top-k", args.top_k))
+             if v is not None]
+    if not args.tree:
+        if given:
+            raise ValueError(f"{', '.join(given)} only apply to trees: add --tree.")
+        return
+    if drafter == "lookup":
+        raise ValueError("--tree needs a drafter with a draft distribution (the lookup drafter drafts no trees): "
+                         "pass --drafter model or --drafter head.")
+    for flag, v in (("--width", args.width), ("--top-k", args.top_k)):
+        if v is not None and v < 1:
+            raise ValueError(f"{flag} must be ≥ 1, got {v}.")
 
 
 def make_out_dir(out: Path) -> Path:
@@ -72,12 +120,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seeds the sampling of every method alike")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the training run's)")
     p.add_argument("--out", default=None, help="output directory (default: <policy>/eval)")
-    p.add_argument("--law-check", action="store_true", help="also run the output-law check on the real models")
+    p.add_argument("--law-check", action="store_true",
+                   help="also run the output-law check on the real models (with --tree: tree arms too, the fixed "
+                        "tree chosen on train — or the grid's largest with --skip-speed — and the learned tree)")
     p.add_argument("--law-samples", type=int, default=150, help="samples per arm for the law check")
     p.add_argument("--law-tokens", type=int, default=3, help="first k tokens compared by the law check")
     p.add_argument("--law-prompt", default="Name a color.",
                    help="prompt of the law check: one whose first tokens are uncertain, so a biased rule shows")
     p.add_argument("--skip-speed", action="store_true", help="only the law check (needs --law-check)")
+    add_tree_arguments(p)
     return p
 
 
@@ -121,6 +172,19 @@ def _run(args) -> int:
         raise ValueError(f"The policy in {export_dir} was trained with the {trained_with!r} drafter, not {drafter!r}: "
                          f"its features mean other things. Pass --drafter {trained_with}, or a policy trained with "
                          f"`python -m train --drafter {drafter}`.")
+    check_tree_arguments(args, drafter)
+    tree = tree_ctrl = tree_dir = None
+    tree_grid: list = []
+    if args.tree:
+        from eval.compare import load_learned_tree, shipped_tree_policy_dir, tree_configs, tree_shape_from
+
+        tree_dir = args.tree_policy or shipped_tree_policy_dir(drafter)
+        tree_settings: dict = {}
+        if tree_dir is not None:
+            tree_ctrl, tree_settings = load_learned_tree(tree_dir, drafter)
+        tree = tree_shape_from(tree_settings, args.width, args.top_k)
+        tree_grid = tree_configs(parse_ints(args.tree_depths, "--tree-depths", "depth"),
+                                 parse_ints(args.verify_sizes, "--verify-sizes", "verification size"), tree)
     user_prompts = load_prompt_file(args.prompts) if args.prompts else None
     cfg = run_settings(policy_dir)  # the training run's settings (its config.json, else the export's)
     # Check every setting before the (slow) model loading.
@@ -158,13 +222,15 @@ def _run(args) -> int:
     machine = _machine(device)
     results: dict = {"machine": machine, "target": target, "draft": draft, "drafter": drafter,
                      "policy_dir": str(policy_dir)}
+    if args.tree:
+        results["tree_policy_dir"] = str(tree_dir) if tree_dir is not None else None
     if not args.skip_speed:
         prefix = "copy_" if args.prompt_set == "copy" else ""
         train_ids = encode_all(pair, load_prompts(prefix + "train")[: args.num_train_prompts], max_new)
         held_texts = user_prompts if user_prompts is not None else load_prompts(prefix + "heldout")
         held_ids = encode_all(pair, held_texts[: args.num_heldout_prompts], max_new)
         res = compare(pair, policy, train_ids, held_ids, sampling, max_new, gammas, args.repeats, args.seed,
-                      drafter=drafter, head=head)
+                      drafter=drafter, head=head, tree=tree, tree_grid=tree_grid, tree_policy=tree_ctrl)
         results["speed"] = res
         md = format_markdown(res)
         (out / "results.md").write_text(f"Machine: {machine}\n\n{md}\n")
@@ -177,9 +243,19 @@ def _run(args) -> int:
 
         law_sampling = SamplingConfig(temperature=0.8, top_p=0.95)
         g = results.get("speed", {}).get("gamma_train", 4)
-        law = law_check(pair, {"learned policy": policy, f"fixed γ={g}": FixedDepthController(g)},
-                        [args.law_prompt], sampling=law_sampling, num_tokens=args.law_tokens,
-                        num_samples=args.law_samples, seed=args.seed, drafter=drafter, head=head)
+        arms = {"learned policy": policy, f"fixed γ={g}": FixedDepthController(g)}
+        trees = {}
+        if args.tree:  # tree arms beside the chain arms: one reference arm, one Bonferroni correction
+            from learn2draft.tree import FixedTreeController
+
+            d, v = results.get("speed", {}).get("tree_train") or max(tree_grid, key=lambda dv: (dv[1], dv[0]))
+            trees[f"fixed tree depth={d}, V={v}"] = tree
+            arms[f"fixed tree depth={d}, V={v}"] = FixedTreeController(d, v)
+            if tree_ctrl is not None:
+                trees["learned tree"] = tree
+                arms["learned tree"] = tree_ctrl
+        law = law_check(pair, arms, [args.law_prompt], sampling=law_sampling, num_tokens=args.law_tokens,
+                        num_samples=args.law_samples, seed=args.seed, drafter=drafter, head=head, tree=trees or None)
         results["law_check"] = law
         table = format_law_table(law)
         with open(out / "results.md", "w" if args.skip_speed else "a") as f:

@@ -13,7 +13,10 @@ On the same held-out prompts and seeds, interleaved, at temperature 0 and 0.7 (`
 * this project's autoregressive loop and, with ``--drafter`` (model, head or lookup): its best
   fixed γ (grid-searched on the *training* prompts), a heuristic rule (the draft's confidence ≥ 0.4,
   as vLLM and Hugging Face use, for model and head; the match-length rule for lookup), and the
-  learned policy (``--policy DIR``, default the one shipped for the drafter).
+  learned policy (``--policy DIR``, default the one shipped for the drafter);
+* with ``--tree`` (model or head drafter): the best fixed tree (depth, V) (grid-searched on the
+  *training* prompts over ``--tree-depths`` × ``--verify-sizes``) and the learned tree policy
+  (``--tree-policy DIR``, default the one shipped in ``policies/defaults/<drafter>-tree`` if any).
 
 ``benchmark.json`` holds, per temperature and method: tokens/s (mean and per repeat), the ratio
 to plain ``generate()`` per repeat, τ, α (accepted / drafted tokens), TTFT and inter-token latency;
@@ -143,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--seed", type=int, default=0, help="default: 0")
     p.add_argument("--out", default="runs/benchmark", help="output directory (default: runs/benchmark)")
+    from eval.__main__ import add_tree_arguments
+
+    add_tree_arguments(p)
     return p
 
 
@@ -153,8 +159,8 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args) -> int:
     import torch
 
-    from eval.__main__ import _machine, make_out_dir, parse_gammas
-    from eval.compare import grid_search
+    from eval.__main__ import _machine, check_tree_arguments, make_out_dir, parse_gammas, parse_ints
+    from eval.compare import grid_search, tree_grid_search
     from eval.runner import DecoderMethod, HFGenerateMethod, encode_all, methods_table, run_interleaved, summarize
     from learn2draft.decoding import FixedDepthController
     from learn2draft.models import DEFAULT_DRAFT, DEFAULT_TARGET, check_device, default_device, load_pair, parse_dtype
@@ -193,6 +199,18 @@ def _run(args) -> int:
     if trained_with != args.drafter:
         raise ValueError(f"The policy in {policy_dir} was trained with the {trained_with!r} drafter, not "
                          f"{args.drafter!r}: pass --drafter {trained_with} or a matching --policy.")
+    check_tree_arguments(args, args.drafter)
+    tree = tree_ctrl = tree_dir = None
+    if args.tree:
+        from eval.compare import load_learned_tree, shipped_tree_policy_dir, tree_configs, tree_shape_from
+
+        tree_dir = args.tree_policy or shipped_tree_policy_dir(args.drafter)
+        tree_settings: dict = {}
+        if tree_dir is not None:
+            tree_ctrl, tree_settings = load_learned_tree(tree_dir, args.drafter)
+        tree = tree_shape_from(tree_settings, args.width, args.top_k)
+        tree_grid = tree_configs(parse_ints(args.tree_depths, "--tree-depths", "depth"),
+                                 parse_ints(args.verify_sizes, "--verify-sizes", "verification size"), tree)
     cfg = run_settings(policy_dir)  # the pair the policy was trained on, unless named here
     args.target = args.target or cfg.get("target", DEFAULT_TARGET)
     args.draft = args.draft or cfg.get("draft", DEFAULT_DRAFT)
@@ -207,10 +225,15 @@ def _run(args) -> int:
     report = {"machine": _machine(device), "target": args.target, "draft": args.draft, "drafter": args.drafter,
               "policy": str(policy_dir), "prompts": args.prompts or args.prompt_set,
               "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "num_prompts": len(held),
+              "tree": None if tree is None else {"width": tree.width, "top_k": tree.top_k,
+                                                 "tree_policy": None if tree_dir is None else str(tree_dir)},
               "sampler": sampler_microbenchmark(), "forward_cost": forward_cost_ratio(pair), "runs": {}}
+    tree_line = [] if tree is None else [
+        f"Trees: W={tree.width}, top-k={tree.top_k}; fixed (depth, V) chosen on the training prompts from "
+        f"{', '.join(f'({d}, {v})' for d, v in tree_grid)}; learned tree: {tree_dir or 'none shipped or given'}.", ""]
     md = [f"Machine: {report['machine']}", "",
           f"Drafter: {args.drafter}; policy: {policy_dir}; prompts: {report['prompts']} ({len(held)}), "
-          f"{args.max_new_tokens} new tokens, {args.repeats} repeats.", "",
+          f"{args.max_new_tokens} new tokens, {args.repeats} repeats.", "", *tree_line,
           f"Exact sampler, V=49,152, γ=12: median {1e3 * report['sampler']['median_seconds']:.3f} ms per cycle.",
           f"One-token forward at context 128: draft {1e3 * report['forward_cost']['draft_seconds']:.2f} ms, target "
           f"{1e3 * report['forward_cost']['target_seconds']:.2f} ms, ratio {report['forward_cost']['ratio']:.3f}.", ""]
@@ -242,9 +265,23 @@ def _run(args) -> int:
                                          args.drafter, head))
         methods.append(DecoderMethod(f"{args.drafter}: learned policy", pair, policy, sampling, args.max_new_tokens,
                                      args.drafter, head))
+        run = {"fixed_gamma": gamma}
+        if tree is not None:
+            from learn2draft.tree import FixedTreeController
+
+            grid = tree_grid_search(pair, train, tree_grid, sampling, args.max_new_tokens, tree, seed=args.seed,
+                                    desc=f"tree grid T={T}", drafter=args.drafter, head=head)
+            d, v = grid["best"]
+            run.update(fixed_tree=grid["best"], tree_grid=grid)
+            methods.append(DecoderMethod(f"{args.drafter}: fixed tree depth={d}, V={v}", pair,
+                                         FixedTreeController(d, v), sampling, args.max_new_tokens, args.drafter, head,
+                                         tree=tree))
+            if tree_ctrl is not None:
+                methods.append(DecoderMethod(f"{args.drafter}: learned tree", pair, tree_ctrl, sampling,
+                                             args.max_new_tokens, args.drafter, head, tree=tree))
         summary = summarize(run_interleaved(methods, held, args.repeats, args.seed, desc=f"benchmark T={T}"),
                             reference=PLAIN)
-        report["runs"][str(T)] = {"fixed_gamma": gamma, "methods": summary}
+        report["runs"][str(T)] = {**run, "methods": summary}
         md += [f"### Temperature {T}", "", *methods_table(summary, PLAIN), ""]
     text = "\n".join(md)
     (out / "benchmark.md").write_text(text + "\n")

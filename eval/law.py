@@ -27,17 +27,17 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
 import torch
 
-from learn2draft.decoding import DraftController, FixedDepthController, Sampler, SpeculativeDecoder
-from learn2draft.drafters import make_drafter
+from eval.runner import TreeShape, make_decoder
+from learn2draft.decoding import DraftController, FixedDepthController, Sampler
 from learn2draft.models import ModelPair
-from learn2draft.sampling import SamplingConfig, speculative_sample
+from learn2draft.sampling import SamplingConfig, speculative_sample, tree_speculative_sample
 
 #: Label used in count tables for "generation ended (EOS) before this position".
 ENDED = -1
@@ -135,6 +135,43 @@ def resample_from_target_rule(target_probs: torch.Tensor, draft_probs: torch.Ten
 
 
 _RESAMPLE_FROM_TARGET_SAMPLER = rule_sampler(RESAMPLE_FROM_TARGET_RULE)
+
+
+def tree_resample_from_target_rule(parents: torch.Tensor, tokens: torch.Tensor, target_probs: torch.Tensor,
+                                   generator: torch.Generator | None = None) -> tuple[list[int], int]:
+    """NEGATIVE CONTROL for trees: the classic mistake in the tree rule — when every child of the
+    last accepted node is rejected, draw the token from the target's ``p`` at that node instead of
+    the residual (``p`` with the rejected children removed, renormalised). The walk itself is the
+    exact one (accept child x with probability p_res(x), EAGLE-2's
+    :func:`~learn2draft.sampling.tree_speculative_sample`). It over-weights the drafted children, so
+    its output law differs from the target's whenever a rejected child has p(x) > 0.
+
+    Same signature and shapes as :func:`learn2draft.sampling.tree_speculative_sample` (``parents``,
+    ``tokens`` int64 (N+1,), ``target_probs`` float (N+1, V)); pass it as ``tree_sampler=`` to see a
+    law check fail. Never use it to decode (host float64 copies, slow).
+    """
+    par, tok = [int(x) for x in parents.tolist()], [int(x) for x in tokens.tolist()]
+    children: list[list[int]] = [[] for _ in par]
+    for i in range(1, len(par)):
+        children[par[i]].append(i)
+    p = target_probs.detach().double().cpu().numpy()
+
+    def u() -> float:
+        return float(torch.rand(1, generator=generator, dtype=torch.float64))
+
+    accepted, node = [], 0
+    while True:
+        r = p[node] / p[node].sum()
+        for c in children[node]:
+            z = r.sum()
+            if z > 0 and u() * z < r[tok[c]]:
+                accepted.append(c)
+                node = c
+                break
+            r = r.copy()
+            r[tok[c]] = 0.0
+        else:  # every child rejected (or a leaf: the bonus token, which is right)
+            return accepted, _draw(p[node] / p[node].sum(), u())  # WRONG after rejections: should draw from r
 
 
 # --------------------------------------------------------------------------------------------
@@ -360,6 +397,8 @@ def sample_first_tokens(
     sampler: Sampler = speculative_sample,
     drafter: str = "model",
     head: str | None = None,
+    tree: TreeShape | None = None,
+    tree_sampler: Callable = tree_speculative_sample,
 ) -> tuple[np.ndarray, dict]:
     """Run the real draft/verify loop once per seed and keep the first ``num_tokens`` tokens.
 
@@ -374,16 +413,25 @@ def sample_first_tokens(
         seeds: one per sample; the decoder's generator is seeded with it.
         sampler: the acceptance rule (:func:`speculative_sample` or a negative control).
         drafter: ``"model" | "head" | "lookup"`` (:func:`learn2draft.drafters.make_drafter`).
+        tree: draft trees of this shape (:class:`learn2draft.tree.TreeSpeculativeDecoder`; the
+            controller decides depth, and verification size when it overrides
+            ``verification_size``, e.g. :class:`learn2draft.tree.FixedTreeController`); None: a chain.
+        tree_sampler: the tree acceptance rule (:func:`tree_speculative_sample` or
+            :func:`tree_resample_from_target_rule`), with ``tree`` only.
 
     Returns:
         ``(tokens, stats)``: int64 array (len(seeds), num_tokens), :data:`ENDED` after an EOS;
-        stats: ``seconds``, ``cycles``, ``drafted``, ``accepted`` totals.
+        stats: ``seconds``, ``cycles``, ``drafted`` (draft tokens; tree levels for a tree),
+        ``verified`` (tokens sent to the target), ``accepted`` totals.
+
+    Raises:
+        ValueError: a tree with the lookup drafter.
     """
     max_depth = int(controller.max_depth)
-    dec = SpeculativeDecoder(pair, sampling, max_new_tokens=num_tokens + max_depth, max_depth=max_depth,
-                             sampler=sampler, drafter=make_drafter(drafter, pair, head=head))
+    dec = make_decoder(pair, sampling, num_tokens + max_depth, max_depth, drafter, head, tree,
+                       sampler if tree is None else tree_sampler)
     out = np.full((len(seeds), num_tokens), ENDED, dtype=np.int64)
-    stats = {"seconds": 0.0, "cycles": 0, "drafted": 0, "accepted": 0}
+    stats = {"seconds": 0.0, "cycles": 0, "drafted": 0, "verified": 0, "accepted": 0}
     t0 = time.perf_counter()
     for r, s in enumerate(seeds):
         controller.reset()
@@ -392,6 +440,7 @@ def sample_first_tokens(
             c = dec.run_cycle(controller)
             stats["cycles"] += 1
             stats["drafted"] += c.depth
+            stats["verified"] += c.verify_size
             stats["accepted"] += c.num_accepted
         toks = dec.ids[dec.prompt_len:][:num_tokens].tolist()
         out[r, : len(toks)] = toks
@@ -413,6 +462,8 @@ def law_check(
     progress: bool = False,
     drafter: str = "model",
     head: str | None = None,
+    tree: TreeShape | Mapping[str, TreeShape | None] | None = None,
+    tree_sampler: Callable = tree_speculative_sample,
 ) -> dict:
     """Compare speculative sampling under each controller with plain sampling, on real models.
 
@@ -460,6 +511,14 @@ def law_check(
         chat: encode text prompts through the tokenizer's chat template.
         progress: print one line per arm.
         drafter: ``"model" | "head" | "lookup"``, the drafter of every controller's arm.
+        tree: draft trees (:class:`learn2draft.tree.TreeSpeculativeDecoder`, EAGLE-2 drafting and
+            the point-mass tree rule): a :class:`~eval.runner.TreeShape` for every controller's arm,
+            or controller name → shape (None or absent: that arm drafts a chain), so chain and tree
+            arms share one reference arm and one Bonferroni correction. A tree arm's controller
+            decides the depth and, when it overrides ``verification_size`` (a
+            :class:`~learn2draft.tree.FixedTreeController`, a size policy), V; else every node is verified.
+        tree_sampler: the tree arms' acceptance rule (:func:`tree_resample_from_target_rule` to see
+            the check fail).
 
     Returns:
         JSON-serialisable dict: ``passed`` (bool: conclusive and nothing flagged), ``conclusive``
@@ -467,12 +526,13 @@ def law_check(
         ``threshold`` (alpha / m), ``min_p_value``, ``max_tv``, ``tests`` (one dict per test:
         prompt, controller, position, kind ("two-sample" or "exact"), chi2, dof, p_value,
         p_bonferroni = min(1, m·p), p_min, can_reject, tv, bins, flagged, and counts for two-sample tests), ``arms``
-        (per prompt and arm: seconds, cycles, drafted, accepted, mean accepted length), and the
-        settings.
+        (per prompt and arm: seconds, cycles, drafted, verified, accepted, mean accepted length,
+        and ``tree`` ({"width", "top_k"}) for a tree arm), ``trees`` (arm → shape, tree arms only)
+        and the settings.
 
     Raises:
-        ValueError: greedy sampling (nothing random to compare), no controllers or prompts, or an
-            argument out of range.
+        ValueError: greedy sampling (nothing random to compare), no controllers or prompts, an
+            argument out of range, a ``tree`` mapping naming no controller, or trees with the lookup drafter.
     """
     if sampling.greedy:
         raise ValueError("law_check needs sampling (temperature > 0): greedy output is deterministic.")
@@ -484,7 +544,21 @@ def law_check(
         raise ValueError(f"Need num_tokens ≥ 1 and num_samples ≥ 10, got {num_tokens} and {num_samples}.")
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}.")
+    if isinstance(tree, Mapping):
+        unknown = sorted(set(tree) - set(controllers))
+        if unknown:
+            raise ValueError(f"tree names arms {unknown} that are not controllers ({sorted(controllers)}).")
+        trees = {name: tree.get(name) for name in controllers}
+    else:
+        trees = {name: tree for name in controllers}
+    for shape in trees.values():
+        if shape is not None and not isinstance(shape, TreeShape):
+            raise ValueError(f"tree must be an eval.runner.TreeShape (width, top_k), got {shape!r}.")
+    if drafter == "lookup" and any(trees.values()):
+        raise ValueError("The lookup drafter does not draft trees: use drafter='model' or 'head' for tree arms.")
     sampler_name = getattr(sampler, "__name__", repr(sampler))
+    if any(trees.values()):
+        sampler_name += f" / tree: {getattr(tree_sampler, '__name__', repr(tree_sampler))}"
     arms_meta, tests = [], []
     memo = _memo_pair(pair)
     for pi, prompt in enumerate(prompts):
@@ -499,8 +573,11 @@ def law_check(
         if progress:
             print(f"law check: prompt {pi} autoregressive {st['seconds']:.1f} s", flush=True)
         for ai, (name, ctrl) in enumerate(controllers.items(), start=1):
-            got, st = sample_first_tokens(memo, ids, ctrl, sampling, num_tokens, seeds(ai), sampler, drafter, head)
+            got, st = sample_first_tokens(memo, ids, ctrl, sampling, num_tokens, seeds(ai), sampler, drafter, head,
+                                          trees[name], tree_sampler)
             st["mean_accepted"] = st["accepted"] / st["cycles"] if st["cycles"] else 0.0
+            if trees[name] is not None:
+                st["tree"] = dataclasses.asdict(trees[name])
             arms_meta.append({"prompt": pi, "arm": name, **st})
             if progress:
                 print(f"law check: prompt {pi} {name} {st['seconds']:.1f} s, τ̄ = {st['mean_accepted']:.2f}",
@@ -550,6 +627,7 @@ def law_check(
         "seed": seed,
         "num_prompts": len(prompts),
         "drafter": drafter,
+        "trees": {name: dataclasses.asdict(t) for name, t in trees.items() if t is not None},
     }
 
 
@@ -580,6 +658,9 @@ def format_law_table(result: dict) -> str:
     if arms:
         lines += ["", "Mean accepted length per cycle: " + ", ".join(
             f"{a['arm']} (prompt {a['prompt']}) τ̄ = {a.get('mean_accepted', 0):.2f}" for a in arms) + "."]
+    if result.get("trees"):
+        lines += ["", "Tree arms (TreeSpeculativeDecoder, EAGLE-2 drafting, point-mass tree rule): " + ", ".join(
+            f"{name} (W={t['width']}, top-k={t['top_k']})" for name, t in result["trees"].items()) + "."]
     lines += [
         "",
         f"**{result['verdict']}** (Bonferroni over {result['num_tests']} tests: flagged when p < "
@@ -594,5 +675,5 @@ __all__ = [
     "AcceptanceRule", "ENDED", "LEVIATHAN_RULE", "RESAMPLE_FROM_TARGET_RULE", "conditional_exact_tests",
     "first_token_probs", "format_law_table",
     "goodness_of_fit_test", "law_check", "resample_from_target_rule", "rule_sampler", "sample_first_tokens",
-    "two_sample_test",
+    "tree_resample_from_target_rule", "two_sample_test",
 ]

@@ -1,7 +1,8 @@
 """Running decoding methods side by side, interleaved, on the same prompts and seeds.
 
 A *method* is anything that turns a prompt into tokens: this project's loop under a
-:class:`~learn2draft.decoding.DraftController` (autoregressive, fixed γ, a learned policy), or
+:class:`~learn2draft.decoding.DraftController` (autoregressive, fixed γ, a learned policy; with a
+:class:`TreeShape`, a draft tree under a fixed (depth, V) or a learned tree policy), or
 Hugging Face ``generate()`` with or without ``assistant_model=``. Every run is timed with the same
 device-synchronised clock; methods are interleaved (a rotated order per prompt and repeat) so a
 noisy, shared machine slows them all alike.
@@ -18,7 +19,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers.generation.streamers import BaseStreamer
 
-from learn2draft.decoding import DraftController, SpeculativeDecoder
+from learn2draft.decoding import DraftController, Sampler, SpeculativeDecoder
 from learn2draft.drafters import Drafter, make_drafter
 from learn2draft.models import ModelPair
 from learn2draft.sampling import SamplingConfig
@@ -41,8 +42,10 @@ class RunRecord:
     tau: float | None = None
     overhead_fraction: float | None = None
     tokens: list[int] = field(default_factory=list, repr=False)
-    drafted: int = 0  # draft tokens proposed (this project's loop only)
+    drafted: int = 0  # draft tokens proposed (tree levels for a tree; this project's loop only)
     accepted: int = 0  # of which accepted
+    cycles: int = 0  # draft/verify cycles (this project's loop only)
+    verified: int = 0  # tokens sent to the target for verification, summed over cycles
 
     @property
     def tokens_per_second(self) -> float:
@@ -58,29 +61,92 @@ class Method:
         raise NotImplementedError
 
 
+@dataclass(frozen=True)
+class TreeShape:
+    """The shape of an EAGLE-2 draft tree (Li et al. 2024, arXiv 2406.16858): at each depth the
+    ``width`` best frontier nodes (by cumulative draft log-probability) get their ``top_k``
+    children (:class:`learn2draft.tree.TreeSpeculativeDecoder`'s ``width`` and ``top_k``).
+
+    Raises:
+        ValueError: ``width`` or ``top_k`` not an integer ≥ 1.
+    """
+
+    width: int = 4
+    top_k: int = 4
+
+    def __post_init__(self):
+        for name in ("width", "top_k"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"Tree {name} must be an integer ≥ 1, got {v!r} (--{name.replace('_', '-')}).")
+
+    def max_nodes(self, depth: int) -> int:
+        """The most drafted nodes a tree of ``depth`` levels holds: k at depth 1, then W·k per level
+        (an upper bound: the frontier may hold fewer than W nodes)."""
+        return 0 if depth <= 0 else self.top_k + (depth - 1) * self.width * self.top_k
+
+
+def make_decoder(pair: ModelPair, sampling: SamplingConfig, max_new_tokens: int, max_depth: int,
+                 drafter: str | Drafter = "model", head: str | None = None, tree: TreeShape | None = None,
+                 sampler: Sampler | None = None) -> SpeculativeDecoder:
+    """The one place eval builds a decoder: a chain (:class:`SpeculativeDecoder`) or, with ``tree``,
+    a :class:`learn2draft.tree.TreeSpeculativeDecoder` of that shape.
+
+    Args:
+        max_depth: the controller's ``max_depth`` (policies' depth features are scaled by it).
+        drafter: ``"model" | "head" | "lookup"`` or a :class:`learn2draft.drafters.Drafter` (a new
+            one per decoder: drafters hold per-generation state).
+        head: head directory for ``"head"`` (default: the shipped head of the embedded target).
+        sampler: the acceptance rule (chain: :func:`~learn2draft.sampling.speculative_sample`'s
+            signature; tree: :func:`~learn2draft.sampling.tree_speculative_sample`'s); None = the exact one.
+
+    Raises:
+        ValueError: a tree with the lookup drafter (it drafts no trees), or bad settings.
+    """
+    if isinstance(drafter, str):
+        if tree is not None and drafter == "lookup":
+            raise ValueError("The lookup drafter does not draft trees (no draft distribution to take the top-k "
+                             "from): use --drafter model or head for trees.")
+        drafter = make_drafter(drafter, pair, head=head)
+    if tree is None:
+        kw = {} if sampler is None else {"sampler": sampler}
+        return SpeculativeDecoder(pair, sampling, max_new_tokens=max_new_tokens, max_depth=max_depth, drafter=drafter,
+                                  **kw)
+    from learn2draft.tree import TreeSpeculativeDecoder
+
+    kw = {} if sampler is None else {"tree_sampler": sampler}
+    return TreeSpeculativeDecoder(pair, sampling, max_new_tokens=max_new_tokens, max_depth=max_depth, drafter=drafter,
+                                  width=tree.width, top_k=tree.top_k, **kw)
+
+
 class DecoderMethod(Method):
     """This project's draft/verify loop under a controller (γ = 0 is the autoregressive baseline).
 
     ``drafter``: ``"model" | "head" | "lookup"`` or a :class:`learn2draft.drafters.Drafter`
     (each method gets its own: drafters hold per-generation state); ``head``: the head directory
-    for ``"head"`` (default: the shipped head of the embedded target)."""
+    for ``"head"`` (default: the shipped head of the embedded target); ``tree``: draft a tree of
+    this shape (:func:`make_decoder`) under ``controller`` — a
+    :class:`learn2draft.tree.FixedTreeController` (depth, V) or a learned tree policy (depth and
+    verification size); a controller that does not decide V verifies every drafted node.
+
+    Raises:
+        ValueError: as :func:`make_decoder`."""
 
     def __init__(self, name: str, pair: ModelPair, controller: DraftController, sampling: SamplingConfig,
-                 max_new_tokens: int, drafter: str | Drafter = "model", head: str | None = None):
+                 max_new_tokens: int, drafter: str | Drafter = "model", head: str | None = None,
+                 tree: TreeShape | None = None):
         # The decoder's max_depth is the controller's: the depth features are scaled by it, so a
         # policy must see the scale it was trained with.
-        self.name, self.controller = name, controller
-        if isinstance(drafter, str):
-            drafter = make_drafter(drafter, pair, head=head)
-        self.decoder = SpeculativeDecoder(pair, sampling, max_new_tokens=max_new_tokens, max_depth=controller.max_depth,
-                                          drafter=drafter)
+        self.name, self.controller, self.tree = name, controller, tree
+        self.decoder = make_decoder(pair, sampling, max_new_tokens, controller.max_depth, drafter, head, tree)
 
     def run(self, prompt_ids: torch.Tensor, seed: int) -> RunRecord:
         r = self.decoder.generate(prompt_ids, self.controller, seed=seed)
         drafted = sum(c.depth for c in r.cycles)
         return RunRecord(self.name, -1, -1, len(r.tokens), r.wall_seconds, r.ttft_seconds,
                          r.mean_inter_token_seconds, r.mean_accepted if drafted else None,
-                         r.overhead_fraction, r.tokens, drafted, sum(c.num_accepted for c in r.cycles))
+                         r.overhead_fraction, r.tokens, drafted, sum(c.num_accepted for c in r.cycles),
+                         len(r.cycles), sum(c.verify_size for c in r.cycles))
 
 
 class _TimingStreamer(BaseStreamer):
@@ -194,6 +260,8 @@ def summarize(records: Sequence[RunRecord], reference: str | None = None) -> dic
             "tokens_per_second_per_repeat": tps.tolist(),
             "tau_mean": float(np.mean(taus)) if taus else None,
             "alpha": sum(r.accepted for r in rs) / drafted if drafted else None,
+            "verify_size_mean": (sum(r.verified for r in rs) / sum(r.cycles for r in rs)
+                                 if drafted and sum(r.cycles for r in rs) else None),
             "ttft_seconds_mean": float(np.mean([r.ttft_seconds for r in rs])),
             "inter_token_seconds_mean": float(np.mean([r.inter_token_seconds for r in rs])),
             "overhead_fraction_mean": float(np.mean(ovh)) if ovh else None,
@@ -215,7 +283,7 @@ def ratio_stats(a: dict, b: dict) -> dict:
 
 #: The convention of τ in every table, stated once (:attr:`learn2draft.decoding.CycleResult.num_accepted`).
 TAU_NOTE = ("τ: mean accepted length per drafting cycle — draft tokens accepted, the corrected or bonus token "
-            "excluded; α: accepted / drafted tokens.")
+            "excluded; α: accepted / drafted tokens (for a tree: accepted / drafted levels).")
 
 
 def methods_table(summary: dict, reference: str) -> list[str]:

@@ -155,3 +155,136 @@ def test_a_users_head_directory_reaches_the_drafter(tiny_pair, tmp_path):
 
     for parser in (bench_parser(), eval_parser(), train_parser()):
         assert parser.parse_args(["--head", "some/dir"]).head == "some/dir"
+
+
+# ------------------------------------------------------------------------------------ trees
+def test_tree_configs_clip_v_to_the_tree_and_refuse_empty_grids():
+    from eval.compare import tree_configs
+    from eval.runner import TreeShape
+
+    shape = TreeShape(width=2, top_k=3)  # depth 1: 3 nodes; depth 2: 3 + 6 = 9
+    assert shape.max_nodes(1) == 3 and shape.max_nodes(2) == 9
+    assert tree_configs([1, 2], [2, 4, 16], shape) == [(1, 2), (1, 3), (2, 2), (2, 4), (2, 9)]
+    for depths, sizes in (([], [1]), ([1], []), ([0], [1]), ([1], [0])):
+        with pytest.raises(ValueError, match="--tree-depths"):
+            tree_configs(depths, sizes, shape)
+    for bad in ({"width": 0}, {"top_k": -1}, {"width": True}, {"top_k": 2.0}):
+        with pytest.raises(ValueError, match="--(width|top-k)"):
+            TreeShape(**bad)
+
+
+def test_tree_method_runs_a_tree_decoder_and_matches_greedy(tiny_pair):
+    """A tree method drafts trees (verify sizes > depth show it) and, greedy, emits the autoregressive tokens."""
+    from eval.runner import TreeShape
+    from learn2draft.tree import FixedTreeController, TreeSpeculativeDecoder
+
+    ids = torch.tensor([1, 5, 9, 12])
+    g = SamplingConfig()
+    ar = DecoderMethod("ar", tiny_pair, FixedDepthController(0), g, 12).run(ids, 0)
+    m = DecoderMethod("tree", tiny_pair, FixedTreeController(3, 8), g, 12, tree=TreeShape(2, 3))
+    assert isinstance(m.decoder, TreeSpeculativeDecoder) and (m.decoder.width, m.decoder.top_k) == (2, 3)
+    assert m.decoder.max_depth == 3
+    rec = m.run(ids, 0)
+    assert rec.tokens == ar.tokens
+    assert rec.cycles > 0 and rec.verified > rec.drafted  # 8 nodes verified for 3 levels drafted (per full cycle)
+    s = summarize([rec])["tree"]
+    assert s["verify_size_mean"] == rec.verified / rec.cycles and s["verify_size_mean"] > 3
+    with pytest.raises(ValueError, match="lookup drafter does not draft trees"):
+        DecoderMethod("t", tiny_pair, FixedTreeController(2, 4), g, 8, drafter="lookup", tree=TreeShape())
+
+
+def test_tree_grid_picks_the_fastest_tree_by_measured_rate(tiny_pair, monkeypatch):
+    import eval.compare
+    from eval.compare import tree_grid_search
+    from eval.runner import TreeShape
+
+    seconds = {"depth=1,V=2": 2.0, "depth=2,V=4": 0.5, "depth=3,V=8": 1.0}
+    seen = []
+
+    def fake_runs(methods, prompts, repeats=1, seed=0, **kw):
+        seen.extend((m.name, m.tree, m.controller.verify_size) for m in methods)
+        return [RunRecord(m.name, i, r, 10, seconds[m.name], 0.1, 0.01, tau=0.5)
+                for r in range(repeats) for i in range(len(prompts)) for m in methods]
+
+    monkeypatch.setattr(eval.compare, "run_interleaved", fake_runs)
+    shape = TreeShape(2, 2)
+    grid = tree_grid_search(tiny_pair, [torch.tensor([1, 5, 9])], [(1, 2), (2, 4), (3, 8)], SamplingConfig(), 8,
+                            shape)
+    assert grid["best"] == [2, 4] and grid["best_key"] == "depth=2,V=4"
+    assert grid["tokens_per_second"] == {"depth=1,V=2": 5.0, "depth=2,V=4": 20.0, "depth=3,V=8": 10.0}
+    assert {t for _, t, _ in seen} == {shape} and sorted(v for *_, v in seen) == [2, 4, 8]
+    with pytest.raises(ValueError, match="empty"):
+        tree_grid_search(tiny_pair, [torch.tensor([1])], [], SamplingConfig(), 8)
+
+
+def test_compare_with_tree_rows_on_tiny_models(tiny_pair, tmp_path):
+    """The held-out comparison gains the best fixed tree (the grid's fastest) and the learned tree
+    (here a FixedTreeController standing in), with verdicts of the learned tree against every row."""
+    from eval.compare import compare, plot, tree_configs
+    from eval.runner import TreeShape
+    from learn2draft.tree import FixedTreeController
+
+    ids = [torch.tensor([1, 5, 9]), torch.tensor([1, 7])]
+    shape = TreeShape(2, 2)
+    res = compare(tiny_pair, FixedDepthController(2), ids, ids, SamplingConfig(), 8, gammas=[1, 2], repeats=2,
+                  policy_name="policy", tree=shape, tree_grid=tree_configs([1, 2], [2, 4], shape),
+                  tree_policy=FixedTreeController(2, 3), tree_policy_name="tree policy")
+    grid = res["grid_tree_train"]["tokens_per_second"]
+    assert set(grid) == {"depth=1,V=2", "depth=2,V=2", "depth=2,V=4"}
+    d, v = res["tree_train"]
+    assert f"depth={d},V={v}" == max(grid, key=grid.get)
+    fixed = res["tree_fixed"]
+    assert fixed == f"fixed tree depth={d}, V={v} (chosen on train)"
+    assert {AR, "policy", fixed, "tree policy"} <= set(res["methods"])
+    assert res["methods"][fixed]["verify_size_mean"] is not None
+    assert set(res["tree_verdicts"]) == {fixed, "policy", AR} | {k for k in res["verdicts"]}
+    assert res["methods"]["tree policy"][f"ratio_to_{fixed}"]["per_repeat"]  # per-repeat ratios stored
+    md = format_markdown(res)
+    assert "tree policy vs " + fixed in md and "Tree grid (W=2, top-k=2)" in md and "| tree policy |" in md
+    json.dumps(res)
+    plot(res, tmp_path / "r.png")
+    assert (tmp_path / "r.png").stat().st_size > 0
+    # without a learned tree: the fixed-tree row only, no tree verdicts
+    res2 = compare(tiny_pair, FixedDepthController(1), ids[:1], ids[:1], SamplingConfig(), 6, gammas=[1],
+                   repeats=1, tree=shape, tree_grid=[(1, 2)])
+    assert res2["tree_policy"] is None and res2["tree_verdicts"] == {} and res2["tree_fixed"] in res2["methods"]
+    with pytest.raises(ValueError, match="tree_grid"):
+        compare(tiny_pair, FixedDepthController(1), ids, ids, SamplingConfig(), 6, tree=shape)
+    with pytest.raises(ValueError, match="TreeShape"):
+        compare(tiny_pair, FixedDepthController(1), ids, ids, SamplingConfig(), 6,
+                tree_policy=FixedTreeController(1, 1))
+
+
+def test_tree_shape_comes_from_the_command_line_then_the_tree_policy(tmp_path):
+    from eval.compare import load_learned_tree, tree_shape_from
+    from eval.runner import TreeShape
+
+    assert tree_shape_from({}) == TreeShape()
+    assert tree_shape_from({"width": 8, "top_k": 10}) == TreeShape(8, 10)
+    assert tree_shape_from({"tree": {"width": 3, "top_k": 5}}, top_k=2) == TreeShape(3, 2)
+    with pytest.raises(FileNotFoundError, match="--tree-policy"):
+        load_learned_tree(tmp_path / "none", "head")
+
+
+def test_learned_tree_loading_checks_the_controller_and_drafter(tmp_path, monkeypatch):
+    """load_learned_tree goes through policies.tree.load_tree_policy (faked here) and refuses a
+    chain controller or a policy trained with another drafter."""
+    import sys
+    import types
+
+    from eval.compare import load_learned_tree
+    from learn2draft.tree import FixedTreeController
+
+    d = tmp_path / "tree"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"drafter": "head", "width": 5, "top_k": 6}))
+    fake = types.ModuleType("policies.tree")
+    fake.load_tree_policy = lambda path: FixedTreeController(3, 8)
+    monkeypatch.setitem(sys.modules, "policies.tree", fake)
+    ctrl, settings = load_learned_tree(d, "head")
+    assert ctrl.verification_size(None, 3) == 8 and settings["width"] == 5
+    with pytest.raises(ValueError, match="--drafter head"):
+        load_learned_tree(d, "model")
+    fake.load_tree_policy = lambda path: FixedDepthController(3)
+    with pytest.raises(ValueError, match="does not decide the verification size"):
+        load_learned_tree(d, "head")

@@ -103,15 +103,29 @@ def test_progress_bars_draw_only_on_a_terminal(tiny_pair, capfd):
 
 
 def test_one_table_renderer_for_eval_and_benchmark():
-    """eval's and the benchmark's tables come from eval.runner.methods_table, with τ's convention stated there."""
+    """Every table of measured runs (eval.runner.summarize output: eval, the benchmark) comes from
+    eval.runner.methods_table, with τ's convention stated there; no other module writes that table's
+    header or its own "| method |" table over summarize output. (eval.oracle's replay table — modelled
+    seconds against the hindsight oracle, no repeats, no latencies — has none of these columns and
+    renders its own.)"""
     from pathlib import Path
 
     import eval
     from eval.runner import TAU_NOTE, methods_table
 
     root = Path(eval.__file__).parent
-    holders = [p.name for p in root.glob("*.py") if "| method |" in p.read_text()]
-    assert holders == ["runner.py"]
+    header = "tokens/s (mean ± std)"
+    assert header in (root / "runner.py").read_text()
+    users = set()
+    for path in root.glob("*.py"):
+        text = path.read_text()
+        if path.name == "runner.py":
+            continue
+        assert header not in text, f"{path.name} renders its own table of measured runs: use methods_table"
+        if "summarize(" in text:  # reports measured runs
+            assert "| method |" not in text and "methods_table(" in text, path.name
+            users.add(path.name)
+    assert {"compare.py", "benchmark.py"} <= users
     summary = {"a": {"tokens_per_second_mean": 10.0, "tokens_per_second_std": 0.5, "tau_mean": 1.5, "alpha": 0.5,
                      "overhead_fraction_mean": 0.01, "ttft_seconds_mean": 0.1, "inter_token_seconds_mean": 0.04,
                      "ratio_to_ref": {"mean": 1.2, "min": 1.1, "max": 1.3}}}
@@ -119,3 +133,96 @@ def test_one_table_renderer_for_eval_and_benchmark():
     assert lines[0].startswith("| method |") and "× ref" in lines[0] and lines[-1] == TAU_NOTE
     assert lines[2] == "| a | 10.0 ± 0.5 | 1.20 (1.10–1.30) | 1.50 | 0.50 | 100 | 40.0 | 1.0% |"
     assert "bonus token excluded" in TAU_NOTE
+
+
+# --------------------------------------------------------------------------------- trees
+def _fake_tree_policy_module(monkeypatch, depth: int = 2, size: int = 3):
+    """Stands in for policies.tree (being written): load_tree_policy returns a fixed (depth, V) controller."""
+    import sys
+    import types
+
+    from learn2draft.tree import FixedTreeController
+
+    fake = types.ModuleType("policies.tree")
+    fake.load_tree_policy = lambda path: FixedTreeController(depth, size)
+    monkeypatch.setitem(sys.modules, "policies.tree", fake)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--tree-policy", "x"], "add --tree"),
+    (["--width", "2"], "add --tree"),
+    (["--tree", "--width", "0"], "--width must be ≥ 1"),
+    (["--tree", "--top-k", "0"], "--top-k must be ≥ 1"),
+    (["--tree", "--tree-depths", "0"], "--tree-depths '0'"),
+    (["--tree", "--verify-sizes", "a"], "--verify-sizes 'a'"),
+    (["--tree", "--tree-policy", "/no/such/tree"], "--tree-policy /no/such/tree: no such directory"),
+])
+def test_bad_tree_flags_are_refused_before_loading(tiny_run, monkeypatch, capsys, argv, message):
+    from eval.benchmark import main as bench_main
+
+    _no_model_loading(monkeypatch)
+    for main in (eval_main, bench_main):
+        assert main(["--policy", str(tiny_run), *argv]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_trees_with_the_lookup_drafter_are_refused(monkeypatch, capsys):
+    from eval.benchmark import main as bench_main
+    from policies.export import default_policy_dir
+
+    _no_model_loading(monkeypatch)
+    for main in (eval_main, bench_main):
+        assert main(["--policy", str(default_policy_dir("lookup")), "--tree"]) == 2
+        err = capsys.readouterr().err
+        assert "lookup drafter drafts no trees" in err and "--drafter head" in err
+
+
+def test_eval_tree_runs_the_grid_and_the_tree_rows(tiny_run, tmp_path, monkeypatch, capsys):
+    """python -m eval --tree on the tiny run: the (depth, V) grid on the training prompts, the best
+    fixed tree and the learned tree (a stand-in) in the held-out table, JSON and plot, and the law
+    check with tree arms."""
+    _fake_tree_policy_module(monkeypatch)
+    (tmp_path / "tree-policy").mkdir()
+    out = tmp_path / "eval"
+    assert eval_main(["--policy", str(tiny_run), "--tree", "--tree-policy", str(tmp_path / "tree-policy"),
+                      "--tree-depths", "1,2", "--verify-sizes", "2,3", "--width", "2", "--top-k", "2",
+                      "--gammas", "1,2", "--num-train-prompts", "1", "--num-heldout-prompts", "1", "--repeats", "2",
+                      "--max-new-tokens", "4", "--device", "cpu", "--law-check", "--law-samples", "10",
+                      "--law-tokens", "2", "--law-prompt", "w1 w2", "--out", str(out)]) == 0
+    res = json.loads((out / "results.json").read_text())
+    speed = res["speed"]
+    assert set(speed["grid_tree_train"]["tokens_per_second"]) == {"depth=1,V=2", "depth=2,V=2", "depth=2,V=3"}
+    assert speed["tree"] == {"width": 2, "top_k": 2} and speed["tree_policy"] == "learned tree"
+    assert {speed["tree_fixed"], "learned tree"} <= set(speed["methods"])
+    md = (out / "results.md").read_text()
+    assert f"| {speed['tree_fixed']} |" in md and "| learned tree |" in md and "learned tree vs autoregressive" in md
+    assert (out / "results.png").is_file()
+    law = res["law_check"]
+    d, v = speed["tree_train"]
+    assert set(law["trees"]) == {f"fixed tree depth={d}, V={v}", "learned tree"}
+    assert {a["arm"] for a in law["arms"]} >= set(law["trees"]) | {"learned policy"}
+    assert "Tree arms" in md
+
+
+def test_benchmark_tree_rows_on_the_tiny_run(tiny_run, tmp_path, monkeypatch):
+    """python -m eval.benchmark --tree: the best fixed tree (chosen on the training prompts) and the
+    learned tree are measured in the same interleaved run as the other rows."""
+    from eval.benchmark import main as bench_main
+
+    _fake_tree_policy_module(monkeypatch)
+    (tmp_path / "tp").mkdir()
+    out = tmp_path / "bench"
+    assert bench_main(["--policy", str(tiny_run), "--tree", "--tree-policy", str(tmp_path / "tp"), "--tree-depths",
+                       "1,2", "--verify-sizes", "2", "--width", "2", "--top-k", "2", "--temperatures", "0",
+                       "--num-prompts", "1", "--repeats", "1", "--max-new-tokens", "4", "--gammas", "1",
+                       "--device", "cpu", "--out", str(out)]) == 0
+    rep = json.loads((out / "benchmark.json").read_text())
+    run = rep["runs"]["0.0"]
+    d, v = run["fixed_tree"]
+    assert (d, v) in {(1, 2), (2, 2)} and run["tree_grid"]["best"] == [d, v]
+    rows = set(run["methods"])
+    assert {f"model: fixed tree depth={d}, V={v}", "model: learned tree", "hf generate",
+            "model: learned policy"} <= rows
+    assert rep["tree"] == {"width": 2, "top_k": 2, "tree_policy": str(tmp_path / "tp")}
+    assert "| model: learned tree |" in (out / "benchmark.md").read_text()

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import tiny_llama
-from helpers_loop import ConfidencePolicy, bias_token
+from helpers_loop import ConfidencePolicy, bias_token, noisy_copy
 from scipy.stats import chi2, ncx2
 
 from eval.law import (
@@ -36,11 +36,14 @@ from eval.law import (
     law_check,
     resample_from_target_rule,
     sample_first_tokens,
+    tree_resample_from_target_rule,
     two_sample_test,
 )
+from eval.runner import TreeShape
 from learn2draft.decoding import FixedDepthController
 from learn2draft.models import make_pair
 from learn2draft.sampling import SamplingConfig
+from learn2draft.tree import FixedTreeController
 
 PROMPT = torch.tensor([1, 5, 9, 14, 20, 33, 8, 12])
 
@@ -125,6 +128,47 @@ def test_law_check_on_tiny_models_passes_and_flags_the_wrong_rule(tiny_law_pair)
     assert "FAIL" in table and "✗" in table
 
 
+@pytest.fixture(scope="module")
+def close_law_pair(tiny_tok):
+    """The flattened tiny target and a close noisy copy as draft: the tree's children are tokens the
+    target gives real mass, so its acceptance rule decides a lot (and a wrong one shows)."""
+    target = tiny_llama(len(tiny_tok), 0)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(0.3)
+    return make_pair(target, noisy_copy(target, 0.1, 2), tiny_tok, tiny_tok)
+
+
+def test_law_check_with_trees_on_tiny_models(close_law_pair):
+    """Tree arms (TreeSpeculativeDecoder) beside a chain arm, one reference arm, at T = 1, top-k 6:
+    200 draws per arm, first 2 tokens. The exact tree rule passes (a correct sampler fails with
+    probability ≤ α = 0.01; fixed seeds make the outcome deterministic); with 300 draws, the tree rule
+    that draws from p instead of the residual after rejecting every child is flagged by the exact test
+    of the second token given the first (the first comes from the prefill)."""
+    cfg = SamplingConfig(temperature=1.0, top_k=6)
+    shape = TreeShape(width=2, top_k=3)
+    arms = {"tree": FixedTreeController(2, 6), "γ=2": FixedDepthController(2)}
+    ok = law_check(close_law_pair, arms, [PROMPT], sampling=cfg, num_tokens=2, num_samples=200, seed=0,
+                   tree={"tree": shape})
+    assert ok["passed"], format_law_table(ok)
+    assert ok["trees"] == {"tree": {"width": 2, "top_k": 3}} and "tree_speculative_sample" in ok["sampler"]
+    tree_arm = next(a for a in ok["arms"] if a["arm"] == "tree")
+    chain_arm = next(a for a in ok["arms"] if a["arm"] == "γ=2")
+    assert tree_arm["verified"] > tree_arm["drafted"] > 0 and "tree" not in chain_arm  # a tree was verified
+    assert chain_arm["verified"] == chain_arm["drafted"]  # a chain verifies what it drafts
+    assert any(t["controller"] == "tree" and "given" in t for t in ok["tests"])
+    assert "Tree arms" in format_law_table(ok)
+    bad = law_check(close_law_pair, {"tree": FixedTreeController(1, 3)}, [PROMPT], sampling=cfg, num_tokens=2,
+                    num_samples=300, seed=0, tree=shape, tree_sampler=tree_resample_from_target_rule)
+    assert not bad["passed"], format_law_table(bad)
+    assert any(t["flagged"] for t in bad["tests"] if t["controller"] == "tree" and "given" in t)
+    with pytest.raises(ValueError, match="not controllers"):
+        law_check(close_law_pair, arms, [PROMPT], sampling=cfg, tree={"other": shape})
+    with pytest.raises(ValueError, match="TreeShape"):
+        law_check(close_law_pair, arms, [PROMPT], sampling=cfg, tree={"tree": (2, 3)})
+    with pytest.raises(ValueError, match="lookup drafter does not draft trees"):
+        law_check(close_law_pair, arms, [PROMPT], sampling=cfg, tree=shape, drafter="lookup")
+
+
 def test_law_check_rejects_bad_arguments(tiny_law_pair):
     with pytest.raises(ValueError, match="greedy"):
         law_check(tiny_law_pair, {"γ=1": FixedDepthController(1)}, [PROMPT], sampling=SamplingConfig())
@@ -195,6 +239,21 @@ def test_real_law_check_flags_the_wrong_rule(default_pair):
     assert not res["passed"], format_law_table(res)
     exact = next(t for t in res["tests"] if t["controller"] == "γ=3" and t.get("given") == x1)
     assert exact["flagged"]
+
+
+@pytest.mark.slow
+def test_real_law_check_passes_with_trees(default_pair):
+    """The real-model law check with TreeSpeculativeDecoder and the head drafter (EAGLE-2 drafting,
+    W = k = 3, depth 2, V = 6): 120 draws per arm, first 2 tokens (the tree rule acts on the second,
+    tested against its exact law given the first); about 35 s of CPU on one thread (90 s wall on a
+    loaded 2-core machine)."""
+    res = law_check(default_pair, {"tree": FixedTreeController(2, 6)}, [REAL_PROMPT], sampling=REAL_SAMPLING,
+                    num_tokens=2, num_samples=120, seed=0, alpha=ALPHA, drafter="head", tree=TreeShape(3, 3))
+    print("\n" + format_law_table(res))
+    assert res["passed"], format_law_table(res)
+    arm = next(a for a in res["arms"] if a["arm"] == "tree")
+    assert arm["verified"] > arm["drafted"] > 0 and arm["accepted"] > 0  # trees were drafted, verified, accepted
+    assert any(t["controller"] == "tree" and "given" in t for t in res["tests"])
 
 
 @pytest.mark.slow
