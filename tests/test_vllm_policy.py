@@ -140,3 +140,18 @@ def test_protocol_driven_real_loop_keeps_greedy_output_and_stops_where_k_valid_s
     assert all(d >= ENGINE_MIN_DEPTH for d in depths[:-2]), depths
     assert ctrl.k_valid and all(ENGINE_MIN_DEPTH <= k < K for k in ctrl.k_valid), ctrl.k_valid
     assert ctrl.k_valid == [d for d in depths[:-2] if d < K][: len(ctrl.k_valid)]
+
+
+def test_the_shipped_engine_policy_loads_passes_its_check_and_drives_the_real_loop(default_pair):
+    """policies/defaults/model-engine: trained with `python -m train --drafter model --features engine`."""
+    from policies.check import check_export
+    from policies.export import DEFAULT_POLICIES_DIR
+
+    d = DEFAULT_POLICIES_DIR / "model-engine"
+    assert check_export(d)["passed"]
+    pol = LearnedDraftLengthPolicy(d, num_spec_tokens=8)
+    prompt = default_pair.encode_prompt("Name three colours.", max_new_tokens=12)
+    ref = SpeculativeDecoder(default_pair, max_new_tokens=12, max_depth=8).generate(prompt, FixedDepthController(0))
+    dec = SpeculativeDecoder(default_pair, max_new_tokens=12, max_depth=8)
+    res = dec.generate(prompt, ProtocolController(pol, dec))
+    assert res.tokens == ref.tokens and all(c.depth >= ENGINE_MIN_DEPTH for c in res.cycles[:-2])
