@@ -15,6 +15,7 @@ Protocol (issue #2; trees: issue #8, item 5):
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -57,11 +58,17 @@ def tree_configs(depths: Sequence[int], verify_sizes: Sequence[int], tree: TreeS
 
 
 def shipped_tree_policy_dir(drafter: str) -> Path | None:
-    """``policies/defaults/<drafter>-tree`` when such a tree policy is shipped, else None."""
-    from policies.export import DEFAULT_POLICIES_DIR
-
-    d = DEFAULT_POLICIES_DIR / f"{drafter}-tree"
-    return d if d.is_dir() else None
+    """The tree policy shipped for ``drafter`` (:func:`policies.tree.default_tree_policy_dir`,
+    ``policies/defaults/<drafter>-tree``), or None when none is shipped (or this installation has no
+    tree policies)."""
+    try:
+        default_tree_policy_dir = importlib.import_module("policies.tree").default_tree_policy_dir
+    except (ImportError, AttributeError):
+        return None
+    try:
+        return default_tree_policy_dir(drafter)
+    except FileNotFoundError:
+        return None
 
 
 def load_learned_tree(directory: str | Path, drafter: str) -> tuple[DraftController, dict]:
@@ -70,11 +77,12 @@ def load_learned_tree(directory: str | Path, drafter: str) -> tuple[DraftControl
 
     Returns:
         ``(controller, settings)``: a controller with ``continue_drafting`` and
-        ``verification_size``; settings: the run's or export's recorded settings (``{}`` when none),
-        with the tree shape under ``width``/``top_k`` when recorded (see :func:`tree_shape_from`).
+        ``verification_size``; settings: the policy's recorded tree settings
+        (:func:`policies.tree.tree_settings`, else the run's or export's settings; ``{}`` when none),
+        with the controller's ``width``/``top_k`` when it has them (see :func:`tree_shape_from`).
 
     Raises:
-        FileNotFoundError: no such directory.
+        FileNotFoundError: no such directory, or no tree policy in it.
         ValueError: no tree-policy loader in this installation, a controller that does not decide
             the verification size, or a policy trained with another drafter.
     """
@@ -83,23 +91,31 @@ def load_learned_tree(directory: str | Path, drafter: str) -> tuple[DraftControl
     directory = Path(directory)
     if not directory.is_dir():
         raise FileNotFoundError(f"--tree-policy {directory}: no such directory (train one with "
-                                "`python -m train --policies depth,size`).")
+                                "`python -m train --tree`).")
     try:
-        from policies.tree import load_tree_policy
+        tree_policies = importlib.import_module("policies.tree")
     except ImportError as e:
         raise ValueError(f"--tree-policy {directory}: cannot import policies.tree.load_tree_policy ({e}); drop "
                          "--tree-policy to compare fixed trees only.") from None
-    ctrl = load_tree_policy(directory)
+    ctrl = tree_policies.load_tree_policy(directory)
     if not decides_verification_size(ctrl):
         raise ValueError(f"--tree-policy {directory}: the loaded controller does not decide the verification size "
                          "(no verification_size method): it is a chain policy, pass it as --policy.")
     settings: dict = {}
-    try:
-        from policies.export import run_settings
+    readers = [getattr(tree_policies, "tree_settings", None)]
+    from policies.export import run_settings
 
-        settings = run_settings(directory)
-    except (FileNotFoundError, ValueError):
-        pass
+    for read in (*readers, run_settings):
+        if read is None:
+            continue
+        try:
+            settings = dict(read(directory))
+            break
+        except (FileNotFoundError, ValueError):
+            continue
+    for name in ("width", "top_k"):
+        if getattr(ctrl, name, None) is not None:
+            settings[name] = int(getattr(ctrl, name))
     trained = settings.get("drafter")
     if trained and trained != drafter:
         raise ValueError(f"The tree policy in {directory} was trained with the {trained!r} drafter, not {drafter!r}: "

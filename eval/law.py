@@ -34,7 +34,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from eval.runner import TreeShape, make_decoder
+from eval.runner import TreeShape, decoder_max_depth, make_decoder
 from learn2draft.decoding import DraftController, FixedDepthController, Sampler
 from learn2draft.models import ModelPair
 from learn2draft.sampling import SamplingConfig, speculative_sample, tree_speculative_sample
@@ -427,7 +427,7 @@ def sample_first_tokens(
     Raises:
         ValueError: a tree with the lookup drafter.
     """
-    max_depth = int(controller.max_depth)
+    max_depth = decoder_max_depth(controller)
     dec = make_decoder(pair, sampling, num_tokens + max_depth, max_depth, drafter, head, tree,
                        sampler if tree is None else tree_sampler)
     out = np.full((len(seeds), num_tokens), ENDED, dtype=np.int64)

@@ -86,6 +86,14 @@ class TreeShape:
         return 0 if depth <= 0 else self.top_k + (depth - 1) * self.width * self.top_k
 
 
+def decoder_max_depth(controller: DraftController) -> int:
+    """The ``max_depth`` to build a controller's decoder with: the scale its depth features were
+    trained on — ``controller.depth_feature_scale`` when it has one (a learned tree policy with a fixed
+    depth drafts fewer levels than that scale, :class:`policies.tree.TreePolicyController`), else
+    ``controller.max_depth``."""
+    return int(getattr(controller, "depth_feature_scale", controller.max_depth))
+
+
 def make_decoder(pair: ModelPair, sampling: SamplingConfig, max_new_tokens: int, max_depth: int,
                  drafter: str | Drafter = "model", head: str | None = None, tree: TreeShape | None = None,
                  sampler: Sampler | None = None) -> SpeculativeDecoder:
@@ -135,10 +143,10 @@ class DecoderMethod(Method):
     def __init__(self, name: str, pair: ModelPair, controller: DraftController, sampling: SamplingConfig,
                  max_new_tokens: int, drafter: str | Drafter = "model", head: str | None = None,
                  tree: TreeShape | None = None):
-        # The decoder's max_depth is the controller's: the depth features are scaled by it, so a
-        # policy must see the scale it was trained with.
+        # The decoder's max_depth is the controller's (decoder_max_depth): the depth features are
+        # scaled by it, so a policy must see the scale it was trained with.
         self.name, self.controller, self.tree = name, controller, tree
-        self.decoder = make_decoder(pair, sampling, max_new_tokens, controller.max_depth, drafter, head, tree)
+        self.decoder = make_decoder(pair, sampling, max_new_tokens, decoder_max_depth(controller), drafter, head, tree)
 
     def run(self, prompt_ids: torch.Tensor, seed: int) -> RunRecord:
         r = self.decoder.generate(prompt_ids, self.controller, seed=seed)

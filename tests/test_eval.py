@@ -288,3 +288,20 @@ def test_learned_tree_loading_checks_the_controller_and_drafter(tmp_path, monkey
     fake.load_tree_policy = lambda path: FixedDepthController(3)
     with pytest.raises(ValueError, match="does not decide the verification size"):
         load_learned_tree(d, "head")
+
+
+def test_a_tree_policys_decoder_uses_its_depth_feature_scale(tiny_pair):
+    """A learned tree policy with a fixed depth drafts fewer levels than the max_depth its features are
+    scaled by (policies.tree.TreePolicyController.depth_feature_scale): the decoder gets the scale."""
+    from eval.runner import TreeShape, decoder_max_depth
+    from learn2draft.tree import FixedTreeController
+
+    class FixedDepthTreePolicy(FixedTreeController):
+        depth_feature_scale = 6
+
+    ctrl = FixedDepthTreePolicy(2, 4)
+    assert decoder_max_depth(ctrl) == 6 and decoder_max_depth(FixedDepthController(3)) == 3
+    m = DecoderMethod("t", tiny_pair, ctrl, SamplingConfig(), 8, tree=TreeShape(2, 2))
+    assert m.decoder.max_depth == 6
+    rec = m.run(torch.tensor([1, 5, 9]), 0)
+    assert 0 < rec.drafted <= 2 * rec.cycles  # the controller still stops at its own depth (2)
