@@ -319,7 +319,7 @@ def plot(res: dict, path) -> None:
     colors = ["#888" if n == AR else "#c52" if n in (res["policy"], res.get("tree_policy")) else
               "#47a" if n == res.get("tree_fixed") else "#4a7" for n in names]
     a.bar(range(len(names)), means, yerr=stds, capsize=4, color=colors)
-    a.set_xticks(range(len(names)), [n.replace(" (", "\n(") for n in names], fontsize=8)
+    a.set_xticks(range(len(names)), [n.replace(" (", "\n(").replace(", V=", ",\nV=") for n in names], fontsize=8)
     a.set_ylabel("tokens/s (held-out, mean ± std over repeats)")
     a.set_title("Held-out comparison")
     for key, label in (("grid_train", "train prompts"), ("grid_heldout", "held-out prompts")):
