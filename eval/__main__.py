@@ -271,25 +271,13 @@ def _run(args) -> int:
 
 
 def _machine(device: str) -> str:
-    """One line naming the machine: CPU model and cores, or the GPU."""
-    import os
-    import platform
+    """One line naming the machine: CPU model and cores, or the GPU (from :func:`learn2draft.latency.machine_info`)."""
+    from learn2draft.latency import machine_info
 
-    import torch
-
-    if device.startswith("cuda") and torch.cuda.is_available():
-        return f"{torch.cuda.get_device_name(torch.device(device))}, torch {torch.__version__}"
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} (threads={torch.get_num_threads()})"
-
+    m = machine_info(device)
+    if "gpu" in m:
+        return f"{m['gpu']}, torch {m['torch']}"
+    return f"{m['cpu']}, {m['cores']} cores, torch {m['torch']} (threads={m['torch_threads']})"
 
 if __name__ == "__main__":
     sys.exit(main())
