@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from learn2draft.cli import HelpFormatter, plain_doc
+from learn2draft.cli import HelpFormatter, plain_doc, run_cli
 
 
 # --------------------------------------------------------------------------- per-prompt dynamic programs
@@ -164,8 +164,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from eval.__main__ import run_cli
-
     return run_cli(build_parser(), _run, argv)
 
 

@@ -21,7 +21,7 @@ import json
 import sys
 from pathlib import Path
 
-from learn2draft.cli import HelpFormatter, plain_doc
+from learn2draft.cli import HelpFormatter, plain_doc, run_cli
 from learn2draft.names import DEFAULT_DRAFT, DEFAULT_TARGET
 
 
@@ -52,8 +52,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from eval.__main__ import run_cli
-
     return run_cli(build_parser(), _run, argv)
 
 

@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from learn2draft.cli import HelpFormatter, plain_doc
+from learn2draft.cli import HelpFormatter, plain_doc, run_cli
 
 
 def sim_vs_real(pair, traces, profile, controllers: dict, drafter=None, repeats: int = 1, seed: int = 0,
@@ -146,8 +146,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from eval.__main__ import run_cli
-
     return run_cli(build_parser(), _run, argv)
 
 
