@@ -7,12 +7,17 @@
 ``learn2draft/SpecDecodeReplay-v0`` (:class:`envs.replay.SpecDecodeReplayEnv`) has the same spaces and
 rewards, replayed from recorded traces and a latency profile without running a model:
 ``gymnasium.make("learn2draft/SpecDecodeReplay-v0", traces="traces.npz", profile="cpu-2core")``.
+
+Draft trees (:mod:`envs.tree`): ``learn2draft/TreeDepth-v0`` (:class:`envs.tree.TreeDepthEnv`, the depth
+decision, SpecDecodeEnv's spaces) and ``learn2draft/TreeSize-v0`` (:class:`envs.tree.TreeSizeEnv`, the
+verification-size decision, one cycle per episode).
 """
 
 from gymnasium.envs.registration import register, registry
 
 from envs.replay import REPLAY_ENV_ID, SpecDecodeReplayEnv
 from envs.spec_decode import ACTION_MEANINGS, CONTINUE, EPISODE_MODES, STOP, SpecDecodeEnv
+from envs.tree import TREE_DEPTH_ENV_ID, TREE_SIZE_ENV_ID, TreeDepthEnv, TreeSizeEnv
 
 ENV_ID = "learn2draft/SpecDecode-v0"
 
@@ -20,6 +25,10 @@ if ENV_ID not in registry:
     register(id=ENV_ID, entry_point="envs.spec_decode:SpecDecodeEnv", nondeterministic=True)
 if REPLAY_ENV_ID not in registry:
     register(id=REPLAY_ENV_ID, entry_point="envs.replay:SpecDecodeReplayEnv")
+if TREE_DEPTH_ENV_ID not in registry:
+    register(id=TREE_DEPTH_ENV_ID, entry_point="envs.tree:TreeDepthEnv", nondeterministic=True)
+if TREE_SIZE_ENV_ID not in registry:
+    register(id=TREE_SIZE_ENV_ID, entry_point="envs.tree:TreeSizeEnv", nondeterministic=True)
 
 __all__ = ["ACTION_MEANINGS", "CONTINUE", "ENV_ID", "EPISODE_MODES", "REPLAY_ENV_ID", "STOP", "SpecDecodeEnv",
-           "SpecDecodeReplayEnv"]
+           "SpecDecodeReplayEnv", "TREE_DEPTH_ENV_ID", "TREE_SIZE_ENV_ID", "TreeDepthEnv", "TreeSizeEnv"]

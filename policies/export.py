@@ -1,4 +1,10 @@
-"""Export a stable-baselines3 PPO depth policy to ONNX, check it, and load it back.
+"""Export a stable-baselines3 PPO depth policy (or a draft tree's verification-size policy) to ONNX,
+check it, and load it back.
+
+The observation width says which: ``len(FEATURE_NAMES)`` (the loop's depth features),
+``len(ENGINE_FEATURE_NAMES)`` (engine-visible depth features) or ``len(SIZE_FEATURE_NAMES)`` (a size
+policy: ``logits`` has one entry per verification size V of ``policy_config.json``'s ``verify_sizes``,
+``action`` indexes them; load it with :func:`policies.tree.load_tree_policy`).
 
 An export directory holds
 
@@ -29,7 +35,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from learn2draft.features import ENGINE_FEATURE_NAMES, FEATURE_NAMES, FEATURE_VERSION, engine_feature_spec, feature_spec
+from learn2draft.features import (
+    ENGINE_FEATURE_NAMES,
+    FEATURE_NAMES,
+    FEATURE_VERSION,
+    SIZE_FEATURE_NAMES,
+    engine_feature_spec,
+    feature_spec,
+    size_feature_spec,
+)
 from policies.controllers import OnnxController
 
 ONNX_FILE = "policy.onnx"
@@ -84,10 +98,11 @@ def export_onnx(model: Any, path: str | Path, opset: int = OPSET) -> Path:
     from gymnasium import spaces
 
     obs_space, act_space = model.observation_space, model.action_space
-    widths = (len(FEATURE_NAMES), len(ENGINE_FEATURE_NAMES))
+    widths = (len(FEATURE_NAMES), len(ENGINE_FEATURE_NAMES), len(SIZE_FEATURE_NAMES))
     if not (isinstance(obs_space, spaces.Box) and len(obs_space.shape) == 1 and obs_space.shape[0] in widths):
-        raise ValueError(f"Expected a Box observation space of shape ({len(FEATURE_NAMES)},) (the loop's features) or "
-                         f"({len(ENGINE_FEATURE_NAMES)},) (engine-visible features), got {obs_space}.")
+        raise ValueError(f"Expected a Box observation space of shape ({len(FEATURE_NAMES)},) (the loop's features), "
+                         f"({len(ENGINE_FEATURE_NAMES)},) (engine-visible features) or ({len(SIZE_FEATURE_NAMES)},) "
+                         f"(a tree's verification-size features), got {obs_space}.")
     if not isinstance(act_space, spaces.Discrete):
         raise ValueError(f"Expected a Discrete action space, got {act_space}.")
     path = Path(path)
@@ -210,6 +225,7 @@ def export_policy(
     observations: np.ndarray | None = None,
     n_random: int = 2048,
     seed: int = 0,
+    verify_sizes: tuple[int, ...] | None = None,
 ) -> ExportResult:
     """Export ``model`` to ``out_dir`` (``policy.onnx``, ``feature_spec.json``, ``policy_config.json``,
     ``export_check.json``, ``parity.json``) and check it.
@@ -222,6 +238,8 @@ def export_policy(
             names, training settings, …).
         observations: recorded observations float32 ``(n, len(FEATURE_NAMES))`` to check on (e.g. the
             last rollout buffer); ``n_random`` uniform [0, 1] observations drawn with ``seed`` are added.
+        verify_sizes: for a size policy (observation width ``len(SIZE_FEATURE_NAMES)``), the V of each
+            action (required there; listed in ``policy_config.json`` as ``verify_sizes`` and ``actions``).
 
     Returns:
         :class:`ExportResult`.
@@ -229,20 +247,29 @@ def export_policy(
     Raises:
         ExportCheckError: onnxruntime disagrees with the PyTorch policy on any observation
             (the files stay on disk for inspection, with the check result).
+        ValueError: a size policy without ``verify_sizes``, or with as many sizes as it has actions.
     """
+    n_features = model.observation_space.shape[0]
+    size = n_features == len(SIZE_FEATURE_NAMES)
+    if size and (verify_sizes is None or len(verify_sizes) != model.action_space.n):
+        raise ValueError(f"A verification-size policy ({model.action_space.n} actions) needs verify_sizes, one V per "
+                         f"action, got {verify_sizes!r}.")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     onnx_path = export_onnx(model, out / ONNX_FILE)
-    n_features = model.observation_space.shape[0]
     engine = n_features == len(ENGINE_FEATURE_NAMES)
-    names = ENGINE_FEATURE_NAMES if engine else FEATURE_NAMES
-    spec = engine_feature_spec(max_depth) if engine else feature_spec(max_depth)
+    names = ENGINE_FEATURE_NAMES if engine else SIZE_FEATURE_NAMES if size else FEATURE_NAMES
+    spec = (engine_feature_spec(max_depth) if engine else size_feature_spec(max_depth) if size
+            else feature_spec(max_depth))
     (out / FEATURE_SPEC_FILE).write_text(json.dumps(spec, indent=2))
+    actions = ({str(i): f"verify V = {int(v)} tree nodes (capped at the nodes drafted)" for i, v in enumerate(verify_sizes)}
+               if size else {"0": "STOP (verify now)", "1": "CONTINUE (draft one more token)"})
     policy_config = {
         "format": "learn2draft-policy/1",
-        "features": "engine" if engine else "full",
+        "features": "engine" if engine else "size" if size else "full",
         "max_depth": int(max_depth),
-        "actions": {"0": "STOP (verify now)", "1": "CONTINUE (draft one more token)"},
+        "actions": actions,
+        **({"verify_sizes": [int(v) for v in verify_sizes]} if size else {}),
         "onnx": {"file": ONNX_FILE, "input": "obs", "outputs": ["action", "logits"], "opset": OPSET},
         **(config or {}),
     }
@@ -337,6 +364,9 @@ def load_policy(directory: str | Path, intra_op_num_threads: int = 1) -> OnnxCon
     cfg = json.loads((d / POLICY_CONFIG_FILE).read_text())
     spec = json.loads((d / FEATURE_SPEC_FILE).read_text())
     names = [f["name"] for f in spec.get("features", [])]
+    if names == list(SIZE_FEATURE_NAMES):
+        raise ValueError(f"{d} is a draft tree's verification-size policy: load it with "
+                         "policies.tree.load_tree_policy (its training run or the folder above it).")
     if spec.get("kind") == "engine":
         raise ValueError(f"{d} reads engine-visible features only (trained with --features engine, for vLLM): run it "
                          "with policies.vllm.LearnedDraftLengthPolicy (in this project's loop: "

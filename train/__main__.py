@@ -33,6 +33,10 @@ def _int_list(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
+def _name_list(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command-line interface (every :class:`TrainConfig` setting has a flag)."""
     d = TrainConfig()
@@ -110,6 +114,29 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--profile", default=None, metavar="PROFILE",
                    help="with --replay: the latency profile, a JSON file (python -m eval.profile) or a shipped name "
                         "(cpu-2core, gpu-like)")
+    g = p.add_argument_group("draft trees (Learning to Draft: a depth policy and a verification-size policy)")
+    g.add_argument("--tree", action="store_true",
+                   help="draft EAGLE-2 trees (--drafter model or head) and train the --policies, alternating as LTD "
+                        "does; exports RUN/policy (depth) and RUN/size_policy (size), load with "
+                        "policies.tree.load_tree_policy RUN")
+    g.add_argument("--policies", type=_name_list, default=d.policies,
+                   help="with --tree: depth,size (alternate: size under random depths first, then depth under the "
+                        "trained size policy, per round), depth (V fixed by --verify-size) or size (depths random or "
+                        "--tree-depth)")
+    g.add_argument("--rounds", type=int, default=d.rounds, help="with --tree: rounds of the size/depth alternation")
+    g.add_argument("--tree-width", "--width", dest="tree_width", type=int, default=d.tree_width,
+                   help="with --tree: W, the best frontier nodes expanded per tree level")
+    g.add_argument("--tree-top-k", dest="tree_top_k", type=int, default=d.tree_top_k,
+                   help="with --tree: children (top-k draft tokens) per expanded node (--top-k is sampling's top-k)")
+    g.add_argument("--verify-sizes", type=_int_list, default=d.verify_sizes,
+                   help="with --tree: the size policy's choices of V (tree nodes verified); a V above the nodes "
+                        "drafted verifies them all")
+    g.add_argument("--verify-size", type=int, default=d.verify_size,
+                   help="with --tree --policies depth: the fixed V")
+    g.add_argument("--tree-depth", type=int, default=None,
+                   help="with --tree --policies size: a fixed tree depth (default: uniformly random in [1, --max-depth])")
+    g.add_argument("--size-timesteps", type=int, default=None,
+                   help="with --tree: cycles per size phase (default: --timesteps, which is per depth phase)")
     return p
 
 
@@ -133,6 +160,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         warmup_prompts=args.warmup_prompts, eval_prompts=args.eval_prompts,
         eval_gammas=None if args.eval_gammas is None else tuple(args.eval_gammas),
         replay=args.replay, profile=args.profile,
+        tree=args.tree, policies=tuple(args.policies), rounds=args.rounds, tree_width=args.tree_width,
+        tree_top_k=args.tree_top_k, verify_sizes=tuple(args.verify_sizes), verify_size=args.verify_size,
+        tree_depth=args.tree_depth, size_timesteps=args.size_timesteps,
     )
 
 

@@ -17,6 +17,10 @@ WANDB_MODES = ("offline", "online", "disabled")
 ENV_ID = "learn2draft/SpecDecode-v0"
 #: The environment of a run with ``replay`` (recorded traces and a latency profile, :mod:`envs.replay`).
 REPLAY_ENV_ID = "learn2draft/SpecDecodeReplay-v0"
+#: The environments of a ``tree`` run (:mod:`envs.tree`); ``config.json`` names the first.
+TREE_ENV_IDS = ("learn2draft/TreeDepth-v0", "learn2draft/TreeSize-v0")
+#: The policies a ``tree`` run can train (``--policies``).
+TREE_POLICIES = ("depth", "size")
 
 
 @dataclass
@@ -60,6 +64,15 @@ class TrainConfig:
     traces' value; one set to another value is an error, except ``max_new_tokens`` / ``max_depth`` below the
     traces'), and the final check compares the policy with fixed depths and the oracle in replay, on the
     training traces.
+
+    Draft trees (``tree``, :mod:`train.tree`): ``policies`` (``("depth", "size")`` or one of them),
+    ``rounds`` (LTD's alternation: size policy, then depth policy, repeated), ``tree_width`` / ``tree_top_k``
+    (W frontier nodes expanded per level with their top-k children), ``verify_sizes`` (the size policy's V
+    set), ``verify_size`` (the fixed V when the size policy is not trained), ``tree_depth`` (the fixed depth
+    when the depth policy is not trained; None = uniformly random depths in [1, ``max_depth``], as LTD's
+    first phase), ``size_timesteps`` (cycles per size phase; None = ``timesteps``). With ``tree``,
+    ``timesteps`` is per depth phase (decisions), ``max_depth`` the most tree levels per cycle, and
+    ``eval_gammas`` unused.
     """
 
     target: str = DEFAULT_TARGET
@@ -102,6 +115,15 @@ class TrainConfig:
     eval_gammas: tuple[int, ...] | None = None
     replay: str | None = None
     profile: str | None = None
+    tree: bool = False
+    policies: tuple[str, ...] = TREE_POLICIES
+    rounds: int = 2
+    tree_width: int = 4
+    tree_top_k: int = 4
+    verify_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 48, 64)
+    verify_size: int = 16
+    tree_depth: int | None = None
+    size_timesteps: int | None = None
     extra: dict = field(default_factory=dict)
 
     def fixed_gammas(self) -> tuple[int, ...]:
@@ -155,10 +177,39 @@ class TrainConfig:
         checks.append((not (self.overwrite and self.resume),
                        "--overwrite and --resume exclude each other: --resume continues the run in --out, "
                        "--overwrite starts it over."))
+        if self.tree:
+            checks += self._tree_checks()
         for ok, msg in checks:
             if not ok:
                 raise ValueError(msg)
         self.sampling()  # SamplingConfig validates temperature / top_k / top_p
+
+    def _tree_checks(self) -> list[tuple[bool, str]]:
+        """The checks of a ``tree`` run's settings, as (ok, message) pairs."""
+        pols = tuple(self.policies)
+        unknown = [p for p in pols if p not in TREE_POLICIES]
+        sizes = tuple(self.verify_sizes)
+        return [
+            (self.drafter != "lookup", "--tree needs a drafter that drafts trees: prompt lookup proposes one continuation, "
+                                       "not top-k children; use --drafter model or --drafter head."),
+            (not unknown and len(pols) > 0 and len(set(pols)) == len(pols),
+             f"--policies must be depth, size or depth,size, got {','.join(pols) or 'nothing'!r}"
+             + (f" (unknown: {', '.join(unknown)})" if unknown else "") + "."),
+            (self.rounds >= 1, f"rounds must be ≥ 1, got {self.rounds}."),
+            (self.tree_width >= 1 and self.tree_top_k >= 1,
+             f"--width and --tree-top-k must be ≥ 1, got {self.tree_width} and {self.tree_top_k}."),
+            (len(sizes) > 0, "--verify-sizes is empty: give the size policy's V set, e.g. 1,2,4,8,16,32,48,64."),
+            (all(v >= 1 for v in sizes) and all(b > a for a, b in zip(sizes, sizes[1:])),
+             f"--verify-sizes must be strictly increasing integers ≥ 1, got {list(sizes)}."),
+            (self.verify_size >= 1, f"--verify-size must be ≥ 1 (tree nodes verified), got {self.verify_size}."),
+            (self.tree_depth is None or 1 <= self.tree_depth <= self.max_depth,
+             f"--tree-depth must be in [1, --max-depth={self.max_depth}], got {self.tree_depth}."),
+            (self.size_timesteps is None or self.size_timesteps > 0,
+             f"size_timesteps must be > 0, got {self.size_timesteps}."),
+            (not self.replay, "--tree trains on the real loop only: drop --replay (traces record chains)."),
+            (self.features == "full", "--tree trains on the loop's features: drop --features engine."),
+            (not self.resume, "--resume does not continue tree runs yet: start over with --overwrite."),
+        ]
 
     @classmethod
     def from_run(cls, out: str | Path) -> TrainConfig:
@@ -186,7 +237,7 @@ def read_run_config(out: Path) -> dict | None:
         saved = json.loads((Path(out) / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    return saved if isinstance(saved, dict) and saved.get("env_id") in (ENV_ID, REPLAY_ENV_ID) else None
+    return saved if isinstance(saved, dict) and saved.get("env_id") in (ENV_ID, REPLAY_ENV_ID, *TREE_ENV_IDS) else None
 
 
 def default_out_dir() -> str:
@@ -195,4 +246,4 @@ def default_out_dir() -> str:
 
 
 
-__all__ = ["ENV_ID", "REPLAY_ENV_ID", "WANDB_MODES", "TrainConfig", "default_out_dir", "read_run_config"]
+__all__ = ["ENV_ID", "REPLAY_ENV_ID", "TREE_ENV_IDS", "TREE_POLICIES", "WANDB_MODES", "TrainConfig", "default_out_dir", "read_run_config"]

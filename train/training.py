@@ -64,7 +64,8 @@ RESULT_FILES = ("config.json", "model.zip", "metrics.json", "policy")
 
 
 #: Everything a run writes into ``out`` (``--overwrite`` replaces these; W&B's ``wandb/`` is kept).
-RUN_ITEMS = (*RESULT_FILES, "feature_spec.json", "checkpoints", "logs", "eval")
+RUN_ITEMS = (*RESULT_FILES, "feature_spec.json", "checkpoints", "logs", "eval",
+             "size_model.zip", "size_policy", "tree.json")  # the last three: tree runs (train.tree)
 
 
 def latest_checkpoint(out: Path) -> tuple[Path, int] | None:
@@ -443,7 +444,8 @@ def _replay_evaluation(env, policy, cfg: TrainConfig) -> dict:
 # --------------------------------------------------------------------------- the run
 def run(pair: ModelPair | None, config: TrainConfig | None = None, prompts: list[str] | None = None,
         eval_prompts: list[str] | None = None) -> dict:
-    """Train a PPO depth policy for ``pair``; write everything to ``config.out``.
+    """Train a PPO depth policy for ``pair``; write everything to ``config.out``. With ``config.tree``,
+    train draft-tree policies instead (:func:`train.tree.train_tree`: ``policy/``, ``size_policy/``, ``tree.json``).
 
     Args:
         pair: loaded target/draft models (e.g. from :func:`learn2draft.load_pair`, or tiny test models);
@@ -485,7 +487,12 @@ def run(pair: ModelPair | None, config: TrainConfig | None = None, prompts: list
     stop = _SignalStop()
     with stop:  # SIGTERM (timeout, containers, schedulers) stops the run like Ctrl-C
         try:
-            metrics = _train(pair, cfg, out, saved, replacement, stop, prompts, eval_prompts, t_start)
+            if cfg.tree:  # draft trees: the depth and size policies, alternating (train.tree)
+                from train.tree import train_tree
+
+                metrics = train_tree(pair, cfg, out, replacement, stop, prompts, eval_prompts, t_start)
+            else:
+                metrics = _train(pair, cfg, out, saved, replacement, stop, prompts, eval_prompts, t_start)
         except BaseException:
             replacement.rollback()  # a run that saved no model leaves ``out`` as it found it
             raise
