@@ -238,3 +238,34 @@ def test_envs_refuse_bad_input(noisy_pair):
     env.reset(seed=0)
     with pytest.raises(ValueError, match="valid actions are 0..7"):
         env.step(8)
+
+
+# ---------------------------------------------------------------- shipped policies
+def test_shipped_head_tree_policies_load_and_pass_the_parity_check():
+    from policies.check import check_export
+    from policies.tree import DEPTH_DIR, SIZE_DIR, default_tree_policy_dir, load_tree_policy
+
+    d = default_tree_policy_dir("head")
+    for sub in (DEPTH_DIR, SIZE_DIR):
+        report = check_export(d / sub)
+        assert report["passed"], report["problems"]
+    ctrl = load_tree_policy(d)
+    assert ctrl.depth_policy is not None and ctrl.size_policy is not None
+    assert (ctrl.width, ctrl.top_k, ctrl.depth_feature_scale, ctrl.verify_sizes) == (4, 4, 8, (1, 2, 4, 8, 16, 32, 48, 64))
+    v = ctrl.verification_size(np.zeros(len(SIZE_FEATURE_NAMES), np.float32), 0)
+    assert v == 0  # capped at the node count the features give (an empty tree)
+    with pytest.raises(FileNotFoundError, match="lookup"):
+        default_tree_policy_dir("lookup")
+
+
+@pytest.mark.slow
+def test_shipped_head_tree_drives_the_real_pair_greedily(default_pair):
+    from learn2draft.drafters import make_drafter
+    from policies.tree import default_tree_policy_dir, load_tree_policy
+
+    ctrl = load_tree_policy(default_tree_policy_dir("head"))
+    prompt = default_pair.encode_prompt("Name three colours.")
+    ref = greedy_reference(default_pair.target, prompt, 16, default_pair.vocab_size, default_pair.eos_token_ids)
+    dec = TreeSpeculativeDecoder(default_pair, max_new_tokens=16, max_depth=ctrl.depth_feature_scale, width=ctrl.width,
+                                 top_k=ctrl.top_k, drafter=make_drafter("head", default_pair))
+    assert dec.generate(prompt, ctrl).tokens == ref
