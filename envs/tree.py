@@ -68,7 +68,8 @@ def check_verify_sizes(verify_sizes: Sequence[int]) -> tuple[int, ...]:
     except TypeError:
         raise ValueError(f"verify_sizes must be a sequence of integers ≥ 1, got {verify_sizes!r}.") from None
     if not sizes:
-        raise ValueError("verify_sizes is empty: give at least one verification size V ≥ 1, e.g. 1,2,4,8,16,32,48,64.")
+        raise ValueError("verify_sizes is empty: give at least one verification size V ≥ 1, "
+                         "e.g. 1,2,4,8,16,32,48,64.")
     if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1 for v in sizes):
         raise ValueError(f"verify_sizes must be integers ≥ 1 (tree nodes to verify), got {list(sizes)}.")
     if any(b <= a for a, b in zip(sizes, sizes[1:])):
@@ -76,7 +77,9 @@ def check_verify_sizes(verify_sizes: Sequence[int]) -> tuple[int, ...]:
     return tuple(int(v) for v in sizes)
 
 
-def size_decider(size: int | DraftController | Callable[[np.ndarray], Any] | None) -> Callable[[np.ndarray, int], int] | None:
+def size_decider(
+    size: int | DraftController | Callable[[np.ndarray], Any] | None,
+) -> Callable[[np.ndarray, int], int] | None:
     """Turn a size controller into a function ``(size_features float32 (len(SIZE_FEATURE_NAMES),), depth) -> V``.
 
     Args:
@@ -96,12 +99,14 @@ def size_decider(size: int | DraftController | Callable[[np.ndarray], Any] | Non
         return lambda feats, depth: v
     if isinstance(size, DraftController):
         if not decides_verification_size(size):
-            raise ValueError(f"{size!r} makes no verification-size decision (it does not override verification_size): "
-                             "pass a FixedTreeController, a TreePolicyController, an int V or a callable.")
+            raise ValueError(f"{size!r} makes no verification-size decision (it does not override "
+                             "verification_size): pass a FixedTreeController, a TreePolicyController, an int V or a "
+                             "callable.")
         return size.verification_size
     if callable(size):
         return lambda feats, depth: size(feats)
-    raise ValueError(f"size must be an int V, a size-deciding DraftController or a callable features -> V, got {size!r}.")
+    raise ValueError(f"size must be an int V, a size-deciding DraftController or a callable features -> V, "
+                     f"got {size!r}.")
 
 
 def _as_size(value: Any) -> int:
@@ -202,8 +207,9 @@ class TreeSizeEnv(gym.Env):
     when none is running or ``seed`` is given) and drafts a tree: before each level the depth
     controller says CONTINUE or STOP (on the decoder's :meth:`features`, its decision time charged to
     the cycle; the first level is always drafted, since a size decision needs a tree: a depth policy
-    that would STOP at depth 0 — a plain target step, no size decision — is asked from depth 1 on), or, without one, a target depth drawn uniformly from [1, ``max_depth``] with
-    ``self.np_random`` is drafted (capped by the tokens left). A cycle whose tree has no node (one token
+    that would STOP at depth 0 — a plain target step, no size decision — is asked from depth 1 on), or,
+    without one, a target depth drawn uniformly from [1, ``max_depth``] with ``self.np_random`` is drafted
+    (capped by the tokens left). A cycle whose tree has no node (one token
     left, or no proposal) offers no decision: it is verified there and the next cycle is drafted.
 
     Observation: float32 ``(len(SIZE_FEATURE_NAMES),)`` in [0, 1], :meth:`TreeSpeculativeDecoder.size_features`.
@@ -244,7 +250,8 @@ class TreeSizeEnv(gym.Env):
         super().__init__()
         self.verify_sizes = check_verify_sizes(verify_sizes)
         if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1:
-            raise ValueError(f"max_depth must be an integer ≥ 1 (a size decision needs a drafted tree), got {max_depth!r}.")
+            raise ValueError(f"max_depth must be an integer ≥ 1 (a size decision needs a drafted tree), "
+                             f"got {max_depth!r}.")
         # The chain env does the prompt handling, drafter building and validation; its decoder is replaced.
         self._base = SpecDecodeEnv(pair, prompts, sampling, max_new_tokens=max_new_tokens, max_depth=max_depth,
                                    reward_scale=reward_scale, episode="cycle", chat=chat, drafter=drafter, **kwargs)

@@ -142,9 +142,11 @@ def default_tree_policy_dir(drafter: str = "head") -> Path:
 
     d = DEFAULT_POLICIES_DIR / f"{drafter}{DEFAULT_TREE_SUFFIX}"
     if not (d / TREE_FILE).is_file():
-        shipped = sorted(p.name for p in DEFAULT_POLICIES_DIR.glob(f"*{DEFAULT_TREE_SUFFIX}") if (p / TREE_FILE).is_file())
-        raise FileNotFoundError(f"No shipped tree policy for drafter {drafter!r} (shipped: {', '.join(shipped) or 'none'}): "
-                                f"train one with `python -m train --tree --drafter {drafter}`.")
+        shipped = sorted(p.name for p in DEFAULT_POLICIES_DIR.glob(f"*{DEFAULT_TREE_SUFFIX}")
+                         if (p / TREE_FILE).is_file())
+        raise FileNotFoundError(f"No shipped tree policy for drafter {drafter!r} (shipped: "
+                                f"{', '.join(shipped) or 'none'}): train one with "
+                                f"`python -m train --tree --drafter {drafter}`.")
     return d
 
 
@@ -199,8 +201,8 @@ def load_tree_policy(run_or_dir: str | Path, intra_op_num_threads: int = 1) -> T
                              "re-export the size policy or use a matching version.")
         pcfg = json.loads((d / POLICY_CONFIG_FILE).read_text())
         if tuple(pcfg.get("verify_sizes", ())) != sizes:
-            raise ValueError(f"{d / POLICY_CONFIG_FILE} lists verify_sizes {pcfg.get('verify_sizes')}, {root / TREE_FILE} "
-                             f"{list(sizes)}: the folder mixes two runs.")
+            raise ValueError(f"{d / POLICY_CONFIG_FILE} lists verify_sizes {pcfg.get('verify_sizes')}, "
+                             f"{root / TREE_FILE} {list(sizes)}: the folder mixes two runs.")
         size_policy = OnnxController(d / ONNX_FILE, max_depth=int(cfg["max_depth"]),
                                      intra_op_num_threads=intra_op_num_threads, n_features=len(SIZE_FEATURE_NAMES))
     if depth_policy is None and size_policy is None:
