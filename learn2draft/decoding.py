@@ -246,9 +246,10 @@ class SpeculativeDecoder:
 
         Raises:
             ValueError: a batch of more than one prompt, a tensor of more than 2 dimensions, a
-                non-integer tensor, an empty prompt, or prompt + ``max_new_tokens`` beyond the context window.
+                non-integer tensor, an empty prompt, an id outside the vocabulary, or prompt +
+                ``max_new_tokens`` beyond the context window.
         """
-        prompt_ids = check_prompt_ids(prompt_ids).to(self.pair.device)
+        prompt_ids = check_prompt_ids(prompt_ids, self.pair.vocab_size).to(self.pair.device)
         self.pair.check_length(prompt_ids.numel(), self.max_new_tokens)
         self.prompt_len = prompt_ids.numel()
         self.ids = prompt_ids

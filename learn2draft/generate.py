@@ -19,7 +19,9 @@ stops at EOS, ``--max-new-tokens`` or the first ``--stop`` string (the stop stri
 ``--show-cycles`` writes one line per draft/verify cycle to standard error (depth decided, the
 accepted draft tokens, and the corrected token after a rejection or the bonus token after a full
 acceptance; when both go to a terminal, the text is printed whole after the cycle lines); ``--metrics`` writes one JSON line of metrics to standard error at the end
-(tokens/s, τ, α, TTFT in seconds, …), so standard output carries only the generated text.
+(tokens/s, τ over the cycles that drafted, α, TTFT in seconds, …; ``new_tokens`` counts every
+committed token, including any after a stop string within the last cycle), so standard output
+carries only the generated text.
 
 The engine imports no policy code; this command loads an exported policy with
 :func:`policies.export.load_policy` (ONNX Runtime) only when one is asked for.
@@ -99,18 +101,29 @@ class TextStream:
         return new
 
 
-def describe_cycle(tokenizer, cycle, index: int) -> str:
+def _piece(tokenizer, before: list[int], tokens: list[int]) -> str:
+    """The text ``tokens`` add after ``before`` (decoded together, so that a character split across
+    tokens shows whole where it completes)."""
+    if not tokens:
+        return ""
+    head = tokenizer.decode(before, skip_special_tokens=True).rstrip("\ufffd") if before else ""
+    return tokenizer.decode(before + tokens, skip_special_tokens=True)[len(head):]
+
+
+def describe_cycle(tokenizer, cycle, index: int, before: list[int] | None = None) -> str:
     """One line for ``--show-cycles``: the depth decided, the accepted draft tokens, and the
     corrected token (a draft token was rejected), the bonus token (every draft token was accepted)
-    or the target's token (nothing was drafted)."""
+    or the target's token (nothing was drafted). ``before``: the tokens generated before this cycle
+    (decoded with them, a multi-byte character split across tokens prints whole)."""
+    before = list(before or [])
     tau, toks = cycle.num_accepted, cycle.tokens
     accepted, last = toks[:tau], toks[tau:]
     kind = "target" if cycle.depth == 0 else ("bonus" if tau == cycle.depth else "corrected")
     parts = [f"cycle {index}: depth {cycle.depth}, accepted {tau}"]
     if accepted:
-        parts.append(f"accepted={tokenizer.decode(accepted)!r}")
+        parts.append(f"accepted={_piece(tokenizer, before, accepted)!r}")
     if last:
-        parts.append(f"{kind}={tokenizer.decode(last)!r}")
+        parts.append(f"{kind}={_piece(tokenizer, before + accepted, last)!r}")
     return "  ".join(parts)
 
 
@@ -152,17 +165,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _read_prompt(arg: str | None, stdin: TextIO) -> str:
+def _read_prompt(arg: str | None, stdin: TextIO | None) -> str:
+    from learn2draft.prompts import check_prompt_text
+
     if arg is not None and arg != "-":
         text = arg
-    elif stdin.isatty():
+    elif stdin is None or stdin.closed or stdin.isatty():
         raise ValueError("No prompt: pass it as an argument, or pipe it on standard input "
                          "(echo 'Hello' | python -m learn2draft.generate).")
     else:
-        text = stdin.read()
-    if not text.strip():
-        raise ValueError("Empty prompt: pass some text to continue.")
-    return text
+        try:
+            text = stdin.read()
+        except UnicodeDecodeError as e:
+            raise ValueError(f"Standard input is not valid UTF-8 ({e.reason} at byte {e.start}): pass UTF-8 text.") from None
+    return check_prompt_text(text)
 
 
 def _same_terminal(a: TextIO, b: TextIO) -> bool:
@@ -222,6 +238,8 @@ def _run(args) -> int:
         from policies.export import default_policy_dir, load_policy, policy_drafter, policy_head, run_settings
 
         policy_dir = Path(args.policy) if args.policy else default_policy_dir(args.drafter)
+        if policy_dir.is_file():
+            raise ValueError(f"--policy {args.policy} is a file: pass the directory that holds it ({policy_dir.parent}).")
         if not policy_dir.is_dir():
             raise ValueError(f"--policy {args.policy}: no such directory (a run of `python -m train` or a policy "
                              "export), or use --num-draft-tokens N for a fixed γ.")
@@ -254,9 +272,13 @@ def _run(args) -> int:
     defer_text = args.show_cycles and _same_terminal(stdout, stderr)
 
     def on_tokens(tokens: list[int], cycle) -> bool:
-        if cycle is not None and args.show_cycles:
-            cycles_seen[0] += 1
-            print(describe_cycle(pair.tokenizer, cycle, cycles_seen[0]), file=stderr, flush=True)
+        if args.show_cycles:
+            if cycle is None:
+                line = "prefill: target=" + repr(_piece(pair.tokenizer, [], tokens))
+            else:
+                cycles_seen[0] += 1
+                line = describe_cycle(pair.tokenizer, cycle, cycles_seen[0], before=stream.ids)
+            print(line, file=stderr, flush=True)
         text = stream.put(tokens)
         if not defer_text:
             stdout.write(text)
@@ -265,13 +287,19 @@ def _run(args) -> int:
 
     interrupted = False
     try:
-        result = decoder.generate(ids, controller, on_tokens=on_tokens)
-    except KeyboardInterrupt:
-        interrupted = True
-        result = None
-    rest = stream.end()
-    stdout.write((stream.text if defer_text else rest) + "\n")
-    stdout.flush()
+        try:
+            result = decoder.generate(ids, controller, on_tokens=on_tokens)
+        except KeyboardInterrupt:
+            interrupted = True
+            result = None
+        rest = stream.end()
+        stdout.write((stream.text if defer_text else rest) + "\n")
+        stdout.flush()
+    except BrokenPipeError:  # the reader went away (e.g. `| head`): stop quietly, as other tools do
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stdout.fileno())
+        return 141
     if interrupted:
         print("interrupted", file=stderr)
         return 130

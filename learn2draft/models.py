@@ -41,16 +41,18 @@ class TokenizerMismatchError(ValueError):
     """Target and draft tokenizers map some ids to different token strings."""
 
 
-def check_prompt_ids(prompt_ids) -> torch.Tensor:
+def check_prompt_ids(prompt_ids, vocab_size: int | None = None) -> torch.Tensor:
     """Validate one prompt and return it as int64 (L,).
 
     Args:
         prompt_ids: a sequence of ints, or an integer tensor of shape (L,) or (1, L) — for
             example ``tokenizer(text, return_tensors="pt").input_ids``.
+        vocab_size: when given, every id must lie in [0, vocab_size).
 
     Raises:
         ValueError: shape (B, L) with B > 1 (the decoder runs batch size 1: loop over the prompts),
-            more than 2 dimensions, a floating-point or boolean tensor, or an empty prompt.
+            more than 2 dimensions, a floating-point or boolean tensor, an empty prompt, or an id
+            outside [0, vocab_size).
     """
     t = torch.as_tensor(prompt_ids)
     if t.numel() == 0:
@@ -64,7 +66,14 @@ def check_prompt_ids(prompt_ids) -> torch.Tensor:
             f"prompt_ids has batch size {t.shape[0]} (shape {tuple(t.shape)}): speculative decoding here runs one "
             "sequence at a time. Call generate() once per prompt, e.g. "
             "[decoder.generate(ids[None], controller) for ids in batch] (with any padding removed).")
-    return t.reshape(-1).to(torch.long)
+    t = t.reshape(-1).to(torch.long)
+    if vocab_size is not None:
+        lo, hi = int(t.min()), int(t.max())
+        if lo < 0 or hi >= vocab_size:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"Token id {bad} is outside this tokenizer's vocabulary [0, {vocab_size}): pass ids from "
+                             "the target's tokenizer.")
+    return t
 
 
 def smollm2_gguf_path() -> Path:
@@ -353,10 +362,10 @@ class ModelPair:
             ValueError: the prompt is empty, or it plus ``max_new_tokens`` exceeds the context window.
         """
         if isinstance(prompt, str):
-            if not prompt.strip():
-                raise ValueError("Empty prompt: pass some text to continue.")
-            prompt = encode_text(self.tokenizer, prompt, chat=chat)
-        ids = check_prompt_ids(prompt).to(self.device)
+            from learn2draft.prompts import check_prompt_text
+
+            prompt = encode_text(self.tokenizer, check_prompt_text(prompt), chat=chat)
+        ids = check_prompt_ids(prompt, self.vocab_size).to(self.device)
         self.check_length(ids.numel(), max_new_tokens)
         return ids
 

@@ -15,6 +15,23 @@ def _load() -> dict:
     return json.loads(PROMPTS_FILE.read_text())
 
 
+def check_prompt_text(text: str) -> str:
+    """Return ``text`` if it is a non-blank prompt that encodes as UTF-8.
+
+    Raises:
+        ValueError: blank text, or text with undecodable bytes (lone surrogates, e.g. from invalid
+            UTF-8 on a command line or standard input).
+    """
+    if not text.strip():
+        raise ValueError("Empty prompt: pass some text to continue.")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"The prompt is not valid UTF-8 (undecodable bytes at characters {e.start}-{e.end}): pass "
+                         "UTF-8 text.") from None
+    return text
+
+
 def load_prompts(split: str) -> list[str]:
     """Prompts of a split: ``"train"`` (policy training, fixed-γ grid search), ``"heldout"``
     (evaluation), and their copy-heavy counterparts ``"copy_train"`` / ``"copy_heldout"`` (answers

@@ -7,7 +7,8 @@ Any engine integration can run the same check on its own runtime: ``parity.json`
 (float32, one per action) of the PyTorch policy the graph was exported from, and the tolerance
 (``logits_atol``; an action may differ only where the expected logits are within ``tie_margin``).
 
-Checked: the four files exist and parse; ``feature_spec.json``, ``parity.json`` and the ONNX
+Standard output holds the JSON report only; PASS / FAIL goes to standard error. Checked: the four
+files exist and parse; ``feature_spec.json``, ``parity.json`` and the ONNX
 graph's input agree on the features; onnxruntime's actions and logits match the vectors. Exit
 status 0 when everything passes, 1 when a check fails, 2 on bad input (no such directory, a
 missing file). This module imports neither torch nor learn2draft's engine.
@@ -48,12 +49,15 @@ def check_export(directory: str | Path) -> dict:
     import onnxruntime as ort
 
     d = _resolve(Path(directory))
+    if d.is_file():
+        raise FileNotFoundError(f"{directory} is a file: pass the export directory that holds it ({d.parent}).")
     if not d.is_dir():
         raise FileNotFoundError(f"{directory}: no such directory (an export, e.g. policies/defaults/lookup, or a "
                                 "training run).")
     for name in FILES:
         if not (d / name).is_file():
-            hint = (" (exports written before parity vectors existed have none: re-export the policy)"
+            hint = (" (exports written before parity vectors existed have none: re-export the training run with "
+                    "`python -m policies.export RUN_DIR`)"
                     if name == "parity.json" else "")
             raise FileNotFoundError(f"{d / name} is missing{hint}.")
     try:
@@ -89,9 +93,15 @@ def check_export(directory: str | Path) -> dict:
         if want not in outputs:
             problems.append(f"the ONNX graph has no output {want!r} (outputs: {outputs})")
 
-    obs = np.asarray(parity["observations"], dtype=np.float32)
-    exp_actions = np.asarray(parity["actions"], dtype=np.int64)
-    exp_logits = np.asarray(parity["logits"], dtype=np.float32)
+    try:
+        obs = np.asarray(parity["observations"], dtype=np.float32)
+        exp_actions = np.asarray(parity["actions"], dtype=np.int64)
+        exp_logits = np.asarray(parity["logits"], dtype=np.float32)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{d / 'parity.json'}: 'observations', 'actions' and 'logits' must be rectangular lists of "
+                         f"numbers (one row per vector, every row as long) ({str(e).splitlines()[0][:120]}).") from None
+    if not (np.isfinite(obs).all() and np.isfinite(exp_logits).all()):
+        problems.append("parity.json holds NaN or infinite values")
     tol = parity.get("tolerance", {})
     atol, tie = float(tol.get("logits_atol", 1e-4)), float(tol.get("tie_margin", 2e-4))
     result = {"directory": str(d), "vectors": int(len(obs)), "action_mismatches": 0, "ties": 0,
@@ -102,6 +112,9 @@ def check_export(directory: str | Path) -> dict:
     elif not problems:
         actions, logits = sess.run(["action", "logits"], {inp.name: obs})
         diff = float(np.abs(logits - exp_logits).max()) if len(obs) else 0.0
+        if not np.isfinite(diff):  # NaN never compares greater than a tolerance: report it, keep the JSON valid
+            problems.append("logits are NaN or infinite (in parity.json or from the graph)")
+            diff = None
         sorted_logits = np.sort(exp_logits, axis=1)
         is_tie = (sorted_logits[:, -1] - sorted_logits[:, -2]) < tie if exp_logits.shape[1] > 1 else np.zeros(len(obs), bool)
         wrong = (np.asarray(actions).reshape(-1) != exp_actions) & ~is_tie
@@ -109,7 +122,7 @@ def check_export(directory: str | Path) -> dict:
         if wrong.any():
             problems.append(f"{int(wrong.sum())} of {len(obs)} actions differ from the expected ones "
                             f"(first at vector {int(np.argmax(wrong))})")
-        if diff > atol:
+        if diff is not None and diff > atol:
             problems.append(f"logits differ by up to {diff:.3g} (> {atol:g})")
     result["problems"] = problems
     result["passed"] = not problems
@@ -127,9 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(report, indent=2))
-    print("PASS" if report["passed"] else "FAIL: " + "; ".join(report["problems"]),
-          file=sys.stderr if not report["passed"] else sys.stdout)
+    print(json.dumps(report, indent=2))  # standard output: the JSON report only
+    print("PASS" if report["passed"] else "FAIL: " + "; ".join(report["problems"]), file=sys.stderr)
     return 0 if report["passed"] else 1
 
 

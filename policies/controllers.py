@@ -169,7 +169,7 @@ class OnnxController(PolicyController):
 
     Raises:
         FileNotFoundError: no file at ``path``.
-        ValueError: the graph's input does not take ``len(FEATURE_NAMES)`` features.
+        ValueError: onnxruntime cannot load the file, or the graph's input does not take ``n_features`` features.
     """
 
     def __init__(self, path: str | Path, max_depth: int = 8, intra_op_num_threads: int = 1,
@@ -182,7 +182,11 @@ class OnnxController(PolicyController):
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = intra_op_num_threads
         opts.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        try:
+            self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        except Exception as e:  # onnxruntime's InvalidProtobuf / InvalidGraph / Fail: a damaged or foreign file
+            raise ValueError(f"{path}: onnxruntime cannot load it ({str(e).strip()[:200]}): re-export the policy "
+                             "(python -m policies.export RUN_DIR) or restore the file.") from None
         inp = self.session.get_inputs()[0]
         n = inp.shape[-1]
         if isinstance(n, int) and n != n_features:

@@ -384,3 +384,50 @@ __all__ = [
     "DEFAULT_POLICIES_DIR", "OnnxablePolicy", "check_onnx", "default_policy_dir", "export_onnx", "export_policy",
     "load_policy", "parity_vectors", "policy_drafter", "resolve_export_dir", "run_settings", "write_parity",
 ]
+
+
+def reexport_run(run_dir: str | Path) -> ExportResult:
+    """Export a training run's ``model.zip`` again into ``run_dir/policy`` with this version's export
+    (e.g. to add the parity vectors of exports written before they existed), keeping the settings
+    recorded in the earlier ``policy_config.json`` (or the run's ``config.json``).
+
+    Raises:
+        FileNotFoundError: ``run_dir`` holds no ``model.zip`` (only training runs can be re-exported).
+        ExportCheckError: as :func:`export_policy`.
+    """
+    from stable_baselines3 import PPO
+
+    run = Path(run_dir)
+    if not (run / "model.zip").is_file():
+        raise FileNotFoundError(f"{run / 'model.zip'} is missing: only a training run (python -m train --out RUN) can "
+                                "be re-exported; retrain, or check the export you have with python -m policies.check.")
+    old = run / "policy" / POLICY_CONFIG_FILE
+    config = json.loads(old.read_text()) if old.is_file() else run_settings(run)
+    max_depth = int(config.get("max_depth") or run_settings(run)["max_depth"])
+    for key in ("format", "features", "max_depth", "actions", "onnx"):  # written by export_policy itself
+        config.pop(key, None)
+    model = PPO.load(str(run / "model.zip"), device="cpu")
+    return export_policy(model, run / "policy", max_depth, config=config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m policies.export RUN_DIR``: re-export a training run's policy (see :func:`reexport_run`)."""
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(prog="python -m policies.export",
+                                description="Re-export a training run's policy (model.zip) into RUN_DIR/policy with "
+                                            "this version's export: ONNX, feature spec, config, check, parity vectors.")
+    p.add_argument("run_dir", help="a directory written by python -m train")
+    args = p.parse_args(argv)
+    try:
+        res = reexport_run(args.run_dir)
+    except (FileNotFoundError, ValueError, ExportCheckError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps({"policy": str(res.directory), "check": res.check}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

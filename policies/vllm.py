@@ -86,7 +86,9 @@ class LearnedDraftLengthPolicy:
 
     Raises:
         FileNotFoundError: missing export files.
-        ValueError: the export reads other features than :data:`ENGINE_FEATURE_NAMES`, or K differs.
+        ValueError: the export reads other features than :data:`ENGINE_FEATURE_NAMES`, K differs or is
+            not an integer.
+        learn2draft.ModelLoadError: ``device`` is unknown or not available in this torch build.
     """
 
     def __init__(self, export_dir: str | Path, device: str | torch.device = "cpu", num_spec_tokens: int | None = None):
@@ -103,12 +105,16 @@ class LearnedDraftLengthPolicy:
             raise ValueError(f"{d} reads the features {names}, not the engine-visible ones {list(ENGINE_FEATURE_NAMES)}: "
                              "train a policy for vLLM with `python -m train --features engine`.")
         self.max_depth = int(json.loads((d / POLICY_CONFIG_FILE).read_text())["max_depth"])
-        k = self.max_depth if num_spec_tokens is None else int(num_spec_tokens)
+        if num_spec_tokens is not None and (isinstance(num_spec_tokens, bool) or not isinstance(num_spec_tokens, int)):
+            raise ValueError(f"num_spec_tokens must be an integer (vLLM's num_speculative_tokens), got {num_spec_tokens!r}.")
+        k = self.max_depth if num_spec_tokens is None else num_spec_tokens
         if k != self.max_depth:
             raise ValueError(f"num_speculative_tokens={k}, but the policy in {d} was trained with max_depth="
                              f"{self.max_depth}: serve with num_speculative_tokens={self.max_depth} or train for {k}.")
         self.num_spec_tokens = k
-        self.device = torch.device(device)
+        from learn2draft.models import check_device
+
+        self.device = check_device(device)  # a clear error for an unknown device or a CUDA device without CUDA
         self.layers = [(w.to(self.device), b.to(self.device)) for w, b in load_mlp(d / ONNX_FILE)]
         self.path = d
         f32 = dict(dtype=torch.float32, device=self.device)
@@ -149,8 +155,22 @@ class LearnedDraftLengthPolicy:
     def update(self, step: int, token_probs: torch.Tensor) -> None:
         """After draft step ``step`` (0 = the first token after the seed): ``token_probs`` float
         ``[batch_size]`` top-1 draft probabilities on the device. Tensor operations only (no sync).
-        On the first STOP, ``k_valid`` is frozen to ``step + 2`` (seed + tokens up to this one)."""
-        p = token_probs.to(device=self.device, dtype=torch.float32).mean().clamp(0.0, 1.0)
+        On the first STOP, ``k_valid`` is frozen to ``step + 2`` (seed + tokens up to this one).
+
+        Raises:
+            TypeError: ``token_probs`` is not a floating-point tensor.
+            ValueError: an empty batch, or ``step`` outside [0, K − 1).
+        """
+        if not isinstance(token_probs, torch.Tensor) or not token_probs.is_floating_point():
+            raise TypeError(f"token_probs must be a floating-point tensor [batch_size] of top-1 draft probabilities, got "
+                            f"{type(token_probs).__name__}{'' if not isinstance(token_probs, torch.Tensor) else ' ' + str(token_probs.dtype)}.")
+        if token_probs.numel() == 0:
+            raise ValueError("token_probs is empty: update() needs one probability per sequence of the batch.")
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < self.num_spec_tokens - 1:
+            raise ValueError(f"step must be an integer in [0, {self.num_spec_tokens - 1}) (the draft step after the seed), "
+                             f"got {step!r}.")
+        # NaN (a broken draft) counts as no confidence: the policy sees 0, not NaN features.
+        p = token_probs.to(device=self.device, dtype=torch.float32).nan_to_num(0.0).mean().clamp(0.0, 1.0)
         self._hist.copy_(torch.cat([p.reshape(1), self._hist[:-1]]))
         self._sum.add_(p)
         self._min.copy_(torch.minimum(self._min, p))

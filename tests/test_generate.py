@@ -80,6 +80,7 @@ def test_cli_streams_the_same_tokens_as_the_decoder(default_pair, monkeypatch, c
     assert out == default_pair.tokenizer.decode(res.tokens, skip_special_tokens=True) + "\n"
     lines = err.strip().splitlines()
     metrics = json.loads(lines[-1])
+    assert lines[0].startswith("prefill: target=")  # the first token, drawn from the prefill
     cycle_lines = [ln for ln in lines if ln.startswith("cycle ")]
     assert len(cycle_lines) == metrics["cycles"] == len(res.cycles)
     assert metrics["new_tokens"] == len(res.tokens)
@@ -116,11 +117,28 @@ def test_cli_fixed_gamma_on_local_models_with_a_stop_string(tiny_model_dirs, mon
     (["hi", "--drafter", "model", "--policy", str(default_policy_dir("lookup"))], None, "trained with the 'lookup'"),
     (["hi", "--temperature", "-1", "--num-draft-tokens", "1"], None, "temperature"),
     (["hi", "--num-draft-tokens", "1", "--target", "/no/such/model"], None, "/no/such/model"),
+    (["Hi \udcff there"], None, "not valid UTF-8"),
+    (["hi", "--policy", str(default_policy_dir("lookup") / "policy.onnx")], None, "is a file"),
 ])
 def test_cli_bad_input_is_one_error_line(monkeypatch, capsys, argv, stdin_text, match):
     rc, out, err = _run_cli(monkeypatch, capsys, argv, stdin_text=stdin_text)
     assert rc == 2
     assert err.startswith("error:") and match in err and "Traceback" not in err
+
+
+def test_cli_with_a_closed_stdin_says_how_to_pass_a_prompt(monkeypatch, capsys):
+    monkeypatch.setattr("sys.stdin", None)
+    assert gen.main([]) == 2 and "No prompt" in capsys.readouterr().err
+
+
+def test_cli_with_a_damaged_policy_file_is_one_error_line(tmp_path, monkeypatch, capsys):
+    import shutil
+
+    d = tmp_path / "pol"
+    shutil.copytree(default_policy_dir("lookup"), d)
+    (d / "policy.onnx").write_bytes((d / "policy.onnx").read_bytes()[:5000])
+    rc, out, err = _run_cli(monkeypatch, capsys, ["hi", "--policy", str(d)])
+    assert rc == 2 and "onnxruntime cannot load it" in err and "Traceback" not in err
 
 
 def test_cli_without_prompt_on_a_terminal_says_how_to_pass_one(monkeypatch, capsys):
@@ -131,6 +149,16 @@ def test_cli_without_prompt_on_a_terminal_says_how_to_pass_one(monkeypatch, caps
     monkeypatch.setattr("sys.stdin", Tty(""))
     rc = gen.main([])
     assert rc == 2 and "No prompt" in capsys.readouterr().err
+
+
+def test_describe_cycle_prints_a_character_split_across_cycles_whole(tok):
+    from learn2draft.decoding import CycleResult
+
+    ids = tok(" 日本", add_special_tokens=False).input_ids
+    assert len(ids) >= 3
+    cyc = CycleResult(ids[1:], 0, 0, 0, 0.0, 0.0, 0.0, False)  # the first byte came in an earlier cycle
+    line = gen.describe_cycle(tok, cyc, 2, before=ids[:1])
+    assert "\ufffd" not in line and "日" in line
 
 
 def test_describe_cycle_marks_corrected_and_bonus(tok):

@@ -319,6 +319,8 @@ def test_real_greedy_lookup_equals_autoregressive(default_pair, real_greedy):
     (torch.zeros(1, 1, 3, dtype=torch.long), "shape"),
     (torch.tensor([5.0, 6.0]), "integer token ids"),
     (torch.zeros(1, 0, dtype=torch.long), "Empty prompt"),
+    (torch.tensor([5, 999999]), "outside this tokenizer's vocabulary"),
+    (torch.tensor([5, -1]), "outside this tokenizer's vocabulary"),
 ])
 def test_bad_prompt_tensors_are_refused_not_flattened(tiny_pair, bad, match):
     """A (2, L) batch used to be read silently as one prompt of 2L tokens."""

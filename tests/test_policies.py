@@ -306,6 +306,13 @@ def test_policies_check_runs_without_torch_and_reports_through_its_exit_status(e
     r = _check_cli(bad)
     assert r.returncode == 1 and "logits differ" in r.stderr
 
+    parity["logits"][i][0] -= 0.01
+    parity["logits"][0][0] = float("nan")
+    (bad / "parity.json").write_text(json.dumps(parity))
+    r = _check_cli(bad)
+    assert r.returncode == 1 and "NaN" in r.stderr
+    assert json.loads(r.stdout)["passed"] is False  # standard output is the JSON report only
+
     spec = json.loads((bad / "feature_spec.json").read_text())
     spec["features"] = spec["features"][:-1]
     (bad / "feature_spec.json").write_text(json.dumps(spec))
@@ -313,7 +320,8 @@ def test_policies_check_runs_without_torch_and_reports_through_its_exit_status(e
 
 
 @pytest.mark.parametrize("damage, match", [("missing-dir", "no such directory"), ("no-parity", "re-export"),
-                                           ("broken-onnx", "onnxruntime cannot load")])
+                                           ("broken-onnx", "onnxruntime cannot load"),
+                                           ("ragged-parity", "rectangular"), ("onnx-file", "is a file")])
 def test_policies_check_bad_input_exits_2(export_dir, tmp_path, damage, match):
     import shutil
 
@@ -324,5 +332,32 @@ def test_policies_check_bad_input_exits_2(export_dir, tmp_path, damage, match):
         (d / "parity.json").unlink()
     if damage == "broken-onnx":
         (d / "policy.onnx").write_bytes(b"not a model")
+    if damage == "ragged-parity":
+        parity = json.loads((d / "parity.json").read_text())
+        parity["observations"][3] = parity["observations"][3][:10]
+        (d / "parity.json").write_text(json.dumps(parity))
+    if damage == "onnx-file":
+        d = d / "policy.onnx"
     r = _check_cli(d)
     assert r.returncode == 2 and r.stderr.startswith("error:") and match in r.stderr, r.stderr
+
+
+def test_a_damaged_onnx_file_is_a_clear_error_for_the_controller(export_dir, tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes((export_dir / "policy.onnx").read_bytes()[:300])
+    with pytest.raises(ValueError, match="onnxruntime cannot load it"):
+        OnnxController(bad)
+
+
+def test_policies_export_reexports_a_run_with_parity_vectors(tiny_ppo, tmp_path):
+    from policies.check import check_export
+    from policies.export import main as export_main
+
+    run = tmp_path / "run"
+    export_policy(tiny_ppo, run / "policy", max_depth=3, config={"note": "kept"}, n_random=64)
+    (run / "policy" / "parity.json").unlink()
+    assert export_main([str(run)]) == 2  # no model.zip: not a training run
+    tiny_ppo.save(str(run / "model.zip"))
+    assert export_main([str(run)]) == 0
+    assert check_export(run)["passed"]
+    assert json.loads((run / "policy" / "policy_config.json").read_text())["note"] == "kept"

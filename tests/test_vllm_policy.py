@@ -155,3 +155,26 @@ def test_the_shipped_engine_policy_loads_passes_its_check_and_drives_the_real_lo
     dec = SpeculativeDecoder(default_pair, max_new_tokens=12, max_depth=8)
     res = dec.generate(prompt, ProtocolController(pol, dec))
     assert res.tokens == ref.tokens and all(c.depth >= ENGINE_MIN_DEPTH for c in res.cycles[:-2])
+
+
+def test_adapter_refuses_bad_protocol_inputs_clearly(engine_export):
+    from learn2draft.models import ModelLoadError
+
+    pol = LearnedDraftLengthPolicy(engine_export)
+    with pytest.raises(TypeError, match="floating-point tensor"):
+        pol.update(0, [0.5])
+    with pytest.raises(TypeError, match="floating-point tensor"):
+        pol.update(0, torch.tensor([1]))
+    with pytest.raises(ValueError, match="empty"):
+        pol.update(0, torch.tensor([]))
+    with pytest.raises(ValueError, match="step"):
+        pol.update(-1, torch.tensor([0.5]))
+    with pytest.raises(ValueError, match="integer"):
+        LearnedDraftLengthPolicy(engine_export, num_spec_tokens=2.5)
+    with pytest.raises(ModelLoadError):
+        LearnedDraftLengthPolicy(engine_export, device="gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ModelLoadError, match="CUDA"):
+            LearnedDraftLengthPolicy(engine_export, device="cuda")
+    pol.update(0, torch.tensor([float("nan"), 0.5]))  # a NaN counts as no confidence
+    assert torch.isfinite(pol.features(0)).all()
