@@ -27,7 +27,9 @@ from functools import cache
 
 import numpy as np
 
-from learn2draft.sampling import _tree_walk
+import torch
+
+from learn2draft.sampling import _inverse_cdf, _tree_walk
 from learn2draft.tree import DraftTree, select_top_nodes
 
 Dist = Callable[[tuple], np.ndarray]
@@ -162,3 +164,17 @@ def tree_speculative_law(rule: TreeRule, p: Dist, q: Dist, width: int, k: int, d
         return tuple(acc.items())
 
     return dict(law_from(()))
+
+
+def unnormalised_tree_sampler(parents, tokens, probs, g):
+    """WRONG (negative control): accepts child x with p(x), not p(x) / (1 − the rejected siblings' mass)."""
+    par, tok = parents.tolist(), tokens.tolist()
+    children = [[] for _ in par]
+    for i in range(1, len(par)):
+        children[par[i]].append(i)
+    px = [0.0] + [float(probs[par[i], tok[i]]) for i in range(1, len(par))]
+    u = torch.rand(len(par), generator=g, dtype=torch.float64).tolist()
+    acc, node, rej, _ = _tree_walk(children, tok, px, lambda i: 1.0, lambda i, num, den: u[i] < num)
+    r = probs[node].clone()
+    r[rej] = 0
+    return acc, _inverse_cdf(r, u[0])

@@ -30,11 +30,12 @@ from helpers_tree import (
     q_ratio_rule,
     tree_cycle_law,
     tree_speculative_law,
+    unnormalised_tree_sampler,
 )
 from scipy.stats import chisquare
 
 from eval.law import goodness_of_fit_test
-from learn2draft.sampling import _inverse_cdf, _tree_walk, tree_speculative_sample
+from learn2draft.sampling import _tree_walk, tree_speculative_sample
 from learn2draft.tree import (
     DraftTree,
     ancestor_matrix,
@@ -218,21 +219,7 @@ def big_case(V: int = 49_152, seed: int = 0):
     return torch.tensor(parents), torch.tensor(tokens), probs
 
 
-def unnormalised_walk_sampler(parents, tokens, probs, g):
-    """A WRONG sampler for the power check: accepts child x with p(x) instead of p(x) / (1 − rejected mass)."""
-    par, tok = parents.tolist(), tokens.tolist()
-    children = [[] for _ in par]
-    for i in range(1, len(par)):
-        children[par[i]].append(i)
-    px = [0.0] + [float(probs[par[i], tok[i]]) for i in range(1, len(par))]
-    u = torch.rand(len(par), generator=g, dtype=torch.float64).tolist()
-    acc, node, rej, _ = _tree_walk(children, tok, px, lambda i: 1.0, lambda i, num, den: u[i] < num)
-    r = probs[node].clone()
-    r[rej] = 0
-    return acc, _inverse_cdf(r, u[0])
-
-
-@pytest.mark.parametrize("sampler,ok", [(tree_speculative_sample, True), (unnormalised_walk_sampler, False)])
+@pytest.mark.parametrize("sampler,ok", [(tree_speculative_sample, True), (unnormalised_tree_sampler, False)])
 def test_monte_carlo_at_the_real_vocabulary_size(sampler, ok):
     """First emitted token ~ the root's row, and the second given an accepted first child ~ that
     child's row, at V = 49,152 with a 64-node tree; 6,000 draws (the tokens outside the 12 hot ones

@@ -21,6 +21,7 @@ import pytest
 import torch
 from conftest import TINY_VOCAB, tiny_llama
 from helpers_loop import greedy_reference, noisy_copy
+from helpers_tree import unnormalised_tree_sampler
 from transformers import DynamicCache
 
 from eval.law import (
@@ -39,7 +40,7 @@ from learn2draft.drafters.lookup import LookupDrafter
 from learn2draft.drafters.model import ModelDrafter
 from learn2draft.features import SIZE_FEATURE_NAMES, build_size_features, size_feature_spec
 from learn2draft.models import make_pair
-from learn2draft.sampling import SamplingConfig, _inverse_cdf, _tree_walk
+from learn2draft.sampling import SamplingConfig
 from learn2draft.tree import (
     DraftTree,
     FixedTreeController,
@@ -269,18 +270,6 @@ def test_tree_decoder_refuses_bad_settings(noisy_pair):
 
 
 # -------------------------------------------------------------------------- output law
-def unnormalised_tree_sampler(parents, tokens, probs, g):
-    """WRONG (negative control): accepts child x with p(x), not p(x) / (1 − the rejected siblings' mass)."""
-    par, tok = parents.tolist(), tokens.tolist()
-    children = [[] for _ in par]
-    for i in range(1, len(par)):
-        children[par[i]].append(i)
-    px = [0.0] + [float(probs[par[i], tok[i]]) for i in range(1, len(par))]
-    u = torch.rand(len(par), generator=g, dtype=torch.float64).tolist()
-    acc, node, rej, _ = _tree_walk(children, tok, px, lambda i: 1.0, lambda i, num, den: u[i] < num)
-    r = probs[node].clone()
-    r[rej] = 0
-    return acc, _inverse_cdf(r, u[0])
 
 
 def tree_first_tokens(pair, sampling, seeds, tree_sampler=None, n=3):
