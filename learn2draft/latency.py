@@ -104,14 +104,21 @@ class LatencyProfile:
     def validate(self) -> None:
         """Raise ValueError with a clear message for a malformed profile."""
         n, c = np.asarray(self.verify_tokens, dtype=np.float64), np.asarray(self.verify_contexts, dtype=np.float64)
+        rows = [len(r) for r in self.verify_seconds]
+        if len(set(rows)) > 1:
+            raise ValueError(f"Profile {self.name!r}: every verify seconds row needs one value per token count "
+                             f"({len(self.verify_tokens)}); the rows have {rows} values.")
         s = np.asarray(self.verify_seconds, dtype=np.float64)
         if n.ndim != 1 or n.size == 0 or n[0] != 1 or np.any(np.diff(n) <= 0):
             raise ValueError(f"Profile {self.name!r}: verify tokens must be increasing and start at 1, got {self.verify_tokens}.")
         if c.ndim != 1 or c.size == 0 or np.any(np.diff(c) <= 0) or c[0] < 0:
             raise ValueError(f"Profile {self.name!r}: verify contexts must be increasing and ≥ 0, got {self.verify_contexts}.")
-        if s.shape != (c.size, n.size) or not np.all(np.isfinite(s)) or np.any(s <= 0):
-            raise ValueError(f"Profile {self.name!r}: verify seconds must be positive numbers of shape "
-                             f"(contexts, tokens) = ({c.size}, {n.size}), got shape {s.shape}.")
+        if s.shape != (c.size, n.size):
+            raise ValueError(f"Profile {self.name!r}: verify seconds must have shape (contexts, tokens) = "
+                             f"({c.size}, {n.size}), got shape {s.shape}.")
+        if not np.all(np.isfinite(s)) or np.any(s <= 0):
+            bad = s[~(np.isfinite(s) & (s > 0))][0]
+            raise ValueError(f"Profile {self.name!r}: verify seconds must be positive finite numbers, got {bad!r}.")
         if not self.drafters:
             raise ValueError(f"Profile {self.name!r} has no drafter costs.")
         for d, cost in self.drafters.items():
@@ -234,9 +241,9 @@ class LatencyProfile:
             for k, d in data["drafters"].items():
                 extra = {kk: vv for kk, vv in d.items()
                          if kk not in ("step_seconds", "step_overhead_seconds", "cycle_overhead_seconds")}
+                # Every cost is required: a missing (or misspelt) one would silently be a free operation.
                 drafters[k] = DrafterCost(list(d["step_seconds"]["contexts"]), list(d["step_seconds"]["seconds"]),
-                                          float(d.get("step_overhead_seconds", 0.0)),
-                                          float(d.get("cycle_overhead_seconds", 0.0)), extra)
+                                          float(d["step_overhead_seconds"]), float(d["cycle_overhead_seconds"]), extra)
             known = {"format", "format_version", "name", "source", "machine", "verify", "drafters"}
             return cls(name=str(data.get("name", Path(where).stem)), verify_tokens=[int(x) for x in v["tokens"]],
                        verify_contexts=[float(x) for x in v["contexts"]], verify_seconds=[list(map(float, r)) for r in v["seconds"]],
@@ -244,7 +251,7 @@ class LatencyProfile:
                        meta={k: val for k, val in data.items() if k not in known})
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"{where}: malformed profile (missing or wrong entry {e}); see learn2draft.latency for the "
-                             "format.") from None
+                             "format, or write one with `python -m eval.profile`.") from None
 
 
 def load_profile(path: str | Path) -> LatencyProfile:

@@ -355,8 +355,13 @@ def load_policy(directory: str | Path, intra_op_num_threads: int = 1) -> OnnxCon
 
     Raises:
         FileNotFoundError: the directory or one of its files is missing.
-        ValueError: the feature specification differs from this learn2draft version's.
+        ValueError: the feature specification differs from this learn2draft version's, or the
+            directory holds draft-tree policies (``tree.json``).
     """
+    if (Path(directory) / "tree.json").is_file():
+        raise ValueError(f"{directory} holds draft-tree policies (tree.json: a depth and a size policy): load it with "
+                         "policies.tree.load_tree_policy and decode with learn2draft.tree.TreeSpeculativeDecoder "
+                         "(python -m eval --tree --tree-policy DIR); chain tools cannot run it.")
     d = resolve_export_dir(directory)
     for name in (ONNX_FILE, FEATURE_SPEC_FILE, POLICY_CONFIG_FILE):
         if not (d / name).is_file():

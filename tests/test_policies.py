@@ -361,3 +361,10 @@ def test_policies_export_reexports_a_run_with_parity_vectors(tiny_ppo, tmp_path)
     assert export_main([str(run)]) == 0
     assert check_export(run)["passed"]
     assert json.loads((run / "policy" / "policy_config.json").read_text())["note"] == "kept"
+
+
+def test_chain_tools_refuse_a_tree_policy_directory_clearly():
+    from policies.export import DEFAULT_POLICIES_DIR
+
+    with pytest.raises(ValueError, match="load_tree_policy"):
+        load_policy(DEFAULT_POLICIES_DIR / "head-tree")

@@ -23,7 +23,7 @@ from eval.oracle import evaluate_policy, oracle_prompt, oracle_report
 from learn2draft import FixedDepthController, SpeculativeDecoder, build_features
 from learn2draft.drafters import make_drafter
 from learn2draft.drafters.head import DraftHead, HeadDrafter, head_llama_config
-from learn2draft.latency import DrafterCost, LatencyProfile, load_profile
+from learn2draft.latency import SHIPPED_PROFILES_DIR, DrafterCost, LatencyProfile, load_profile
 from learn2draft.models import make_pair
 from learn2draft.sampling import SamplingConfig
 from learn2draft.traces import TraceSet, load_traces, record_traces
@@ -389,6 +389,23 @@ def test_profiles_validate_and_the_shipped_ones_load(tmp_path):
         assert set(prof.drafters) == {"model", "head", "lookup"} and prof.source and prof.machine
     gpu = load_profile("gpu-like").relative_verify_cost()
     assert gpu[64] == pytest.approx(1.05, abs=0.01)
+
+
+def test_a_damaged_profile_file_is_a_clear_error(tmp_path):
+    import json
+
+    good = json.loads((SHIPPED_PROFILES_DIR / "gpu-like.json").read_text())
+    cases = {
+        "missing-cost": (lambda d: d["drafters"]["lookup"].pop("cycle_overhead_seconds"), "cycle_overhead_seconds"),
+        "ragged": (lambda d: d["verify"]["seconds"].__setitem__(0, d["verify"]["seconds"][0][:3]), "one value per token"),
+        "negative": (lambda d: d["verify"]["seconds"][1].__setitem__(2, -0.5), "-0.5"),
+    }
+    for name, (damage, match) in cases.items():
+        d = json.loads(json.dumps(good))
+        damage(d)
+        (tmp_path / f"{name}.json").write_text(json.dumps(d))
+        with pytest.raises(ValueError, match=match):
+            load_profile(tmp_path / f"{name}.json")
 
 
 # ------------------------------------------------------------------ training on replay, commands

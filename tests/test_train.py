@@ -196,6 +196,8 @@ def test_cli_defaults_map_to_train_config(monkeypatch):
     (["--target", "/nonexistent/model-dir"], "not found"),
     (["--wandb-mode", "sometimes"], "wandb_mode"),
     (["--net-arch", "a,b"], "net-arch"),
+    (["--tree", "--drafter", "head", "--verify-size", "8"], "--verify-size is the fixed V"),
+    (["--tree", "--drafter", "head", "--tree-depth", "3"], "--tree-depth is the fixed depth"),
 ])
 def test_cli_bad_input_is_a_clear_error(args, match, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:

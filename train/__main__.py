@@ -224,6 +224,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = resume_config(args, argv) if args.resume else config_from_args(args)
         cfg.validate()
+        given = _given_flags(argv)
+        if cfg.tree and "verify_size" in given and "size" in cfg.policies:
+            raise ValueError("--verify-size is the fixed V used when the size policy is not trained: drop it, or "
+                             "train --policies depth.")
+        if cfg.tree and "tree_depth" in given and "depth" in cfg.policies:
+            raise ValueError("--tree-depth is the fixed depth used when the depth policy is not trained: drop it, or "
+                             "train --policies size.")
         check_wandb(cfg.wandb_mode)
         if cfg.replay:
             apply_replay_settings(cfg)  # reads the traces and the profile: no model is loaded
@@ -267,8 +274,12 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
     if metrics["interrupted"]:
         sig = metrics["interrupted_by"] or "SIGINT"
-        print(f"Interrupted by {sig} at {metrics['timesteps']} of {cfg.timesteps} timesteps: the policy so far is "
-              f"saved and exported; continue with `python -m train --out {cfg.out} --resume`.", file=sys.stderr)
+        if cfg.tree:  # tree runs have no --resume: start them over
+            print(f"Interrupted by {sig}: what was trained so far is saved and exported in {cfg.out}; tree runs cannot "
+                  f"be resumed: start again with `--out {cfg.out} --overwrite`.", file=sys.stderr)
+        else:
+            print(f"Interrupted by {sig} at {metrics['timesteps']} of {cfg.timesteps} timesteps: the policy so far is "
+                  f"saved and exported; continue with `python -m train --out {cfg.out} --resume`.", file=sys.stderr)
         return 128 + signal.Signals[sig].value
     return 0
 
