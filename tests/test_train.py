@@ -423,3 +423,20 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(tiny_model_dirs, tmp_path
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["resumed_from_timesteps"] == steps and metrics["timesteps"] >= steps + 64
 
+
+
+def test_a_half_built_optimizer_state_is_dropped_before_an_interrupted_checkpoint():
+    """A signal inside Adam's lazy state initialisation ('step' set, 'exp_avg' not yet) used to save a
+    checkpoint whose resume failed with KeyError: 'exp_avg'."""
+    import torch
+
+    from train.training import drop_partial_optimizer_state
+
+    a, b = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.Adam([a, b])
+    (a.sum() + b.sum()).backward()
+    opt.step()
+    opt.state[b] = {"step": torch.tensor(1.0)}  # as an interrupt inside _init_group leaves it
+    assert drop_partial_optimizer_state(opt) == 1 and b not in opt.state and "exp_avg" in opt.state[a]
+    opt.step()  # re-initialises b's state instead of raising KeyError
+    assert "exp_avg" in opt.state[b]

@@ -499,6 +499,19 @@ def run(pair: ModelPair | None, config: TrainConfig | None = None, prompts: list
     return metrics
 
 
+def drop_partial_optimizer_state(optimizer) -> int:
+    """Forget the optimizer state of parameters whose state an interrupt left half-built.
+
+    A signal can land inside Adam's lazy per-parameter initialisation (``step`` set, ``exp_avg`` not
+    yet); such a state saved in a checkpoint makes the resumed run fail with ``KeyError: 'exp_avg'``.
+    Dropping it lets Adam initialise that parameter afresh on the next step. Returns how many were dropped.
+    """
+    partial = [p for p, st in optimizer.state.items() if st and not {"exp_avg", "exp_avg_sq"} <= set(st)]
+    for p in partial:
+        del optimizer.state[p]
+    return len(partial)
+
+
 class _SignalStop:
     """Context manager: while active, SIGTERM raises KeyboardInterrupt (as Ctrl-C does), and
     ``signal_name`` records which signal stopped the run (``"SIGINT"`` / ``"SIGTERM"``; None if none).
@@ -640,6 +653,7 @@ def _train(pair: ModelPair, cfg: TrainConfig, out: Path, saved: dict | None, rep
         except KeyboardInterrupt:
             interrupted = True  # keep what was learnt: checkpoint it (for --resume) and export it below
             stop.signal_name = stop.signal_name or "SIGINT"
+            drop_partial_optimizer_state(model.policy.optimizer)
         train_seconds = time.perf_counter() - t_train
         model.logger.dump(step=model.num_timesteps)  # the last update's train/* values
         model.logger.close()  # flushes and closes logs/progress*.csv

@@ -199,7 +199,14 @@ def train_tree(pair: ModelPair, cfg: TrainConfig, out: Path, replacement, stop, 
     from policies.controllers import SB3Controller
     from policies.export import export_policy
     from policies.tree import load_tree_policy
-    from train.training import _cycle_stats_callback, _init_wandb, _versions, make_wandb_output_format, measure_rate
+    from train.training import (
+        _cycle_stats_callback,
+        _init_wandb,
+        _versions,
+        drop_partial_optimizer_state,
+        make_wandb_output_format,
+        measure_rate,
+    )
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -295,6 +302,7 @@ def train_tree(pair: ModelPair, cfg: TrainConfig, out: Path, replacement, stop, 
             except KeyboardInterrupt:
                 interrupted = True
                 stop.signal_name = stop.signal_name or "SIGINT"
+                drop_partial_optimizer_state(model.policy.optimizer)
             model.logger.dump(step=model.num_timesteps)
             model.logger.close()
             ep = [e["r"] for e in model.ep_info_buffer] if model.ep_info_buffer else []
