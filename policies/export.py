@@ -358,7 +358,9 @@ def load_policy(directory: str | Path, intra_op_num_threads: int = 1) -> OnnxCon
         ValueError: the feature specification differs from this learn2draft version's, or the
             directory holds draft-tree policies (``tree.json``).
     """
-    if (Path(directory) / "tree.json").is_file():
+    from policies.tree import TREE_FILE
+
+    if (Path(directory) / TREE_FILE).is_file():
         raise ValueError(f"{directory} holds draft-tree policies (tree.json: a depth and a size policy): load it with "
                          "policies.tree.load_tree_policy and decode with learn2draft.tree.TreeSpeculativeDecoder "
                          "(python -m eval --tree --tree-policy DIR); chain tools cannot run it.")

@@ -124,6 +124,9 @@ class LearnedDraftLengthPolicy:
         self._sum = torch.zeros((), **f32)
         self._min = torch.ones((), **f32)
         self._prod = torch.ones((), **f32)
+        # Built once: update() indexes them by step instead of copying host values to the device each step.
+        self._depth_feature = ((torch.arange(k, **f32) + ENGINE_MIN_DEPTH) / self.max_depth).reshape(-1, 1)
+        self._hist_slots = torch.arange(ENGINE_HISTORY, device=self.device)
 
     def reset(self) -> None:
         """Start of a ``propose()``: k_valid = K, nothing seen."""
@@ -138,9 +141,8 @@ class LearnedDraftLengthPolicy:
         """float32 ``(len(ENGINE_FEATURE_NAMES),)`` on the device after ``update(step, …)``; the same
         vector as :func:`learn2draft.features.build_engine_features` (tested)."""
         n = step + 1  # probabilities seen (tokens after the seed)
-        depth = torch.tensor([(step + ENGINE_MIN_DEPTH) / self.max_depth], dtype=torch.float32, device=self.device)
-        hist = self._hist * (torch.arange(ENGINE_HISTORY, device=self.device) < n)
-        vec = torch.cat([depth, hist, (self._sum / n).reshape(1), self._min.reshape(1), self._prod.reshape(1)])
+        hist = self._hist * (self._hist_slots < n)
+        vec = torch.cat([self._depth_feature[step], hist, (self._sum / n).reshape(1), self._min.reshape(1), self._prod.reshape(1)])
         return vec.clamp(0.0, 1.0)
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
