@@ -15,7 +15,6 @@ Protocol (issue #2; trees: issue #8, item 5):
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -59,12 +58,9 @@ def tree_configs(depths: Sequence[int], verify_sizes: Sequence[int], tree: TreeS
 
 def shipped_tree_policy_dir(drafter: str) -> Path | None:
     """The tree policy shipped for ``drafter`` (:func:`policies.tree.default_tree_policy_dir`,
-    ``policies/defaults/<drafter>-tree``), or None when none is shipped (or this installation has no
-    tree policies)."""
-    try:
-        default_tree_policy_dir = importlib.import_module("policies.tree").default_tree_policy_dir
-    except (ImportError, AttributeError):
-        return None
+    ``policies/defaults/<drafter>-tree``), or None when none is shipped."""
+    from policies.tree import default_tree_policy_dir
+
     try:
         return default_tree_policy_dir(drafter)
     except FileNotFoundError:
@@ -83,8 +79,8 @@ def load_learned_tree(directory: str | Path, drafter: str) -> tuple[DraftControl
 
     Raises:
         FileNotFoundError: no such directory, or no tree policy in it.
-        ValueError: no tree-policy loader in this installation, a controller that does not decide
-            the verification size, or a policy trained with another drafter.
+        ValueError: a controller that does not decide the verification size, or a policy trained
+            with another drafter.
     """
     from learn2draft.tree import decides_verification_size
 
@@ -92,22 +88,16 @@ def load_learned_tree(directory: str | Path, drafter: str) -> tuple[DraftControl
     if not directory.is_dir():
         raise FileNotFoundError(f"--tree-policy {directory}: no such directory (train one with "
                                 "`python -m train --tree`).")
-    try:
-        tree_policies = importlib.import_module("policies.tree")
-    except ImportError as e:
-        raise ValueError(f"--tree-policy {directory}: cannot import policies.tree.load_tree_policy ({e}); drop "
-                         "--tree-policy to compare fixed trees only.") from None
+    import policies.tree as tree_policies
+
     ctrl = tree_policies.load_tree_policy(directory)
     if not decides_verification_size(ctrl):
         raise ValueError(f"--tree-policy {directory}: the loaded controller does not decide the verification size "
                          "(no verification_size method): it is a chain policy, pass it as --policy.")
     settings: dict = {}
-    readers = [getattr(tree_policies, "tree_settings", None)]
     from policies.export import run_settings
 
-    for read in (*readers, run_settings):
-        if read is None:
-            continue
+    for read in (tree_policies.tree_settings, run_settings):
         try:
             settings = dict(read(directory))
             break

@@ -267,25 +267,21 @@ def test_tree_shape_comes_from_the_command_line_then_the_tree_policy(tmp_path):
 
 
 def test_learned_tree_loading_checks_the_controller_and_drafter(tmp_path, monkeypatch):
-    """load_learned_tree goes through policies.tree.load_tree_policy (faked here) and refuses a
-    chain controller or a policy trained with another drafter."""
-    import sys
-    import types
-
+    """load_learned_tree goes through policies.tree.load_tree_policy (replaced here by a fixed
+    controller) and refuses a chain controller or a policy trained with another drafter."""
+    import policies.tree
     from eval.compare import load_learned_tree
     from learn2draft.tree import FixedTreeController
 
     d = tmp_path / "tree"
     d.mkdir()
     (d / "config.json").write_text(json.dumps({"drafter": "head", "width": 5, "top_k": 6}))
-    fake = types.ModuleType("policies.tree")
-    fake.load_tree_policy = lambda path: FixedTreeController(3, 8)
-    monkeypatch.setitem(sys.modules, "policies.tree", fake)
+    monkeypatch.setattr(policies.tree, "load_tree_policy", lambda path: FixedTreeController(3, 8))
     ctrl, settings = load_learned_tree(d, "head")
     assert ctrl.verification_size(None, 3) == 8 and settings["width"] == 5
     with pytest.raises(ValueError, match="--drafter head"):
         load_learned_tree(d, "model")
-    fake.load_tree_policy = lambda path: FixedDepthController(3)
+    monkeypatch.setattr(policies.tree, "load_tree_policy", lambda path: FixedDepthController(3))
     with pytest.raises(ValueError, match="does not decide the verification size"):
         load_learned_tree(d, "head")
 

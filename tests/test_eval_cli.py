@@ -137,15 +137,12 @@ def test_one_table_renderer_for_eval_and_benchmark():
 
 # --------------------------------------------------------------------------------- trees
 def _fake_tree_policy_module(monkeypatch, depth: int = 2, size: int = 3):
-    """Stands in for policies.tree (being written): load_tree_policy returns a fixed (depth, V) controller."""
-    import sys
-    import types
-
+    """Replaces policies.tree.load_tree_policy (the real module stays importable) with one that returns
+    a fixed (depth, V) controller, so eval's tree rows run without training tree policies."""
+    import policies.tree
     from learn2draft.tree import FixedTreeController
 
-    fake = types.ModuleType("policies.tree")
-    fake.load_tree_policy = lambda path: FixedTreeController(depth, size)
-    monkeypatch.setitem(sys.modules, "policies.tree", fake)
+    monkeypatch.setattr(policies.tree, "load_tree_policy", lambda path: FixedTreeController(depth, size))
 
 
 @pytest.mark.parametrize("argv, message", [
