@@ -33,6 +33,16 @@ that approximates.
 Rewards are deterministic for a seed (no clock), so the environment is registered as deterministic
 and passes every check of gymnasium's ``check_env``.
 
+Several profiles (one policy for several machines, issue 10 item 6): with ``profile=[p1, p2, …]`` each
+generation is replayed on one of them, drawn uniformly at reset (or named with
+``options={"profile_index": k}``), and its reward is measured against that profile's own plain
+decoding: ``tokens_per_second / (reward_scale · ar_k / ar_1)`` with ``ar_k`` the
+:meth:`autoregressive_rate` of profile k, so that a fast machine's rates do not drown a slow one's.
+With ``profile_features=True`` the observation ends with the profile's
+:func:`learn2draft.features.profile_features` (:data:`PROFILE_FEATURE_NAMES`), constant within a
+generation: the policy can tell the machines apart. Without them it is one profile-blind policy for
+all the machines.
+
 Throughput: a few µs per step on one core (measure with :func:`measure_steps_per_second`).
 """
 
@@ -49,8 +59,9 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from learn2draft.features import FEATURE_NAMES, HISTORY, build_features
-from learn2draft.latency import LatencyProfile, load_profile
+from learn2draft.features import FEATURE_NAMES, HISTORY, PROFILE_FEATURE_NAMES, build_features
+from learn2draft.features import profile_features as profile_feature_vector
+from learn2draft.latency import LatencyProfile, load_profiles
 from learn2draft.traces import PromptTrace, TraceSet, load_traces
 from policies.controllers import CONTINUE, STOP
 
@@ -70,7 +81,30 @@ class _Replay:
     run: np.ndarray  # int (n+1,): accepted run at T=0
     accept: np.ndarray  # float (n+1, D): acceptance probabilities
     static: np.ndarray  # float32 (n+1, D+1, F): observation with empty history
-    draft: np.ndarray  # float (n+1, D+1) seconds
+    draft: np.ndarray  # float (n+1, D+1) seconds, with the profile of profile_index
+    verify: np.ndarray
+    other: np.ndarray
+    total: np.ndarray
+    profile_index: int = 0
+
+
+@dataclass
+class _Static:
+    """The profile-independent part of :class:`_Replay`."""
+
+    n: int
+    eos: bool
+    avail: np.ndarray
+    run: np.ndarray
+    accept: np.ndarray
+    static: np.ndarray
+
+
+@dataclass
+class _Costs:
+    """The profile-dependent part of :class:`_Replay` (float (n+1, D+1) seconds each)."""
+
+    draft: np.ndarray
     verify: np.ndarray
     other: np.ndarray
     total: np.ndarray
@@ -83,7 +117,9 @@ class SpecDecodeReplayEnv(gym.Env):
         traces: a :class:`learn2draft.traces.TraceSet`, a trace file, or several (a list, or paths joined by
             commas) recorded with the same settings (``python -m eval.record``).
         profile: a :class:`learn2draft.latency.LatencyProfile`, a profile file, or a shipped profile's name
-            (``"cpu-2core"``, ``"gpu-like"``); it must hold costs for the trace's drafter.
+            (``"cpu-2core"``, ``"gpu-like"``); or several (a list, or names / files joined by commas): each
+            generation then runs on one of them (see the module docstring). Each must hold costs for the
+            trace's drafter.
         max_new_tokens: tokens per generation, ≤ the trace's (None: the trace's).
         max_depth: the most tokens drafted per cycle and the scale of the depth features, ≤ the trace's
             (None: the trace's).
@@ -91,14 +127,18 @@ class SpecDecodeReplayEnv(gym.Env):
             :meth:`autoregressive_rate` is the scale ``python -m train`` uses.
         episode: ``"generation"`` or ``"cycle"`` (see :mod:`envs.spec_decode`).
         prompt_indices: replay only these prompts of the traces (default all).
+        profile_features: append the generation's :func:`learn2draft.features.profile_features` to every
+            observation (a profile-conditioned policy; ``python -m train --features profile``).
 
-    Observation, action, info: as :class:`envs.spec_decode.SpecDecodeEnv` (``seconds``, ``draft_seconds``,
-    ``verify_seconds``, ``other_seconds`` come from the profile).
+    Observation: float32 ``(len(FEATURE_NAMES),)`` as :class:`envs.spec_decode.SpecDecodeEnv`'s, or
+    ``(len(FEATURE_NAMES) + len(PROFILE_FEATURE_NAMES),)`` with ``profile_features``. Action, info: as
+    :class:`envs.spec_decode.SpecDecodeEnv` (``seconds``, ``draft_seconds``, ``verify_seconds``,
+    ``other_seconds`` come from the profile; ``profile_index`` says which one).
 
     Raises:
         ValueError: bad settings (the message says which), a profile without the drafter's costs or
-            too small a verify table for ``max_depth``, or traces in which every generation ends at its
-            first token.
+            too small a verify table for ``max_depth`` (or, with ``profile_features``, below 16 tokens),
+            or traces in which every generation ends at its first token.
         FileNotFoundError: a trace or profile file is missing.
     """
 
@@ -113,10 +153,13 @@ class SpecDecodeReplayEnv(gym.Env):
         reward_scale: float = 1.0,
         episode: str = "generation",
         prompt_indices: Sequence[int] | None = None,
+        profile_features: bool = False,
     ):
         super().__init__()
         self.traces = traces if isinstance(traces, TraceSet) else load_traces(traces)
-        self.profile = profile if isinstance(profile, LatencyProfile) else load_profile(profile)
+        self.profiles = load_profiles(profile)
+        self.profile = self.profiles[0]  # the profile of the current generation
+        self.profile_index = 0
         tr = self.traces
         if not (isinstance(reward_scale, numbers.Real) and np.isfinite(reward_scale) and reward_scale > 0):
             raise ValueError(f"reward_scale must be a finite number > 0, got {reward_scale!r}.")
@@ -131,8 +174,12 @@ class SpecDecodeReplayEnv(gym.Env):
             raise ValueError(f"max_new_tokens must be an integer in [2, {tr.max_new_tokens}] (the traces' length), "
                              f"got {max_new_tokens!r}.")
         self.drafter = tr.drafter
-        self.profile.cost(self.drafter)  # raises ValueError if the profile lacks the drafter
-        self.profile.verify(self.max_depth + 1, 0)  # raises ValueError if the verify table is too small
+        for prof in self.profiles:
+            prof.cost(self.drafter)  # raises ValueError if the profile lacks the drafter
+            prof.verify(self.max_depth + 1, 0)  # raises ValueError if the verify table is too small
+        self.profile_features = bool(profile_features)
+        self._profile_obs = [profile_feature_vector(prof, self.drafter) if self.profile_features else None
+                             for prof in self.profiles]
         self.vocab_size = int(tr.header["vocab_size"])
         self.deterministic = tr.deterministic
         self.reward_scale = float(reward_scale)
@@ -143,23 +190,36 @@ class SpecDecodeReplayEnv(gym.Env):
         self._usable = [i for i in self.prompt_indices if min(tr.prompts[i].n, self.max_new_tokens) > 1]
         if not self._usable:
             raise ValueError("Every traced generation ends at its first token (EOS): no drafting decision to make.")
-        self._cache: dict[int, _Replay] = {}
+        self._static: dict[int, _Static] = {}
+        self._costs: dict[tuple[int, int], _Costs] = {}
+        # Per-profile reward normalisation: rewards are relative to each profile's plain decoding.
+        ar = [self.autoregressive_rate(k) for k in range(len(self.profiles))] if len(self.profiles) > 1 else [1.0]
+        self._relative_speed = [a / ar[0] if ar[0] > 0 else 1.0 for a in ar]
 
-        self.observation_space = spaces.Box(0.0, 1.0, shape=(len(FEATURE_NAMES),), dtype=np.float32)
+        width = len(FEATURE_NAMES) + (len(PROFILE_FEATURE_NAMES) if self.profile_features else 0)
+        self.observation_space = spaces.Box(0.0, 1.0, shape=(width,), dtype=np.float32)
         self.action_space = spaces.Discrete(2)
         self.prompt_index: int | None = None
         self._needs_reset = True
         self._in_generation = False
 
     # ------------------------------------------------------------------ precomputation
-    def replay_data(self, index: int) -> _Replay:
-        """The precomputed replay tables of trace prompt ``index`` (built on first use)."""
-        r = self._cache.get(index)
-        if r is None:
-            r = self._cache[index] = self._prepare(self.traces.prompts[index])
-        return r
+    def replay_data(self, index: int, profile_index: int | None = None) -> _Replay:
+        """The precomputed replay tables of trace prompt ``index`` with profile ``profile_index`` (default:
+        the current generation's), built on first use."""
+        k = self.profile_index if profile_index is None else int(profile_index)
+        st = self._static.get(index)
+        if st is None:
+            st = self._static[index] = self._prepare(self.traces.prompts[index])
+        c = self._costs.get((index, k))
+        if c is None:
+            pt = self.traces.prompts[index]
+            t = np.arange(st.n + 1)
+            tab = self.profiles[k].cycle_table(self.drafter, pt.prompt_len + t, self.max_depth)
+            c = self._costs[(index, k)] = _Costs(tab["draft"], tab["verify"], tab["other"], tab["total"])
+        return _Replay(st.n, st.eos, st.avail, st.run, st.accept, st.static, c.draft, c.verify, c.other, c.total, k)
 
-    def _prepare(self, pt: PromptTrace) -> _Replay:
+    def _prepare(self, pt: PromptTrace) -> _Static:
         D, N = self.max_depth, self.max_new_tokens
         n = min(pt.n, N)
         eos = pt.ended_by_eos and pt.n <= N
@@ -178,17 +238,16 @@ class SpecDecodeReplayEnv(gym.Env):
                     last_entropy=ent[j - 1] if j else 0.0, vocab_size=self.vocab_size, last_accept_fraction=1.0,
                     generated=tt, max_new_tokens=N, drafter_features=pt.drafter_features[tt, j],
                 )
-        costs = self.profile.cycle_table(self.drafter, P + t, D)
-        return _Replay(n, eos, avail, run, pt.accept_prob[: n + 1, :D], static, costs["draft"], costs["verify"],
-                       costs["other"], costs["total"])
+        return _Static(n, eos, avail, run, pt.accept_prob[: n + 1, :D], static)
 
-    def autoregressive_rate(self) -> float:
-        """tokens/s of plain decoding (depth 0 every cycle) over the replayed prompts: all generated tokens
-        (the prefill's first one included) over the summed cycle seconds — the ``cycle_tokens_per_s`` that
-        ``python -m train`` measures on the real loop for its reward scale."""
+    def autoregressive_rate(self, profile_index: int = 0) -> float:
+        """tokens/s of plain decoding (depth 0 every cycle) over the replayed prompts with profile
+        ``profile_index``: all generated tokens (the prefill's first one included) over the summed cycle
+        seconds — the ``cycle_tokens_per_s`` that ``python -m train`` measures on the real loop for its
+        reward scale."""
         tokens = seconds = 0.0
         for i in self._usable:
-            r = self.replay_data(i)
+            r = self.replay_data(i, profile_index)
             tokens += r.n
             seconds += float(r.total[1:r.n, 0].sum())
         return tokens / seconds if seconds > 0 else 0.0
@@ -201,17 +260,25 @@ class SpecDecodeReplayEnv(gym.Env):
         Args:
             seed: seeds ``self.np_random``: the prompt draw and, at T > 0, the acceptance draws.
             options: ``{"prompt_index": i}`` (an index into the traces) forces that prompt;
+                ``{"profile_index": k}`` that profile (with several; default: drawn uniformly);
                 ``{"new_generation": True}`` forces a new generation in cycle mode.
 
         Raises:
             ValueError: ``prompt_index`` out of range, not among ``prompt_indices``, or a prompt whose
-                generation ends at its first token.
+                generation ends at its first token; ``profile_index`` out of range.
         """
         super().reset(seed=seed)
         options = options or {}
         continuing = (self.episode == "cycle" and seed is None and not options.get("new_generation")
-                      and "prompt_index" not in options and self._in_generation)
+                      and "prompt_index" not in options and "profile_index" not in options and self._in_generation)
         if not continuing:
+            k = options.get("profile_index")
+            if k is None:  # a draw only with several profiles: one profile keeps the single-profile random stream
+                k = int(self.np_random.integers(len(self.profiles))) if len(self.profiles) > 1 else 0
+            elif not (isinstance(k, numbers.Integral) and 0 <= k < len(self.profiles)):
+                raise ValueError(f"profile_index must be an integer in [0, {len(self.profiles)}) (the env's profiles: "
+                                 f"{', '.join(p.name for p in self.profiles)}), got {k!r}.")
+            self.profile_index, self.profile = int(k), self.profiles[int(k)]
             idx = options.get("prompt_index")
             if idx is None:
                 for _ in range(100):  # as the real env: redraw prompts whose generation ends at the first token
@@ -235,13 +302,16 @@ class SpecDecodeReplayEnv(gym.Env):
             self._laf = np.float32(1.0)
             self._in_generation = True
         self._needs_reset = False
-        info = {"prompt_index": self.prompt_index, "generated": self._t, "new_generation": not continuing}
+        info = {"prompt_index": self.prompt_index, "generated": self._t, "new_generation": not continuing,
+                "profile_index": self.profile_index}
         return self._obs(), info
 
     def _obs(self) -> np.ndarray:
         obs = self._r.static[self._t, self._j].copy()
         obs[_HIST] = self._hist
         obs[_LAF] = self._laf
+        if self.profile_features:
+            return np.concatenate((obs, self._profile_obs[self.profile_index]))
         return obs
 
     def can_draft(self) -> bool:
@@ -300,13 +370,14 @@ class SpecDecodeReplayEnv(gym.Env):
             "seconds": seconds, "draft_seconds": float(r.draft[t - emitted, j]),
             "verify_seconds": float(r.verify[t - emitted, j]), "other_seconds": float(r.other[t - emitted, j]),
             "tokens_per_second": rate, "forced": action == CONTINUE, "generation_finished": finished, "generated": t,
+            "profile_index": self.profile_index,
         }
         if self.episode == "cycle":
             terminated, truncated = True, False
         else:
             terminated, truncated = finished and r.eos, finished and not r.eos
         self._needs_reset = terminated or truncated
-        return self._obs(), rate / self.reward_scale, terminated, truncated, info
+        return self._obs(), rate / (self.reward_scale * self._relative_speed[self.profile_index]), terminated, truncated, info
 
     def action_meanings(self) -> dict[int, str]:
         """``{0: "STOP (verify now)", 1: "CONTINUE (draft one more token)"}``."""
@@ -315,7 +386,7 @@ class SpecDecodeReplayEnv(gym.Env):
 
 # --------------------------------------------------------------------------- scoring
 def replay_controller(env: SpecDecodeReplayEnv, controller, prompt_indices: Sequence[int] | None = None,
-                      repeats: int = 1, seed: int = 0) -> dict:
+                      repeats: int = 1, seed: int = 0, profile_index: int = 0) -> dict:
     """Score any :class:`learn2draft.DraftController` (fixed γ, heuristics, an exported policy) in replay.
 
     Each generation is driven as :meth:`SpeculativeDecoder.run_cycle` drives the real loop: before each draft
@@ -330,6 +401,9 @@ def replay_controller(env: SpecDecodeReplayEnv, controller, prompt_indices: Sequ
         prompt_indices: trace prompts to run (default: the env's usable ones).
         repeats: generations per prompt (T > 0: different acceptance draws; at T = 0 all repeats are equal).
         seed: the acceptance draws of repeat k of prompt i use seed ``seed + 1000·k + i``.
+        profile_index: which of the env's profiles every generation runs on. A profile-conditioned policy
+            sees the observations it was trained on either from an env built with ``profile_features=True``
+            or, from a plain env, as ``load_policy(dir, profile=...)`` loads it (appending the features).
 
     Returns:
         ``tokens_per_s`` (all generated tokens / summed cycle seconds, the measure of
@@ -353,7 +427,7 @@ def replay_controller(env: SpecDecodeReplayEnv, controller, prompt_indices: Sequ
     for k in range(repeats):
         for i in idx:
             controller.reset()
-            obs, _ = env.reset(seed=seed + 1000 * k + i, options={"prompt_index": i})
+            obs, _ = env.reset(seed=seed + 1000 * k + i, options={"prompt_index": i, "profile_index": profile_index})
             tok, sec = env._r.n, 0.0
             while True:
                 go = False

@@ -85,13 +85,14 @@ def greedy_cycle_depths(r, deterministic: bool) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- reports
-def oracle_report(env, controllers: dict | None = None, repeats: int = 1, seed: int = 0) -> dict:
+def oracle_report(env, controllers: dict | None = None, repeats: int = 1, seed: int = 0, profile_index: int = 0) -> dict:
     """Oracle, per-cycle greedy, every fixed depth 0..``env.max_depth`` and the given controllers, in replay.
 
     Args:
         env: a :class:`envs.replay.SpecDecodeReplayEnv` (its traces, profile, max_depth, max_new_tokens).
         controllers: name → ``DraftController``, scored with :func:`envs.replay.replay_controller`.
         repeats: generations per prompt for the controllers at T > 0 (Monte Carlo; at T = 0 one is exact).
+        profile_index: which of the env's profiles (``env.profiles``) the costs come from.
 
     Returns:
         ``{"methods": {name: {"tokens_per_s", "seconds", "ratio_to_oracle", …}}, "best_fixed": name,
@@ -101,7 +102,7 @@ def oracle_report(env, controllers: dict | None = None, repeats: int = 1, seed: 
 
     det = env.deterministic
     idx = env._usable
-    data = [env.replay_data(i) for i in idx]
+    data = [env.replay_data(i, profile_index) for i in idx]
     tokens = float(sum(r.n for r in data))
     methods = {}
     sec = sum(oracle_prompt(r, det)[0] for r in data)
@@ -114,7 +115,7 @@ def oracle_report(env, controllers: dict | None = None, repeats: int = 1, seed: 
     best = min(fixed, key=lambda k: fixed[k]["seconds"])
     methods.update(fixed)
     for name, ctrl in (controllers or {}).items():
-        res = replay_controller(env, ctrl, idx, repeats=1 if det else repeats, seed=seed)
+        res = replay_controller(env, ctrl, idx, repeats=1 if det else repeats, seed=seed, profile_index=profile_index)
         methods[name] = {"seconds": res["seconds"] / (1 if det else repeats), "mean_depth": res["mean_depth"],
                          "mean_accepted": res["mean_accepted"]}
     osec = methods["oracle (hindsight DP)"]["seconds"]
@@ -125,7 +126,7 @@ def oracle_report(env, controllers: dict | None = None, repeats: int = 1, seed: 
             "oracle_kind": "dynamic program over positions minimising total (expected) cycle time: exact optimum at T=0"
                            if det else "dynamic program on expected cycle time under the replay's acceptance law (T>0)",
             "rate": "all generated tokens / summed cycle seconds", "max_depth": env.max_depth,
-            "max_new_tokens": env.max_new_tokens, "profile": env.profile.name, "drafter": env.drafter}
+            "max_new_tokens": env.max_new_tokens, "profile": env.profiles[profile_index].name, "drafter": env.drafter}
 
 
 def format_report(rep: dict) -> str:
@@ -149,7 +150,9 @@ def format_report(rep: dict) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eval.oracle", description=plain_doc(__doc__), formatter_class=HelpFormatter)
     p.add_argument("traces", help="trace file(s) from python -m eval.record (several joined by commas)")
-    p.add_argument("--profile", required=True, help="latency profile: a JSON file or a shipped name (cpu-2core, gpu-like)")
+    p.add_argument("--profile", required=True,
+                   help="latency profile: a JSON file or a shipped name (cpu-2core, gpu-like); a profile-conditioned "
+                        "policy (train --features profile) is given its features")
     p.add_argument("--policy", action="append", default=[],
                    help="a training run or policy export to score against the oracle; repeat the flag for several "
                         "(they must share max_depth)")
@@ -181,7 +184,7 @@ def _run(args) -> int:
         depths = {}
         for path in args.policy:
             export = resolve_export_dir(path)
-            ctrl = load_policy(export)
+            ctrl = load_policy(export, profile=profile)  # a profile-conditioned policy reads it
             if policy_drafter(export) != traces.drafter:
                 raise ValueError(f"The policy in {export} was trained with the {policy_drafter(export)!r} drafter, the "
                                  f"traces were recorded with {traces.drafter!r}: record traces with that drafter.")

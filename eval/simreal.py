@@ -177,7 +177,7 @@ def _run(args) -> int:
         export = resolve_export_dir(p)
         if policy_drafter(export) != traces.drafter:
             raise ValueError(f"{p} was trained with the {policy_drafter(export)!r} drafter, the traces use {traces.drafter!r}.")
-        controllers[Path(p).name or str(p)] = load_policy(export)
+        controllers[Path(p).name or str(p)] = load_policy(export, profile=profile)
     if not controllers:
         raise ValueError("Nothing to measure: pass --policy and/or --gammas.")
     torch.set_num_threads(args.threads)

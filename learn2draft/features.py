@@ -264,3 +264,81 @@ def build_engine_features(depth: int, max_depth: int, top1_probs: Sequence[float
     out = [depth / max_depth, *hist, float(np.mean(p)) if p else 0.0, min(p) if p else 0.0,
            float(np.prod(p)) if p else 1.0]
     return np.clip(np.asarray(out, dtype=np.float32), 0.0, 1.0)
+
+
+# --------------------------------------------------------------------------------------------
+# Hardware-profile features: one policy for several machines (issue 10, item 6)
+# --------------------------------------------------------------------------------------------
+PROFILE_FEATURE_VERSION = 1
+#: Verified-token counts n whose cost relative to one token is a profile feature.
+PROFILE_VERIFY_TOKENS: tuple[int, ...] = (2, 4, 8, 16)
+#: The context length (committed tokens) at which a profile's costs are read for its features.
+PROFILE_REFERENCE_CONTEXT = 512.0
+
+PROFILE_FEATURE_NAMES: tuple[str, ...] = (
+    *(f"profile_verify_{n}" for n in PROFILE_VERIFY_TOKENS),
+    "profile_draft_step",
+    "profile_cycle_overhead",
+)
+
+PROFILE_FEATURE_DOCS: dict[str, str] = {
+    **{f"profile_verify_{n}": f"1 − verify(1) / verify({n}) from the latency profile at context "
+                              f"{PROFILE_REFERENCE_CONTEXT:g}: the share of a {n}-token verification spent on the extra "
+                              "tokens (0: verifying more is free, as on a memory-bound GPU; → 1: it costs n× one token)"
+       for n in PROFILE_VERIFY_TOKENS},
+    "profile_draft_step": "s / (1 + s), s = (draft_step + step_overhead) / verify(1) of the policy's drafter at context "
+                          f"{PROFILE_REFERENCE_CONTEXT:g}: what one draft decision costs against one target forward",
+    "profile_cycle_overhead": "o / (1 + o), o = cycle_overhead / verify(1) at the same context",
+}
+
+
+def profile_features(profile, drafter: str) -> np.ndarray:
+    """The hardware-profile features of :data:`PROFILE_FEATURE_NAMES`: a constant vector per machine and drafter
+    that a profile-conditioned policy reads after the loop's features (:data:`FEATURE_NAMES`), so that one
+    policy can serve machines whose verification and drafting costs differ (a CPU where verifying 8 tokens
+    costs ~2× one, a GPU where it costs ~1.01×).
+
+    Each cost ratio r ≥ 0 is mapped into [0, 1) without a cap (``1 − 1/r`` for verification growth,
+    ``r / (1 + r)`` for the draft and overhead costs), so a machine outside the training range still gets
+    ordered, distinct values.
+
+    Args:
+        profile: a :class:`learn2draft.latency.LatencyProfile` (or anything with its ``verify``,
+            ``draft_step`` and ``cost`` methods); its verify table must reach 16 tokens.
+        drafter: ``"model"``, ``"head"`` or ``"lookup"``: whose draft costs are read.
+
+    Returns:
+        float32 array of shape (len(PROFILE_FEATURE_NAMES),), every entry in [0, 1].
+
+    Raises:
+        ValueError: the profile has no costs for ``drafter``, or its verify table stops below 16 tokens.
+    """
+    need = max(PROFILE_VERIFY_TOKENS)
+    if profile.verify_tokens[-1] < need:
+        raise ValueError(f"Profile {profile.name!r} tabulates verification up to {profile.verify_tokens[-1]} tokens; its "
+                         f"profile features read {need}: measure it with `python -m eval.profile` (default sizes reach 64).")
+    c = PROFILE_REFERENCE_CONTEXT
+    one = float(profile.verify(1, c))
+    cost = profile.cost(drafter)
+    step = (float(profile.draft_step(drafter, c)) + cost.step_overhead_seconds) / one
+    overhead = cost.cycle_overhead_seconds / one
+    out = [1.0 - one / float(profile.verify(n, c)) for n in PROFILE_VERIFY_TOKENS]
+    out += [step / (1.0 + step), overhead / (1.0 + overhead)]
+    return np.clip(np.asarray(out, dtype=np.float32), 0.0, 1.0)
+
+
+def profile_feature_spec(max_depth: int) -> dict:
+    """JSON-serialisable description of a profile-conditioned policy's observation: float32, shape
+    (len(FEATURE_NAMES) + len(PROFILE_FEATURE_NAMES),), the loop's features (as :func:`feature_spec`)
+    followed by the hardware-profile features of :func:`profile_features`, constant for a machine."""
+    spec = feature_spec(max_depth)
+    n = len(FEATURE_NAMES)
+    spec.update({
+        "kind": "profile",
+        "profile_version": PROFILE_FEATURE_VERSION,
+        "shape": [n + len(PROFILE_FEATURE_NAMES)],
+        "profile_reference_context": PROFILE_REFERENCE_CONTEXT,
+    })
+    spec["features"] += [{"name": name, "index": n + i, "definition": PROFILE_FEATURE_DOCS[name]}
+                         for i, name in enumerate(PROFILE_FEATURE_NAMES)]
+    return spec

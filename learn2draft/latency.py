@@ -276,6 +276,35 @@ def load_profile(path: str | Path) -> LatencyProfile:
     return LatencyProfile.from_dict(data, str(p))
 
 
+def load_profiles(profiles) -> list[LatencyProfile]:
+    """One or several profiles: a :class:`LatencyProfile`, a file or shipped name, several of them joined by
+    commas (``"cpu-2core,gpu-like"``), or a list of any of these.
+
+    Returns:
+        the profiles, in the order given.
+
+    Raises:
+        FileNotFoundError / ValueError: as :func:`load_profile`; ValueError for an empty list or the same
+            profile name twice (replay tells profiles apart by name).
+    """
+    items = [profiles] if isinstance(profiles, (LatencyProfile, Path)) else (
+        str(profiles).split(",") if isinstance(profiles, str) else list(profiles))
+    out = []
+    for item in items:
+        if isinstance(item, str):
+            item = item.strip()
+            if not item:
+                continue
+        out.append(item if isinstance(item, LatencyProfile) else load_profile(item))
+    if not out:
+        raise ValueError(f"No latency profile in {profiles!r}: name a file or a shipped profile (cpu-2core, gpu-like).")
+    names = [p.name for p in out]
+    if len(set(names)) < len(names):
+        raise ValueError(f"The profiles {names} repeat a name: give each profile once (rename a measured one with "
+                         "`python -m eval.profile --name`).")
+    return out
+
+
 def machine_info(device: str = "cpu") -> dict:
     """The machine a measurement ran on: CPU model, cores, load average, nice level, torch version and threads,
     the device (GPU name for CUDA). Imports torch."""
@@ -306,4 +335,4 @@ def machine_info(device: str = "cpu") -> dict:
 
 
 __all__ = ["PROFILE_FORMAT", "PROFILE_FORMAT_VERSION", "SHIPPED_PROFILES_DIR", "DrafterCost", "LatencyProfile",
-           "load_profile", "machine_info"]
+           "load_profile", "load_profiles", "machine_info"]

@@ -164,16 +164,21 @@ class OnnxController(PolicyController):
         path: the ``.onnx`` file.
         max_depth: as in :class:`PolicyController` (``load_policy`` reads it from ``policy_config.json``).
         intra_op_num_threads: onnxruntime threads; 1 suits a small MLP (no thread hand-off).
-        n_features: the graph's input width (the loop's ``len(FEATURE_NAMES)``; the engine-visible
-            policies of :mod:`policies.vllm` read ``len(ENGINE_FEATURE_NAMES)``).
+        n_features: the width of the observations it is given (the loop's ``len(FEATURE_NAMES)``; the
+            engine-visible policies of :mod:`policies.vllm` read ``len(ENGINE_FEATURE_NAMES)``).
+        profile_features: for a profile-conditioned policy (``python -m train --features profile``), the
+            machine's float32 ``(len(PROFILE_FEATURE_NAMES),)`` vector
+            (:func:`learn2draft.features.profile_features`), appended to every observation: the graph then
+            takes ``n_features + len(profile_features)`` inputs. ``load_policy(dir, profile=...)`` builds it.
 
     Raises:
         FileNotFoundError: no file at ``path``.
-        ValueError: onnxruntime cannot load the file, or the graph's input does not take ``n_features`` features.
+        ValueError: onnxruntime cannot load the file, or the graph's input does not take ``n_features``
+            (+ the profile features) features.
     """
 
     def __init__(self, path: str | Path, max_depth: int = 8, intra_op_num_threads: int = 1,
-                 n_features: int = len(FEATURE_NAMES)):
+                 n_features: int = len(FEATURE_NAMES), profile_features: np.ndarray | None = None):
         import onnxruntime as ort
 
         path = Path(path)
@@ -189,31 +194,53 @@ class OnnxController(PolicyController):
                              "(python -m policies.export RUN_DIR) or restore the file.") from None
         inp = self.session.get_inputs()[0]
         n = inp.shape[-1]
-        if isinstance(n, int) and n != n_features:
+        extra = None if profile_features is None else np.asarray(profile_features, dtype=np.float32).reshape(-1)
+        width = n_features + (0 if extra is None else extra.size)
+        if isinstance(n, int) and n != width:
             raise ValueError(
-                f"{path} expects {n} features but this learn2draft version builds {n_features}: "
+                f"{path} expects {n} features but this learn2draft version builds {width}"
+                f"{'' if extra is None else f' ({n_features} + {extra.size} profile features)'}: "
                 "re-export the policy with the current feature set."
             )
         self.path = path
-        self.n_features = n_features
+        self.n_features = width  # the graph's input width
+        self.profile_features = extra
         self.input_name = inp.name
         super().__init__(self._predict, max_depth)
 
+    def _graph_input(self, features: np.ndarray) -> np.ndarray:
+        obs = np.asarray(features, dtype=np.float32)
+        if obs.ndim not in (1, 2) or obs.shape[-1] != self.n_features:
+            raise ValueError(f"{self.path} takes float32 observations of shape ({self.n_features},) or (batch, "
+                             f"{self.n_features}), got shape {obs.shape}"
+                             + (" (a profile-conditioned policy: the loop's features are completed by "
+                                "the controller's profile features in continue_drafting)" if self.profile_features is not None
+                                else "") + ".")
+        return obs.reshape(-1, self.n_features)
+
     def logits(self, features: np.ndarray) -> np.ndarray:
-        """float32 logits ``(batch, 2)`` for features of shape ``(n_features,)`` or ``(batch, n_features)``."""
-        obs = np.asarray(features, dtype=np.float32).reshape(-1, self.n_features)
-        return self.session.run(["logits"], {self.input_name: obs})[0]
+        """float32 logits ``(batch, 2)`` for graph inputs of shape ``(n_features,)`` or ``(batch, n_features)``
+        (``n_features``: the graph's width, profile features included).
+
+        Raises:
+            ValueError: another shape."""
+        return self.session.run(["logits"], {self.input_name: self._graph_input(features)})[0]
 
     def actions(self, features: np.ndarray) -> np.ndarray:
-        """int64 actions ``(batch,)`` for features of shape ``(n_features,)`` or ``(batch, n_features)``."""
-        obs = np.asarray(features, dtype=np.float32).reshape(-1, self.n_features)
-        return self.session.run(["action"], {self.input_name: obs})[0]
+        """int64 actions ``(batch,)`` for graph inputs of shape ``(n_features,)`` or ``(batch, n_features)``.
+
+        Raises:
+            ValueError: another shape."""
+        return self.session.run(["action"], {self.input_name: self._graph_input(features)})[0]
 
     def _predict(self, features: np.ndarray) -> np.ndarray:
+        if self.profile_features is not None:  # the loop's features, then the machine's
+            features = np.concatenate((np.asarray(features, dtype=np.float32).reshape(-1), self.profile_features))
         return self.actions(features)
 
     def __repr__(self) -> str:
-        return f"OnnxController(path={str(self.path)!r}, max_depth={self.max_depth})"
+        return (f"OnnxController(path={str(self.path)!r}, max_depth={self.max_depth}"
+                f"{', profile-conditioned' if self.profile_features is not None else ''})")
 
 
 class ConfidenceThresholdController(DraftController):

@@ -39,9 +39,13 @@ from learn2draft.features import (
     ENGINE_FEATURE_NAMES,
     FEATURE_NAMES,
     FEATURE_VERSION,
+    PROFILE_FEATURE_NAMES,
+    PROFILE_FEATURE_VERSION,
     SIZE_FEATURE_NAMES,
     engine_feature_spec,
     feature_spec,
+    profile_feature_spec,
+    profile_features,
     size_feature_spec,
 )
 from policies.controllers import OnnxController
@@ -92,15 +96,17 @@ def export_onnx(model: Any, path: str | Path, opset: int = OPSET) -> Path:
 
     Raises:
         TypeError: the model's policy is not an ``ActorCriticPolicy``.
-        ValueError: the observation space is not a flat Box of ``len(FEATURE_NAMES)`` features, or the
+        ValueError: the observation space is not a flat Box of one of the feature sets' widths, or the
             action space is not ``Discrete``.
     """
     from gymnasium import spaces
 
     obs_space, act_space = model.observation_space, model.action_space
-    widths = (len(FEATURE_NAMES), len(ENGINE_FEATURE_NAMES), len(SIZE_FEATURE_NAMES))
+    n = len(FEATURE_NAMES)
+    widths = (n, n + len(PROFILE_FEATURE_NAMES), len(ENGINE_FEATURE_NAMES), len(SIZE_FEATURE_NAMES))
     if not (isinstance(obs_space, spaces.Box) and len(obs_space.shape) == 1 and obs_space.shape[0] in widths):
-        raise ValueError(f"Expected a Box observation space of shape ({len(FEATURE_NAMES)},) (the loop's features), "
+        raise ValueError(f"Expected a Box observation space of shape ({n},) (the loop's features), "
+                         f"({n + len(PROFILE_FEATURE_NAMES)},) (those and the profile features), "
                          f"({len(ENGINE_FEATURE_NAMES)},) (engine-visible features) or ({len(SIZE_FEATURE_NAMES)},) "
                          f"(a tree's verification-size features), got {obs_space}.")
     if not isinstance(act_space, spaces.Discrete):
@@ -231,7 +237,9 @@ def export_policy(
     ``export_check.json``, ``parity.json``) and check it.
 
     Args:
-        model: a trained SB3 PPO model on :class:`envs.SpecDecodeEnv`.
+        model: a trained SB3 PPO model on :class:`envs.SpecDecodeEnv` (or the replay env; its observation
+            width says what it reads: the loop's features, those plus the profile features, the engine-visible
+            or the tree-size ones; the feature spec written follows it).
         out_dir: created if missing; existing export files are overwritten.
         max_depth: the training environment's ``max_depth`` (the decoder must use the same).
         config: extra JSON-serialisable settings stored in ``policy_config.json`` (sampling, model
@@ -258,15 +266,17 @@ def export_policy(
     out.mkdir(parents=True, exist_ok=True)
     onnx_path = export_onnx(model, out / ONNX_FILE)
     engine = n_features == len(ENGINE_FEATURE_NAMES)
-    names = ENGINE_FEATURE_NAMES if engine else SIZE_FEATURE_NAMES if size else FEATURE_NAMES
+    conditioned = n_features == len(FEATURE_NAMES) + len(PROFILE_FEATURE_NAMES)
+    names = (ENGINE_FEATURE_NAMES if engine else SIZE_FEATURE_NAMES if size
+             else (*FEATURE_NAMES, *PROFILE_FEATURE_NAMES) if conditioned else FEATURE_NAMES)
     spec = (engine_feature_spec(max_depth) if engine else size_feature_spec(max_depth) if size
-            else feature_spec(max_depth))
+            else profile_feature_spec(max_depth) if conditioned else feature_spec(max_depth))
     (out / FEATURE_SPEC_FILE).write_text(json.dumps(spec, indent=2))
     actions = ({str(i): f"verify V = {int(v)} tree nodes (capped at the nodes drafted)" for i, v in enumerate(verify_sizes)}
                if size else {"0": "STOP (verify now)", "1": "CONTINUE (draft one more token)"})
     policy_config = {
         "format": "learn2draft-policy/1",
-        "features": "engine" if engine else "size" if size else "full",
+        "features": "engine" if engine else "size" if size else "profile" if conditioned else "full",
         "max_depth": int(max_depth),
         "actions": actions,
         **({"verify_sizes": [int(v) for v in verify_sizes]} if size else {}),
@@ -346,17 +356,25 @@ def policy_head(directory: str | Path) -> str | None:
     return cfg.get("head")
 
 
-def load_policy(directory: str | Path, intra_op_num_threads: int = 1) -> OnnxController:
+def load_policy(directory: str | Path, intra_op_num_threads: int = 1, profile=None) -> OnnxController:
     """Load an export directory (or a training run directory holding one in ``policy/``) as an
     :class:`OnnxController` (onnxruntime only; no SB3, no torch graph).
 
     Reads ``max_depth`` from ``policy_config.json`` and checks ``feature_spec.json`` against this
     version's features.
 
+    Args:
+        profile: for a profile-conditioned policy (``python -m train --features profile``), the latency
+            profile of the machine it runs on (a :class:`learn2draft.latency.LatencyProfile`, a file from
+            ``python -m eval.profile``, or a shipped name such as ``"gpu-like"``): its
+            :func:`learn2draft.features.profile_features` for the policy's drafter complete every observation.
+            Ignored for other policies.
+
     Raises:
-        FileNotFoundError: the directory or one of its files is missing.
-        ValueError: the feature specification differs from this learn2draft version's, or the
-            directory holds draft-tree policies (``tree.json``).
+        FileNotFoundError: the directory or one of its files is missing; ``profile`` names no file.
+        ValueError: the feature specification differs from this learn2draft version's, the directory
+            holds draft-tree policies (``tree.json``), or a profile-conditioned policy is loaded without
+            ``profile`` (or with one lacking its drafter's costs).
     """
     from policies.tree import TREE_FILE
 
@@ -378,12 +396,27 @@ def load_policy(directory: str | Path, intra_op_num_threads: int = 1) -> OnnxCon
         raise ValueError(f"{d} reads engine-visible features only (trained with --features engine, for vLLM): run it "
                          "with policies.vllm.LearnedDraftLengthPolicy (in this project's loop: "
                          "policies.vllm.ProtocolController), not as a loop controller.")
-    if spec.get("version") != FEATURE_VERSION or names != list(FEATURE_NAMES):
+    conditioned = spec.get("kind") == "profile"
+    expected = [*FEATURE_NAMES, *PROFILE_FEATURE_NAMES] if conditioned else list(FEATURE_NAMES)
+    if (spec.get("version") != FEATURE_VERSION or names != expected
+            or (conditioned and spec.get("profile_version") != PROFILE_FEATURE_VERSION)):
         raise ValueError(
             f"{d / FEATURE_SPEC_FILE} describes feature version {spec.get('version')} {names}, but this learn2draft "
-            f"builds version {FEATURE_VERSION} {list(FEATURE_NAMES)}: re-export the policy or use a matching version."
+            f"builds version {FEATURE_VERSION} {expected}: re-export the policy or use a matching version."
         )
-    return OnnxController(d / ONNX_FILE, max_depth=int(cfg["max_depth"]), intra_op_num_threads=intra_op_num_threads)
+    extra = None
+    if conditioned:
+        if profile is None:
+            raise ValueError(f"{d} is profile-conditioned (trained with --features profile): it reads the latency profile "
+                             "of the machine it runs on. Pass one: load_policy(dir, profile='cpu-2core' | 'gpu-like' | "
+                             "FILE) (measure this machine's with `python -m eval.profile --out FILE`); in replay, "
+                             "python -m eval.oracle --profile passes it.")
+        from learn2draft.latency import LatencyProfile, load_profile
+
+        prof = profile if isinstance(profile, LatencyProfile) else load_profile(profile)
+        extra = profile_features(prof, str(cfg.get("drafter", "model")))
+    return OnnxController(d / ONNX_FILE, max_depth=int(cfg["max_depth"]), intra_op_num_threads=intra_op_num_threads,
+                          profile_features=extra)
 
 
 __all__ = [

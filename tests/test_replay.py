@@ -542,3 +542,151 @@ def test_bad_replay_settings_are_clear_errors(pairs):
     env.reset(seed=0)
     with pytest.raises(ValueError, match="prompt_index"):
         env.reset(options={"prompt_index": 99})
+
+
+# ------------------------------------------------------------------ several profiles, profile features (item 6)
+def scaled_profile(name: str, v1: float, v_tok: float, step: float) -> LatencyProfile:
+    """A profile linear in tokens and context (exact interpolation), with a verify table up to 16 tokens."""
+    tokens, contexts = [1, 2, 4, 8, 16], [0.0, 1024.0]
+    table = [[v1 + v_tok * (n - 1) + V_CTX * c for n in tokens] for c in contexts]
+    costs = {d: DrafterCost([0.0], [step], STEP_OV, CYCLE_OV) for d in ("model", "head", "lookup")}
+    return LatencyProfile(name, tokens, contexts, table, costs, source="tests")
+
+
+SLOW = dict(v1=0.010, v_tok=0.004, step=0.003)  # verifying more costs a lot (CPU-like)
+FAST = dict(v1=0.002, v_tok=0.00001, step=0.0005)  # verifying more is almost free (GPU-like)
+
+
+def test_profile_features_are_the_documented_cost_ratios():
+    from learn2draft.features import PROFILE_FEATURE_NAMES, PROFILE_REFERENCE_CONTEXT, profile_features
+
+    p = scaled_profile("slow", **SLOW)
+    c = PROFILE_REFERENCE_CONTEXT
+    one = SLOW["v1"] + V_CTX * c
+    s = (SLOW["step"] + STEP_OV) / one
+    o = CYCLE_OV / one
+    want = [1 - one / (one + SLOW["v_tok"] * (n - 1)) for n in (2, 4, 8, 16)] + [s / (1 + s), o / (1 + o)]
+    f = profile_features(p, "model")
+    assert f.dtype == np.float32 and f.shape == (len(PROFILE_FEATURE_NAMES),)
+    np.testing.assert_allclose(f, want, rtol=1e-6)
+    cpu, gpu = profile_features(load_profile("cpu-2core"), "model"), profile_features(load_profile("gpu-like"), "model")
+    assert np.all(cpu[:4] > 5 * gpu[:4])  # the shipped CPU's verification grows with tokens, the GPU-like's barely
+    with pytest.raises(ValueError, match="up to 8 tokens.*eval.profile"):
+        profile_features(linear_profile(), "model")
+
+
+def test_single_profile_list_replays_exactly_as_before(pairs):
+    """A one-profile list draws nothing more from the env's random stream: the same seeds give the same episodes."""
+    tr = traces_for(pairs, "noisy", "model", 1.0)
+    a = SpecDecodeReplayEnv(tr, linear_profile(), episode="cycle")
+    b = SpecDecodeReplayEnv(tr, [linear_profile()], episode="cycle")
+    rng = np.random.default_rng(0)
+    oa, _ = a.reset(seed=4)
+    ob, _ = b.reset(seed=4)
+    for _ in range(300):
+        act = int(rng.integers(2))
+        oa, ra, ta, _, ia = a.step(act)
+        ob, rb, tb, _, ib = b.step(act)
+        assert np.array_equal(oa, ob) and ra == rb and ia == ib
+        if ta:
+            oa, _ = a.reset()
+            ob, _ = b.reset()
+
+
+def test_several_profiles_costs_rewards_and_features(pairs):
+    from learn2draft.features import FEATURE_NAMES, profile_features
+
+    tr = traces_for(pairs, "noisy", "model")
+    slow, fast = scaled_profile("slow", **SLOW), scaled_profile("fast", **FAST)
+    env = SpecDecodeReplayEnv(tr, [slow, fast], reward_scale=3.0, episode="cycle", profile_features=True)
+    n = len(FEATURE_NAMES)
+    assert env.observation_space.shape == (n + 6,)
+    ar = [SpecDecodeReplayEnv(tr, p).autoregressive_rate() for p in (slow, fast)]
+    assert env.autoregressive_rate(1) == pytest.approx(ar[1], rel=1e-12) and ar[1] > 3 * ar[0]
+    for k, prof in enumerate((slow, fast)):
+        obs, info = env.reset(options={"prompt_index": 0, "profile_index": k})
+        assert info["profile_index"] == k and env.profile is prof
+        np.testing.assert_array_equal(obs[n:], profile_features(prof, "model"))
+        single = SpecDecodeReplayEnv(tr, prof, episode="cycle")
+        np.testing.assert_array_equal(obs[:n], single.reset(options={"prompt_index": 0})[0])
+        env.step(CONTINUE)
+        single.step(CONTINUE)
+        _, r, _, _, i = env.step(STOP)
+        _, r1, _, _, i1 = single.step(STOP)
+        assert i["seconds"] == pytest.approx(i1["seconds"], rel=1e-12) and i["profile_index"] == k
+        cfg = SLOW if k == 0 else FAST
+        want = cfg["step"] + STEP_OV + cfg["v1"] + cfg["v_tok"] + V_CTX * (tr.prompts[0].prompt_len + 1) + CYCLE_OV
+        assert i["seconds"] == pytest.approx(want, rel=1e-12)
+        # each profile's reward is relative to its own plain decoding: rate / (scale · ar_k / ar_0)
+        assert r == pytest.approx(i["tokens_per_second"] / (3.0 * ar[k] / ar[0]), rel=1e-9)
+        assert r1 == pytest.approx(i["tokens_per_second"], rel=1e-12)
+    drawn = set()
+    env.reset(seed=0)
+    for _ in range(40):
+        drawn.add(env.reset(options={"new_generation": True})[1]["profile_index"])
+    assert drawn == {0, 1}  # drawn uniformly when not named
+    with pytest.raises(ValueError, match="profile_index must be an integer in \\[0, 2\\)"):
+        env.reset(options={"profile_index": 2})
+    with pytest.raises(ValueError, match="repeat a name"):
+        SpecDecodeReplayEnv(tr, [slow, scaled_profile("slow", **FAST)])
+
+
+@pytest.mark.parametrize("episode", ["generation", "cycle"])
+def test_check_env_passes_with_several_profiles(pairs, tmp_path, episode):
+    path = traces_for(pairs, "noisy", "model", 1.0).save(tmp_path / "t.npz")
+    a = scaled_profile("slow", **SLOW).save(tmp_path / "a.json")
+    b = scaled_profile("fast", **FAST).save(tmp_path / "b.json")
+    env = gym.make(REPLAY_ENV_ID, traces=str(path), profile=f"{a},{b}", episode=episode, profile_features=True)
+    check_env(env.unwrapped)
+    env.close()
+
+
+def test_train_a_profile_conditioned_policy_export_and_load(pairs, tmp_path, capsys):
+    """train --features profile over two profiles: the export reads 20 features, load_policy needs a profile and
+    then decides on the loop's features followed by that profile's, as onnxruntime does on the env's observation."""
+    import train
+    from learn2draft.features import FEATURE_NAMES, profile_features
+    from policies.check import main as check_main
+    from policies.export import load_policy
+    from train.training import TrainConfig
+
+    path = traces_for(pairs, "noisy", "model").save(tmp_path / "t.npz")
+    a = scaled_profile("slow", **SLOW).save(tmp_path / "slow.json")
+    b = scaled_profile("fast", **FAST).save(tmp_path / "fast.json")
+    cfg = TrainConfig(out=str(tmp_path / "run"), timesteps=128, n_steps=64, batch_size=32, n_epochs=2, net_arch=(16, 16),
+                      wandb_mode="disabled", progress_bar=False, checkpoint_every=0, replay=str(path),
+                      profile=f"{a},{b}", features="profile", eval_gammas=(0, 2))
+    m = train.run(None, cfg)
+    out = tmp_path / "run"
+    assert m["export_check"]["agreement"] == 1.0
+    assert {"slow/policy", "fast/policy", "slow/oracle", "fast/best_fixed"} <= set(m["evaluation"])
+    spec = json.loads((out / "policy/feature_spec.json").read_text())
+    assert spec["kind"] == "profile" and spec["shape"] == [len(FEATURE_NAMES) + 6]
+    pcfg = json.loads((out / "policy/policy_config.json").read_text())
+    assert pcfg["features"] == "profile" and pcfg["trained_on"]["profile_name"] == "slow,fast"
+    assert check_main([str(out / "policy")]) == 0
+    capsys.readouterr()
+    with pytest.raises(ValueError, match="profile-conditioned.*eval.profile"):
+        load_policy(out)
+    env = SpecDecodeReplayEnv(str(path), [str(a), str(b)], profile_features=True)
+    for k, prof in enumerate((a, b)):
+        ctrl = load_policy(out, profile=prof)
+        obs, _ = env.reset(options={"prompt_index": 1, "profile_index": k})
+        np.testing.assert_array_equal(ctrl.profile_features, profile_features(load_profile(prof), "model"))
+        graph_actions, seen = ctrl.actions, []
+        ctrl.actions = lambda x: (seen.append(np.asarray(x).copy()), graph_actions(x))[1]
+        for act in (1, 1, 0, 1, 0, 1, 1, 1):
+            assert ctrl.continue_drafting(obs[: len(FEATURE_NAMES)]) == bool(graph_actions(obs)[0])
+            np.testing.assert_array_equal(seen[-1].reshape(-1), obs)  # the graph got the env's full observation
+            obs, _, term, trunc, _ = env.step(act)
+            if term or trunc:
+                break
+    ctrl = load_policy(out, profile=b)  # on the real loop: the decoder's features, completed by the profile's
+    dec = SpeculativeDecoder(pairs["noisy"], max_new_tokens=N, max_depth=ctrl.max_depth)
+    assert dec.generate(torch.as_tensor(load_traces(path).prompts[0].prompt_ids), ctrl).tokens
+    from eval.oracle import main as oracle_main
+
+    assert oracle_main([str(path), "--profile", str(b), "--policy", str(out)]) == 0
+    assert "run / oracle = " in capsys.readouterr().out
+    with pytest.raises(ValueError, match="--features profile trains in replay"):
+        TrainConfig(features="profile").validate()

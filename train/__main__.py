@@ -64,10 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--head", default=None,
                    help="with --drafter head: a head directory written by `python -m train.head` "
                         "(default: the shipped head of the embedded target)")
-    g.add_argument("--features", default=d.features, choices=["full", "engine"],
-                   help="what the policy observes: full (this loop's features) or engine (only the draft step and "
+    g.add_argument("--features", default=d.features, choices=["full", "engine", "profile"],
+                   help="what the policy observes: full (this loop's features), engine (only the draft step and "
                         "top-1 draft probabilities, as vLLM's draft-length policy protocol passes them; run the "
-                        "export with policies.vllm.LearnedDraftLengthPolicy)")
+                        "export with policies.vllm.LearnedDraftLengthPolicy) or profile (with --replay: the loop's "
+                        "features and the latency profile's, so one policy serves several machines; load it with "
+                        "load_policy(DIR, profile=...))")
     g = p.add_argument_group("PPO")
     g.add_argument("--timesteps", type=int, default=d.timesteps, help="environment steps (draft decisions) to train")
     g.add_argument("--n-steps", type=int, default=d.n_steps, help="steps per rollout")
@@ -113,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "joined by commas); models, drafter, sampling, --max-new-tokens and --max-depth come from them")
     g.add_argument("--profile", default=None, metavar="PROFILE",
                    help="with --replay: the latency profile, a JSON file (python -m eval.profile) or a shipped name "
-                        "(cpu-2core, gpu-like)")
+                        "(cpu-2core, gpu-like); several joined by commas train one policy for all of them (add "
+                        "--features profile to let it see which machine it is on)")
     g = p.add_argument_group("draft trees (Learning to Draft: a depth policy and a verification-size policy)")
     g.add_argument("--tree", action="store_true",
                    help="draft EAGLE-2 trees (--drafter model or head) and train the --policies, alternating as LTD "

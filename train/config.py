@@ -55,11 +55,14 @@ class TrainConfig:
 
     Observation: ``features`` ``"full"`` (the loop's features, :data:`learn2draft.features.FEATURE_NAMES`) or
     ``"engine"`` (only what vLLM's draft-length policy protocol passes, :data:`learn2draft.features.ENGINE_FEATURE_NAMES`,
-    through :class:`envs.engine_view.EngineViewWrapper`; the export then runs with :mod:`policies.vllm`).
+    through :class:`envs.engine_view.EngineViewWrapper`; the export then runs with :mod:`policies.vllm`) or
+    ``"profile"`` (replay only: the loop's features and the hardware-profile features of
+    :func:`learn2draft.features.profile_features`, so that one policy serves every profile it was trained on;
+    load the export with ``load_policy(dir, profile=...)``).
 
     Replay (no model runs): ``replay`` (trace files written by ``python -m eval.record``, several joined by
-    commas) and ``profile`` (a latency profile file or a shipped name, :func:`learn2draft.latency.load_profile`)
-    train on ``learn2draft/SpecDecodeReplay-v0`` instead of the real loop; the models, drafter, sampling,
+    commas) and ``profile`` (a latency profile file or a shipped name, :func:`learn2draft.latency.load_profile`;
+    several joined by commas: each generation replays on one of them, see :mod:`envs.replay`) train on ``learn2draft/SpecDecodeReplay-v0`` instead of the real loop; the models, drafter, sampling,
     ``max_new_tokens`` and ``max_depth`` then come from the traces (a setting left at its default takes the
     traces' value; one set to another value is an error, except ``max_new_tokens`` / ``max_depth`` below the
     traces'), and the final check compares the policy with fixed depths and the oracle in replay, on the
@@ -166,8 +169,11 @@ class TrainConfig:
             (all(sp in SPLITS for sp in self.prompt_split.split(",")),
              f"prompt_split must be one or more of {', '.join(SPLITS)} joined by commas, got {self.prompt_split!r}."),
         ]
-        checks.append((self.features in ("full", "engine"),
-                       f"features must be 'full' or 'engine', got {self.features!r}."))
+        checks.append((self.features in ("full", "engine", "profile"),
+                       f"features must be 'full', 'engine' or 'profile', got {self.features!r}."))
+        checks.append((self.features != "profile" or self.replay,
+                       "--features profile trains in replay: add --replay TRACES --profile P1,P2 (the latency profiles "
+                       "of the machines the policy should serve)."))
         checks.append((not (self.features == "engine" and self.replay),
                        "--features engine trains on the real loop only (the replay environment builds the loop's "
                        "features): drop --replay, or train --features full."))
@@ -207,7 +213,7 @@ class TrainConfig:
             (self.size_timesteps is None or self.size_timesteps > 0,
              f"size_timesteps must be > 0, got {self.size_timesteps}."),
             (not self.replay, "--tree trains on the real loop only: drop --replay (traces record chains)."),
-            (self.features == "full", "--tree trains on the loop's features: drop --features engine."),
+            (self.features == "full", f"--tree trains on the loop's features: drop --features {self.features}."),
             (not self.resume, "--resume does not continue tree runs yet: start over with --overwrite."),
         ]
 

@@ -49,7 +49,7 @@ import torch
 from learn2draft.cli import check_wandb  # noqa: F401 (re-exported)
 from learn2draft.decoding import DraftController, FixedDepthController, SpeculativeDecoder
 from learn2draft.drafters import make_drafter
-from learn2draft.features import engine_feature_spec, feature_spec
+from learn2draft.features import engine_feature_spec, feature_spec, profile_feature_spec
 from learn2draft.models import ModelPair
 from train.config import (  # noqa: F401 (re-exported)
     ENV_ID,
@@ -361,7 +361,9 @@ def _versions() -> dict:
 def apply_replay_settings(cfg: TrainConfig):
     """For ``cfg.replay``: load the traces and the profile, take the traces' models, drafter, sampling,
     ``max_new_tokens`` and ``max_depth`` into ``cfg`` (settings left at their defaults) and build the replay
-    environment (:class:`envs.replay.SpecDecodeReplayEnv`, ``episode=cfg.episode``, reward scale 1).
+    environment (:class:`envs.replay.SpecDecodeReplayEnv`, ``episode=cfg.episode``, reward scale 1). Several
+    profiles (``cfg.profile`` joined by commas) make one environment over all of them, with the profile
+    features in the observation when ``cfg.features == "profile"``.
 
     Returns:
         the environment.
@@ -372,11 +374,11 @@ def apply_replay_settings(cfg: TrainConfig):
             ``max_new_tokens`` / ``max_depth`` exceed the traces', or the profile lacks the traces' drafter.
     """
     from envs.replay import SpecDecodeReplayEnv
-    from learn2draft.latency import load_profile
+    from learn2draft.latency import load_profiles
     from learn2draft.traces import load_traces
 
     traces = load_traces(cfg.replay)
-    profile = load_profile(cfg.profile)
+    profiles = load_profiles(cfg.profile)
     h, defaults = traces.header, TrainConfig()
 
     def take(name: str, value) -> None:
@@ -404,30 +406,57 @@ def apply_replay_settings(cfg: TrainConfig):
     if cfg.max_depth == defaults.max_depth:
         cfg.max_depth = traces.max_depth
     cfg.validate()
-    return SpecDecodeReplayEnv(traces, profile, max_new_tokens=cfg.max_new_tokens, max_depth=cfg.max_depth,
-                               episode=cfg.episode)
+    return SpecDecodeReplayEnv(traces, profiles, max_new_tokens=cfg.max_new_tokens, max_depth=cfg.max_depth,
+                               episode=cfg.episode, profile_features=cfg.features == "profile")
 
 
 def _replay_source(env, cfg: TrainConfig) -> dict:
     """What a replay-trained policy was trained on (saved in ``config.json`` and ``policy_config.json``)."""
     h = env.traces.header
-    return {"traces": [str(Path(p).resolve()) for p in str(cfg.replay).split(",") if p.strip()],
-            "trace_format_version": h.get("format_version"), "trace_prompts": len(env.traces),
-            "trace_prompt_source": h.get("prompt_source"), "trace_machine": h.get("machine"),
-            "profile": str(Path(cfg.profile).resolve()) if Path(cfg.profile).is_file() else cfg.profile,
-            "profile_name": env.profile.name, "profile_source": env.profile.source,
-            "profile_machine": env.profile.machine}
+    given = [p.strip() for p in str(cfg.profile).split(",") if p.strip()]
+    where = [str(Path(p).resolve()) if Path(p).is_file() else p for p in given]
+    src = {"traces": [str(Path(p).resolve()) for p in str(cfg.replay).split(",") if p.strip()],
+           "trace_format_version": h.get("format_version"), "trace_prompts": len(env.traces),
+           "trace_prompt_source": h.get("prompt_source"), "trace_machine": h.get("machine"),
+           "profile": ",".join(where),
+           "profile_name": ",".join(p.name for p in env.profiles), "profile_source": env.profiles[0].source,
+           "profile_machine": env.profiles[0].machine}
+    if len(env.profiles) > 1:
+        src["profiles"] = [{"profile": w, "name": p.name, "source": p.source, "machine": p.machine}
+                           for w, p in zip(where, env.profiles)]
+        src["profile_features"] = env.profile_features
+    return src
 
 
-def _replay_evaluation(env, policy, cfg: TrainConfig) -> dict:
+def _replay_evaluation(env, policy_dir: Path, cfg: TrainConfig) -> dict:
     """The final check in replay, on the training traces (in-sample): the policy and the fixed depths of
     ``cfg.fixed_gammas()`` as :func:`envs.replay.replay_controller` scores them, with the hindsight oracle and the
-    best fixed depth of :func:`eval.oracle.oracle_report` (T > 0: 5 generations per prompt)."""
+    best fixed depth of :func:`eval.oracle.oracle_report` (T > 0: 5 generations per prompt). With several
+    profiles, once per profile, the rows named ``"<profile>/<method>"``."""
+    from envs.replay import SpecDecodeReplayEnv
+    from policies.export import load_policy
+
+    if len(env.profiles) == 1:
+        return _replay_evaluation_on(env, load_policy(policy_dir, profile=env.profiles[0]), cfg, 0)
+    # the loop's features only: a profile-conditioned controller appends its profile's (load_policy(profile=))
+    plain = SpecDecodeReplayEnv(env.traces, env.profiles, max_new_tokens=env.max_new_tokens, max_depth=env.max_depth)
+    evaluation: dict = {}
+    for k, prof in enumerate(env.profiles):
+        ev = _replay_evaluation_on(plain, load_policy(policy_dir, profile=prof), cfg, k)
+        evaluation.update({f"{prof.name}/{name}": row for name, row in ev.items() if isinstance(row, dict)})
+        evaluation["prompts"] = ev["prompts"]
+    evaluation["source"] = ("replay of the training traces (in-sample) with profiles "
+                            + ", ".join(p.name for p in env.profiles))
+    return evaluation
+
+
+def _replay_evaluation_on(env, policy, cfg: TrainConfig, profile_index: int) -> dict:
+    """:func:`_replay_evaluation` on the env's profile ``profile_index``."""
     from eval.oracle import oracle_report
 
     ctrls = {f"fixed_gamma_{g}": FixedDepthController(g) for g in cfg.fixed_gammas()}
     ctrls["policy"] = policy
-    rep = oracle_report(env, ctrls, repeats=5, seed=cfg.seed + 1000)
+    rep = oracle_report(env, ctrls, repeats=5, seed=cfg.seed + 1000, profile_index=profile_index)
     m = rep["methods"]
     evaluation = {name: {"tokens_per_s": m[name]["tokens_per_s"], "mean_depth": m[name]["mean_depth"],
                          "mean_accepted": m[name]["mean_accepted"], "ratio_to_oracle": m[name]["ratio_to_oracle"]}
@@ -437,7 +466,7 @@ def _replay_evaluation(env, policy, cfg: TrainConfig) -> dict:
     evaluation["best_fixed"] = {"method": rep["best_fixed"], "tokens_per_s": m[rep["best_fixed"]]["tokens_per_s"],
                                 "ratio_to_oracle": m[rep["best_fixed"]]["ratio_to_oracle"]}
     evaluation["prompts"] = rep["prompts"]
-    evaluation["source"] = f"replay of the training traces (in-sample) with profile {env.profile.name}"
+    evaluation["source"] = f"replay of the training traces (in-sample) with profile {env.profiles[profile_index].name}"
     return evaluation
 
 
@@ -569,7 +598,8 @@ def _train(pair: ModelPair, cfg: TrainConfig, out: Path, saved: dict | None, rep
     if saved is not None:  # resume: the same reward scale, so old and new rewards mean the same
         ar, reward_scale = saved["autoregressive_warmup"], saved["reward_scale_used"]
     elif cfg.replay:  # the replayed autoregressive rate, measured as measure_rate measures it on the real loop
-        ar = {"cycle_tokens_per_s": env.autoregressive_rate(), "source": f"replay with profile {env.profile.name}"}
+        ar = {"cycle_tokens_per_s": env.autoregressive_rate(0), "source": f"replay with profile {env.profiles[0].name}"
+              + ("" if len(env.profiles) == 1 else " (the others' rewards are relative to their own autoregressive rates)")}
         reward_scale = cfg.reward_scale or ar["cycle_tokens_per_s"] or 1.0
     else:
         # Warm-up prompts spread over the list (a mixed list, e.g. train,copy_train, is warmed on both kinds).
@@ -609,7 +639,8 @@ def _train(pair: ModelPair, cfg: TrainConfig, out: Path, saved: dict | None, rep
 
     replacement.begin()  # from here on ``out`` belongs to the new run
     (out / "config.json").write_text(json.dumps(run_config, indent=2, default=str))
-    spec = engine_feature_spec(cfg.max_depth) if cfg.features == "engine" else feature_spec(cfg.max_depth)
+    spec = (engine_feature_spec(cfg.max_depth) if cfg.features == "engine" else profile_feature_spec(cfg.max_depth)
+            if cfg.features == "profile" else feature_spec(cfg.max_depth))
     (out / "feature_spec.json").write_text(json.dumps(spec, indent=2))
 
     wandb_run = _init_wandb(cfg, out, run_config)
@@ -675,7 +706,7 @@ def _train(pair: ModelPair, cfg: TrainConfig, out: Path, saved: dict | None, rep
 
         evaluation = None
         if cfg.eval_prompts and not interrupted and cfg.replay:
-            evaluation = _replay_evaluation(env, load_policy(out / "policy"), cfg)
+            evaluation = _replay_evaluation(env, out / "policy", cfg)
         elif cfg.eval_prompts and not interrupted:
             texts = eval_prompts if eval_prompts is not None else load_prompts("heldout")[: cfg.eval_prompts]
             ids = [env.encode(p) for p in texts]
