@@ -94,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", default=None,
                    help="directory written by `python -m train` or a policy export (default: the policy shipped "
                         "for --drafter, trained on the embedded default pair)")
+    p.add_argument("--profile", default=None, metavar="PROFILE",
+                   help="the latency profile of this machine (python -m eval.profile --out FILE, or a shipped name: "
+                        "cpu-2core, gpu-like) for a profile-conditioned --policy (python -m train --features profile); "
+                        "other policies ignore it")
     p.add_argument("--drafter", default=None, choices=["model", "head", "lookup"],
                    help="what drafts (default: the drafter the policy was trained with)")
     p.add_argument("--head", default=None,
@@ -164,7 +168,7 @@ def _run(args) -> int:
         if not policy_dir.is_dir():
             raise FileNotFoundError(f"No policy directory at {policy_dir}: run `python -m train` first or pass --policy DIR.")
     export_dir = resolve_export_dir(policy_dir)
-    policy = load_policy(export_dir)
+    policy = load_policy(export_dir, profile=args.profile)
     head = args.head or policy_head(export_dir)
     trained_with = policy_drafter(export_dir)
     drafter = args.drafter or trained_with

@@ -126,6 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "one the policy was trained with, else the shipped head of the embedded target)")
     p.add_argument("--policy", default=None,
                    help="trained run or export dir (default: the policy shipped for --drafter)")
+    p.add_argument("--profile", default=None, metavar="PROFILE",
+                   help="the latency profile of this machine (python -m eval.profile --out FILE, or a shipped name: "
+                        "cpu-2core, gpu-like) for a profile-conditioned --policy (python -m train --features profile); "
+                        "other policies ignore it")
     p.add_argument("--device", default=None, help="cpu, cuda, … (default: cuda if available, else cpu, as in every command)")
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 (default: float32)")
     p.add_argument("--temperatures", default="0,0.7", help="comma-separated (default: 0,0.7)")
@@ -192,7 +196,7 @@ def _run(args) -> int:
     policy_dir = Path(args.policy) if args.policy else default_policy_dir(args.drafter or "model")
     if not policy_dir.is_dir():
         raise FileNotFoundError(f"--policy {args.policy}: no such directory (run `python -m train` first).")
-    policy = load_policy(policy_dir)
+    policy = load_policy(policy_dir, profile=args.profile)
     trained_with = policy_drafter(policy_dir)
     head = args.head or policy_head(policy_dir)
     args.drafter = args.drafter or trained_with

@@ -137,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "draft model) or head (the feature-level head)")
     p.add_argument("--policy", default=None,
                    help="a run of `python -m train` or a policy export (default: the policy shipped for --drafter)")
+    p.add_argument("--profile", default=None, metavar="PROFILE",
+                   help="the latency profile of this machine (python -m eval.profile --out FILE, or a shipped name: "
+                        "cpu-2core, gpu-like) for a profile-conditioned --policy (python -m train --features profile); "
+                        "other policies ignore it")
     p.add_argument("--num-draft-tokens", type=int, default=None,
                    help="draft this fixed γ every cycle instead of following a policy (0: autoregressive)")
     p.add_argument("--target", default=None, help="target model: alias, hub id, local directory or .gguf "
@@ -247,7 +251,7 @@ def _run(args) -> int:
         if trained_with != args.drafter:
             raise ValueError(f"The policy in {policy_dir} was trained with the {trained_with!r} drafter, not "
                              f"{args.drafter!r}: pass --drafter {trained_with}, or a policy for {args.drafter}.")
-        controller = load_policy(policy_dir)
+        controller = load_policy(policy_dir, profile=args.profile)
         max_depth = controller.max_depth
         settings = run_settings(policy_dir)
         head = head or policy_head(policy_dir)

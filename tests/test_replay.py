@@ -641,7 +641,7 @@ def test_check_env_passes_with_several_profiles(pairs, tmp_path, episode):
     env.close()
 
 
-def test_train_a_profile_conditioned_policy_export_and_load(pairs, tmp_path, capsys):
+def test_train_a_profile_conditioned_policy_export_and_load(pairs, tiny_model_dirs, tmp_path, capsys):
     """train --features profile over two profiles: the export reads 20 features, load_policy needs a profile and
     then decides on the loop's features followed by that profile's, as onnxruntime does on the env's observation."""
     import train
@@ -690,3 +690,13 @@ def test_train_a_profile_conditioned_policy_export_and_load(pairs, tmp_path, cap
     assert "run / oracle = " in capsys.readouterr().out
     with pytest.raises(ValueError, match="--features profile trains in replay"):
         TrainConfig(features="profile").validate()
+    from learn2draft.generate import main as generate_main
+
+    target, draft = tiny_model_dirs  # the command line: one error line without --profile, a generation with it
+    argv = ["w1 w2 w3", "--target", target, "--draft", draft, "--drafter", "model", "--no-chat", "--max-new-tokens",
+            "6", "--policy", str(out)]
+    assert generate_main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "profile-conditioned" in err and "Traceback" not in err
+    assert generate_main(argv + ["--profile", str(b)]) == 0
+    assert capsys.readouterr().out.strip()
