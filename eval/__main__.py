@@ -54,10 +54,11 @@ def add_tree_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verify-sizes", default="4,8,16",
                    help="with --tree: verification sizes V of the fixed-tree grid, e.g. 1,2,4,8,16,32 (clipped "
                         "to the nodes a tree of that depth holds)")
-    p.add_argument("--width", type=int, default=None,
+    p.add_argument("--tree-width", "--width", dest="width", type=int, default=None,
                    help="with --tree: W, frontier nodes expanded per level (default: the tree policy's, else 4)")
-    p.add_argument("--top-k", type=int, default=None,
-                   help="with --tree: k, children per expanded node (default: the tree policy's, else 4)")
+    p.add_argument("--tree-top-k", dest="top_k", type=int, default=None,
+                   help="with --tree: k, children per expanded node (default: the tree policy's, else 4); named as "
+                        "in python -m train (--top-k is sampling's top-k there)")
 
 
 def check_tree_arguments(args, drafter: str) -> None:
@@ -66,8 +67,8 @@ def check_tree_arguments(args, drafter: str) -> None:
     Raises:
         ValueError: naming the flag and what to do.
     """
-    given = [f for f, v in (("--tree-policy", args.tree_policy), ("--width", args.width), ("--top-k", args.top_k))
-             if v is not None]
+    given = [f for f, v in (("--tree-policy", args.tree_policy), ("--tree-width", args.width),
+                            ("--tree-top-k", args.top_k)) if v is not None]
     if not args.tree:
         if given:
             raise ValueError(f"{', '.join(given)} only apply to trees: add --tree.")
@@ -75,7 +76,7 @@ def check_tree_arguments(args, drafter: str) -> None:
     if drafter == "lookup":
         raise ValueError("--tree needs a drafter with a draft distribution (the lookup drafter drafts no trees): "
                          "pass --drafter model or --drafter head.")
-    for flag, v in (("--width", args.width), ("--top-k", args.top_k)):
+    for flag, v in (("--tree-width", args.width), ("--tree-top-k", args.top_k)):
         if v is not None and v < 1:
             raise ValueError(f"{flag} must be ≥ 1, got {v}.")
 

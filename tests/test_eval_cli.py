@@ -148,8 +148,8 @@ def _fake_tree_policy_module(monkeypatch, depth: int = 2, size: int = 3):
 @pytest.mark.parametrize("argv, message", [
     (["--tree-policy", "x"], "add --tree"),
     (["--width", "2"], "add --tree"),
-    (["--tree", "--width", "0"], "--width must be ≥ 1"),
-    (["--tree", "--top-k", "0"], "--top-k must be ≥ 1"),
+    (["--tree", "--width", "0"], "--tree-width must be ≥ 1"),
+    (["--tree", "--tree-top-k", "0"], "--tree-top-k must be ≥ 1"),
     (["--tree", "--tree-depths", "0"], "--tree-depths '0'"),
     (["--tree", "--verify-sizes", "a"], "--verify-sizes 'a'"),
     (["--tree", "--tree-policy", "/no/such/tree"], "--tree-policy /no/such/tree: no such directory"),
@@ -183,7 +183,7 @@ def test_eval_tree_runs_the_grid_and_the_tree_rows(tiny_run, tmp_path, monkeypat
     (tmp_path / "tree-policy").mkdir()
     out = tmp_path / "eval"
     assert eval_main(["--policy", str(tiny_run), "--tree", "--tree-policy", str(tmp_path / "tree-policy"),
-                      "--tree-depths", "1,2", "--verify-sizes", "2,3", "--width", "2", "--top-k", "2",
+                      "--tree-depths", "1,2", "--verify-sizes", "2,3", "--width", "2", "--tree-top-k", "2",
                       "--gammas", "1,2", "--num-train-prompts", "1", "--num-heldout-prompts", "1", "--repeats", "2",
                       "--max-new-tokens", "4", "--device", "cpu", "--law-check", "--law-samples", "10",
                       "--law-tokens", "2", "--law-prompt", "w1 w2", "--out", str(out)]) == 0
@@ -211,7 +211,7 @@ def test_benchmark_tree_rows_on_the_tiny_run(tiny_run, tmp_path, monkeypatch):
     (tmp_path / "tp").mkdir()
     out = tmp_path / "bench"
     assert bench_main(["--policy", str(tiny_run), "--tree", "--tree-policy", str(tmp_path / "tp"), "--tree-depths",
-                       "1,2", "--verify-sizes", "2", "--width", "2", "--top-k", "2", "--temperatures", "0",
+                       "1,2", "--verify-sizes", "2", "--width", "2", "--tree-top-k", "2", "--temperatures", "0",
                        "--num-prompts", "1", "--repeats", "1", "--max-new-tokens", "4", "--gammas", "1",
                        "--device", "cpu", "--out", str(out)]) == 0
     rep = json.loads((out / "benchmark.json").read_text())
