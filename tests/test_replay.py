@@ -690,6 +690,10 @@ def test_train_a_profile_conditioned_policy_export_and_load(pairs, tiny_model_di
     assert "run / oracle = " in capsys.readouterr().out
     with pytest.raises(ValueError, match="--features profile trains in replay"):
         TrainConfig(features="profile").validate()
+    one = train.run(None, TrainConfig(out=str(tmp_path / "one"), timesteps=64, n_steps=32, batch_size=32, n_epochs=1,
+                                      net_arch=(8,), wandb_mode="disabled", progress_bar=False, checkpoint_every=0,
+                                      replay=str(path), profile=str(b), features="profile", eval_gammas=(0,)))
+    assert one["evaluation"]["policy"]["ratio_to_oracle"] <= 1 + 1e-9  # one profile, with its features
     from learn2draft.generate import main as generate_main
 
     target, draft = tiny_model_dirs  # the command line: one error line without --profile, a generation with it

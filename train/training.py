@@ -436,10 +436,11 @@ def _replay_evaluation(env, policy_dir: Path, cfg: TrainConfig) -> dict:
     from envs.replay import SpecDecodeReplayEnv
     from policies.export import load_policy
 
-    if len(env.profiles) == 1:
-        return _replay_evaluation_on(env, load_policy(policy_dir, profile=env.profiles[0]), cfg, 0)
     # the loop's features only: a profile-conditioned controller appends its profile's (load_policy(profile=))
-    plain = SpecDecodeReplayEnv(env.traces, env.profiles, max_new_tokens=env.max_new_tokens, max_depth=env.max_depth)
+    plain = env if not env.profile_features else SpecDecodeReplayEnv(
+        env.traces, env.profiles, max_new_tokens=env.max_new_tokens, max_depth=env.max_depth)
+    if len(env.profiles) == 1:
+        return _replay_evaluation_on(plain, load_policy(policy_dir, profile=env.profiles[0]), cfg, 0)
     evaluation: dict = {}
     for k, prof in enumerate(env.profiles):
         ev = _replay_evaluation_on(plain, load_policy(policy_dir, profile=prof), cfg, k)
