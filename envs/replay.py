@@ -147,7 +147,7 @@ class SpecDecodeReplayEnv(gym.Env):
     def __init__(
         self,
         traces: TraceSet | str | Path | Sequence[str | Path],
-        profile: LatencyProfile | str | Path,
+        profile: LatencyProfile | str | Path | Sequence[LatencyProfile | str | Path] | None = None,
         max_new_tokens: int | None = None,
         max_depth: int | None = None,
         reward_scale: float = 1.0,
@@ -157,6 +157,9 @@ class SpecDecodeReplayEnv(gym.Env):
     ):
         super().__init__()
         self.traces = traces if isinstance(traces, TraceSet) else load_traces(traces)
+        if profile is None:
+            raise ValueError("profile is required: the latency profile(s) the replayed cycles cost (a file from "
+                             "`python -m eval.profile`, a shipped name such as 'cpu-2core' or 'gpu-like', or several).")
         self.profiles = load_profiles(profile)
         self.profile = self.profiles[0]  # the profile of the current generation
         self.profile_index = 0

@@ -263,6 +263,9 @@ def load_profile(path: str | Path) -> LatencyProfile:
         ValueError: not a valid profile (see :meth:`LatencyProfile.from_dict`).
     """
     p = Path(path)
+    if "," in str(path) and not p.is_file():
+        raise ValueError(f"{path!r}: one latency profile here (a file or a shipped name: cpu-2core, gpu-like), not a "
+                         "comma-separated list; only `python -m train --replay … --profile A,B` takes several.")
     if not p.is_file() and p.suffix == "" and len(p.parts) == 1:
         p = SHIPPED_PROFILES_DIR / f"{p.name}.json"
     if not p.is_file():

@@ -205,6 +205,7 @@ class OnnxController(PolicyController):
         self.path = path
         self.n_features = width  # the graph's input width
         self.profile_features = extra
+        self.profile_name: str | None = None  # the profile behind profile_features, when known (load_policy sets it)
         self.input_name = inp.name
         super().__init__(self._predict, max_depth)
 
@@ -239,8 +240,8 @@ class OnnxController(PolicyController):
         return self.actions(features)
 
     def __repr__(self) -> str:
-        return (f"OnnxController(path={str(self.path)!r}, max_depth={self.max_depth}"
-                f"{', profile-conditioned' if self.profile_features is not None else ''})")
+        prof = "" if self.profile_features is None else f", profile={self.profile_name or 'given'}"
+        return f"OnnxController(path={str(self.path)!r}, max_depth={self.max_depth}{prof})"
 
 
 class ConfidenceThresholdController(DraftController):

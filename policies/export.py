@@ -158,14 +158,22 @@ def check_onnx(model: Any, onnx_path: str | Path, observations: np.ndarray) -> d
     }
 
 
+def _spread(rows: list[int], count: int) -> list[int]:
+    """Up to ``count`` entries of ``rows`` evenly spaced over it (all of them when it is short enough)."""
+    if len(rows) <= count:
+        return list(rows)
+    return [rows[i] for i in np.linspace(0, len(rows) - 1, count).round().astype(int)]
+
+
 def parity_vectors(model: Any, observations: np.ndarray, max_vectors: int = 128,
                    feature_names: tuple[str, ...] = FEATURE_NAMES) -> dict:
     """Parity vectors for an exported policy: observations with the PyTorch policy's expected actions
     and logits, for :mod:`policies.check` and any engine integration to replay.
 
     The vectors are the all-zeros and all-ones observations plus up to ``max_vectors`` − 2 rows of
-    ``observations`` (recorded ones first, as given), keeping every row whose action is the rarer
-    one so that both actions appear whenever the policy takes both.
+    ``observations``: rows whose action is the rarer one (up to half), so that both actions appear
+    whenever the policy takes both, then rows evenly spaced over the rest, so that every part of a
+    rollout is represented (e.g. each hardware profile of a profile-conditioned policy).
 
     Args:
         model: the SB3 model (reference: its deterministic actor, :class:`OnnxablePolicy`).
@@ -188,9 +196,10 @@ def parity_vectors(model: Any, observations: np.ndarray, max_vectors: int = 128,
     if len(obs) > max_vectors:
         values, counts = np.unique(actions[2:], return_counts=True)
         rare = values[np.argmin(counts)] if len(values) > 1 else None
-        keep = [0, 1] + [i for i in range(2, len(obs)) if actions[i] == rare][: max_vectors // 2]
-        rest = [i for i in range(2, len(obs)) if i not in set(keep)]
-        keep += rest[: max_vectors - len(keep)]
+        rare_rows = [i for i in range(2, len(obs)) if actions[i] == rare]
+        keep = [0, 1] + _spread(rare_rows, max_vectors // 2)
+        taken = set(keep)
+        keep += _spread([i for i in range(2, len(obs)) if i not in taken], max_vectors - len(keep))
         keep.sort()
         obs, actions, logits = obs[keep], actions[keep], logits[keep]
     return {
@@ -294,7 +303,8 @@ def export_policy(
     check["recorded"] = int(obs.shape[0] - n_random)
     check["random"] = int(n_random)
     (out / CHECK_FILE).write_text(json.dumps(check, indent=2))
-    write_parity(model, out, obs, feature_names=names)
+    # parity vectors from the recorded observations when there are enough of them, else with the random ones too
+    write_parity(model, out, parts[0] if len(parts) == 2 and len(parts[0]) >= 128 else obs, feature_names=names)
     if check["agreement"] < 1.0:
         raise ExportCheckError(
             f"ONNX export disagrees with the PyTorch policy on {check['disagreements']} of {check['n']} "
@@ -368,7 +378,7 @@ def load_policy(directory: str | Path, intra_op_num_threads: int = 1, profile=No
             profile of the machine it runs on (a :class:`learn2draft.latency.LatencyProfile`, a file from
             ``python -m eval.profile``, or a shipped name such as ``"gpu-like"``): its
             :func:`learn2draft.features.profile_features` for the policy's drafter complete every observation.
-            Ignored for other policies.
+            Other policies do not read it (it is still loaded, so a wrong path is an error).
 
     Raises:
         FileNotFoundError: the directory or one of its files is missing; ``profile`` names no file.
@@ -404,19 +414,23 @@ def load_policy(directory: str | Path, intra_op_num_threads: int = 1, profile=No
             f"{d / FEATURE_SPEC_FILE} describes feature version {spec.get('version')} {names}, but this learn2draft "
             f"builds version {FEATURE_VERSION} {expected}: re-export the policy or use a matching version."
         )
-    extra = None
-    if conditioned:
-        if profile is None:
-            raise ValueError(f"{d} is profile-conditioned (trained with --features profile): it reads the latency profile "
-                             "of the machine it runs on. Pass one: load_policy(dir, profile='cpu-2core' | 'gpu-like' | "
-                             "FILE) (measure this machine's with `python -m eval.profile --out FILE`); in replay, "
-                             "python -m eval.oracle --profile passes it.")
+    extra = prof = None
+    if profile is not None:  # loaded (and so checked) even for a policy that does not read it
         from learn2draft.latency import LatencyProfile, load_profile
 
         prof = profile if isinstance(profile, LatencyProfile) else load_profile(profile)
+    if conditioned:
+        if prof is None:
+            raise ValueError(f"{d} is profile-conditioned (trained with --features profile): it reads the latency profile "
+                             "of the machine it runs on. Pass one: --profile P on the command line (generate, eval, "
+                             "eval.benchmark, eval.oracle, eval.simreal), load_policy(dir, profile=P) in Python; P is a "
+                             "shipped name (cpu-2core, gpu-like) or this machine's, measured with "
+                             "`python -m eval.profile --out FILE`.")
         extra = profile_features(prof, str(cfg.get("drafter", "model")))
-    return OnnxController(d / ONNX_FILE, max_depth=int(cfg["max_depth"]), intra_op_num_threads=intra_op_num_threads,
+    ctrl = OnnxController(d / ONNX_FILE, max_depth=int(cfg["max_depth"]), intra_op_num_threads=intra_op_num_threads,
                           profile_features=extra)
+    ctrl.profile_name = prof.name if conditioned else None
+    return ctrl
 
 
 __all__ = [

@@ -465,7 +465,8 @@ def use_policy(model: Any, policy: str | Path | DraftController | None = None, *
         model: the target, a transformers ``PreTrainedModel`` with ``generate()`` (decoder-only tested).
         policy: a policy export directory (``policy.onnx``, ``feature_spec.json``, ``policy_config.json``),
             a training run directory holding one in ``policy/``, a :class:`learn2draft.decoding.DraftController`
-            (e.g. ``ConfidenceThresholdController(0.4, max_depth=8)``), or None for the shipped policy of the
+            (e.g. ``ConfidenceThresholdController(0.4, max_depth=8)``, or a profile-conditioned policy loaded with
+            ``policies.export.load_policy(dir, profile=...)``), or None for the shipped policy of the
             embedded pair (``policies/defaults/model``).
         check_version: refuse transformers outside :data:`TESTED_TRANSFORMERS` (set False at your own risk).
 

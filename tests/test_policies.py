@@ -270,6 +270,19 @@ def test_export_writes_parity_vectors_from_the_pytorch_policy(tiny_ppo, export_d
     assert {0, 1} <= set(parity["actions"])  # the fixture's policy takes both actions: both are kept
 
 
+def test_parity_vectors_cover_every_part_of_a_long_rollout(tiny_ppo):
+    """Rows are taken evenly over the observations, not from their start: a rollout whose second half
+    differs (e.g. another hardware profile) is represented in both halves."""
+    from policies.export import parity_vectors
+
+    rng = np.random.default_rng(0)
+    obs = rng.random((4000, len(FEATURE_NAMES)), dtype=np.float32)
+    obs[:2000, 0], obs[2000:, 0] = 0.25, 0.75  # the two halves differ in one feature
+    got = np.asarray(parity_vectors(tiny_ppo, obs, max_vectors=64)["observations"], dtype=np.float32)[2:]
+    assert len(got) == 62
+    assert 20 <= int(np.sum(got[:, 0] == 0.25)) <= 42 and 20 <= int(np.sum(got[:, 0] == 0.75)) <= 42
+
+
 def test_policies_check_passes_on_an_export_and_on_the_shipped_policies(export_dir):
     from policies.check import check_export
     from policies.export import DEFAULT_POLICIES_DIR

@@ -629,6 +629,10 @@ def test_several_profiles_costs_rewards_and_features(pairs):
         env.reset(options={"profile_index": 2})
     with pytest.raises(ValueError, match="repeat a name"):
         SpecDecodeReplayEnv(tr, [slow, scaled_profile("slow", **FAST)])
+    with pytest.raises(ValueError, match="profile is required"):
+        SpecDecodeReplayEnv(tr)
+    with pytest.raises(ValueError, match="not a comma-separated list"):
+        load_profile("cpu-2core,gpu-like")
 
 
 @pytest.mark.parametrize("episode", ["generation", "cycle"])
@@ -666,8 +670,11 @@ def test_train_a_profile_conditioned_policy_export_and_load(pairs, tiny_model_di
     assert pcfg["features"] == "profile" and pcfg["trained_on"]["profile_name"] == "slow,fast"
     assert check_main([str(out / "policy")]) == 0
     capsys.readouterr()
-    with pytest.raises(ValueError, match="profile-conditioned.*eval.profile"):
+    with pytest.raises(ValueError, match="profile-conditioned.*--profile P on the command line.*eval.profile"):
         load_policy(out)
+    assert "profile=fast" in repr(load_policy(out, profile=b))
+    with pytest.raises(FileNotFoundError, match="No latency profile"):  # checked even where it is not read
+        load_policy(REPO / "policies/defaults/model", profile="no-such-profile")
     env = SpecDecodeReplayEnv(str(path), [str(a), str(b)], profile_features=True)
     for k, prof in enumerate((a, b)):
         ctrl = load_policy(out, profile=prof)
