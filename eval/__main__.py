@@ -226,7 +226,7 @@ def _run(args) -> int:
     pair = load_pair(target, draft, device=device, dtype=dtype)
     machine = _machine(device)
     results: dict = {"machine": machine, "target": target, "draft": draft, "drafter": drafter,
-                     "policy_dir": str(policy_dir)}
+                     "policy_dir": str(policy_dir), "policy_profile": policy.profile_name}
     if args.tree:
         results["tree_policy_dir"] = str(tree_dir) if tree_dir is not None else None
     if not args.skip_speed:
@@ -238,7 +238,8 @@ def _run(args) -> int:
                       drafter=drafter, head=head, tree=tree, tree_grid=tree_grid, tree_policy=tree_ctrl)
         results["speed"] = res
         md = format_markdown(res)
-        (out / "results.md").write_text(f"Machine: {machine}\n\n{md}\n")
+        profile_line = f"Policy's latency profile: {policy.profile_name}\n\n" if policy.profile_name else ""
+        (out / "results.md").write_text(f"Machine: {machine}\n\n{profile_line}{md}\n")
         plot(res, out / "results.png")
         (out / "results.json").write_text(json.dumps(results, indent=2, default=str))  # kept if the law check fails
         print("\n" + md + "\n")

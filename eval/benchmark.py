@@ -227,7 +227,8 @@ def _run(args) -> int:
     held = encode_all(pair, held_texts[: args.num_prompts], args.max_new_tokens)
     train = encode_all(pair, load_prompts(prefix + "train")[: args.num_prompts], args.max_new_tokens)
     report = {"machine": _machine(device), "target": args.target, "draft": args.draft, "drafter": args.drafter,
-              "policy": str(policy_dir), "prompts": args.prompts or args.prompt_set,
+              "policy": str(policy_dir), "policy_profile": policy.profile_name,
+              "prompts": args.prompts or args.prompt_set,
               "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "num_prompts": len(held),
               "tree": None if tree is None else {"width": tree.width, "top_k": tree.top_k,
                                                  "tree_policy": None if tree_dir is None else str(tree_dir)},
