@@ -15,9 +15,17 @@ From traces (learn2draft.traces) and a latency profile (learn2draft.latency):
 
 Rates are all generated tokens over summed cycle seconds (the replay environment's measure).
 
+Draft-tree traces (``python -m eval.record --tree``, temperature 0) are detected from their header
+and get the tree report: the hindsight-optimal (depth, V) per cycle by the same dynamic program
+(emitted = min(τ + 1, tokens left), cycle seconds = d·(tree_level + step overhead) + verify(V + 1)
++ cycle overhead with V = the nodes actually verified), the per-cycle greedy choice, every fixed
+(d, V) of the recorded grid and the best of them, and d = 0 (autoregressive). Profiles without a
+``tree_level_seconds`` entry for the drafter fall back to the chain draft step (the report says so).
+
 Example::
 
     python -m eval.oracle runs/traces/model-heldout.npz --profile cpu-2core --policy runs/replay-model
+    python -m eval.oracle runs/traces/head-tree-heldout.npz --profile gpu-like
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -146,10 +155,218 @@ def format_report(rep: dict) -> str:
     return "\n".join(lines)
 
 
+# --------------------------------------------------------------------------- draft trees (T = 0)
+@dataclass
+class TreeReplay:
+    """Every tree action's outcome and cost at every position of one recorded generation (temperature 0).
+
+    Attributes:
+        n: tokens generated (the replayed generation's length).
+        actions: A actions ``(d, V)``; ``actions[0] = (0, 0)`` is plain decoding.
+        depth: int64 (n+1, A), levels a cycle at position t actually drafts (min(d, available)).
+        verified: int64 (n+1, A), drafted nodes it verifies (min(V, nodes of the depth-d tree)).
+        emitted: int64 (n+1, A), tokens it emits, min(τ + 1, n − t).
+        seconds: float64 (n+1, A), its cost from the profile (:meth:`LatencyProfile.tree_cycle_seconds`).
+        Rows 0 and n are unused (the prefill emits the first token; position n is the end).
+    """
+
+    n: int
+    actions: list
+    depth: np.ndarray
+    verified: np.ndarray
+    emitted: np.ndarray
+    seconds: np.ndarray
+
+
+def tree_replay_data(pt, profile, drafter: str, verify_sizes, max_depth: int | None = None,
+                     max_new_tokens: int | None = None, recorded_max_new_tokens: int | None = None) -> TreeReplay:
+    """The :class:`TreeReplay` of one :class:`learn2draft.traces.TreePromptTrace`.
+
+    Args:
+        pt: the prompt's tree trace; ``verify_sizes``: the trace set's V grid (``TreeTraceSet.verify_sizes``).
+        profile: a :class:`learn2draft.latency.LatencyProfile`; ``drafter``: whose costs to use.
+        max_depth: largest depth considered (default and maximum: the recorded one).
+        max_new_tokens: replay shorter generations (≤ ``recorded_max_new_tokens``; default: as recorded).
+
+    Raises:
+        ValueError: ``max_depth`` or ``max_new_tokens`` beyond the recording, or a drafter the profile lacks.
+    """
+    D = pt.tau.shape[1] - 1
+    Dm = D if max_depth is None else int(max_depth)
+    if not 0 <= Dm <= D:
+        raise ValueError(f"--max-depth {max_depth}: the tree traces were recorded up to depth {D}.")
+    rec_N = recorded_max_new_tokens if recorded_max_new_tokens is not None else pt.n
+    N = rec_N if max_new_tokens is None else int(max_new_tokens)
+    if not 1 <= N <= rec_N:
+        raise ValueError(f"--max-new-tokens {max_new_tokens}: the tree traces were recorded with {rec_N} new tokens.")
+    n = min(pt.n, N)
+    t = np.arange(n + 1)
+    avail = np.minimum(pt.tree_depth[: n + 1], np.maximum(N - t - 1, 0)).astype(np.int64)
+    avail[n] = 0
+    nodes = pt.nodes_up_to()[: n + 1]
+    actions = [(0, 0)] + [(d, int(v)) for d in range(1, Dm + 1) for v in verify_sizes]
+    A = len(actions)
+    depth = np.zeros((n + 1, A), dtype=np.int64)
+    verified = np.zeros((n + 1, A), dtype=np.int64)
+    tau = np.zeros((n + 1, A), dtype=np.int64)
+    for a, (d, v) in enumerate(actions):
+        if d == 0:
+            continue
+        s = list(verify_sizes).index(v)
+        de = np.minimum(d, avail)
+        depth[:, a] = de
+        verified[:, a] = np.minimum(v, nodes[t, de])
+        tau[:, a] = pt.tau[t, de, s]
+    emitted = np.minimum(tau + 1, np.maximum(n - t, 0)[:, None])
+    seconds = profile.tree_cycle_seconds(drafter, (pt.prompt_len + t)[:, None], depth, verified)
+    return TreeReplay(n, actions, depth, verified, emitted, seconds)
+
+
+def tree_evaluate(r: TreeReplay, choose) -> float:
+    """Total cycle seconds of one replayed generation when the action at position t is ``choose(t)`` (an index
+    into ``r.actions``)."""
+    total, t = 0.0, 1
+    while t < r.n:
+        a = int(choose(t))
+        total += float(r.seconds[t, a])
+        t += int(r.emitted[t, a])
+    return total
+
+
+def tree_oracle_prompt(r: TreeReplay) -> tuple[float, np.ndarray]:
+    """The hindsight-optimal tree actions of one generation: V(t) = min over a of [seconds(t, a) + V(t +
+    emitted(t, a))], V(n) = 0 — the exact optimum over every (depth, V) policy at temperature 0.
+
+    Returns:
+        (minimal total cycle seconds, int (n+1,) the optimal action index at each position; ties go to the
+        lower index: plain decoding, then smaller depths and sizes).
+    """
+    V = np.zeros(r.n + 1)
+    best = np.zeros(r.n + 1, dtype=np.int64)
+    for t in range(r.n - 1, 0, -1):
+        vals = r.seconds[t] + V[t + r.emitted[t]]
+        best[t] = int(np.argmin(vals))
+        V[t] = vals[best[t]]
+    return float(V[1]) if r.n > 1 else 0.0, best
+
+
+def tree_greedy_actions(r: TreeReplay) -> np.ndarray:
+    """int (n+1,): per position the action with the best tokens/s of that cycle alone."""
+    best = np.zeros(r.n + 1, dtype=np.int64)
+    for t in range(1, r.n):
+        best[t] = int(np.argmax(r.emitted[t] / r.seconds[t]))
+    return best
+
+
+def tree_action_name(d: int, v: int) -> str:
+    return "autoregressive (d=0)" if d == 0 else f"fixed tree d={d}, V={v}"
+
+
+def tree_oracle_report(traces, profile, max_depth: int | None = None, max_new_tokens: int | None = None) -> dict:
+    """Oracle, per-cycle greedy, autoregressive and every fixed (d, V) on tree traces, in replay.
+
+    Args:
+        traces: a :class:`learn2draft.traces.TreeTraceSet`; ``profile``: a :class:`LatencyProfile`.
+        max_depth, max_new_tokens: as :func:`tree_replay_data`.
+
+    Returns:
+        ``{"methods": {name: {"seconds", "tokens_per_s", "ratio_to_oracle", ("depth", "verify_size")}},
+        "best_fixed": name of the best fixed tree (d ≥ 1), "grid": {d: {V: ratio_to_oracle}}, "notes": [...],
+        "prompts", "tokens", …}``.
+
+    Raises:
+        ValueError: as :func:`tree_replay_data`.
+    """
+    drafter = traces.drafter
+    data = [tree_replay_data(pt, profile, drafter, traces.verify_sizes, max_depth, max_new_tokens,
+                             traces.max_new_tokens) for pt in traces.prompts]
+    data = [r for r in data if r.n > 1]
+    if not data:
+        raise ValueError("No prompt of these tree traces has a cycle to replay (every generation has one token).")
+    actions = data[0].actions
+    tokens = float(sum(r.n for r in data))
+    methods = {"oracle (hindsight DP)": {"seconds": sum(tree_oracle_prompt(r)[0] for r in data)},
+               "per-cycle greedy (hindsight)": {
+                   "seconds": sum(tree_evaluate(r, lambda t, b=tree_greedy_actions(r): b[t]) for r in data)}}
+    fixed = {}
+    for a, (d, v) in enumerate(actions):
+        fixed[tree_action_name(d, v)] = {"seconds": sum(tree_evaluate(r, lambda t, a=a: a) for r in data),
+                                         "depth": d, "verify_size": v}
+    trees = {k: m for k, m in fixed.items() if m["depth"] > 0}
+    best = min(trees, key=lambda k: trees[k]["seconds"]) if trees else None
+    methods.update(fixed)
+    osec = methods["oracle (hindsight DP)"]["seconds"]
+    for m in methods.values():
+        m["tokens_per_s"] = tokens / m["seconds"] if m["seconds"] > 0 else 0.0
+        m["ratio_to_oracle"] = osec / m["seconds"] if m["seconds"] > 0 else 0.0
+    grid: dict = {}
+    for m in trees.values():
+        grid.setdefault(m["depth"], {})[m["verify_size"]] = m["tokens_per_s"]
+    notes = []
+    cost = profile.cost(drafter)
+    if cost.tree_level is None:
+        notes.append(f"profile {profile.name!r} has no tree_level_seconds for the {drafter!r} drafter: one tree level "
+                     "is costed as one chain draft step (an underestimate where drafting W nodes is compute-bound, "
+                     f"e.g. a CPU; measure it with `python -m eval.profile --tree-width {traces.width}`)")
+    else:
+        w, k = cost.tree_level.get("width"), cost.tree_level.get("top_k")
+        if w is None:
+            notes.append(f"tree level cost of profile {profile.name!r}: stated independent of the tree shape "
+                         f"({cost.tree_level.get('note', 'see the profile source')})")
+        elif int(w) != traces.width or (k is not None and int(k) != traces.top_k):
+            notes.append(f"tree level cost measured at W={w}, k={k}; these traces drafted W={traces.width}, "
+                         f"k={traces.top_k}: costs used as measured")
+        else:
+            notes.append(f"tree level cost measured at the traces' shape (W={w}, k={k})")
+    most = int(max(r.verified.max() for r in data)) + 1
+    if most > profile.verify_tokens[-1]:
+        notes.append(f"verifications of up to {most} tokens: beyond the profile's table ({profile.verify_tokens[-1]}), "
+                     "extrapolated linearly from its last two token counts")
+    ar = methods["autoregressive (d=0)"]["tokens_per_s"]
+    return {"methods": methods, "best_fixed": best, "grid": grid, "notes": notes, "prompts": len(data),
+            "tokens": int(tokens), "deterministic": True, "structure": "tree",
+            "oracle_kind": "dynamic program over positions and (depth, V) minimising total cycle time: exact optimum "
+                           "at T=0",
+            "rate": "all generated tokens / summed cycle seconds", "max_depth": max(d for d, _ in actions),
+            "verify_sizes": list(traces.verify_sizes), "width": traces.width, "top_k": traces.top_k,
+            "max_new_tokens": max_new_tokens or traces.max_new_tokens, "profile": profile.name, "drafter": drafter,
+            "best_fixed_over_autoregressive": (methods[best]["tokens_per_s"] / ar) if best and ar else None,
+            "oracle_over_autoregressive": methods["oracle (hindsight DP)"]["tokens_per_s"] / ar if ar else None}
+
+
+def format_tree_report(rep: dict) -> str:
+    """Markdown tables of :func:`tree_oracle_report`: the headline methods, then tokens/s of every fixed (d, V)."""
+    lines = [f"Tree replay: {rep['prompts']} prompts, {rep['tokens']} tokens, drafter {rep['drafter']}, profile "
+             f"{rep['profile']}, W={rep['width']}, k={rep['top_k']}, depths 1..{rep['max_depth']}, V in "
+             f"{rep['verify_sizes']}, T=0", "",
+             "| method | tokens/s | × oracle |", "|---|---|---|"]
+    m = rep["methods"]
+    for name in ("oracle (hindsight DP)", "per-cycle greedy (hindsight)", "autoregressive (d=0)", rep["best_fixed"]):
+        if name in m:
+            mark = " (best fixed tree)" if name == rep["best_fixed"] else ""
+            lines.append(f"| {name}{mark} | {m[name]['tokens_per_s']:.2f} | {m[name]['ratio_to_oracle']:.3f} |")
+    vs = rep["verify_sizes"]
+    lines += ["", "Fixed trees, tokens/s (rows: depth d, columns: verification size V):", "",
+              "| d | " + " | ".join(f"V={v}" for v in vs) + " |", "|---" * (len(vs) + 1) + "|"]
+    for d in sorted(rep["grid"]):
+        lines.append(f"| {d} | " + " | ".join(f"{rep['grid'][d][v]:.2f}" for v in vs) + " |")
+    lines.append("")
+    if rep["best_fixed"]:
+        b = m[rep["best_fixed"]]
+        lines.append(f"best fixed tree / oracle = {b['ratio_to_oracle']:.3f} ({rep['best_fixed']}); best fixed tree / "
+                     f"autoregressive = {rep['best_fixed_over_autoregressive']:.3f}; oracle / autoregressive = "
+                     f"{rep['oracle_over_autoregressive']:.3f}")
+    for note in rep["notes"]:
+        lines.append(f"note: {note}")
+    lines.append(f"oracle: {rep['oracle_kind']}; rates: {rep['rate']}")
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------- CLI
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eval.oracle", description=plain_doc(__doc__), formatter_class=HelpFormatter)
-    p.add_argument("traces", help="trace file(s) from python -m eval.record (several joined by commas)")
+    p.add_argument("traces",
+                   help="trace file(s) from python -m eval.record, chain or --tree (several joined by commas)")
     p.add_argument("--profile", required=True,
                    help="latency profile: a JSON file or a shipped name (cpu-2core, gpu-like); a profile-conditioned "
                         "policy (train --features profile) is given its features")
@@ -173,8 +390,11 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args) -> int:
     from envs.replay import SpecDecodeReplayEnv
     from learn2draft.latency import load_profile
-    from learn2draft.traces import load_traces
+    from learn2draft.traces import TREE, load_traces, trace_structure
 
+    first = next((s for s in str(args.traces).split(",") if s.strip()), "")
+    if first and trace_structure(first) == TREE:
+        return _run_tree(args)
     traces = load_traces(args.traces)
     profile = load_profile(args.profile)
     controllers, max_depth, max_new = {}, args.max_depth, args.max_new_tokens
@@ -215,8 +435,27 @@ def _run(args) -> int:
     return 0
 
 
-__all__ = ["build_parser", "evaluate_policy", "format_report", "greedy_cycle_depths", "main", "oracle_prompt",
-           "oracle_report"]
+def _run_tree(args) -> int:
+    from learn2draft.latency import load_profile
+    from learn2draft.traces import load_tree_traces
+
+    if args.policy:
+        raise ValueError("These are draft-tree traces: scoring a policy on them in replay is not built (tree replay "
+                         "covers the oracle and fixed trees); drop --policy, or score tree policies on the real loop "
+                         "with `python -m eval --tree --tree-policy RUN`.")
+    traces = load_tree_traces(args.traces)
+    profile = load_profile(args.profile)
+    rep = tree_oracle_report(traces, profile, max_depth=args.max_depth, max_new_tokens=args.max_new_tokens)
+    print(format_tree_report(rep))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(rep, indent=2, default=str))
+    return 0
+
+
+__all__ = ["TreeReplay", "build_parser", "evaluate_policy", "format_report", "format_tree_report",
+           "greedy_cycle_depths", "main", "oracle_prompt", "oracle_report", "tree_action_name", "tree_evaluate",
+           "tree_greedy_actions", "tree_oracle_prompt", "tree_oracle_report", "tree_replay_data"]
 
 
 if __name__ == "__main__":

@@ -9,7 +9,12 @@ Measures, with device-synchronised clocks (learn2draft.timing.DeviceClock):
   token) at the same contexts;
 * the per-cycle and per-draft-step overhead (the decoder's other_seconds: acceptance, rollback,
   features), fitted as other = cycle_overhead + step_overhead · depth over cycles of short real
-  generations at a few fixed depths.
+  generations at a few fixed depths;
+* with --tree-width W (model and head drafters): one draft-tree level (TreeSpeculativeDecoder's
+  draft_step: the drafter's forward over the W frontier nodes and their top-k children) at the same
+  contexts, median over levels 2..--draft-steps + 1 of real tree cycles (the first level, which
+  also feeds the committed tokens, is not timed, as for a chain step), stored as the drafter's
+  tree_level_seconds with W and k.
 
 Writes a small JSON profile (learn2draft.latency) with the machine it ran on. Example::
 
@@ -57,6 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overhead-prompts", type=int, default=2, help="training prompts generated for the overhead fit")
     p.add_argument("--overhead-tokens", type=int, default=32, help="tokens per generation of the overhead fit")
     p.add_argument("--overhead-depths", default="0,2,4", help="fixed depths of the overhead fit")
+    p.add_argument("--tree-width", "--width", dest="tree_width", type=int, default=None,
+                   help="also measure one draft-tree level of W frontier nodes (model and head drafters); "
+                        "off when not given")
+    p.add_argument("--tree-top-k", dest="tree_top_k", type=int, default=4,
+                   help="with --tree-width: k, children per expanded node")
     p.add_argument("--name", default=None, help="profile name (default: cpu-<cores>core or the GPU's name)")
     p.add_argument("--note", default="", help="free text added to the profile's source, e.g. 'under nice -n 19'")
     p.add_argument("--out", default=None, help="output JSON file (default runs/profiles/<name>.json)")
@@ -148,6 +158,46 @@ def measure_draft_step(pair, drafter, sampling, seq, contexts: list[int], steps:
     return out
 
 
+def measure_tree_level(pair, drafter, sampling, seq, contexts: list[int], levels: int, repeats: int, width: int,
+                       top_k: int) -> list[float]:
+    """Median seconds of one draft-tree level (:meth:`learn2draft.tree.TreeSpeculativeDecoder.draft_step`: the
+    drafter's forward over the ``width`` frontier nodes and their top-``top_k`` children) after c committed tokens,
+    per context. Each repeat drafts ``levels`` + 1 levels of a real tree cycle and times levels 2.. (the first
+    expands the root only and also feeds the committed tokens to the drafter, as the untimed first chain step),
+    then verifies the root alone (:meth:`verify` with V = 0) to roll everything back.
+
+    Raises:
+        ValueError: a drafter that drafts no trees (lookup).
+    """
+    import torch
+
+    from learn2draft.timing import DeviceClock
+    from learn2draft.tree import TreeSpeculativeDecoder
+
+    clock = DeviceClock(pair.device)
+    out = []
+    for c in contexts:
+        dec = TreeSpeculativeDecoder(pair, sampling, max_new_tokens=repeats + levels + 4,
+                                     max_depth=levels + 1, drafter=drafter, width=width, top_k=top_k)
+        dec.start(seq[:c])
+        times = []
+        with torch.inference_mode():
+            for rep in range(repeats + 1):  # repeat 0 warms up
+                for k in range(levels + 1):
+                    if not dec.can_draft():
+                        break
+                    t0 = clock.now()
+                    dec.draft_step()
+                    dt = clock.now() - t0
+                    if k and rep:
+                        times.append(dt)
+                dec.verify(0)
+                if dec.finished:
+                    break
+        out.append(statistics.median(times) if times else 0.0)
+    return out
+
+
 def measure_overheads(pair, drafter_name: str, head, sampling, prompts, max_new_tokens: int, depths: list[int]) -> dict:
     """Fit the decoder's ``other_seconds`` per cycle as ``cycle_overhead + step_overhead · depth`` (least squares,
     clamped at 0) over real generations with fixed depths; also the loop's own mean draft seconds per token and
@@ -183,12 +233,15 @@ def measure_overheads(pair, drafter_name: str, head, sampling, prompts, max_new_
 def measure_profile(pair, drafters: list[str], head=None, sampling=None, contexts=(128, 512, 1024),
                     tokens=(1, 2, 4, 8, 16, 32, 64), repeats: int = 5, draft_steps: int = 8, overhead_prompts: int = 2,
                     overhead_tokens: int = 32, overhead_depths=(0, 2, 4), name: str = "", note: str = "",
-                    progress=print):
+                    progress=print, tree_width: int | None = None, tree_top_k: int = 4):
     """Measure a :class:`learn2draft.latency.LatencyProfile` for ``pair`` and ``drafters`` on this machine.
 
+    With ``tree_width`` (W ≥ 1), the drafters that draft trees (model, head) also get ``tree_level_seconds``
+    (:func:`measure_tree_level` at W and ``tree_top_k``); others (lookup) keep none.
+
     Raises:
-        ValueError: ``tokens`` does not start at 1, or a context plus the largest token count exceeds the
-            pair's context window.
+        ValueError: ``tokens`` does not start at 1, a context plus the largest token count exceeds the
+            pair's context window, or ``tree_width`` / ``tree_top_k`` < 1.
     """
     from learn2draft.drafters import make_drafter
     from learn2draft.latency import DrafterCost, LatencyProfile, machine_info
@@ -201,6 +254,8 @@ def measure_profile(pair, drafters: list[str], head=None, sampling=None, context
         raise ValueError(f"--tokens must include 1 (the autoregressive step), got {tokens}.")
     if pair.max_context and contexts[-1] + tokens[-1] > pair.max_context:
         raise ValueError(f"context {contexts[-1]} + {tokens[-1]} tokens exceeds the pair's window of {pair.max_context}.")
+    if tree_width is not None and (tree_width < 1 or tree_top_k < 1):
+        raise ValueError(f"--tree-width and --tree-top-k must be ≥ 1, got {tree_width} and {tree_top_k}.")
     seq = token_stream(pair, contexts[-1] + tokens[-1] + draft_steps + 2)
     progress(f"verify: contexts {contexts} × tokens {tokens}, {repeats} repeats …")
     verify = measure_verify(pair, sampling, seq, contexts, tokens, repeats)
@@ -211,8 +266,14 @@ def measure_profile(pair, drafters: list[str], head=None, sampling=None, context
         dr = make_drafter(d, pair, head=head)
         step = measure_draft_step(pair, dr, sampling, seq, contexts, draft_steps, repeats)
         ov = measure_overheads(pair, d, head, sampling, prompts, overhead_tokens, list(overhead_depths))
+        tree_level = None
+        if tree_width is not None and dr.supports_tree:
+            progress(f"drafter {d}: tree levels (W={tree_width}, k={tree_top_k}) …")
+            secs = measure_tree_level(pair, dr, sampling, seq, contexts, draft_steps, repeats, tree_width, tree_top_k)
+            tree_level = {"contexts": [float(c) for c in contexts], "seconds": secs, "width": int(tree_width),
+                          "top_k": int(tree_top_k)}
         costs[d] = DrafterCost(list(contexts), step, ov["step_overhead_seconds"], ov["cycle_overhead_seconds"],
-                               {"config": dr.extra_config(), "loop_measurements": ov["loop_measurements"]})
+                               {"config": dr.extra_config(), "loop_measurements": ov["loop_measurements"]}, tree_level)
     machine = machine_info(str(pair.device))
     machine["dtype"] = str(next(pair.target.parameters()).dtype).replace("torch.", "")
     source = (f"measured by python -m eval.profile on {machine.get('gpu') or machine['cpu']} ({machine['cores']} cores, "
@@ -223,7 +284,9 @@ def measure_profile(pair, drafters: list[str], head=None, sampling=None, context
         name=name or default_name(machine), verify_tokens=list(tokens), verify_contexts=[float(c) for c in contexts],
         verify_seconds=verify, drafters=costs, machine=machine, source=source,
         meta={"target": pair.target_name, "draft": pair.draft_name, "sampling": sampling.to_dict(),
-              "model": "seconds(d, c) = d·(draft_step(c) + step_overhead) + verify(d+1, c) + cycle_overhead"},
+              "model": "seconds(d, c) = d·(draft_step(c) + step_overhead) + verify(d+1, c) + cycle_overhead"
+                       + ("; tree cycle: d·(tree_level(c) + step_overhead) + verify(V+1, c) + cycle_overhead"
+                          if tree_width is not None else "")},
     )
 
 
@@ -252,6 +315,8 @@ def _run(args) -> int:
         raise ValueError("--repeats, --draft-steps and --overhead-prompts must be ≥ 1 and --overhead-tokens ≥ 2.")
     if args.threads < 1:
         raise ValueError(f"--threads must be ≥ 1, got {args.threads}.")
+    if args.tree_width is not None and (args.tree_width < 1 or args.tree_top_k < 1):
+        raise ValueError(f"--tree-width and --tree-top-k must be ≥ 1, got {args.tree_width} and {args.tree_top_k}.")
     torch.set_num_threads(args.threads)
     device = args.device or default_device()
     check_device(device)
@@ -261,7 +326,8 @@ def _run(args) -> int:
     prof = measure_profile(pair, drafters, head=args.head, contexts=contexts, tokens=tokens, repeats=args.repeats,
                            draft_steps=args.draft_steps, overhead_prompts=args.overhead_prompts,
                            overhead_tokens=args.overhead_tokens, overhead_depths=depths, name=args.name or "",
-                           note=args.note, progress=lambda m: print(m, file=sys.stderr))
+                           note=args.note, progress=lambda m: print(m, file=sys.stderr), tree_width=args.tree_width,
+                           tree_top_k=args.tree_top_k)
     out = Path(args.out) if args.out else Path("runs") / "profiles" / f"{prof.name}.json"
     prof.meta["measure_seconds"] = round(time.perf_counter() - t0, 1)
     prof.save(out)
@@ -270,6 +336,9 @@ def _run(args) -> int:
                       "verify_relative_to_1": {k: round(v, 2) for k, v in rel.items()},
                       "draft_step_ms": {d: round(1e3 * c.step_seconds[0], 3) for d, c in prof.drafters.items()},
                       "cycle_overhead_ms": {d: round(1e3 * c.cycle_overhead_seconds, 3) for d, c in prof.drafters.items()},
+                      **({"tree_level_ms": {d: round(1e3 * c.tree_level["seconds"][0], 3)
+                                            for d, c in prof.drafters.items() if c.tree_level is not None}}
+                         if args.tree_width is not None else {}),
                       "seconds": prof.meta["measure_seconds"]}, indent=2))
     return 0
 

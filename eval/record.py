@@ -12,6 +12,18 @@ Example::
 
 Cost: one target forward of up to --max-depth + 1 tokens and up to --max-depth draft steps per
 generated token (about the cost of a fixed-depth speculative run that never skips a position).
+
+With --tree (temperature 0 only; model or head drafter): per output position, the draft tree
+drafted to --max-depth levels exactly as TreeSpeculativeDecoder drafts it (--tree-width frontier
+nodes × --tree-top-k children per level), one target forward over all its nodes with the tree
+mask, and from it the accepted length τ of every depth 0..--max-depth and every verification size
+in --verify-sizes. Example::
+
+    python -m eval.record --tree --drafter head --prompt-split heldout --max-depth 8 \
+        --verify-sizes 1,2,4,8,16,32,64 --tree-width 4 --tree-top-k 4 --out runs/traces/head-tree-heldout.npz
+
+Cost per generated token: one target forward over up to 1 + k + (max_depth − 1)·W·k tokens and
+--max-depth drafting levels.
 """
 
 from __future__ import annotations
@@ -46,8 +58,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, … (default: cuda if available, else cpu)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="model dtype")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    p.add_argument("--out", default=None, help="output .npz (default runs/traces/<drafter>-<split>.npz); "
+    p.add_argument("--out", default=None, help="output .npz (default runs/traces/<drafter>[-tree]-<split>.npz); "
                                                "the header is also written beside it as .json")
+    t = p.add_argument_group("draft trees")
+    t.add_argument("--tree", action="store_true",
+                   help="record draft-tree traces (temperature 0; model or head drafter): τ of every depth and "
+                        "verification size")
+    t.add_argument("--verify-sizes", default="1,2,4,8,16,32,64",
+                   help="with --tree: verification sizes V recorded, comma-separated")
+    t.add_argument("--tree-width", "--width", dest="width", type=int, default=4,
+                   help="with --tree: W, frontier nodes expanded per level")
+    t.add_argument("--tree-top-k", dest="tree_top_k", type=int, default=4,
+                   help="with --tree: k, children per expanded node (--top-k is sampling's top-k)")
     return p
 
 
@@ -72,6 +94,20 @@ def _run(args) -> int:
     if args.threads < 1:
         raise ValueError(f"--threads must be ≥ 1, got {args.threads}.")
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    if args.tree:
+        from learn2draft.traces import TREE_T_POSITIVE_REFUSAL, check_verify_sizes
+
+        if not sampling.greedy:
+            raise ValueError(f"--tree --temperature {args.temperature}: {TREE_T_POSITIVE_REFUSAL}")
+        if args.drafter == "lookup":
+            raise ValueError("--tree --drafter lookup: prompt lookup drafts no trees; use --drafter model or head.")
+        if args.max_depth < 1 or args.width < 1 or args.tree_top_k < 1:
+            raise ValueError(f"--tree needs --max-depth, --tree-width and --tree-top-k ≥ 1, got {args.max_depth}, "
+                             f"{args.width} and {args.tree_top_k}.")
+        try:
+            verify_sizes = check_verify_sizes(sorted({int(x) for x in args.verify_sizes.split(",") if x.strip()}))
+        except ValueError:
+            raise ValueError(f"--verify-sizes {args.verify_sizes!r}: expected comma-separated integers ≥ 1.") from None
     if args.prompts:
         prompts, source = load_prompt_file(args.prompts), str(Path(args.prompts).resolve())
     else:
@@ -81,17 +117,21 @@ def _run(args) -> int:
             raise ValueError(f"--prompt-split {args.prompt_split!r}: use one or more of {', '.join(SPLITS)} joined by commas.")
         prompts, source = [p for s in splits for p in load_prompts(s)], ",".join(splits)
     prompts = prompts[: args.num_prompts] if args.num_prompts else prompts
-    out = Path(args.out) if args.out else Path("runs") / "traces" / f"{args.drafter}-{Path(source).stem if args.prompts else source.replace(',', '+')}.npz"
+    kind = f"{args.drafter}-tree" if args.tree else args.drafter
+    name = Path(source).stem if args.prompts else source.replace(",", "+")
+    out = Path(args.out) if args.out else Path("runs") / "traces" / f"{kind}-{name}.npz"
     torch.set_num_threads(args.threads)
     device = args.device or default_device()
     check_device(device)
     print(f"Loading target={args.target} draft={args.draft} on {device} ({args.dtype}) …", file=sys.stderr)
     pair = load_pair(args.target, args.draft, device=device, dtype=parse_dtype(args.dtype))
     drafter = make_drafter(args.drafter, pair, head=args.head)
+    header = {"prompt_source": source, "num_prompts": len(prompts), "chat": True, "machine": machine_info(device),
+              "command": "python -m eval.record " + " ".join(sys.argv[1:])}
+    if args.tree:
+        return _record_trees(args, pair, drafter, prompts, sampling, verify_sizes, header, out)
     traces = record_traces(pair, drafter, prompts, sampling, max_new_tokens=args.max_new_tokens,
-                           max_depth=args.max_depth, seed=args.seed,
-                           header={"prompt_source": source, "num_prompts": len(prompts), "chat": True,
-                                   "machine": machine_info(device), "command": "python -m eval.record " + " ".join(sys.argv[1:])})
+                           max_depth=args.max_depth, seed=args.seed, header=header)
     path = traces.save(out)
     runs = [pt.accepted_run()[1:pt.n] for pt in traces.prompts]
     summary = {
@@ -104,6 +144,30 @@ def _run(args) -> int:
     if sampling.greedy:
         summary["mean_accepted_run"] = float(sum(r.sum() for r in runs) / max(1, sum(len(r) for r in runs)))
         summary["greedy_inconsistencies"] = traces.header["greedy_inconsistencies"]
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _record_trees(args, pair, drafter, prompts, sampling, verify_sizes, header, out) -> int:
+    import numpy as np
+
+    from learn2draft.traces import record_tree_traces
+
+    traces = record_tree_traces(pair, drafter, prompts, sampling, max_new_tokens=args.max_new_tokens,
+                                max_depth=args.max_depth, verify_sizes=verify_sizes, width=args.width,
+                                top_k=args.tree_top_k, seed=args.seed, header=header)
+    path = traces.save(out)
+    rows = [pt.tau[1:pt.n] for pt in traces.prompts]
+    tau = np.concatenate(rows) if rows else np.zeros((0, args.max_depth + 1, len(verify_sizes)))
+    summary = {
+        "out": str(path), "header": str(path.with_suffix(".json")), "prompts": len(traces),
+        "tokens": int(sum(pt.n for pt in traces.prompts)),
+        "mean_accepted_deepest_widest": float(tau[:, -1, -1].mean()) if len(tau) else 0.0,
+        "mean_accepted_by_depth_at_largest_V": [round(float(x), 3) for x in tau[:, 1:, -1].mean(axis=0)]
+        if len(tau) else [],
+        "greedy_inconsistencies": traces.header["greedy_inconsistencies"],
+        "seconds": round(traces.header["record_seconds"], 1),
+    }
     print(json.dumps(summary, indent=2))
     return 0
 

@@ -14,6 +14,18 @@ ones :class:`learn2draft.decoding.CycleResult` measures:
 * ``cycle_overhead`` + d · ``step_overhead`` — ``other_seconds``: acceptance, cache rollback, the
   next observation, and the feature vector built before every draft decision (per drafter).
 
+A draft-tree cycle (:class:`learn2draft.tree.TreeSpeculativeDecoder`) of depth d that verifies V
+nodes costs
+
+    tree_seconds(d, V, c) = d · (tree_level(c) + step_overhead) + verify(V + 1, c) + cycle_overhead
+
+with ``tree_level(c)`` — ``tree_level_seconds`` (optional, per drafter) — one drafting level of the
+tree: the drafter's forward over the W frontier nodes and their top-k children
+(:meth:`TreeSpeculativeDecoder.draft_step`), measured at the W (and k) stored beside it. A profile
+without it falls back to the chain's ``draft_step(c)`` (one forward over one token), which
+:meth:`LatencyProfile.has_tree_level` reports; it is a fair stand-in where the drafter's forward is
+launch-bound (a GPU), an underestimate where it is compute-bound (a CPU drafting W nodes).
+
 ``verify`` is tabulated at a few token counts (e.g. 1, 2, 4, …, 64) and context lengths and
 interpolated linearly in both (linearly extrapolated above the largest context, held constant below
 the smallest; more tokens than tabulated is an error). ``draft_step`` is tabulated over contexts
@@ -27,7 +39,12 @@ File format (``format: learn2draft-profile``, ``format_version: 1``)::
      "verify": {"tokens": [1, 2, 4, ...], "contexts": [128, 512, 1024],
                 "seconds": [[...per token count...], ...per context...]},
      "drafters": {"model": {"step_seconds": {"contexts": [...], "seconds": [...]},
-                            "step_overhead_seconds": 1e-4, "cycle_overhead_seconds": 1e-3}, ...}}
+                            "step_overhead_seconds": 1e-4, "cycle_overhead_seconds": 1e-3,
+                            "tree_level_seconds": {"contexts": [...], "seconds": [...],   # optional
+                                                   "width": 4, "top_k": 4}}, ...}}
+
+(``tree_level_seconds`` is optional and keeps ``format_version`` 1: older files read as before;
+its ``width`` / ``top_k`` say which tree shape it was measured at, null when assumed independent of it.)
 
 This module needs numpy only.
 """
@@ -64,13 +81,16 @@ def _ctx_weights(x: np.ndarray, xs: np.ndarray) -> tuple[np.ndarray, np.ndarray,
 @dataclass
 class DrafterCost:
     """Per-drafter costs (seconds): ``step_contexts`` / ``step_seconds`` tabulate one draft step over context
-    lengths; ``step_overhead_seconds`` per draft decision; ``cycle_overhead_seconds`` per cycle."""
+    lengths; ``step_overhead_seconds`` per draft decision; ``cycle_overhead_seconds`` per cycle;
+    ``tree_level`` (optional) one draft-tree level, ``{"contexts": [...], "seconds": [...], "width": W | None,
+    "top_k": k | None}`` (None: the profile has none, tree costs fall back to the step cost)."""
 
     step_contexts: list[float]
     step_seconds: list[float]
     step_overhead_seconds: float = 0.0
     cycle_overhead_seconds: float = 0.0
     extra: dict = field(default_factory=dict)
+    tree_level: dict | None = None
 
 
 @dataclass
@@ -127,6 +147,17 @@ class LatencyProfile:
                 raise ValueError(f"Profile {self.name!r}, drafter {d!r}: step contexts must be increasing and match "
                                  "step seconds in length.")
             vals = [*ys.tolist(), cost.step_overhead_seconds, cost.cycle_overhead_seconds]
+            if cost.tree_level is not None:
+                tl = cost.tree_level
+                try:
+                    tx, ty = np.asarray(tl["contexts"], float), np.asarray(tl["seconds"], float)
+                except (KeyError, TypeError, ValueError):
+                    raise ValueError(f"Profile {self.name!r}, drafter {d!r}: tree_level_seconds must be "
+                                     '{"contexts": [...], "seconds": [...]} (optionally "width", "top_k").') from None
+                if tx.ndim != 1 or tx.size == 0 or tx.shape != ty.shape or np.any(np.diff(tx) <= 0):
+                    raise ValueError(f"Profile {self.name!r}, drafter {d!r}: tree_level_seconds contexts must be "
+                                     "increasing and match its seconds in length.")
+                vals += ty.tolist()
             if not all(math.isfinite(v) and v >= 0 for v in vals):
                 raise ValueError(f"Profile {self.name!r}, drafter {d!r}: costs must be finite seconds ≥ 0.")
 
@@ -142,27 +173,37 @@ class LatencyProfile:
         return self.drafters[drafter]
 
     # ------------------------------------------------------------------ costs
-    def verify(self, tokens, context) -> np.ndarray:
+    def verify(self, tokens, context, extrapolate: bool = False) -> np.ndarray:
         """Seconds of one verification forward of ``tokens`` new tokens after ``context`` cached ones.
 
         Args:
             tokens: int or int array (m,), ≥ 1; ``context``: number or array broadcastable with it.
+            extrapolate: allow token counts above the table, extended linearly along its last two token counts
+                (a tree verifying V = 64 nodes sends 65 tokens; a 1..64 table then needs one step past its end).
 
         Returns:
             float64 array of the broadcast shape.
 
         Raises:
-            ValueError: a token count outside [1, max tabulated].
+            ValueError: a token count below 1, or above the largest tabulated without ``extrapolate``.
         """
         n, c = np.broadcast_arrays(np.asarray(tokens, dtype=np.float64), np.asarray(context, dtype=np.float64))
         nmax = self.verify_tokens[-1]
-        if n.size and (n.min() < 1 or n.max() > nmax):
+        if n.size and (n.min() < 1 or (n.max() > nmax and not extrapolate)):
             raise ValueError(f"Profile {self.name!r} tabulates verification of 1..{nmax} tokens, asked for "
                              f"{int(n.min())}..{int(n.max())}: use a smaller max_depth or measure larger sizes.")
         s = np.asarray(self.verify_seconds, dtype=np.float64)  # (C, N)
         ns = np.asarray(self.verify_tokens, dtype=np.float64)
         flat_n, flat_c = n.reshape(-1), c.reshape(-1)
-        by_ctx = np.stack([np.interp(flat_n, ns, row) for row in s])  # (C, m): interpolated in tokens
+
+        def along_tokens(row):
+            y = np.interp(flat_n, ns, row)
+            if ns.size > 1:
+                above = flat_n > ns[-1]
+                y[above] = row[-1] + (flat_n[above] - ns[-1]) * (row[-1] - row[-2]) / (ns[-1] - ns[-2])
+            return y
+
+        by_ctx = np.stack([along_tokens(row) for row in s])  # (C, m): interpolated in tokens
         lo, hi, w = _ctx_weights(flat_c, np.asarray(self.verify_contexts, dtype=np.float64))
         cols = np.arange(flat_n.shape[0])
         out = (1 - w) * by_ctx[lo, cols] + w * by_ctx[hi, cols]
@@ -175,6 +216,54 @@ class LatencyProfile:
         ys = np.asarray(cost.step_seconds, dtype=np.float64)
         lo, hi, w = _ctx_weights(c.reshape(-1), np.asarray(cost.step_contexts, dtype=np.float64))
         return ((1 - w) * ys[lo] + w * ys[hi]).reshape(c.shape)
+
+    def has_tree_level(self, drafter: str) -> bool:
+        """Whether ``drafter`` has a measured (or stated) ``tree_level_seconds``; if not, :meth:`tree_level` falls
+        back to its chain draft step.
+
+        Raises:
+            ValueError: the profile has no costs for ``drafter``.
+        """
+        return self.cost(drafter).tree_level is not None
+
+    def tree_level(self, drafter: str, context) -> np.ndarray:
+        """Seconds of one draft-tree level of ``drafter`` (the drafter's forward over the W frontier nodes plus the
+        top-k) at ``context`` committed tokens (number or array), interpolated like :meth:`draft_step`; without
+        ``tree_level_seconds`` in the profile, the chain draft step (:meth:`draft_step`).
+
+        Raises:
+            ValueError: the profile has no costs for ``drafter``.
+        """
+        cost = self.cost(drafter)
+        if cost.tree_level is None:
+            return self.draft_step(drafter, context)
+        c = np.asarray(context, dtype=np.float64)
+        ys = np.asarray(cost.tree_level["seconds"], dtype=np.float64)
+        lo, hi, w = _ctx_weights(c.reshape(-1), np.asarray(cost.tree_level["contexts"], dtype=np.float64))
+        return ((1 - w) * ys[lo] + w * ys[hi]).reshape(c.shape)
+
+    def tree_cycle_seconds(self, drafter: str, context, depth, verified) -> np.ndarray:
+        """Seconds of a draft-tree cycle: ``depth · (tree_level(c) + step_overhead) + verify(verified + 1, c) +
+        cycle_overhead`` (see the module docstring); ``depth`` = levels drafted, ``verified`` = drafted nodes sent
+        to the target (the root comes along). Verification above the table's largest token count is extrapolated
+        linearly (:meth:`verify`).
+
+        Args:
+            drafter: its costs are used; ``context``, ``depth``, ``verified``: numbers or broadcastable arrays.
+
+        Returns:
+            float64 array of the broadcast shape.
+
+        Raises:
+            ValueError: unknown drafter, negative depth or verified count.
+        """
+        c, d, v = np.broadcast_arrays(np.asarray(context, dtype=np.float64), np.asarray(depth, dtype=np.float64),
+                                      np.asarray(verified, dtype=np.float64))
+        if d.size and (d.min() < 0 or v.min() < 0):
+            raise ValueError("Tree depth and verified node count must be ≥ 0.")
+        cost = self.cost(drafter)
+        return (d * (self.tree_level(drafter, c) + cost.step_overhead_seconds) + self.verify(v + 1, c, extrapolate=True)
+                + cost.cycle_overhead_seconds)
 
     def cycle_table(self, drafter: str, contexts, max_depth: int) -> dict[str, np.ndarray]:
         """The cost of every depth at every context, for fast replay.
@@ -211,7 +300,9 @@ class LatencyProfile:
                        "seconds": [list(map(float, r)) for r in self.verify_seconds]},
             "drafters": {k: {"step_seconds": {"contexts": list(v.step_contexts), "seconds": list(map(float, v.step_seconds))},
                              "step_overhead_seconds": float(v.step_overhead_seconds),
-                             "cycle_overhead_seconds": float(v.cycle_overhead_seconds), **v.extra}
+                             "cycle_overhead_seconds": float(v.cycle_overhead_seconds),
+                             **({"tree_level_seconds": dict(v.tree_level)} if v.tree_level is not None else {}),
+                             **v.extra}
                          for k, v in self.drafters.items()},
         }
 
@@ -240,10 +331,15 @@ class LatencyProfile:
             drafters = {}
             for k, d in data["drafters"].items():
                 extra = {kk: vv for kk, vv in d.items()
-                         if kk not in ("step_seconds", "step_overhead_seconds", "cycle_overhead_seconds")}
+                         if kk not in ("step_seconds", "step_overhead_seconds", "cycle_overhead_seconds",
+                                       "tree_level_seconds")}
+                tl = d.get("tree_level_seconds")
+                if tl is not None and not isinstance(tl, dict):
+                    raise TypeError("'tree_level_seconds' must be an object")
                 # Every cost is required: a missing (or misspelt) one would silently be a free operation.
                 drafters[k] = DrafterCost(list(d["step_seconds"]["contexts"]), list(d["step_seconds"]["seconds"]),
-                                          float(d["step_overhead_seconds"]), float(d["cycle_overhead_seconds"]), extra)
+                                          float(d["step_overhead_seconds"]), float(d["cycle_overhead_seconds"]), extra,
+                                          dict(tl) if tl is not None else None)
             known = {"format", "format_version", "name", "source", "machine", "verify", "drafters"}
             return cls(name=str(data.get("name", Path(where).stem)), verify_tokens=[int(x) for x in v["tokens"]],
                        verify_contexts=[float(x) for x in v["contexts"]], verify_seconds=[list(map(float, r)) for r in v["seconds"]],

@@ -45,9 +45,22 @@ File format
 One ``.npz`` (numpy, ``allow_pickle=False``) holding the header as a JSON string (``header``) and
 the arrays of :data:`ARRAY_DOCS`, ragged per prompt and concatenated with offset arrays; a copy of
 the header is written beside it as ``<name>.json`` for reading without numpy. The header names the
-format and its version, the structure (``"chain"``; a draft-tree format will add ``tree_*`` arrays
-and ``"structure": "tree"``), the models, the drafter, the sampling settings, the feature version,
-``max_depth``, ``max_new_tokens`` and the machine it was recorded on.
+format and its version, the structure (``"chain"``), the models, the drafter, the sampling settings,
+the feature version, ``max_depth``, ``max_new_tokens`` and the machine it was recorded on.
+
+Draft-tree traces (temperature 0; ``structure`` = ``kind`` = ``"tree"``)
+----------------------------------------------------------------------
+:func:`record_tree_traces` (``python -m eval.record --tree``) stores, along the greedy generation
+(at T = 0 the committed text is the greedy output whatever the actions, so one trajectory serves
+every action), the accepted length τ(d, V) of every depth d = 0..``max_depth`` and every
+verification size V of ``verify_sizes`` at every output position, with the nodes per tree level
+(:data:`TREE_ARRAY_DOCS`). The tree is drafted by :class:`learn2draft.tree.TreeSpeculativeDecoder`
+itself (EAGLE-2: ``width`` frontier nodes × ``top_k`` children per level) and verified whole in one
+target forward with the tree mask; τ(d, V) follows the target's argmax through the top-V nodes of
+the first d levels, as the decoder selects them. Same file layout (its own arrays and version,
+:data:`TREE_TRACE_FORMAT_VERSION`); :class:`TraceSet` refuses tree files and :class:`TreeTraceSet`
+chain files, each with a message naming the other. At T > 0 a tree's acceptance depends on the
+residual law at every verified node, which is not recorded: refused (:data:`TREE_T_POSITIVE_REFUSAL`).
 """
 
 from __future__ import annotations
@@ -66,6 +79,7 @@ TRACE_FORMAT = "learn2draft-trace"
 #: Version of the file layout; :meth:`TraceSet.load` refuses other versions.
 TRACE_FORMAT_VERSION = 1
 CHAIN = "chain"
+TREE = "tree"
 #: Drafter features per decision (``match_len``, ``match_count``); equals drafters.base.NUM_DRAFTER_FEATURES.
 NUM_DRAFTER_FEATURES = 2
 
@@ -222,26 +236,20 @@ class TraceSet:
 
         Raises:
             FileNotFoundError: no such file.
-            ValueError: not a trace file, another format version, a structure this version cannot replay
-                (draft trees), a feature version other than this learn2draft's, or inconsistent arrays.
+            ValueError: not a trace file, another format version, a draft-tree trace file (read those with
+                :meth:`TreeTraceSet.load`), a feature version other than this learn2draft's, or inconsistent arrays.
         """
         path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"No trace file at {path}: record one with `python -m eval.record --out {path}`.")
-        try:
-            data = np.load(path, allow_pickle=False)
-            header = json.loads(str(data["header"]))
-            arrays = {k: data[k] for k in ARRAY_DOCS}
-        except (KeyError, ValueError, OSError) as e:
-            raise ValueError(f"{path} is not a learn2draft trace file ({e.__class__.__name__}: {e}); record one with "
-                             "`python -m eval.record`.") from None
-        if header.get("format") != TRACE_FORMAT:
-            raise ValueError(f"{path}: format {header.get('format')!r}, expected {TRACE_FORMAT!r}.")
+        data, header = _open_trace(path)
+        if header.get("structure") == TREE:
+            raise ValueError(f"{path} holds draft-tree traces (structure 'tree'); TraceSet reads chain traces only: "
+                             "load it with learn2draft.traces.TreeTraceSet.load (python -m eval.oracle reads both).")
         if header.get("format_version") != TRACE_FORMAT_VERSION:
             raise ValueError(f"{path}: trace format version {header.get('format_version')}, this learn2draft reads "
                              f"version {TRACE_FORMAT_VERSION}: re-record it with `python -m eval.record`.")
         if header.get("structure") != CHAIN:
             raise ValueError(f"{path}: structure {header.get('structure')!r}; this version replays chain traces only.")
+        arrays = _read_arrays(path, data, ARRAY_DOCS)
         if header.get("feature_version") != FEATURE_VERSION:
             raise ValueError(f"{path} was recorded with feature version {header.get('feature_version')}, this "
                              f"learn2draft builds version {FEATURE_VERSION}: re-record it with `python -m eval.record`.")
@@ -294,6 +302,43 @@ def load_traces(paths: str | Path | Sequence[str | Path]) -> TraceSet:
         return first
     header = {**first.header, "sources": [str(p) for p in paths], "num_prompts": sum(len(s) for s in sets)}
     return TraceSet(header, [pt for s in sets for pt in s.prompts])
+
+
+def _open_trace(path: Path):
+    """(the open .npz, its header dict) of a learn2draft trace file of any structure.
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: not a learn2draft trace file.
+    """
+    if not path.is_file():
+        raise FileNotFoundError(f"No trace file at {path}: record one with `python -m eval.record --out {path}`.")
+    try:
+        data = np.load(path, allow_pickle=False)
+        header = json.loads(str(data["header"]))
+    except (KeyError, ValueError, OSError) as e:
+        raise ValueError(f"{path} is not a learn2draft trace file ({e.__class__.__name__}: {e}); record one with "
+                         "`python -m eval.record`.") from None
+    if not isinstance(header, dict) or header.get("format") != TRACE_FORMAT:
+        fmt = header.get("format") if isinstance(header, dict) else None
+        raise ValueError(f"{path}: format {fmt!r}, expected {TRACE_FORMAT!r}.")
+    return data, header
+
+
+def _read_arrays(path: Path, data, names) -> dict[str, np.ndarray]:
+    try:
+        return {k: data[k] for k in names}
+    except (KeyError, ValueError, OSError) as e:
+        raise ValueError(f"{path} is not a complete learn2draft trace file ({e.__class__.__name__}: {e}); re-record it "
+                         "with `python -m eval.record`.") from None
+
+
+def trace_structure(path: str | Path) -> str:
+    """The structure of a trace file, read from its header only: ``"chain"`` or ``"tree"``.
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: not a learn2draft trace file.
+    """
+    return str(_open_trace(Path(path))[1].get("structure"))
 
 
 def _cat(parts, dtype, empty_shape) -> np.ndarray:
@@ -476,7 +521,471 @@ def record_traces(pair, drafter, prompts: Sequence, sampling, max_new_tokens: in
     return TraceSet(head, traces)
 
 
+# --------------------------------------------------------------------------- draft trees
+#: Version of the tree trace layout; :meth:`TreeTraceSet.load` refuses other versions.
+TREE_TRACE_FORMAT_VERSION = 1
+
+TREE_T_POSITIVE_REFUSAL = (
+    "Tree traces are recorded at temperature 0 only: replaying a tree's acceptance at T > 0 needs, per verified "
+    "node, the residual law after its rejected siblings (EAGLE-2's recursive rejection), which a trace of accepted "
+    "lengths does not record. Pass temperature 0 (--temperature 0)."
+)
+
+#: Every array of a tree trace file. P prompts, R = Σ (n_p + 1) position rows, D = max_depth, S = len(verify_sizes).
+TREE_ARRAY_DOCS: dict[str, str] = {
+    "prompt_offsets": ARRAY_DOCS["prompt_offsets"],
+    "prompt_tokens": ARRAY_DOCS["prompt_tokens"],
+    "output_offsets": ARRAY_DOCS["output_offsets"],
+    "output_tokens": "int64 (Σ n_p,): the recorded greedy generation g",
+    "row_offsets": ARRAY_DOCS["row_offsets"],
+    "tree_depth": "int64 (R,): tree levels drafted from that position, min(max_depth, max_new_tokens − t − 1) (0 in "
+                  "rows 0 and n_p); a cycle asking for depth d drafts min(d, tree_depth[t]) levels",
+    "level_nodes": "int64 (R, D): drafted nodes on level 1..D of that position's tree (0 past tree_depth); a tree of "
+                   "depth d holds the first d levels (EAGLE-2 expansion never revisits a level)",
+    "tau": "int64 (R, D+1, S): accepted length τ of a cycle at that position with depth d = 0..D and verification "
+           "size verify_sizes[s] (the top-V nodes of the depth-d tree by score, ancestors included); d = 0 is plain "
+           "decoding (τ = 0); uncapped: emitted = min(τ + 1, n_p − t)",
+    "ended_by_eos": ARRAY_DOCS["ended_by_eos"],
+    "seeds": ARRAY_DOCS["seeds"],
+}
+
+
+@dataclass
+class TreePromptTrace:
+    """The draft-tree trace of one prompt at temperature 0. n = generated tokens, D = max_depth,
+    S = len(verify_sizes).
+
+    Attributes:
+        prompt_ids: int64 (L,).
+        output: int64 (n,), the greedy generation.
+        ended_by_eos: the generation ended with EOS (else at ``max_new_tokens``).
+        tree_depth: int64 (n+1,), tree levels drafted at position t (rows 0 and n: 0).
+        level_nodes: int64 (n+1, D), nodes on each level of the tree drafted at t.
+        tau: int64 (n+1, D+1, S), accepted length of a cycle at t with depth d and verification size
+            ``verify_sizes[s]``; d above ``tree_depth[t]`` repeats the value at ``tree_depth[t]`` (the decoder
+            drafts no deeper); not capped at the tokens left (emitted = min(τ + 1, n − t)).
+        seed: the recording's seed.
+        greedy_inconsistencies: positions whose whole tree's accepted path (every node verified) disagrees with the
+            recorded greedy output (set by :func:`record_tree_prompt`; not stored per prompt, summed in the header).
+    """
+
+    prompt_ids: np.ndarray
+    output: np.ndarray
+    ended_by_eos: bool
+    tree_depth: np.ndarray
+    level_nodes: np.ndarray
+    tau: np.ndarray
+    seed: int = 0
+    greedy_inconsistencies: int = 0
+
+    @property
+    def n(self) -> int:
+        """Tokens generated (the prefill's first token included)."""
+        return int(self.output.shape[0])
+
+    @property
+    def prompt_len(self) -> int:
+        return int(self.prompt_ids.shape[0])
+
+    def nodes_up_to(self) -> np.ndarray:
+        """int64 (n+1, D+1): entry (t, d) = drafted nodes of levels ≤ d at position t (column 0: 0), the nodes a
+        depth-d tree holds; a cycle with verification size V verifies min(V, nodes_up_to[t, d]) of them."""
+        cum = np.cumsum(self.level_nodes, axis=1)
+        return np.concatenate([np.zeros((cum.shape[0], 1), dtype=np.int64), cum], axis=1).astype(np.int64)
+
+
+@dataclass
+class TreeTraceSet:
+    """Draft-tree traces of several prompts with their header (``structure`` = ``kind`` = ``"tree"``, ``width``,
+    ``top_k``, ``verify_sizes``, ``max_depth``, ``max_new_tokens``, models, drafter, sampling, machine, …).
+
+    Attributes:
+        header: JSON-serialisable dict.
+        prompts: one :class:`TreePromptTrace` per prompt.
+    """
+
+    header: dict
+    prompts: list[TreePromptTrace] = field(default_factory=list)
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.header["max_depth"])
+
+    @property
+    def max_new_tokens(self) -> int:
+        return int(self.header["max_new_tokens"])
+
+    @property
+    def verify_sizes(self) -> list[int]:
+        return [int(v) for v in self.header["verify_sizes"]]
+
+    @property
+    def width(self) -> int:
+        return int(self.header["width"])
+
+    @property
+    def top_k(self) -> int:
+        return int(self.header["top_k"])
+
+    @property
+    def drafter(self) -> str:
+        """The drafter's name (``"model"`` or ``"head"``)."""
+        d = self.header.get("drafter", {})
+        return str(d.get("drafter", d) if isinstance(d, dict) else d)
+
+    deterministic = True  # temperature 0 only
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def save(self, path: str | Path) -> Path:
+        """Write ``path`` (``.npz`` added if missing) and the header beside it as ``<stem>.json``.
+
+        Returns:
+            the ``.npz`` path.
+        """
+        path = Path(path)
+        if path.suffix != ".npz":
+            path = path.with_name(path.name + ".npz")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        D, S = self.max_depth, len(self.verify_sizes)
+        ps = self.prompts
+
+        def offsets(lengths):
+            return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+
+        arrays = {
+            "prompt_offsets": offsets([p.prompt_len for p in ps]),
+            "prompt_tokens": _cat([p.prompt_ids for p in ps], np.int64, (0,)),
+            "output_offsets": offsets([p.n for p in ps]),
+            "output_tokens": _cat([p.output for p in ps], np.int64, (0,)),
+            "row_offsets": offsets([p.n + 1 for p in ps]),
+            "tree_depth": _cat([p.tree_depth for p in ps], np.int64, (0,)),
+            "level_nodes": _cat([p.level_nodes for p in ps], np.int64, (0, D)),
+            "tau": _cat([p.tau for p in ps], np.int64, (0, D + 1, S)),
+            "ended_by_eos": np.asarray([p.ended_by_eos for p in ps], dtype=bool),
+            "seeds": np.asarray([p.seed for p in ps], dtype=np.int64),
+        }
+        header = {**self.header, "arrays": TREE_ARRAY_DOCS, "num_prompts": len(ps)}
+        text = json.dumps(header, indent=2, default=str)
+        np.savez_compressed(path, header=np.array(text), **arrays)
+        path.with_suffix(".json").write_text(text + "\n")
+        self.header = header
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> TreeTraceSet:
+        """Read a tree trace file written by :meth:`save` (``python -m eval.record --tree``).
+
+        Raises:
+            FileNotFoundError: no such file.
+            ValueError: not a trace file, a chain trace file, another tree format version, or inconsistent arrays.
+        """
+        path = Path(path)
+        data, header = _open_trace(path)
+        if header.get("structure") != TREE:
+            raise ValueError(f"{path} holds {header.get('structure')!r} traces, not draft-tree traces: load it with "
+                             "learn2draft.traces.TraceSet.load, or record tree traces with "
+                             "`python -m eval.record --tree`.")
+        if header.get("format_version") != TREE_TRACE_FORMAT_VERSION:
+            raise ValueError(f"{path}: tree trace format version {header.get('format_version')}, this learn2draft "
+                             f"reads version {TREE_TRACE_FORMAT_VERSION}: re-record it with "
+                             "`python -m eval.record --tree`.")
+        arrays = _read_arrays(path, data, TREE_ARRAY_DOCS)
+        D, S = int(header["max_depth"]), len(header["verify_sizes"])
+        po, oo, ro = arrays["prompt_offsets"], arrays["output_offsets"], arrays["row_offsets"]
+        P = po.shape[0] - 1
+        R = int(ro[-1]) if ro.size else 0
+        if not (oo.shape[0] == ro.shape[0] == P + 1 and arrays["ended_by_eos"].shape == (P,)
+                and np.array_equal(np.diff(ro), np.diff(oo) + 1) and arrays["tree_depth"].shape == (R,)
+                and arrays["level_nodes"].shape == (R, D) and arrays["tau"].shape == (R, D + 1, S)):
+            raise ValueError(f"{path}: inconsistent array shapes (a truncated or hand-edited file?); re-record it.")
+        prompts = []
+        for p in range(P):
+            r0, r1 = int(ro[p]), int(ro[p + 1])
+            prompts.append(TreePromptTrace(
+                prompt_ids=arrays["prompt_tokens"][po[p]:po[p + 1]],
+                output=arrays["output_tokens"][oo[p]:oo[p + 1]],
+                ended_by_eos=bool(arrays["ended_by_eos"][p]),
+                tree_depth=arrays["tree_depth"][r0:r1],
+                level_nodes=arrays["level_nodes"][r0:r1],
+                tau=arrays["tau"][r0:r1],
+                seed=int(arrays["seeds"][p]),
+            ))
+        return cls(header, prompts)
+
+
+def load_tree_traces(paths: str | Path | Sequence[str | Path]) -> TreeTraceSet:
+    """Load one tree trace file, or several recorded with the same settings (their prompts concatenated).
+
+    ``paths`` may be one path, a comma-separated string of paths, or a sequence of paths.
+
+    Raises:
+        FileNotFoundError, ValueError: as :meth:`TreeTraceSet.load`; also when the files differ in models, drafter,
+            tree shape (width, top_k, max_depth, verify_sizes) or max_new_tokens.
+    """
+    if isinstance(paths, (str, Path)):
+        paths = [s for s in str(paths).split(",") if s.strip()]
+    sets = [TreeTraceSet.load(p) for p in paths]
+    if not sets:
+        raise ValueError("No trace file given.")
+    first = sets[0]
+    keys = ("target", "draft", "drafter", "sampling", "max_depth", "max_new_tokens", "verify_sizes", "width", "top_k",
+            "chat")
+    for p, s in zip(paths[1:], sets[1:]):
+        diff = [k for k in keys if s.header.get(k) != first.header.get(k)]
+        if diff:
+            raise ValueError(f"{p} was recorded with other {', '.join(diff)} than {paths[0]}: replay them separately.")
+    if len(sets) == 1:
+        return first
+    header = {**first.header, "sources": [str(p) for p in paths], "num_prompts": sum(len(s) for s in sets)}
+    return TreeTraceSet(header, [pt for s in sets for pt in s.prompts])
+
+
+def check_verify_sizes(verify_sizes) -> list[int]:
+    """``verify_sizes`` as a list of distinct increasing integers ≥ 1.
+
+    Raises:
+        ValueError: empty, not integers, or a value < 1.
+    """
+    try:
+        vs = [int(v) for v in verify_sizes]
+    except (TypeError, ValueError):
+        raise ValueError(f"verify_sizes must be integers ≥ 1, got {verify_sizes!r}.") from None
+    if not vs or min(vs) < 1 or len(set(vs)) != len(vs) or vs != sorted(vs):
+        raise ValueError(f"verify_sizes must be distinct increasing integers ≥ 1 (e.g. 1,2,4,8,16,32,64), got {vs}.")
+    return vs
+
+
+class _RootOnlySampler:
+    """The recording's acceptance hook for :class:`learn2draft.tree.TreeSpeculativeDecoder`: it keeps the tree the
+    decoder drafted and the target's argmax after every node, and accepts no node, emitting the root's argmax (the
+    greedy next token), so that the recording commits exactly one token per position."""
+
+    def __init__(self):
+        self.decoder = None
+        self.tree = None
+        self.argmax: np.ndarray | None = None
+        self.order: np.ndarray | None = None
+
+    def __call__(self, parents, tokens, probs, generator=None):
+        from learn2draft.tree import select_top_nodes
+
+        tree = self.decoder.tree
+        if tree is None:  # the root alone
+            from learn2draft.tree import DraftTree
+
+            tree = DraftTree.root(int(tokens[0]))
+        order = select_top_nodes(tree, tree.num_nodes).numpy()  # the decoder's own node order for this subtree
+        if order.shape[0] != parents.numel() or not _torch_equal(tree.tokens[order[1:]], tokens[1:]):
+            raise RuntimeError("Tree recording: the verified subtree is not the whole drafted tree.")
+        am = probs.argmax(dim=1).cpu().numpy()
+        self.tree, self.order = tree, order
+        self.argmax = np.empty(order.shape[0], dtype=np.int64)
+        self.argmax[order] = am  # argmax after tree node i, in the tree's numbering
+        return [], int(am[0])
+
+
+def _torch_equal(a, b) -> bool:
+    import torch
+
+    return bool(torch.equal(torch.as_tensor(a).cpu(), torch.as_tensor(b).cpu()))
+
+
+def tree_accepted_lengths(tree, argmax: np.ndarray, max_depth: int, verify_sizes: Sequence[int]) -> np.ndarray:
+    """Accepted length τ(d, V) at temperature 0 of every depth d = 0..``max_depth`` and verification size V of one
+    drafted tree, given the target's argmax after every node.
+
+    For depth d the eligible nodes are those of levels ≤ min(d, tree depth) (the tree a depth-d cycle drafts:
+    EAGLE-2 expansion builds level by level, so it is a node-index prefix of the deeper tree); the verified set is
+    :func:`learn2draft.tree.select_top_nodes` over them with size min(V, eligible), as
+    :meth:`TreeSpeculativeDecoder.verify` selects; τ is the length of the path from the root that follows, at each
+    node, the verified child whose token is the target's argmax there — what
+    :func:`learn2draft.sampling.tree_speculative_sample` accepts with one-hot target rows.
+
+    Args:
+        tree: :class:`learn2draft.tree.DraftTree`, N+1 nodes.
+        argmax: int64 (N+1,), the target's greedy next token after node i's path (row i of one tree forward).
+        max_depth: D; ``verify_sizes``: S sizes ≥ 1.
+
+    Returns:
+        int64 (D+1, S); row 0 (plain decoding) is 0.
+    """
+    from learn2draft.tree import select_top_nodes
+
+    depth = tree.depth.numpy()
+    toks = tree.tokens.numpy()
+    children = tree.children()
+    if depth.size > 1 and np.any(np.diff(depth) < 0):
+        raise ValueError("Tree nodes must be numbered level by level (as TreeSpeculativeDecoder drafts them).")
+    out = np.zeros((max_depth + 1, len(verify_sizes)), dtype=np.int64)
+    for d in range(1, max_depth + 1):
+        de = min(d, tree.max_depth)
+        n_d = int(np.count_nonzero(depth <= de)) - 1
+        sub = tree.subtree(list(range(n_d + 1))) if n_d < tree.num_nodes else tree
+        for s, v in enumerate(verify_sizes):
+            chosen = np.zeros(depth.size, dtype=bool)
+            chosen[select_top_nodes(sub, min(int(v), n_d)).numpy()] = True
+            node, tau = 0, 0
+            while True:
+                nxt = [c for c in children[node] if chosen[c] and toks[c] == argmax[node]]
+                if not nxt:
+                    break
+                node, tau = nxt[0], tau + 1
+            out[d, s] = tau
+    return out
+
+
+def record_tree_prompt(pair, drafter, prompt_ids, sampling, max_new_tokens: int, max_depth: int,
+                       verify_sizes: Sequence[int], width: int, top_k: int, seed: int = 0) -> TreePromptTrace:
+    """Record the draft-tree trace of one prompt at temperature 0 (see :data:`TREE_ARRAY_DOCS`).
+
+    At temperature 0 the committed text is the greedy output whatever the actions, so one trajectory serves every
+    (depth, V). At each output position a :class:`learn2draft.tree.TreeSpeculativeDecoder` runs one real cycle with
+    :class:`learn2draft.tree.FixedTreeController` (``max_depth``, every node): it drafts the tree level by level
+    exactly as in a real run (``width`` frontier nodes × ``top_k`` children), verifies *all* its nodes in ONE target
+    forward with the tree attention mask, and its acceptance hook records the target's argmax after every node and
+    accepts nothing, so the decoder commits one token (the greedy next token), gathers its caches and rolls the
+    drafter back as after a rejection at the root. :func:`tree_accepted_lengths` then gives τ(d, V) for every depth
+    and size.
+
+    Args:
+        pair: a :class:`learn2draft.ModelPair`; ``drafter``: a drafter that drafts trees (model or head).
+        prompt_ids: int64 (L,) token ids; ``sampling``: a greedy :class:`SamplingConfig` (temperature 0; penalties
+            allowed).
+        max_new_tokens: tokens generated (≥ 1); ``max_depth``: deepest tree recorded (≥ 1).
+        verify_sizes: the verification sizes V recorded (distinct increasing integers ≥ 1).
+        width, top_k: the tree shape W and k (≥ 1).
+        seed: the decoder's seed (unused at temperature 0, stored).
+
+    Returns:
+        :class:`TreePromptTrace`; costs n target forwards of up to 1 + k + (max_depth − 1)·W·k tokens and up to
+        n · max_depth drafting levels.
+
+    Raises:
+        ValueError: temperature > 0 (:data:`TREE_T_POSITIVE_REFUSAL`), a drafter without trees (lookup), bad
+            ``max_new_tokens`` / ``max_depth`` / ``verify_sizes`` / ``width`` / ``top_k``, an empty or too long prompt.
+    """
+    import torch
+
+    from learn2draft.tree import FixedTreeController, TreeSpeculativeDecoder
+
+    if not sampling.greedy:
+        raise ValueError(TREE_T_POSITIVE_REFUSAL)
+    if not getattr(drafter, "supports_tree", False):
+        raise ValueError(f"The {drafter.name!r} drafter drafts no trees (prompt lookup proposes one chain): record "
+                         "tree traces with the model or head drafter, or chain traces without --tree.")
+    if max_new_tokens < 1 or max_depth < 1:
+        raise ValueError(f"Tree traces need max_new_tokens ≥ 1 and max_depth ≥ 1, got {max_new_tokens} and "
+                         f"{max_depth}.")
+    vs = check_verify_sizes(verify_sizes)
+    hook = _RootOnlySampler()
+    dec = TreeSpeculativeDecoder(pair, sampling, max_new_tokens=max_new_tokens, max_depth=max_depth, seed=seed,
+                                 drafter=drafter, width=width, top_k=top_k, tree_sampler=hook)
+    hook.decoder = dec
+    everything = FixedTreeController(max_depth, 10 ** 9)  # every drafted node (verify clips V to the tree)
+    D, S = max_depth, len(vs)
+    depths, levels, taus = [0], [np.zeros(D, dtype=np.int64)], [np.zeros((D + 1, S), dtype=np.int64)]
+    paths: list[list[int]] = [[]]
+    dec.start(torch.as_tensor(prompt_ids, dtype=torch.long).reshape(-1))
+    prompt = dec.ids.cpu().numpy().astype(np.int64)
+    while not dec.finished:
+        hook.tree = None
+        res = dec.run_cycle(everything)
+        if len(res.tokens) != 1 or hook.tree is None:
+            raise RuntimeError("Tree recording: the decoder did not run the recording hook.")
+        tree = hook.tree
+        depth = tree.depth.numpy()
+        depths.append(int(tree.max_depth))
+        levels.append(np.bincount(depth[1:], minlength=D + 1)[1: D + 1].astype(np.int64))
+        taus.append(tree_accepted_lengths(tree, hook.argmax, D, vs))
+        paths.append(_greedy_path(tree, hook.argmax))
+    depths.append(0)
+    levels.append(np.zeros(D, dtype=np.int64))
+    taus.append(np.zeros((D + 1, S), dtype=np.int64))
+    out = dec.ids[dec.prompt_len:].cpu().numpy().astype(np.int64)
+    # The whole tree's accepted path at t should be the recorded continuation (nothing after its end counts).
+    bad = sum(int(path[: len(out) - t] != out[t: t + len(path)].tolist()) for t, path in enumerate(paths) if t)
+    return TreePromptTrace(prompt_ids=prompt[: dec.prompt_len], output=out,
+                           ended_by_eos=int(out[-1]) in set(pair.eos_token_ids),
+                           tree_depth=np.asarray(depths, np.int64), level_nodes=np.stack(levels), tau=np.stack(taus),
+                           seed=int(seed), greedy_inconsistencies=bad)
+
+
+def _greedy_path(tree, argmax: np.ndarray) -> list[int]:
+    """Tokens of the path from the root following the target's argmax through every node of ``tree``."""
+    children, toks, node, out = tree.children(), tree.tokens.tolist(), 0, []
+    while True:
+        nxt = [c for c in children[node] if toks[c] == argmax[node]]
+        if not nxt:
+            return out
+        node = nxt[0]
+        out.append(toks[node])
+
+
+def record_tree_traces(pair, drafter, prompts: Sequence, sampling, max_new_tokens: int = 64, max_depth: int = 8,
+                       verify_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), width: int = 4, top_k: int = 4,
+                       seed: int = 0, header: dict | None = None, progress: bool = True) -> TreeTraceSet:
+    """Record one :class:`TreePromptTrace` per prompt with :func:`record_tree_prompt` (temperature 0 only).
+
+    Args:
+        pair, drafter, sampling, max_new_tokens, max_depth, verify_sizes, width, top_k: as :func:`record_tree_prompt`.
+        prompts: token-id sequences (int64 (L,)) or strings (encoded with :meth:`ModelPair.encode_prompt`).
+        seed: prompt i gets seed + i; ``header``: extra header entries; ``progress``: a tqdm bar on a terminal.
+
+    Returns:
+        :class:`TreeTraceSet` whose header names the format (``structure`` and ``kind`` ``"tree"``), version, models,
+        drafter, sampling, tree shape (``width``, ``top_k``, ``max_depth``, ``verify_sizes``), ``max_new_tokens``,
+        recording time and ``greedy_inconsistencies`` (positions where the full tree's accepted path disagrees with
+        the recorded greedy output: floating-point near-ties between differently batched forwards; 0 expected).
+
+    Raises:
+        ValueError: as :func:`record_tree_prompt` (checked before any model runs).
+    """
+    from tqdm.auto import tqdm
+
+    if not sampling.greedy:
+        raise ValueError(TREE_T_POSITIVE_REFUSAL)
+    if not getattr(drafter, "supports_tree", False):
+        raise ValueError(f"The {drafter.name!r} drafter drafts no trees (prompt lookup proposes one chain): record "
+                         "tree traces with the model or head drafter, or chain traces without --tree.")
+    vs = check_verify_sizes(verify_sizes)
+    t0 = time.perf_counter()
+    ids = [pair.encode_prompt(p, max_new_tokens=max_new_tokens) for p in prompts]
+    traces = []
+    for i, x in enumerate(tqdm(ids, desc="record trees", disable=None if progress else True, leave=False)):
+        traces.append(record_tree_prompt(pair, drafter, x, sampling, max_new_tokens, max_depth, vs, width, top_k,
+                                         seed=seed + i))
+    head = {
+        "format": TRACE_FORMAT,
+        "format_version": TREE_TRACE_FORMAT_VERSION,
+        "structure": TREE,
+        "kind": TREE,
+        "target": pair.target_name,
+        "draft": pair.draft_name,
+        "drafter": drafter.extra_config(),
+        "vocab_size": int(pair.vocab_size),
+        "eos_token_ids": [int(e) for e in pair.eos_token_ids],
+        "sampling": sampling.to_dict(),
+        "max_new_tokens": int(max_new_tokens),
+        "max_depth": int(max_depth),
+        "verify_sizes": vs,
+        "width": int(width),
+        "top_k": int(top_k),
+        "seed": int(seed),
+        "device": str(pair.device),
+        "dtype": str(next(pair.target.parameters()).dtype).replace("torch.", ""),
+        "record_seconds": time.perf_counter() - t0,
+        "greedy_inconsistencies": int(sum(tr.greedy_inconsistencies for tr in traces)),
+        **(header or {}),
+    }
+    return TreeTraceSet(head, traces)
+
+
 __all__ = [
-    "APPROXIMATION_T_POSITIVE", "ARRAY_DOCS", "CHAIN", "TRACE_FORMAT", "TRACE_FORMAT_VERSION", "PromptTrace",
-    "TraceSet", "greedy_inconsistencies", "load_traces", "record_prompt", "record_traces",
+    "APPROXIMATION_T_POSITIVE", "ARRAY_DOCS", "CHAIN", "TRACE_FORMAT", "TRACE_FORMAT_VERSION", "TREE",
+    "TREE_ARRAY_DOCS", "TREE_TRACE_FORMAT_VERSION", "TREE_T_POSITIVE_REFUSAL", "PromptTrace", "TraceSet",
+    "TreePromptTrace", "TreeTraceSet", "check_verify_sizes", "greedy_inconsistencies", "load_traces",
+    "load_tree_traces", "record_prompt", "record_traces", "record_tree_prompt", "record_tree_traces", "trace_structure",
+    "tree_accepted_lengths",
 ]
