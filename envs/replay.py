@@ -156,6 +156,9 @@ class SpecDecodeReplayEnv(gym.Env):
         profile_features: bool = False,
     ):
         super().__init__()
+        if type(traces).__name__ == "TreeTraceSet":
+            raise ValueError("SpecDecodeReplayEnv replays chain traces; these are draft-tree traces (recorded with "
+                             "--tree): record chain traces without --tree (python -m eval.oracle reads tree traces).")
         self.traces = traces if isinstance(traces, TraceSet) else load_traces(traces)
         if profile is None:
             raise ValueError("profile is required: the latency profile(s) the replayed cycles cost (a file from "

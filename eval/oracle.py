@@ -193,8 +193,9 @@ def tree_replay_data(pt, profile, drafter: str, verify_sizes, max_depth: int | N
     """
     D = pt.tau.shape[1] - 1
     Dm = D if max_depth is None else int(max_depth)
-    if not 0 <= Dm <= D:
-        raise ValueError(f"--max-depth {max_depth}: the tree traces were recorded up to depth {D}.")
+    if not 1 <= Dm <= D:
+        raise ValueError(f"--max-depth {max_depth}: must be in [1, {D}] for these tree traces (recorded up to depth "
+                         f"{D}; depth 0, plain decoding, is always reported).")
     rec_N = recorded_max_new_tokens if recorded_max_new_tokens is not None else pt.n
     N = rec_N if max_new_tokens is None else int(max_new_tokens)
     if not 1 <= N <= rec_N:

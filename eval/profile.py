@@ -65,8 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tree-width", "--width", dest="tree_width", type=int, default=None,
                    help="also measure one draft-tree level of W frontier nodes (model and head drafters); "
                         "off when not given")
-    p.add_argument("--tree-top-k", dest="tree_top_k", type=int, default=4,
-                   help="with --tree-width: k, children per expanded node")
+    p.add_argument("--tree-top-k", dest="tree_top_k", type=int, default=None,
+                   help="with --tree-width: k, children per expanded node (default: 4)")
     p.add_argument("--name", default=None, help="profile name (default: cpu-<cores>core or the GPU's name)")
     p.add_argument("--note", default="", help="free text added to the profile's source, e.g. 'under nice -n 19'")
     p.add_argument("--out", default=None, help="output JSON file (default runs/profiles/<name>.json)")
@@ -315,6 +315,12 @@ def _run(args) -> int:
         raise ValueError("--repeats, --draft-steps and --overhead-prompts must be ≥ 1 and --overhead-tokens ≥ 2.")
     if args.threads < 1:
         raise ValueError(f"--threads must be ≥ 1, got {args.threads}.")
+    if args.tree_top_k is not None and args.tree_width is None:
+        raise ValueError("--tree-top-k applies to the tree level measured with --tree-width W: add --tree-width.")
+    args.tree_top_k = 4 if args.tree_top_k is None else args.tree_top_k
+    if args.tree_width is not None and not any(d in ("model", "head") for d in drafters):
+        raise ValueError(f"--tree-width: the drafters {', '.join(drafters)} draft no trees (prompt lookup proposes one "
+                         "chain); add --drafter model or head, or drop --tree-width.")
     if args.tree_width is not None and (args.tree_width < 1 or args.tree_top_k < 1):
         raise ValueError(f"--tree-width and --tree-top-k must be ≥ 1, got {args.tree_width} and {args.tree_top_k}.")
     torch.set_num_threads(args.threads)

@@ -64,12 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--tree", action="store_true",
                    help="record draft-tree traces (temperature 0; model or head drafter): τ of every depth and "
                         "verification size")
-    t.add_argument("--verify-sizes", default="1,2,4,8,16,32,64",
-                   help="with --tree: verification sizes V recorded, comma-separated")
-    t.add_argument("--tree-width", "--width", dest="width", type=int, default=4,
-                   help="with --tree: W, frontier nodes expanded per level")
-    t.add_argument("--tree-top-k", dest="tree_top_k", type=int, default=4,
-                   help="with --tree: k, children per expanded node (--top-k is sampling's top-k)")
+    t.add_argument("--verify-sizes", default=None,
+                   help="with --tree: verification sizes V recorded, comma-separated (default: 1,2,4,8,16,32,64)")
+    t.add_argument("--tree-width", "--width", dest="width", type=int, default=None,
+                   help="with --tree: W, frontier nodes expanded per level (default: 4)")
+    t.add_argument("--tree-top-k", dest="tree_top_k", type=int, default=None,
+                   help="with --tree: k, children per expanded node (default: 4; --top-k is sampling's top-k)")
     return p
 
 
@@ -85,7 +85,7 @@ def _run(args) -> int:
     from learn2draft.models import check_device, default_device, load_pair, parse_dtype
     from learn2draft.prompts import SPLITS, load_prompt_file, load_prompts
     from learn2draft.sampling import SamplingConfig
-    from learn2draft.traces import record_traces
+    from learn2draft.traces import check_writable, record_traces
 
     if args.max_depth < 0 or args.max_new_tokens < 2:
         raise ValueError(f"--max-depth must be ≥ 0 and --max-new-tokens ≥ 2, got {args.max_depth} and {args.max_new_tokens}.")
@@ -94,6 +94,13 @@ def _run(args) -> int:
     if args.threads < 1:
         raise ValueError(f"--threads must be ≥ 1, got {args.threads}.")
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    given = [f for f, v in (("--verify-sizes", args.verify_sizes), ("--tree-width", args.width),
+                            ("--tree-top-k", args.tree_top_k)) if v is not None]
+    if given and not args.tree:
+        raise ValueError(f"{', '.join(given)} only apply to draft trees: add --tree (or drop them).")
+    args.verify_sizes = "1,2,4,8,16,32,64" if args.verify_sizes is None else args.verify_sizes
+    args.width = 4 if args.width is None else args.width
+    args.tree_top_k = 4 if args.tree_top_k is None else args.tree_top_k
     if args.tree:
         from learn2draft.traces import TREE_T_POSITIVE_REFUSAL, check_verify_sizes
 
@@ -120,6 +127,7 @@ def _run(args) -> int:
     kind = f"{args.drafter}-tree" if args.tree else args.drafter
     name = Path(source).stem if args.prompts else source.replace(",", "+")
     out = Path(args.out) if args.out else Path("runs") / "traces" / f"{kind}-{name}.npz"
+    out = check_writable(out)  # before loading models and recording: a bad --out must not cost the recording
     torch.set_num_threads(args.threads)
     device = args.device or default_device()
     check_device(device)

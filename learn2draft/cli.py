@@ -53,13 +53,17 @@ def check_wandb(mode: str) -> None:
 
 def run_cli(parser: argparse.ArgumentParser, run, argv: list[str] | None) -> int:
     """Parse ``argv`` and call ``run(args)``; bad input (ValueError, OSError, RuntimeError)
-    becomes one ``error:`` line on stderr and exit code 2 instead of a traceback."""
+    becomes one ``error:`` line on stderr and exit code 2 instead of a traceback, and Ctrl-C one
+    ``interrupted`` line and exit code 130 (files are written whole or not at all by the commands)."""
     args = parser.parse_args(argv)
     try:
         return run(args)
     except (ValueError, OSError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"{parser.prog}: interrupted (Ctrl-C) before it finished; nothing more was written.", file=sys.stderr)
+        return 130
 
 
 __all__ = ["HelpFormatter", "check_wandb", "plain_doc", "run_cli"]

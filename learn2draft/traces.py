@@ -225,7 +225,7 @@ class TraceSet:
         }
         header = {**self.header, "arrays": ARRAY_DOCS, "num_prompts": len(ps)}
         text = json.dumps(header, indent=2, default=str)
-        np.savez_compressed(path, header=np.array(text), **arrays)
+        _write_npz(path, text, arrays)
         path.with_suffix(".json").write_text(text + "\n")
         self.header = header
         return path
@@ -242,8 +242,10 @@ class TraceSet:
         path = Path(path)
         data, header = _open_trace(path)
         if header.get("structure") == TREE:
-            raise ValueError(f"{path} holds draft-tree traces (structure 'tree'); TraceSet reads chain traces only: "
-                             "load it with learn2draft.traces.TreeTraceSet.load (python -m eval.oracle reads both).")
+            raise ValueError(f"{path} holds draft-tree traces (recorded with --tree): replay (train --replay, "
+                             "SpecDecodeReplay-v0, eval.simreal) needs chain traces: record them without --tree. "
+                             "python -m eval.oracle reads either kind, one kind per run; in Python, "
+                             "learn2draft.traces.TreeTraceSet.load reads this file.")
         if header.get("format_version") != TRACE_FORMAT_VERSION:
             raise ValueError(f"{path}: trace format version {header.get('format_version')}, this learn2draft reads "
                              f"version {TRACE_FORMAT_VERSION}: re-record it with `python -m eval.record`.")
@@ -260,6 +262,10 @@ class TraceSet:
                 and np.array_equal(np.diff(ro), np.diff(oo) + 1) and arrays["draft_tokens"].shape == (int(ro[-1]), D)
                 and arrays["drafter_features"].shape[:2] == (int(ro[-1]), D + 1)):
             raise ValueError(f"{path}: inconsistent array shapes (a truncated or hand-edited file?); re-record it.")
+        cl, ap = arrays["chain_len"], arrays["accept_prob"]
+        if (cl.size and (cl.min() < 0 or cl.max() > D)) or (ap.size and not np.all(np.isnan(ap) | ((ap >= 0) & (ap <= 1)))):
+            raise ValueError(f"{path}: chain lengths outside [0, max_depth] or acceptance probabilities outside [0, 1] "
+                             "(NaN marks no draft; a hand-edited file?); re-record it.")
         prompts = []
         for p in range(P):
             r0, r1 = int(ro[p]), int(ro[p + 1])
@@ -304,6 +310,49 @@ def load_traces(paths: str | Path | Sequence[str | Path]) -> TraceSet:
     return TraceSet(header, [pt for s in sets for pt in s.prompts])
 
 
+def _write_npz(path: Path, header_text: str, arrays: dict) -> None:
+    """Write the .npz through a temporary file in the same folder, then rename it: an interrupted write
+    leaves the earlier file (or none), never a truncated one."""
+    import os
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(suffix=".npz", prefix=f".{path.stem}-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez_compressed(f, header=np.array(header_text), **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def check_writable(path: str | Path) -> Path:
+    """Check, before a long recording, that the ``.npz`` at ``path`` (``.npz`` added if missing) can be written:
+    its folder is created if missing and a temporary file is written there and removed.
+
+    Returns:
+        the ``.npz`` path.
+
+    Raises:
+        ValueError: the folder cannot be created or written (the message names ``path``).
+    """
+    import tempfile
+
+    path = Path(path)
+    if path.suffix != ".npz":
+        path = path.with_name(path.name + ".npz")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.stem}-", suffix=".probe"):
+            pass
+    except OSError as e:
+        raise ValueError(f"--out {path}: cannot write there ({e.strerror or e}); choose another path before "
+                         "recording.") from None
+    if path.is_dir():
+        raise ValueError(f"--out {path} is a directory: give a file name such as {path / 'traces.npz'}.")
+    return path
+
+
 def _open_trace(path: Path):
     """(the open .npz, its header dict) of a learn2draft trace file of any structure.
 
@@ -312,10 +361,12 @@ def _open_trace(path: Path):
     """
     if not path.is_file():
         raise FileNotFoundError(f"No trace file at {path}: record one with `python -m eval.record --out {path}`.")
+    import zipfile
+
     try:
         data = np.load(path, allow_pickle=False)
         header = json.loads(str(data["header"]))
-    except (KeyError, ValueError, OSError) as e:
+    except (KeyError, ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
         raise ValueError(f"{path} is not a learn2draft trace file ({e.__class__.__name__}: {e}); record one with "
                          "`python -m eval.record`.") from None
     if not isinstance(header, dict) or header.get("format") != TRACE_FORMAT:
@@ -325,9 +376,11 @@ def _open_trace(path: Path):
 
 
 def _read_arrays(path: Path, data, names) -> dict[str, np.ndarray]:
+    import zipfile
+
     try:
         return {k: data[k] for k in names}
-    except (KeyError, ValueError, OSError) as e:
+    except (KeyError, ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
         raise ValueError(f"{path} is not a complete learn2draft trace file ({e.__class__.__name__}: {e}); re-record it "
                          "with `python -m eval.record`.") from None
 
@@ -668,7 +721,7 @@ class TreeTraceSet:
         }
         header = {**self.header, "arrays": TREE_ARRAY_DOCS, "num_prompts": len(ps)}
         text = json.dumps(header, indent=2, default=str)
-        np.savez_compressed(path, header=np.array(text), **arrays)
+        _write_npz(path, text, arrays)
         path.with_suffix(".json").write_text(text + "\n")
         self.header = header
         return path
@@ -693,6 +746,10 @@ class TreeTraceSet:
                              "`python -m eval.record --tree`.")
         arrays = _read_arrays(path, data, TREE_ARRAY_DOCS)
         D, S = int(header["max_depth"]), len(header["verify_sizes"])
+        try:
+            check_verify_sizes(header["verify_sizes"])
+        except ValueError as e:
+            raise ValueError(f"{path}: header {e} (a hand-edited file?); re-record it.") from None
         po, oo, ro = arrays["prompt_offsets"], arrays["output_offsets"], arrays["row_offsets"]
         P = po.shape[0] - 1
         R = int(ro[-1]) if ro.size else 0
@@ -700,6 +757,11 @@ class TreeTraceSet:
                 and np.array_equal(np.diff(ro), np.diff(oo) + 1) and arrays["tree_depth"].shape == (R,)
                 and arrays["level_nodes"].shape == (R, D) and arrays["tau"].shape == (R, D + 1, S)):
             raise ValueError(f"{path}: inconsistent array shapes (a truncated or hand-edited file?); re-record it.")
+        tau, depth = arrays["tau"], np.arange(D + 1)[None, :, None]
+        if tau.size and (tau.min() < 0 or np.any(tau > depth) or arrays["tree_depth"].min() < 0
+                         or arrays["tree_depth"].max() > D or arrays["level_nodes"].min() < 0):
+            raise ValueError(f"{path}: accepted lengths outside [0, depth] or negative tree sizes (a hand-edited "
+                             "file?); re-record it.")
         prompts = []
         for p in range(P):
             r0, r1 = int(ro[p]), int(ro[p + 1])
@@ -985,7 +1047,7 @@ def record_tree_traces(pair, drafter, prompts: Sequence, sampling, max_new_token
 __all__ = [
     "APPROXIMATION_T_POSITIVE", "ARRAY_DOCS", "CHAIN", "TRACE_FORMAT", "TRACE_FORMAT_VERSION", "TREE",
     "TREE_ARRAY_DOCS", "TREE_TRACE_FORMAT_VERSION", "TREE_T_POSITIVE_REFUSAL", "PromptTrace", "TraceSet",
-    "TreePromptTrace", "TreeTraceSet", "check_verify_sizes", "greedy_inconsistencies", "load_traces",
+    "TreePromptTrace", "TreeTraceSet", "check_verify_sizes", "check_writable", "greedy_inconsistencies", "load_traces",
     "load_tree_traces", "record_prompt", "record_traces", "record_tree_prompt", "record_tree_traces", "trace_structure",
     "tree_accepted_lengths",
 ]

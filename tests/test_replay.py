@@ -363,7 +363,7 @@ def test_trace_file_round_trip_and_version_check(pairs, tmp_path):
     assert len(both) == 2 * len(tr)
     data = dict(np.load(path))
     header = json.loads(str(data["header"]))
-    for change, match in (({"format_version": 99}, "format version 99"), ({"structure": "tree"}, "chain traces only"),
+    for change, match in (({"format_version": 99}, "format version 99"), ({"structure": "tree"}, "needs chain traces: record them without --tree"),
                           ({"feature_version": 1}, "feature version 1")):
         data["header"] = np.array(json.dumps({**header, **change}))
         np.savez(tmp_path / "bad.npz", **data)
@@ -371,6 +371,17 @@ def test_trace_file_round_trip_and_version_check(pairs, tmp_path):
             TraceSet.load(tmp_path / "bad.npz")
     with pytest.raises(FileNotFoundError, match="eval.record"):
         TraceSet.load(tmp_path / "missing.npz")
+    # damaged files: one clear error, never a zipfile / EOF traceback; impossible values are refused
+    (tmp_path / "trunc.npz").write_bytes(path.read_bytes()[:500])
+    (tmp_path / "empty.npz").write_bytes(b"")
+    for bad in ("trunc.npz", "empty.npz"):
+        with pytest.raises(ValueError, match="not a learn2draft trace file"):
+            TraceSet.load(tmp_path / bad)
+    data["header"] = np.array(json.dumps(header))
+    data["accept_prob"] = data["accept_prob"] * 2 + 1
+    np.savez(tmp_path / "edited.npz", **data)
+    with pytest.raises(ValueError, match="outside \\[0, 1\\]"):
+        TraceSet.load(tmp_path / "edited.npz")
 
 
 def test_profiles_validate_and_the_shipped_ones_load(tmp_path):

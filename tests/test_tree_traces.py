@@ -148,8 +148,12 @@ def test_tree_trace_round_trip_and_kind_refusals(noisy_pair, tmp_path):
             np.testing.assert_array_equal(getattr(a, k), getattr(b, k))
         assert a.ended_by_eos == b.ended_by_eos
     assert len(load_tree_traces(f"{path},{path}")) == 2 * len(tr)
-    with pytest.raises(ValueError, match="draft-tree traces.*TreeTraceSet.load"):
+    with pytest.raises(ValueError, match="draft-tree traces.*record them without --tree.*TreeTraceSet.load"):
         TraceSet.load(path)
+    from envs.replay import SpecDecodeReplayEnv
+
+    with pytest.raises(ValueError, match="replays chain traces"):
+        SpecDecodeReplayEnv(back, "gpu-like")
     chain = record_traces(noisy_pair, make_drafter("model", noisy_pair), PROMPTS[:1], SamplingConfig(),
                           max_new_tokens=4, max_depth=2, progress=False).save(tmp_path / "chain")
     assert trace_structure(chain) == "chain"
@@ -162,10 +166,23 @@ def test_tree_trace_round_trip_and_kind_refusals(noisy_pair, tmp_path):
     with pytest.raises(ValueError, match="tree trace format version 7"):
         TreeTraceSet.load(tmp_path / "bad.npz")
     data["header"] = np.array(json.dumps(header))
-    data["tau"] = data["tau"][:, :2]
+    tau = data["tau"]
+    data["tau"] = tau[:, :2]
     np.savez(tmp_path / "bad.npz", **data)
     with pytest.raises(ValueError, match="inconsistent array shapes"):
         TreeTraceSet.load(tmp_path / "bad.npz")
+    data["tau"] = -tau - 1  # impossible accepted lengths (replaying them would never advance): refused
+    np.savez(tmp_path / "bad.npz", **data)
+    with pytest.raises(ValueError, match="accepted lengths outside"):
+        TreeTraceSet.load(tmp_path / "bad.npz")
+    data["tau"] = tau
+    data["header"] = np.array(json.dumps({**header, "verify_sizes": header["verify_sizes"][::-1]}))
+    np.savez(tmp_path / "bad.npz", **data)
+    with pytest.raises(ValueError, match="increasing"):
+        TreeTraceSet.load(tmp_path / "bad.npz")
+    (tmp_path / "trunc.npz").write_bytes(path.read_bytes()[:300])
+    with pytest.raises(ValueError, match="not a learn2draft trace file"):
+        TreeTraceSet.load(tmp_path / "trunc.npz")
 
 
 def test_t_positive_and_lookup_are_refused(noisy_pair, capsys):
@@ -182,7 +199,9 @@ def test_t_positive_and_lookup_are_refused(noisy_pair, capsys):
                            max_new_tokens=4, max_depth=2, verify_sizes=(4, 2))
     # The command refuses before loading any model.
     for argv, match in ((["--tree", "--temperature", "0.7"], "residual law"), (["--tree", "--drafter", "lookup"],
-                        "drafts no trees"), (["--tree", "--verify-sizes", "0,4"], "--verify-sizes")):
+                        "drafts no trees"), (["--tree", "--verify-sizes", "0,4"], "--verify-sizes"),
+                        (["--tree-width", "2"], "only apply to draft trees: add --tree"),
+                        (["--tree", "--out", "/proc/no/x.npz"], "cannot write there")):
         assert record_main(argv) == 2
         assert match in capsys.readouterr().err
 
@@ -317,3 +336,25 @@ def test_record_tree_profile_tree_level_and_oracle_commands(tiny_model_dirs, tmp
     assert json.loads((tmp_path / "rep.json").read_text())["structure"] == "tree"
     assert oracle_main([str(trace), "--profile", str(prof), "--policy", str(tmp_path)]) == 2
     assert "not built" in capsys.readouterr().err
+
+
+def test_profile_tree_flags_are_checked_before_measuring(capsys):
+    from eval.profile import main as profile_main
+
+    for argv, match in ((["--tree-top-k", "2"], "add --tree-width"),
+                        (["--drafter", "lookup", "--tree-width", "4"], "draft no trees")):
+        assert profile_main(argv) == 2
+        assert match in capsys.readouterr().err
+
+
+def test_ctrl_c_in_a_command_is_one_line_and_exit_130(capsys):
+    import argparse
+
+    from learn2draft.cli import run_cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    assert run_cli(argparse.ArgumentParser(prog="python -m eval.record"), interrupted, []) == 130
+    err = capsys.readouterr().err
+    assert err.startswith("python -m eval.record: interrupted") and "Traceback" not in err
