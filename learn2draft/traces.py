@@ -204,24 +204,14 @@ class TraceSet:
         path.parent.mkdir(parents=True, exist_ok=True)
         D = self.max_depth
         ps = self.prompts
-
-        def offsets(lengths):
-            return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-
         arrays = {
-            "prompt_offsets": offsets([p.prompt_len for p in ps]),
-            "prompt_tokens": _cat([p.prompt_ids for p in ps], np.int64, (0,)),
-            "output_offsets": offsets([p.n for p in ps]),
-            "output_tokens": _cat([p.output for p in ps], np.int64, (0,)),
-            "row_offsets": offsets([p.n + 1 for p in ps]),
+            **_prompt_arrays(ps),
             "chain_len": _cat([p.chain_len for p in ps], np.int64, (0,)),
             "draft_tokens": _cat([p.draft_tokens for p in ps], np.int64, (0, D)),
             "confidence": _cat([p.confidence for p in ps], np.float64, (0, D)),
             "entropy": _cat([p.entropy for p in ps], np.float64, (0, D)),
             "drafter_features": _cat([p.drafter_features for p in ps], np.float32, (0, D + 1, NUM_DRAFTER_FEATURES)),
             "accept_prob": _cat([p.accept_prob for p in ps], np.float64, (0, D)),
-            "ended_by_eos": np.asarray([p.ended_by_eos for p in ps], dtype=bool),
-            "seeds": np.asarray([p.seed for p in ps], dtype=np.int64),
         }
         header = {**self.header, "arrays": ARRAY_DOCS, "num_prompts": len(ps)}
         text = json.dumps(header, indent=2, default=str)
@@ -256,32 +246,16 @@ class TraceSet:
             raise ValueError(f"{path} was recorded with feature version {header.get('feature_version')}, this "
                              f"learn2draft builds version {FEATURE_VERSION}: re-record it with `python -m eval.record`.")
         D = int(header["max_depth"])
-        po, oo, ro = arrays["prompt_offsets"], arrays["output_offsets"], arrays["row_offsets"]
-        P = po.shape[0] - 1
-        if not (oo.shape[0] == ro.shape[0] == P + 1 and arrays["ended_by_eos"].shape == (P,)
-                and np.array_equal(np.diff(ro), np.diff(oo) + 1) and arrays["draft_tokens"].shape == (int(ro[-1]), D)
-                and arrays["drafter_features"].shape[:2] == (int(ro[-1]), D + 1)):
+        rows = _checked_rows(path, arrays)
+        if not (arrays["draft_tokens"].shape == (rows, D) and arrays["drafter_features"].shape[:2] == (rows, D + 1)):
             raise ValueError(f"{path}: inconsistent array shapes (a truncated or hand-edited file?); re-record it.")
         cl, ap = arrays["chain_len"], arrays["accept_prob"]
         if (cl.size and (cl.min() < 0 or cl.max() > D)) or (ap.size and not np.all(np.isnan(ap) | ((ap >= 0) & (ap <= 1)))):
             raise ValueError(f"{path}: chain lengths outside [0, max_depth] or acceptance probabilities outside [0, 1] "
                              "(NaN marks no draft; a hand-edited file?); re-record it.")
-        prompts = []
-        for p in range(P):
-            r0, r1 = int(ro[p]), int(ro[p + 1])
-            prompts.append(PromptTrace(
-                prompt_ids=arrays["prompt_tokens"][po[p]:po[p + 1]],
-                output=arrays["output_tokens"][oo[p]:oo[p + 1]],
-                ended_by_eos=bool(arrays["ended_by_eos"][p]),
-                chain_len=arrays["chain_len"][r0:r1],
-                draft_tokens=arrays["draft_tokens"][r0:r1],
-                confidence=arrays["confidence"][r0:r1],
-                entropy=arrays["entropy"][r0:r1],
-                drafter_features=arrays["drafter_features"][r0:r1],
-                accept_prob=arrays["accept_prob"][r0:r1],
-                seed=int(arrays["seeds"][p]),
-            ))
-        return cls(header, prompts)
+        per_row = ("chain_len", "draft_tokens", "confidence", "entropy", "drafter_features", "accept_prob")
+        return cls(header, [PromptTrace(**common, **{k: arrays[k][rs] for k in per_row})
+                            for common, rs in _split_prompts(arrays)])
 
 
 def load_traces(paths: str | Path | Sequence[str | Path]) -> TraceSet:
@@ -293,13 +267,18 @@ def load_traces(paths: str | Path | Sequence[str | Path]) -> TraceSet:
         FileNotFoundError, ValueError: as :meth:`TraceSet.load`; also when the files differ in models,
             drafter, sampling, ``max_depth`` or ``max_new_tokens``.
     """
+    return _load_many(TraceSet, paths, ("target", "draft", "drafter", "sampling", "max_depth", "max_new_tokens", "chat"))
+
+
+def _load_many(cls, paths, keys: tuple[str, ...]):
+    """``cls.load`` of one path, a comma-separated string of paths or a sequence of them; several are
+    concatenated after checking that their headers agree on ``keys``."""
     if isinstance(paths, (str, Path)):
         paths = [s for s in str(paths).split(",") if s.strip()]
-    sets = [TraceSet.load(p) for p in paths]
+    sets = [cls.load(p) for p in paths]
     if not sets:
         raise ValueError("No trace file given.")
     first = sets[0]
-    keys = ("target", "draft", "drafter", "sampling", "max_depth", "max_new_tokens", "chat")
     for p, s in zip(paths[1:], sets[1:]):
         diff = [k for k in keys if s.header.get(k) != first.header.get(k)]
         if diff:
@@ -307,7 +286,47 @@ def load_traces(paths: str | Path | Sequence[str | Path]) -> TraceSet:
     if len(sets) == 1:
         return first
     header = {**first.header, "sources": [str(p) for p in paths], "num_prompts": sum(len(s) for s in sets)}
-    return TraceSet(header, [pt for s in sets for pt in s.prompts])
+    return cls(header, [pt for s in sets for pt in s.prompts])
+
+
+def _prompt_arrays(prompts) -> dict[str, np.ndarray]:
+    """The arrays every trace file holds, whatever its structure: prompt and output tokens with their
+    offsets, the per-position row offsets (n + 1 rows per prompt), EOS flags and seeds."""
+    def offsets(lengths):
+        return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+
+    return {
+        "prompt_offsets": offsets([p.prompt_len for p in prompts]),
+        "prompt_tokens": _cat([p.prompt_ids for p in prompts], np.int64, (0,)),
+        "output_offsets": offsets([p.n for p in prompts]),
+        "output_tokens": _cat([p.output for p in prompts], np.int64, (0,)),
+        "row_offsets": offsets([p.n + 1 for p in prompts]),
+        "ended_by_eos": np.asarray([p.ended_by_eos for p in prompts], dtype=bool),
+        "seeds": np.asarray([p.seed for p in prompts], dtype=np.int64),
+    }
+
+
+def _checked_rows(path: Path, arrays) -> int:
+    """The number of per-position rows, after checking the arrays of :func:`_prompt_arrays` agree.
+
+    Raises:
+        ValueError: inconsistent shapes (a truncated or hand-edited file).
+    """
+    po, oo, ro = arrays["prompt_offsets"], arrays["output_offsets"], arrays["row_offsets"]
+    P = po.shape[0] - 1
+    if not (oo.shape[0] == ro.shape[0] == P + 1 and arrays["ended_by_eos"].shape == (P,)
+            and np.array_equal(np.diff(ro), np.diff(oo) + 1)):
+        raise ValueError(f"{path}: inconsistent array shapes (a truncated or hand-edited file?); re-record it.")
+    return int(ro[-1]) if ro.size else 0
+
+
+def _split_prompts(arrays):
+    """Per prompt: (the keyword arguments every prompt trace takes, the slice of its rows)."""
+    po, oo, ro = arrays["prompt_offsets"], arrays["output_offsets"], arrays["row_offsets"]
+    for p in range(po.shape[0] - 1):
+        yield ({"prompt_ids": arrays["prompt_tokens"][po[p]:po[p + 1]], "output": arrays["output_tokens"][oo[p]:oo[p + 1]],
+                "ended_by_eos": bool(arrays["ended_by_eos"][p]), "seed": int(arrays["seeds"][p])},
+               slice(int(ro[p]), int(ro[p + 1])))
 
 
 def _write_npz(path: Path, header_text: str, arrays: dict) -> None:
@@ -703,21 +722,11 @@ class TreeTraceSet:
         path.parent.mkdir(parents=True, exist_ok=True)
         D, S = self.max_depth, len(self.verify_sizes)
         ps = self.prompts
-
-        def offsets(lengths):
-            return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-
         arrays = {
-            "prompt_offsets": offsets([p.prompt_len for p in ps]),
-            "prompt_tokens": _cat([p.prompt_ids for p in ps], np.int64, (0,)),
-            "output_offsets": offsets([p.n for p in ps]),
-            "output_tokens": _cat([p.output for p in ps], np.int64, (0,)),
-            "row_offsets": offsets([p.n + 1 for p in ps]),
+            **_prompt_arrays(ps),
             "tree_depth": _cat([p.tree_depth for p in ps], np.int64, (0,)),
             "level_nodes": _cat([p.level_nodes for p in ps], np.int64, (0, D)),
             "tau": _cat([p.tau for p in ps], np.int64, (0, D + 1, S)),
-            "ended_by_eos": np.asarray([p.ended_by_eos for p in ps], dtype=bool),
-            "seeds": np.asarray([p.seed for p in ps], dtype=np.int64),
         }
         header = {**self.header, "arrays": TREE_ARRAY_DOCS, "num_prompts": len(ps)}
         text = json.dumps(header, indent=2, default=str)
@@ -750,31 +759,18 @@ class TreeTraceSet:
             check_verify_sizes(header["verify_sizes"])
         except ValueError as e:
             raise ValueError(f"{path}: header {e} (a hand-edited file?); re-record it.") from None
-        po, oo, ro = arrays["prompt_offsets"], arrays["output_offsets"], arrays["row_offsets"]
-        P = po.shape[0] - 1
-        R = int(ro[-1]) if ro.size else 0
-        if not (oo.shape[0] == ro.shape[0] == P + 1 and arrays["ended_by_eos"].shape == (P,)
-                and np.array_equal(np.diff(ro), np.diff(oo) + 1) and arrays["tree_depth"].shape == (R,)
-                and arrays["level_nodes"].shape == (R, D) and arrays["tau"].shape == (R, D + 1, S)):
+        R = _checked_rows(path, arrays)
+        if not (arrays["tree_depth"].shape == (R,) and arrays["level_nodes"].shape == (R, D)
+                and arrays["tau"].shape == (R, D + 1, S)):
             raise ValueError(f"{path}: inconsistent array shapes (a truncated or hand-edited file?); re-record it.")
         tau, depth = arrays["tau"], np.arange(D + 1)[None, :, None]
         if tau.size and (tau.min() < 0 or np.any(tau > depth) or arrays["tree_depth"].min() < 0
                          or arrays["tree_depth"].max() > D or arrays["level_nodes"].min() < 0):
             raise ValueError(f"{path}: accepted lengths outside [0, depth] or negative tree sizes (a hand-edited "
                              "file?); re-record it.")
-        prompts = []
-        for p in range(P):
-            r0, r1 = int(ro[p]), int(ro[p + 1])
-            prompts.append(TreePromptTrace(
-                prompt_ids=arrays["prompt_tokens"][po[p]:po[p + 1]],
-                output=arrays["output_tokens"][oo[p]:oo[p + 1]],
-                ended_by_eos=bool(arrays["ended_by_eos"][p]),
-                tree_depth=arrays["tree_depth"][r0:r1],
-                level_nodes=arrays["level_nodes"][r0:r1],
-                tau=arrays["tau"][r0:r1],
-                seed=int(arrays["seeds"][p]),
-            ))
-        return cls(header, prompts)
+        per_row = ("tree_depth", "level_nodes", "tau")
+        return cls(header, [TreePromptTrace(**common, **{k: arrays[k][rs] for k in per_row})
+                            for common, rs in _split_prompts(arrays)])
 
 
 def load_tree_traces(paths: str | Path | Sequence[str | Path]) -> TreeTraceSet:
@@ -786,22 +782,8 @@ def load_tree_traces(paths: str | Path | Sequence[str | Path]) -> TreeTraceSet:
         FileNotFoundError, ValueError: as :meth:`TreeTraceSet.load`; also when the files differ in models, drafter,
             tree shape (width, top_k, max_depth, verify_sizes) or max_new_tokens.
     """
-    if isinstance(paths, (str, Path)):
-        paths = [s for s in str(paths).split(",") if s.strip()]
-    sets = [TreeTraceSet.load(p) for p in paths]
-    if not sets:
-        raise ValueError("No trace file given.")
-    first = sets[0]
-    keys = ("target", "draft", "drafter", "sampling", "max_depth", "max_new_tokens", "verify_sizes", "width", "top_k",
-            "chat")
-    for p, s in zip(paths[1:], sets[1:]):
-        diff = [k for k in keys if s.header.get(k) != first.header.get(k)]
-        if diff:
-            raise ValueError(f"{p} was recorded with other {', '.join(diff)} than {paths[0]}: replay them separately.")
-    if len(sets) == 1:
-        return first
-    header = {**first.header, "sources": [str(p) for p in paths], "num_prompts": sum(len(s) for s in sets)}
-    return TreeTraceSet(header, [pt for s in sets for pt in s.prompts])
+    return _load_many(TreeTraceSet, paths, ("target", "draft", "drafter", "sampling", "max_depth", "max_new_tokens",
+                                            "verify_sizes", "width", "top_k", "chat"))
 
 
 def check_verify_sizes(verify_sizes) -> list[int]:
