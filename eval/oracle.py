@@ -429,10 +429,15 @@ def _run(args) -> int:
         max_depth = pol_depth
     env = SpecDecodeReplayEnv(traces, profile, max_new_tokens=max_new, max_depth=max_depth)
     rep = oracle_report(env, controllers, repeats=args.repeats, seed=args.seed)
-    print(format_report(rep))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(rep, indent=2, default=str))
+    return _emit(format_report(rep), rep, args.json)
+
+
+def _emit(text: str, rep: dict, json_path: str | None) -> int:
+    """Print a report's table and, with ``--json``, write the report there; exit code 0."""
+    print(text)
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(rep, indent=2, default=str))
     return 0
 
 
@@ -447,11 +452,7 @@ def _run_tree(args) -> int:
     traces = load_tree_traces(args.traces)
     profile = load_profile(args.profile)
     rep = tree_oracle_report(traces, profile, max_depth=args.max_depth, max_new_tokens=args.max_new_tokens)
-    print(format_tree_report(rep))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(rep, indent=2, default=str))
-    return 0
+    return _emit(format_tree_report(rep), rep, args.json)
 
 
 __all__ = ["TreeReplay", "build_parser", "evaluate_policy", "format_report", "format_tree_report",

@@ -57,6 +57,16 @@ def tiny_self_pair(tiny_tok):
     return make_pair(m, m, tiny_tok, tiny_tok)
 
 
+@pytest.fixture(scope="module")
+def noisy_pair(tiny_tok):
+    """The tiny target with a noisy copy as draft (relative noise 0.3, seed 5): it agrees with the target
+    often but not always, so cycles and trees see both acceptances and rejections."""
+    from helpers_loop import noisy_copy
+
+    target = tiny_llama(len(tiny_tok), 0)
+    return make_pair(target, noisy_copy(target, 0.3, seed=5), tiny_tok, tiny_tok)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dirs(tmp_path_factory, tiny_tok):
     """The tiny target and draft saved as local model directories ("bring your own models")."""

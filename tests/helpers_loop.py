@@ -42,6 +42,27 @@ def bias_token(model: torch.nn.Module, token: int, bias: float, positions: Itera
     return [model.register_forward_pre_hook(pre, with_kwargs=True), model.register_forward_hook(post, with_kwargs=True)]
 
 
+def tiny_head_drafter(pair):
+    """A feature-level head drafter on a tiny target (seeded, draft vocabulary = every other token id
+    from 3, a sharpened norm so its top-k has clear winners)."""
+    from learn2draft.drafters.head import DraftHead, HeadDrafter, head_llama_config
+
+    torch.manual_seed(0)
+    V = pair.target.config.vocab_size
+    head = DraftHead(head_llama_config(pair.target.config), torch.arange(3, V, 2)).to(pair.target.dtype)
+    head.attach_target(pair.target, init_norm=True)
+    with torch.no_grad():
+        head.norm.weight.mul_(20.0)
+    return HeadDrafter(head.eval(), pair.vocab_size)
+
+
+def drafter_for(name: str, pair):
+    """The drafter ``name`` for ``pair``: :func:`tiny_head_drafter` for ``"head"``, else ``make_drafter``."""
+    from learn2draft.drafters import make_drafter
+
+    return tiny_head_drafter(pair) if name == "head" else make_drafter(name, pair)
+
+
 def noisy_copy(model: torch.nn.Module, scale: float, seed: int) -> torch.nn.Module:
     """A deep copy with Gaussian noise (relative ``scale``) on every weight: a draft that agrees
     with the target most of the time, so cycles see both acceptances and rejections."""

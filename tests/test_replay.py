@@ -15,14 +15,13 @@ import pytest
 import torch
 from conftest import tiny_llama
 from gymnasium.utils.env_checker import check_env
-from helpers_loop import noisy_copy
+from helpers_loop import drafter_for, noisy_copy
 
 from envs import CONTINUE, REPLAY_ENV_ID, STOP, SpecDecodeEnv, SpecDecodeReplayEnv
 from envs.replay import measure_steps_per_second, replay_controller
 from eval.oracle import evaluate_policy, oracle_prompt, oracle_report
 from learn2draft import FixedDepthController, SpeculativeDecoder, build_features
 from learn2draft.drafters import make_drafter
-from learn2draft.drafters.head import DraftHead, HeadDrafter, head_llama_config
 from learn2draft.latency import SHIPPED_PROFILES_DIR, DrafterCost, LatencyProfile, load_profile
 from learn2draft.models import make_pair
 from learn2draft.sampling import SamplingConfig
@@ -46,27 +45,6 @@ def linear_profile(step: float = STEP) -> LatencyProfile:
 def direct_seconds(d: int, context: int) -> float:
     """The profile's cycle formula, computed by hand."""
     return d * (STEP + STEP_OV) + (V1 + V_TOK * d + V_CTX * context) + CYCLE_OV
-
-
-def tiny_head_drafter(pair) -> HeadDrafter:
-    torch.manual_seed(0)
-    V = pair.target.config.vocab_size
-    head = DraftHead(head_llama_config(pair.target.config), torch.arange(3, V, 2)).to(pair.target.dtype)
-    head.attach_target(pair.target, init_norm=True)
-    with torch.no_grad():
-        head.norm.weight.mul_(20.0)
-    return HeadDrafter(head.eval(), pair.vocab_size)
-
-
-def drafter_for(name: str, pair):
-    return tiny_head_drafter(pair) if name == "head" else make_drafter(name, pair)
-
-
-@pytest.fixture(scope="module")
-def noisy_pair(tiny_tok):
-    """A draft that agrees with the target often but not always: cycles see acceptances and rejections."""
-    target = tiny_llama(len(tiny_tok), 0)
-    return make_pair(target, noisy_copy(target, 0.3, seed=5), tiny_tok, tiny_tok)
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_llama
-from helpers_loop import noisy_copy
+from helpers_loop import drafter_for
 
 from eval.oracle import (
     format_tree_report,
@@ -29,9 +28,7 @@ from eval.oracle import (
     tree_replay_data,
 )
 from learn2draft.drafters import make_drafter
-from learn2draft.drafters.head import DraftHead, HeadDrafter, head_llama_config
 from learn2draft.latency import DrafterCost, LatencyProfile, load_profile
-from learn2draft.models import make_pair
 from learn2draft.sampling import SamplingConfig
 from learn2draft.traces import (
     TraceSet,
@@ -57,27 +54,6 @@ def linear_profile(tree_level: bool = True) -> LatencyProfile:
     tl = {"contexts": [0.0], "seconds": [TREE_LEVEL], "width": W, "top_k": K} if tree_level else None
     costs = {d: DrafterCost([0.0], [STEP], STEP_OV, CYCLE_OV, {}, tl) for d in ("model", "head")}
     return LatencyProfile("linear-tree-test", tokens, contexts, table, costs, machine={"cpu": "test"}, source="tests")
-
-
-def tiny_head_drafter(pair) -> HeadDrafter:
-    torch.manual_seed(0)
-    V = pair.target.config.vocab_size
-    head = DraftHead(head_llama_config(pair.target.config), torch.arange(3, V, 2)).to(pair.target.dtype)
-    head.attach_target(pair.target, init_norm=True)
-    with torch.no_grad():
-        head.norm.weight.mul_(20.0)
-    return HeadDrafter(head.eval(), pair.vocab_size)
-
-
-def drafter_for(name: str, pair):
-    return tiny_head_drafter(pair) if name == "head" else make_drafter(name, pair)
-
-
-@pytest.fixture(scope="module")
-def noisy_pair(tiny_tok):
-    """A draft that agrees with the target often but not always: trees see acceptances and rejections."""
-    target = tiny_llama(len(tiny_tok), 0)
-    return make_pair(target, noisy_copy(target, 0.3, seed=5), tiny_tok, tiny_tok)
 
 
 _TRACES: dict = {}
