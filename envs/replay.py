@@ -62,7 +62,7 @@ from gymnasium import spaces
 from learn2draft.features import FEATURE_NAMES, HISTORY, PROFILE_FEATURE_NAMES, build_features
 from learn2draft.features import profile_features as profile_feature_vector
 from learn2draft.latency import LatencyProfile, load_profiles
-from learn2draft.traces import PromptTrace, TraceSet, load_traces
+from learn2draft.traces import PromptTrace, TraceSet, TreeTraceSet, load_traces
 from policies.controllers import CONTINUE, STOP
 
 REPLAY_ENV_ID = "learn2draft/SpecDecodeReplay-v0"
@@ -156,7 +156,7 @@ class SpecDecodeReplayEnv(gym.Env):
         profile_features: bool = False,
     ):
         super().__init__()
-        if type(traces).__name__ == "TreeTraceSet":
+        if isinstance(traces, TreeTraceSet):
             raise ValueError("SpecDecodeReplayEnv replays chain traces; these are draft-tree traces (recorded with "
                              "--tree): record chain traces without --tree (python -m eval.oracle reads tree traces).")
         self.traces = traces if isinstance(traces, TraceSet) else load_traces(traces)
