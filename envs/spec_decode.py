@@ -7,7 +7,9 @@ known *before* the decision) and chooses
   plain autoregressive target step), or
 * ``1`` = CONTINUE: draft one more token with the drafter.
 
-Each step goes through :meth:`SpeculativeDecoder.step`, the step function ``run_cycle`` uses. When
+Each step goes through :meth:`SpeculativeDecoder.step`, one decision of the decoder's one cycle
+(the one :meth:`SpeculativeDecoder.run_cycle` runs at deployment: same drafting, size decision,
+verification and timing). When
 a CONTINUE reaches the cycle's depth limit (:attr:`SpeculativeDecoder.depth_limit`: ``max_depth``
 capped by the tokens left) or the drafter has no further proposal (a prompt lookup without a
 match), verification happens in that same step. When no token can be drafted at a decision (one
@@ -47,14 +49,13 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from learn2draft.decoding import SpeculativeDecoder
+from learn2draft.control import ACTION_MEANINGS, CONTINUE, STOP, SizeDecider
+from learn2draft.decoding import CycleResult, SpeculativeDecoder
 from learn2draft.drafters import Drafter
 from learn2draft.features import FEATURE_NAMES
 from learn2draft.models import DEFAULT_DRAFT, DEFAULT_TARGET, ModelPair, load_pair, parse_dtype
 from learn2draft.sampling import SamplingConfig
-from policies.controllers import CONTINUE, STOP  # the actions are defined once, with the controllers
 
-ACTION_MEANINGS = {STOP: "STOP (verify now)", CONTINUE: "CONTINUE (draft one more token)"}
 EPISODE_MODES = ("generation", "cycle")
 
 
@@ -96,6 +97,8 @@ class SpecDecodeEnv(gym.Env):
     """
 
     metadata = {"render_modes": []}
+    #: A tree's verification-size decider, asked when a step verifies (:class:`envs.tree.TreeDepthEnv` sets it).
+    size_decider: SizeDecider | None = None
 
     def __init__(
         self,
@@ -149,6 +152,7 @@ class SpecDecodeEnv(gym.Env):
         self.observation_space = spaces.Box(0.0, 1.0, shape=(len(FEATURE_NAMES),), dtype=np.float32)
         self.action_space = spaces.Discrete(2)
         self.prompt_index: int | None = None
+        self.last_cycle: CycleResult | None = None  # the last verified cycle
         self._needs_reset = True
         self._in_generation = False  # a generation is started and not finished
 
@@ -220,7 +224,7 @@ class SpecDecodeEnv(gym.Env):
             raise RuntimeError("The episode has ended (or never started): call reset() first.")
         d = self.decoder
         action = int(action)
-        res = d.step(action == CONTINUE)  # the decoder's own step function, as run_cycle uses it
+        res = d.step(action == CONTINUE, self.size_decider)  # the one cycle's step
         info: dict[str, Any] = {
             "depth": d.depth if res is None else res.depth, "verified": res is not None,
             "prompt_index": self.prompt_index,
@@ -228,9 +232,10 @@ class SpecDecodeEnv(gym.Env):
         if res is None:
             t0 = d.clock.now()
             obs = d.features()
-            d.add_other_seconds(d.clock.now() - t0)  # as run_cycle charges features() to the cycle
+            d.add_other_seconds(d.clock.now() - t0)  # as SpeculativeDecoder.decide charges features() to the cycle
             info["generated"] = d.generated
             return obs, 0.0, False, False, info
+        self.last_cycle = res
         forced = action == CONTINUE  # a CONTINUE that verified: the depth limit or the drafter decided
         self._in_generation = not res.finished
         reward = res.tokens_per_second / self.reward_scale

@@ -44,12 +44,12 @@ import torch
 from gymnasium import spaces
 
 from envs.spec_decode import SpecDecodeEnv
-from learn2draft.decoding import DraftController
+from learn2draft.control import DraftController, FixedDepthController, size_decider
 from learn2draft.drafters import Drafter
 from learn2draft.features import SIZE_FEATURE_NAMES
 from learn2draft.models import ModelPair
 from learn2draft.sampling import SamplingConfig
-from learn2draft.tree import TreeSpeculativeDecoder, decides_verification_size
+from learn2draft.tree import TreeSpeculativeDecoder
 
 TREE_DEPTH_ENV_ID = "learn2draft/TreeDepth-v0"
 TREE_SIZE_ENV_ID = "learn2draft/TreeSize-v0"
@@ -77,74 +77,14 @@ def check_verify_sizes(verify_sizes: Sequence[int]) -> tuple[int, ...]:
     return tuple(int(v) for v in sizes)
 
 
-def size_decider(
-    size: int | DraftController | Callable[[np.ndarray], Any] | None,
-) -> Callable[[np.ndarray, int], int] | None:
-    """Turn a size controller into a function ``(size_features float32 (len(SIZE_FEATURE_NAMES),), depth) -> V``.
-
-    Args:
-        size: an int V ≥ 0 (fixed), a :class:`DraftController` that overrides ``verification_size``
-            (:class:`learn2draft.tree.FixedTreeController`, :class:`policies.tree.TreePolicyController`), a
-            callable ``size_features -> V``, or None (every drafted node).
-
-    Raises:
-        ValueError: a negative or non-integer V, or a controller that makes no size decision.
-    """
-    if size is None:
-        return None
-    if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
-        if size < 0:
-            raise ValueError(f"A fixed verification size must be ≥ 0, got {size}.")
-        v = int(size)
-        return lambda feats, depth: v
-    if isinstance(size, DraftController):
-        if not decides_verification_size(size):
-            raise ValueError(f"{size!r} makes no verification-size decision (it does not override "
-                             "verification_size): pass a FixedTreeController, a TreePolicyController, an int V or a "
-                             "callable.")
-        return size.verification_size
-    if callable(size):
-        return lambda feats, depth: size(feats)
-    raise ValueError(f"size must be an int V, a size-deciding DraftController or a callable features -> V, "
-                     f"got {size!r}.")
-
-
-def _as_size(value: Any) -> int:
-    arr = np.asarray(value)
-    if arr.size != 1 or not np.issubdtype(arr.dtype, np.number):
-        raise ValueError(f"A size controller must return one integer V ≥ 0, got {value!r}.")
-    v = arr.reshape(()).item()
-    if v != int(v) or v < 0:
-        raise ValueError(f"A size controller must return an integer V ≥ 0, got {v!r}.")
-    return int(v)
-
-
-class _SizeDecidingTreeDecoder(TreeSpeculativeDecoder):
-    """A :class:`TreeSpeculativeDecoder` whose :meth:`verify` without a size asks ``size_decider`` for V
-    (on :meth:`size_features` and the depth, its time charged to the cycle as ``run_cycle`` charges it), so
-    that the inherited :meth:`step` — what :class:`envs.SpecDecodeEnv` drives — makes the size decision."""
-
-    size_decider: Callable[[np.ndarray, int], int] | None = None
-    last_verify_size: int = 0
-
-    def verify(self, verify_size: int | None = None):
-        if verify_size is None and self.size_decider is not None:
-            t0 = self.clock.now()
-            verify_size = _as_size(self.size_decider(self.size_features(), self.depth))
-            self._cycle_other += self.clock.now() - t0
-        res = super().verify(verify_size)
-        self.last_verify_size = res.verify_size
-        return res
-
-
 def _tree_decoder(pair: ModelPair, sampling: SamplingConfig, max_new_tokens: int, max_depth: int, drafter,
-                  width: int, top_k: int) -> _SizeDecidingTreeDecoder:
+                  width: int, top_k: int) -> TreeSpeculativeDecoder:
     if isinstance(drafter, str):
         from learn2draft.drafters import make_drafter
 
         drafter = make_drafter(drafter, pair)
-    return _SizeDecidingTreeDecoder(pair, sampling, max_new_tokens=max_new_tokens, max_depth=max_depth,
-                                    drafter=drafter, width=width, top_k=top_k)
+    return TreeSpeculativeDecoder(pair, sampling, max_new_tokens=max_new_tokens, max_depth=max_depth,
+                                  drafter=drafter, width=width, top_k=top_k)
 
 
 class TreeDepthEnv(SpecDecodeEnv):
@@ -190,13 +130,14 @@ class TreeDepthEnv(SpecDecodeEnv):
         self.set_size(size)
 
     def set_size(self, size: int | DraftController | Callable | None) -> None:
-        """Change the size controller (e.g. to the size policy trained in the previous phase)."""
-        self.decoder.size_decider = size_decider(size)
+        """Change the size controller (e.g. to the size policy trained in the previous phase); the
+        decoder's step asks it when it verifies (:meth:`SpeculativeDecoder.decide_size`)."""
+        self.size_decider = size_decider(size)
 
     def step(self, action) -> tuple[np.ndarray, float, bool, bool, dict]:
         obs, reward, terminated, truncated, info = super().step(action)
         if info["verified"]:
-            info["verify_size"] = self.decoder.last_verify_size
+            info["verify_size"] = self.last_cycle.verify_size
         return obs, reward, terminated, truncated, info
 
 
@@ -295,20 +236,13 @@ class TreeSizeEnv(gym.Env):
         return self._base.encode(prompt)
 
     def _draft_tree(self) -> None:
-        d, ctrl = self.decoder, self.depth_controller
+        """The drafting half of the cycle (:meth:`SpeculativeDecoder.draft`): a random or fixed number of
+        levels, or the depth controller's decisions after the first level (a size decision needs a tree)."""
+        ctrl = self.depth_controller
         if ctrl is None or isinstance(ctrl, (int, np.integer)):
-            target = int(self.np_random.integers(1, self.max_depth + 1)) if ctrl is None else int(ctrl)
-            while d.depth < target and d.can_draft():
-                d.draft_step()
-            return
-        while d.depth < max(ctrl.max_depth, 1) and d.can_draft():
-            if d.depth >= 1:  # a size decision needs a tree: the first level is always drafted
-                t0 = d.clock.now()
-                go = ctrl.continue_drafting(d.features())
-                d.add_other_seconds(d.clock.now() - t0)
-                if not go:
-                    break
-            d.draft_step()
+            levels = int(self.np_random.integers(1, self.max_depth + 1)) if ctrl is None else int(ctrl)
+            ctrl = FixedDepthController(levels)
+        self.decoder.draft(ctrl, min_depth=1)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
         """Continue (or start) the generation and draft the next cycle's tree.

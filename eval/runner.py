@@ -91,7 +91,8 @@ def decoder_max_depth(controller: DraftController) -> int:
     trained on — ``controller.depth_feature_scale`` when it has one (a learned tree policy with a fixed
     depth drafts fewer levels than that scale, :class:`policies.tree.TreePolicyController`), else
     ``controller.max_depth``."""
-    return int(getattr(controller, "depth_feature_scale", controller.max_depth))
+    scale = controller.depth_feature_scale
+    return int(controller.max_depth if scale is None else scale)
 
 
 def make_decoder(pair: ModelPair, sampling: SamplingConfig, max_new_tokens: int, max_depth: int,

@@ -1,8 +1,9 @@
 """learn2draft: RL-trained adaptive drafting for speculative decoding — the engine.
 
 The engine knows nothing about reinforcement learning: model pairs (:mod:`.models`), the exact
-sampler (:mod:`.sampling`), the draft/verify loop (:mod:`.decoding`), timing (:mod:`.timing`)
-and the features a policy sees (:mod:`.features`).
+sampler (:mod:`.sampling`), the one draft/verify cycle (:mod:`.decoding`, trees in :mod:`.tree`), the
+controller protocol and actions (:mod:`.control`), what a policy sees (:mod:`.state`, :mod:`.features`)
+and timing (:mod:`.timing`).
 """
 
 from learn2draft._lazy import lazy_exports
@@ -10,9 +11,9 @@ from learn2draft._lazy import lazy_exports
 # Exports load on first use (PEP 562), so that ``import learn2draft.<light module>`` — e.g. a
 # command's ``--help`` — does not import torch.
 _EXPORTS = {
-    "learn2draft.decoding": ("CycleResult", "DraftAction", "DraftController", "FixedDepthController",
-                             "GenerationResult", "SpeculativeDecoder", "autoregressive_controller",
-                             "expected_tokens_per_cycle"),
+    "learn2draft.control": ("CONTINUE", "STOP", "DraftController", "FixedDepthController", "FixedTreeController"),
+    "learn2draft.decoding": ("CycleResult", "DraftAction", "GenerationResult", "SpeculativeDecoder"),
+    "learn2draft.state": ("DraftState",),
     "learn2draft.features": ("FEATURE_NAMES", "build_features", "feature_spec"),
     "learn2draft.models": ("ModelLoadError", "ModelPair", "TokenizerMismatchError", "load_pair", "make_pair"),
     "learn2draft.names": ("DEFAULT_DRAFT", "DEFAULT_TARGET"),
@@ -29,8 +30,8 @@ def __dir__() -> list[str]:
 __version__ = "0.1.0"
 
 __all__ = [
-    "DEFAULT_DRAFT", "DEFAULT_TARGET", "FEATURE_NAMES", "CycleResult", "DraftAction", "DraftController",
-    "FixedDepthController", "GenerationResult", "ModelLoadError", "ModelPair", "SamplingConfig",
-    "SpeculativeDecoder", "TokenizerMismatchError", "autoregressive_controller", "build_features",
-    "expected_tokens_per_cycle", "feature_spec", "load_pair", "make_pair", "speculative_sample",
+    "CONTINUE", "DEFAULT_DRAFT", "DEFAULT_TARGET", "FEATURE_NAMES", "STOP", "CycleResult", "DraftAction",
+    "DraftController", "DraftState", "FixedDepthController", "FixedTreeController", "GenerationResult",
+    "ModelLoadError", "ModelPair", "SamplingConfig", "SpeculativeDecoder", "TokenizerMismatchError",
+    "build_features", "feature_spec", "load_pair", "make_pair", "speculative_sample",
 ]

@@ -16,8 +16,14 @@ One *cycle*:
    corrected or bonus token, so τ + 1 tokens are committed (fewer at EOS / ``max_new_tokens``);
 4. the target's KV cache is cropped back to the committed length and the drafter rolled back.
 
-:meth:`SpeculativeDecoder.step` is the one step function both :meth:`~SpeculativeDecoder.run_cycle`
-and the gymnasium environment (:mod:`envs`) drive.
+The cycle exists once, here: :meth:`SpeculativeDecoder.draft` (the drafting loop: ask the
+controller, :meth:`~SpeculativeDecoder.draft_step`, repeat), the size decision
+(:meth:`~SpeculativeDecoder.decide_size`) and :meth:`~SpeculativeDecoder.verify` (prepare, one
+target forward, accept, commit, roll back, time). :meth:`~SpeculativeDecoder.run_cycle` (deployment,
+evaluation, trace recording) chains them; :meth:`~SpeculativeDecoder.step` applies one agent
+decision for the gymnasium environments (:mod:`envs`). A trace recorder plugs in through the
+``sampler`` hook. Controllers and actions: :mod:`learn2draft.control`; what a policy sees:
+:class:`learn2draft.state.DraftState`.
 
 Cache invariant: the target's cache holds keys/values for a prefix of the sequence
 ``committed + drafted``; every forward feeds exactly the tokens after that prefix. After
@@ -31,19 +37,27 @@ attention mask, the accepted path's entries gathered into the cache) are
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 from transformers import DynamicCache
 
+from learn2draft.control import (
+    DraftController,
+    FixedDepthController,
+    SizeDecider,
+    as_size,
+    check_depth_feature_scale,
+    decides_verification_size,
+)
 from learn2draft.drafters.base import Drafter
 from learn2draft.drafters.model import ModelDrafter
-from learn2draft.features import build_features
 from learn2draft.models import ModelPair, check_prompt_ids
 from learn2draft.sampling import SamplingConfig, sample_from, speculative_sample
+from learn2draft.state import DraftState
 from learn2draft.timing import DeviceClock
 
 Sampler = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Generator | None], tuple[int, int]]
@@ -61,51 +75,6 @@ class DraftAction:
 
     depth: int
     verify_size: int
-
-
-class DraftController(ABC):
-    """Decides, before each draft step, whether to draft one more token.
-
-    Implementations: :class:`FixedDepthController` (fixed γ), the PPO policy and its ONNX
-    export in :mod:`policies`.
-    """
-
-    max_depth: int = 12
-
-    def reset(self) -> None:  # noqa: B027 (optional hook, a no-op by default)
-        """Called at the start of each generation."""
-
-    @abstractmethod
-    def continue_drafting(self, features: np.ndarray) -> bool:
-        """``features``: float32 (n_features,) from :func:`learn2draft.features.build_features`."""
-
-    def verification_size(self, features: np.ndarray, depth: int) -> int:
-        """Number of drafted tokens to verify; a chain verifies all of them."""
-        return depth
-
-
-class FixedDepthController(DraftController):
-    """Always draft γ = ``num_draft_tokens`` tokens (γ = 0 is autoregressive decoding)."""
-
-    def __init__(self, num_draft_tokens: int):
-        if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 0:
-            raise ValueError(f"num_draft_tokens must be an integer ≥ 0, got {num_draft_tokens!r}.")
-        self.num_draft_tokens = self.max_depth = int(num_draft_tokens)
-
-    def continue_drafting(self, features: np.ndarray) -> bool:
-        return True  # the decoder stops at max_depth
-
-    def __repr__(self) -> str:
-        return f"FixedDepthController(num_draft_tokens={self.num_draft_tokens})"
-
-
-@dataclass
-class DraftStep:
-    """One drafted token. ``confidence``: max raw draft probability; ``entropy`` in nats."""
-
-    token: int
-    confidence: float
-    entropy: float
 
 
 @dataclass
@@ -191,21 +160,30 @@ class GenerationResult:
 
 class SpeculativeDecoder:
     """Speculative decoding of one sequence (batch size 1): a target (from a :class:`ModelPair`)
-    and a :class:`~learn2draft.drafters.Drafter`.
+    and a :class:`~learn2draft.drafters.Drafter`. This class is THE cycle: a chain here, a draft
+    tree in :class:`learn2draft.tree.TreeSpeculativeDecoder`, which overrides only the shape's
+    parts (:meth:`draft_step`, :meth:`depth`, :meth:`_prepare_verification`,
+    :meth:`_verification_forward`, :meth:`_accept`, :meth:`_rollback`); the decisions, the control
+    loop (:meth:`draft`), the per-decision :meth:`step`, the verification tail and the timing live
+    here once.
 
     Args:
         pair: the models; ``pair.target`` verifies, ``pair.draft`` drafts unless ``drafter`` is given.
         sampling: settings applied identically to target and draft (greedy by default).
         max_new_tokens: generation stops after this many tokens (> 0).
-        max_depth: the most tokens drafted in one cycle (≥ 0).
+        max_depth: the most tokens drafted in one cycle (≥ 0); the scale of the depth features.
         seed: seeds the sampling generator; the same seed gives the same output.
-        sampler: the acceptance rule; :func:`speculative_sample` unless a test swaps in another.
+        sampler: the acceptance rule; :func:`speculative_sample` unless a test or a trace recorder
+            swaps in another (a recording hook: it sees p, q and the drafted tokens of every cycle).
         drafter: what proposes draft tokens; default ``ModelDrafter(pair.draft, pair.vocab_size)``
             (see :func:`learn2draft.drafters.make_drafter` for ``"model" | "head" | "lookup"``).
 
     Raises:
         ValueError: ``max_new_tokens`` ≤ 0 or ``max_depth`` < 0.
     """
+
+    #: A chain verifies every drafted token; a tree (``"tree"``) decides how many nodes V.
+    shape = "chain"
 
     def __init__(
         self,
@@ -229,7 +207,10 @@ class SpeculativeDecoder:
         self.sampler = sampler
         self.drafter = drafter if drafter is not None else ModelDrafter(pair.draft, pair.vocab_size)
         self.clock = DeviceClock(pair.device)
-        self._eos = torch.tensor(pair.eos_token_ids, dtype=torch.long)
+        #: Seconds of the last cycle's parts: ``draft``, ``select_mask`` (preparing the verification),
+        #: ``forward`` (target forward and its probabilities), ``sample`` (acceptance), ``gather`` (commit,
+        #: cache rollback and drafter rollback) and ``cycle``.
+        self.last_timing: dict[str, float] = {}
         self._started = False
 
     # ------------------------------------------------------------------ state
@@ -271,11 +252,17 @@ class SpeculativeDecoder:
         self._cycle_other = 0.0  # prefill is not part of a cycle; generate() counts it in wall/TTFT
 
     def _begin_cycle(self) -> None:
+        """Forget the drafted tokens of the cycle that ended (the committed state stays)."""
         self.drafted: list[int] = []
         self.draft_probs: list[torch.Tensor | None] = []
         self.confidences: list[float] = []
-        self.last_entropy = 0.0
+        self.entropies: list[float] = []
         self._cycle_draft = self._cycle_verify = self._cycle_other = 0.0
+
+    @property
+    def last_entropy(self) -> float:
+        """Entropy (nats) of the draft at the last drafted token this cycle (0 at depth 0)."""
+        return self.entropies[-1] if self.entropies else 0.0
 
     @property
     def generated(self) -> int:
@@ -283,6 +270,7 @@ class SpeculativeDecoder:
 
     @property
     def depth(self) -> int:
+        """Tokens drafted this cycle."""
         return len(self.drafted)
 
     @property
@@ -295,21 +283,28 @@ class SpeculativeDecoder:
         proposal (a prompt lookup without a match has none)."""
         return self.depth < self.depth_limit and self.drafter.can_propose(self._seq())
 
-    def features(self) -> np.ndarray:
-        """Observation for the next decision, float32 (n_features,); see :mod:`learn2draft.features`."""
-        return build_features(
-            context_len=self.ids.numel() + self.depth,
-            depth=self.depth,
-            max_depth=max(self.max_depth, 1),
-            accepted_history=self.accepted_history,
-            confidences=self.confidences,
-            last_entropy=self.last_entropy,
-            vocab_size=self.pair.vocab_size,
-            last_accept_fraction=self.last_accept_fraction,
-            generated=self.generated,
-            max_new_tokens=self.max_new_tokens,
-            drafter_features=self.drafter.features(self._seq()),
+    def _tree_scores(self) -> np.ndarray:
+        """float64 (N,) drafted tree nodes' scores; none for a chain."""
+        return np.zeros(0)
+
+    def state(self) -> DraftState:
+        """What a policy may see at the next decision (:class:`learn2draft.state.DraftState`)."""
+        return DraftState(
+            depth=self.depth, max_depth=self.max_depth, committed_len=self.ids.numel(), generated=self.generated,
+            max_new_tokens=self.max_new_tokens, accepted_history=tuple(self.accepted_history),
+            last_accept_fraction=self.last_accept_fraction, confidences=tuple(self.confidences),
+            entropies=tuple(self.entropies), vocab_size=self.pair.vocab_size,
+            drafter_features=self.drafter.features(self._seq()), tree_scores=self._tree_scores(),
         )
+
+    def features(self) -> np.ndarray:
+        """Observation for the next depth decision, float32 (n_features,); see :mod:`learn2draft.features`."""
+        return self.state().features()
+
+    def size_features(self) -> np.ndarray:
+        """Observation for a tree's verification-size decision, float32 (len(SIZE_FEATURE_NAMES),); see
+        :func:`learn2draft.features.size_feature_spec`."""
+        return self.state().size_features()
 
     # --------------------------------------------------------------- forwards
     @torch.inference_mode()
@@ -330,8 +325,11 @@ class SpeculativeDecoder:
             return self.ids
         return torch.cat([self.ids, torch.tensor(self.drafted, dtype=torch.long, device=self.ids.device)])
 
-    def draft_step(self) -> DraftStep:
+    def draft_step(self) -> Any:
         """Draft one token with the drafter.
+
+        Returns:
+            the drafter's :class:`learn2draft.drafters.base.DraftProposal`.
 
         Raises:
             RuntimeError: not started, finished, the depth limit is reached, or the drafter has
@@ -345,50 +343,86 @@ class SpeculativeDecoder:
         self.drafted.append(prop.token)
         self.draft_probs.append(prop.probs)
         self.confidences.append(prop.confidence)
-        self.last_entropy = prop.entropy
+        self.entropies.append(prop.entropy)
         self._cycle_draft += self.clock.now() - t0
-        return DraftStep(prop.token, prop.confidence, prop.entropy)
+        return prop
 
-    def verify(self, verify_size: int | None = None) -> CycleResult:
-        """Verify the drafted chain with one target forward, accept, commit and roll back the caches.
-
-        Args:
-            verify_size: must equal the depth for a chain (None means the depth).
+    # ------------------------------------------------------------ verification
+    def _prepare_verification(self, verify_size: int | None) -> Any:
+        """Check the verification size and return what the shape's forward needs (a chain: the
+        committed + drafted sequence, int64 (L + γ,)).
 
         Raises:
-            ValueError: ``verify_size`` differs from the depth.
-            RuntimeError: not started or already finished.
+            ValueError: ``verify_size`` differs from the depth (a chain verifies every drafted token).
         """
-        self._check_running()
         gamma = self.depth
         if verify_size is not None and verify_size != gamma:
             raise ValueError(f"A chain drafter verifies all drafted tokens: verify_size must be {gamma}, got {verify_size}.")
-        t0 = self.clock.now()
-        seq = self._seq()
-        logits = self._target_forward(seq[self.target_len :])[-(gamma + 1) :]
-        self.target_len = seq.numel()
-        drafted = seq[self.ids.numel() :]
-        p = self.sampling.probs(logits, self.ids, drafted, source="target")
-        t1 = self.clock.now()
-        q = self._draft_q(p) if gamma else p.new_zeros(0, p.shape[1])
-        tau, nxt = self.sampler(p, q, drafted, self.generator)
-        n_old = self.ids.numel()
-        emitted = self._commit(self.drafted[:tau] + [nxt])
-        # Roll back: entries are valid for committed-old + accepted drafts (same tokens in both sequences).
-        valid = n_old + tau
+        return self._seq()
+
+    def _verification_forward(self, plan: Any) -> torch.Tensor:
+        """One target forward over the last committed token + the chain; float (γ+1, V) target
+        probabilities after the same processing as the draft's."""
+        logits = self._target_forward(plan[self.target_len :])[-(self.depth + 1) :]
+        self.target_len = plan.numel()
+        return self.sampling.probs(logits, self.ids, plan[self.ids.numel() :], source="target")
+
+    def _accept(self, plan: Any, p: torch.Tensor) -> tuple[list[int], int]:
+        """The exact sampler on the chain: the accepted draft tokens and the corrected/bonus token."""
+        q = self._draft_q(p) if self.drafted else p.new_zeros(0, p.shape[1])
+        tau, nxt = self.sampler(p, q, plan[self.ids.numel() :], self.generator)
+        return self.drafted[:tau], nxt
+
+    def _rollback(self, plan: Any, committed_before: int, accepted: int) -> None:
+        """Crop the target's cache to the committed prefix + the accepted drafts and roll the drafter back."""
+        valid = committed_before + accepted  # same tokens in the drafted and the committed sequence
         if self.target_len > valid:
             self.target_cache.crop(-(self.target_len - valid))
             self.target_len = valid
         self.drafter.rollback(valid)
-        tau = min(tau, len(emitted))  # drafted tokens accepted after an EOS are not emitted: not counted
+
+    def _verified_count(self, plan: Any) -> int:
+        """Tokens (tree: nodes) this verification sends beside the last committed token."""
+        return self.depth
+
+    def _record_timing(self, timing: dict[str, float]) -> None:
+        self.last_timing = timing
+
+    def verify(self, verify_size: int | None = None) -> CycleResult:
+        """Verify what was drafted with one target forward, accept, commit and roll back the caches.
+
+        Args:
+            verify_size: a chain must verify every drafted token (None means the depth); a tree
+                takes V, the drafted nodes sent to the target (None: its ``verify_size``).
+
+        Raises:
+            ValueError: a bad ``verify_size`` for the shape.
+            RuntimeError: not started or already finished.
+        """
+        self._check_running()
+        t0 = self.clock.now()
+        plan = self._prepare_verification(verify_size)
+        t1 = self.clock.now()
+        p = self._verification_forward(plan)
+        t2 = self.clock.now()
+        accepted, nxt = self._accept(plan, p)
+        t3 = self.clock.now()
+        committed_before = self.ids.numel()
+        emitted = self._commit(list(accepted) + [nxt])
+        self._rollback(plan, committed_before, len(accepted))
+        t4 = self.clock.now()
+        tau = min(len(accepted), len(emitted))  # drafted tokens accepted after an EOS are not emitted: not counted
+        depth, verified = self.depth, self._verified_count(plan)
         self.accepted_history.append(tau)
-        self.last_accept_fraction = tau / gamma if gamma else 1.0
+        self.last_accept_fraction = tau / depth if depth else 1.0
         draft_s, other_s = self._cycle_draft, self._cycle_other
-        verify_s = t1 - t0
+        timing = {"draft": draft_s, "select_mask": t1 - t0, "forward": t2 - t1, "sample": t3 - t2, "gather": t4 - t3}
         self._begin_cycle()
         feats = self.features()
-        other_s += self.clock.now() - t1
-        return CycleResult(emitted, gamma, gamma, tau, draft_s, verify_s, other_s, self.finished, feats)
+        other_s += (t1 - t0) + (t4 - t2) + (self.clock.now() - t4)
+        timing["cycle"] = draft_s + (t2 - t1) + other_s
+        self._record_timing(timing)
+        return CycleResult(emitted, depth, verified, tau, draft_s, t2 - t1, other_s, self.finished, feats)
 
     def _draft_q(self, p: torch.Tensor) -> torch.Tensor:
         """float (γ, V): the draft distributions, with a point mass for deterministic proposals."""
@@ -421,13 +455,39 @@ class SpeculativeDecoder:
         """Charge time spent outside the decoder (e.g. a controller's decision) to the current cycle."""
         self._cycle_other += seconds
 
+    # ----------------------------------------------------------------- decisions
+    def decide(self, controller: DraftController) -> bool:
+        """Ask ``controller`` CONTINUE or STOP on :meth:`features`; the time is charged to the cycle."""
+        t0 = self.clock.now()
+        go = bool(controller.continue_drafting(self.features()))
+        self._cycle_other += self.clock.now() - t0
+        return go
+
+    def decide_size(self, decider: SizeDecider | None) -> int | None:
+        """A tree's verification size V from ``decider(size_features, depth)``, its time charged to the
+        cycle; None (the decoder's default) without a decider or for a chain, which verifies every token.
+
+        Raises:
+            ValueError: the decider did not return one integer ≥ 0.
+        """
+        if decider is None or self.shape == "chain":
+            return None
+        t0 = self.clock.now()
+        v = as_size(decider(self.size_features(), self.depth))
+        self._cycle_other += self.clock.now() - t0
+        return v
+
     # ----------------------------------------------------------------- driving
-    def step(self, draft_more: bool) -> CycleResult | None:
-        """Apply one decision: draft one more token (``draft_more`` and :meth:`can_draft`), or verify.
+    def step(self, draft_more: bool, size: SizeDecider | None = None) -> CycleResult | None:
+        """Apply one depth decision: draft one more token (``draft_more`` and :meth:`can_draft`), or verify.
 
         When a drafted token reaches the cycle's limit (depth limit, or no further proposal from
-        the drafter), verification happens in the same call. This is the one step function that
-        :meth:`run_cycle` and :class:`envs.SpecDecodeEnv` drive.
+        the drafter), verification happens in the same call. The gymnasium environments drive the
+        cycle through this step, one agent decision per call.
+
+        Args:
+            draft_more: CONTINUE (True) or STOP.
+            size: a tree's size decider, asked when this call verifies (None: the decoder's ``verify_size``).
 
         Returns:
             the :class:`CycleResult` when this call verified, else None.
@@ -439,21 +499,22 @@ class SpeculativeDecoder:
             self.draft_step()
             if self.can_draft():
                 return None
-        return self.verify()
+        return self.verify(self.decide_size(size))
+
+    def draft(self, controller: DraftController, min_depth: int = 0) -> None:
+        """The drafting half of a cycle: draft while the controller says CONTINUE, up to the decoder's and
+        the controller's ``max_depth`` and while the drafter has proposals. The first ``min_depth`` steps
+        are drafted without asking (a size decision needs a tree). Decision times are charged to the cycle."""
+        while (self.depth < max(controller.max_depth, min_depth) and self.can_draft()
+               and (self.depth < min_depth or self.decide(controller))):
+            self.draft_step()
 
     def run_cycle(self, controller: DraftController) -> CycleResult:
-        """Draft while the controller says CONTINUE (up to the decoder's and the controller's
-        ``max_depth``, and while the drafter has proposals), then verify; through :meth:`step`.
-        The controller's decision time is charged to ``other_seconds``."""
-        while True:
-            go = False
-            if self.depth < controller.max_depth and self.can_draft():
-                t0 = self.clock.now()
-                go = controller.continue_drafting(self.features())
-                self._cycle_other += self.clock.now() - t0
-            res = self.step(go)
-            if res is not None:
-                return res
+        """One whole cycle under ``controller``: :meth:`draft`, then the size decision when the controller
+        makes one (a tree controller), then :meth:`verify`."""
+        self.draft(controller)
+        size = controller.verification_size if decides_verification_size(controller) else None
+        return self.verify(self.decide_size(size))
 
     def generate(
         self,
@@ -478,10 +539,7 @@ class SpeculativeDecoder:
             ValueError: ``controller`` reads the depth features on the scale of a ``max_depth``
                 (its ``depth_feature_scale``, e.g. a trained policy's) other than this decoder's.
         """
-        scale = getattr(controller, "depth_feature_scale", None)
-        if scale is not None and scale != self.max_depth:
-            raise ValueError(f"{controller!r} reads depth features scaled by max_depth={scale}, but this decoder has "
-                             f"max_depth={self.max_depth}: build the decoder with max_depth={scale}.")
+        check_depth_feature_scale(controller, self.max_depth)
         controller.reset()
         t0 = self.clock.now()
         self.start(prompt_ids, seed)
@@ -501,19 +559,6 @@ class SpeculativeDecoder:
         )
 
 
-def autoregressive_controller() -> FixedDepthController:
-    """The autoregressive baseline: γ = 0, one target forward per token, timed by the same loop."""
-    return FixedDepthController(0)
-
-
-def expected_tokens_per_cycle(alpha: float, gamma: int) -> float:
-    """E[τ + 1] = (1 − α^(γ+1)) / (1 − α) for i.i.d. acceptance α (Leviathan et al. 2023, eq. 1)."""
-    if alpha >= 1.0:
-        return float(gamma + 1)
-    return (1 - alpha ** (gamma + 1)) / (1 - alpha)
-
-
 __all__ = [
-    "CycleResult", "DraftAction", "DraftController", "DraftStep", "FixedDepthController", "GenerationResult",
-    "SpeculativeDecoder", "autoregressive_controller", "expected_tokens_per_cycle",
+    "CycleResult", "DraftAction", "DraftController", "FixedDepthController", "GenerationResult", "SpeculativeDecoder",
 ]

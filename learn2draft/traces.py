@@ -418,13 +418,64 @@ def _cat(parts, dtype, empty_shape) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- recording
+class _ChainRecorder:
+    """The chain recording's hook: the ``sampler`` of a :class:`learn2draft.SpeculativeDecoder` that runs
+    every cycle at the longest depth. At each verification it stores the drafted chain, its confidences and
+    entropies, the drafter features before every step and each drafted token's acceptance probability
+    min(1, p(x)/q(x)), then accepts nothing and emits the target's next token (argmax at T = 0, a draw
+    from p at T > 0), so the decoder commits exactly one token per position and rolls back as after a
+    rejection at the first drafted token."""
+
+    def __init__(self, max_depth: int):
+        self.decoder = None
+        self.D = max_depth
+        self.rows: dict[str, list] = {k: [] for k in ("chain_len", "draft_tokens", "confidence", "entropy",
+                                                      "drafter_features", "accept_prob")}
+
+    def add_row(self, chain, confs, ents, dfeats, accepts) -> None:
+        D, L, rows = self.D, len(chain), self.rows
+        rows["chain_len"].append(L)
+        rows["draft_tokens"].append(np.pad(np.asarray(chain, dtype=np.int64), (0, D - L), constant_values=-1))
+        rows["confidence"].append(np.pad(np.asarray(confs, dtype=np.float64), (0, D - L)))
+        rows["entropy"].append(np.pad(np.asarray(ents, dtype=np.float64), (0, D - L)))
+        f = np.zeros((D + 1, NUM_DRAFTER_FEATURES), dtype=np.float32)
+        f[: len(dfeats)] = np.asarray(dfeats, dtype=np.float32).reshape(len(dfeats), NUM_DRAFTER_FEATURES)
+        rows["drafter_features"].append(f)
+        rows["accept_prob"].append(np.pad(np.asarray(accepts, dtype=np.float64), (0, D - L), constant_values=np.nan))
+
+    def drafter_features(self, drafted: list[int]) -> list[np.ndarray]:
+        """The drafter's features before each of the chain's steps and after its last one."""
+        import torch
+
+        d = self.decoder
+        seq = torch.cat([d.ids, torch.tensor(drafted, dtype=torch.long, device=d.ids.device)])
+        n = d.ids.numel()
+        return [np.asarray(d.drafter.features(seq[: n + k]), dtype=np.float32) for k in range(len(drafted) + 1)]
+
+    def __call__(self, p, q, drafted, generator=None) -> tuple[int, int]:
+        from learn2draft.sampling import sample_from
+
+        d = self.decoder
+        chain = [int(x) for x in drafted.tolist()]
+        if chain:
+            idx = drafted.view(-1, 1)
+            px = p[: len(chain)].gather(1, idx).view(-1).tolist()
+            qx = q.gather(1, idx).view(-1).tolist()
+            accepts = [min(1.0, a / b) for a, b in zip(px, qx)]
+        else:
+            accepts = []
+        self.add_row(chain, d.confidences, d.entropies, self.drafter_features(chain), accepts)
+        return 0, sample_from(p[0], generator)
+
+
 def record_prompt(pair, drafter, prompt_ids, sampling, max_new_tokens: int, max_depth: int, seed: int = 0) -> PromptTrace:
     """Record the trace of one prompt (see the module docstring).
 
-    The loop is the speculative decoder's with one change: at every position it drafts the longest chain a
-    policy could ask for, verifies it with one target forward (the same forward a real verification of that
-    chain runs, kept for its acceptance probabilities), and then commits exactly one token — the target's
-    next token (argmax at T = 0, a draw from p at T > 0) — so that every position gets a chain.
+    The loop is the speculative decoder's own (:class:`learn2draft.SpeculativeDecoder` under a fixed
+    γ = ``max_depth``): at every position it drafts the longest chain a policy could ask for, verifies it with
+    one target forward (the same forward a real verification of that chain runs, kept for its acceptance
+    probabilities), and its recording hook (the decoder's ``sampler``) then commits exactly one token — the
+    target's next token (argmax at T = 0, a draw from p at T > 0) — so that every position gets a chain.
 
     Args:
         pair: a :class:`learn2draft.ModelPair`.
@@ -442,91 +493,31 @@ def record_prompt(pair, drafter, prompt_ids, sampling, max_new_tokens: int, max_
         ValueError: bad ``max_new_tokens`` / ``max_depth``, an empty or too long prompt.
     """
     import torch
-    from transformers import DynamicCache
 
-    from learn2draft.sampling import sample_from
+    from learn2draft.control import FixedDepthController
+    from learn2draft.decoding import SpeculativeDecoder
 
     if max_new_tokens < 1 or max_depth < 0:
         raise ValueError(f"Need max_new_tokens ≥ 1 and max_depth ≥ 0, got {max_new_tokens} and {max_depth}.")
-    dev = pair.device
-    prompt = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(-1).to(dev)
+    prompt = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(-1)
     if prompt.numel() == 0:
         raise ValueError("Empty prompt: pass at least one token.")
-    pair.check_length(prompt.numel(), max_new_tokens)
-    P, D, V = prompt.numel(), max_depth, pair.vocab_size
-    gen = torch.Generator(device=dev).manual_seed(int(seed))
-    eos = set(pair.eos_token_ids)
-    cache = DynamicCache()
-    need_hidden = drafter.needs_target_hidden
-
-    def forward(tokens: torch.Tensor, first: int) -> torch.Tensor:
-        out = pair.target(input_ids=tokens.unsqueeze(0), cache=cache, use_cache=True, output_hidden_states=need_hidden)
-        if need_hidden:
-            drafter.observe_target(out.hidden_states[-1][0], first)
-        return out.logits[0, :, :V]
-
-    rows = {k: [] for k in ("chain_len", "draft_tokens", "confidence", "entropy", "drafter_features", "accept_prob")}
-
-    def add_row(chain, confs, ents, dfeats, accepts):
-        L = len(chain)
-        rows["chain_len"].append(L)
-        rows["draft_tokens"].append(np.pad(np.asarray(chain, dtype=np.int64), (0, D - L), constant_values=-1))
-        rows["confidence"].append(np.pad(np.asarray(confs, dtype=np.float64), (0, D - L)))
-        rows["entropy"].append(np.pad(np.asarray(ents, dtype=np.float64), (0, D - L)))
-        f = np.zeros((D + 1, NUM_DRAFTER_FEATURES), dtype=np.float32)
-        f[: len(dfeats)] = np.asarray(dfeats, dtype=np.float32).reshape(len(dfeats), NUM_DRAFTER_FEATURES)
-        rows["drafter_features"].append(f)
-        rows["accept_prob"].append(np.pad(np.asarray(accepts, dtype=np.float64), (0, D - L), constant_values=np.nan))
-
-    with torch.inference_mode():
-        drafter.start(prompt)
-        logits = forward(prompt, 0)[-1:]
-        p = sampling.probs(logits, prompt, source="target")
-        out = [sample_from(p[0], gen)]
-        target_len = P  # the target has seen every committed token but the last
-        add_row([], [], [], [np.zeros(NUM_DRAFTER_FEATURES)], [])  # row 0: never a decision
-        while True:
-            t = len(out)
-            seq = torch.cat([prompt, torch.tensor(out, dtype=torch.long, device=dev)])
-            finished = out[-1] in eos or t >= max_new_tokens
-            budget = 0 if finished else min(D, max_new_tokens - t - 1)
-            chain, confs, ents, qx = [], [], [], []
-            dfeats = [np.asarray(drafter.features(seq), dtype=np.float32)]
-            s = seq
-            for _ in range(budget):
-                if not drafter.can_propose(s):
-                    break
-                prop = drafter.propose(s, sampling, gen)
-                chain.append(int(prop.token))
-                confs.append(float(prop.confidence))
-                ents.append(float(prop.entropy))
-                qx.append(1.0 if prop.probs is None else float(prop.probs[prop.token]))
-                s = torch.cat([s, torch.tensor([prop.token], dtype=torch.long, device=dev)])
-                dfeats.append(np.asarray(drafter.features(s), dtype=np.float32))
-            if finished:
-                add_row([], [], [], dfeats[:1], [])
-                break
-            drafted = s[seq.numel():]
-            logits = forward(s[target_len:], target_len)  # last committed token + the chain: L + 1 rows
-            p = sampling.probs(logits, seq, drafted, source="target")
-            if chain:
-                px = p[: len(chain)].gather(1, drafted.view(-1, 1)).view(-1).tolist()
-                accepts = [min(1.0, a / q) for a, q in zip(px, qx)]
-            else:
-                accepts = []
-            add_row(chain, confs, ents, dfeats, accepts)
-            nxt = sample_from(p[0], gen)
-            # Keep the committed prefix only (as the decoder's rollback after a rejection at the first token).
-            keep = seq.numel()
-            if s.numel() > keep:
-                cache.crop(-(s.numel() - keep))
-            target_len = keep
-            drafter.rollback(keep)
-            out.append(nxt)
-    arr = {k: np.stack(v) if k not in ("chain_len",) else np.asarray(v, dtype=np.int64) for k, v in rows.items()}
+    hook = _ChainRecorder(max_depth)
+    dec = SpeculativeDecoder(pair, sampling, max_new_tokens=max_new_tokens, max_depth=max_depth, seed=int(seed),
+                             sampler=hook, drafter=drafter)
+    hook.decoder = dec
+    longest = FixedDepthController(max_depth)
+    hook.add_row([], [], [], [np.zeros(NUM_DRAFTER_FEATURES)], [])  # row 0: never a decision
+    dec.start(prompt)
+    while not dec.finished:
+        if len(dec.run_cycle(longest).tokens) != 1:
+            raise RuntimeError("Chain recording: the decoder committed more than one token per cycle.")
+    hook.add_row([], [], [], hook.drafter_features([]), [])  # the end: no decision
+    arr = {k: np.stack(v) if k != "chain_len" else np.asarray(v, dtype=np.int64) for k, v in hook.rows.items()}
+    out = dec.ids[dec.prompt_len :].cpu().numpy().astype(np.int64)
     return PromptTrace(
-        prompt_ids=prompt.cpu().numpy().astype(np.int64), output=np.asarray(out, dtype=np.int64),
-        ended_by_eos=out[-1] in eos, seed=int(seed), **arr,
+        prompt_ids=dec.ids[: dec.prompt_len].cpu().numpy().astype(np.int64), output=out,
+        ended_by_eos=int(out[-1]) in set(pair.eos_token_ids), seed=int(seed), **arr,
     )
 
 

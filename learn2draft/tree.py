@@ -23,9 +23,9 @@ tries siblings.
 
 The structure and its helpers are pure bookkeeping on small host tensors; :func:`gather_cache`
 moves key/value entries on the cache's device. The tree cycle itself — drafting, the size
-decision, verification, acceptance, cache gather — is :class:`TreeSpeculativeDecoder` (a
-:class:`learn2draft.decoding.SpeculativeDecoder` whose draft step expands a tree level), with
-:class:`FixedTreeController` for a fixed (depth, V).
+decision, verification, acceptance, cache gather — is :class:`TreeSpeculativeDecoder` (the one
+cycle of :class:`learn2draft.decoding.SpeculativeDecoder` with a tree's shape: its draft step expands
+a tree level), with :class:`learn2draft.control.FixedTreeController` for a fixed (depth, V).
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ import numpy as np
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from learn2draft.decoding import CycleResult, DraftController, SpeculativeDecoder
-from learn2draft.features import build_size_features
+from learn2draft.control import FixedTreeController, decides_verification_size
+from learn2draft.decoding import SpeculativeDecoder
 from learn2draft.models import ModelPair
 from learn2draft.sampling import SamplingConfig, tree_speculative_sample
 
@@ -381,35 +381,6 @@ def gather_cache(cache, prefix_len: int, accepted) -> int:
     return new_len
 
 
-class FixedTreeController(DraftController):
-    """Draft ``depth`` tree levels and verify the best ``verify_size`` nodes: a fixed (depth, V).
-
-    Raises:
-        ValueError: ``depth`` < 0 or ``verify_size`` < 0.
-    """
-
-    def __init__(self, depth: int, verify_size: int):
-        for name, v in (("depth", depth), ("verify_size", verify_size)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"{name} must be an integer ≥ 0, got {v!r}.")
-        self.max_depth, self.verify_size = int(depth), int(verify_size)
-
-    def continue_drafting(self, features: np.ndarray) -> bool:
-        return True  # the decoder stops at max_depth
-
-    def verification_size(self, features: np.ndarray, depth: int) -> int:
-        return self.verify_size
-
-    def __repr__(self) -> str:
-        return f"FixedTreeController(depth={self.max_depth}, verify_size={self.verify_size})"
-
-
-def decides_verification_size(controller: DraftController) -> bool:
-    """Whether ``controller`` overrides :meth:`DraftController.verification_size` (a size policy, a
-    :class:`FixedTreeController`); a chain controller (fixed γ, a depth policy) does not."""
-    return type(controller).verification_size is not DraftController.verification_size
-
-
 class TreeSpeculativeDecoder(SpeculativeDecoder):
     """Speculative decoding with a draft *tree* (EAGLE-2 drafting, Learning to Draft's cycle).
 
@@ -430,8 +401,12 @@ class TreeSpeculativeDecoder(SpeculativeDecoder):
        committed − 1, as for a chain); the drafter gets the accepted path's target hidden states
        (head) and rolls back to the committed length, forgetting its tree entries.
 
-    Works with the ``model`` and ``head`` drafters (``drafter.supports_tree``). The inherited
-    :meth:`start`, :meth:`features`, :meth:`generate` and commit logic are the chain decoder's.
+    Works with the ``model`` and ``head`` drafters (``drafter.supports_tree``). The cycle itself —
+    the drafting loop, the size decision, :meth:`step`, :meth:`run_cycle`, the verification tail,
+    commit, timing, :meth:`features` and :meth:`size_features` — is the one of
+    :class:`~learn2draft.decoding.SpeculativeDecoder`; this class supplies only the tree's shape
+    (a level per :meth:`draft_step`, top-V selection and mask, one tree forward, the tree sampler,
+    the cache gather).
     :attr:`tree_timings` holds, per cycle, the seconds of the tree's own work (``select_mask``:
     selection, mask and positions; ``sample``: probabilities' processing excluded, the sampler;
     ``gather``: cache gather and drafter rollback) next to ``draft``, ``forward`` and ``cycle``.
@@ -481,22 +456,23 @@ class TreeSpeculativeDecoder(SpeculativeDecoder):
         self.tree_timings: list[dict] = []
 
     # ------------------------------------------------------------------ state
+    shape = "tree"
+
     def _begin_cycle(self) -> None:
         super()._begin_cycle()
         self.tree: DraftTree | None = None
-        self._t_draft = 0.0
 
     @property
     def depth(self) -> int:
         """Tree levels drafted this cycle (draft forwards)."""
         return 0 if self.tree is None else self.tree.max_depth
 
-    def size_features(self) -> np.ndarray:
-        """Observation for the verification-size decision, float32 (len(SIZE_FEATURE_NAMES),); see
-        :func:`learn2draft.features.size_feature_spec`."""
-        scores = self.tree.scores[1:].numpy() if self.tree is not None else np.zeros(0)
-        return build_size_features(scores, self.depth, max(self.max_depth, 1), self.ids.numel(),
-                                   self.accepted_history, self.last_accept_fraction)
+    def _tree_scores(self) -> np.ndarray:
+        return self.tree.scores[1:].numpy() if self.tree is not None else np.zeros(0)
+
+    def _record_timing(self, timing: dict[str, float]) -> None:
+        super()._record_timing(timing)
+        self.tree_timings.append(timing)
 
     # --------------------------------------------------------------- drafting
     def draft_step(self):
@@ -521,7 +497,7 @@ class TreeSpeculativeDecoder(SpeculativeDecoder):
         prop = self.drafter.propose_topk(self.ids, self.tree, nodes.tolist(), self.top_k, self.sampling)
         self.tree = self.tree.expand(nodes, prop.tokens, prop.logprobs)
         self.confidences.append(prop.confidence)
-        self.last_entropy = prop.entropy
+        self.entropies.append(prop.entropy)
         self._cycle_draft += self.clock.now() - t0
         return prop
 
@@ -544,8 +520,8 @@ class TreeSpeculativeDecoder(SpeculativeDecoder):
             rows.append(self.sampling.probs(logits[i : i + 1], torch.cat([self.ids, path]), source="target"))
         return torch.cat(rows)
 
-    def verify(self, verify_size: int | None = None) -> CycleResult:
-        """Verify the top-``verify_size`` tree nodes in one target forward, accept, commit, gather the caches.
+    def _prepare_verification(self, verify_size: int | None) -> dict:
+        """Select the top-V nodes (ancestors included), build the tree mask and positions.
 
         Args:
             verify_size: V, drafted nodes sent to the target (≥ 0; None: this decoder's
@@ -553,9 +529,7 @@ class TreeSpeculativeDecoder(SpeculativeDecoder):
 
         Raises:
             ValueError: ``verify_size`` not an integer ≥ 0.
-            RuntimeError: not started or already finished.
         """
-        self._check_running()
         if verify_size is None:
             verify_size = self.verify_size
         tree = self.tree if self.tree is not None else DraftTree.root(int(self.ids[-1]))
@@ -563,63 +537,40 @@ class TreeSpeculativeDecoder(SpeculativeDecoder):
         if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 0:
             raise ValueError(f"verify_size must be an integer ≥ 0 (tree nodes to verify), got {verify_size!r}.")
         dev = self.pair.device
-        t0 = self.clock.now()
         sub = tree.subtree(select_top_nodes(tree, min(int(size), tree.num_nodes)))
         L = self.target_len
         tokens = sub.tokens.clone()
         tokens[0] = int(self.ids[-1])
-        tokens = tokens.to(dev)
         if sub.num_nodes:
             mask = tree_attention_mask(sub.parents, L, dtype=self.pair.target.dtype, device=dev)
             pos = tree_position_ids(sub.depth, L, device=dev)
         else:  # the root alone: a plain one-token forward
             mask, pos = None, None
-        t1 = self.clock.now()
-        logits, hidden = self._tree_forward(tokens, mask, pos)
-        p = self._tree_probs(logits, sub)
-        t2 = self.clock.now()
-        accepted, nxt = self.tree_sampler(sub.parents, sub.tokens, p, self.generator)
-        t3 = self.clock.now()
-        n_old = self.ids.numel()
-        toks = sub.tokens.tolist()
-        emitted = self._commit([toks[a] for a in accepted] + [nxt])
-        self.target_len = gather_cache(self.target_cache, L, accepted)
-        if hidden is not None:
-            keep = torch.tensor([0, *accepted], dtype=torch.long, device=hidden.device)
-            self.drafter.observe_target(hidden.index_select(0, keep), L)
-        self.drafter.rollback(n_old + len(accepted))
-        t4 = self.clock.now()
-        tau = min(len(accepted), len(emitted))  # accepted tokens after an EOS are not emitted: not counted
-        depth = self.depth
-        self.accepted_history.append(tau)
-        self.last_accept_fraction = tau / depth if depth else 1.0
-        draft_s, other_s = self._cycle_draft, self._cycle_other
-        timing = {"draft": draft_s, "select_mask": t1 - t0, "forward": t2 - t1, "sample": t3 - t2, "gather": t4 - t3}
-        self._begin_cycle()
-        feats = self.features()
-        other_s += (t1 - t0) + (t3 - t2) + (t4 - t3) + (self.clock.now() - t4)
-        timing["cycle"] = draft_s + (t2 - t1) + other_s
-        self.tree_timings.append(timing)
-        return CycleResult(emitted, depth, sub.num_nodes, tau, draft_s, t2 - t1, other_s, self.finished, feats)
+        return {"sub": sub, "prefix_len": L, "tokens": tokens.to(dev), "mask": mask, "pos": pos}
 
-    # ----------------------------------------------------------------- driving
-    def run_cycle(self, controller: DraftController) -> CycleResult:
-        """Draft tree levels while the controller says CONTINUE (up to the decoder's and the
-        controller's ``max_depth``), decide V (the controller's size decision when it makes one,
-        else ``verify_size``), verify. Decision times are charged to ``other_seconds``."""
-        while self.depth < controller.max_depth and self.can_draft():
-            t0 = self.clock.now()
-            go = controller.continue_drafting(self.features())
-            self._cycle_other += self.clock.now() - t0
-            if not go:
-                break
-            self.draft_step()
-        size = None
-        if decides_verification_size(controller):
-            t0 = self.clock.now()
-            size = int(controller.verification_size(self.size_features(), self.depth))
-            self._cycle_other += self.clock.now() - t0
-        return self.verify(size)
+    def _verification_forward(self, plan: dict) -> torch.Tensor:
+        logits, plan["hidden"] = self._tree_forward(plan["tokens"], plan["mask"], plan["pos"])
+        return self._tree_probs(logits, plan["sub"])
+
+    def _accept(self, plan: dict, p: torch.Tensor) -> tuple[list[int], int]:
+        sub = plan["sub"]
+        plan["accepted"], nxt = self.tree_sampler(sub.parents, sub.tokens, p, self.generator)
+        toks = sub.tokens.tolist()
+        return [toks[a] for a in plan["accepted"]], nxt
+
+    def _rollback(self, plan: dict, committed_before: int, accepted: int) -> None:
+        """Gather the accepted path's entries into the target's cache, hand the drafter the path's
+        target hidden states (head) and roll it back to the committed length."""
+        L, path = plan["prefix_len"], plan["accepted"]
+        self.target_len = gather_cache(self.target_cache, L, path)
+        hidden = plan["hidden"]
+        if hidden is not None:
+            keep = torch.tensor([0, *path], dtype=torch.long, device=hidden.device)
+            self.drafter.observe_target(hidden.index_select(0, keep), L)
+        self.drafter.rollback(committed_before + len(path))
+
+    def _verified_count(self, plan: dict) -> int:
+        return plan["sub"].num_nodes
 
 
 __all__ = [

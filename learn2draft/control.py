@@ -1,0 +1,179 @@
+"""What decides a cycle: the controller protocol, the fixed controllers and the two actions.
+
+A :class:`DraftController` is asked two things by the one cycle of
+:class:`learn2draft.decoding.SpeculativeDecoder` (chain and tree alike):
+
+1. before each draft step, :meth:`DraftController.continue_drafting` on the observation of
+   :meth:`SpeculativeDecoder.features` — :data:`CONTINUE` (draft one more token, or one more tree
+   level) or :data:`STOP` (verify now). The decision precedes the draw, which keeps the output law
+   exact (Leviathan et al. 2023; for deterministic tree candidates, the recursive accept-or-remove
+   rule);
+2. for a draft tree only, and only when the controller overrides it,
+   :meth:`DraftController.verification_size` on :meth:`SpeculativeDecoder.size_features`: how many
+   tree nodes V to send to the target (Learning to Draft, arXiv 2603.01639). A chain verifies every
+   drafted token.
+
+The gymnasium environments (:mod:`envs`) use the same two actions (``Discrete(2)``: 0 = STOP,
+1 = CONTINUE), and every learned controller in :mod:`policies` implements this protocol.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+#: Verify the tokens drafted so far (at depth 0: a plain autoregressive target step).
+STOP = 0
+#: Draft one more token (a chain) or one more tree level (a tree).
+CONTINUE = 1
+ACTION_MEANINGS = {STOP: "STOP (verify now)", CONTINUE: "CONTINUE (draft one more token)"}
+
+
+class DraftController(ABC):
+    """Decides, before each draft step, whether to draft one more token (and, for a tree, V).
+
+    Attributes:
+        max_depth: the most tokens (tree levels) this controller lets a cycle draft.
+        depth_feature_scale: the ``max_depth`` the controller reads its depth features on (the
+            ``depth`` and ``accepted_len_*`` features are divided by the decoder's ``max_depth``),
+            or None when it reads no scaled feature (fixed and rule controllers). A trained policy
+            sets it to the ``max_depth`` it was trained with, and a decoder or replay env with
+            another ``max_depth`` refuses it (:func:`check_depth_feature_scale`).
+
+    Implementations: :class:`FixedDepthController` (fixed γ), :class:`FixedTreeController`
+    (fixed (depth, V)), the rules, PPO policies and ONNX exports of :mod:`policies`.
+    """
+
+    max_depth: int = 12
+    depth_feature_scale: int | None = None
+
+    def reset(self) -> None:  # noqa: B027 (optional hook, a no-op by default)
+        """Called at the start of each generation."""
+
+    @abstractmethod
+    def continue_drafting(self, features: np.ndarray) -> bool:
+        """``features``: float32 (n_features,) from :func:`learn2draft.features.build_features`."""
+
+    def verification_size(self, features: np.ndarray, depth: int) -> int:
+        """Tree nodes V to verify, from float32 (len(SIZE_FEATURE_NAMES),) size features and the
+        tree's depth. Only tree controllers override it (see :func:`decides_verification_size`);
+        this default — every drafted token — is what a chain does."""
+        return depth
+
+
+def check_depth_feature_scale(controller: Any, max_depth: int, where: str = "this decoder") -> None:
+    """Refuse a controller that reads depth features on another ``max_depth`` scale.
+
+    Raises:
+        ValueError: ``controller.depth_feature_scale`` is set and differs from ``max_depth``.
+    """
+    scale = getattr(controller, "depth_feature_scale", None)  # any object may be passed, not only controllers
+    if scale is not None and scale != max_depth:
+        raise ValueError(f"{controller!r} reads depth features scaled by max_depth={scale}, but {where} has "
+                         f"max_depth={max_depth}: build it with max_depth={scale}.")
+
+
+class FixedDepthController(DraftController):
+    """Always draft γ = ``num_draft_tokens`` tokens (γ = 0 is autoregressive decoding).
+
+    Raises:
+        ValueError: ``num_draft_tokens`` is not an integer ≥ 0.
+    """
+
+    def __init__(self, num_draft_tokens: int):
+        if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 0:
+            raise ValueError(f"num_draft_tokens must be an integer ≥ 0, got {num_draft_tokens!r}.")
+        self.num_draft_tokens = self.max_depth = int(num_draft_tokens)
+
+    def continue_drafting(self, features: np.ndarray) -> bool:
+        return True  # the decoder stops at max_depth
+
+    def __repr__(self) -> str:
+        return f"FixedDepthController(num_draft_tokens={self.num_draft_tokens})"
+
+
+class FixedTreeController(DraftController):
+    """Draft ``depth`` tree levels and verify the best ``verify_size`` nodes: a fixed (depth, V).
+
+    Raises:
+        ValueError: ``depth`` < 0 or ``verify_size`` < 0.
+    """
+
+    def __init__(self, depth: int, verify_size: int):
+        for name, v in (("depth", depth), ("verify_size", verify_size)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name} must be an integer ≥ 0, got {v!r}.")
+        self.max_depth, self.verify_size = int(depth), int(verify_size)
+
+    def continue_drafting(self, features: np.ndarray) -> bool:
+        return True  # the decoder stops at max_depth
+
+    def verification_size(self, features: np.ndarray, depth: int) -> int:
+        return self.verify_size
+
+    def __repr__(self) -> str:
+        return f"FixedTreeController(depth={self.max_depth}, verify_size={self.verify_size})"
+
+
+def decides_verification_size(controller: DraftController) -> bool:
+    """Whether ``controller`` overrides :meth:`DraftController.verification_size` (a size policy, a
+    :class:`FixedTreeController`); a chain controller (fixed γ, a depth policy) does not."""
+    return type(controller).verification_size is not DraftController.verification_size
+
+
+#: ``(size_features float32 (len(SIZE_FEATURE_NAMES),), depth) -> V``: what the cycle asks for a tree's V.
+SizeDecider = Callable[[np.ndarray, int], int]
+
+
+def size_decider(size: int | DraftController | Callable[[np.ndarray], Any] | None) -> SizeDecider | None:
+    """Turn a size controller into a :data:`SizeDecider`.
+
+    Args:
+        size: an int V ≥ 0 (fixed), a :class:`DraftController` that overrides ``verification_size``
+            (:class:`FixedTreeController`, a trained tree policy), a callable ``size_features -> V``,
+            or None (the decoder's own ``verify_size``: every drafted node by default).
+
+    Raises:
+        ValueError: a negative or non-integer V, or a controller that makes no size decision.
+    """
+    if size is None:
+        return None
+    if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
+        if size < 0:
+            raise ValueError(f"A fixed verification size must be ≥ 0, got {size}.")
+        v = int(size)
+        return lambda feats, depth: v
+    if isinstance(size, DraftController):
+        if not decides_verification_size(size):
+            raise ValueError(f"{size!r} makes no verification-size decision (it does not override "
+                             "verification_size): pass a FixedTreeController, a TreePolicyController, an int V or a "
+                             "callable.")
+        return size.verification_size
+    if callable(size):
+        return lambda feats, depth: size(feats)
+    raise ValueError(f"size must be an int V, a size-deciding DraftController or a callable features -> V, "
+                     f"got {size!r}.")
+
+
+def as_size(value: Any) -> int:
+    """One verification size V from what a size decider returned (a Python or numpy scalar).
+
+    Raises:
+        ValueError: not one integer ≥ 0.
+    """
+    arr = np.asarray(value)
+    if arr.size != 1 or not np.issubdtype(arr.dtype, np.number):
+        raise ValueError(f"A size controller must return one integer V ≥ 0, got {value!r}.")
+    v = arr.reshape(()).item()
+    if v != int(v) or v < 0:
+        raise ValueError(f"A size controller must return an integer V ≥ 0, got {v!r}.")
+    return int(v)
+
+
+__all__ = [
+    "ACTION_MEANINGS", "CONTINUE", "STOP", "DraftController", "FixedDepthController", "FixedTreeController",
+    "SizeDecider", "as_size", "check_depth_feature_scale", "decides_verification_size", "size_decider",
+]

@@ -1,0 +1,87 @@
+"""The draft state: everything a drafting policy may see at a decision, in one typed object.
+
+:meth:`learn2draft.decoding.SpeculativeDecoder.state` returns a :class:`DraftState` before every
+decision (chain or tree); the observation vectors a policy reads are built from it —
+:meth:`DraftState.features` (:func:`learn2draft.features.build_features`, the depth decision) and
+:meth:`DraftState.size_features` (:func:`learn2draft.features.build_size_features`, a tree's
+verification-size decision). The raw values stay available as integers and floats, so a rule or
+an engine adapter reads ``state.depth`` or ``state.tree_nodes`` instead of rounding a normalised
+feature back to an integer; ``max_depth`` is the declared scale of the depth features.
+
+Every field is known before the decision it informs (no drafted token's value is read before it
+is drawn), which is what keeps the output law exact whatever a policy does with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from learn2draft.features import build_features, build_size_features
+
+
+@dataclass(frozen=True)
+class DraftState:
+    """One decision's view of the cycle.
+
+    Attributes:
+        depth: tokens (chain) or tree levels (tree) drafted so far this cycle.
+        max_depth: the decoder's ``max_depth``: the most per cycle, and the scale of the depth features.
+        committed_len: committed tokens (prompt + generated). The depth features' ``context_len`` is
+            ``committed_len + depth`` (chain and tree alike, as traces record it); the size features'
+            is ``committed_len``.
+        generated: tokens generated so far (prompt excluded); ``max_new_tokens``: the budget.
+        accepted_history: accepted length τ of every past cycle of this generation, oldest first.
+        last_accept_fraction: τ / depth of the previous cycle (1 if it drafted nothing or before any).
+        confidences: the max raw draft probability of each drafted token (tree: of the best
+            frontier node's children, per level), in drafting order.
+        entropies: the draft's raw-softmax entropy in nats at each drafted token (same order).
+        vocab_size: V, the target's vocabulary (the entropy feature is divided by ln V).
+        drafter_features: float32 (NUM_DRAFTER_FEATURES,) from :meth:`Drafter.features` for the next
+            proposal (``match_len``, ``match_count`` of prompt lookup; zeros for the others).
+        tree_scores: float64 (N,) the drafted tree nodes' cumulative draft log-probabilities (root
+            excluded), empty for a chain.
+    """
+
+    depth: int
+    max_depth: int
+    committed_len: int
+    generated: int
+    max_new_tokens: int
+    accepted_history: tuple[int, ...]
+    last_accept_fraction: float
+    confidences: tuple[float, ...]
+    entropies: tuple[float, ...]
+    vocab_size: int
+    drafter_features: np.ndarray = field(repr=False)
+    tree_scores: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))
+
+    @property
+    def tree_nodes(self) -> int:
+        """N, the drafted tree nodes (0 for a chain)."""
+        return int(self.tree_scores.size)
+
+    @property
+    def last_entropy(self) -> float:
+        """Entropy (nats) at the last drafted token, 0 at depth 0."""
+        return self.entropies[-1] if self.entropies else 0.0
+
+    def features(self) -> np.ndarray:
+        """The depth decision's observation, float32 (len(FEATURE_NAMES),) in [0, 1]
+        (:func:`learn2draft.features.build_features`)."""
+        return build_features(
+            context_len=self.committed_len + self.depth, depth=self.depth, max_depth=max(self.max_depth, 1),
+            accepted_history=self.accepted_history, confidences=self.confidences, last_entropy=self.last_entropy,
+            vocab_size=self.vocab_size, last_accept_fraction=self.last_accept_fraction, generated=self.generated,
+            max_new_tokens=self.max_new_tokens, drafter_features=self.drafter_features,
+        )
+
+    def size_features(self) -> np.ndarray:
+        """A tree's verification-size observation, float32 (len(SIZE_FEATURE_NAMES),) in [0, 1]
+        (:func:`learn2draft.features.build_size_features`)."""
+        return build_size_features(self.tree_scores, self.depth, max(self.max_depth, 1), self.committed_len,
+                                   self.accepted_history, self.last_accept_fraction)
+
+
+__all__ = ["DraftState"]
