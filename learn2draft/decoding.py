@@ -233,7 +233,11 @@ class SpeculativeDecoder:
         prompt_ids = check_prompt_ids(prompt_ids, self.pair.vocab_size).to(self.pair.device)
         self.pair.check_length(prompt_ids.numel(), self.max_new_tokens)
         self.prompt_len = prompt_ids.numel()
-        self.ids = prompt_ids
+        # One preallocated token buffer: committed tokens, then this cycle's drafted chain. ids and _seq()
+        # are views of it, so drafting a token writes one slot instead of rebuilding the sequence tensor.
+        self._buf = torch.empty(self.prompt_len + self.max_new_tokens + 1, dtype=torch.long, device=self.pair.device)
+        self._buf[: self.prompt_len] = prompt_ids
+        self._n = self.prompt_len
         self.generator = torch.Generator(device=self.pair.device).manual_seed(self.seed if seed is None else seed)
         self.target_cache = DynamicCache()
         self.target_len = 0
@@ -265,8 +269,13 @@ class SpeculativeDecoder:
         return self.entropies[-1] if self.entropies else 0.0
 
     @property
+    def ids(self) -> torch.Tensor:
+        """int64 (L + generated,): the committed sequence (prompt + generated), a view of the token buffer."""
+        return self._buf[: self._n]
+
+    @property
     def generated(self) -> int:
-        return self.ids.numel() - self.prompt_len
+        return self._n - self.prompt_len
 
     @property
     def depth(self) -> int:
@@ -321,9 +330,8 @@ class SpeculativeDecoder:
         return out.logits[0, :, : self.pair.vocab_size]
 
     def _seq(self) -> torch.Tensor:
-        if not self.drafted:
-            return self.ids
-        return torch.cat([self.ids, torch.tensor(self.drafted, dtype=torch.long, device=self.ids.device)])
+        """int64 (L + generated + γ,): committed + this cycle's drafted chain (a view of the token buffer)."""
+        return self._buf[: self._n + len(self.drafted)]
 
     def draft_step(self) -> Any:
         """Draft one token with the drafter.
@@ -340,6 +348,7 @@ class SpeculativeDecoder:
             raise RuntimeError(f"Depth limit {self.depth_limit} reached: call verify().")
         t0 = self.clock.now()
         prop = self.drafter.propose(self._seq(), self.sampling, self.generator)
+        self._buf[self._n + len(self.drafted)] = prop.token
         self.drafted.append(prop.token)
         self.draft_probs.append(prop.probs)
         self.confidences.append(prop.confidence)
@@ -441,7 +450,9 @@ class SpeculativeDecoder:
         eos_at = [i for i, t in enumerate(emitted) if t in self.pair.eos_token_ids]
         if eos_at:
             emitted = emitted[: eos_at[0] + 1]
-        self.ids = torch.cat([self.ids, torch.tensor(emitted, dtype=torch.long, device=self.ids.device)])
+        n = self._n
+        self._buf[n : n + len(emitted)] = torch.tensor(emitted, dtype=torch.long).to(self._buf.device)
+        self._n = n + len(emitted)
         self.finished = bool(eos_at) or self.generated >= self.max_new_tokens
         return emitted
 

@@ -445,10 +445,8 @@ class _ChainRecorder:
 
     def drafter_features(self, drafted: list[int]) -> list[np.ndarray]:
         """The drafter's features before each of the chain's steps and after its last one."""
-        import torch
-
         d = self.decoder
-        seq = torch.cat([d.ids, torch.tensor(drafted, dtype=torch.long, device=d.ids.device)])
+        seq = d._seq()  # committed + the drafted chain, still in the decoder's token buffer
         n = d.ids.numel()
         return [np.asarray(d.drafter.features(seq[: n + k]), dtype=np.float32) for k in range(len(drafted) + 1)]
 
