@@ -4,10 +4,10 @@
 and action spaces of the real-loop environment :class:`envs.spec_decode.SpecDecodeEnv`, the same step
 semantics and the same reward formula; only where the numbers come from differs:
 
-* what the drafter and the target agree on comes from a trace (:mod:`learn2draft.traces`): the
+* what the drafter and the target agree on comes from a trace (:mod:`learn2draft.replay.traces`): the
   drafted chain at every position, its draft-side features, and the acceptance probability of each
   drafted token;
-* what each cycle costs comes from a latency profile (:mod:`learn2draft.latency`):
+* what each cycle costs comes from a latency profile (:mod:`learn2draft.replay.latency`):
   ``seconds(d, c) = d · (draft_step(c) + step_overhead) + verify(d + 1, c) + cycle_overhead`` at
   context length c, for the trace's drafter.
 
@@ -27,7 +27,7 @@ once tokens < i were). It emits τ + 1 tokens (fewer at EOS / ``max_new_tokens``
 emitted tokens, as :meth:`SpeculativeDecoder.verify` counts it) and the next cycle starts at
 t + emitted. The reward at a verifying step is ``emitted / seconds(j, c) / reward_scale``, 0 at
 drafting steps — :attr:`CycleResult.tokens_per_second` / ``reward_scale`` in the real environment.
-T > 0 replays follow the recorded trajectory after each cycle: see :mod:`learn2draft.traces` for what
+T > 0 replays follow the recorded trajectory after each cycle: see :mod:`learn2draft.replay.traces` for what
 that approximates.
 
 Rewards are deterministic for a seed (no clock), so the environment is registered as deterministic
@@ -61,8 +61,8 @@ from gymnasium import spaces
 
 from learn2draft.features import FEATURE_NAMES, HISTORY, PROFILE_FEATURE_NAMES, build_features
 from learn2draft.features import profile_features as profile_feature_vector
-from learn2draft.latency import LatencyProfile, load_profiles
-from learn2draft.traces import PromptTrace, TraceSet, TreeTraceSet, load_traces
+from learn2draft.replay.latency import LatencyProfile, load_profiles
+from learn2draft.replay.traces import PromptTrace, TraceSet, TreeTraceSet, load_traces
 from policies.controllers import CONTINUE, STOP
 
 REPLAY_ENV_ID = "learn2draft/SpecDecodeReplay-v0"
@@ -114,9 +114,9 @@ class SpecDecodeReplayEnv(gym.Env):
     """Draft-depth control replayed from traces and a latency profile.
 
     Args:
-        traces: a :class:`learn2draft.traces.TraceSet`, a trace file, or several (a list, or paths joined by
+        traces: a :class:`learn2draft.replay.traces.TraceSet`, a trace file, or several (a list, or paths joined by
             commas) recorded with the same settings (``python -m eval.record``).
-        profile: a :class:`learn2draft.latency.LatencyProfile`, a profile file, or a shipped profile's name
+        profile: a :class:`learn2draft.replay.latency.LatencyProfile`, a profile file, or a shipped profile's name
             (``"cpu-2core"``, ``"gpu-like"``); or several (a list, or names / files joined by commas): each
             generation then runs on one of them (see the module docstring). Each must hold costs for the
             trace's drafter.

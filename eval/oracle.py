@@ -1,6 +1,6 @@
 """``python -m eval.oracle``: how far a depth policy is from the best possible one, in replay.
 
-From traces (learn2draft.traces) and a latency profile (learn2draft.latency):
+From traces (learn2draft.replay.traces) and a latency profile (learn2draft.replay.latency):
 
 * the oracle — the best depth sequence in hindsight for each prompt: a dynamic program over output
   positions that minimises the (expected) total cycle time of the generation,
@@ -180,11 +180,11 @@ class TreeReplay:
 
 def tree_replay_data(pt, profile, drafter: str, verify_sizes, max_depth: int | None = None,
                      max_new_tokens: int | None = None, recorded_max_new_tokens: int | None = None) -> TreeReplay:
-    """The :class:`TreeReplay` of one :class:`learn2draft.traces.TreePromptTrace`.
+    """The :class:`TreeReplay` of one :class:`learn2draft.replay.traces.TreePromptTrace`.
 
     Args:
         pt: the prompt's tree trace; ``verify_sizes``: the trace set's V grid (``TreeTraceSet.verify_sizes``).
-        profile: a :class:`learn2draft.latency.LatencyProfile`; ``drafter``: whose costs to use.
+        profile: a :class:`learn2draft.replay.latency.LatencyProfile`; ``drafter``: whose costs to use.
         max_depth: largest depth considered (default and maximum: the recorded one).
         max_new_tokens: replay shorter generations (≤ ``recorded_max_new_tokens``; default: as recorded).
 
@@ -267,7 +267,7 @@ def tree_oracle_report(traces, profile, max_depth: int | None = None, max_new_to
     """Oracle, per-cycle greedy, autoregressive and every fixed (d, V) on tree traces, in replay.
 
     Args:
-        traces: a :class:`learn2draft.traces.TreeTraceSet`; ``profile``: a :class:`LatencyProfile`.
+        traces: a :class:`learn2draft.replay.traces.TreeTraceSet`; ``profile``: a :class:`LatencyProfile`.
         max_depth, max_new_tokens: as :func:`tree_replay_data`.
 
     Returns:
@@ -390,8 +390,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args) -> int:
     from envs.replay import SpecDecodeReplayEnv
-    from learn2draft.latency import load_profile
-    from learn2draft.traces import TREE, load_traces, trace_structure
+    from learn2draft.replay.latency import load_profile
+    from learn2draft.replay.traces import TREE, load_traces, trace_structure
 
     first = next((s for s in str(args.traces).split(",") if s.strip()), "")
     if first and trace_structure(first) == TREE:
@@ -442,8 +442,8 @@ def _emit(text: str, rep: dict, json_path: str | None) -> int:
 
 
 def _run_tree(args) -> int:
-    from learn2draft.latency import load_profile
-    from learn2draft.traces import load_tree_traces
+    from learn2draft.replay.latency import load_profile
+    from learn2draft.replay.traces import load_tree_traces
 
     if args.policy:
         raise ValueError("These are draft-tree traces: scoring a policy on them in replay is not built (tree replay "

@@ -37,7 +37,7 @@ def sim_vs_real(pair, traces, profile, controllers: dict, drafter=None, repeats:
 
     Args:
         pair: the loaded models the traces were recorded with.
-        traces: a :class:`learn2draft.traces.TraceSet`; profile: a :class:`learn2draft.latency.LatencyProfile`.
+        traces: a :class:`learn2draft.replay.traces.TraceSet`; profile: a :class:`learn2draft.replay.latency.LatencyProfile`.
         controllers: name → ``DraftController``; each runs with its own ``max_depth`` when it declares a
             depth-feature scale (a policy), else with the traces' ``max_depth``.
         drafter: a factory ``() -> Drafter`` for the real runs (default: ``make_drafter`` of the traces' drafter).
@@ -153,9 +153,9 @@ def _run(args) -> int:
     import torch
 
     from learn2draft.decoding import FixedDepthController
-    from learn2draft.latency import load_profile
+    from learn2draft.replay.latency import load_profile
     from learn2draft.models import check_device, default_device, load_pair, parse_dtype
-    from learn2draft.traces import TraceSet, load_traces
+    from learn2draft.replay.traces import TraceSet, load_traces
     from policies.export import load_policy, policy_drafter, resolve_export_dir
 
     traces = load_traces(args.traces)

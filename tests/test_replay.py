@@ -22,10 +22,11 @@ from envs.replay import measure_steps_per_second, replay_controller
 from eval.oracle import evaluate_policy, oracle_prompt, oracle_report
 from learn2draft import FixedDepthController, SpeculativeDecoder, build_features
 from learn2draft.drafters import make_drafter
-from learn2draft.latency import SHIPPED_PROFILES_DIR, DrafterCost, LatencyProfile, load_profile
+from learn2draft.replay.latency import SHIPPED_PROFILES_DIR, DrafterCost, LatencyProfile, load_profile
 from learn2draft.models import make_pair
 from learn2draft.sampling import SamplingConfig
-from learn2draft.traces import TraceSet, load_traces, record_traces
+from learn2draft.replay.traces import TraceSet, load_traces
+from learn2draft.traces import record_traces
 
 REPO = Path(__file__).resolve().parent.parent
 PROMPTS = ["w1 w2 w3 w4", "w5 w6 w5 w6 w5", "w7 w8 w9 w10 w11", "w12", "w13 w14 w15 w13 w14"]
@@ -510,6 +511,21 @@ def test_help_has_a_line_per_option_and_needs_no_torch(command):
             "except SystemExit:\n    pass\nprint('TORCH' if 'torch' in sys.modules else 'NO-TORCH', file=sys.stderr)")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert "usage:" in r.stdout and r.stderr.strip().endswith("NO-TORCH"), r.stderr
+
+
+def test_the_replay_package_needs_numpy_only():
+    """learn2draft.replay (trace format, latency profiles and their shipped data, the outcome model) imports neither
+    torch nor transformers nor anything above the engine."""
+    code = ("import sys, pkgutil, importlib, learn2draft.replay as r\n"
+            "mods = [importlib.import_module('learn2draft.replay.' + m.name) for m in pkgutil.iter_modules(r.__path__)]\n"
+            "from learn2draft.replay.latency import load_profile\n"
+            "assert load_profile('gpu-like').name == 'gpu-like'\n"
+            "bad = [m for m in ('torch', 'transformers', 'gymnasium', 'envs', 'policies', 'train', 'eval') if m in sys.modules]\n"
+            "print(len(mods), bad)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    count, bad = r.stdout.split(" ", 1)
+    assert int(count) >= 2 and bad.strip() == "[]", r.stdout
 
 
 def test_bad_replay_settings_are_clear_errors(pairs):

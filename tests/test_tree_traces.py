@@ -28,16 +28,10 @@ from eval.oracle import (
     tree_replay_data,
 )
 from learn2draft.drafters import make_drafter
-from learn2draft.latency import DrafterCost, LatencyProfile, load_profile
+from learn2draft.replay.latency import DrafterCost, LatencyProfile, load_profile
 from learn2draft.sampling import SamplingConfig
-from learn2draft.traces import (
-    TraceSet,
-    TreeTraceSet,
-    load_tree_traces,
-    record_traces,
-    record_tree_traces,
-    trace_structure,
-)
+from learn2draft.replay.traces import TraceSet, TreeTraceSet, load_tree_traces, trace_structure
+from learn2draft.traces import record_traces, record_tree_traces
 from learn2draft.tree import FixedTreeController, TreeSpeculativeDecoder
 
 PROMPTS = ["w1 w2 w3 w4", "w5 w6 w5 w6 w5", "w7 w8 w9 w10 w11", "w12", "w13 w14 w15 w13 w14"]
