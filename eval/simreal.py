@@ -3,8 +3,8 @@
 For every method — fixed depths (--gammas) and each --policy (a replay-trained one, a real-loop-trained
 one, …) — on the prompts of the traces:
 
-* predicted: the method scored in the replay environment (envs.replay.replay_controller) with the
-  traces and the latency profile;
+* predicted: the method scored in the replay environment (envs.replay.replay_controller, over the
+  replay outcome model learn2draft.replay.outcome) with the traces and the latency profile;
 * measured: the method run on the real models (the traces' target, draft and drafter), interleaved
   prompt by prompt, with the decoder's device-synchronised clocks.
 
@@ -55,6 +55,7 @@ def sim_vs_real(pair, traces, profile, controllers: dict, drafter=None, repeats:
     from envs.replay import SpecDecodeReplayEnv, replay_controller
     from learn2draft.decoding import SpeculativeDecoder
     from learn2draft.drafters import make_drafter
+    from learn2draft.replay.outcome import tokens_per_second
     from learn2draft.sampling import SamplingConfig
 
     h = traces.header
@@ -101,8 +102,8 @@ def sim_vs_real(pair, traces, profile, controllers: dict, drafter=None, repeats:
                 progress(f"repeat {k + 1}/{repeats}, prompt {j + 1}/{len(idx)}")
     for n in names:
         a, m = acc[n], methods[n]
-        m["measured_tokens_per_s"] = a["tokens"] / a["cycle_s"] if a["cycle_s"] > 0 else 0.0
-        m["measured_wall_tokens_per_s"] = a["tokens"] / a["wall_s"] if a["wall_s"] > 0 else 0.0
+        m["measured_tokens_per_s"] = tokens_per_second(a["tokens"], a["cycle_s"])
+        m["measured_wall_tokens_per_s"] = tokens_per_second(a["tokens"], a["wall_s"])
         m["measured_mean_depth"] = a["depth"] / a["cycles"] if a["cycles"] else 0.0
         m["measured_mean_accepted"] = a["tau"] / a["cycles"] if a["cycles"] else 0.0
         m["error"] = m["predicted_tokens_per_s"] / m["measured_tokens_per_s"] - 1 if m["measured_tokens_per_s"] else None
