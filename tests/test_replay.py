@@ -228,6 +228,31 @@ def test_t_positive_accepted_lengths_follow_the_recorded_law(pairs):
     np.testing.assert_allclose(counts / counts.sum(), law, atol=0.03)
 
 
+def test_the_outcome_models_draws_follow_its_stated_law(pairs):
+    """ChainReplay.cycle (what the env steps with) and ChainReplay.outcomes (what the oracle takes expectations
+    over) are one model: at T=0 the single outcome is the cycle's, everywhere; at T>0 the frequencies of 4000 seeded
+    draws of (τ, emitted) match the stated probabilities (tolerance 0.035 > 4 standard errors ≤ 0.008)."""
+    from learn2draft.replay.outcome import chain_replay
+
+    prof = linear_profile()
+    for pt in traces_for(pairs, "noisy", "model").prompts:
+        r = chain_replay(pt, prof, "model", D, N)
+        for t in range(1, r.n):
+            for d in range(int(r.avail[t]) + 1):
+                (p, tau, e), = r.outcomes(t, d, True)
+                assert p == 1.0 and r.cycle(t, d) == (tau, e, float(r.total[t, d]))
+    tr = traces_for(pairs, "noisy", "model", temperature=1.0)
+    pt = max(tr.prompts, key=lambda q: q.chain_len[1])
+    r = chain_replay(pt, prof, "model", D, N)
+    d = int(r.avail[1])
+    law = r.outcomes(1, d, False)
+    assert d >= 2 and len(law) == d + 1 and sum(p for p, _, _ in law) == pytest.approx(1.0, abs=1e-12)
+    rng = np.random.default_rng(0)
+    draws = [r.cycle(1, d, rng)[:2] for _ in range(4000)]
+    for p, tau, e in law:
+        assert draws.count((tau, e)) / len(draws) == pytest.approx(p, abs=0.035)
+
+
 def test_a_draft_equal_to_the_target_is_always_accepted_at_t_positive(pairs):
     tr = traces_for(pairs, "self", "model", temperature=1.0)
     acc = np.concatenate([pt.accept_prob[pt.chain_len > 0][:, 0] for pt in tr.prompts])
