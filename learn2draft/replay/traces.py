@@ -72,6 +72,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -114,8 +115,24 @@ APPROXIMATION_T_POSITIVE = (
 )
 
 
+class _PromptLengths:
+    """``n`` and ``prompt_len`` of a prompt's trace (chain or tree), from its ``output`` and ``prompt_ids``."""
+
+    output: np.ndarray
+    prompt_ids: np.ndarray
+
+    @property
+    def n(self) -> int:
+        """Tokens generated (the prefill's first token included)."""
+        return int(self.output.shape[0])
+
+    @property
+    def prompt_len(self) -> int:
+        return int(self.prompt_ids.shape[0])
+
+
 @dataclass
-class PromptTrace:
+class PromptTrace(_PromptLengths):
     """The trace of one prompt (see the module docstring). n = generated tokens, D = max_depth.
 
     Attributes:
@@ -141,15 +158,6 @@ class PromptTrace:
     accept_prob: np.ndarray
     seed: int = 0
 
-    @property
-    def n(self) -> int:
-        """Tokens generated (the prefill's first token included)."""
-        return int(self.output.shape[0])
-
-    @property
-    def prompt_len(self) -> int:
-        return int(self.prompt_ids.shape[0])
-
     def accepted_run(self) -> np.ndarray:
         """int64 (n+1,): per position, the number of leading drafted tokens accepted with probability 1 — at
         T = 0 the accepted length τ of a cycle drafting the whole chain (τ = min(d, run) at depth d)."""
@@ -159,17 +167,13 @@ class PromptTrace:
 
 
 @dataclass
-class TraceSet:
-    """Traces of several prompts with the header that says where they came from.
-
-    Attributes:
-        header: JSON-serialisable dict (``format``, ``format_version``, ``structure``, ``target``, ``draft``,
-            ``drafter``, ``sampling``, ``feature_version``, ``max_depth``, ``max_new_tokens``, ``machine``, …).
-        prompts: one :class:`PromptTrace` per prompt.
-    """
+class _TraceFile:
+    """What chain and tree trace sets share: the header, the prompts, the header's settings, and writing the file
+    (the per-prompt arrays of :func:`_prompt_arrays` plus the structure's own, :meth:`_arrays`)."""
 
     header: dict
-    prompts: list[PromptTrace] = field(default_factory=list)
+    prompts: list = field(default_factory=list)
+    _array_docs: ClassVar[dict[str, str]] = {}  # each structure's array docs (ARRAY_DOCS, TREE_ARRAY_DOCS)
 
     @property
     def max_depth(self) -> int:
@@ -185,15 +189,12 @@ class TraceSet:
         d = self.header.get("drafter", {})
         return str(d.get("drafter", d) if isinstance(d, dict) else d)
 
-    @property
-    def deterministic(self) -> bool:
-        """Recorded at temperature 0: every acceptance probability is 0 or 1."""
-        return float(self.header["sampling"]["temperature"]) == 0.0
-
     def __len__(self) -> int:
         return len(self.prompts)
 
-    # ------------------------------------------------------------------ files
+    def _arrays(self) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
     def save(self, path: str | Path) -> Path:
         """Write ``path`` (``.npz`` added if missing) and the header beside it as ``<stem>.json``.
 
@@ -204,10 +205,46 @@ class TraceSet:
         if path.suffix != ".npz":
             path = path.with_name(path.name + ".npz")
         path.parent.mkdir(parents=True, exist_ok=True)
-        D = self.max_depth
-        ps = self.prompts
-        arrays = {
-            **_prompt_arrays(ps),
+        arrays = {**_prompt_arrays(self.prompts), **self._arrays()}
+        header = {**self.header, "arrays": self._array_docs, "num_prompts": len(self.prompts)}
+        text = json.dumps(header, indent=2, default=str)
+        _write_npz(path, text, arrays)
+        path.with_suffix(".json").write_text(text + "\n")
+        self.header = header
+        return path
+
+    @classmethod
+    def _from_arrays(cls, header: dict, arrays: dict, prompt_cls, per_row: tuple[str, ...]):
+        """The set of the checked arrays of a file: one ``prompt_cls`` per prompt, with its rows of ``per_row``."""
+        return cls(header, [prompt_cls(**common, **{k: arrays[k][rs] for k in per_row})
+                            for common, rs in _split_prompts(arrays)])
+
+
+@dataclass
+class TraceSet(_TraceFile):
+    """Traces of several prompts with the header that says where they came from.
+
+    Attributes:
+        header: JSON-serialisable dict (``format``, ``format_version``, ``structure``, ``target``, ``draft``,
+            ``drafter``, ``sampling``, ``feature_version``, ``max_depth``, ``max_new_tokens``, ``machine``, …).
+        prompts: one :class:`PromptTrace` per prompt.
+
+    ``max_depth``, ``max_new_tokens``, ``drafter``, ``len()`` and :meth:`save` (``path``, ``.npz`` added if
+    missing, and the header beside it as ``<stem>.json``; returns the ``.npz`` path) read and write the header.
+    """
+
+    prompts: list[PromptTrace] = field(default_factory=list)
+    _array_docs = ARRAY_DOCS
+
+    @property
+    def deterministic(self) -> bool:
+        """Recorded at temperature 0: every acceptance probability is 0 or 1."""
+        return float(self.header["sampling"]["temperature"]) == 0.0
+
+    # ------------------------------------------------------------------ files
+    def _arrays(self) -> dict[str, np.ndarray]:
+        D, ps = self.max_depth, self.prompts
+        return {
             "chain_len": _cat([p.chain_len for p in ps], np.int64, (0,)),
             "draft_tokens": _cat([p.draft_tokens for p in ps], np.int64, (0, D)),
             "confidence": _cat([p.confidence for p in ps], np.float64, (0, D)),
@@ -215,12 +252,6 @@ class TraceSet:
             "drafter_features": _cat([p.drafter_features for p in ps], np.float32, (0, D + 1, NUM_DRAFTER_FEATURES)),
             "accept_prob": _cat([p.accept_prob for p in ps], np.float64, (0, D)),
         }
-        header = {**self.header, "arrays": ARRAY_DOCS, "num_prompts": len(ps)}
-        text = json.dumps(header, indent=2, default=str)
-        _write_npz(path, text, arrays)
-        path.with_suffix(".json").write_text(text + "\n")
-        self.header = header
-        return path
 
     @classmethod
     def load(cls, path: str | Path) -> TraceSet:
@@ -255,9 +286,8 @@ class TraceSet:
         if (cl.size and (cl.min() < 0 or cl.max() > D)) or (ap.size and not np.all(np.isnan(ap) | ((ap >= 0) & (ap <= 1)))):
             raise ValueError(f"{path}: chain lengths outside [0, max_depth] or acceptance probabilities outside [0, 1] "
                              "(NaN marks no draft; a hand-edited file?); re-record it.")
-        per_row = ("chain_len", "draft_tokens", "confidence", "entropy", "drafter_features", "accept_prob")
-        return cls(header, [PromptTrace(**common, **{k: arrays[k][rs] for k in per_row})
-                            for common, rs in _split_prompts(arrays)])
+        return cls._from_arrays(header, arrays, PromptTrace, ("chain_len", "draft_tokens", "confidence", "entropy",
+                                                              "drafter_features", "accept_prob"))
 
 
 def load_traces(paths: str | Path | Sequence[str | Path]) -> TraceSet:
@@ -449,7 +479,7 @@ TREE_ARRAY_DOCS: dict[str, str] = {
 
 
 @dataclass
-class TreePromptTrace:
+class TreePromptTrace(_PromptLengths):
     """The draft-tree trace of one prompt at temperature 0. n = generated tokens, D = max_depth,
     S = len(verify_sizes).
 
@@ -464,7 +494,7 @@ class TreePromptTrace:
             drafts no deeper); not capped at the tokens left (emitted = min(τ + 1, n − t)).
         seed: the recording's seed.
         greedy_inconsistencies: positions whose whole tree's accepted path (every node verified) disagrees with the
-            recorded greedy output (set by :func:`record_tree_prompt`; not stored per prompt, summed in the header).
+            recorded greedy output (set by :func:`learn2draft.traces.record_tree_prompt`; not stored per prompt, summed in the header).
     """
 
     prompt_ids: np.ndarray
@@ -476,15 +506,6 @@ class TreePromptTrace:
     seed: int = 0
     greedy_inconsistencies: int = 0
 
-    @property
-    def n(self) -> int:
-        """Tokens generated (the prefill's first token included)."""
-        return int(self.output.shape[0])
-
-    @property
-    def prompt_len(self) -> int:
-        return int(self.prompt_ids.shape[0])
-
     def nodes_up_to(self) -> np.ndarray:
         """int64 (n+1, D+1): entry (t, d) = drafted nodes of levels ≤ d at position t (column 0: 0), the nodes a
         depth-d tree holds; a cycle with verification size V verifies min(V, nodes_up_to[t, d]) of them."""
@@ -493,25 +514,21 @@ class TreePromptTrace:
 
 
 @dataclass
-class TreeTraceSet:
+class TreeTraceSet(_TraceFile):
     """Draft-tree traces of several prompts with their header (``structure`` = ``kind`` = ``"tree"``, ``width``,
     ``top_k``, ``verify_sizes``, ``max_depth``, ``max_new_tokens``, models, drafter, sampling, machine, …).
 
     Attributes:
         header: JSON-serialisable dict.
         prompts: one :class:`TreePromptTrace` per prompt.
+
+    ``max_depth``, ``max_new_tokens``, ``drafter`` (``"model"`` or ``"head"``), ``len()`` and :meth:`save` as
+    :class:`TraceSet`'s.
     """
 
-    header: dict
     prompts: list[TreePromptTrace] = field(default_factory=list)
-
-    @property
-    def max_depth(self) -> int:
-        return int(self.header["max_depth"])
-
-    @property
-    def max_new_tokens(self) -> int:
-        return int(self.header["max_new_tokens"])
+    _array_docs = TREE_ARRAY_DOCS
+    deterministic = True  # temperature 0 only
 
     @property
     def verify_sizes(self) -> list[int]:
@@ -525,41 +542,13 @@ class TreeTraceSet:
     def top_k(self) -> int:
         return int(self.header["top_k"])
 
-    @property
-    def drafter(self) -> str:
-        """The drafter's name (``"model"`` or ``"head"``)."""
-        d = self.header.get("drafter", {})
-        return str(d.get("drafter", d) if isinstance(d, dict) else d)
-
-    deterministic = True  # temperature 0 only
-
-    def __len__(self) -> int:
-        return len(self.prompts)
-
-    def save(self, path: str | Path) -> Path:
-        """Write ``path`` (``.npz`` added if missing) and the header beside it as ``<stem>.json``.
-
-        Returns:
-            the ``.npz`` path.
-        """
-        path = Path(path)
-        if path.suffix != ".npz":
-            path = path.with_name(path.name + ".npz")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        D, S = self.max_depth, len(self.verify_sizes)
-        ps = self.prompts
-        arrays = {
-            **_prompt_arrays(ps),
+    def _arrays(self) -> dict[str, np.ndarray]:
+        D, S, ps = self.max_depth, len(self.verify_sizes), self.prompts
+        return {
             "tree_depth": _cat([p.tree_depth for p in ps], np.int64, (0,)),
             "level_nodes": _cat([p.level_nodes for p in ps], np.int64, (0, D)),
             "tau": _cat([p.tau for p in ps], np.int64, (0, D + 1, S)),
         }
-        header = {**self.header, "arrays": TREE_ARRAY_DOCS, "num_prompts": len(ps)}
-        text = json.dumps(header, indent=2, default=str)
-        _write_npz(path, text, arrays)
-        path.with_suffix(".json").write_text(text + "\n")
-        self.header = header
-        return path
 
     @classmethod
     def load(cls, path: str | Path) -> TreeTraceSet:
@@ -596,9 +585,7 @@ class TreeTraceSet:
                          or arrays["tree_depth"].max() > D or arrays["level_nodes"].min() < 0):
             raise ValueError(f"{path}: accepted lengths outside [0, depth] or negative tree sizes (a hand-edited "
                              "file?); re-record it.")
-        per_row = ("tree_depth", "level_nodes", "tau")
-        return cls(header, [TreePromptTrace(**common, **{k: arrays[k][rs] for k in per_row})
-                            for common, rs in _split_prompts(arrays)])
+        return cls._from_arrays(header, arrays, TreePromptTrace, ("tree_depth", "level_nodes", "tau"))
 
 
 def load_tree_traces(paths: str | Path | Sequence[str | Path]) -> TreeTraceSet:
