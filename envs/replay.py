@@ -4,10 +4,10 @@
 and action spaces of the real-loop environment :class:`envs.spec_decode.SpecDecodeEnv`, the same step
 semantics and the same reward formula; only where the numbers come from differs:
 
-* what the drafter and the target agree on comes from a trace (:mod:`learn2draft.traces`): the
+* what the drafter and the target agree on comes from a trace (:mod:`learn2draft.replay.traces`): the
   drafted chain at every position, its draft-side features, and the acceptance probability of each
   drafted token;
-* what each cycle costs comes from a latency profile (:mod:`learn2draft.latency`):
+* what each cycle costs comes from a latency profile (:mod:`learn2draft.replay.latency`):
   ``seconds(d, c) = d · (draft_step(c) + step_overhead) + verify(d + 1, c) + cycle_overhead`` at
   context length c, for the trace's drafter.
 
@@ -20,14 +20,15 @@ that depend on (t, j) only are built once per prompt with ``build_features`` and
 entries are filled in per step (tests check the result against ``build_features``).
 
 A cycle that starts at t and verifies at depth j (0 ≤ j ≤ the chain available at t, capped by
-``max_depth`` and the tokens left, as :attr:`SpeculativeDecoder.depth_limit` caps it) accepts τ
-tokens: at temperature 0 ``τ = min(j, accepted_run[t])``; at T > 0 τ is drawn with ``self.np_random``
-from the recorded acceptance probabilities (token i accepted with probability ``accept_prob[t, i]``
-once tokens < i were). It emits τ + 1 tokens (fewer at EOS / ``max_new_tokens``, and τ counts only
-emitted tokens, as :meth:`SpeculativeDecoder.verify` counts it) and the next cycle starts at
-t + emitted. The reward at a verifying step is ``emitted / seconds(j, c) / reward_scale``, 0 at
-drafting steps — :attr:`CycleResult.tokens_per_second` / ``reward_scale`` in the real environment.
-T > 0 replays follow the recorded trajectory after each cycle: see :mod:`learn2draft.traces` for what
+``max_depth`` and the tokens left, as :attr:`SpeculativeDecoder.depth_limit` caps it) has the outcome
+of the one outcome model, :meth:`learn2draft.replay.outcome.ChainReplay.cycle`: τ accepted tokens
+(at temperature 0 ``τ = min(j, accepted_run[t])``; at T > 0 drawn with ``self.np_random`` from the
+recorded acceptance probabilities), τ + 1 emitted (fewer at EOS / ``max_new_tokens``, τ then counting
+only emitted tokens, as :meth:`SpeculativeDecoder.verify` counts it) and its profile seconds; the next
+cycle starts at t + emitted. The reward at a verifying step is :func:`envs.reward.cycle_reward` of
+``emitted / seconds(j, c)``, 0 at drafting steps — as :attr:`CycleResult.tokens_per_second` is in the
+real environment.
+T > 0 replays follow the recorded trajectory after each cycle: see :mod:`learn2draft.replay.traces` for what
 that approximates.
 
 Rewards are deterministic for a seed (no clock), so the environment is registered as deterministic
@@ -51,7 +52,6 @@ from __future__ import annotations
 import numbers
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,10 +59,12 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from envs.reward import check_reward_scale, cycle_reward, relative_speeds
 from learn2draft.features import FEATURE_NAMES, HISTORY, PROFILE_FEATURE_NAMES, build_features
 from learn2draft.features import profile_features as profile_feature_vector
-from learn2draft.latency import LatencyProfile, load_profiles
-from learn2draft.traces import PromptTrace, TraceSet, TreeTraceSet, load_traces
+from learn2draft.replay.latency import LatencyProfile, load_profiles
+from learn2draft.replay.outcome import ChainReplay, chain_replay, tokens_per_second
+from learn2draft.replay.traces import PromptTrace, TraceSet, TreeTraceSet, load_traces
 from policies.controllers import CONTINUE, STOP
 
 REPLAY_ENV_ID = "learn2draft/SpecDecodeReplay-v0"
@@ -71,52 +73,13 @@ _HIST = np.asarray([FEATURE_NAMES.index(f"accepted_len_t-{i + 1}") for i in rang
 _LAF = FEATURE_NAMES.index("last_accept_fraction")
 
 
-@dataclass
-class _Replay:
-    """What replay needs of one prompt, precomputed (t = 0..n rows, d = 0..max_depth columns)."""
-
-    n: int  # tokens generated in this replay (≤ the trace's n: max_new_tokens may be smaller)
-    eos: bool  # the generation ends with EOS (terminated) rather than at max_new_tokens (truncated)
-    avail: np.ndarray  # int (n+1,): drafts possible at t
-    run: np.ndarray  # int (n+1,): accepted run at T=0
-    accept: np.ndarray  # float (n+1, D): acceptance probabilities
-    static: np.ndarray  # float32 (n+1, D+1, F): observation with empty history
-    draft: np.ndarray  # float (n+1, D+1) seconds, with the profile of profile_index
-    verify: np.ndarray
-    other: np.ndarray
-    total: np.ndarray
-    profile_index: int = 0
-
-
-@dataclass
-class _Static:
-    """The profile-independent part of :class:`_Replay`."""
-
-    n: int
-    eos: bool
-    avail: np.ndarray
-    run: np.ndarray
-    accept: np.ndarray
-    static: np.ndarray
-
-
-@dataclass
-class _Costs:
-    """The profile-dependent part of :class:`_Replay` (float (n+1, D+1) seconds each)."""
-
-    draft: np.ndarray
-    verify: np.ndarray
-    other: np.ndarray
-    total: np.ndarray
-
-
 class SpecDecodeReplayEnv(gym.Env):
     """Draft-depth control replayed from traces and a latency profile.
 
     Args:
-        traces: a :class:`learn2draft.traces.TraceSet`, a trace file, or several (a list, or paths joined by
+        traces: a :class:`learn2draft.replay.traces.TraceSet`, a trace file, or several (a list, or paths joined by
             commas) recorded with the same settings (``python -m eval.record``).
-        profile: a :class:`learn2draft.latency.LatencyProfile`, a profile file, or a shipped profile's name
+        profile: a :class:`learn2draft.replay.latency.LatencyProfile`, a profile file, or a shipped profile's name
             (``"cpu-2core"``, ``"gpu-like"``); or several (a list, or names / files joined by commas): each
             generation then runs on one of them (see the module docstring). Each must hold costs for the
             trace's drafter.
@@ -167,8 +130,7 @@ class SpecDecodeReplayEnv(gym.Env):
         self.profile = self.profiles[0]  # the profile of the current generation
         self.profile_index = 0
         tr = self.traces
-        if not (isinstance(reward_scale, numbers.Real) and np.isfinite(reward_scale) and reward_scale > 0):
-            raise ValueError(f"reward_scale must be a finite number > 0, got {reward_scale!r}.")
+        reward_scale = check_reward_scale(reward_scale)
         if episode not in EPISODE_MODES:
             raise ValueError(f"episode must be one of {EPISODE_MODES}, got {episode!r}.")
         self.max_depth = tr.max_depth if max_depth is None else max_depth
@@ -188,7 +150,7 @@ class SpecDecodeReplayEnv(gym.Env):
                              for prof in self.profiles]
         self.vocab_size = int(tr.header["vocab_size"])
         self.deterministic = tr.deterministic
-        self.reward_scale = float(reward_scale)
+        self.reward_scale = reward_scale
         self.episode = episode
         self.prompt_indices = list(range(len(tr))) if prompt_indices is None else [int(i) for i in prompt_indices]
         if not self.prompt_indices or not all(0 <= i < len(tr) for i in self.prompt_indices):
@@ -196,11 +158,11 @@ class SpecDecodeReplayEnv(gym.Env):
         self._usable = [i for i in self.prompt_indices if min(tr.prompts[i].n, self.max_new_tokens) > 1]
         if not self._usable:
             raise ValueError("Every traced generation ends at its first token (EOS): no drafting decision to make.")
-        self._static: dict[int, _Static] = {}
-        self._costs: dict[tuple[int, int], _Costs] = {}
+        self._replays: dict[tuple[int, int], ChainReplay] = {}
+        self._observations: dict[int, np.ndarray] = {}
         # Per-profile reward normalisation: rewards are relative to each profile's plain decoding.
-        ar = [self.autoregressive_rate(k) for k in range(len(self.profiles))] if len(self.profiles) > 1 else [1.0]
-        self._relative_speed = [a / ar[0] if ar[0] > 0 else 1.0 for a in ar]
+        self._relative_speed = (relative_speeds([self.autoregressive_rate(k) for k in range(len(self.profiles))])
+                                if len(self.profiles) > 1 else [1.0])
 
         width = len(FEATURE_NAMES) + (len(PROFILE_FEATURE_NAMES) if self.profile_features else 0)
         self.observation_space = spaces.Box(0.0, 1.0, shape=(width,), dtype=np.float32)
@@ -210,29 +172,28 @@ class SpecDecodeReplayEnv(gym.Env):
         self._in_generation = False
 
     # ------------------------------------------------------------------ precomputation
-    def replay_data(self, index: int, profile_index: int | None = None) -> _Replay:
-        """The precomputed replay tables of trace prompt ``index`` with profile ``profile_index`` (default:
-        the current generation's), built on first use."""
+    def replay_data(self, index: int, profile_index: int | None = None) -> ChainReplay:
+        """The outcome model of trace prompt ``index`` with profile ``profile_index`` (default: the current
+        generation's): :func:`learn2draft.replay.outcome.chain_replay` at the env's ``max_depth`` and
+        ``max_new_tokens``, built on first use."""
         k = self.profile_index if profile_index is None else int(profile_index)
-        st = self._static.get(index)
-        if st is None:
-            st = self._static[index] = self._prepare(self.traces.prompts[index])
-        c = self._costs.get((index, k))
-        if c is None:
-            pt = self.traces.prompts[index]
-            t = np.arange(st.n + 1)
-            tab = self.profiles[k].cycle_table(self.drafter, pt.prompt_len + t, self.max_depth)
-            c = self._costs[(index, k)] = _Costs(tab["draft"], tab["verify"], tab["other"], tab["total"])
-        return _Replay(st.n, st.eos, st.avail, st.run, st.accept, st.static, c.draft, c.verify, c.other, c.total, k)
+        r = self._replays.get((index, k))
+        if r is None:
+            r = self._replays[(index, k)] = chain_replay(self.traces.prompts[index], self.profiles[k], self.drafter,
+                                                         self.max_depth, self.max_new_tokens)
+        return r
 
-    def _prepare(self, pt: PromptTrace) -> _Static:
+    def _static_observations(self, index: int) -> np.ndarray:
+        """float32 (n+1, D+1, len(FEATURE_NAMES)): prompt ``index``'s observation at (t, j) with an empty history
+        (the profile-independent part; the history entries are filled in per step), built on first use."""
+        obs = self._observations.get(index)
+        if obs is None:
+            obs = self._observations[index] = self._prepare(self.traces.prompts[index], self.replay_data(index).avail)
+        return obs
+
+    def _prepare(self, pt: PromptTrace, avail: np.ndarray) -> np.ndarray:
         D, N = self.max_depth, self.max_new_tokens
-        n = min(pt.n, N)
-        eos = pt.ended_by_eos and pt.n <= N
-        t = np.arange(n + 1)
-        avail = np.minimum(np.minimum(pt.chain_len[: n + 1], D), np.maximum(N - t - 1, 0)).astype(np.int64)
-        avail[n] = 0
-        run = np.minimum(pt.accepted_run()[: n + 1], avail)
+        n = avail.shape[0] - 1
         static = np.zeros((n + 1, D + 1, len(FEATURE_NAMES)), dtype=np.float32)
         P = pt.prompt_len
         for tt in range(1, n + 1):
@@ -244,7 +205,7 @@ class SpecDecodeReplayEnv(gym.Env):
                     last_entropy=ent[j - 1] if j else 0.0, vocab_size=self.vocab_size, last_accept_fraction=1.0,
                     generated=tt, max_new_tokens=N, drafter_features=pt.drafter_features[tt, j],
                 )
-        return _Static(n, eos, avail, run, pt.accept_prob[: n + 1, :D], static)
+        return static
 
     def autoregressive_rate(self, profile_index: int = 0) -> float:
         """tokens/s of plain decoding (depth 0 every cycle) over the replayed prompts with profile
@@ -256,7 +217,7 @@ class SpecDecodeReplayEnv(gym.Env):
             r = self.replay_data(i, profile_index)
             tokens += r.n
             seconds += float(r.total[1:r.n, 0].sum())
-        return tokens / seconds if seconds > 0 else 0.0
+        return tokens_per_second(tokens, seconds)
 
     # ------------------------------------------------------------------ gymnasium API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
@@ -302,6 +263,7 @@ class SpecDecodeReplayEnv(gym.Env):
                     raise ValueError(f"Prompt {idx} ends at its first token (EOS): no drafting decision to make.")
             self.prompt_index = idx
             self._r = self.replay_data(idx)
+            self._static = self._static_observations(idx)
             self._t, self._j = 1, 0
             self._history: list[int] = []
             self._hist = np.zeros(HISTORY, dtype=np.float32)
@@ -313,7 +275,7 @@ class SpecDecodeReplayEnv(gym.Env):
         return self._obs(), info
 
     def _obs(self) -> np.ndarray:
-        obs = self._r.static[self._t, self._j].copy()
+        obs = self._static[self._t, self._j].copy()
         obs[_HIST] = self._hist
         obs[_LAF] = self._laf
         if self.profile_features:
@@ -351,16 +313,8 @@ class SpecDecodeReplayEnv(gym.Env):
                 self._j = j
                 return self._obs(), 0.0, False, False, {"depth": j, "verified": False, "prompt_index": self.prompt_index,
                                                          "generated": t}
-        # Verify the j drafted tokens.
-        if self.deterministic:
-            tau = min(j, int(r.run[t]))
-        else:
-            tau, acc, rng = 0, r.accept[t], self.np_random
-            while tau < j and rng.random() < acc[tau]:
-                tau += 1
-        emitted = min(tau + 1, r.n - t)
-        tau = min(tau, emitted)  # accepted tokens after an EOS are not emitted: not counted
-        seconds = float(r.total[t, j])
+        # Verify the j drafted tokens: the outcome model (τ counts only emitted tokens).
+        tau, emitted, seconds = r.cycle(t, j, None if self.deterministic else self.np_random)
         self._history.append(tau)
         h = self._history[-HISTORY:][::-1]
         self._hist = np.zeros(HISTORY, dtype=np.float32)
@@ -383,7 +337,8 @@ class SpecDecodeReplayEnv(gym.Env):
         else:
             terminated, truncated = finished and r.eos, finished and not r.eos
         self._needs_reset = terminated or truncated
-        return self._obs(), rate / (self.reward_scale * self._relative_speed[self.profile_index]), terminated, truncated, info
+        reward = cycle_reward(rate, self.reward_scale, self._relative_speed[self.profile_index])
+        return self._obs(), reward, terminated, truncated, info
 
     def action_meanings(self) -> dict[int, str]:
         """``{0: "STOP (verify now)", 1: "CONTINUE (draft one more token)"}``."""
@@ -454,7 +409,7 @@ def replay_controller(env: SpecDecodeReplayEnv, controller, prompt_indices: Sequ
             row = per.setdefault(i, [0.0, 0.0])
             row[0] += tok / repeats
             row[1] += sec / repeats
-    return {"tokens_per_s": tokens / seconds if seconds > 0 else 0.0, "tokens": tokens, "seconds": seconds,
+    return {"tokens_per_s": tokens_per_second(tokens, seconds), "tokens": tokens, "seconds": seconds,
             "cycles": cycles, "mean_depth": depths / cycles if cycles else 0.0,
             "mean_accepted": taus / cycles if cycles else 0.0,
             "per_prompt": {i: {"tokens": v[0], "seconds": v[1]} for i, v in per.items()}}
@@ -467,7 +422,7 @@ def measure_steps_per_second(env: SpecDecodeReplayEnv, steps: int = 200_000, see
     actions = rng.integers(0, 2, size=steps).tolist()
     env.reset(seed=seed)
     for i in env._usable:  # build every prompt's tables before timing
-        env.replay_data(i)
+        env._static_observations(i)
     t0 = time.perf_counter()
     for a in actions:
         _, _, term, trunc, _ = env.step(a)

@@ -40,7 +40,6 @@ observations and emitted tokens are reproducible for a given seed and action seq
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,6 +48,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
+from envs.reward import check_reward_scale, cycle_reward
 from learn2draft.control import ACTION_MEANINGS, CONTINUE, STOP, SizeDecider
 from learn2draft.decoding import CycleResult, SpeculativeDecoder
 from learn2draft.drafters import Drafter
@@ -117,8 +117,7 @@ class SpecDecodeEnv(gym.Env):
         drafter: Drafter | str = "model",
     ):
         super().__init__()
-        if not (isinstance(reward_scale, numbers.Real) and np.isfinite(reward_scale) and reward_scale > 0):
-            raise ValueError(f"reward_scale must be a finite number > 0, got {reward_scale!r}.")
+        reward_scale = check_reward_scale(reward_scale)
         if episode not in EPISODE_MODES:
             raise ValueError(f"episode must be one of {EPISODE_MODES}, got {episode!r}.")
         if pair is None:
@@ -144,7 +143,7 @@ class SpecDecodeEnv(gym.Env):
         )
         self.max_new_tokens = max_new_tokens
         self.max_depth = max_depth
-        self.reward_scale = float(reward_scale)
+        self.reward_scale = reward_scale
         self.episode = episode
         self.chat = chat
         self.prompt_ids = [pair.encode_prompt(p, chat=chat, max_new_tokens=max_new_tokens) for p in prompts]
@@ -238,7 +237,7 @@ class SpecDecodeEnv(gym.Env):
         self.last_cycle = res
         forced = action == CONTINUE  # a CONTINUE that verified: the depth limit or the drafter decided
         self._in_generation = not res.finished
-        reward = res.tokens_per_second / self.reward_scale
+        reward = cycle_reward(res.tokens_per_second, self.reward_scale)
         info.update(
             tokens=len(res.tokens), accepted=res.num_accepted, seconds=res.seconds,
             draft_seconds=res.draft_seconds, verify_seconds=res.verify_seconds, other_seconds=res.other_seconds,

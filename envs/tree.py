@@ -34,7 +34,6 @@ Both environments need a drafter that drafts trees (``"model"`` or ``"head"``); 
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,6 +42,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
+from envs.reward import check_reward_scale, cycle_reward
 from envs.spec_decode import SpecDecodeEnv
 from learn2draft.control import DraftController, FixedDepthController, size_decider
 from learn2draft.drafters import Drafter
@@ -214,9 +214,7 @@ class TreeSizeEnv(gym.Env):
 
     @reward_scale.setter
     def reward_scale(self, value: float) -> None:
-        if not (isinstance(value, numbers.Real) and np.isfinite(value) and value > 0):
-            raise ValueError(f"reward_scale must be a finite number > 0, got {value!r}.")
-        self._reward_scale = float(value)
+        self._reward_scale = check_reward_scale(value)
 
     def set_depth(self, depth: int | DraftController | None) -> None:
         """Change the depth controller (None: random depths; an int: fixed; a :class:`DraftController`).
@@ -312,7 +310,7 @@ class TreeSizeEnv(gym.Env):
             "other_seconds": res.other_seconds, "tokens_per_second": res.tokens_per_second, "forced": False,
             "generation_finished": res.finished, "generated": d.generated,
         }
-        return d.size_features(), float(res.tokens_per_second / self.reward_scale), True, False, info
+        return d.size_features(), cycle_reward(res.tokens_per_second, self.reward_scale), True, False, info
 
     def action_meanings(self) -> dict[int, str]:
         """``{a: "verify V = v"}`` for the V set."""

@@ -277,8 +277,8 @@ def _run(args) -> int:
 
 
 def _machine(device: str) -> str:
-    """One line naming the machine: CPU model and cores, or the GPU (from :func:`learn2draft.latency.machine_info`)."""
-    from learn2draft.latency import machine_info
+    """One line naming the machine: CPU model and cores, or the GPU (from :func:`eval.profile.machine_info`)."""
+    from eval.profile import machine_info
 
     m = machine_info(device)
     if "gpu" in m:

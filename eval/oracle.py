@@ -1,6 +1,7 @@
 """``python -m eval.oracle``: how far a depth policy is from the best possible one, in replay.
 
-From traces (learn2draft.traces) and a latency profile (learn2draft.latency):
+From traces (learn2draft.replay.traces) and a latency profile (learn2draft.replay.latency), with the
+replay outcome model (learn2draft.replay.outcome):
 
 * the oracle — the best depth sequence in hindsight for each prompt: a dynamic program over output
   positions that minimises the (expected) total cycle time of the generation,
@@ -33,36 +34,23 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from learn2draft.cli import HelpFormatter, plain_doc, run_cli
+from learn2draft.replay.outcome import TreeReplay, tokens_per_second, tree_replay_data
 
 
 # --------------------------------------------------------------------------- per-prompt dynamic programs
-def _outcomes(r, t: int, d: int, deterministic: bool) -> list[tuple[float, int]]:
-    """(probability, tokens emitted) of a cycle at position t with depth d (d ≤ available)."""
-    left = r.n - t
-    if deterministic:
-        return [(1.0, min(min(d, int(r.run[t])) + 1, left))]
-    out, reach = [], 1.0
-    for i in range(d):
-        a = float(r.accept[t, i])
-        out.append((reach * (1.0 - a), min(i + 1, left)))
-        reach *= a
-    out.append((reach, min(d + 1, left)))
-    return out
-
-
 def evaluate_policy(r, choose, deterministic: bool) -> float:
     """Expected total cycle seconds of one replayed generation when the depth at position t is ``choose(t)``
-    (capped at the available depth). ``r``: :meth:`SpecDecodeReplayEnv.replay_data`."""
+    (capped at the available depth). ``r``: a :class:`learn2draft.replay.outcome.ChainReplay`
+    (:meth:`SpecDecodeReplayEnv.replay_data`), whose :meth:`~ChainReplay.outcomes` give each cycle's law."""
     V = np.zeros(r.n + 1)
     for t in range(r.n - 1, 0, -1):
         d = min(int(choose(t)), int(r.avail[t]))
-        V[t] = r.total[t, d] + sum(p * V[t + e] for p, e in _outcomes(r, t, d, deterministic) if p)
+        V[t] = r.total[t, d] + sum(p * V[t + e] for p, _, e in r.outcomes(t, d, deterministic) if p)
     return float(V[1])
 
 
@@ -76,7 +64,7 @@ def oracle_prompt(r, deterministic: bool) -> tuple[float, np.ndarray]:
     V = np.zeros(r.n + 1)
     best = np.zeros(r.n + 1, dtype=np.int64)
     for t in range(r.n - 1, 0, -1):
-        vals = [r.total[t, d] + sum(p * V[t + e] for p, e in _outcomes(r, t, d, deterministic) if p)
+        vals = [r.total[t, d] + sum(p * V[t + e] for p, _, e in r.outcomes(t, d, deterministic) if p)
                 for d in range(int(r.avail[t]) + 1)]
         best[t] = int(np.argmin(vals))
         V[t] = vals[best[t]]
@@ -87,13 +75,21 @@ def greedy_cycle_depths(r, deterministic: bool) -> np.ndarray:
     """int (n+1,): per position the depth with the best expected tokens/s of that cycle alone."""
     best = np.zeros(r.n + 1, dtype=np.int64)
     for t in range(1, r.n):
-        rates = [sum(p * e for p, e in _outcomes(r, t, d, deterministic)) / r.total[t, d]
+        rates = [sum(p * e for p, _, e in r.outcomes(t, d, deterministic)) / r.total[t, d]
                  for d in range(int(r.avail[t]) + 1)]
         best[t] = int(np.argmax(rates))
     return best
 
 
 # --------------------------------------------------------------------------- reports
+def _rates(methods: dict, tokens: float, oracle_seconds: float) -> None:
+    """Add to each method its ``tokens_per_s`` (all generated tokens / its summed cycle seconds,
+    :func:`learn2draft.replay.outcome.tokens_per_second`) and ``ratio_to_oracle`` (oracle seconds / its seconds)."""
+    for m in methods.values():
+        m["tokens_per_s"] = tokens_per_second(tokens, m["seconds"])
+        m["ratio_to_oracle"] = oracle_seconds / m["seconds"] if m["seconds"] > 0 else 0.0
+
+
 def oracle_report(env, controllers: dict | None = None, repeats: int = 1, seed: int = 0, profile_index: int = 0) -> dict:
     """Oracle, per-cycle greedy, every fixed depth 0..``env.max_depth`` and the given controllers, in replay.
 
@@ -128,9 +124,7 @@ def oracle_report(env, controllers: dict | None = None, repeats: int = 1, seed: 
         methods[name] = {"seconds": res["seconds"] / (1 if det else repeats), "mean_depth": res["mean_depth"],
                          "mean_accepted": res["mean_accepted"]}
     osec = methods["oracle (hindsight DP)"]["seconds"]
-    for m in methods.values():
-        m["tokens_per_s"] = tokens / m["seconds"] if m["seconds"] > 0 else 0.0
-        m["ratio_to_oracle"] = osec / m["seconds"] if m["seconds"] > 0 else 0.0
+    _rates(methods, tokens, osec)
     return {"methods": methods, "best_fixed": best, "prompts": len(idx), "tokens": int(tokens), "deterministic": det,
             "oracle_kind": "dynamic program over positions minimising total (expected) cycle time: exact optimum at T=0"
                            if det else "dynamic program on expected cycle time under the replay's acceptance law (T>0)",
@@ -156,81 +150,14 @@ def format_report(rep: dict) -> str:
 
 
 # --------------------------------------------------------------------------- draft trees (T = 0)
-@dataclass
-class TreeReplay:
-    """Every tree action's outcome and cost at every position of one recorded generation (temperature 0).
-
-    Attributes:
-        n: tokens generated (the replayed generation's length).
-        actions: A actions ``(d, V)``; ``actions[0] = (0, 0)`` is plain decoding.
-        depth: int64 (n+1, A), levels a cycle at position t actually drafts (min(d, available)).
-        verified: int64 (n+1, A), drafted nodes it verifies (min(V, nodes of the depth-d tree)).
-        emitted: int64 (n+1, A), tokens it emits, min(τ + 1, n − t).
-        seconds: float64 (n+1, A), its cost from the profile (:meth:`LatencyProfile.tree_cycle_seconds`).
-        Rows 0 and n are unused (the prefill emits the first token; position n is the end).
-    """
-
-    n: int
-    actions: list
-    depth: np.ndarray
-    verified: np.ndarray
-    emitted: np.ndarray
-    seconds: np.ndarray
-
-
-def tree_replay_data(pt, profile, drafter: str, verify_sizes, max_depth: int | None = None,
-                     max_new_tokens: int | None = None, recorded_max_new_tokens: int | None = None) -> TreeReplay:
-    """The :class:`TreeReplay` of one :class:`learn2draft.traces.TreePromptTrace`.
-
-    Args:
-        pt: the prompt's tree trace; ``verify_sizes``: the trace set's V grid (``TreeTraceSet.verify_sizes``).
-        profile: a :class:`learn2draft.latency.LatencyProfile`; ``drafter``: whose costs to use.
-        max_depth: largest depth considered (default and maximum: the recorded one).
-        max_new_tokens: replay shorter generations (≤ ``recorded_max_new_tokens``; default: as recorded).
-
-    Raises:
-        ValueError: ``max_depth`` or ``max_new_tokens`` beyond the recording, or a drafter the profile lacks.
-    """
-    D = pt.tau.shape[1] - 1
-    Dm = D if max_depth is None else int(max_depth)
-    if not 1 <= Dm <= D:
-        raise ValueError(f"--max-depth {max_depth}: must be in [1, {D}] for these tree traces (recorded up to depth "
-                         f"{D}; depth 0, plain decoding, is always reported).")
-    rec_N = recorded_max_new_tokens if recorded_max_new_tokens is not None else pt.n
-    N = rec_N if max_new_tokens is None else int(max_new_tokens)
-    if not 1 <= N <= rec_N:
-        raise ValueError(f"--max-new-tokens {max_new_tokens}: the tree traces were recorded with {rec_N} new tokens.")
-    n = min(pt.n, N)
-    t = np.arange(n + 1)
-    avail = np.minimum(pt.tree_depth[: n + 1], np.maximum(N - t - 1, 0)).astype(np.int64)
-    avail[n] = 0
-    nodes = pt.nodes_up_to()[: n + 1]
-    actions = [(0, 0)] + [(d, int(v)) for d in range(1, Dm + 1) for v in verify_sizes]
-    A = len(actions)
-    depth = np.zeros((n + 1, A), dtype=np.int64)
-    verified = np.zeros((n + 1, A), dtype=np.int64)
-    tau = np.zeros((n + 1, A), dtype=np.int64)
-    for a, (d, v) in enumerate(actions):
-        if d == 0:
-            continue
-        s = list(verify_sizes).index(v)
-        de = np.minimum(d, avail)
-        depth[:, a] = de
-        verified[:, a] = np.minimum(v, nodes[t, de])
-        tau[:, a] = pt.tau[t, de, s]
-    emitted = np.minimum(tau + 1, np.maximum(n - t, 0)[:, None])
-    seconds = profile.tree_cycle_seconds(drafter, (pt.prompt_len + t)[:, None], depth, verified)
-    return TreeReplay(n, actions, depth, verified, emitted, seconds)
-
-
 def tree_evaluate(r: TreeReplay, choose) -> float:
     """Total cycle seconds of one replayed generation when the action at position t is ``choose(t)`` (an index
-    into ``r.actions``)."""
+    into ``r.actions``), each cycle's outcome from :meth:`TreeReplay.cycle`."""
     total, t = 0.0, 1
     while t < r.n:
-        a = int(choose(t))
-        total += float(r.seconds[t, a])
-        t += int(r.emitted[t, a])
+        _, emitted, seconds = r.cycle(t, int(choose(t)))
+        total += seconds
+        t += emitted
     return total
 
 
@@ -267,7 +194,7 @@ def tree_oracle_report(traces, profile, max_depth: int | None = None, max_new_to
     """Oracle, per-cycle greedy, autoregressive and every fixed (d, V) on tree traces, in replay.
 
     Args:
-        traces: a :class:`learn2draft.traces.TreeTraceSet`; ``profile``: a :class:`LatencyProfile`.
+        traces: a :class:`learn2draft.replay.traces.TreeTraceSet`; ``profile``: a :class:`LatencyProfile`.
         max_depth, max_new_tokens: as :func:`tree_replay_data`.
 
     Returns:
@@ -297,9 +224,7 @@ def tree_oracle_report(traces, profile, max_depth: int | None = None, max_new_to
     best = min(trees, key=lambda k: trees[k]["seconds"]) if trees else None
     methods.update(fixed)
     osec = methods["oracle (hindsight DP)"]["seconds"]
-    for m in methods.values():
-        m["tokens_per_s"] = tokens / m["seconds"] if m["seconds"] > 0 else 0.0
-        m["ratio_to_oracle"] = osec / m["seconds"] if m["seconds"] > 0 else 0.0
+    _rates(methods, tokens, osec)
     grid: dict = {}
     for m in trees.values():
         grid.setdefault(m["depth"], {})[m["verify_size"]] = m["tokens_per_s"]
@@ -390,8 +315,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args) -> int:
     from envs.replay import SpecDecodeReplayEnv
-    from learn2draft.latency import load_profile
-    from learn2draft.traces import TREE, load_traces, trace_structure
+    from learn2draft.replay.latency import load_profile
+    from learn2draft.replay.traces import TREE, load_traces, trace_structure
 
     first = next((s for s in str(args.traces).split(",") if s.strip()), "")
     if first and trace_structure(first) == TREE:
@@ -442,8 +367,8 @@ def _emit(text: str, rep: dict, json_path: str | None) -> int:
 
 
 def _run_tree(args) -> int:
-    from learn2draft.latency import load_profile
-    from learn2draft.traces import load_tree_traces
+    from learn2draft.replay.latency import load_profile
+    from learn2draft.replay.traces import load_tree_traces
 
     if args.policy:
         raise ValueError("These are draft-tree traces: scoring a policy on them in replay is not built (tree replay "
@@ -455,9 +380,9 @@ def _run_tree(args) -> int:
     return _emit(format_tree_report(rep), rep, args.json)
 
 
-__all__ = ["TreeReplay", "build_parser", "evaluate_policy", "format_report", "format_tree_report",
-           "greedy_cycle_depths", "main", "oracle_prompt", "oracle_report", "tree_action_name", "tree_evaluate",
-           "tree_greedy_actions", "tree_oracle_prompt", "tree_oracle_report", "tree_replay_data"]
+__all__ = ["build_parser", "evaluate_policy", "format_report", "format_tree_report", "greedy_cycle_depths", "main",
+           "oracle_prompt", "oracle_report", "tree_action_name", "tree_evaluate", "tree_greedy_actions",
+           "tree_oracle_prompt", "tree_oracle_report"]
 
 
 if __name__ == "__main__":

@@ -16,9 +16,9 @@ Measures, with device-synchronised clocks (learn2draft.timing.DeviceClock):
   also feeds the committed tokens, is not timed, as for a chain step), stored as the drafter's
   tree_level_seconds with W and k.
 
-Writes a small JSON profile (learn2draft.latency) with the machine it ran on. Example::
+Writes a small JSON profile (learn2draft.replay.latency) with the machine it ran on. Example::
 
-    nice -n 19 python -m eval.profile --out eval/profiles/cpu-2core.json --name cpu-2core
+    nice -n 19 python -m eval.profile --out learn2draft/replay/profiles/cpu-2core.json --name cpu-2core
     python -m eval.profile --device cuda --drafter model,lookup --out my-gpu.json
 """
 
@@ -33,6 +33,35 @@ from learn2draft.cli import HelpFormatter, plain_doc, run_cli
 from learn2draft.names import DEFAULT_DRAFT, DEFAULT_TARGET
 
 DRAFTER_CHOICES = ("model", "head", "lookup")
+
+
+def machine_info(device: str = "cpu") -> dict:
+    """The machine a measurement ran on: CPU model, cores, load average, nice level, torch version and threads,
+    the device (GPU name for CUDA). Imports torch."""
+    import os
+    import platform
+
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    info = {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "device": str(device), "python": platform.python_version(), "platform": platform.platform()}
+    try:
+        info["load_average_1m"] = round(os.getloadavg()[0], 2)
+        info["nice"] = os.nice(0)
+    except (OSError, AttributeError):
+        pass
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    return info
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -234,7 +263,7 @@ def measure_profile(pair, drafters: list[str], head=None, sampling=None, context
                     tokens=(1, 2, 4, 8, 16, 32, 64), repeats: int = 5, draft_steps: int = 8, overhead_prompts: int = 2,
                     overhead_tokens: int = 32, overhead_depths=(0, 2, 4), name: str = "", note: str = "",
                     progress=print, tree_width: int | None = None, tree_top_k: int = 4):
-    """Measure a :class:`learn2draft.latency.LatencyProfile` for ``pair`` and ``drafters`` on this machine.
+    """Measure a :class:`learn2draft.replay.latency.LatencyProfile` for ``pair`` and ``drafters`` on this machine.
 
     With ``tree_width`` (W ≥ 1), the drafters that draft trees (model, head) also get ``tree_level_seconds``
     (:func:`measure_tree_level` at W and ``tree_top_k``); others (lookup) keep none.
@@ -244,7 +273,7 @@ def measure_profile(pair, drafters: list[str], head=None, sampling=None, context
             pair's context window, or ``tree_width`` / ``tree_top_k`` < 1.
     """
     from learn2draft.drafters import make_drafter
-    from learn2draft.latency import DrafterCost, LatencyProfile, machine_info
+    from learn2draft.replay.latency import DrafterCost, LatencyProfile
     from learn2draft.prompts import load_prompts
     from learn2draft.sampling import SamplingConfig
 

@@ -81,11 +81,12 @@ def _run(args) -> int:
     import torch
 
     from learn2draft.drafters import make_drafter
-    from learn2draft.latency import machine_info
+    from eval.profile import machine_info
     from learn2draft.models import check_device, default_device, load_pair, parse_dtype
     from learn2draft.prompts import SPLITS, load_prompt_file, load_prompts
     from learn2draft.sampling import SamplingConfig
-    from learn2draft.traces import check_writable, record_traces
+    from learn2draft.replay.traces import check_writable
+    from learn2draft.traces import record_traces
 
     if args.max_depth < 0 or args.max_new_tokens < 2:
         raise ValueError(f"--max-depth must be ≥ 0 and --max-new-tokens ≥ 2, got {args.max_depth} and {args.max_new_tokens}.")
@@ -102,7 +103,8 @@ def _run(args) -> int:
     args.width = 4 if args.width is None else args.width
     args.tree_top_k = 4 if args.tree_top_k is None else args.tree_top_k
     if args.tree:
-        from learn2draft.traces import TREE_T_POSITIVE_REFUSAL, check_verify_sizes
+        from learn2draft.replay.traces import TREE_T_POSITIVE_REFUSAL
+        from learn2draft.traces import check_verify_sizes
 
         if not sampling.greedy:
             raise ValueError(f"--tree --temperature {args.temperature}: {TREE_T_POSITIVE_REFUSAL}")

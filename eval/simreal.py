@@ -3,8 +3,8 @@
 For every method — fixed depths (--gammas) and each --policy (a replay-trained one, a real-loop-trained
 one, …) — on the prompts of the traces:
 
-* predicted: the method scored in the replay environment (envs.replay.replay_controller) with the
-  traces and the latency profile;
+* predicted: the method scored in the replay environment (envs.replay.replay_controller, over the
+  replay outcome model learn2draft.replay.outcome) with the traces and the latency profile;
 * measured: the method run on the real models (the traces' target, draft and drafter), interleaved
   prompt by prompt, with the decoder's device-synchronised clocks.
 
@@ -37,7 +37,7 @@ def sim_vs_real(pair, traces, profile, controllers: dict, drafter=None, repeats:
 
     Args:
         pair: the loaded models the traces were recorded with.
-        traces: a :class:`learn2draft.traces.TraceSet`; profile: a :class:`learn2draft.latency.LatencyProfile`.
+        traces: a :class:`learn2draft.replay.traces.TraceSet`; profile: a :class:`learn2draft.replay.latency.LatencyProfile`.
         controllers: name → ``DraftController``; each runs with its own ``max_depth`` when it declares a
             depth-feature scale (a policy), else with the traces' ``max_depth``.
         drafter: a factory ``() -> Drafter`` for the real runs (default: ``make_drafter`` of the traces' drafter).
@@ -55,6 +55,7 @@ def sim_vs_real(pair, traces, profile, controllers: dict, drafter=None, repeats:
     from envs.replay import SpecDecodeReplayEnv, replay_controller
     from learn2draft.decoding import SpeculativeDecoder
     from learn2draft.drafters import make_drafter
+    from learn2draft.replay.outcome import tokens_per_second
     from learn2draft.sampling import SamplingConfig
 
     h = traces.header
@@ -101,8 +102,8 @@ def sim_vs_real(pair, traces, profile, controllers: dict, drafter=None, repeats:
                 progress(f"repeat {k + 1}/{repeats}, prompt {j + 1}/{len(idx)}")
     for n in names:
         a, m = acc[n], methods[n]
-        m["measured_tokens_per_s"] = a["tokens"] / a["cycle_s"] if a["cycle_s"] > 0 else 0.0
-        m["measured_wall_tokens_per_s"] = a["tokens"] / a["wall_s"] if a["wall_s"] > 0 else 0.0
+        m["measured_tokens_per_s"] = tokens_per_second(a["tokens"], a["cycle_s"])
+        m["measured_wall_tokens_per_s"] = tokens_per_second(a["tokens"], a["wall_s"])
         m["measured_mean_depth"] = a["depth"] / a["cycles"] if a["cycles"] else 0.0
         m["measured_mean_accepted"] = a["tau"] / a["cycles"] if a["cycles"] else 0.0
         m["error"] = m["predicted_tokens_per_s"] / m["measured_tokens_per_s"] - 1 if m["measured_tokens_per_s"] else None
@@ -153,9 +154,9 @@ def _run(args) -> int:
     import torch
 
     from learn2draft.decoding import FixedDepthController
-    from learn2draft.latency import load_profile
+    from learn2draft.replay.latency import load_profile
     from learn2draft.models import check_device, default_device, load_pair, parse_dtype
-    from learn2draft.traces import TraceSet, load_traces
+    from learn2draft.replay.traces import TraceSet, load_traces
     from policies.export import load_policy, policy_drafter, resolve_export_dir
 
     traces = load_traces(args.traces)

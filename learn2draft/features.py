@@ -303,7 +303,7 @@ def profile_features(profile, drafter: str) -> np.ndarray:
     ordered, distinct values.
 
     Args:
-        profile: a :class:`learn2draft.latency.LatencyProfile` (or anything with its ``verify``,
+        profile: a :class:`learn2draft.replay.latency.LatencyProfile` (or anything with its ``verify``,
             ``draft_step`` and ``cost`` methods); its verify table must reach 16 tokens.
         drafter: ``"model"``, ``"head"`` or ``"lookup"``: whose draft costs are read.
 

@@ -416,7 +416,7 @@ def load_policy(directory: str | Path, intra_op_num_threads: int = 1, profile=No
         )
     extra = prof = None
     if profile is not None:  # loaded (and so checked) even for a policy that does not read it
-        from learn2draft.latency import LatencyProfile, load_profile
+        from learn2draft.replay.latency import LatencyProfile, load_profile
 
         prof = profile if isinstance(profile, LatencyProfile) else load_profile(profile)
     if conditioned:

@@ -294,3 +294,17 @@ def test_cycle_mode_episodes_are_cycles_of_one_generation(tiny_pair):
     assert info["new_generation"] and info["generated"] == 1
     _, info = env.reset(options={"new_generation": True})
     assert info["new_generation"]
+
+
+def test_the_reward_and_its_scale():
+    """envs.reward: the one cycle reward, its scale's validation and the autoregressive default scale."""
+    from envs.reward import autoregressive_scale, check_reward_scale, cycle_reward, relative_speeds
+
+    assert cycle_reward(12.0, 3.0) == 4.0 and cycle_reward(12.0, 3.0, 2.0) == 2.0
+    assert relative_speeds([4.0, 8.0, 2.0]) == [1.0, 2.0, 0.5] and relative_speeds([0.0, 5.0]) == [1.0, 1.0]
+    assert autoregressive_scale(None, 25.0) == 25.0 and autoregressive_scale(2.0, 25.0) == 2.0
+    assert autoregressive_scale(None, 0.0) == 1.0
+    assert check_reward_scale(3) == 3.0 and type(check_reward_scale(3)) is float
+    for bad in (0.0, -1.0, float("inf"), float("nan"), "2", None):
+        with pytest.raises(ValueError, match="reward_scale must be a finite number > 0"):
+            check_reward_scale(bad)

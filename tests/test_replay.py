@@ -22,10 +22,11 @@ from envs.replay import measure_steps_per_second, replay_controller
 from eval.oracle import evaluate_policy, oracle_prompt, oracle_report
 from learn2draft import FixedDepthController, SpeculativeDecoder, build_features
 from learn2draft.drafters import make_drafter
-from learn2draft.latency import SHIPPED_PROFILES_DIR, DrafterCost, LatencyProfile, load_profile
+from learn2draft.replay.latency import SHIPPED_PROFILES_DIR, DrafterCost, LatencyProfile, load_profile
 from learn2draft.models import make_pair
 from learn2draft.sampling import SamplingConfig
-from learn2draft.traces import TraceSet, load_traces, record_traces
+from learn2draft.replay.traces import TraceSet, load_traces
+from learn2draft.traces import record_traces
 
 REPO = Path(__file__).resolve().parent.parent
 PROMPTS = ["w1 w2 w3 w4", "w5 w6 w5 w6 w5", "w7 w8 w9 w10 w11", "w12", "w13 w14 w15 w13 w14"]
@@ -225,6 +226,31 @@ def test_t_positive_accepted_lengths_follow_the_recorded_law(pairs):
         assert info["depth"] == 2
         counts[info["accepted"]] += 1
     np.testing.assert_allclose(counts / counts.sum(), law, atol=0.03)
+
+
+def test_the_outcome_models_draws_follow_its_stated_law(pairs):
+    """ChainReplay.cycle (what the env steps with) and ChainReplay.outcomes (what the oracle takes expectations
+    over) are one model: at T=0 the single outcome is the cycle's, everywhere; at T>0 the frequencies of 4000 seeded
+    draws of (τ, emitted) match the stated probabilities (tolerance 0.035 > 4 standard errors ≤ 0.008)."""
+    from learn2draft.replay.outcome import chain_replay
+
+    prof = linear_profile()
+    for pt in traces_for(pairs, "noisy", "model").prompts:
+        r = chain_replay(pt, prof, "model", D, N)
+        for t in range(1, r.n):
+            for d in range(int(r.avail[t]) + 1):
+                (p, tau, e), = r.outcomes(t, d, True)
+                assert p == 1.0 and r.cycle(t, d) == (tau, e, float(r.total[t, d]))
+    tr = traces_for(pairs, "noisy", "model", temperature=1.0)
+    pt = max(tr.prompts, key=lambda q: q.chain_len[1])
+    r = chain_replay(pt, prof, "model", D, N)
+    d = int(r.avail[1])
+    law = r.outcomes(1, d, False)
+    assert d >= 2 and len(law) == d + 1 and sum(p for p, _, _ in law) == pytest.approx(1.0, abs=1e-12)
+    rng = np.random.default_rng(0)
+    draws = [r.cycle(1, d, rng)[:2] for _ in range(4000)]
+    for p, tau, e in law:
+        assert draws.count((tau, e)) / len(draws) == pytest.approx(p, abs=0.035)
 
 
 def test_a_draft_equal_to_the_target_is_always_accepted_at_t_positive(pairs):
@@ -510,6 +536,21 @@ def test_help_has_a_line_per_option_and_needs_no_torch(command):
             "except SystemExit:\n    pass\nprint('TORCH' if 'torch' in sys.modules else 'NO-TORCH', file=sys.stderr)")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert "usage:" in r.stdout and r.stderr.strip().endswith("NO-TORCH"), r.stderr
+
+
+def test_the_replay_package_needs_numpy_only():
+    """learn2draft.replay (trace format, latency profiles and their shipped data, the outcome model) imports neither
+    torch nor transformers nor anything above the engine."""
+    code = ("import sys, pkgutil, importlib, learn2draft.replay as r\n"
+            "mods = [importlib.import_module('learn2draft.replay.' + m.name) for m in pkgutil.iter_modules(r.__path__)]\n"
+            "from learn2draft.replay.latency import load_profile\n"
+            "assert load_profile('gpu-like').name == 'gpu-like'\n"
+            "bad = [m for m in ('torch', 'transformers', 'gymnasium', 'envs', 'policies', 'train', 'eval') if m in sys.modules]\n"
+            "print(len(mods), bad)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    count, bad = r.stdout.split(" ", 1)
+    assert int(count) >= 2 and bad.strip() == "[]", r.stdout
 
 
 def test_bad_replay_settings_are_clear_errors(pairs):

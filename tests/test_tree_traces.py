@@ -20,24 +20,13 @@ import pytest
 import torch
 from helpers_loop import drafter_for
 
-from eval.oracle import (
-    format_tree_report,
-    tree_evaluate,
-    tree_oracle_prompt,
-    tree_oracle_report,
-    tree_replay_data,
-)
+from eval.oracle import format_tree_report, tree_evaluate, tree_oracle_prompt, tree_oracle_report
 from learn2draft.drafters import make_drafter
-from learn2draft.latency import DrafterCost, LatencyProfile, load_profile
+from learn2draft.replay.latency import DrafterCost, LatencyProfile, load_profile
+from learn2draft.replay.outcome import tree_replay_data
 from learn2draft.sampling import SamplingConfig
-from learn2draft.traces import (
-    TraceSet,
-    TreeTraceSet,
-    load_tree_traces,
-    record_traces,
-    record_tree_traces,
-    trace_structure,
-)
+from learn2draft.replay.traces import TraceSet, TreeTraceSet, load_tree_traces, trace_structure
+from learn2draft.traces import record_traces, record_tree_traces
 from learn2draft.tree import FixedTreeController, TreeSpeculativeDecoder
 
 PROMPTS = ["w1 w2 w3 w4", "w5 w6 w5 w6 w5", "w7 w8 w9 w10 w11", "w12", "w13 w14 w15 w13 w14"]

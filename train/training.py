@@ -374,8 +374,8 @@ def apply_replay_settings(cfg: TrainConfig):
             ``max_new_tokens`` / ``max_depth`` exceed the traces', or the profile lacks the traces' drafter.
     """
     from envs.replay import SpecDecodeReplayEnv
-    from learn2draft.latency import load_profiles
-    from learn2draft.traces import load_traces
+    from learn2draft.replay.latency import load_profiles
+    from learn2draft.replay.traces import load_traces
 
     traces = load_traces(cfg.replay)
     profiles = load_profiles(cfg.profile)

@@ -46,7 +46,8 @@ File format (``format: learn2draft-profile``, ``format_version: 1``)::
 (``tree_level_seconds`` is optional and keeps ``format_version`` 1: older files read as before;
 its ``width`` / ``top_k`` say which tree shape it was measured at, null when assumed independent of it.)
 
-This module needs numpy only.
+This module needs numpy only (the machine a profile was measured on is described by
+:func:`eval.profile.machine_info`, which needs torch).
 """
 
 from __future__ import annotations
@@ -60,8 +61,9 @@ import numpy as np
 
 PROFILE_FORMAT = "learn2draft-profile"
 PROFILE_FORMAT_VERSION = 1
-#: Where the shipped profiles live (``eval/profiles``): ``cpu-2core.json`` (measured) and ``gpu-like.json``.
-SHIPPED_PROFILES_DIR = Path(__file__).resolve().parent.parent / "eval" / "profiles"
+#: Where the shipped profiles live (package data of the engine, ``learn2draft/replay/profiles``): ``cpu-2core.json``
+#: (measured) and ``gpu-like.json``.
+SHIPPED_PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 
 
 def _ctx_weights(x: np.ndarray, xs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -346,7 +348,7 @@ class LatencyProfile:
                        drafters=drafters, machine=dict(data.get("machine", {})), source=str(data.get("source", "")),
                        meta={k: val for k, val in data.items() if k not in known})
         except (KeyError, TypeError, AttributeError) as e:
-            raise ValueError(f"{where}: malformed profile (missing or wrong entry {e}); see learn2draft.latency for the "
+            raise ValueError(f"{where}: malformed profile (missing or wrong entry {e}); see learn2draft.replay.latency for the "
                              "format, or write one with `python -m eval.profile`.") from None
 
 
@@ -404,34 +406,5 @@ def load_profiles(profiles) -> list[LatencyProfile]:
     return out
 
 
-def machine_info(device: str = "cpu") -> dict:
-    """The machine a measurement ran on: CPU model, cores, load average, nice level, torch version and threads,
-    the device (GPU name for CUDA). Imports torch."""
-    import os
-    import platform
-
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    info = {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-            "device": str(device), "python": platform.python_version(), "platform": platform.platform()}
-    try:
-        info["load_average_1m"] = round(os.getloadavg()[0], 2)
-        info["nice"] = os.nice(0)
-    except (OSError, AttributeError):
-        pass
-    if str(device).startswith("cuda") and torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(torch.device(device))
-    return info
-
-
 __all__ = ["PROFILE_FORMAT", "PROFILE_FORMAT_VERSION", "SHIPPED_PROFILES_DIR", "DrafterCost", "LatencyProfile",
-           "load_profile", "load_profiles", "machine_info"]
+           "load_profile", "load_profiles"]
