@@ -17,18 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from learn2draft.cli import (
-    HelpFormatter,
-    add_device_args,
-    add_drafter_arg,
-    add_model_args,
-    add_out_arg,
-    add_profile_arg,
-    add_sampling_args,
-    add_tree_shape_args,
-    plain_doc,
-    run_cli,
-)
+from learn2draft import cli
+from learn2draft.cli import HelpFormatter, plain_doc, run_cli
 
 
 def parse_ints(text: str, flag: str = "--gammas", what: str = "γ") -> list[int]:
@@ -65,7 +55,7 @@ def add_tree_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verify-sizes", default="4,8,16",
                    help="with --tree: verification sizes V of the fixed-tree grid, e.g. 1,2,4,8,16,32 (clipped "
                         "to the nodes a tree of that depth holds)")
-    add_tree_shape_args(p)
+    cli.add_tree_shape_args(p)
 
 
 def check_tree_arguments(args, drafter: str) -> None:
@@ -102,8 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", default=None,
                    help="directory written by `python -m train` or a policy export (default: the policy shipped "
                         "for --drafter, trained on the embedded default pair)")
-    add_profile_arg(p)
-    add_drafter_arg(p, None)
+    cli.add_profile_arg(p)
+    cli.add_drafter_arg(p, None)
     p.add_argument("--prompts", default=None,
                    help="held-out prompts from a file (.jsonl with a 'prompt' field per line, or a JSON list of "
                         "strings) instead of the shipped held-out set (its first --num-heldout-prompts); the γ grid still runs on the "
@@ -117,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: the policy's training setting")
     p.add_argument("--gammas", default="1-12", help="fixed γ grid, e.g. 1-12 or 1,2,4,8")
     p.add_argument("--seed", type=int, default=0, help="seeds the sampling of every method alike")
-    add_out_arg(p, "the results directory (default: <policy>/eval; runs/eval-<drafter> for a shipped policy)")
+    cli.add_out_arg(p, "the results directory (default: <policy>/eval; runs/eval-<drafter> for a shipped policy)")
     p.add_argument("--law-check", action="store_true",
                    help="also run the output-law check on the real models (with --tree: tree arms too, the fixed "
                         "tree chosen on train — or the grid's largest with --skip-speed — and the learned tree)")
@@ -127,9 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prompt of the law check: one whose first tokens are uncertain, so a biased rule shows")
     p.add_argument("--skip-speed", action="store_true", help="only the law check (needs --law-check)")
     add_tree_arguments(p)
-    add_model_args(p)
-    add_sampling_args(p)
-    add_device_args(p)
+    cli.add_model_args(p)
+    cli.add_sampling_args(p)
+    cli.add_device_args(p)
     return p
 
 

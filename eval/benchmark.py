@@ -34,17 +34,8 @@ import sys
 import time
 from pathlib import Path
 
-from learn2draft.cli import (
-    HelpFormatter,
-    add_device_args,
-    add_drafter_arg,
-    add_model_args,
-    add_out_arg,
-    add_profile_arg,
-    add_sampling_args,
-    plain_doc,
-    run_cli,
-)
+from learn2draft import cli
+from learn2draft.cli import HelpFormatter, plain_doc, run_cli
 
 PLAIN = "hf generate"
 DEFAULT_OUT = "runs/benchmark"
@@ -123,10 +114,10 @@ def forward_cost_ratio(pair, context_len: int = 128, iters: int = 30) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eval.benchmark", description=plain_doc(__doc__),
                                 formatter_class=HelpFormatter)
-    add_drafter_arg(p, None)
+    cli.add_drafter_arg(p, None)
     p.add_argument("--policy", default=None,
                    help="trained run or export dir (default: the policy shipped for --drafter)")
-    add_profile_arg(p)
+    cli.add_profile_arg(p)
     p.add_argument("--temperatures", default="0,0.7",
                    help="the temperatures measured, comma-separated; the other sampling flags apply to each "
                         "(default: 0,0.7)")
@@ -145,13 +136,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-lookup-num-tokens", type=int, default=10,
                    help="candidates per step of HF prompt lookup decoding (default: 10, the documented example)")
     p.add_argument("--seed", type=int, default=0, help="default: 0")
-    add_out_arg(p, f"the results directory (default: {DEFAULT_OUT})")
+    cli.add_out_arg(p, f"the results directory (default: {DEFAULT_OUT})")
     from eval.__main__ import add_tree_arguments
 
     add_tree_arguments(p)
-    add_model_args(p)
-    add_sampling_args(p, temperature=False)
-    add_device_args(p)
+    cli.add_model_args(p)
+    cli.add_sampling_args(p, temperature=False)
+    cli.add_device_args(p)
     return p
 
 

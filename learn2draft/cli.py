@@ -129,7 +129,7 @@ def sampling_config(args: argparse.Namespace, temperature: float | None = None):
     return SamplingConfig(**kw)
 
 
-def add_drafter_arg(parser: argparse.ArgumentParser, default: str | None) -> argparse.Action:
+def add_drafter_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup, default: str | None) -> argparse.Action:
     """``--drafter`` with the choices of :data:`learn2draft.names.DRAFTERS`. ``default``: None in the commands
     that take the drafter from the policy (eval, eval.benchmark), else the command's drafter (named in the
     one help text)."""
@@ -214,7 +214,7 @@ def threads_of(args: argparse.Namespace, trained_with: int | None = None) -> int
     return int(args.threads or trained_with or 1)
 
 
-def add_profile_arg(parser: argparse.ArgumentParser, required: bool = False) -> argparse.Action:
+def add_profile_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup, required: bool = False) -> argparse.Action:
     """``--profile``: a latency profile (required by the replay commands, eval.oracle and eval.simreal)."""
     return parser.add_argument(
         "--profile", default=None, metavar="PROFILE", required=required,
@@ -224,7 +224,7 @@ def add_profile_arg(parser: argparse.ArgumentParser, required: bool = False) -> 
              "profile) is given its features; other policies ignore it")
 
 
-def add_out_arg(parser: argparse.ArgumentParser, what: str) -> argparse.Action:
+def add_out_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup, what: str) -> argparse.Action:
     """``--out`` (default None), the one path a command writes; ``what`` says what is written there and its
     default place (the one part of the help that is the command's own)."""
     return parser.add_argument("--out", default=None, metavar="PATH", help=f"output: {what}")

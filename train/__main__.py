@@ -17,17 +17,8 @@ import os
 import signal
 import sys
 
-from learn2draft.cli import (
-    SAMPLING_DEFAULTS,
-    HelpFormatter,
-    add_device_args,
-    add_drafter_arg,
-    add_model_args,
-    add_out_arg,
-    add_profile_arg,
-    add_sampling_args,
-    add_tree_shape_args,
-)
+from learn2draft import cli
+from learn2draft.cli import HelpFormatter
 from train.config import WANDB_MODES, TrainConfig, default_out_dir
 
 #: Settings that ``--resume`` may change; any other flag must repeat the saved value.
@@ -57,13 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
                     "measured tokens/s, then export it to ONNX.",
         formatter_class=HelpFormatter,
     )
-    add_model_args(p)
-    add_sampling_args(p)
-    add_device_args(p)
+    cli.add_model_args(p)
+    cli.add_sampling_args(p)
+    cli.add_device_args(p)
     g = p.add_argument_group("decoding")
     g.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="tokens per generation (episode)")
     g.add_argument("--max-depth", type=int, default=d.max_depth, help="most tokens drafted per cycle")
-    add_drafter_arg(g, d.drafter)
+    cli.add_drafter_arg(g, d.drafter)
     g.add_argument("--features", default=d.features, choices=["full", "engine", "profile"],
                    help="what the policy observes: full (this loop's features), engine (only the draft step and "
                         "top-1 draft probabilities, as vLLM's draft-length policy protocol passes them; run the "
@@ -88,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="episode = one draft/verify cycle (per-cycle objective) or one whole generation")
     g.add_argument("--seed", type=int, default=d.seed, help="seeds PPO, the prompt order and sampling")
     g = p.add_argument_group("run")
-    add_out_arg(g, "the run directory (default runs/default, where python -m eval looks)")
+    cli.add_out_arg(g, "the run directory (default runs/default, where python -m eval looks)")
     g.add_argument("--overwrite", action="store_true",
                    help="replace the earlier training run in --out (never a directory python -m train did not write)")
     g.add_argument("--resume", action="store_true",
@@ -112,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--replay", default=None, metavar="TRACES",
                    help="train on learn2draft/SpecDecodeReplay-v0 from these trace files (python -m eval.record; several "
                         "joined by commas); models, drafter, sampling, --max-new-tokens and --max-depth come from them")
-    add_profile_arg(g)
+    cli.add_profile_arg(g)
     g = p.add_argument_group("draft trees (Learning to Draft: a depth policy and a verification-size policy)")
     g.add_argument("--tree", action="store_true",
                    help="draft EAGLE-2 trees (--drafter model or head) and train the --policies, alternating as LTD "
@@ -132,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --tree --policies size: a fixed tree depth (default: uniformly random in [1, --max-depth])")
     g.add_argument("--size-timesteps", type=int, default=None,
                    help="with --tree: cycles per size phase (default: --timesteps, which is per depth phase)")
-    add_tree_shape_args(p)
+    cli.add_tree_shape_args(p)
     return p
 
 
@@ -150,7 +141,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(
         target=args.target or d.target, draft=args.draft or d.draft,
         device=resolve_device(args.device, check=False), dtype=args.dtype,
-        **{k: getattr(args, k) for k in SAMPLING_DEFAULTS},
+        **{k: getattr(args, k) for k in cli.SAMPLING_DEFAULTS},
         max_new_tokens=args.max_new_tokens, max_depth=args.max_depth,
         timesteps=args.timesteps, n_steps=args.n_steps, batch_size=args.batch_size, n_epochs=args.n_epochs,
         learning_rate=args.learning_rate, discount=args.discount, gae_lambda=args.gae_lambda, ent_coef=args.ent_coef,
