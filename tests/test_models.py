@@ -227,6 +227,11 @@ def test_a_pair_without_a_draft_serves_the_lookup_and_head_drafters(tiny_model_d
         res = SpeculativeDecoder(pair, max_new_tokens=8, max_depth=3, drafter=drafter).generate(
             prompt, FixedDepthController(3))
         assert res.tokens == plain and sum(c.depth for c in res.cycles) > 0
+    from eval.law import law_check  # the real-model law check runs on such a pair too
+
+    law = law_check(pair, {"lookup γ=3": FixedDepthController(3)}, [prompt], num_tokens=1, num_samples=10,
+                    drafter="lookup")
+    assert {a["arm"] for a in law["arms"]} >= {"lookup γ=3"}
     with pytest.raises(models.NoDraftModelError, match="only the 'model' drafter needs one"):
         make_drafter("model", pair)
     with pytest.raises(models.NoDraftModelError):
