@@ -121,6 +121,7 @@ class SpecDecodeEnv(gym.Env):
         if episode not in EPISODE_MODES:
             raise ValueError(f"episode must be one of {EPISODE_MODES}, got {episode!r}.")
         if pair is None:
+            draft = draft if drafter == "model" else None  # only the model drafter drafts with a draft model
             pair = load_pair(target, draft, device=device, dtype=parse_dtype(dtype) if isinstance(dtype, str) else dtype)
         if prompts is None:
             from learn2draft.prompts import load_prompts

@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from learn2draft import cli
 from learn2draft.cli import HelpFormatter, plain_doc, run_cli
 
 
@@ -54,11 +55,7 @@ def add_tree_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verify-sizes", default="4,8,16",
                    help="with --tree: verification sizes V of the fixed-tree grid, e.g. 1,2,4,8,16,32 (clipped "
                         "to the nodes a tree of that depth holds)")
-    p.add_argument("--tree-width", "--width", dest="width", type=int, default=None,
-                   help="with --tree: W, frontier nodes expanded per level (default: the tree policy's, else 4)")
-    p.add_argument("--tree-top-k", dest="top_k", type=int, default=None,
-                   help="with --tree: k, children per expanded node (default: the tree policy's, else 4); named as "
-                        "in python -m train (--top-k is sampling's top-k there)")
+    cli.add_tree_shape_args(p)
 
 
 def check_tree_arguments(args, drafter: str) -> None:
@@ -67,8 +64,8 @@ def check_tree_arguments(args, drafter: str) -> None:
     Raises:
         ValueError: naming the flag and what to do.
     """
-    given = [f for f, v in (("--tree-policy", args.tree_policy), ("--tree-width", args.width),
-                            ("--tree-top-k", args.top_k)) if v is not None]
+    given = [f for f, v in (("--tree-policy", args.tree_policy), ("--tree-width", args.tree_width),
+                            ("--tree-top-k", args.tree_top_k)) if v is not None]
     if not args.tree:
         if given:
             raise ValueError(f"{', '.join(given)} only apply to trees: add --tree.")
@@ -76,7 +73,7 @@ def check_tree_arguments(args, drafter: str) -> None:
     if drafter == "lookup":
         raise ValueError("--tree needs a drafter with a draft distribution (the lookup drafter drafts no trees): "
                          "pass --drafter model or --drafter head.")
-    for flag, v in (("--tree-width", args.width), ("--tree-top-k", args.top_k)):
+    for flag, v in (("--tree-width", args.tree_width), ("--tree-top-k", args.tree_top_k)):
         if v is not None and v < 1:
             raise ValueError(f"{flag} must be ≥ 1, got {v}.")
 
@@ -95,23 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", default=None,
                    help="directory written by `python -m train` or a policy export (default: the policy shipped "
                         "for --drafter, trained on the embedded default pair)")
-    p.add_argument("--profile", default=None, metavar="PROFILE",
-                   help="the latency profile of this machine (python -m eval.profile --out FILE, or a shipped name: "
-                        "cpu-2core, gpu-like) for a profile-conditioned --policy (python -m train --features profile); "
-                        "other policies ignore it")
-    p.add_argument("--drafter", default=None, choices=["model", "head", "lookup"],
-                   help="what drafts (default: the drafter the policy was trained with)")
-    p.add_argument("--head", default=None,
-                   help="with the head drafter: a head directory written by `python -m train.head` (default: the "
-                        "one the policy was trained with, else the shipped head of the embedded target)")
+    cli.add_profile_arg(p)
+    cli.add_drafter_arg(p, None)
     p.add_argument("--prompts", default=None,
                    help="held-out prompts from a file (.jsonl with a 'prompt' field per line, or a JSON list of "
                         "strings) instead of the shipped held-out set (its first --num-heldout-prompts); the γ grid still runs on the "
                         "training prompts")
-    p.add_argument("--target", default=None, help="target model (default: the one the policy was trained with)")
-    p.add_argument("--draft", default=None, help="draft model (default: the one the policy was trained with)")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, … (default: cuda if available, else cpu, as in every command)")
-    p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
     p.add_argument("--num-train-prompts", type=int, default=6, help="training prompts for the γ grid search")
     p.add_argument("--num-heldout-prompts", type=int, default=6, help="held-out prompts for the comparison")
     p.add_argument("--prompt-set", default="open", choices=["open", "copy"],
@@ -120,11 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3, help="repeats of the held-out comparison (for the spread)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: the policy's training setting")
     p.add_argument("--gammas", default="1-12", help="fixed γ grid, e.g. 1-12 or 1,2,4,8")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1.0 = off)")
     p.add_argument("--seed", type=int, default=0, help="seeds the sampling of every method alike")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the training run's)")
-    p.add_argument("--out", default=None, help="output directory (default: <policy>/eval)")
+    cli.add_out_arg(p, "the results directory (default: <policy>/eval; runs/eval-<drafter> for a shipped policy)")
     p.add_argument("--law-check", action="store_true",
                    help="also run the output-law check on the real models (with --tree: tree arms too, the fixed "
                         "tree chosen on train — or the grid's largest with --skip-speed — and the learned tree)")
@@ -134,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prompt of the law check: one whose first tokens are uncertain, so a biased rule shows")
     p.add_argument("--skip-speed", action="store_true", help="only the law check (needs --law-check)")
     add_tree_arguments(p)
+    cli.add_model_args(p)
+    cli.add_sampling_args(p)
+    cli.add_device_args(p)
     return p
 
 
@@ -142,11 +128,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args) -> int:
-    import torch
-
     from eval.compare import compare, format_markdown, plot
     from eval.runner import encode_all
-    from learn2draft.models import check_device, default_device, load_pair, parse_dtype
+    from learn2draft.cli import load_models, model_names, resolve_device, sampling_config, set_threads, stderr_line
     from learn2draft.prompts import load_prompt_file, load_prompts
     from learn2draft.sampling import SamplingConfig
     from policies.export import (
@@ -187,7 +171,7 @@ def _run(args) -> int:
         tree_settings: dict = {}
         if tree_dir is not None:
             tree_ctrl, tree_settings = load_learned_tree(tree_dir, drafter)
-        tree = tree_shape_from(tree_settings, args.width, args.top_k)
+        tree = tree_shape_from(tree_settings, args.tree_width, args.tree_top_k)
         tree_grid = tree_configs(parse_ints(args.tree_depths, "--tree-depths", "depth"),
                                  parse_ints(args.verify_sizes, "--verify-sizes", "verification size"), tree)
     user_prompts = load_prompt_file(args.prompts) if args.prompts else None
@@ -198,20 +182,13 @@ def _run(args) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be ≥ 1.")
     if args.law_check and (args.law_samples < 10 or args.law_tokens < 1 or not args.law_prompt.strip()):
         raise ValueError("--law-samples must be ≥ 10, --law-tokens ≥ 1 and --law-prompt non-empty.")
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be ≥ 1, got {args.threads}.")
-    threads = args.threads or cfg.get("threads")
-    if threads:
-        torch.set_num_threads(int(threads))
+    sampling = sampling_config(args)
+    set_threads(args, cfg.get("threads"))
     gammas = parse_gammas(args.gammas)
     max_new = args.max_new_tokens if args.max_new_tokens is not None else cfg.get("max_new_tokens", 64)
     if max_new <= 0:
         raise ValueError(f"--max-new-tokens must be > 0, got {max_new}.")
-    dtype = parse_dtype(args.dtype)
-    device = args.device or default_device()
-    check_device(device)
-    target = args.target or cfg.get("target", "smollm2-135m-instruct")
-    draft = args.draft or cfg.get("draft", "smollm2-135m-draft")
+    device = resolve_device(args.device)
     if args.out:
         out = Path(args.out)
     elif args.policy is None or DEFAULT_POLICIES_DIR in policy_dir.resolve().parents:  # inside the installed package
@@ -219,12 +196,11 @@ def _run(args) -> int:
     else:
         out = policy_dir / "eval"
     make_out_dir(out)
-    sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p)
 
     t0 = time.perf_counter()
-    print(f"Loading target={target} draft={draft} on {device} ({args.dtype}) …", flush=True)
-    pair = load_pair(target, draft, device=device, dtype=dtype)
+    pair = load_models(args, drafter, cfg, device=device, progress=stderr_line)
     machine = _machine(device)
+    target, draft = model_names(args, cfg)
     results: dict = {"machine": machine, "target": target, "draft": draft, "drafter": drafter,
                      "policy_dir": str(policy_dir), "policy_profile": policy.profile_name}
     if args.tree:

@@ -34,9 +34,11 @@ import sys
 import time
 from pathlib import Path
 
+from learn2draft import cli
 from learn2draft.cli import HelpFormatter, plain_doc, run_cli
 
 PLAIN = "hf generate"
+DEFAULT_OUT = "runs/benchmark"
 HF_POLICY = "hf generate + learned policy"
 
 
@@ -112,27 +114,13 @@ def forward_cost_ratio(pair, context_len: int = 128, iters: int = 30) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eval.benchmark", description=plain_doc(__doc__),
                                 formatter_class=HelpFormatter)
-    p.add_argument("--target", default=None,
-                   help="target model (default: the one the policy was trained with; the embedded SmolLM2 for a "
-                        "shipped policy)")
-    p.add_argument("--draft", default=None,
-                   help="draft model, for the model drafter and HF assisted generation (default: the one the policy "
-                        "was trained with)")
-    p.add_argument("--drafter", default=None, choices=["model", "head", "lookup"],
-                   help="this project's drafter for the fixed-γ, heuristic and learned rows (default: the one the "
-                        "policy was trained with; model for the shipped policies)")
-    p.add_argument("--head", default=None,
-                   help="with the head drafter: a head directory written by `python -m train.head` (default: the "
-                        "one the policy was trained with, else the shipped head of the embedded target)")
+    cli.add_drafter_arg(p, None)
     p.add_argument("--policy", default=None,
                    help="trained run or export dir (default: the policy shipped for --drafter)")
-    p.add_argument("--profile", default=None, metavar="PROFILE",
-                   help="the latency profile of this machine (python -m eval.profile --out FILE, or a shipped name: "
-                        "cpu-2core, gpu-like) for a profile-conditioned --policy (python -m train --features profile); "
-                        "other policies ignore it")
-    p.add_argument("--device", default=None, help="cpu, cuda, … (default: cuda if available, else cpu, as in every command)")
-    p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 (default: float32)")
-    p.add_argument("--temperatures", default="0,0.7", help="comma-separated (default: 0,0.7)")
+    cli.add_profile_arg(p)
+    p.add_argument("--temperatures", default="0,0.7",
+                   help="the temperatures measured, comma-separated; the other sampling flags apply to each "
+                        "(default: 0,0.7)")
     p.add_argument("--prompt-set", default="open", choices=["open", "copy"],
                    help="shipped prompts: open chat (train/heldout) or copy-heavy (copy_train/copy_heldout); default open")
     p.add_argument("--prompts", default=None,
@@ -147,12 +135,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="grid for the fixed γ when --num-draft-tokens is not given (default: 1,2,3,4,6,8)")
     p.add_argument("--prompt-lookup-num-tokens", type=int, default=10,
                    help="candidates per step of HF prompt lookup decoding (default: 10, the documented example)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--seed", type=int, default=0, help="default: 0")
-    p.add_argument("--out", default="runs/benchmark", help="output directory (default: runs/benchmark)")
+    cli.add_out_arg(p, f"the results directory (default: {DEFAULT_OUT})")
     from eval.__main__ import add_tree_arguments
 
     add_tree_arguments(p)
+    cli.add_model_args(p)
+    cli.add_sampling_args(p, temperature=False)
+    cli.add_device_args(p)
     return p
 
 
@@ -161,15 +151,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args) -> int:
-    import torch
-
     from eval.__main__ import _machine, check_tree_arguments, make_out_dir, parse_gammas, parse_ints
     from eval.compare import grid_search, tree_grid_search
     from eval.runner import DecoderMethod, HFGenerateMethod, encode_all, methods_table, run_interleaved, summarize
+    from learn2draft.cli import load_models, model_names, resolve_device, sampling_config, set_threads, stderr_line
     from learn2draft.decoding import FixedDepthController
-    from learn2draft.models import DEFAULT_DRAFT, DEFAULT_TARGET, check_device, default_device, load_pair, parse_dtype
     from learn2draft.prompts import load_prompt_file, load_prompts
-    from learn2draft.sampling import SamplingConfig
     from policies.controllers import ConfidenceThresholdController, MatchLengthController
     from policies.export import default_policy_dir, load_policy, policy_drafter, policy_head, run_settings
 
@@ -178,21 +165,18 @@ def _run(args) -> int:
         temps = [float(t) for t in args.temperatures.split(",")]
     except ValueError:
         raise ValueError(f"--temperatures {args.temperatures!r}: use comma-separated numbers, e.g. 0,0.7.") from None
-    samplings = {T: SamplingConfig(temperature=T) for T in temps}
+    samplings = {T: sampling_config(args, temperature=T) for T in temps}
+    if any(s.prefix_dependent or s.min_p for s in samplings.values()):
+        raise ValueError("--min-p, --repetition-penalty and --presence-penalty: the Hugging Face baselines of the "
+                         "benchmark support temperature, top-k and top-p only; drop them.")
     if args.num_prompts < 1 or args.repeats < 1 or args.max_new_tokens < 1:
         raise ValueError("--num-prompts, --repeats and --max-new-tokens must be ≥ 1.")
     if args.num_draft_tokens is not None and args.num_draft_tokens < 1:
         raise ValueError(f"--num-draft-tokens must be ≥ 1, got {args.num_draft_tokens}.")
     if args.prompt_lookup_num_tokens < 1:
         raise ValueError(f"--prompt-lookup-num-tokens must be ≥ 1, got {args.prompt_lookup_num_tokens}.")
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads must be ≥ 1, got {args.threads}.")
-        torch.set_num_threads(args.threads)
     gammas = parse_gammas(args.gammas)
-    dtype = parse_dtype(args.dtype)
-    device = args.device or default_device()
-    check_device(device)
+    device = resolve_device(args.device)
     policy_dir = Path(args.policy) if args.policy else default_policy_dir(args.drafter or "model")
     if not policy_dir.is_dir():
         raise FileNotFoundError(f"--policy {args.policy}: no such directory (run `python -m train` first).")
@@ -212,16 +196,16 @@ def _run(args) -> int:
         tree_settings: dict = {}
         if tree_dir is not None:
             tree_ctrl, tree_settings = load_learned_tree(tree_dir, args.drafter)
-        tree = tree_shape_from(tree_settings, args.width, args.top_k)
+        tree = tree_shape_from(tree_settings, args.tree_width, args.tree_top_k)
         tree_grid = tree_configs(parse_ints(args.tree_depths, "--tree-depths", "depth"),
                                  parse_ints(args.verify_sizes, "--verify-sizes", "verification size"), tree)
     cfg = run_settings(policy_dir)  # the pair the policy was trained on, unless named here
-    args.target = args.target or cfg.get("target", DEFAULT_TARGET)
-    args.draft = args.draft or cfg.get("draft", DEFAULT_DRAFT)
+    set_threads(args, cfg.get("threads"))
+    args.target, args.draft = model_names(args, cfg)
     user_prompts = load_prompt_file(args.prompts) if args.prompts else None
-    out = make_out_dir(Path(args.out))
-    print(f"Loading target={args.target} draft={args.draft} on {device} …", flush=True)
-    pair = load_pair(args.target, args.draft, device=device, dtype=dtype)
+    out = make_out_dir(Path(args.out or DEFAULT_OUT))
+    # The Hugging Face assisted-generation rows and the forward-cost ratio need the draft model, whatever drafts here.
+    pair = load_models(args, args.drafter, need_draft=True, device=device, progress=stderr_line)
     prefix = "copy_" if args.prompt_set == "copy" else ""
     held_texts = user_prompts if user_prompts is not None else load_prompts(prefix + "heldout")
     held = encode_all(pair, held_texts[: args.num_prompts], args.max_new_tokens)

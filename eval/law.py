@@ -334,8 +334,10 @@ class _PrefillMemo:
 
 def _memo_pair(pair: ModelPair) -> ModelPair:
     target = _PrefillMemo(pair.target)
-    draft = target if pair.draft is pair.target else _PrefillMemo(pair.draft)
-    return dataclasses.replace(pair, target=target, draft=draft)
+    draft = pair.draft_model  # None for a pair without one (head and lookup drafters)
+    if draft is not None:
+        draft = target if draft is pair.target else _PrefillMemo(draft)
+    return dataclasses.replace(pair, target=target, draft_model=draft)
 
 
 def first_token_probs(pair: ModelPair, prompt_ids: torch.Tensor, sampling: SamplingConfig) -> np.ndarray:

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from learn2draft.cli import HelpFormatter, plain_doc, run_cli
+from learn2draft.cli import HelpFormatter, add_profile_arg, plain_doc, run_cli
 from learn2draft.replay.outcome import TreeReplay, tokens_per_second, tree_replay_data
 
 
@@ -293,9 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eval.oracle", description=plain_doc(__doc__), formatter_class=HelpFormatter)
     p.add_argument("traces",
                    help="trace file(s) from python -m eval.record, chain or --tree (several joined by commas)")
-    p.add_argument("--profile", required=True,
-                   help="latency profile: a JSON file or a shipped name (cpu-2core, gpu-like); a profile-conditioned "
-                        "policy (train --features profile) is given its features")
+    add_profile_arg(p, required=True)
     p.add_argument("--policy", action="append", default=[],
                    help="a training run or policy export to score against the oracle; repeat the flag for several "
                         "(they must share max_depth)")

@@ -29,10 +29,16 @@ import statistics
 import sys
 from pathlib import Path
 
-from learn2draft.cli import HelpFormatter, plain_doc, run_cli
-from learn2draft.names import DEFAULT_DRAFT, DEFAULT_TARGET
-
-DRAFTER_CHOICES = ("model", "head", "lookup")
+from learn2draft.cli import (
+    HelpFormatter,
+    add_device_args,
+    add_model_args,
+    add_out_arg,
+    add_tree_shape_args,
+    plain_doc,
+    run_cli,
+)
+from learn2draft.names import DRAFTERS
 
 
 def machine_info(device: str = "cpu") -> dict:
@@ -76,14 +82,9 @@ def _ints(text: str, what: str) -> list[int]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eval.profile", description=plain_doc(__doc__), formatter_class=HelpFormatter)
-    p.add_argument("--target", default=DEFAULT_TARGET, help="target model: alias, hub id, local dir or .gguf file")
-    p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model (for the model drafter)")
-    p.add_argument("--head", default=None, help="head directory for the head drafter (default: the shipped head)")
-    p.add_argument("--drafter", default="model,head,lookup",
-                   help="drafters to measure, comma-separated from model, head, lookup")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, … (default: cuda if available, else cpu)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="model dtype")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (as python -m train uses by default)")
+    p.add_argument("--drafter", default=",".join(DRAFTERS),
+                   help=f"drafters to measure, comma-separated from {', '.join(DRAFTERS)} (only model loads the draft "
+                        "model)")
     p.add_argument("--contexts", default="128,512,1024", help="context lengths (cached tokens) measured")
     p.add_argument("--tokens", default="1,2,4,8,16,32,64", help="verified token counts measured (must include 1)")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per (context, tokens); the median is kept")
@@ -91,14 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overhead-prompts", type=int, default=2, help="training prompts generated for the overhead fit")
     p.add_argument("--overhead-tokens", type=int, default=32, help="tokens per generation of the overhead fit")
     p.add_argument("--overhead-depths", default="0,2,4", help="fixed depths of the overhead fit")
-    p.add_argument("--tree-width", "--width", dest="tree_width", type=int, default=None,
-                   help="also measure one draft-tree level of W frontier nodes (model and head drafters); "
-                        "off when not given")
-    p.add_argument("--tree-top-k", dest="tree_top_k", type=int, default=None,
-                   help="with --tree-width: k, children per expanded node (default: 4)")
     p.add_argument("--name", default=None, help="profile name (default: cpu-<cores>core or the GPU's name)")
     p.add_argument("--note", default="", help="free text added to the profile's source, e.g. 'under nice -n 19'")
-    p.add_argument("--out", default=None, help="output JSON file (default runs/profiles/<name>.json)")
+    add_out_arg(p, "the profile's JSON file (default runs/profiles/<name>.json)")
+    add_model_args(p)
+    add_device_args(p)
+    add_tree_shape_args(p)
     return p
 
 
@@ -330,20 +329,17 @@ def _run(args) -> int:
     import json
     import time
 
-    import torch
-
-    from learn2draft.models import check_device, default_device, load_pair, parse_dtype
+    from learn2draft.cli import load_models, resolve_device, set_threads, stderr_line, threads_of
 
     drafters = [d.strip() for d in args.drafter.split(",") if d.strip()]
-    bad = [d for d in drafters if d not in DRAFTER_CHOICES]
+    bad = [d for d in drafters if d not in DRAFTERS]
     if not drafters or bad:
-        raise ValueError(f"--drafter {args.drafter!r}: use one or more of {', '.join(DRAFTER_CHOICES)} joined by commas.")
+        raise ValueError(f"--drafter {args.drafter!r}: use one or more of {', '.join(DRAFTERS)} joined by commas.")
     contexts, tokens = _ints(args.contexts, "contexts"), _ints(args.tokens, "tokens")
     depths = _ints(args.overhead_depths, "overhead-depths")
     if args.repeats < 1 or args.draft_steps < 1 or args.overhead_prompts < 1 or args.overhead_tokens < 2:
         raise ValueError("--repeats, --draft-steps and --overhead-prompts must be ≥ 1 and --overhead-tokens ≥ 2.")
-    if args.threads < 1:
-        raise ValueError(f"--threads must be ≥ 1, got {args.threads}.")
+    threads_of(args)  # checked before measuring
     if args.tree_top_k is not None and args.tree_width is None:
         raise ValueError("--tree-top-k applies to the tree level measured with --tree-width W: add --tree-width.")
     args.tree_top_k = 4 if args.tree_top_k is None else args.tree_top_k
@@ -352,12 +348,10 @@ def _run(args) -> int:
                          "chain); add --drafter model or head, or drop --tree-width.")
     if args.tree_width is not None and (args.tree_width < 1 or args.tree_top_k < 1):
         raise ValueError(f"--tree-width and --tree-top-k must be ≥ 1, got {args.tree_width} and {args.tree_top_k}.")
-    torch.set_num_threads(args.threads)
-    device = args.device or default_device()
-    check_device(device)
+    set_threads(args)
+    device = resolve_device(args.device)
     t0 = time.perf_counter()
-    print(f"Loading target={args.target} draft={args.draft} on {device} ({args.dtype}) …", file=sys.stderr)
-    pair = load_pair(args.target, args.draft, device=device, dtype=parse_dtype(args.dtype))
+    pair = load_models(args, drafters, device=device, progress=stderr_line)
     prof = measure_profile(pair, drafters, head=args.head, contexts=contexts, tokens=tokens, repeats=args.repeats,
                            draft_steps=args.draft_steps, overhead_prompts=args.overhead_prompts,
                            overhead_tokens=args.overhead_tokens, overhead_depths=depths, name=args.name or "",

@@ -33,16 +33,22 @@ import json
 import sys
 from pathlib import Path
 
-from learn2draft.cli import HelpFormatter, plain_doc, run_cli
-from learn2draft.names import DEFAULT_DRAFT, DEFAULT_TARGET
+from learn2draft.cli import (
+    HelpFormatter,
+    add_device_args,
+    add_drafter_arg,
+    add_model_args,
+    add_out_arg,
+    add_sampling_args,
+    add_tree_shape_args,
+    plain_doc,
+    run_cli,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eval.record", description=plain_doc(__doc__), formatter_class=HelpFormatter)
-    p.add_argument("--drafter", default="model", choices=["model", "head", "lookup"], help="what drafts")
-    p.add_argument("--head", default=None, help="with --drafter head: a head directory (default: the shipped head)")
-    p.add_argument("--target", default=DEFAULT_TARGET, help="target model: alias, hub id, local dir or .gguf file")
-    p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model (must share the target's tokenizer)")
+    add_drafter_arg(p, "model")
     p.add_argument("--prompt-split", default="train",
                    help="shipped prompts: train, heldout, copy_train or copy_heldout, or several joined by commas")
     p.add_argument("--prompts", default=None,
@@ -51,25 +57,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-depth", type=int, default=8,
                    help="longest chain recorded per position (replay and training may use any max_depth up to it)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (exact replay); > 0 see the docs")
-    p.add_argument("--top-k", type=int, default=0, help="0 = off")
-    p.add_argument("--top-p", type=float, default=1.0, help="1.0 = off")
     p.add_argument("--seed", type=int, default=0, help="prompt i is recorded with sampling seed seed + i")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, … (default: cuda if available, else cpu)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="model dtype")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    p.add_argument("--out", default=None, help="output .npz (default runs/traces/<drafter>[-tree]-<split>.npz); "
-                                               "the header is also written beside it as .json")
+    add_out_arg(p, "the trace .npz (default runs/traces/<drafter>[-tree]-<split>.npz); its header is also written "
+                   "beside it as .json")
+    add_model_args(p)
+    add_sampling_args(p)
+    add_device_args(p)
     t = p.add_argument_group("draft trees")
     t.add_argument("--tree", action="store_true",
                    help="record draft-tree traces (temperature 0; model or head drafter): τ of every depth and "
                         "verification size")
     t.add_argument("--verify-sizes", default=None,
                    help="with --tree: verification sizes V recorded, comma-separated (default: 1,2,4,8,16,32,64)")
-    t.add_argument("--tree-width", "--width", dest="width", type=int, default=None,
-                   help="with --tree: W, frontier nodes expanded per level (default: 4)")
-    t.add_argument("--tree-top-k", dest="tree_top_k", type=int, default=None,
-                   help="with --tree: k, children per expanded node (default: 4; --top-k is sampling's top-k)")
+    add_tree_shape_args(p)
     return p
 
 
@@ -78,13 +78,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args) -> int:
-    import torch
-
+    from learn2draft.cli import load_models, resolve_device, sampling_config, set_threads, stderr_line, threads_of
     from learn2draft.drafters import make_drafter
     from eval.profile import machine_info
-    from learn2draft.models import check_device, default_device, load_pair, parse_dtype
     from learn2draft.prompts import SPLITS, load_prompt_file, load_prompts
-    from learn2draft.sampling import SamplingConfig
     from learn2draft.replay.traces import check_writable
     from learn2draft.traces import record_traces
 
@@ -92,15 +89,14 @@ def _run(args) -> int:
         raise ValueError(f"--max-depth must be ≥ 0 and --max-new-tokens ≥ 2, got {args.max_depth} and {args.max_new_tokens}.")
     if args.num_prompts is not None and args.num_prompts < 1:
         raise ValueError(f"--num-prompts must be ≥ 1, got {args.num_prompts}.")
-    if args.threads < 1:
-        raise ValueError(f"--threads must be ≥ 1, got {args.threads}.")
-    sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-    given = [f for f, v in (("--verify-sizes", args.verify_sizes), ("--tree-width", args.width),
+    threads_of(args)  # checked before the recording
+    sampling = sampling_config(args)
+    given = [f for f, v in (("--verify-sizes", args.verify_sizes), ("--tree-width", args.tree_width),
                             ("--tree-top-k", args.tree_top_k)) if v is not None]
     if given and not args.tree:
         raise ValueError(f"{', '.join(given)} only apply to draft trees: add --tree (or drop them).")
     args.verify_sizes = "1,2,4,8,16,32,64" if args.verify_sizes is None else args.verify_sizes
-    args.width = 4 if args.width is None else args.width
+    args.tree_width = 4 if args.tree_width is None else args.tree_width
     args.tree_top_k = 4 if args.tree_top_k is None else args.tree_top_k
     if args.tree:
         from learn2draft.replay.traces import TREE_T_POSITIVE_REFUSAL
@@ -110,9 +106,9 @@ def _run(args) -> int:
             raise ValueError(f"--tree --temperature {args.temperature}: {TREE_T_POSITIVE_REFUSAL}")
         if args.drafter == "lookup":
             raise ValueError("--tree --drafter lookup: prompt lookup drafts no trees; use --drafter model or head.")
-        if args.max_depth < 1 or args.width < 1 or args.tree_top_k < 1:
+        if args.max_depth < 1 or args.tree_width < 1 or args.tree_top_k < 1:
             raise ValueError(f"--tree needs --max-depth, --tree-width and --tree-top-k ≥ 1, got {args.max_depth}, "
-                             f"{args.width} and {args.tree_top_k}.")
+                             f"{args.tree_width} and {args.tree_top_k}.")
         try:
             verify_sizes = check_verify_sizes(sorted({int(x) for x in args.verify_sizes.split(",") if x.strip()}))
         except ValueError:
@@ -130,11 +126,9 @@ def _run(args) -> int:
     name = Path(source).stem if args.prompts else source.replace(",", "+")
     out = Path(args.out) if args.out else Path("runs") / "traces" / f"{kind}-{name}.npz"
     out = check_writable(out)  # before loading models and recording: a bad --out must not cost the recording
-    torch.set_num_threads(args.threads)
-    device = args.device or default_device()
-    check_device(device)
-    print(f"Loading target={args.target} draft={args.draft} on {device} ({args.dtype}) …", file=sys.stderr)
-    pair = load_pair(args.target, args.draft, device=device, dtype=parse_dtype(args.dtype))
+    set_threads(args)
+    device = resolve_device(args.device)
+    pair = load_models(args, args.drafter, device=device, progress=stderr_line)
     drafter = make_drafter(args.drafter, pair, head=args.head)
     header = {"prompt_source": source, "num_prompts": len(prompts), "chat": True, "machine": machine_info(device),
               "command": "python -m eval.record " + " ".join(sys.argv[1:])}
@@ -164,7 +158,7 @@ def _record_trees(args, pair, drafter, prompts, sampling, verify_sizes, header, 
     from learn2draft.traces import record_tree_traces
 
     traces = record_tree_traces(pair, drafter, prompts, sampling, max_new_tokens=args.max_new_tokens,
-                                max_depth=args.max_depth, verify_sizes=verify_sizes, width=args.width,
+                                max_depth=args.max_depth, verify_sizes=verify_sizes, width=args.tree_width,
                                 top_k=args.tree_top_k, seed=args.seed, header=header)
     path = traces.save(out)
     rows = [pt.tau[1:pt.n] for pt in traces.prompts]

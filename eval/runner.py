@@ -104,7 +104,9 @@ def make_decoder(pair: ModelPair, sampling: SamplingConfig, max_new_tokens: int,
     Args:
         max_depth: the controller's ``max_depth`` (policies' depth features are scaled by it).
         drafter: ``"model" | "head" | "lookup"`` or a :class:`learn2draft.drafters.Drafter` (a new
-            one per decoder: drafters hold per-generation state).
+            one per decoder: drafters hold per-generation state). An autoregressive decoder (``max_depth``
+            0, the reference arms) on a pair without a draft model gets the model-free lookup drafter
+            instead of ``"model"``: it never drafts.
         head: head directory for ``"head"`` (default: the shipped head of the embedded target).
         sampler: the acceptance rule (chain: :func:`~learn2draft.sampling.speculative_sample`'s
             signature; tree: :func:`~learn2draft.sampling.tree_speculative_sample`'s); None = the exact one.
@@ -116,6 +118,8 @@ def make_decoder(pair: ModelPair, sampling: SamplingConfig, max_new_tokens: int,
         if tree is not None and drafter == "lookup":
             raise ValueError("The lookup drafter does not draft trees (no draft distribution to take the top-k "
                              "from): use --drafter model or head for trees.")
+        if drafter == "model" and max_depth == 0 and tree is None and not pair.has_draft:
+            drafter = "lookup"  # a depth-0 decoder never drafts: on a pair without a draft model it needs none
         drafter = make_drafter(drafter, pair, head=head)
     if tree is None:
         kw = {} if sampler is None else {"sampler": sampler}

@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from learn2draft.cli import HelpFormatter, plain_doc, run_cli
+from learn2draft.cli import HelpFormatter, add_device_args, add_profile_arg, plain_doc, run_cli
 
 
 def sim_vs_real(pair, traces, profile, controllers: dict, drafter=None, repeats: int = 1, seed: int = 0,
@@ -131,18 +131,15 @@ def format_table(rep: dict) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eval.simreal", description=plain_doc(__doc__), formatter_class=HelpFormatter)
     p.add_argument("traces", help="trace file(s) recorded on this machine (held-out prompts), several joined by commas")
-    p.add_argument("--profile", required=True, help="latency profile measured on this machine (JSON file or shipped name)")
+    add_profile_arg(p, required=True)
     p.add_argument("--policy", action="append", default=[],
                    help="a training run or policy export; repeat the flag to compare several")
     p.add_argument("--gammas", default="0,2,4", help="fixed depths measured beside the policies ('' for none)")
     p.add_argument("--num-prompts", type=int, default=None, help="only the first N prompts of the traces")
     p.add_argument("--repeats", type=int, default=1, help="real generations per prompt and method")
     p.add_argument("--seed", type=int, default=0, help="sampling seeds")
-    p.add_argument("--device", default=None, help="cpu, cuda, … (default: cuda if available, else cpu)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                   help="model dtype (use the traces')")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (use the profile's)")
     p.add_argument("--json", default=None, help="also write the report to this JSON file")
+    add_device_args(p)  # use the traces' dtype and the profile's threads
     return p
 
 
@@ -151,11 +148,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args) -> int:
-    import torch
-
+    from learn2draft.cli import load_models, resolve_device, set_threads, stderr_line, threads_of
     from learn2draft.decoding import FixedDepthController
     from learn2draft.replay.latency import load_profile
-    from learn2draft.models import check_device, default_device, load_pair, parse_dtype
     from learn2draft.replay.traces import TraceSet, load_traces
     from policies.export import load_policy, policy_drafter, resolve_export_dir
 
@@ -165,8 +160,9 @@ def _run(args) -> int:
             raise ValueError(f"--num-prompts must be ≥ 1, got {args.num_prompts}.")
         traces = TraceSet(traces.header, traces.prompts[: args.num_prompts])
     profile = load_profile(args.profile)
-    if args.repeats < 1 or args.threads < 1:
-        raise ValueError("--repeats and --threads must be ≥ 1.")
+    if args.repeats < 1:
+        raise ValueError("--repeats must be ≥ 1.")
+    threads_of(args)  # checked before loading
     try:
         gammas = [int(x) for x in args.gammas.split(",") if x.strip()]
     except ValueError:
@@ -181,13 +177,10 @@ def _run(args) -> int:
         controllers[Path(p).name or str(p)] = load_policy(export, profile=profile)
     if not controllers:
         raise ValueError("Nothing to measure: pass --policy and/or --gammas.")
-    torch.set_num_threads(args.threads)
-    device = args.device or default_device()
-    check_device(device)
+    set_threads(args)
+    device = resolve_device(args.device)
     t0 = time.perf_counter()
-    h = traces.header
-    print(f"Loading target={h['target']} draft={h['draft']} on {device} ({args.dtype}) …", file=sys.stderr)
-    pair = load_pair(h["target"], h["draft"], device=device, dtype=parse_dtype(args.dtype))
+    pair = load_models(args, traces.drafter, traces.header, device=device, progress=stderr_line)  # the traces' models
     rep = sim_vs_real(pair, traces, profile, controllers, repeats=args.repeats, seed=args.seed,
                       progress=lambda m: print(m, file=sys.stderr))
     rep["seconds"] = round(time.perf_counter() - t0, 1)

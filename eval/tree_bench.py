@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import time
 
+from learn2draft.cli import HelpFormatter, add_device_args
+
 
 def tree_sampler_microbenchmark(vocab_size: int = 49152, num_nodes: int = 64, width: int = 4, iters: int = 200,
                                 seed: int = 0) -> dict:
@@ -97,30 +99,36 @@ def tree_cycle_overhead(pair, drafter: str = "head", depth: int = 4, verify_size
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m eval.tree_bench", description=__doc__.splitlines()[0])
-    ap.add_argument("--vocab-size", type=int, default=49152, help="vocabulary size V (default 49152)")
-    ap.add_argument("--nodes", type=int, default=64, help="drafted nodes N in the tree (default 64)")
-    ap.add_argument("--iters", type=int, default=200, help="calls timed (default 200)")
-    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    ap.add_argument("--overhead", action="store_true",
-                    help="also measure the tree's share of cycle time on the default pair (greedy, head drafter, "
-                         "depth 4, V 8, W = k = 4; loads the models)")
+    ap = build_parser()
     args = ap.parse_args(argv)
-    import torch
+    from learn2draft.cli import load_models, set_threads, stderr_line
 
-    torch.set_num_threads(args.threads)
+    threads = set_threads(args)
     r = tree_sampler_microbenchmark(args.vocab_size, args.nodes, iters=args.iters)
-    print(f"tree_speculative_sample: V={r['vocab_size']}, {r['num_nodes']} nodes, {args.threads} thread(s): "
+    print(f"tree_speculative_sample: V={r['vocab_size']}, {r['num_nodes']} nodes, {threads} thread(s): "
           f"median {r['median_seconds'] * 1e3:.3f} ms, p90 {r['p90_seconds'] * 1e3:.3f} ms, "
           f"mean accepted {r['mean_accepted']:.2f}")
     if args.overhead:
-        from learn2draft.models import load_pair
-
-        o = tree_cycle_overhead(load_pair())
+        o = tree_cycle_overhead(load_models(args, "head", progress=stderr_line))
         parts = ", ".join(f"{k} {o[k]:.3f} s" for k in ("draft", "forward", "select_mask", "sample", "gather", "cycle"))
         print(f"tree cycle (head, depth 4, V 8): {o['cycles']} cycles, {o['tokens']} tokens, "
               f"τ̄ = {o['mean_accepted']:.2f}; {parts}; tree overhead {100 * o['tree_overhead_fraction']:.2f} % "
               "of cycle time")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m eval.tree_bench`` (the sampler runs on the CPU; ``--device`` and
+    ``--dtype`` are for ``--overhead``)."""
+    ap = argparse.ArgumentParser(prog="python -m eval.tree_bench", description=__doc__.splitlines()[0],
+                                 formatter_class=HelpFormatter)
+    ap.add_argument("--vocab-size", type=int, default=49152, help="vocabulary size V (default 49152)")
+    ap.add_argument("--nodes", type=int, default=64, help="drafted nodes N in the tree (default 64)")
+    ap.add_argument("--iters", type=int, default=200, help="calls timed (default 200)")
+    ap.add_argument("--overhead", action="store_true",
+                    help="also measure the tree's share of cycle time on the default pair (greedy, head drafter, "
+                         "depth 4, V 8, W = k = 4; loads the target and the shipped head on --device, no draft model)")
+    add_device_args(ap)
+    return ap
 
 
 if __name__ == "__main__":

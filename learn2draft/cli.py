@@ -1,12 +1,18 @@
 """What every command line shares: a ``--help`` formatter that shows each default once, plain
-text from reST docstrings, and the W&B credentials check made before any work (no torch import
-here, so ``--help`` answers at once)."""
+text from reST docstrings, the W&B credentials check made before any work, and the argument groups
+every command takes alike (models, sampling, drafter, tree shape, device/threads/dtype, profile, out),
+each flag defined once here with its name, default and help, with the functions that turn the parsed
+flags into a :class:`learn2draft.sampling.SamplingConfig`, a device and a loaded
+:class:`learn2draft.models.ModelPair`. No torch import at module level, so ``--help`` answers at once.
+"""
 
 from __future__ import annotations
 
 import argparse
 import re
 import sys
+
+from learn2draft.names import DEFAULT_DRAFT, DEFAULT_TARGET, DRAFTERS, DTYPE_NAMES
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -66,4 +72,200 @@ def run_cli(parser: argparse.ArgumentParser, run, argv: list[str] | None) -> int
         return 130
 
 
-__all__ = ["HelpFormatter", "check_wandb", "plain_doc", "run_cli"]
+# --------------------------------------------------------------------------- shared argument groups
+#: The sampling flags (dest → default), one per :class:`learn2draft.sampling.SamplingConfig` field, with
+#: its defaults (the off values); a test checks that they cover every field with the same default.
+SAMPLING_DEFAULTS = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0,
+                     "presence_penalty": 0.0}
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """``--target``, ``--draft``, ``--head`` (default None: the policy's where the command reads one, else
+    the embedded pair and shipped head; resolved by :func:`model_names`)."""
+    g = parser.add_argument_group("models")
+    g.add_argument("--target", default=None,
+                   help="target model: alias, hub id, local directory or .gguf file (default: the one the policy was "
+                        f"trained with where the command reads a policy, else the embedded {DEFAULT_TARGET})")
+    g.add_argument("--draft", default=None,
+                   help="draft model, loaded only for --drafter model (and eval.benchmark's Hugging Face assisted "
+                        "generation); it must share the target's tokenizer (default: the policy's where the command "
+                        f"reads a policy, else the embedded {DEFAULT_DRAFT})")
+    g.add_argument("--head", default=None,
+                   help="with --drafter head: a head directory written by `python -m train.head` (default: the "
+                        "policy's where the command reads a policy, else the shipped head of the embedded target)")
+    return g
+
+
+def add_sampling_args(parser: argparse.ArgumentParser, temperature: bool = True) -> argparse._ArgumentGroup:
+    """The sampling flags, one per :class:`~learn2draft.sampling.SamplingConfig` field, applied alike to target
+    and draft. ``temperature=False`` leaves ``--temperature`` out, for a command that sweeps its own list of
+    temperatures (``--temperatures``); :func:`sampling_config` then takes the temperature."""
+    d = SAMPLING_DEFAULTS
+    g = parser.add_argument_group("sampling (applied alike to target and draft; the output law is the target's)")
+    if temperature:
+        g.add_argument("--temperature", type=float, default=d["temperature"], help="0 = greedy")
+    g.add_argument("--top-k", type=int, default=d["top_k"], help="keep the k most likely tokens; 0 = off")
+    g.add_argument("--top-p", type=float, default=d["top_p"], help="nucleus sampling mass; 1.0 = off")
+    g.add_argument("--min-p", type=float, default=d["min_p"], help="drop tokens below min-p × the top probability; 0 = off")
+    g.add_argument("--repetition-penalty", type=float, default=d["repetition_penalty"],
+                   help="CTRL-style penalty on tokens already in the context; 1.0 = off")
+    g.add_argument("--presence-penalty", type=float, default=d["presence_penalty"],
+                   help="subtracted from the logit of every token already in the context; 0 = off")
+    return g
+
+
+def sampling_config(args: argparse.Namespace, temperature: float | None = None):
+    """The :class:`~learn2draft.sampling.SamplingConfig` of the flags of :func:`add_sampling_args`
+    (``temperature`` given: it replaces ``--temperature``, for one temperature of a sweep).
+
+    Raises:
+        ValueError: a setting out of range (the SamplingConfig's message, naming the setting).
+    """
+    from learn2draft.sampling import SamplingConfig
+
+    kw = {k: getattr(args, k) for k in SAMPLING_DEFAULTS if hasattr(args, k)}
+    if temperature is not None:
+        kw["temperature"] = temperature
+    return SamplingConfig(**kw)
+
+
+def add_drafter_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup, default: str | None) -> argparse.Action:
+    """``--drafter`` with the choices of :data:`learn2draft.names.DRAFTERS`. ``default``: None in the commands
+    that take the drafter from the policy (eval, eval.benchmark), else the command's drafter (named in the
+    one help text)."""
+    return parser.add_argument(
+        "--drafter", default=default, choices=DRAFTERS,
+        help="what drafts: model (the draft model), head (a feature-level head on the target's hidden states) or "
+             "lookup (prompt lookup, model-free); only model loads a draft model (default: the drafter the policy "
+             "was trained with in eval and eval.benchmark, lookup in learn2draft.generate, model elsewhere)")
+
+
+def add_tree_shape_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """``--tree-width`` (alias ``--width``, dest ``tree_width``) and ``--tree-top-k`` (dest ``tree_top_k``),
+    default None: the tree policy's where one is read, else 4."""
+    g = parser.add_argument_group("draft-tree shape (EAGLE-2 drafting)")
+    g.add_argument("--tree-width", "--width", dest="tree_width", type=int, default=None,
+                   help="W, the frontier nodes expanded per tree level (default: the tree policy's where one is read, "
+                        "else 4; eval.profile measures a tree level only when it is given)")
+    g.add_argument("--tree-top-k", dest="tree_top_k", type=int, default=None,
+                   help="k, children (top-k draft tokens) per expanded node; --top-k is sampling's top-k (default: "
+                        "the tree policy's where one is read, else 4)")
+    return g
+
+
+
+def _dtype_name(text: str) -> str:
+    if text not in DTYPE_NAMES:
+        raise argparse.ArgumentTypeError(f"unknown dtype {text!r}: use one of float32, bfloat16, float16")
+    return DTYPE_NAMES[text]
+
+
+def add_device_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """``--device`` (default ``auto``: :func:`resolve_device`), ``--threads`` (default None: :func:`set_threads`)
+    and ``--dtype`` (float32, bfloat16, float16; ``fp32``, ``bf16``, ``fp16`` are read as those)."""
+    g = parser.add_argument_group("device")
+    g.add_argument("--device", default="auto",
+                   help="torch device: auto (cuda if this torch sees a GPU, else cpu), cpu, cuda, cuda:N or mps")
+    g.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: the setting the policy was trained with where the command runs "
+                        "one, else 1: stable timings on a shared CPU, as python -m train uses)")
+    g.add_argument("--dtype", type=_dtype_name, default="float32", metavar="{float32,bfloat16,float16}",
+                   help="dtype of the models' weights and activations")
+    return g
+
+
+def resolve_device(name: str | None, check: bool = True) -> str:
+    """The device of ``--device``: ``auto`` (or None) is ``"cuda"`` when this torch can use a GPU, else
+    ``"cpu"`` (:func:`learn2draft.models.default_device`); any other name is kept.
+
+    Raises:
+        learn2draft.ModelLoadError: with ``check``, the device is unknown or unavailable here.
+    """
+    from learn2draft import models
+
+    device = models.default_device() if name in (None, "auto") else name
+    if check:
+        models.check_device(device)
+    return device
+
+
+def set_threads(args: argparse.Namespace, trained_with: int | None = None) -> int:
+    """Set torch's CPU threads from ``--threads``, else ``trained_with`` (the policy's training setting), else 1;
+    return the number set.
+
+    Raises:
+        ValueError: ``--threads`` < 1.
+    """
+    import torch
+
+    threads = threads_of(args, trained_with)
+    torch.set_num_threads(threads)
+    return threads
+
+
+def threads_of(args: argparse.Namespace, trained_with: int | None = None) -> int:
+    """The thread count :func:`set_threads` sets, without setting it (for a config that records it).
+
+    Raises:
+        ValueError: ``--threads`` < 1.
+    """
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be ≥ 1, got {args.threads}.")
+    return int(args.threads or trained_with or 1)
+
+
+def add_profile_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup, required: bool = False) -> argparse.Action:
+    """``--profile``: a latency profile (required by the replay commands, eval.oracle and eval.simreal)."""
+    return parser.add_argument(
+        "--profile", default=None, metavar="PROFILE", required=required,
+        help="latency profile of the machine: a JSON file (python -m eval.profile --out FILE) or a shipped name "
+             "(cpu-2core, gpu-like). Replay (python -m train --replay, eval.oracle, eval.simreal) costs the cycles "
+             "with it (train: several joined by commas); a profile-conditioned policy (python -m train --features "
+             "profile) is given its features; other policies ignore it")
+
+
+def add_out_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup, what: str) -> argparse.Action:
+    """``--out`` (default None), the one path a command writes; ``what`` says what is written there and its
+    default place (the one part of the help that is the command's own)."""
+    return parser.add_argument("--out", default=None, metavar="PATH", help=f"output: {what}")
+
+
+def model_names(args: argparse.Namespace, settings: dict | None = None) -> tuple[str, str]:
+    """(target, draft) of ``--target`` / ``--draft``, else of ``settings`` (a policy's run settings, or a trace
+    header), else the embedded default pair."""
+    settings = settings or {}
+    target = getattr(args, "target", None) or settings.get("target") or DEFAULT_TARGET
+    draft = getattr(args, "draft", None) or settings.get("draft") or DEFAULT_DRAFT
+    return target, draft
+
+
+def load_models(args: argparse.Namespace, drafters, settings: dict | None = None, need_draft: bool = False,
+                device: str | None = None, progress=None):
+    """Load the :class:`~learn2draft.models.ModelPair` the parsed flags ask for: the models of
+    :func:`model_names`, on ``device`` (default: :func:`resolve_device` of ``--device``) with ``--dtype``; the
+    draft model only when ``drafters`` (one name or several) includes ``"model"``, or with ``need_draft``
+    (Hugging Face assisted generation). ``progress``: called with one line saying what loads.
+
+    Raises:
+        learn2draft.ModelLoadError, learn2draft.TokenizerMismatchError: as :func:`learn2draft.models.load_pair`.
+    """
+    from learn2draft import models
+
+    target, draft = model_names(args, settings)
+    if not need_draft and "model" not in ([drafters] if isinstance(drafters, str) else list(drafters)):
+        draft = None
+    device = device or resolve_device(getattr(args, "device", None))
+    if progress is not None:
+        progress(f"Loading target={target}" + (f" draft={draft}" if draft else "") + f" on {device} ({args.dtype}) …")
+    return models.load_pair(target, draft, device=device, dtype=models.parse_dtype(args.dtype))
+
+
+def stderr_line(text: str) -> None:
+    """Print one progress line on standard error (standard output carries the results)."""
+    print(text, file=sys.stderr, flush=True)
+
+
+__all__ = ["SAMPLING_DEFAULTS", "HelpFormatter", "add_device_args", "add_drafter_arg",
+           "add_model_args", "add_out_arg", "add_profile_arg", "add_sampling_args", "add_tree_shape_args",
+           "check_wandb", "load_models", "model_names", "plain_doc", "resolve_device", "run_cli", "sampling_config",
+           "set_threads", "stderr_line", "threads_of"]

@@ -34,9 +34,17 @@ import json
 import sys
 from typing import TextIO
 
-from learn2draft.cli import HelpFormatter, plain_doc, run_cli
-
-DRAFTER_CHOICES = ("model", "head", "lookup")
+from learn2draft.cli import (
+    HelpFormatter,
+    add_device_args,
+    add_drafter_arg,
+    add_model_args,
+    add_profile_arg,
+    add_sampling_args,
+    plain_doc,
+    run_cli,
+    threads_of,
+)
 
 
 class TextStream:
@@ -132,40 +140,24 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=HelpFormatter)
     p.add_argument("prompt", nargs="?", default=None,
                    help="the prompt; omit it or pass - to read it from standard input")
-    p.add_argument("--drafter", default="lookup", choices=DRAFTER_CHOICES,
-                   help="what drafts: lookup (prompt lookup, the one that pays on the CPU default pair), model (the "
-                        "draft model) or head (the feature-level head)")
+    add_drafter_arg(p, "lookup")  # lookup: the one that pays on the CPU default pair
     p.add_argument("--policy", default=None,
                    help="a run of `python -m train` or a policy export (default: the policy shipped for --drafter)")
-    p.add_argument("--profile", default=None, metavar="PROFILE",
-                   help="the latency profile of this machine (python -m eval.profile --out FILE, or a shipped name: "
-                        "cpu-2core, gpu-like) for a profile-conditioned --policy (python -m train --features profile); "
-                        "other policies ignore it")
+    add_profile_arg(p)
     p.add_argument("--num-draft-tokens", type=int, default=None,
                    help="draft this fixed γ every cycle instead of following a policy (0: autoregressive)")
-    p.add_argument("--target", default=None, help="target model: alias, hub id, local directory or .gguf "
-                   "(default: the one the policy was trained with; the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--draft", default=None, help="draft model for --drafter model (default: the policy's)")
-    p.add_argument("--head", default=None,
-                   help="with --drafter head: a head directory from `python -m train.head` (default: the policy's, "
-                        "else the shipped head)")
     p.add_argument("--no-chat", action="store_true", help="feed the prompt as plain text, not through the chat template")
     p.add_argument("--max-new-tokens", type=int, default=256, help="default: 256")
     p.add_argument("--stop", action="append", default=[], metavar="STRING",
                    help="stop before this string (repeatable; default: none)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0)")
-    p.add_argument("--top-k", type=int, default=0, help="0 = off (default: 0)")
-    p.add_argument("--top-p", type=float, default=1.0, help="1 = off (default: 1)")
-    p.add_argument("--min-p", type=float, default=0.0, help="0 = off (default: 0)")
-    p.add_argument("--repetition-penalty", type=float, default=1.0, help="1 = off (default: 1)")
     p.add_argument("--seed", type=int, default=0, help="seeds the sampling (default: 0)")
-    p.add_argument("--device", default=None, help="cpu, cuda, … (default: cuda if available, else cpu)")
-    p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 (default: float32)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--show-cycles", action="store_true",
                    help="one line per cycle on standard error: depth, accepted tokens, corrected / bonus token")
     p.add_argument("--metrics", action="store_true",
                    help="one JSON line of metrics on standard error at the end (tokens/s, τ, α, TTFT)")
+    add_model_args(p)
+    add_sampling_args(p)
+    add_device_args(p)
     return p
 
 
@@ -201,8 +193,7 @@ def _check_args(args) -> None:
         if args.policy is not None:
             raise ValueError("Pass either --policy (a learned policy decides the depth) or --num-draft-tokens "
                              "(a fixed γ), not both.")
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be ≥ 1, got {args.threads}.")
+    threads_of(args)  # --threads ≥ 1
     if args.head is not None and args.drafter != "head":
         raise ValueError(f"--head is only read with --drafter head (got --drafter {args.drafter}).")
 
@@ -214,28 +205,13 @@ def _run(args) -> int:
 
     from pathlib import Path
 
-    import torch
-
+    from learn2draft.cli import load_models, model_names, resolve_device, sampling_config, set_threads
     from learn2draft.decoding import FixedDepthController, SpeculativeDecoder
     from learn2draft.drafters import make_drafter
-    from learn2draft.models import (
-        DEFAULT_DRAFT,
-        DEFAULT_TARGET,
-        check_device,
-        default_device,
-        load_pair,
-        parse_dtype,
-        resolve_model_source,
-    )
-    from learn2draft.sampling import SamplingConfig
+    from learn2draft.models import resolve_model_source
 
-    sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                              repetition_penalty=args.repetition_penalty)
-    dtype = parse_dtype(args.dtype)
-    device = args.device or default_device()
-    check_device(device)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    sampling = sampling_config(args)
+    device = resolve_device(args.device)
     settings: dict = {}
     head = args.head
     if args.num_draft_tokens is None:
@@ -258,12 +234,12 @@ def _run(args) -> int:
     else:
         controller = FixedDepthController(args.num_draft_tokens)
         max_depth = args.num_draft_tokens
-    target = args.target or settings.get("target", DEFAULT_TARGET)
-    draft = args.draft or settings.get("draft", DEFAULT_DRAFT)
-    for name in (target, draft):
+    set_threads(args, settings.get("threads"))
+    target, draft = model_names(args, settings)
+    for name in (target, draft) if args.drafter == "model" else (target,):
         resolve_model_source(name)  # a clear error for a missing path before the slow loading
 
-    pair = load_pair(target, draft, device=device, dtype=dtype)
+    pair = load_models(args, args.drafter, settings, device=device)
     drafter = make_drafter(args.drafter, pair, head=head)
     ids = pair.encode_prompt(prompt, chat=not args.no_chat, max_new_tokens=args.max_new_tokens)
     decoder = SpeculativeDecoder(pair, sampling, max_new_tokens=args.max_new_tokens, max_depth=max_depth,

@@ -1,4 +1,5 @@
-"""Loading a target/draft model pair and checking that they speak the same vocabulary.
+"""Loading a target/draft model pair (or a target alone, for the drafters that need no draft model)
+and checking that they speak the same vocabulary.
 
 Any Hugging Face causal LM works: a hub id, a local ``save_pretrained`` directory, or a
 GGUF file (loaded through transformers' ``gguf_file=``, which dequantises to ``dtype``).
@@ -25,7 +26,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from learn2draft.names import DEFAULT_DRAFT, DEFAULT_DRAFT_DIR, DEFAULT_TARGET  # noqa: F401 (re-exported)
+from learn2draft.names import DEFAULT_DRAFT, DEFAULT_DRAFT_DIR, DEFAULT_TARGET, DTYPE_NAMES  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -319,12 +320,20 @@ def check_tokenizers(target_tok: PreTrainedTokenizerBase, draft_tok: PreTrainedT
     )
 
 
+class NoDraftModelError(ValueError):
+    """The pair was loaded without a draft model, and something asked for it."""
+
+
 @dataclass
 class ModelPair:
-    """A target model, a draft model and their shared tokenizer.
+    """A target model, an optional draft model and their shared tokenizer.
 
     Attributes:
-        target, draft: causal LMs in eval mode on ``device``.
+        target: causal LM in eval mode on ``device``.
+        draft_model: the draft causal LM on the same device, or None for a pair loaded without one
+            (``load_pair(target, None)``): only the ``model`` drafter reads a draft model; the ``head``
+            and ``lookup`` drafters draft from the target's hidden states or the context.
+        draft: :attr:`draft_model`, raising :class:`NoDraftModelError` when there is none.
         tokenizer: the target's tokenizer (checked equal to the draft's).
         vocab_size: V, the number of real token ids; logits are sliced to ``[..., :V]`` so padded
             embedding rows of either model get zero probability.
@@ -332,7 +341,7 @@ class ModelPair:
     """
 
     target: PreTrainedModel
-    draft: PreTrainedModel
+    draft_model: PreTrainedModel | None
     tokenizer: PreTrainedTokenizerBase
     vocab_size: int
     eos_token_ids: tuple[int, ...]
@@ -341,6 +350,25 @@ class ModelPair:
     max_context: int = field(default=0)
     #: which model sets ``max_context``: ``"target"``, ``"draft"`` or ``"target and draft"`` ("" = no limit known)
     max_context_by: str = ""
+
+    @property
+    def has_draft(self) -> bool:
+        """Whether a draft model was loaded (the ``model`` drafter needs one)."""
+        return self.draft_model is not None
+
+    @property
+    def draft(self) -> PreTrainedModel:
+        """The draft model.
+
+        Raises:
+            NoDraftModelError: the pair was loaded without one.
+        """
+        if self.draft_model is None:
+            raise NoDraftModelError(
+                "This pair was loaded without a draft model: only the 'model' drafter needs one (the head and "
+                "lookup drafters draft without it). Load the pair with a draft (load_pair(target, draft); on the "
+                "command line --drafter model, with --draft NAME).")
+        return self.draft_model
 
     @property
     def device(self) -> torch.device:
@@ -409,7 +437,7 @@ def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) ->
 
 def make_pair(
     target: PreTrainedModel,
-    draft: PreTrainedModel,
+    draft: PreTrainedModel | None,
     tokenizer: PreTrainedTokenizerBase,
     draft_tokenizer: PreTrainedTokenizerBase | None = None,
     target_name: str = "",
@@ -417,49 +445,61 @@ def make_pair(
 ) -> ModelPair:
     """Build a :class:`ModelPair` from already loaded models (e.g. tiny test models).
 
+    Args:
+        draft: the draft model, or None for a pair without one (the head and lookup drafters);
+            nothing about a draft is then checked and ``draft_tokenizer`` is ignored.
+
     Raises:
         TokenizerMismatchError: tokenizers disagree.
-        ValueError: a model's output vocabulary is smaller than the tokenizer's.
+        ValueError: a model's output vocabulary is smaller than the tokenizer's, or the models sit on
+            different devices.
     """
+    if draft is None:
+        draft_tokenizer = None
     V = check_tokenizers(tokenizer, draft_tokenizer) if draft_tokenizer is not None else len(tokenizer)
-    for role, m in (("target", target), ("draft", draft)):
+    models = {"target": target} if draft is None else {"target": target, "draft": draft}
+    for role, m in models.items():
         n = m.get_output_embeddings().weight.shape[0]
         if n < V:
             raise ValueError(f"The {role} model has {n} output rows but the tokenizer has {V} tokens: wrong tokenizer?")
     eos = eos_token_ids(target, tokenizer)
-    if target.device != draft.device:
+    if draft is not None and target.device != draft.device:
         raise ValueError(f"Target on {target.device} but draft on {draft.device}: load both on one device.")
-    windows = {role: getattr(m.config, "max_position_embeddings", 0) or 0 for role, m in (("target", target),
-                                                                                        ("draft", draft))}
+    windows = {role: getattr(m.config, "max_position_embeddings", 0) or 0 for role, m in models.items()}
     known = {role: w for role, w in windows.items() if w > 0}  # a model without a stated window sets no limit
     ctx = min(known.values(), default=0)
     by = " and ".join(role for role, w in known.items() if w == ctx)
-    return ModelPair(target, draft, tokenizer, V, eos, target_name, draft_name, ctx, by)
+    return ModelPair(target, draft, tokenizer, V, eos, target_name, draft_name if draft is not None else "", ctx, by)
 
 
 def load_pair(
     target: str = DEFAULT_TARGET,
-    draft: str = DEFAULT_DRAFT,
+    draft: str | None = DEFAULT_DRAFT,
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
 ) -> ModelPair:
-    """Load a target/draft pair and check their tokenizers.
+    """Load a target/draft pair and check their tokenizers, or the target alone.
 
     Args:
         target, draft: aliases, hub ids, local directories or ``.gguf`` files (recorded in
             ``target_name`` / ``draft_name`` by :func:`canonical_model_name`: local paths absolute).
-        device, dtype: where and how both models run.
+            ``draft=None`` loads the target only and checks nothing about a draft: enough for the
+            head and lookup drafters (``pair.draft`` then raises :class:`NoDraftModelError`).
+        device, dtype: where and how the models run.
 
     Raises:
         ModelLoadError: a model or tokenizer cannot be loaded, or ``device`` is unavailable.
         TokenizerMismatchError: the draft's tokenizer differs from the target's.
     """
     check_device(device)
-    ttok, dtok = load_tokenizer(target), load_tokenizer(draft)
-    check_tokenizers(ttok, dtok)  # before the (slow) weight loading
+    ttok = load_tokenizer(target)
+    dtok = load_tokenizer(draft) if draft is not None else None
+    if dtok is not None:
+        check_tokenizers(ttok, dtok)  # before the (slow) weight loading
     t = load_model(target, device, dtype)
-    d = load_model(draft, device, dtype)
-    return make_pair(t, d, ttok, dtok, target_name=canonical_model_name(target), draft_name=canonical_model_name(draft))
+    d = load_model(draft, device, dtype) if draft is not None else None
+    return make_pair(t, d, ttok, dtok, target_name=canonical_model_name(target),
+                     draft_name=canonical_model_name(draft) if draft is not None else "")
 
 
 def default_device() -> str:
@@ -469,9 +509,8 @@ def default_device() -> str:
 
 
 def parse_dtype(name: str) -> torch.dtype:
-    """``"float32" | "bfloat16" | "float16"`` → torch dtype. Raises ValueError otherwise."""
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float16": torch.float16, "fp16": torch.float16}
-    if name not in table:
+    """``"float32" | "bfloat16" | "float16"`` (or ``fp32``, ``bf16``, ``fp16``: :data:`learn2draft.names.DTYPE_NAMES`)
+    → torch dtype. Raises ValueError otherwise."""
+    if name not in DTYPE_NAMES:
         raise ValueError(f"Unknown dtype {name!r}: use one of float32, bfloat16, float16.")
-    return table[name]
+    return getattr(torch, DTYPE_NAMES[name])

@@ -375,7 +375,7 @@ def load_policy(directory: str | Path, intra_op_num_threads: int = 1, profile=No
 
     Args:
         profile: for a profile-conditioned policy (``python -m train --features profile``), the latency
-            profile of the machine it runs on (a :class:`learn2draft.latency.LatencyProfile`, a file from
+            profile of the machine it runs on (a :class:`learn2draft.replay.latency.LatencyProfile`, a file from
             ``python -m eval.profile``, or a shipped name such as ``"gpu-like"``): its
             :func:`learn2draft.features.profile_features` for the policy's drafter complete every observation.
             Other policies do not read it (it is still loaded, so a wrong path is an error).

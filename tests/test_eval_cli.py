@@ -24,6 +24,35 @@ def tiny_run(tiny_model_dirs, tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def tiny_lookup_run(tiny_model_dirs, tmp_path_factory):
+    """A lookup-drafter training run on the tiny target alone (a pair loaded without a draft model)."""
+    out = tmp_path_factory.mktemp("runs") / "tiny-lookup"
+    pair = load_pair(tiny_model_dirs[0], None)
+    cfg = TrainConfig(out=str(out), target=tiny_model_dirs[0], draft=tiny_model_dirs[1], drafter="lookup", timesteps=64,
+                      n_steps=64, batch_size=32, n_epochs=1, max_new_tokens=8, max_depth=3, net_arch=(8,),
+                      wandb_mode="disabled", progress_bar=False, checkpoint_every=0, eval_prompts=0, warmup_prompts=1)
+    train.run(pair, cfg, prompts=["w1 w2 w3 w1 w2", "w4 w5 w4 w5"])
+    return out
+
+
+def test_eval_of_a_lookup_policy_loads_no_draft_model(tiny_lookup_run, tmp_path, monkeypatch):
+    """python -m eval with a lookup policy: the speed comparison (its autoregressive row included) and the law
+    check run on the target alone."""
+    import learn2draft.models
+
+    real, drafts = learn2draft.models.load_pair, []
+    monkeypatch.setattr(learn2draft.models, "load_pair", lambda t, d, **k: drafts.append(d) or real(t, d, **k))
+    out = tmp_path / "eval"
+    assert eval_main(["--policy", str(tiny_lookup_run), "--gammas", "1,2", "--num-train-prompts", "1",
+                      "--num-heldout-prompts", "1", "--repeats", "1", "--max-new-tokens", "4", "--device", "cpu",
+                      "--law-check", "--law-samples", "10", "--law-tokens", "1", "--law-prompt", "w1 w2",
+                      "--out", str(out)]) == 0
+    assert drafts == [None]
+    res = json.loads((out / "results.json").read_text())
+    assert res["drafter"] == "lookup" and "autoregressive" in res["speed"]["methods"] and res["law_check"]["arms"]
+
+
 def _no_model_loading(monkeypatch):
     import learn2draft.models
 

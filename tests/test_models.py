@@ -204,3 +204,37 @@ def test_stop_continue_eos_and_prompt_encoding_are_defined_once():
     assert learn2draft.distill.encode_text is models.encode_text
     assert learn2draft.distill.eos_token_ids is models.eos_token_ids
     assert "DeviceClock(pair.device)" in inspect.getsource(learn2draft.distill.measure_draft)
+
+
+def test_a_pair_without_a_draft_serves_the_lookup_and_head_drafters(tiny_model_dirs, monkeypatch):
+    """load_pair(target, None) loads the target only; the lookup and head drafters decode with it (greedy:
+    the target's own output), and only the model drafter asks for the draft, with one clear error."""
+    from helpers_loop import tiny_head_drafter
+
+    import learn2draft.models as models
+    from learn2draft.decoding import FixedDepthController, SpeculativeDecoder
+    from learn2draft.drafters import make_drafter
+
+    loaded = []
+    real_load_model = models.load_model
+    monkeypatch.setattr(models, "load_model", lambda name, *a, **k: loaded.append(name) or real_load_model(name, *a, **k))
+    pair = models.load_pair(tiny_model_dirs[0], None)
+    assert loaded == [tiny_model_dirs[0]] and not pair.has_draft and pair.draft_name == ""
+    prompt = torch.tensor([1, 5, 9, 5, 9])
+    plain = SpeculativeDecoder(pair, max_new_tokens=8, drafter=make_drafter("lookup", pair)).generate(
+        prompt, FixedDepthController(0)).tokens
+    for drafter in (make_drafter("lookup", pair), tiny_head_drafter(pair)):
+        res = SpeculativeDecoder(pair, max_new_tokens=8, max_depth=3, drafter=drafter).generate(
+            prompt, FixedDepthController(3))
+        assert res.tokens == plain and sum(c.depth for c in res.cycles) > 0
+    from eval.law import law_check  # the real-model law check runs on such a pair too
+
+    law = law_check(pair, {"lookup γ=3": FixedDepthController(3)}, [prompt], num_tokens=1, num_samples=10,
+                    drafter="lookup")
+    assert {a["arm"] for a in law["arms"]} >= {"lookup γ=3"}
+    with pytest.raises(models.NoDraftModelError, match="only the 'model' drafter needs one"):
+        make_drafter("model", pair)
+    with pytest.raises(models.NoDraftModelError):
+        SpeculativeDecoder(pair)  # the decoder's default drafter is the model drafter
+    both = models.load_pair(*tiny_model_dirs)  # an explicit draft loads as before
+    assert both.has_draft and both.draft is both.draft_model and both.draft_name == tiny_model_dirs[1]

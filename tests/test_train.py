@@ -191,6 +191,21 @@ def test_cli_defaults_map_to_train_config(monkeypatch):
     assert config_from_args(build_parser().parse_args([])).wandb_mode == "disabled"
 
 
+def test_every_sampling_flag_reaches_the_runs_sampling():
+    """The shared sampling flags map onto TrainConfig and its SamplingConfig (the run samples with all of them);
+    under --replay the ones the traces' header does not hand over are refused, not dropped."""
+    from learn2draft.sampling import SamplingConfig
+
+    argv = ["--temperature", "0.7", "--top-k", "3", "--top-p", "0.9", "--min-p", "0.05", "--repetition-penalty", "1.2",
+            "--presence-penalty", "0.5"]
+    cfg = config_from_args(build_parser().parse_args(argv))
+    assert cfg.sampling() == SamplingConfig(0.7, 3, 0.9, 0.05, 1.2, 0.5)
+    assert config_from_args(build_parser().parse_args([])).sampling() == SamplingConfig()
+    replay = config_from_args(build_parser().parse_args(["--replay", "t.npz", "--profile", "cpu-2core", "--min-p", "0.1"]))
+    with pytest.raises(ValueError, match="--min-p.*with --replay"):
+        replay.validate()
+
+
 @pytest.mark.parametrize("args, match", [
     (["--timesteps", "0"], "timesteps must be > 0"),
     (["--target", "/nonexistent/model-dir"], "not found"),

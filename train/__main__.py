@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 
+from learn2draft import cli
 from learn2draft.cli import HelpFormatter
 from train.config import WANDB_MODES, TrainConfig, default_out_dir
 
@@ -47,23 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
                     "measured tokens/s, then export it to ONNX.",
         formatter_class=HelpFormatter,
     )
-    g = p.add_argument_group("models and decoding")
-    g.add_argument("--target", default=d.target, help="target model: alias, hub id, local dir or .gguf file")
-    g.add_argument("--draft", default=d.draft, help="draft model (must share the target's tokenizer)")
-    g.add_argument("--device", default=None,
-                   help="torch device, e.g. cpu, cuda, cuda:1 (default: cuda if available, else cpu, as in every command)")
-    g.add_argument("--dtype", default=d.dtype, choices=["float32", "bfloat16", "float16"],
-                   help="dtype of both models' weights and activations")
-    g.add_argument("--temperature", type=float, default=d.temperature, help="0 = greedy")
-    g.add_argument("--top-k", type=int, default=d.top_k, help="0 = off")
-    g.add_argument("--top-p", type=float, default=d.top_p, help="1.0 = off")
+    cli.add_model_args(p)
+    cli.add_sampling_args(p)
+    cli.add_device_args(p)
+    g = p.add_argument_group("decoding")
     g.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="tokens per generation (episode)")
     g.add_argument("--max-depth", type=int, default=d.max_depth, help="most tokens drafted per cycle")
-    g.add_argument("--drafter", default=d.drafter, choices=["model", "head", "lookup"],
-                   help="what drafts: the draft model, the feature-level head, or prompt lookup")
-    g.add_argument("--head", default=None,
-                   help="with --drafter head: a head directory written by `python -m train.head` "
-                        "(default: the shipped head of the embedded target)")
+    cli.add_drafter_arg(g, d.drafter)
     g.add_argument("--features", default=d.features, choices=["full", "engine", "profile"],
                    help="what the policy observes: full (this loop's features), engine (only the draft step and "
                         "top-1 draft probabilities, as vLLM's draft-length policy protocol passes them; run the "
@@ -88,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="episode = one draft/verify cycle (per-cycle objective) or one whole generation")
     g.add_argument("--seed", type=int, default=d.seed, help="seeds PPO, the prompt order and sampling")
     g = p.add_argument_group("run")
-    g.add_argument("--out", default=None, help="output directory (default runs/default, where python -m eval looks)")
+    cli.add_out_arg(g, "the run directory (default runs/default, where python -m eval looks)")
     g.add_argument("--overwrite", action="store_true",
                    help="replace the earlier training run in --out (never a directory python -m train did not write)")
     g.add_argument("--resume", action="store_true",
@@ -99,7 +90,6 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--wandb-mode", default=env_mode, help=f"one of {', '.join(WANDB_MODES)} (default: $WANDB_MODE or offline)")
     g.add_argument("--wandb-project", default=d.wandb_project, help="W&B project name")
     g.add_argument("--no-progress-bar", action="store_true", help="hide the tqdm/rich progress bar")
-    g.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads (1: stable timings on a shared CPU; evaluate with the same)")
     g.add_argument("--prompt-split", default=d.prompt_split,
                    help="training prompts: train, heldout, copy_train or copy_heldout, or several joined by commas "
                         "(e.g. train,copy_train: open and copy-heavy prompts, so a lookup policy learns when not to draft)")
@@ -113,10 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--replay", default=None, metavar="TRACES",
                    help="train on learn2draft/SpecDecodeReplay-v0 from these trace files (python -m eval.record; several "
                         "joined by commas); models, drafter, sampling, --max-new-tokens and --max-depth come from them")
-    g.add_argument("--profile", default=None, metavar="PROFILE",
-                   help="with --replay: the latency profile, a JSON file (python -m eval.profile) or a shipped name "
-                        "(cpu-2core, gpu-like); several joined by commas train one policy for all of them (add "
-                        "--features profile to let it see which machine it is on)")
+    cli.add_profile_arg(g)
     g = p.add_argument_group("draft trees (Learning to Draft: a depth policy and a verification-size policy)")
     g.add_argument("--tree", action="store_true",
                    help="draft EAGLE-2 trees (--drafter model or head) and train the --policies, alternating as LTD "
@@ -127,10 +114,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "trained size policy, per round), depth (V fixed by --verify-size) or size (depths random or "
                         "--tree-depth)")
     g.add_argument("--rounds", type=int, default=d.rounds, help="with --tree: rounds of the size/depth alternation")
-    g.add_argument("--tree-width", "--width", dest="tree_width", type=int, default=d.tree_width,
-                   help="with --tree: W, the best frontier nodes expanded per tree level")
-    g.add_argument("--tree-top-k", dest="tree_top_k", type=int, default=d.tree_top_k,
-                   help="with --tree: children (top-k draft tokens) per expanded node (--top-k is sampling's top-k)")
     g.add_argument("--verify-sizes", type=_int_list, default=d.verify_sizes,
                    help="with --tree: the size policy's choices of V (tree nodes verified); a V above the nodes "
                         "drafted verifies them all")
@@ -140,17 +123,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --tree --policies size: a fixed tree depth (default: uniformly random in [1, --max-depth])")
     g.add_argument("--size-timesteps", type=int, default=None,
                    help="with --tree: cycles per size phase (default: --timesteps, which is per depth phase)")
+    cli.add_tree_shape_args(p)
     return p
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """Map parsed arguments to a :class:`TrainConfig` (not yet validated)."""
-    from learn2draft.models import default_device
+    from learn2draft.cli import resolve_device
+
+    d = TrainConfig()
+
+    def given_or_default(name: str):
+        value = getattr(args, name)
+        return getattr(d, name) if value is None else value
 
     mode = _WANDB_ALIASES.get(args.wandb_mode, args.wandb_mode)
     return TrainConfig(
-        target=args.target, draft=args.draft, device=args.device or default_device(), dtype=args.dtype,
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        target=args.target or d.target, draft=args.draft or d.draft,
+        device=resolve_device(args.device, check=False), dtype=args.dtype,
+        **{k: getattr(args, k) for k in cli.SAMPLING_DEFAULTS},
         max_new_tokens=args.max_new_tokens, max_depth=args.max_depth,
         timesteps=args.timesteps, n_steps=args.n_steps, batch_size=args.batch_size, n_epochs=args.n_epochs,
         learning_rate=args.learning_rate, discount=args.discount, gae_lambda=args.gae_lambda, ent_coef=args.ent_coef,
@@ -158,13 +149,13 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         episode=args.episode, seed=args.seed, out=args.out or default_out_dir(), overwrite=args.overwrite,
         resume=args.resume,
         checkpoint_every=args.checkpoint_every, wandb_mode=mode, wandb_project=args.wandb_project,
-        run_name=args.name, progress_bar=not args.no_progress_bar, threads=args.threads,
+        run_name=args.name, progress_bar=not args.no_progress_bar, threads=given_or_default("threads"),
         prompt_split=args.prompt_split, drafter=args.drafter, head=args.head, features=args.features,
         warmup_prompts=args.warmup_prompts, eval_prompts=args.eval_prompts,
         eval_gammas=None if args.eval_gammas is None else tuple(args.eval_gammas),
         replay=args.replay, profile=args.profile,
-        tree=args.tree, policies=tuple(args.policies), rounds=args.rounds, tree_width=args.tree_width,
-        tree_top_k=args.tree_top_k, verify_sizes=tuple(args.verify_sizes), verify_size=args.verify_size,
+        tree=args.tree, policies=tuple(args.policies), rounds=args.rounds, tree_width=given_or_default("tree_width"),
+        tree_top_k=given_or_default("tree_top_k"), verify_sizes=tuple(args.verify_sizes), verify_size=args.verify_size,
         tree_depth=args.tree_depth, size_timesteps=args.size_timesteps,
     )
 
@@ -238,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.replay:
             apply_replay_settings(cfg)  # reads the traces and the profile: no model is loaded
         else:
-            for name in (cfg.target, cfg.draft):
+            for name in (cfg.target, cfg.draft) if cfg.drafter == "model" else (cfg.target,):
                 resolve_model_source(name)  # cheap existence checks, before anything is created
         prepare_out_dir(cfg.out, cfg.overwrite, cfg.resume)  # fail before the (slow) model loading
         if cfg.threads:
@@ -247,8 +238,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"Replaying traces {cfg.replay} with the latency profile {cfg.profile} …", file=sys.stderr)
             pair = None
         else:
-            print(f"Loading target {cfg.target!r} and draft {cfg.draft!r} on {cfg.device} ({cfg.dtype}) …", file=sys.stderr)
-            pair = load_pair(cfg.target, cfg.draft, device=cfg.device, dtype=parse_dtype(cfg.dtype))
+            draft = cfg.draft if cfg.drafter == "model" else None  # the head and lookup drafters need no draft model
+            print(f"Loading target {cfg.target!r}" + (f" and draft {draft!r}" if draft else "")
+                  + f" on {cfg.device} ({cfg.dtype}) …", file=sys.stderr)
+            pair = load_pair(cfg.target, draft, device=cfg.device, dtype=parse_dtype(cfg.dtype))
         metrics = run(pair, cfg)
     except ExportCheckError as e:
         parser.exit(1, f"{parser.prog}: error: {e}\n")

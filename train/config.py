@@ -28,7 +28,8 @@ class TrainConfig:
     """All settings of a training run (saved as ``config.json``).
 
     Model / decoding: ``target``, ``draft`` (names, recorded; :func:`run` uses the pair it is given),
-    ``device``, ``dtype``, sampling (``temperature`` 0 = greedy, ``top_k``, ``top_p``),
+    ``device``, ``dtype``, sampling (``temperature`` 0 = greedy, ``top_k``, ``top_p``, ``min_p``,
+    ``repetition_penalty``, ``presence_penalty``: the fields of :class:`learn2draft.sampling.SamplingConfig`),
     ``max_new_tokens`` per generation, ``max_depth`` tokens per cycle, ``drafter`` (``"model"``,
     ``"head"`` or ``"lookup"``, see :func:`learn2draft.drafters.make_drafter`), ``head`` (the head
     directory for the head drafter; None = the shipped head of the embedded target).
@@ -61,7 +62,7 @@ class TrainConfig:
     load the export with ``load_policy(dir, profile=...)``).
 
     Replay (no model runs): ``replay`` (trace files written by ``python -m eval.record``, several joined by
-    commas) and ``profile`` (a latency profile file or a shipped name, :func:`learn2draft.latency.load_profile`;
+    commas) and ``profile`` (a latency profile file or a shipped name, :func:`learn2draft.replay.latency.load_profile`;
     several joined by commas: each generation replays on one of them, see :mod:`envs.replay`) train on ``learn2draft/SpecDecodeReplay-v0`` instead of the real loop; the models, drafter, sampling,
     ``max_new_tokens`` and ``max_depth`` then come from the traces (a setting left at its default takes the
     traces' value; one set to another value is an error, except ``max_new_tokens`` / ``max_depth`` below the
@@ -85,6 +86,9 @@ class TrainConfig:
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
     max_new_tokens: int = 64
     max_depth: int = 8
     timesteps: int = 8192
@@ -137,7 +141,8 @@ class TrainConfig:
         """The :class:`learn2draft.sampling.SamplingConfig` of these settings."""
         from learn2draft.sampling import SamplingConfig
 
-        return SamplingConfig(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+        return SamplingConfig(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
+                              repetition_penalty=self.repetition_penalty, presence_penalty=self.presence_penalty)
 
     def validate(self) -> None:
         """Raise ValueError with a clear message for any setting out of range."""
@@ -180,6 +185,9 @@ class TrainConfig:
         checks.append(((self.replay is None) == (self.profile is None),
                        "--replay TRACES and --profile PROFILE go together: replay needs both the traces and the "
                        "latency profile (e.g. --profile cpu-2core)."))
+        checks.append((not self.replay or (self.min_p, self.repetition_penalty, self.presence_penalty) == (0.0, 1.0, 0.0),
+                       "--min-p, --repetition-penalty and --presence-penalty with --replay: the sampling comes from the "
+                       "traces (python -m eval.record takes these flags): drop them."))
         checks.append((not (self.overwrite and self.resume),
                        "--overwrite and --resume exclude each other: --resume continues the run in --out, "
                        "--overwrite starts it over."))
@@ -188,7 +196,7 @@ class TrainConfig:
         for ok, msg in checks:
             if not ok:
                 raise ValueError(msg)
-        self.sampling()  # SamplingConfig validates temperature / top_k / top_p
+        self.sampling()  # SamplingConfig validates the sampling settings
 
     def _tree_checks(self) -> list[tuple[bool, str]]:
         """The checks of a ``tree`` run's settings, as (ok, message) pairs."""

@@ -10,21 +10,21 @@ from __future__ import annotations
 from learn2draft.drafters.base import NUM_DRAFTER_FEATURES, DraftProposal, Drafter
 from learn2draft.drafters.lookup import LookupDrafter
 from learn2draft.drafters.model import ModelDrafter
-
-DRAFTERS = ("model", "head", "lookup")
+from learn2draft.names import DRAFTERS
 
 
 def make_drafter(name: str, pair, head: str | None = None, **kwargs) -> Drafter:
     """Build the drafter ``name`` for a :class:`learn2draft.ModelPair`.
 
     Args:
-        name: ``"model"`` (``pair.draft``), ``"head"`` (a trained feature-level head for
+        name: ``"model"`` (``pair.draft``: the pair must hold a draft model), ``"head"`` (a trained feature-level head for
             ``pair.target``; ``head`` is its directory, default: the shipped head of the embedded
             target) or ``"lookup"`` (prompt lookup; ``kwargs`` go to :class:`LookupDrafter`).
         pair: the loaded models.
 
     Raises:
         ValueError: unknown name.
+        learn2draft.models.NoDraftModelError: ``"model"`` for a pair loaded without a draft model.
         learn2draft.ModelLoadError: the head cannot be found or does not fit the target.
     """
     if name == "model":
