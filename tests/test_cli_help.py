@@ -17,14 +17,14 @@ def _parsers():
     from eval.__main__ import build_parser as eval_parser
     from eval.benchmark import build_parser as bench_parser
     from learn2draft.distill import build_parser as distill_parser
-    from learn2draft.generate import build_parser as generate_parser
+    from policies.generate import build_parser as generate_parser
     from train.__main__ import build_parser as train_parser
 
     return {"train": train_parser(), "eval": eval_parser(), "eval.benchmark": bench_parser(),
-            "learn2draft.distill": distill_parser(), "learn2draft.generate": generate_parser()}
+            "learn2draft.distill": distill_parser(), "policies.generate": generate_parser()}
 
 
-@pytest.mark.parametrize("command", ["train", "eval", "eval.benchmark", "learn2draft.distill", "learn2draft.generate"])
+@pytest.mark.parametrize("command", ["train", "eval", "eval.benchmark", "learn2draft.distill", "policies.generate"])
 def test_every_option_has_a_help_line_and_shows_its_default_once(command):
     parser = _parsers()[command]
     fmt = parser._get_formatter()
@@ -38,9 +38,24 @@ def test_every_option_has_a_help_line_and_shows_its_default_once(command):
     assert not re.search(r"``|:(class|func|mod|meth|data|attr):`", help_text), help_text
 
 
-@pytest.mark.parametrize("command", ["train", "eval", "eval.benchmark", "learn2draft.distill", "learn2draft.generate"])
+@pytest.mark.parametrize("command", ["train", "eval", "eval.benchmark", "learn2draft.distill", "policies.generate"])
 def test_help_answers_without_importing_torch(command):
     code = (f"import runpy, sys\nsys.argv = ['x', '--help']\ntry:\n    runpy.run_module({command!r}, run_name='__main__')\n"
             "except SystemExit:\n    pass\nprint('TORCH' if 'torch' in sys.modules else 'NO-TORCH', file=sys.stderr)")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert "usage:" in r.stdout and r.stderr.strip().endswith("NO-TORCH"), r.stderr
+
+
+def test_console_scripts_name_an_existing_entry_point():
+    """Each ``[project.scripts]`` entry of pyproject.toml (``learn2draft-generate`` among them) names a
+    module of this checkout and a callable in it, so the installed script starts."""
+    import importlib
+
+    tomllib = pytest.importorskip("tomllib")  # Python ≥ 3.11
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert "learn2draft-generate" in scripts
+    for name, target in scripts.items():
+        module, _, func = target.partition(":")
+        mod = importlib.import_module(module)
+        assert Path(mod.__file__).resolve().is_relative_to(REPO), f"{name} = {target!r}: {mod.__file__} is not in {REPO}"
+        assert callable(getattr(mod, func, None)), f"{name} = {target!r}"
