@@ -1,6 +1,7 @@
 """What every command line shares: a ``--help`` formatter that shows each default once, plain
-text from reST docstrings, and the W&B credentials check made before any work (no torch import
-here, so ``--help`` answers at once)."""
+text from reST docstrings, and one error line instead of a traceback for bad input (no torch
+import here, so ``--help`` answers at once). The W&B credentials check is training's:
+:func:`train.wandb_setup.check_wandb`."""
 
 from __future__ import annotations
 
@@ -29,28 +30,6 @@ def plain_doc(text: str | None) -> str:
     return re.sub(r"\*\*([^*]+)\*\*", r"\1", text)
 
 
-def check_wandb(mode: str) -> None:
-    """Raise ValueError, before anything is written or computed, when ``mode`` is ``"online"`` and no
-    W&B credentials are configured (``WANDB_API_KEY`` or ``wandb login``). Offline / disabled: no check."""
-    if mode != "online":
-        return
-    import os
-
-    import wandb
-
-    # An explicit --wandb-mode online overrides $WANDB_MODE (wandb.init(mode=...) does too); with
-    # WANDB_MODE=disabled in the environment wandb.login() would return without checking anything.
-    saved = os.environ.pop("WANDB_MODE", None)
-    try:
-        wandb.login(verify=False)
-    except Exception as e:  # wandb.errors.UsageError: "No API key configured"
-        raise ValueError(f"--wandb-mode online needs W&B credentials ({e}): run `wandb login` or set "
-                         "WANDB_API_KEY, or use --wandb-mode offline and upload later with `wandb sync`.") from None
-    finally:
-        if saved is not None:
-            os.environ["WANDB_MODE"] = saved
-
-
 def run_cli(parser: argparse.ArgumentParser, run, argv: list[str] | None) -> int:
     """Parse ``argv`` and call ``run(args)``; bad input (ValueError, OSError, RuntimeError)
     becomes one ``error:`` line on stderr and exit code 2 instead of a traceback, and Ctrl-C one
@@ -66,4 +45,4 @@ def run_cli(parser: argparse.ArgumentParser, run, argv: list[str] | None) -> int
         return 130
 
 
-__all__ = ["HelpFormatter", "check_wandb", "plain_doc", "run_cli"]
+__all__ = ["HelpFormatter", "plain_doc", "run_cli"]

@@ -42,7 +42,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from learn2draft.cli import HelpFormatter, check_wandb
+from learn2draft.cli import HelpFormatter
 from learn2draft.names import DEFAULT_DRAFT_DIR, DEFAULT_TARGET
 
 log = logging.getLogger(__name__)
@@ -241,6 +241,7 @@ from learn2draft.models import (  # noqa: E402
 )
 from learn2draft.prompts import PROMPTS_FILE, load_prompts  # noqa: E402
 from learn2draft.timing import DeviceClock  # noqa: E402
+from train.wandb_setup import check_wandb  # noqa: E402
 
 
 def load_distill_prompts(path: str | Path = DISTILL_PROMPTS_FILE) -> list[str]:

@@ -70,7 +70,6 @@ from learn2draft.distill import (
     dir_size_bytes,
     select_distill_prompts,
 )
-from learn2draft.cli import check_wandb
 from learn2draft.drafters.head import DEFAULT_HEAD_DIR, HEAD_CONFIG, HEAD_FORMAT, DraftHead, head_llama_config
 from learn2draft.models import (
     DEFAULT_TARGET,
@@ -81,6 +80,7 @@ from learn2draft.models import (
     load_tokenizer,
 )
 from learn2draft.prompts import load_prompts
+from train.wandb_setup import check_wandb
 
 log = logging.getLogger(__name__)
 
