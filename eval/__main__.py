@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drafter", default=None, choices=["model", "head", "lookup"],
                    help="what drafts (default: the drafter the policy was trained with)")
     p.add_argument("--head", default=None,
-                   help="with the head drafter: a head directory written by `python -m train.head` (default: the "
+                   help="with the head drafter: a head directory written by `python -m train.recipes.head` (default: the "
                         "one the policy was trained with, else the shipped head of the embedded target)")
     p.add_argument("--prompts", default=None,
                    help="held-out prompts from a file (.jsonl with a 'prompt' field per line, or a JSON list of "

@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="this project's drafter for the fixed-γ, heuristic and learned rows (default: the one the "
                         "policy was trained with; model for the shipped policies)")
     p.add_argument("--head", default=None,
-                   help="with the head drafter: a head directory written by `python -m train.head` (default: the "
+                   help="with the head drafter: a head directory written by `python -m train.recipes.head` (default: the "
                         "one the policy was trained with, else the shipped head of the embedded target)")
     p.add_argument("--policy", default=None,
                    help="trained run or export dir (default: the policy shipped for --drafter)")

@@ -16,15 +16,15 @@ REPO = Path(__file__).resolve().parent.parent
 def _parsers():
     from eval.__main__ import build_parser as eval_parser
     from eval.benchmark import build_parser as bench_parser
-    from learn2draft.distill import build_parser as distill_parser
+    from train.recipes.draft_model import build_parser as distill_parser
     from policies.generate import build_parser as generate_parser
     from train.__main__ import build_parser as train_parser
 
     return {"train": train_parser(), "eval": eval_parser(), "eval.benchmark": bench_parser(),
-            "learn2draft.distill": distill_parser(), "policies.generate": generate_parser()}
+            "train.recipes.draft_model": distill_parser(), "policies.generate": generate_parser()}
 
 
-@pytest.mark.parametrize("command", ["train", "eval", "eval.benchmark", "learn2draft.distill", "policies.generate"])
+@pytest.mark.parametrize("command", ["train", "eval", "eval.benchmark", "train.recipes.draft_model", "policies.generate"])
 def test_every_option_has_a_help_line_and_shows_its_default_once(command):
     parser = _parsers()[command]
     fmt = parser._get_formatter()
@@ -38,7 +38,7 @@ def test_every_option_has_a_help_line_and_shows_its_default_once(command):
     assert not re.search(r"``|:(class|func|mod|meth|data|attr):`", help_text), help_text
 
 
-@pytest.mark.parametrize("command", ["train", "eval", "eval.benchmark", "learn2draft.distill", "policies.generate"])
+@pytest.mark.parametrize("command", ["train", "eval", "eval.benchmark", "train.recipes.draft_model", "policies.generate"])
 def test_help_answers_without_importing_torch(command):
     code = (f"import runpy, sys\nsys.argv = ['x', '--help']\ntry:\n    runpy.run_module({command!r}, run_name='__main__')\n"
             "except SystemExit:\n    pass\nprint('TORCH' if 'torch' in sys.modules else 'NO-TORCH', file=sys.stderr)")

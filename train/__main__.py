@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--drafter", default=d.drafter, choices=["model", "head", "lookup"],
                    help="what drafts: the draft model, the feature-level head, or prompt lookup")
     g.add_argument("--head", default=None,
-                   help="with --drafter head: a head directory written by `python -m train.head` "
+                   help="with --drafter head: a head directory written by `python -m train.recipes.head` "
                         "(default: the shipped head of the embedded target)")
     g.add_argument("--features", default=d.features, choices=["full", "engine", "profile"],
                    help="what the policy observes: full (this loop's features), engine (only the draft step and "

@@ -1,10 +1,10 @@
-"""``python -m train.head``: train an EAGLE-style draft head for a target by self-distillation.
+"""``python -m train.recipes.head``: train an EAGLE-style draft head for a target by self-distillation.
 
 The head is :class:`learn2draft.drafters.head.DraftHead` (EAGLE, arXiv 2401.15077; EAGLE-3,
 arXiv 2503.01840; FR-Spec draft vocabulary, arXiv 2502.14856). The recipe, in phases:
 
 1. **Data** (cached in the work directory, shard by shard, so a rerun or a resumed run reuses it):
-   (a) the target answers the distillation prompts (``learn2draft/data/distill_prompts.json``,
+   (a) the target answers the distillation prompts (``train/recipes/data/distill_prompts.json``,
    disjoint from the policy prompts) greedily in batches, and its last hidden states (post final
    norm) are recorded in the same ``generate()`` call; (b) teacher-forced text available offline —
    package descriptions (``*.dist-info/METADATA``), markdown files and docstrings of the installed
@@ -63,7 +63,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from learn2draft.distill import (
+from train.recipes.draft_model import (
     DISTILL_PROMPTS_FILE,
     _pad_left,
     _slug,
@@ -767,7 +767,7 @@ def measure_cost(head: DraftHead, target: PreTrainedModel, tokenizer, examples: 
 # ----------------------------------------------------------------------------- driver
 def _is_head_dir(path: Path) -> bool:
     """A directory this recipe wrote: a head ``config.json`` of :data:`HEAD_FORMAT` and a build report
-    (a draft model written by ``learn2draft.distill`` also has a build report, but no head config)."""
+    (a draft model written by ``train.recipes.draft_model`` also has a build report, but no head config)."""
     try:
         meta = json.loads((path / HEAD_CONFIG).read_text())
     except (OSError, ValueError):
@@ -969,7 +969,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[HeadConfig, argparse.Name
     """Parse the command line into a :class:`HeadConfig` (defaults = the shipped head's recipe)."""
     d = HeadConfig()
     ap = argparse.ArgumentParser(
-        prog="python -m train.head",
+        prog="python -m train.recipes.head",
         description="Train an EAGLE-style draft head (one decoder layer over the target's hidden states, frequent-token "
                     "draft vocabulary) by self-distillation, measure its acceptance rate and cost, save it.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -1026,7 +1026,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg, a = parse_args(argv)
     logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     logging.getLogger(__name__).setLevel(logging.INFO)
-    cmd = "python -m train.head" + ("" if argv is None and len(sys.argv) <= 1 else " " + shlex.join(
+    cmd = "python -m train.recipes.head" + ("" if argv is None and len(sys.argv) <= 1 else " " + shlex.join(
         sys.argv[1:] if argv is None else argv))
     try:
         cfg.check()

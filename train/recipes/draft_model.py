@@ -1,8 +1,8 @@
 """Distil a small draft model for any Hugging Face causal LM target.
 
-Recipe (``python -m learn2draft.distill --help``):
+Recipe (``python -m train.recipes.draft_model --help``):
 
-1. **Data**: the target answers a varied prompt set (``learn2draft/data/distill_prompts.json``,
+1. **Data**: the target answers a varied prompt set (``train/recipes/data/distill_prompts.json``,
    disjoint from the policy prompts in ``prompts.json``) through its chat template, greedily and
    with sampling, in batches (``target.generate``). Its raw next-token logits at every response
    position are kept as top-k log-probabilities. The generated data is cached on disk, batch by
@@ -163,10 +163,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[DistillConfig, argparse.N
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line of ``python -m learn2draft.distill`` (every :class:`DistillConfig` setting has a flag)."""
+    """The command line of ``python -m train.recipes.draft_model`` (every :class:`DistillConfig` setting has a flag)."""
     d = DistillConfig()
     ap = argparse.ArgumentParser(
-        prog="python -m learn2draft.distill",
+        prog="python -m train.recipes.draft_model",
         description="Distil a small Llama draft model for a Hugging Face causal LM target (knowledge distillation "
                     "on the target's own responses), measure its acceptance rate and cost, save it.",
         formatter_class=HelpFormatter,
@@ -219,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":
-    # ``python -m learn2draft.distill --help`` (or a mistyped flag) answers here, before torch and
+    # ``python -m train.recipes.draft_model --help`` (or a mistyped flag) answers here, before torch and
     # transformers are imported below; main() parses the command line again.
     build_parser().parse_args()
 
@@ -297,7 +297,7 @@ def check_disjoint(prompts: list[str]) -> None:
 def make_distill_prompts(seed: int = 0) -> list[str]:  # noqa: C901 (a flat list of prompt families)
     """Build the shipped distillation prompt set from templates × topics (deterministic given ``seed``).
 
-    This is how ``learn2draft/data/distill_prompts.json`` was written; prompts that collide with
+    This is how ``train/recipes/data/distill_prompts.json`` was written; prompts that collide with
     ``prompts.json`` are dropped.
     """
     rng = random.Random(seed)
@@ -452,12 +452,12 @@ def _slug(name: str) -> str:
 
 # ----------------------------------------------------------------------------- data
 def encode_chat(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
-    """Deprecated alias of :func:`learn2draft.models.encode_text` (kept for :mod:`train.head`)."""
+    """Deprecated alias of :func:`learn2draft.models.encode_text` (kept for :mod:`train.recipes.head`)."""
     return encode_text(tokenizer, prompt)
 
 
 def _eos_ids(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:
-    """Deprecated alias of :func:`learn2draft.models.eos_token_ids`, as a set (kept for :mod:`train.head`)."""
+    """Deprecated alias of :func:`learn2draft.models.eos_token_ids`, as a set (kept for :mod:`train.recipes.head`)."""
     return set(eos_token_ids(target, tokenizer))
 
 
@@ -1017,7 +1017,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg, a = parse_args(argv)
     logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     logging.getLogger(__name__).setLevel(logging.INFO)
-    cmd = "python -m learn2draft.distill" + ("" if argv is None and len(sys.argv) <= 1 else " " + shlex.join(
+    cmd = "python -m train.recipes.draft_model" + ("" if argv is None and len(sys.argv) <= 1 else " " + shlex.join(
         sys.argv[1:] if argv is None else argv))
     try:
         rep = build_draft(cfg, restart=a.restart, command=cmd)
