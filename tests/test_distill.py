@@ -8,18 +8,11 @@ import pytest
 import torch
 from conftest import TINY_VOCAB, tiny_llama
 
-from train.recipes import draft_model as distill
-from train.recipes.draft_model import (
-    DistillConfig,
-    DistillError,
-    build_draft,
-    check_disjoint,
-    distill_loss,
-    load_distill_prompts,
-    make_draft,
-)
 from learn2draft.models import DEFAULT_DRAFT_DIR, load_model, load_tokenizer
 from learn2draft.prompts import load_prompts
+from train.recipes import draft_model as distill
+from train.recipes.common import RecipeError, check_disjoint, load_distill_prompts
+from train.recipes.draft_model import DistillConfig, DistillError, build_draft, distill_loss, make_draft
 
 PROMPTS = [" ".join(TINY_VOCAB[i:i + 5]) for i in range(0, 40, 4)]
 
@@ -138,7 +131,7 @@ def test_distill_prompts_disjoint_from_policy_prompts():
     assert len(prompts) >= 200 and len(set(prompts)) == len(prompts)
     policy = {s.strip().lower() for split in ("train", "heldout") for s in load_prompts(split)}
     assert not policy & {s.strip().lower() for s in prompts}
-    with pytest.raises(DistillError, match="also appear"):
+    with pytest.raises(RecipeError, match="also appear"):
         check_disjoint(prompts[:3] + [load_prompts("heldout")[0]])
 
 
@@ -204,7 +197,7 @@ def test_bad_settings_are_refused_before_any_work(args, flag, tmp_path, capsys, 
     def no_slow_work(*a, **k):
         raise AssertionError("slow work started")
 
-    monkeypatch.setattr(distill, "load_model", no_slow_work)
+    monkeypatch.setattr(distill, "load_target", no_slow_work)
     monkeypatch.setattr(distill, "generate_data", no_slow_work)
     assert distill.main([*args, "--out", str(tmp_path / "o"), "--work-dir", str(tmp_path / "w"),
                          "--wandb-mode", "disabled"]) == 2
@@ -226,7 +219,7 @@ def test_wandb_online_without_credentials_is_refused_before_any_work(tmp_path, c
     def no_slow_work(*a, **k):
         raise AssertionError("slow work started")
 
-    monkeypatch.setattr(distill, "load_model", no_slow_work)
+    monkeypatch.setattr(distill, "load_target", no_slow_work)
     monkeypatch.setattr(distill, "generate_data", no_slow_work)
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))

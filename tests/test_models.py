@@ -203,4 +203,4 @@ def test_stop_continue_eos_and_prompt_encoding_are_defined_once():
     assert "apply_chat_template" not in distill_src
     assert train.recipes.draft_model.encode_text is models.encode_text
     assert train.recipes.draft_model.eos_token_ids is models.eos_token_ids
-    assert "DeviceClock(pair.device)" in inspect.getsource(train.recipes.draft_model.measure_draft)
+    assert "DeviceClock(pair.device)" in inspect.getsource(train.recipes.draft_model._forward_costs)

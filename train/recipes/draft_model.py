@@ -33,30 +33,55 @@ import logging
 import math
 import os
 import random
-import shlex
-import shutil
 import statistics
 import sys
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from learn2draft.cli import HelpFormatter
 from learn2draft.names import DEFAULT_DRAFT_DIR, DEFAULT_TARGET
+from train.recipes.common import (
+    CKPT_NAME,
+    DISTILL_PROMPTS_FILE,
+    RecipeError,
+    add_recipe_flags,
+    answer_length,
+    cached_batch,
+    command_line,
+    config_from_args,
+    environment,
+    fresh_build_dir,
+    load_checkpoint,
+    load_target,
+    lr_at,
+    measure_prompts_note,
+    optimizer_step,
+    pad_left,
+    pad_token_id,
+    progress,
+    publish_build,
+    run_recipe,
+    save_atomic,
+    select_distill_prompts,
+    select_eval_prompts,
+    setup_logging,
+    start_wandb,
+    work_dir_for,
+)
+from train.recipes.common import check_out_dir as _check_out_dir
+from train.wandb_setup import check_wandb
 
 log = logging.getLogger(__name__)
 
-DISTILL_PROMPTS_FILE = Path(__file__).resolve().parent / "data" / "distill_prompts.json"
 DEFAULT_WORK_DIR = Path("runs") / "distill"  # relative to the working directory
-CKPT_NAME = "checkpoint.pt"
 
 
-class DistillError(ValueError):
+class DistillError(RecipeError):
     """Bad input to the distillation recipe; the message says what to change."""
 
 
-# ----------------------------------------------------------------------------- prompts
+# ----------------------------------------------------------------------------- config
 @dataclass
 class DistillConfig:
     """All settings of one build. The defaults are the recipe of the shipped default draft.
@@ -158,8 +183,7 @@ class DistillConfig:
 def parse_args(argv: list[str] | None = None) -> tuple[DistillConfig, argparse.Namespace]:
     """Parse the command line into a :class:`DistillConfig` (defaults = the shipped draft's recipe)."""
     a = build_parser().parse_args(argv)
-    cfg = DistillConfig(**{k: getattr(a, k) for k in DistillConfig.__dataclass_fields__})
-    return cfg, a
+    return config_from_args(DistillConfig, a), a
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -212,9 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
         "save_dtype": "dtype of the saved weights",
         "wandb_project": "W&B project name",
     }
-    for name, text in helps.items():
-        v = getattr(d, name)
-        ap.add_argument("--" + name.replace("_", "-"), type=type(v), default=v, help=text)
+    add_recipe_flags(ap, d, helps)
     return ap
 
 
@@ -229,246 +251,55 @@ import torch.nn.functional as F  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase  # noqa: E402
 
-from learn2draft.models import (  # noqa: E402
-    ModelLoadError,
-    ModelPair,
-    encode_text,
-    eos_token_ids,
-    load_model,
-    load_tokenizer,
-    make_pair,
-    parse_dtype,
-)
-from learn2draft.prompts import PROMPTS_FILE, load_prompts  # noqa: E402
+from learn2draft.models import ModelPair, encode_text, eos_token_ids, make_pair, parse_dtype  # noqa: E402
 from learn2draft.timing import DeviceClock  # noqa: E402
-from train.wandb_setup import check_wandb  # noqa: E402
-
-
-def load_distill_prompts(path: str | Path = DISTILL_PROMPTS_FILE) -> list[str]:
-    """Load a distillation prompt list (a JSON list of strings, or ``{"prompts": [...]}``).
-
-    Raises:
-        DistillError: the file is missing, malformed, empty, or shares a prompt with
-            ``prompts.json`` (the policy train / heldout prompts).
-    """
-    p = Path(path)
-    if not p.is_file():
-        raise DistillError(f"Prompt file not found: {p}.")
-    try:
-        data = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise DistillError(f"Prompt file {p} is not valid JSON: {e}.") from None
-    prompts = data.get("prompts") if isinstance(data, dict) else data
-    if not isinstance(prompts, list) or not prompts or not all(isinstance(s, str) and s.strip() for s in prompts):
-        raise DistillError(f"Prompt file {p} must hold a non-empty list of non-empty strings.")
-    check_disjoint(prompts)
-    return list(prompts)
-
-
-def select_distill_prompts(prompts: list[str] | None, prompts_file: str | Path, num_prompts: int) -> list[str]:
-    """The prompts a distillation recipe (draft model or head) trains on: ``prompts`` if given (checked
-    disjoint from the policy prompts), else those of ``prompts_file``; the first ``num_prompts`` (0 = all).
-
-    Raises:
-        DistillError: the file is unreadable, or a prompt is also a policy prompt.
-    """
-    if prompts is None:
-        prompts = load_distill_prompts(prompts_file)
-    else:
-        check_disjoint(prompts)
-    return prompts[:num_prompts] if num_prompts else prompts
-
-
-def check_disjoint(prompts: list[str]) -> None:
-    """Raise :class:`DistillError` if any prompt also appears in ``prompts.json`` (train or heldout).
-
-    Comparison ignores case and surrounding whitespace.
-    """
-    norm = lambda s: " ".join(s.lower().split())  # noqa: E731
-    policy = {norm(s) for split in ("train", "heldout") for s in load_prompts(split)}
-    shared = [s for s in prompts if norm(s) in policy]
-    if shared:
-        raise DistillError(
-            f"{len(shared)} distillation prompt(s) also appear in {PROMPTS_FILE.name}, e.g. {shared[0]!r}: "
-            "the draft must not be trained on the policy / evaluation prompts."
-        )
-
-
-def make_distill_prompts(seed: int = 0) -> list[str]:  # noqa: C901 (a flat list of prompt families)
-    """Build the shipped distillation prompt set from templates × topics (deterministic given ``seed``).
-
-    This is how ``train/recipes/data/distill_prompts.json`` was written; prompts that collide with
-    ``prompts.json`` are dropped.
-    """
-    rng = random.Random(seed)
-    out: list[str] = []
-    langs = ["Python", "JavaScript", "C", "Rust", "Go", "Java", "C++", "TypeScript", "Ruby", "Bash"]
-    code_tasks = [
-        "reverses a string", "computes the factorial of n", "checks whether a string is a palindrome",
-        "finds the largest element of a list", "counts the vowels in a word", "merges two sorted arrays",
-        "removes duplicates from a list", "converts Celsius to Fahrenheit", "computes the greatest common divisor",
-        "reads a file and prints its lines", "sorts a list of numbers with bubble sort", "sums the digits of a number",
-        "checks whether a year is a leap year", "implements binary search", "flattens a nested list",
-        "counts word frequencies in a text", "returns the n-th Fibonacci number iteratively",
-        "checks whether two strings are anagrams", "transposes a matrix", "validates a password's strength",
-        "computes the average of a list of numbers", "capitalizes the first letter of every word",
-        "finds the second largest number in an array", "converts a decimal number to binary",
-        "parses a date string and prints the weekday", "implements a simple stack class",
-        "shuffles a list randomly", "computes the distance between two points",
-        "checks whether a number is a perfect square", "returns the most frequent element of a list",
-    ]
-    for task in code_tasks:
-        for lang in langs:
-            out.append(f"Write a {lang} function that {task}.")
-    code_q = [
-        "What does the `yield` keyword do in Python?", "Explain the difference between `==` and `===` in JavaScript.",
-        "What is a pointer in C?", "How do I create a virtual environment in Python?",
-        "Explain what a closure is in JavaScript with an example.", "What is the borrow checker in Rust?",
-        "How do I read a CSV file with pandas?", "Write a regular expression that matches an email address.",
-        "Explain big-O notation with two examples.", "What is the difference between a stack and a queue?",
-        "Write a SQL query that finds the average salary per department in a table called employees.",
-        "Write a Python class for a bank account with deposit and withdraw methods.",
-        "Explain what an API is to a beginner.", "How does git rebase differ from git merge?",
-        "Write an HTML page with a heading and a button.", "Write a CSS rule that centers a div.",
-    ]
-    out += code_q
-    people = [
-        "Ada Lovelace", "Isaac Newton", "Leonardo da Vinci", "Cleopatra", "Nelson Mandela", "Galileo Galilei",
-        "Frida Kahlo", "Charles Darwin", "Nikola Tesla", "Jane Austen", "Mahatma Gandhi", "Wolfgang Amadeus Mozart",
-        "Alan Turing", "Rosalind Franklin", "Napoleon Bonaparte", "Simone de Beauvoir", "Genghis Khan",
-        "Katherine Johnson", "William Shakespeare", "Confucius", "Ludwig van Beethoven", "Amelia Earhart",
-        "Abraham Lincoln", "Grace Hopper", "Marco Polo", "Joan of Arc", "Pablo Picasso", "Martin Luther King Jr.",
-        "Queen Victoria", "Johannes Gutenberg", "Florence Nightingale", "Louis Pasteur", "Vincent van Gogh",
-        "Aristotle", "Julius Caesar", "Harriet Tubman", "Srinivasa Ramanujan", "Emmy Noether", "Ibn Battuta",
-        "Hypatia of Alexandria",
-    ]
-    bio_t = ["Who was {}?", "Write a short biography of {}.", "What is {} best known for?",
-             "Give three interesting facts about {}."]
-    for person in people:
-        for t in bio_t:
-            out.append(t.format(person))
-    topics = [
-        "volcanoes", "the Roman Empire", "black holes", "the human heart", "climate change", "the internet",
-        "honeybees", "the French Revolution", "electricity", "earthquakes", "the moon landing", "vaccines",
-        "the printing press", "coral reefs", "the stock market", "DNA", "solar panels", "the Great Wall of China",
-        "tides", "the Renaissance", "machine learning", "glaciers", "the immune system", "democracy",
-        "rainforests", "the Industrial Revolution", "nuclear energy", "the Olympic Games", "bacteria",
-        "the Silk Road", "hurricanes", "recycling", "the solar system", "ancient Egypt", "smartphones",
-        "the water table", "photosynthesis in algae", "the Cold War", "wind turbines", "the brain",
-        "inflation", "the Amazon river", "bicycles", "cryptography", "dinosaurs", "the periodic table",
-        "social media", "the Mayan civilization", "deserts", "electric cars", "the human skeleton",
-        "jazz music", "the Moon", "antibiotics",
-    ]
-    prose_t = ["Explain {} in simple terms.", "Write a short paragraph about {}.",
-               "Why are {} important? Answer briefly.", "Describe {} for a high-school student.",
-               "What are the main facts about {}?", "List five facts about {}.",
-               "Write a short blog post introduction about {}.", "What are common misconceptions about {}?"]
-    for topic in topics:
-        for t in prose_t:
-            out.append(t.format(topic))
-    list_t = [
-        "List five benefits of regular exercise.", "List ten common fruits.", "Name five famous painters.",
-        "List the steps to change a flat tire.", "Give me seven ideas for a birthday party.",
-        "List five countries in South America and their capitals.", "Name six programming languages and one use of each.",
-        "List four healthy breakfast options.", "Give five tips for learning a new language.",
-        "List the days of the week in French.", "Name five musical instruments.", "List eight animals that live in the ocean.",
-        "Give me a packing list for a weekend camping trip.", "List five ways to save money on groceries.",
-        "Name the seven continents.", "List six board games for families.",
-        "Give five tips for writing a good resume.", "List three causes of the First World War.",
-    ]
-    out += list_t
-    howto = [
-        "How do I boil an egg?", "How do I plant tomatoes in a garden?", "How do I make a paper airplane?",
-        "How do I tie a tie?", "How can I improve my sleep?", "How do I bake bread at home?",
-        "How do I write a cover letter?", "How do I start running as a beginner?", "How do I clean a cast iron pan?",
-        "How do I make a cup of green tea?", "How can I learn to play the guitar?", "How do I prepare for a job interview?",
-        "How do I set up a home aquarium?", "How do I make a budget?", "How do I train a puppy to sit?",
-        "Give me a recipe for guacamole.", "Give me a recipe for a chocolate cake.", "Give me a recipe for fried rice.",
-    ]
-    out += howto
-    math_q = []
-    for _ in range(24):
-        a, b = rng.randint(12, 99), rng.randint(3, 40)
-        kind = rng.choice(["add", "mul", "pct", "eq", "area"])
-        if kind == "add":
-            math_q.append(f"What is {a} + {b * 7}? Show your work.")
-        elif kind == "mul":
-            math_q.append(f"Calculate {a} times {b} step by step.")
-        elif kind == "pct":
-            math_q.append(f"What is {b}% of {a * 10}?")
-        elif kind == "eq":
-            math_q.append(f"Solve for x: {b}x + {a} = {a + b * rng.randint(2, 9)}.")
-        else:
-            math_q.append(f"What is the area of a rectangle that is {a} cm long and {b} cm wide?")
-    math_q += [
-        "Explain the Pythagorean theorem with an example.", "What is a prime number? Give examples.",
-        "Explain what a derivative is in calculus.", "How do you convert a fraction to a decimal?",
-        "What is the difference between mean and median?", "Explain what a logarithm is.",
-    ]
-    out += math_q
-    creative = [
-        "Write a haiku about a mountain lake.", "Write a short poem about the city at dawn.",
-        "Write a limerick about a cat.", "Write the opening of a fantasy story about a dragon.",
-        "Write a short dialogue between a robot and a child.", "Write a product description for a water bottle.",
-        "Write a tweet announcing a new coffee shop.", "Write a short speech for a friend's wedding.",
-        "Write a formal letter requesting a refund.", "Write a short review of a movie you like.",
-        "Write a motivational message for students before exams.", "Write a short fable with a moral.",
-        "Summarize the story of Cinderella in three sentences.", "Summarize the plot of Macbeth briefly.",
-    ]
-    out += creative
-    foreign = [
-        "Explique-moi comment fonctionne la photosynthèse.", "Écris un court poème sur la mer.",
-        "Quels sont les avantages du vélo en ville ?", "Donne-moi une recette de crêpes.",
-        "Qui était Victor Hugo ?", "Traduis en anglais : « Je voudrais un café, s'il vous plaît. »",
-        "Comment apprendre une nouvelle langue rapidement ?", "Décris la ville de Paris en quelques phrases.",
-        "¿Qué es la inteligencia artificial?", "Escribe un poema corto sobre la luna.",
-        "¿Quién fue Miguel de Cervantes?", "Dame una receta de paella.",
-        "¿Cómo puedo mejorar mi memoria?", "Traduce al inglés: 'Mañana vamos a la playa con mis amigos.'",
-        "Explica qué es el cambio climático.", "Describe la ciudad de Madrid.",
-        "Was ist der Unterschied zwischen Wetter und Klima?", "Schreibe ein kurzes Gedicht über den Winter.",
-        "Wer war Johann Wolfgang von Goethe?", "Erkläre, wie ein Computer funktioniert.",
-        "Gib mir ein Rezept für Apfelstrudel.", "Wie lerne ich am besten für eine Prüfung?",
-        "Übersetze ins Englische: 'Ich wohne seit drei Jahren in Berlin.'", "Beschreibe die Stadt München.",
-        "Translate to German: 'Where is the nearest train station?'",
-        "Translate to French: 'My brother plays football every Saturday.'",
-        "Translate to Spanish: 'We are going to visit our grandparents this weekend.'",
-    ]
-    out += foreign
-    seen, uniq = set(), []
-    policy = {" ".join(s.lower().split()) for sp in ("train", "heldout") for s in load_prompts(sp)}
-    for s in out:
-        k = " ".join(s.lower().split())
-        if k not in seen and k not in policy:
-            seen.add(k)
-            uniq.append(s)
-    rng.shuffle(uniq)
-    return uniq
-
-
-# ----------------------------------------------------------------------------- config
-def _slug(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in Path(name).name or name)[:60]
 
 
 # ----------------------------------------------------------------------------- data
-def encode_chat(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
-    """Deprecated alias of :func:`learn2draft.models.encode_text` (kept for :mod:`train.recipes.head`)."""
-    return encode_text(tokenizer, prompt)
+def _generation_batches(encoded: list[tuple[list[int], bool]], batch_size: int) -> list[list[int]]:
+    """Index batches of ``encoded`` (prompt ids, sampled?) sorted by prompt length (less padding),
+    each all-greedy or all-sampled."""
+    order = sorted(range(len(encoded)), key=lambda i: (encoded[i][1], len(encoded[i][0])))
+    batches = []
+    for i in range(0, len(order), batch_size):
+        idx = order[i:i + batch_size]
+        for flag in (False, True):
+            sub = [j for j in idx if encoded[j][1] == flag]
+            if sub:
+                batches.append(sub)
+    return batches
 
 
-def _eos_ids(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:
-    """Deprecated alias of :func:`learn2draft.models.eos_token_ids`, as a set (kept for :mod:`train.recipes.head`)."""
-    return set(eos_token_ids(target, tokenizer))
-
-
-def _pad_left(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    L = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), L), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, L - len(s):] = torch.tensor(s, dtype=torch.long)
-        mask[i, L - len(s):] = 1
-    return ids, mask
+def _teacher_batch(target: PreTrainedModel, prompts: list[list[int]], sampled: bool, cfg: DistillConfig,
+                   pad_id: int, eos: set[int], vocab_size: int, seed: int) -> list[dict]:
+    """The target's answers to one batch of encoded ``prompts`` with its top-k log-probabilities at
+    every answer position (see :func:`generate_data`); generation seeded with ``seed``."""
+    ids, mask = pad_left(prompts, pad_id)
+    torch.manual_seed(seed)
+    kw = dict(do_sample=True, temperature=cfg.sample_temperature, top_p=cfg.sample_top_p, top_k=0) if sampled \
+        else dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+    out = target.generate(
+        input_ids=ids.to(target.device), attention_mask=mask.to(target.device), max_new_tokens=cfg.max_new_tokens,
+        output_logits=True, return_dict_in_generate=True, pad_token_id=pad_id, **kw,
+    )
+    new = out.sequences[:, ids.shape[1]:].cpu()
+    logits = torch.stack(out.logits, dim=1)  # (B, R, Vm)
+    chunk = []
+    for r, prompt in enumerate(prompts):
+        toks = new[r].tolist()
+        n = answer_length(toks, eos)
+        if n == 0:
+            continue
+        lp = torch.log_softmax(logits[r, :n, :vocab_size].float(), dim=-1)
+        tl, ti = lp.topk(cfg.topk, dim=-1)
+        chunk.append({
+            "ids": torch.tensor(prompt + toks[:n], dtype=torch.long),
+            "prompt_len": len(prompt),
+            "top_idx": ti.to(torch.int32),
+            "top_logp": tl.to(torch.float16),
+            "sampled": sampled,
+        })
+    return chunk
 
 
 @torch.inference_mode()
@@ -493,63 +324,15 @@ def generate_data(
     n_s = round(cfg.sampled_fraction * len(prompts))
     jobs += [(p, True) for p in rng.sample(prompts, n_s)]
     encoded = [(encode_text(tokenizer, p), s) for p, s in jobs]  # as the loop encodes prompts
-    # Sort by prompt length (less padding) but keep greedy and sampled jobs in separate batches.
-    order = sorted(range(len(encoded)), key=lambda i: (encoded[i][1], len(encoded[i][0])))
-    batches = []
-    for i in range(0, len(order), cfg.gen_batch_size):
-        idx = order[i:i + cfg.gen_batch_size]
-        # a batch must be all-greedy or all-sampled
-        for flag in (False, True):
-            sub = [j for j in idx if encoded[j][1] == flag]
-            if sub:
-                batches.append(sub)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    pad_id = pad_token_id(tokenizer)
     eos = set(eos_token_ids(target, tokenizer))  # the loop's EOS set
-    V = len(tokenizer)
-    device = target.device
     data: list[dict] = []
-    bar = tqdm(batches, desc="generate", unit="batch", disable=None)  # None: no bar when not a terminal
+    bar = tqdm(_generation_batches(encoded, cfg.gen_batch_size), desc="generate", unit="batch",
+               disable=None)  # None: no bar when not a terminal
     for b, idx in enumerate(bar):
-        path = cache_dir / f"batch_{b:04d}.pt"
-        if path.exists():
-            data += torch.load(path, weights_only=False)
-            continue
         sampled = encoded[idx[0]][1]
-        ids, mask = _pad_left([encoded[j][0] for j in idx], pad_id)
-        torch.manual_seed(cfg.seed * 100003 + b)
-        kw = dict(do_sample=True, temperature=cfg.sample_temperature, top_p=cfg.sample_top_p, top_k=0) if sampled \
-            else dict(do_sample=False, temperature=None, top_p=None, top_k=None)
-        out = target.generate(
-            input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=cfg.max_new_tokens,
-            output_logits=True, return_dict_in_generate=True, pad_token_id=pad_id, **kw,
-        )
-        L = ids.shape[1]
-        new = out.sequences[:, L:].cpu()
-        logits = torch.stack(out.logits, dim=1)  # (B, R, Vm)
-        chunk = []
-        for r, j in enumerate(idx):
-            toks = new[r].tolist()
-            n = len(toks)
-            for t, tok in enumerate(toks):
-                if tok in eos:
-                    n = t + 1
-                    break
-            if n == 0:
-                continue
-            lp = torch.log_softmax(logits[r, :n, :V].float(), dim=-1)
-            tl, ti = lp.topk(cfg.topk, dim=-1)
-            chunk.append({
-                "ids": torch.tensor(encoded[j][0] + toks[:n], dtype=torch.long),
-                "prompt_len": len(encoded[j][0]),
-                "top_idx": ti.to(torch.int32),
-                "top_logp": tl.to(torch.float16),
-                "sampled": sampled,
-            })
-        del out, logits
-        tmp = path.with_suffix(".tmp")
-        torch.save(chunk, tmp)
-        os.replace(tmp, path)
-        data += chunk
+        data += cached_batch(cache_dir / f"batch_{b:04d}.pt", lambda: _teacher_batch(  # noqa: B023 (called at once)
+            target, [encoded[j][0] for j in idx], sampled, cfg, pad_id, eos, len(tokenizer), cfg.seed * 100003 + b))
         bar.set_postfix(tokens=sum(len(d["top_idx"]) for d in data))
     return data
 
@@ -639,17 +422,17 @@ def distill_loss(logits: torch.Tensor, top_idx: torch.Tensor, top_logp: torch.Te
     return {"loss": (1 - ce_weight) * kl + ce_weight * ce, "kl": kl, "ce": ce, "top1": top1}
 
 
-def _lr_at(step: int, progress: float, cfg: DistillConfig) -> float:
-    """Linear warmup over ``cfg.warmup`` steps, then cosine decay to 5% as ``progress`` goes 0 → 1."""
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    t = min(1.0, max(0.0, progress))
-    return cfg.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * t)))
-
-
 def _order(n: int, epoch: int, seed: int) -> list[int]:
     g = torch.Generator().manual_seed(seed * 7919 + epoch)
     return torch.randperm(n, generator=g).tolist()
+
+
+def _draft_step(draft: LlamaForCausalLM, b: dict, cfg: DistillConfig) -> dict:
+    """The KD loss of one batch from :func:`_batch` (matmuls under bfloat16 autocast on the CPU when ``cfg.bf16``)."""
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16 and b["ids"].device.type == "cpu"):
+        h = draft.model(input_ids=b["ids"], attention_mask=b["mask"], use_cache=False).last_hidden_state
+        logits = draft.lm_head(h[b["rows"], b["cols"]])
+    return distill_loss(logits, b["top_idx"], b["top_logp"], cfg.ce_weight)
 
 
 def train_draft(draft: LlamaForCausalLM, data: list[dict], cfg: DistillConfig, work_dir: Path, train_key: str,
@@ -678,24 +461,17 @@ def train_draft(draft: LlamaForCausalLM, data: list[dict], cfg: DistillConfig, w
     ckpt_path = work_dir / CKPT_NAME
     opt = torch.optim.AdamW(draft.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
     step, prior_s = 0, 0.0
-    if ckpt_path.exists() and not restart:
-        ck = torch.load(ckpt_path, weights_only=False)
-        if ck.get("train_key") == train_key:
-            draft.load_state_dict(ck["model"])
-            opt.load_state_dict(ck["optimizer"])
-            step = ck["step"]
-            prior_s = ck.get("train_seconds", 0.0)
-            log.info("resuming from %s at step %d", ckpt_path, step)
-        else:
-            log.warning("ignoring checkpoint %s: it was made with other settings", ckpt_path)
+    ck = load_checkpoint(ckpt_path, (train_key,), restart)
+    if ck is not None:
+        draft.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["optimizer"])
+        step, prior_s = ck["step"], ck.get("train_seconds", 0.0)
     start_step = step
 
     def save():
-        tmp = ckpt_path.with_suffix(".tmp")
-        torch.save({"model": draft.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                    "train_key": train_key, "config": asdict(cfg),
-                    "train_seconds": prior_s + time.perf_counter() - t0}, tmp)
-        os.replace(tmp, ckpt_path)
+        save_atomic({"model": draft.state_dict(), "optimizer": opt.state_dict(), "step": step,
+                     "train_key": train_key, "config": asdict(cfg),
+                     "train_seconds": prior_s + time.perf_counter() - t0}, ckpt_path)
 
     n = len(data)
     per_epoch = max(1, n // cfg.batch_size)
@@ -704,28 +480,18 @@ def train_draft(draft: LlamaForCausalLM, data: list[dict], cfg: DistillConfig, w
     last: dict = {}
     stopped = False
     bar = tqdm(total=cfg.steps, initial=step, desc="distil", unit="step", disable=None)
-    cap = 60 * cfg.max_train_minutes
     while step < cfg.steps:
-        elapsed = prior_s + time.perf_counter() - t0
-        progress = max(step / cfg.steps, elapsed / cap if cap else 0.0)
-        if progress >= 1.0:
+        done = progress(step, cfg.steps, prior_s + time.perf_counter() - t0, cfg.max_train_minutes)
+        if done >= 1.0:
             stopped = True
             log.warning("stopping at step %d: --max-train-minutes %.1f reached", step, cfg.max_train_minutes)
             break
         epoch, k = divmod(step, per_epoch)
         order = _order(n, epoch, cfg.seed)
         b = _batch(data, order[k * cfg.batch_size:(k + 1) * cfg.batch_size])
-        for g in opt.param_groups:
-            g["lr"] = _lr_at(step, progress, cfg)
         ts = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16 and b["ids"].device.type == "cpu"):
-            h = draft.model(input_ids=b["ids"], attention_mask=b["mask"], use_cache=False).last_hidden_state
-            logits = draft.lm_head(h[b["rows"], b["cols"]])
-        m = distill_loss(logits, b["top_idx"], b["top_logp"], cfg.ce_weight)
-        opt.zero_grad(set_to_none=True)
-        m["loss"].backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-        opt.step()
+        m = _draft_step(draft, b, cfg)
+        optimizer_step(opt, draft.parameters(), m["loss"], lr_at(step, done, cfg.lr, cfg.warmup))
         step += 1
         last = {k2: float(v.detach()) for k2, v in m.items()}
         last.update(lr=opt.param_groups[0]["lr"], epoch=epoch, positions=int(len(b["rows"])),
@@ -744,6 +510,81 @@ def train_draft(draft: LlamaForCausalLM, data: list[dict], cfg: DistillConfig, w
 
 
 # ----------------------------------------------------------------------------- measurement
+def _greedy_agreement(pair: ModelPair, prompts: list[str], max_new_tokens: int, show_progress: bool) -> dict:
+    """Acceptance phase of :func:`measure_draft`: per prompt the target's greedy continuation, then
+    one forward of each model over prompt + continuation. Returns the sums ``agree`` (argmax hits)
+    and ``mins`` (Σ_x min(p, q) at temperature 1) over ``positions``, ``per_prompt`` (the hit share
+    of each prompt that produced tokens) and ``seqs`` (int64 (P + R,) each, for the timing phase).
+
+    Raises:
+        ValueError: a prompt longer than the context window, or no tokens produced at all.
+    """
+    V = pair.vocab_size
+    eos = set(pair.eos_token_ids)
+    agree, mins, per_prompt, seqs = 0.0, 0.0, [], []
+    npos = 0
+    for p in tqdm(prompts, desc="measure α", disable=None if show_progress else True):
+        ids = pair.encode_prompt(p)
+        pair.check_length(ids.numel(), max_new_tokens)
+        out = pair.target.generate(ids[None], attention_mask=torch.ones_like(ids[None]), max_new_tokens=max_new_tokens,
+                                   do_sample=False, temperature=None, top_p=None, top_k=None,
+                                   pad_token_id=pair.tokenizer.pad_token_id or next(iter(eos), 0))
+        new = out[0, ids.numel():].tolist()
+        new = new[:answer_length(new, eos)]
+        if not new:
+            continue
+        seq = out[0, : ids.numel() + len(new)]
+        seqs.append(seq)
+        P, R = ids.numel(), len(new)
+        tl = pair.target(input_ids=seq[None]).logits[0, P - 1:P - 1 + R, :V].float()
+        dl = pair.draft(input_ids=seq[None]).logits[0, P - 1:P - 1 + R, :V].float()
+        y = torch.tensor(new, device=dl.device)
+        a = (dl.argmax(-1) == y).float()
+        m = torch.minimum(torch.softmax(tl, -1), torch.softmax(dl, -1)).sum(-1)
+        agree += float(a.sum())
+        mins += float(m.sum())
+        npos += R
+        per_prompt.append(float(a.mean()))
+    if npos == 0:
+        raise ValueError("The target produced no tokens for any prompt.")
+    return {"agree": agree, "mins": mins, "positions": npos, "per_prompt": per_prompt, "seqs": seqs}
+
+
+def _forward_costs(pair: ModelPair, seqs: list[torch.Tensor], repeats: int, contexts: int) -> dict:
+    """Timing phase of :func:`measure_draft`: one new token with a KV cache, draft and target
+    interleaved, on ``contexts`` of ``seqs`` (after 3 warm-up rounds), and the draft's output
+    projection alone. Returns ``samples`` (seconds per model), ``head`` (seconds), ``ctx_lens``."""
+    clock = DeviceClock(pair.device)  # the loop's clock: synchronised with the device
+    samples = {"draft": [], "target": []}
+    ctx_lens = []
+    for seq in sorted(seqs, key=len)[:: max(1, len(seqs) // max(1, contexts))][:contexts]:
+        ctx_lens.append(int(seq.numel()))
+        caches = {}
+        for name, model in (("draft", pair.draft), ("target", pair.target)):
+            c = DynamicCache()
+            model(input_ids=seq[None, :-1], cache=c, use_cache=True)
+            caches[name] = c
+        last = seq[None, -1:]
+        for r in range(repeats + 3):
+            for name, model in (("draft", pair.draft), ("target", pair.target)):
+                c = caches[name]
+                t0 = clock.now()
+                model(input_ids=last, cache=c, use_cache=True)
+                dt = clock.now() - t0
+                c.crop(-1)
+                if r >= 3:
+                    samples[name].append(dt)
+    W = pair.draft.get_output_embeddings().weight
+    x = torch.randn(1, W.shape[1], dtype=W.dtype, device=W.device)
+    head = []
+    for r in range(repeats + 3):
+        t0 = clock.now()
+        F.linear(x, W)
+        if r >= 3:
+            head.append(clock.now() - t0)
+    return {"samples": samples, "head": head, "ctx_lens": ctx_lens}
+
+
 @torch.inference_mode()
 def measure_draft(
     pair: ModelPair, prompts: list[str], max_new_tokens: int = 128, timing_repeats: int = 30,
@@ -773,94 +614,54 @@ def measure_draft(
     """
     if not prompts:
         raise ValueError("measure_draft needs at least one prompt.")
-    V = pair.vocab_size
-    eos = set(pair.eos_token_ids)
-    agree, mins, per_prompt, seqs = 0.0, 0.0, [], []
-    npos = 0
-    for p in tqdm(prompts, desc="measure α", disable=None if show_progress else True):
-        ids = pair.encode_prompt(p)
-        pair.check_length(ids.numel(), max_new_tokens)
-        out = pair.target.generate(ids[None], attention_mask=torch.ones_like(ids[None]), max_new_tokens=max_new_tokens,
-                                   do_sample=False, temperature=None, top_p=None, top_k=None,
-                                   pad_token_id=pair.tokenizer.pad_token_id or next(iter(eos), 0))
-        new = out[0, ids.numel():].tolist()
-        for t, tok in enumerate(new):
-            if tok in eos:
-                new = new[:t + 1]
-                break
-        if not new:
-            continue
-        seq = out[0, : ids.numel() + len(new)]
-        seqs.append(seq)
-        P, R = ids.numel(), len(new)
-        tl = pair.target(input_ids=seq[None]).logits[0, P - 1:P - 1 + R, :V].float()
-        dl = pair.draft(input_ids=seq[None]).logits[0, P - 1:P - 1 + R, :V].float()
-        y = torch.tensor(new, device=dl.device)
-        a = (dl.argmax(-1) == y).float()
-        m = torch.minimum(torch.softmax(tl, -1), torch.softmax(dl, -1)).sum(-1)
-        agree += float(a.sum())
-        mins += float(m.sum())
-        npos += R
-        per_prompt.append(float(a.mean()))
-    if npos == 0:
-        raise ValueError("The target produced no tokens for any prompt.")
-
-    # ---- timing: one new token with a KV cache, interleaved
-    clock = DeviceClock(pair.device)  # the loop's clock: synchronised with the device
-    samples = {"draft": [], "target": []}
-    ctx_lens = []
-    for seq in sorted(seqs, key=len)[:: max(1, len(seqs) // max(1, timing_contexts))][:timing_contexts]:
-        ctx_lens.append(int(seq.numel()))
-        caches = {}
-        for name, model in (("draft", pair.draft), ("target", pair.target)):
-            c = DynamicCache()
-            model(input_ids=seq[None, :-1], cache=c, use_cache=True)
-            caches[name] = c
-        last = seq[None, -1:]
-        for r in range(timing_repeats + 3):
-            for name, model in (("draft", pair.draft), ("target", pair.target)):
-                c = caches[name]
-                t0 = clock.now()
-                model(input_ids=last, cache=c, use_cache=True)
-                dt = clock.now() - t0
-                c.crop(-1)
-                if r >= 3:
-                    samples[name].append(dt)
-    W = pair.draft.get_output_embeddings().weight
-    x = torch.randn(1, W.shape[1], dtype=W.dtype, device=W.device)
-    head = []
-    for r in range(timing_repeats + 3):
-        t0 = clock.now()
-        F.linear(x, W)
-        if r >= 3:
-            head.append(clock.now() - t0)
-    d_ms = 1000 * statistics.median(samples["draft"])
-    t_ms = 1000 * statistics.median(samples["target"])
+    acc = _greedy_agreement(pair, prompts, max_new_tokens, show_progress)
+    cost = _forward_costs(pair, acc["seqs"], timing_repeats, timing_contexts)
+    d_ms = 1000 * statistics.median(cost["samples"]["draft"])
+    t_ms = 1000 * statistics.median(cost["samples"]["target"])
     return {
-        "alpha_greedy": agree / npos,
-        "alpha_t1": mins / npos,
-        "alpha_greedy_per_prompt": per_prompt,
-        "positions": npos,
-        "prompts": len(per_prompt),
+        "alpha_greedy": acc["agree"] / acc["positions"],
+        "alpha_t1": acc["mins"] / acc["positions"],
+        "alpha_greedy_per_prompt": acc["per_prompt"],
+        "positions": acc["positions"],
+        "prompts": len(acc["per_prompt"]),
         "max_new_tokens": max_new_tokens,
         "draft_ms": d_ms,
         "target_ms": t_ms,
         "cost_ratio": d_ms / t_ms,
-        "lm_head_ms": 1000 * statistics.median(head),
-        "timing_context_lens": ctx_lens,
-        "timing_samples": len(samples["draft"]),
+        "lm_head_ms": 1000 * statistics.median(cost["head"]),
+        "timing_context_lens": cost["ctx_lens"],
+        "timing_samples": len(cost["samples"]["draft"]),
         "threads": torch.get_num_threads(),
         "dtype": str(next(pair.draft.parameters()).dtype),
         "device": str(pair.device),
     }
 
 
-def dir_size_bytes(path: Path) -> int:
-    """Total size in bytes of the regular files under ``path``."""
-    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
-
-
 # ----------------------------------------------------------------------------- driver
+def _draft_report(cfg: DistillConfig, out: Path, command: str | None, draft: LlamaForCausalLM, n_params: int,
+                  data: list[dict], prompts: list[str], tr: dict, meas: dict, seconds: dict) -> dict:
+    """The build report (``build_report.json`` without its size): settings, the draft's
+    architecture, the data, training and measurement summaries and the phases' seconds."""
+    return {
+        "target": cfg.target,
+        "out": str(out),
+        "command": command or "",
+        "config": asdict(cfg),
+        "draft_parameters": n_params,
+        "draft_architecture": {k: getattr(draft.config, k) for k in ("hidden_size", "num_hidden_layers",
+                                                                      "intermediate_size", "num_attention_heads",
+                                                                      "num_key_value_heads", "head_dim", "vocab_size")},
+        "data": {"responses": len(data), "response_tokens": sum(len(d["top_idx"]) for d in data),
+                 "prompts": len(prompts), "sampled_responses": sum(d["sampled"] for d in data)},
+        "training": {k: tr[k] for k in ("start_step", "step", "train_seconds", "total_train_seconds",
+                                          "stopped_by_time")} | {"last": tr["last"]},
+        "measure": meas,
+        "measure_prompts": measure_prompts_note(cfg.eval_prompts),
+        "seconds": seconds,
+        **environment(),
+    }
+
+
 def build_draft(
     cfg: DistillConfig, target: PreTrainedModel | None = None, tokenizer: PreTrainedTokenizerBase | None = None,
     prompts: list[str] | None = None, eval_prompts: list[str] | None = None, restart: bool = False,
@@ -889,94 +690,51 @@ def build_draft(
         check_wandb(cfg.wandb_mode)
     except ValueError as e:
         raise DistillError(str(e)) from None
-    work = Path(cfg.work_dir).expanduser() if cfg.work_dir else DEFAULT_WORK_DIR / _slug(cfg.target)
+    work = work_dir_for(cfg.work_dir, DEFAULT_WORK_DIR, cfg.target)
     out = (Path(cfg.out).expanduser() if cfg.out else work / "draft").resolve()
     check_out_dir(out, cfg.target)
     save_dtype = parse_dtype(cfg.save_dtype)
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     prompts = select_distill_prompts(prompts, cfg.prompts_file, cfg.num_prompts)
-    if tokenizer is None:
-        tokenizer = load_tokenizer(cfg.target)
-    if target is None:
-        log.info("loading target %s", cfg.target)
-        target = load_model(cfg.target)
-    target.eval()
+    target, tokenizer = load_target(cfg.target, target, tokenizer)
     if target.get_output_embeddings().weight.shape[0] < len(tokenizer):
         raise DistillError("The target has fewer output rows than its tokenizer has tokens.")
 
+    # ---- data
     work.mkdir(parents=True, exist_ok=True)
     dkey = cfg.data_key(prompts)
     tkey = cfg.train_key(dkey)
-
     t0 = time.perf_counter()
     data = generate_data(target, tokenizer, prompts, cfg, work / "data" / dkey)
     gen_s = time.perf_counter() - t0
     n_tok = sum(len(d["top_idx"]) for d in data)
     log.info("data: %d responses, %d response tokens (%.0f s)", len(data), n_tok, gen_s)
-
-    run = None
-    if cfg.wandb_mode != "disabled":
-        import wandb
-
-        id_file = work / f"wandb_id_{tkey}.txt"
-        run_id = id_file.read_text().strip() if id_file.exists() and not restart else uuid.uuid4().hex[:8]
-        id_file.write_text(run_id)
-        run = wandb.init(project=cfg.wandb_project, mode=cfg.wandb_mode, dir=str(work), id=run_id, resume="allow",
-                         config=asdict(cfg), name=f"distill-{_slug(cfg.target)}")
+    run = start_wandb(cfg, work, tkey, restart, "distill")
+    if run is not None:
         run.log({"data/responses": len(data), "data/tokens": n_tok, "data/seconds": gen_s})
 
+    # ---- draft and training
     draft = make_draft(target, tokenizer, cfg)
     n_params = sum(p.numel() for p in draft.parameters())
     tr = train_draft(draft, data, cfg, work, tkey, restart=restart, wandb_run=run)
 
+    # ---- measurement
     draft = draft.float().eval()
     pair = make_pair(target, draft, tokenizer, tokenizer, target_name=cfg.target, draft_name=str(out))
-    if eval_prompts is None:
-        eval_prompts = load_prompts("heldout")
-    if cfg.eval_prompts:
-        eval_prompts = eval_prompts[: cfg.eval_prompts]
+    eval_prompts = select_eval_prompts(eval_prompts, cfg.eval_prompts)
     t0 = time.perf_counter()
     meas = measure_draft(pair, eval_prompts, cfg.eval_max_new_tokens, cfg.timing_repeats)
     eval_s = time.perf_counter() - t0
 
-    # write to a fresh directory, then swap it in
-    tmp = out.with_name(out.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    # ---- output: written to a fresh directory, then swapped in
+    tmp = fresh_build_dir(out)
     draft.to(save_dtype).save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    report = {
-        "target": cfg.target,
-        "out": str(out),
-        "command": command or "",
-        "config": asdict(cfg),
-        "draft_parameters": n_params,
-        "draft_architecture": {k: getattr(draft.config, k) for k in ("hidden_size", "num_hidden_layers",
-                                                                      "intermediate_size", "num_attention_heads",
-                                                                      "num_key_value_heads", "head_dim", "vocab_size")},
-        "data": {"responses": len(data), "response_tokens": n_tok, "prompts": len(prompts),
-                 "sampled_responses": sum(d["sampled"] for d in data)},
-        "training": {k: tr[k] for k in ("start_step", "step", "train_seconds", "total_train_seconds",
-                                          "stopped_by_time")} | {"last": tr["last"]},
-        "measure": meas,
-        "measure_prompts": "learn2draft.prompts.load_prompts('heldout')" if cfg.eval_prompts == 0 else
-                           f"first {cfg.eval_prompts} held-out prompts",
-        "seconds": {"generate": gen_s, "train": tr["train_seconds"], "measure": eval_s},
-        "torch_threads": torch.get_num_threads(),
-        "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__},
-    }
+    report = _draft_report(cfg, out, command, draft, n_params, data, prompts, tr, meas,
+                           {"generate": gen_s, "train": tr["train_seconds"], "measure": eval_s})
     report["seconds"]["total"] = time.perf_counter() - t_start
-    report["size_bytes"] = dir_size_bytes(tmp) + 4096  # + the report itself (approx.)
-    (tmp / "build_report.json").write_text(json.dumps(report, indent=2))
-    report["size_bytes"] = dir_size_bytes(tmp)
-    (tmp / "build_report.json").write_text(json.dumps(report, indent=2))
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
-    if run is not None:
-        run.summary.update({f"measure/{k}": v for k, v in meas.items() if isinstance(v, (int, float))})
-        run.finish()
+    publish_build(tmp, out, report, 4096, run)  # + 4096: the report itself (approx.)
     return report
 
 
@@ -991,47 +749,27 @@ def check_out_dir(out: Path, target: str) -> None:
         DistillError: ``out`` is a file, is not writable, holds other files, or is the shipped draft
             while ``target`` is another model.
     """
-    if out.exists() and not out.is_dir():
-        raise DistillError(f"--out {out} exists and is not a directory: pass a directory path.")
-    try:  # the build is written beside ``out`` (``<out>.tmp``) and swapped in: write there, don't ask
-        out.parent.mkdir(parents=True, exist_ok=True)
-        probe = out.parent / f".{out.name}.write-test-{os.getpid()}"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as e:
-        raise DistillError(f"Cannot write beside --out {out} ({e.strerror or e}): pass an --out directory you can "
-                           "write to.") from None
-    if out.is_dir() and any(out.iterdir()) and not (out / "build_report.json").is_file():
-        raise DistillError(
-            f"--out {out} already holds files that this tool did not write (no build_report.json); they would be "
-            "deleted: choose a new or empty directory."
-        )
-    if out == DEFAULT_DRAFT_DIR.resolve() and target != DEFAULT_TARGET:
-        raise DistillError(
-            f"--out defaults to the shipped draft of {DEFAULT_TARGET}; for target {target!r} pass --out NEW_DIR."
-        )
+    _check_out_dir(out, target, shipped=DEFAULT_DRAFT_DIR, what="draft",
+                   is_ours=lambda d: (d / "build_report.json").is_file(), error=DistillError,
+                   foreign="already holds files that this tool did not write (no build_report.json); they would "
+                           "be deleted: choose a new or empty directory.")
 
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns the exit status (2 on bad input, with a one-line message)."""
     cfg, a = parse_args(argv)
-    logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING, format="%(levelname)s %(message)s")
-    logging.getLogger(__name__).setLevel(logging.INFO)
-    cmd = "python -m train.recipes.draft_model" + ("" if argv is None and len(sys.argv) <= 1 else " " + shlex.join(
-        sys.argv[1:] if argv is None else argv))
-    try:
+    setup_logging(a.verbose)
+    cmd = command_line("python -m train.recipes.draft_model", argv)
+
+    def body() -> int:
         rep = build_draft(cfg, restart=a.restart, command=cmd)
-    except (DistillError, ModelLoadError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"error: {e.__class__.__name__}: {e}", file=sys.stderr)
-        return 2
-    m = rep["measure"]
-    print(json.dumps({"out": rep["out"], "alpha_greedy": round(m["alpha_greedy"], 4), "alpha_t1": round(m["alpha_t1"], 4),
-                      "cost_ratio": round(m["cost_ratio"], 4), "size_mb": round(rep["size_bytes"] / 1e6, 2),
-                      "seconds": round(rep["seconds"]["total"], 1)}))
-    return 0
+        m = rep["measure"]
+        print(json.dumps({"out": rep["out"], "alpha_greedy": round(m["alpha_greedy"], 4),
+                          "alpha_t1": round(m["alpha_t1"], 4), "cost_ratio": round(m["cost_ratio"], 4),
+                          "size_mb": round(rep["size_bytes"] / 1e6, 2), "seconds": round(rep["seconds"]["total"], 1)}))
+        return 0
+
+    return run_recipe(body)
 
 
 if __name__ == "__main__":
