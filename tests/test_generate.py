@@ -1,4 +1,4 @@
-"""``python -m learn2draft.generate``: streaming text (UTF-8 safe, stop strings), the per-cycle view,
+"""``python -m policies.generate``: streaming text (UTF-8 safe, stop strings), the per-cycle view,
 the metrics line, and clear errors for bad input."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from learn2draft import generate as gen
+import policies.generate as gen
 from learn2draft.decoding import FixedDepthController, SpeculativeDecoder
 from learn2draft.drafters import make_drafter
 from learn2draft.models import DEFAULT_TARGET, load_tokenizer

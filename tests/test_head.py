@@ -1,4 +1,4 @@
-"""The feature-level draft head (learn2draft.drafters.head) and its recipe (train.head), on tiny
+"""The feature-level draft head (learn2draft.drafters.head) and its recipe (train.recipes.head), on tiny
 random Llama models; one slow test on the real target with the shipped head."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from learn2draft.drafters import make_drafter
 from learn2draft.drafters.head import DraftHead, HeadDrafter, head_llama_config, load_head_drafter
 from learn2draft.models import ModelLoadError
 from learn2draft.sampling import SamplingConfig
-from train.head import HeadConfig, build_head, head_losses, main, make_batch, ttt_mask
+from train.recipes.head import HeadConfig, build_head, head_losses, main, make_batch, ttt_mask
 
 
 def _head(target, d2t=None, seed=0) -> DraftHead:
@@ -176,7 +176,7 @@ def test_save_load_round_trip(tiny_pair, tmp_path):
 
 
 def test_mismatched_or_missing_head_is_refused(tiny_pair, tiny_tok, tmp_path):
-    with pytest.raises(ModelLoadError, match="train.head"):
+    with pytest.raises(ModelLoadError, match="train.recipes.head"):
         load_head_drafter(tiny_pair, tmp_path / "nothing")
     wide = tiny_llama(len(tiny_tok), 5, hidden=48)
     _head(wide).save(tmp_path / "wide", extra={"target": "wide"})
@@ -261,9 +261,9 @@ def test_real_target_greedy_with_shipped_head_equals_autoregressive(default_pair
 
 
 def test_head_recipe_refuses_to_replace_a_draft_model_folder(tmp_path):
-    """A draft model written by learn2draft.distill also has a build_report.json: it is not a head."""
+    """A draft model written by train.recipes.draft_model also has a build_report.json: it is not a head."""
     from learn2draft.models import DEFAULT_DRAFT_DIR
-    from train.head import HeadTrainError, check_out_dir
+    from train.recipes.head import HeadTrainError, check_out_dir
 
     with pytest.raises(HeadTrainError, match="did not write"):
         check_out_dir(DEFAULT_DRAFT_DIR, "smollm2-135m-instruct")
@@ -276,7 +276,7 @@ def test_head_recipe_refuses_to_replace_a_draft_model_folder(tmp_path):
 
 
 def test_head_recipe_refuses_wandb_online_without_credentials_before_any_work(tmp_path, capsys, monkeypatch):
-    import train.head as recipe
+    import train.recipes.head as recipe
 
     monkeypatch.setattr(recipe, "build_head", lambda *a, **k: (_ for _ in ()).throw(AssertionError("slow work")))
     monkeypatch.delenv("WANDB_API_KEY", raising=False)

@@ -192,18 +192,18 @@ def test_stop_continue_eos_and_prompt_encoding_are_defined_once():
     import inspect
 
     import envs.spec_decode
-    import learn2draft.distill
     import policies.controllers
+    import train.recipes.draft_model
     from learn2draft import models
 
     assert envs.spec_decode.STOP is policies.controllers.STOP and envs.spec_decode.CONTINUE is policies.controllers.CONTINUE
     src = inspect.getsource(envs.spec_decode)
     assert "STOP = " not in src and "CONTINUE = " not in src
-    distill_src = inspect.getsource(learn2draft.distill)
+    distill_src = inspect.getsource(train.recipes.draft_model)
     assert "apply_chat_template" not in distill_src
-    assert learn2draft.distill.encode_text is models.encode_text
-    assert learn2draft.distill.eos_token_ids is models.eos_token_ids
-    assert "DeviceClock(pair.device)" in inspect.getsource(learn2draft.distill.measure_draft)
+    assert train.recipes.draft_model.encode_text is models.encode_text
+    assert train.recipes.draft_model.eos_token_ids is models.eos_token_ids
+    assert "DeviceClock(pair.device)" in inspect.getsource(train.recipes.draft_model._forward_costs)
 
 
 def test_a_pair_without_a_draft_serves_the_lookup_and_head_drafters(tiny_model_dirs, monkeypatch):

@@ -191,12 +191,10 @@ def test_onnx_controller_checks_input_width(tmp_path):
 
 
 def test_runtime_path_needs_no_rl_code(export_dir):
-    """The engine never imports RL code; an exported policy runs without SB3 or gymnasium."""
+    """An exported policy runs without SB3, gymnasium or wandb (that the engine imports no RL code,
+    function-level imports included, is tests/test_layering.py)."""
     code = (
         "import sys, numpy as np\n"
-        "import learn2draft\n"
-        "bad = [m for m in ('stable_baselines3', 'gymnasium', 'envs', 'policies', 'train', 'wandb') if m in sys.modules]\n"
-        "assert not bad, bad\n"
         "from policies import load_policy\n"
         f"c = load_policy({str(export_dir)!r})\n"
         f"c.continue_drafting(np.zeros({N}, np.float32))\n"

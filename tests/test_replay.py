@@ -731,7 +731,7 @@ def test_train_a_profile_conditioned_policy_export_and_load(pairs, tiny_model_di
                                       net_arch=(8,), wandb_mode="disabled", progress_bar=False, checkpoint_every=0,
                                       replay=str(path), profile=str(b), features="profile", eval_gammas=(0,)))
     assert one["evaluation"]["policy"]["ratio_to_oracle"] <= 1 + 1e-9  # one profile, with its features
-    from learn2draft.generate import main as generate_main
+    from policies.generate import main as generate_main
 
     target, draft = tiny_model_dirs  # the command line: one error line without --profile, a generation with it
     argv = ["w1 w2 w3", "--target", target, "--draft", draft, "--drafter", "model", "--no-chat", "--max-new-tokens",

@@ -64,7 +64,7 @@ def noisy_pair(tiny_tok):
 @pytest.fixture(scope="module")
 def tiny_head_dir(tiny_tok, tmp_path_factory):
     """A head trained for 60 steps on the tiny target (as tests/test_head.py does): accepts some tokens."""
-    from train.head import HeadConfig, build_head
+    from train.recipes.head import HeadConfig, build_head
 
     target = tiny_llama(len(tiny_tok), 0)
     rng = random.Random(0)

@@ -213,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from learn2draft.models import ModelLoadError, TokenizerMismatchError, load_pair, parse_dtype, resolve_model_source
     from policies.export import ExportCheckError
-    from train.training import apply_replay_settings, check_wandb, prepare_out_dir, run
+    from train.training import apply_replay_settings, prepare_out_dir, run
+    from train.wandb_setup import check_wandb
 
     try:
         cfg = resume_config(args, argv) if args.resume else config_from_args(args)

@@ -46,7 +46,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from learn2draft.cli import check_wandb  # noqa: F401 (re-exported)
 from learn2draft.decoding import DraftController, FixedDepthController, SpeculativeDecoder
 from learn2draft.drafters import make_drafter
 from learn2draft.features import engine_feature_spec, feature_spec, profile_feature_spec
@@ -59,6 +58,7 @@ from train.config import (  # noqa: F401 (re-exported)
     default_out_dir,
     read_run_config,
 )
+from train.wandb_setup import check_wandb  # noqa: F401 (re-exported)
 
 RESULT_FILES = ("config.json", "model.zip", "metrics.json", "policy")
 

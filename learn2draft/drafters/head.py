@@ -18,7 +18,7 @@ The draft vocabulary ``d2t`` (int64 (K,), sorted target ids) is part of the head
 embedding and the LM-head rows come from the target when the head is attached, so a saved head
 holds only ``fc``, the decoder layer, the norm and ``d2t``.
 
-Training recipe: :mod:`train.head` (``python -m train.head``).
+Training recipe: :mod:`train.recipes.head` (``python -m train.recipes.head``).
 """
 
 from __future__ import annotations
@@ -124,13 +124,13 @@ class DraftHead(nn.Module):
         if emb.shape[1] != H or out.shape[1] != H:
             raise ModelLoadError(
                 f"The head was trained for hidden size {H}, the target has {out.shape[1]}: this head belongs to "
-                "another target. Train one for it with `python -m train.head --target ... --out DIR`."
+                "another target. Train one for it with `python -m train.recipes.head --target ... --out DIR`."
             )
         if int(self.d2t.max()) >= out.shape[0] or emb.shape[0] != self.config.vocab_size:
             raise ModelLoadError(
                 f"The head's vocabulary (embedding rows {self.config.vocab_size}, draft ids up to {int(self.d2t.max())}) "
                 f"does not fit the target's ({emb.shape[0]} embedding rows, {out.shape[0]} output rows): this head "
-                "belongs to another target. Train one with `python -m train.head --target ... --out DIR`."
+                "belongs to another target. Train one with `python -m train.recipes.head --target ... --out DIR`."
             )
         dev, dt = self.fc.weight.device, self.fc.weight.dtype
         # Shared with the target (no copy when device and dtype match): several drafters over one target
@@ -201,7 +201,7 @@ class DraftHead(nn.Module):
         if not (p / HEAD_CONFIG).is_file() or not (p / HEAD_WEIGHTS).is_file():
             raise ModelLoadError(
                 f"No draft head in {p} (it needs {HEAD_CONFIG} and {HEAD_WEIGHTS}). Build one with "
-                "`python -m train.head --target TARGET --out DIR` (the default target's head: `python -m train.head`)."
+                "`python -m train.recipes.head --target TARGET --out DIR` (the default target's head: `python -m train.recipes.head`)."
             )
         try:
             meta = json.loads((p / HEAD_CONFIG).read_text())
@@ -216,7 +216,7 @@ class DraftHead(nn.Module):
             if missing or unexpected:
                 raise ValueError(f"missing weights {missing[:3]}, unexpected {unexpected[:3]}")
         except (KeyError, ValueError, OSError, RuntimeError, json.JSONDecodeError) as e:
-            raise ModelLoadError(f"The draft head in {p} is malformed ({e}); rebuild it with `python -m train.head`.") from None
+            raise ModelLoadError(f"The draft head in {p} is malformed ({e}); rebuild it with `python -m train.recipes.head`.") from None
         head.meta = meta
         return head.to(device=device, dtype=dtype).eval()
 
@@ -419,7 +419,7 @@ def load_head_drafter(pair, path: str | Path | None = None, dtype: torch.dtype |
 
     Args:
         pair: a :class:`learn2draft.ModelPair` (only ``pair.target`` and ``pair.vocab_size`` are used).
-        path: a directory written by ``python -m train.head`` (``config.json`` + ``head.safetensors``);
+        path: a directory written by ``python -m train.recipes.head`` (``config.json`` + ``head.safetensors``);
             default: the shipped head of the embedded target, :data:`DEFAULT_HEAD_DIR`.
         dtype: the head's dtype (default: the target's).
 
@@ -431,7 +431,7 @@ def load_head_drafter(pair, path: str | Path | None = None, dtype: torch.dtype |
     default = path is None
     p = DEFAULT_HEAD_DIR if default else Path(path).expanduser()
     if not p.exists():
-        how = "`python -m train.head`" if default else f"`python -m train.head --target TARGET --out {p}`"
+        how = "`python -m train.recipes.head`" if default else f"`python -m train.recipes.head --target TARGET --out {p}`"
         raise ModelLoadError(f"Draft head directory not found: {p}. Build one with {how} (see README).")
     dt = dtype or next(target.parameters()).dtype
     head = DraftHead.load(p, device=target.device, dtype=dt)
@@ -441,7 +441,7 @@ def load_head_drafter(pair, path: str | Path | None = None, dtype: torch.dtype |
         if tc.hidden_size != head.config.hidden_size or tc.vocab_size != head.config.vocab_size:
             raise ModelLoadError(
                 f"The shipped head is for {DEFAULT_TARGET}, not {pair.target_name!r}: train one with "
-                f"`python -m train.head --target {pair.target_name} --out DIR` and pass --head DIR."
+                f"`python -m train.recipes.head --target {pair.target_name} --out DIR` and pass --head DIR."
             )
     head.attach_target(target)
     return HeadDrafter(head, pair.vocab_size, head_dir=str(p))

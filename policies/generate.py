@@ -1,12 +1,12 @@
-"""``python -m learn2draft.generate`` (also ``learn2draft-generate``): speculative decoding of one
+"""``python -m policies.generate`` (also ``learn2draft-generate``): speculative decoding of one
 prompt, streamed to the terminal as tokens are committed.
 
 Examples::
 
-    python -m learn2draft.generate "Rewrite this list as JSON: apples 3, pears 5"
-    echo "Explain KV caches in two sentences." | python -m learn2draft.generate --temperature 0.7 --seed 1
-    python -m learn2draft.generate "Name three colours." --show-cycles --metrics
-    python -m learn2draft.generate "def fib(n):" --no-chat --drafter model --num-draft-tokens 3
+    python -m policies.generate "Rewrite this list as JSON: apples 3, pears 5"
+    echo "Explain KV caches in two sentences." | python -m policies.generate --temperature 0.7 --seed 1
+    python -m policies.generate "Name three colours." --show-cycles --metrics
+    python -m policies.generate "def fib(n):" --no-chat --drafter model --num-draft-tokens 3
 
 The prompt comes from the argument, or from standard input when the argument is omitted or ``-``.
 By default it goes through the target's chat template as a user turn (``--no-chat`` feeds it as
@@ -136,7 +136,7 @@ def describe_cycle(tokenizer, cycle, index: int, before: list[int] | None = None
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m learn2draft.generate", description=plain_doc(__doc__),
+    p = argparse.ArgumentParser(prog="python -m policies.generate", description=plain_doc(__doc__),
                                 formatter_class=HelpFormatter)
     p.add_argument("prompt", nargs="?", default=None,
                    help="the prompt; omit it or pass - to read it from standard input")
@@ -168,7 +168,7 @@ def _read_prompt(arg: str | None, stdin: TextIO | None) -> str:
         text = arg
     elif stdin is None or stdin.closed or stdin.isatty():
         raise ValueError("No prompt: pass it as an argument, or pipe it on standard input "
-                         "(echo 'Hello' | python -m learn2draft.generate).")
+                         "(echo 'Hello' | python -m policies.generate).")
     else:
         try:
             text = stdin.read()
@@ -306,7 +306,7 @@ def _run(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m learn2draft.generate`` and ``learn2draft-generate``; returns the exit
+    """Entry point of ``python -m policies.generate`` and ``learn2draft-generate``; returns the exit
     status (2 with a one-line ``error:`` message on bad input, 130 when interrupted)."""
     try:
         return run_cli(build_parser(), _run, argv)

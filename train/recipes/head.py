@@ -1,10 +1,10 @@
-"""``python -m train.head``: train an EAGLE-style draft head for a target by self-distillation.
+"""``python -m train.recipes.head``: train an EAGLE-style draft head for a target by self-distillation.
 
 The head is :class:`learn2draft.drafters.head.DraftHead` (EAGLE, arXiv 2401.15077; EAGLE-3,
 arXiv 2503.01840; FR-Spec draft vocabulary, arXiv 2502.14856). The recipe, in phases:
 
 1. **Data** (cached in the work directory, shard by shard, so a rerun or a resumed run reuses it):
-   (a) the target answers the distillation prompts (``learn2draft/data/distill_prompts.json``,
+   (a) the target answers the distillation prompts (``train/recipes/data/distill_prompts.json``,
    disjoint from the policy prompts) greedily in batches, and its last hidden states (post final
    norm) are recorded in the same ``generate()`` call; (b) teacher-forced text available offline —
    package descriptions (``*.dist-info/METADATA``), markdown files and docstrings of the installed
@@ -44,16 +44,12 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import os
 import random
-import shlex
-import shutil
 import site
 import statistics
 import sys
 import time
-import uuid
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -63,34 +59,47 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from learn2draft.distill import (
-    DISTILL_PROMPTS_FILE,
-    _pad_left,
-    _slug,
-    dir_size_bytes,
-    select_distill_prompts,
-)
-from learn2draft.cli import check_wandb
 from learn2draft.drafters.head import DEFAULT_HEAD_DIR, HEAD_CONFIG, HEAD_FORMAT, DraftHead, head_llama_config
-from learn2draft.models import (
-    DEFAULT_TARGET,
-    ModelLoadError,
-    encode_text,
-    eos_token_ids,
-    load_model,
-    load_tokenizer,
+from learn2draft.models import DEFAULT_TARGET, encode_text, eos_token_ids
+from train.recipes.common import (
+    CKPT_NAME,
+    DISTILL_PROMPTS_FILE,
+    RecipeError,
+    add_recipe_flags,
+    answer_length,
+    cached_batch,
+    command_line,
+    config_from_args,
+    environment,
+    fresh_build_dir,
+    load_checkpoint,
+    load_target,
+    lr_at,
+    measure_prompts_note,
+    optimizer_step,
+    pad_left,
+    pad_token_id,
+    progress,
+    publish_build,
+    run_recipe,
+    save_atomic,
+    select_distill_prompts,
+    select_eval_prompts,
+    setup_logging,
+    start_wandb,
+    work_dir_for,
 )
-from learn2draft.prompts import load_prompts
+from train.recipes.common import check_out_dir as _check_out_dir
+from train.wandb_setup import check_wandb
 
 log = logging.getLogger(__name__)
 
 DEFAULT_WORK_DIR = Path("runs") / "head"  # relative to the working directory
-CKPT_NAME = "checkpoint.pt"
 GEN_BLOCK = 480  # prompts per cached generation block
 DOCS_BLOCK = 64_000  # documentation tokens per cached block
 
 
-class HeadTrainError(ValueError):
+class HeadTrainError(RecipeError):
     """Bad input to the head recipe; the message says what to change."""
 
 
@@ -197,10 +206,36 @@ class HeadConfig:
 # teacher is hidden[t + 1]; so t runs over start .. n_h − 2.
 
 
-def _save_atomic(obj, path: Path) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+def _answer_batch(target: PreTrainedModel, prompts: list[list[int]], max_new_tokens: int, pad_id: int,
+                  eos: set[int]) -> list[dict]:
+    """Greedy answers and hidden states for one batch of encoded ``prompts`` (see
+    :func:`generate_answers`); an example's ``prompt`` is its row in this batch."""
+    t0 = time.perf_counter()
+    ids, mask = pad_left(prompts, pad_id)
+    dev = target.device
+    out = target.generate(
+        input_ids=ids.to(dev), attention_mask=mask.to(dev), max_new_tokens=max_new_tokens, do_sample=False,
+        temperature=None, top_p=None, top_k=None, output_hidden_states=True, return_dict_in_generate=True,
+        pad_token_id=pad_id,
+    )
+    Lp = ids.shape[1]
+    new = out.sequences[:, Lp:].cpu()
+    steps = [out.hidden_states[0][-1].cpu()] + [h[-1].cpu() for h in out.hidden_states[1:]]
+    gen_h = torch.cat(steps[1:], dim=1) if len(steps) > 1 else torch.zeros(ids.shape[0], 0, steps[0].shape[-1])
+    chunk = []
+    for r, prompt in enumerate(prompts):
+        toks = new[r].tolist()
+        n = answer_length(toks, eos)
+        if n < 2:
+            continue
+        P = len(prompt)
+        hid = torch.cat([steps[0][r, Lp - P:], gen_h[r, :n - 1]]).to(torch.float16)
+        chunk.append({"ids": torch.tensor(prompt + toks[:n], dtype=torch.long), "hidden": hid,
+                      "start": max(0, P - 2), "prompt_len": P, "prompt": r})
+    secs = time.perf_counter() - t0
+    for c in chunk:
+        c["seconds"] = secs / max(1, len(chunk))
+    return chunk
 
 
 @torch.inference_mode()
@@ -222,49 +257,20 @@ def generate_answers(
     """
     encoded = [encode_text(tokenizer, p) for p in prompts]
     order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    pad_id = pad_token_id(tokenizer)
     eos = set(eos_token_ids(target, tokenizer))
     data: list[dict] = []
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     bar = tqdm(batches, desc=desc, unit="batch")
     for b, idx in enumerate(bar):
-        path = cache_dir / f"gen_{b:04d}.pt" if cache_dir is not None else None
-        if path is not None and path.exists():
-            data += torch.load(path, weights_only=False)
-            continue
-        t0 = time.perf_counter()
-        ids, mask = _pad_left([encoded[j] for j in idx], pad_id)
-        dev = target.device
-        out = target.generate(
-            input_ids=ids.to(dev), attention_mask=mask.to(dev), max_new_tokens=max_new_tokens, do_sample=False,
-            temperature=None, top_p=None, top_k=None, output_hidden_states=True, return_dict_in_generate=True,
-            pad_token_id=pad_id,
-        )
-        Lp = ids.shape[1]
-        new = out.sequences[:, Lp:].cpu()
-        steps = [out.hidden_states[0][-1].cpu()] + [h[-1].cpu() for h in out.hidden_states[1:]]
-        gen_h = torch.cat(steps[1:], dim=1) if len(steps) > 1 else torch.zeros(ids.shape[0], 0, steps[0].shape[-1])
-        chunk = []
-        for r, j in enumerate(idx):
-            toks = new[r].tolist()
-            n = len(toks)
-            for t, tok in enumerate(toks):
-                if tok in eos:
-                    n = t + 1
-                    break
-            if n < 2:
-                continue
-            P = len(encoded[j])
-            hid = torch.cat([steps[0][r, Lp - P:], gen_h[r, :n - 1]]).to(torch.float16)
-            chunk.append({"ids": torch.tensor(encoded[j] + toks[:n], dtype=torch.long), "hidden": hid,
-                          "start": max(0, P - 2), "prompt_len": P, "prompt": j})
-        del out, steps, gen_h
-        secs = time.perf_counter() - t0
-        for c in chunk:
-            c["seconds"] = secs / max(1, len(chunk))
-        if path is not None:
-            _save_atomic(chunk, path)
-        data += chunk
+
+        def answer(idx=idx) -> list[dict]:
+            chunk = _answer_batch(target, [encoded[j] for j in idx], max_new_tokens, pad_id, eos)
+            for c in chunk:
+                c["prompt"] = idx[c["prompt"]]  # row in the batch → index into ``prompts``
+            return chunk
+
+        data += cached_batch(cache_dir / f"gen_{b:04d}.pt" if cache_dir is not None else None, answer)
         bar.set_postfix(tokens=sum(len(d["ids"]) - d["prompt_len"] for d in data))
     return data
 
@@ -330,6 +336,22 @@ def collect_docs_text(max_chars: int, seed: int = 0, roots: list[str] | None = N
     return docs
 
 
+def _docs_batch(target: PreTrainedModel, chunks: list[list[int]], pad_id: int) -> list[dict]:
+    """One batched target forward over documentation ``chunks`` (right-padded: causal attention
+    never looks at the pads); one example per chunk (see :func:`forward_docs`)."""
+    t0 = time.perf_counter()
+    L = max(len(c) for c in chunks)
+    ids = torch.full((len(chunks), L), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(chunks), L), dtype=torch.long)
+    for r, c in enumerate(chunks):
+        ids[r, :len(c)] = torch.tensor(c)
+        mask[r, :len(c)] = 1
+    h = target.model(input_ids=ids.to(target.device), attention_mask=mask.to(target.device)).last_hidden_state.cpu()
+    secs = time.perf_counter() - t0
+    return [{"ids": torch.tensor(c, dtype=torch.long), "hidden": h[r, :len(c)].to(torch.float16), "start": 0,
+             "seconds": secs / len(chunks)} for r, c in enumerate(chunks)]
+
+
 @torch.inference_mode()
 def forward_docs(
     target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, docs: list[str], max_tokens: int, chunk: int,
@@ -377,24 +399,7 @@ def forward_docs(
         bar = tqdm(groups, desc=f"docs forward {bi + 1}/{len(blocks)}", unit="batch")
         for b, g in enumerate(bar):
             path = cdir / f"docs_{b:04d}.pt" if cdir is not None else None
-            if path is not None and path.exists():
-                data += torch.load(path, weights_only=False)
-                continue
-            t0 = time.perf_counter()
-            L = max(len(c) for c in g)
-            ids = torch.full((len(g), L), pad_id, dtype=torch.long)
-            mask = torch.zeros((len(g), L), dtype=torch.long)
-            for r, c in enumerate(g):  # right padding: causal attention never looks at the pads
-                ids[r, :len(c)] = torch.tensor(c)
-                mask[r, :len(c)] = 1
-            h = target.model(input_ids=ids.to(target.device),
-                             attention_mask=mask.to(target.device)).last_hidden_state.cpu()
-            secs = time.perf_counter() - t0
-            out = [{"ids": torch.tensor(c, dtype=torch.long), "hidden": h[r, :len(c)].to(torch.float16), "start": 0,
-                    "seconds": secs / len(g)} for r, c in enumerate(g)]
-            if path is not None:
-                _save_atomic(out, path)
-            data += out
+            data += cached_batch(path, lambda g=g: _docs_batch(target, g, pad_id))
             bar.set_postfix(tokens=sum(len(d["ids"]) for d in data))
     return data
 
@@ -531,13 +536,6 @@ def _batches(data: list[dict], batch_tokens: int, seed: int, epoch: int) -> list
     return out
 
 
-def _lr_at(step: int, progress: float, cfg: HeadConfig) -> float:
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    t = min(1.0, max(0.0, progress))
-    return cfg.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * t)))
-
-
 @torch.no_grad()
 def evaluate_heldout(head: DraftHead, data: list[dict], ttt_steps: int, batch_tokens: int = 4096) -> dict:
     """Top-1 agreement with the target's argmax within the draft vocabulary, per draft step, on ``data``."""
@@ -552,6 +550,33 @@ def evaluate_heldout(head: DraftHead, data: list[dict], ttt_steps: int, batch_to
                 n[k - 1] += int(m[f"n{k}"])
     head.train()
     return {f"top1_{k + 1}": agree[k] / max(1, n[k]) for k in range(ttt_steps)} | {"positions": n[0]}
+
+
+class _BestHeldout:
+    """The held-out scores of a head training run (:func:`evaluate_heldout`), and the best one with
+    the head state that reached it (early stopping: the sum of the per-step top-1 agreements).
+    Without held-out data the latest state counts as the best."""
+
+    def __init__(self, heldout: list[dict], ttt_steps: int, best: dict | None = None, best_state: dict | None = None,
+                 history: list[dict] | None = None):
+        self.heldout, self.ttt_steps = heldout, ttt_steps
+        self.best, self.best_state, self.history = best, best_state, history if history is not None else []
+
+    def score(self, head: DraftHead, step: int, wandb_run=None) -> None:
+        """Score ``head`` at ``step``, keep its state if it is the best so far, log to W&B."""
+        if not self.heldout:
+            self.best_state = {k: v.clone() for k, v in head.head_state_dict().items()}
+            self.best = {"step": step}
+            return
+        ev = evaluate_heldout(head, self.heldout, self.ttt_steps) | {"step": step}
+        self.history.append(ev)
+        key = sum(ev[f"top1_{k}"] for k in range(1, self.ttt_steps + 1))
+        if self.best is None or key > self.best["_key"]:
+            self.best = ev | {"_key": key}
+            self.best_state = {k: v.clone() for k, v in head.head_state_dict().items()}
+        if wandb_run is not None:
+            wandb_run.log({f"heldout/{k}": v for k, v in ev.items()}, step=step)
+        log.info("held-out at step %d: %s", step, {k: round(v, 4) for k, v in ev.items() if k.startswith("top1")})
 
 
 def train_head(head: DraftHead, train: list[dict], heldout: list[dict], cfg: HeadConfig, work_dir: Path,
@@ -576,18 +601,13 @@ def train_head(head: DraftHead, train: list[dict], heldout: list[dict], cfg: Hea
     ckpt = work_dir / CKPT_NAME
     params = [p for n, p in head.named_parameters()]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
-    step, prior_s, best, history = 0, 0.0, None, []
-    best_state = None
-    if ckpt.exists() and not restart:
-        ck = torch.load(ckpt, weights_only=False)
-        if ck.get("train_key") in (train_key, *also_resume):
-            head.load_state_dict(ck["head"], strict=False)
-            opt.load_state_dict(ck["optimizer"])
-            step, prior_s = ck["step"], ck["train_seconds"]
-            best, best_state, history = ck["best"], ck["best_state"], ck["history"]
-            log.info("resuming from %s at step %d", ckpt, step)
-        else:
-            log.warning("ignoring checkpoint %s: made with other settings", ckpt)
+    step, prior_s, tracker = 0, 0.0, _BestHeldout(heldout, cfg.ttt_steps)
+    ck = load_checkpoint(ckpt, (train_key, *also_resume), restart)
+    if ck is not None:
+        head.load_state_dict(ck["head"], strict=False)
+        opt.load_state_dict(ck["optimizer"])
+        step, prior_s = ck["step"], ck["train_seconds"]
+        tracker = _BestHeldout(heldout, cfg.ttt_steps, ck["best"], ck["best_state"], ck["history"])
     start_step = step
     rms = float(torch.cat([d["hidden"][:64].float() for d in train[:200]]).pow(2).mean().sqrt())
     noise_std = cfg.feat_noise * rms
@@ -595,50 +615,29 @@ def train_head(head: DraftHead, train: list[dict], heldout: list[dict], cfg: Hea
     t0 = time.perf_counter()
 
     def save():
-        _save_atomic({"head": head.head_state_dict(), "optimizer": opt.state_dict(), "step": step,
-                      "train_seconds": prior_s + time.perf_counter() - t0, "best": best, "best_state": best_state,
-                      "history": history, "train_key": train_key, "config": asdict(cfg)}, ckpt)
-
-    def score():
-        nonlocal best, best_state
-        if not heldout:
-            best_state = {k: v.clone() for k, v in head.head_state_dict().items()}
-            best = {"step": step}
-            return
-        ev = evaluate_heldout(head, heldout, cfg.ttt_steps) | {"step": step}
-        history.append(ev)
-        key = sum(ev[f"top1_{k}"] for k in range(1, cfg.ttt_steps + 1))
-        if best is None or key > best["_key"]:
-            best = ev | {"_key": key}
-            best_state = {k: v.clone() for k, v in head.head_state_dict().items()}
-        if wandb_run is not None:
-            wandb_run.log({f"heldout/{k}": v for k, v in ev.items()}, step=step)
-        log.info("held-out at step %d: %s", step, {k: round(v, 4) for k, v in ev.items() if k.startswith("top1")})
+        save_atomic({"head": head.head_state_dict(), "optimizer": opt.state_dict(), "step": step,
+                     "train_seconds": prior_s + time.perf_counter() - t0, "best": tracker.best,
+                     "best_state": tracker.best_state, "history": tracker.history, "train_key": train_key,
+                     "config": asdict(cfg)}, ckpt)
 
     head.train()
-    cap = 60 * cfg.max_train_minutes
     last: dict = {}
     stopped = False
     epoch_batches: dict[int, list] = {}
     n_per_epoch = len(_batches(train, cfg.batch_tokens, cfg.seed, 0))
     bar = tqdm(total=cfg.steps, initial=step, desc="train head", unit="step")
     while step < cfg.steps:
-        progress = max(step / cfg.steps, (prior_s + time.perf_counter() - t0) / cap if cap else 0.0)
-        if progress >= 1.0:
+        done = progress(step, cfg.steps, prior_s + time.perf_counter() - t0, cfg.max_train_minutes)
+        if done >= 1.0:
             stopped = step < cfg.steps
             break
         epoch, k = divmod(step, n_per_epoch)
         if epoch not in epoch_batches:
             epoch_batches = {epoch: _batches(train, cfg.batch_tokens, cfg.seed, epoch)}
         batch = make_batch([train[i] for i in epoch_batches[epoch][k]])
-        for gr in opt.param_groups:
-            gr["lr"] = _lr_at(step, progress, cfg)
         ts = time.perf_counter()
         m = head_losses(head, batch, cfg.ttt_steps, cfg.ttt_decay, cfg.reg_weight, noise_std, gen)
-        opt.zero_grad(set_to_none=True)
-        m["loss"].backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        optimizer_step(opt, params, m["loss"], lr_at(step, done, cfg.lr, cfg.warmup))
         step += 1
         last = {k2: float(v.detach()) for k2, v in m.items()} | {
             "lr": opt.param_groups[0]["lr"], "epoch": epoch,
@@ -648,20 +647,20 @@ def train_head(head: DraftHead, train: list[dict], heldout: list[dict], cfg: Hea
         bar.update(1)
         bar.set_postfix(loss=f"{last['loss']:.3f}", top1=f"{last.get('top1_1', 0):.3f}", ep=epoch)
         if step % cfg.eval_every == 0:
-            score()
+            tracker.score(head, step, wandb_run)
         if step % cfg.ckpt_every == 0:
             save()
     bar.close()
-    if not history or history[-1]["step"] != step:
-        score()
+    if not tracker.history or tracker.history[-1]["step"] != step:
+        tracker.score(head, step, wandb_run)
     save()
-    if best_state is not None:
-        head.load_state_dict(best_state, strict=False)
+    if tracker.best_state is not None:
+        head.load_state_dict(tracker.best_state, strict=False)
     head.eval()
     return {"start_step": start_step, "step": step, "train_seconds": time.perf_counter() - t0,
             "total_train_seconds": prior_s + time.perf_counter() - t0,
-            "best": {k: v for k, v in (best or {}).items() if k != "_key"}, "history": history, "last": last,
-            "stopped_by_time": stopped}
+            "best": {k: v for k, v in (tracker.best or {}).items() if k != "_key"}, "history": tracker.history,
+            "last": last, "stopped_by_time": stopped}
 
 
 # ----------------------------------------------------------------------------- measurement
@@ -767,7 +766,7 @@ def measure_cost(head: DraftHead, target: PreTrainedModel, tokenizer, examples: 
 # ----------------------------------------------------------------------------- driver
 def _is_head_dir(path: Path) -> bool:
     """A directory this recipe wrote: a head ``config.json`` of :data:`HEAD_FORMAT` and a build report
-    (a draft model written by ``learn2draft.distill`` also has a build report, but no head config)."""
+    (a draft model written by ``train.recipes.draft_model`` also has a build report, but no head config)."""
     try:
         meta = json.loads((path / HEAD_CONFIG).read_text())
     except (OSError, ValueError):
@@ -782,19 +781,9 @@ def check_out_dir(out: Path, target: str) -> None:
         HeadTrainError: ``out`` is a file, not writable, holds other files, or is the shipped head
             while ``target`` is not the embedded target.
     """
-    if out.exists() and not out.is_dir():
-        raise HeadTrainError(f"--out {out} exists and is not a directory: pass a directory path.")
-    parent = out.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not os.access(parent, os.W_OK):
-        raise HeadTrainError(f"Cannot write under {parent}: pass an --out directory you can write to.")
-    if out.is_dir() and any(out.iterdir()) and not _is_head_dir(out):
-        raise HeadTrainError(f"--out {out} holds files this tool did not write (no draft head with its "
-                             "build_report.json): choose a new or empty directory.")
-    if out == DEFAULT_HEAD_DIR.resolve() and target != DEFAULT_TARGET:
-        raise HeadTrainError(f"--out defaults to the shipped head of {DEFAULT_TARGET}; for target {target!r} pass "
-                             "--out NEW_DIR.")
+    _check_out_dir(out, target, shipped=DEFAULT_HEAD_DIR, what="head", is_ours=_is_head_dir, error=HeadTrainError,
+                   foreign="holds files this tool did not write (no draft head with its build_report.json): choose "
+                           "a new or empty directory.")
 
 
 def split_heldout(examples: list[dict], fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
@@ -807,6 +796,93 @@ def split_heldout(examples: list[dict], fraction: float, seed: int) -> tuple[lis
     k = max(1, round(fraction * len(examples)))
     held = set(idx[:k])
     return [e for i, e in enumerate(examples) if i not in held], [e for i, e in enumerate(examples) if i in held]
+
+
+def _head_data(cfg: HeadConfig, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str],
+               docs: list[str] | None, work: Path) -> dict:
+    """Phase 1 of :func:`build_head`: the target's answers to ``prompts`` (in cached blocks of
+    :data:`GEN_BLOCK` prompts: a larger ``--num-prompts`` reuses them) and its features on
+    documentation text. Returns ``answers``, ``docs`` (examples), ``key`` (hash of both data sets)
+    and the seconds of each part (``generate``, ``docs_forward``)."""
+    t0 = time.perf_counter()
+    answers, gkeys = [], []
+    for i in range(0, len(prompts), GEN_BLOCK):
+        gkeys.append(cfg.gen_key(prompts[i:i + GEN_BLOCK]))
+        (work / "gen" / gkeys[-1]).mkdir(parents=True, exist_ok=True)
+        answers += generate_answers(target, tokenizer, prompts[i:i + GEN_BLOCK], cfg.max_new_tokens, cfg.gen_batch_size,
+                                    work / "gen" / gkeys[-1], desc=f"generate {i // GEN_BLOCK + 1}")
+    gkey = hashlib.sha256("".join(gkeys).encode()).hexdigest()[:16]
+    gen_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    dkey = hashlib.sha256(f"{cfg.docs_key()}:{cfg.docs_tokens}".encode()).hexdigest()[:16]
+    doc_data: list[dict] = []
+    if cfg.docs_tokens > 0:
+        if docs is None:
+            docs = collect_docs_text(max_chars=cfg.docs_tokens * 6, seed=cfg.seed)
+        doc_data = forward_docs(target, tokenizer, docs, cfg.docs_tokens, cfg.docs_chunk, cfg.docs_batch,
+                                lambda i: work / "docs" / cfg.docs_key(i), block_tokens=DOCS_BLOCK)
+    return {"answers": answers, "docs": doc_data, "key": gkey + dkey, "generate": gen_s,
+            "docs_forward": time.perf_counter() - t0}
+
+
+def _data_info(prompts: list[str], answers: list[dict], held: list[dict], doc_data: list[dict],
+               train: list[dict]) -> dict:
+    """The build report's ``data`` entry: counts of prompts, answers, tokens and training positions,
+    and the generation / forward seconds recorded in the cached data (earlier sittings included)."""
+    return {"prompts": len(prompts), "answers": len(answers),
+            "answer_tokens": sum(len(d["ids"]) - d["prompt_len"] for d in answers),
+            "heldout_answers": len(held), "docs_chunks": len(doc_data), "docs_tokens": sum(len(d["ids"]) for d in doc_data),
+            "train_positions": sum(max(0, d["hidden"].shape[0] - 1 - d["start"]) for d in train),
+            "generation_seconds_recorded": sum(d.get("seconds", 0.0) for d in answers),
+            "docs_seconds_recorded": sum(d.get("seconds", 0.0) for d in doc_data)}
+
+
+def _continued_keys(cfg: HeadConfig, work: Path, data_key: str, restart: bool) -> tuple[str, ...]:
+    """Training keys of the checkpoint in ``work`` that this run may continue besides its own: the
+    same run with a shorter ``--max-train-minutes`` (a longer cap continues a finished run)."""
+    if not (work / CKPT_NAME).exists() or restart:
+        return ()
+    old = torch.load(work / CKPT_NAME, weights_only=False).get("config", {}).get("max_train_minutes")
+    if isinstance(old, (int, float)) and old <= cfg.max_train_minutes:
+        return (dataclasses.replace(cfg, max_train_minutes=old).train_key(data_key),)
+    return ()
+
+
+def _measure_head(head: DraftHead, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                  eval_prompts: list[str], cfg: HeadConfig, vocab_size: int) -> dict:
+    """Phase 4 of :func:`build_head`: α per draft step (:func:`measure_alpha`) and the cost per
+    draft step (:func:`measure_cost`) along the target's greedy answers to ``eval_prompts``."""
+    ev = generate_answers(target, tokenizer, eval_prompts, cfg.eval_max_new_tokens, len(eval_prompts), None,
+                          desc="held-out answers")
+    for d in ev:
+        d["hidden"] = d["hidden"].float()
+        d["start"] = d["prompt_len"] - 1  # from the answer's second token (the first comes from the prefill)
+    alpha = measure_alpha(head, ev, steps=max(3, cfg.ttt_steps))
+    return alpha | measure_cost(head, target, tokenizer, ev, vocab_size, repeats=cfg.timing_repeats)
+
+
+def _head_report(cfg: HeadConfig, command: str | None, n_params: int, lcfg, d2t: torch.Tensor, coverage: dict,
+                 data_info: dict, tr: dict, measure: dict, seconds: dict) -> dict:
+    """The build report (``build_report.json`` without its size): settings, the head's architecture
+    and draft vocabulary, the data, training and measurement summaries and the phases' seconds."""
+    return {
+        "target": cfg.target,
+        "command": command or "",
+        "config": asdict(cfg),
+        "head_parameters": n_params,
+        "head_architecture": {"hidden_size": lcfg.hidden_size, "intermediate_size": lcfg.intermediate_size,
+                              "num_attention_heads": lcfg.num_attention_heads,
+                              "num_key_value_heads": lcfg.num_key_value_heads, "draft_vocab_size": int(d2t.numel()),
+                              "layers": 1},
+        "draft_vocab_coverage": coverage,
+        "data": data_info,
+        "training": {k: tr[k] for k in ("start_step", "step", "train_seconds", "total_train_seconds",
+                                          "stopped_by_time", "best", "history", "last")},
+        "measure": measure,
+        "measure_prompts": measure_prompts_note(cfg.eval_prompts),
+        "seconds": seconds,
+        **environment(),
+    }
 
 
 def build_head(cfg: HeadConfig, target: PreTrainedModel | None = None, tokenizer: PreTrainedTokenizerBase | None = None,
@@ -835,51 +911,20 @@ def build_head(cfg: HeadConfig, target: PreTrainedModel | None = None, tokenizer
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     prompts = select_distill_prompts(prompts, cfg.prompts_file, cfg.num_prompts)
-    if eval_prompts is None:
-        eval_prompts = load_prompts("heldout")
-    if cfg.eval_prompts:
-        eval_prompts = eval_prompts[: cfg.eval_prompts]
-    if tokenizer is None:
-        tokenizer = load_tokenizer(cfg.target)
-    if target is None:
-        log.info("loading target %s", cfg.target)
-        target = load_model(cfg.target)
-    target.eval()
+    eval_prompts = select_eval_prompts(eval_prompts, cfg.eval_prompts)
+    target, tokenizer = load_target(cfg.target, target, tokenizer)
     V = len(tokenizer)
-    work = Path(cfg.work_dir).expanduser() if cfg.work_dir else DEFAULT_WORK_DIR / _slug(cfg.target)
+    work = work_dir_for(cfg.work_dir, DEFAULT_WORK_DIR, cfg.target)
     work.mkdir(parents=True, exist_ok=True)
 
     # ---- phase 1: data
-    t0 = time.perf_counter()
-    answers, gkeys = [], []
-    for i in range(0, len(prompts), GEN_BLOCK):  # blocks: a larger --num-prompts reuses the cached blocks
-        gkeys.append(cfg.gen_key(prompts[i:i + GEN_BLOCK]))
-        (work / "gen" / gkeys[-1]).mkdir(parents=True, exist_ok=True)
-        answers += generate_answers(target, tokenizer, prompts[i:i + GEN_BLOCK], cfg.max_new_tokens, cfg.gen_batch_size,
-                                    work / "gen" / gkeys[-1], desc=f"generate {i // GEN_BLOCK + 1}")
-    gkey = hashlib.sha256("".join(gkeys).encode()).hexdigest()[:16]
-    gen_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    dkey = hashlib.sha256(f"{cfg.docs_key()}:{cfg.docs_tokens}".encode()).hexdigest()[:16]
-    doc_data: list[dict] = []
-    if cfg.docs_tokens > 0:
-        if docs is None:
-            docs = collect_docs_text(max_chars=cfg.docs_tokens * 6, seed=cfg.seed)
-        doc_data = forward_docs(target, tokenizer, docs, cfg.docs_tokens, cfg.docs_chunk, cfg.docs_batch,
-                                lambda i: work / "docs" / cfg.docs_key(i), block_tokens=DOCS_BLOCK)
-    docs_s = time.perf_counter() - t0
-    train_ans, held_ans = split_heldout(answers, cfg.heldout_fraction, cfg.seed)
-    train = train_ans + doc_data
-    n_ans = sum(len(d["ids"]) - d["prompt_len"] for d in answers)
-    n_docs = sum(len(d["ids"]) for d in doc_data)
-    data_info = {"prompts": len(prompts), "answers": len(answers), "answer_tokens": n_ans,
-                 "heldout_answers": len(held_ans), "docs_chunks": len(doc_data), "docs_tokens": n_docs,
-                 "train_positions": sum(max(0, d["hidden"].shape[0] - 1 - d["start"]) for d in train),
-                 "generation_seconds_recorded": sum(d.get("seconds", 0.0) for d in answers),
-                 "docs_seconds_recorded": sum(d.get("seconds", 0.0) for d in doc_data)}
+    data = _head_data(cfg, target, tokenizer, prompts, docs, work)
+    train_ans, held_ans = split_heldout(data["answers"], cfg.heldout_fraction, cfg.seed)
+    train = train_ans + data["docs"]
+    data_info = _data_info(prompts, data["answers"], held_ans, data["docs"], train)
     log.info("data: %s", data_info)
     if data_only:
-        return {"data": data_info, "seconds": {"generate": gen_s, "docs_forward": docs_s}}
+        return {"data": data_info, "seconds": {"generate": data["generate"], "docs_forward": data["docs_forward"]}}
 
     # ---- phase 2: draft vocabulary and head
     eos = sorted(eos_token_ids(target, tokenizer))
@@ -888,22 +933,10 @@ def build_head(cfg: HeadConfig, target: PreTrainedModel | None = None, tokenizer
     torch.manual_seed(cfg.seed)
     head = DraftHead(lcfg, d2t).attach_target(target, init_norm=True)
     n_params = sum(p.numel() for p in head.parameters())
-
-    run = None
-    tkey = cfg.train_key(gkey + dkey)
-    also = ()
-    if (work / CKPT_NAME).exists() and not restart:  # a longer --max-train-minutes continues a finished run
-        old = torch.load(work / CKPT_NAME, weights_only=False).get("config", {}).get("max_train_minutes")
-        if isinstance(old, (int, float)) and old <= cfg.max_train_minutes:
-            also = (dataclasses.replace(cfg, max_train_minutes=old).train_key(gkey + dkey),)
-    if cfg.wandb_mode != "disabled":
-        import wandb
-
-        id_file = work / f"wandb_id_{tkey}.txt"
-        run_id = id_file.read_text().strip() if id_file.exists() and not restart else uuid.uuid4().hex[:8]
-        id_file.write_text(run_id)
-        run = wandb.init(project=cfg.wandb_project, mode=cfg.wandb_mode, dir=str(work), id=run_id, resume="allow",
-                         config=asdict(cfg), name=f"head-{_slug(cfg.target)}")
+    tkey = cfg.train_key(data["key"])
+    also = _continued_keys(cfg, work, data["key"], restart)
+    run = start_wandb(cfg, work, tkey, restart, "head")
+    if run is not None:
         run.log({f"data/{k}": v for k, v in data_info.items()})
 
     # ---- phase 3: training
@@ -911,57 +944,23 @@ def build_head(cfg: HeadConfig, target: PreTrainedModel | None = None, tokenizer
 
     # ---- phase 4: measurement on the held-out policy prompts
     t0 = time.perf_counter()
-    ev = generate_answers(target, tokenizer, eval_prompts, cfg.eval_max_new_tokens, len(eval_prompts), None,
-                          desc="held-out answers")
-    for d in ev:
-        d["hidden"] = d["hidden"].float()
-        d["start"] = d["prompt_len"] - 1  # from the answer's second token (the first comes from the prefill)
-    alpha = measure_alpha(head, ev, steps=max(3, cfg.ttt_steps))
-    cost = measure_cost(head, target, tokenizer, ev, V, repeats=cfg.timing_repeats)
+    measure = _measure_head(head, target, tokenizer, eval_prompts, cfg, V)
     eval_s = time.perf_counter() - t0
 
     # ---- phase 5: output
-    tmp = out.with_name(out.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    tmp = fresh_build_dir(out)
     save_dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[cfg.save_dtype]
     head.save(tmp, extra={"target": cfg.target, "target_hidden_size": target.config.hidden_size,
                           "target_vocab_size": V}, dtype=save_dtype)
-    report = {
-        "target": cfg.target,
-        "command": command or "",
-        "config": asdict(cfg),
-        "head_parameters": n_params,
-        "head_architecture": {"hidden_size": lcfg.hidden_size, "intermediate_size": lcfg.intermediate_size,
-                              "num_attention_heads": lcfg.num_attention_heads,
-                              "num_key_value_heads": lcfg.num_key_value_heads, "draft_vocab_size": int(d2t.numel()),
-                              "layers": 1},
-        "draft_vocab_coverage": coverage,
-        "data": data_info,
-        "training": {k: tr[k] for k in ("start_step", "step", "train_seconds", "total_train_seconds",
-                                          "stopped_by_time", "best", "history", "last")},
-        "measure": alpha | cost,
-        "measure_prompts": "learn2draft.prompts.load_prompts('heldout')" if cfg.eval_prompts == 0 else
-                           f"first {cfg.eval_prompts} held-out prompts",
-        "seconds": {"generate": gen_s, "docs_forward": docs_s, "train": tr["train_seconds"], "measure": eval_s},
-        "torch_threads": torch.get_num_threads(),
-        "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__},
-    }
+    report = _head_report(cfg, command, n_params, lcfg, d2t, coverage, data_info, tr, measure,
+                          {"generate": data["generate"], "docs_forward": data["docs_forward"],
+                           "train": tr["train_seconds"], "measure": eval_s})
     report["seconds"]["total"] = time.perf_counter() - t_start
     # What a build from scratch costs: the recorded time of every cached data shard (earlier sittings included),
     # all training sittings, this measurement.
     report["seconds"]["from_scratch"] = (data_info["generation_seconds_recorded"] + data_info["docs_seconds_recorded"]
                                          + tr["total_train_seconds"] + eval_s)
-    report["size_bytes"] = dir_size_bytes(tmp) + 8192
-    (tmp / "build_report.json").write_text(json.dumps(report, indent=2))
-    report["size_bytes"] = dir_size_bytes(tmp)
-    (tmp / "build_report.json").write_text(json.dumps(report, indent=2))
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
-    if run is not None:
-        run.summary.update({f"measure/{k}": v for k, v in report["measure"].items() if isinstance(v, (int, float))})
-        run.finish()
+    publish_build(tmp, out, report, 8192, run)
     return report
 
 
@@ -969,7 +968,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[HeadConfig, argparse.Name
     """Parse the command line into a :class:`HeadConfig` (defaults = the shipped head's recipe)."""
     d = HeadConfig()
     ap = argparse.ArgumentParser(
-        prog="python -m train.head",
+        prog="python -m train.recipes.head",
         description="Train an EAGLE-style draft head (one decoder layer over the target's hidden states, frequent-token "
                     "draft vocabulary) by self-distillation, measure its acceptance rate and cost, save it.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -1013,22 +1012,18 @@ def parse_args(argv: list[str] | None = None) -> tuple[HeadConfig, argparse.Name
         "save_dtype": "dtype of the saved weights",
         "wandb_project": "W&B project",
     }
-    for name, text in helps.items():
-        v = getattr(d, name)
-        ap.add_argument("--" + name.replace("_", "-"), type=type(v), default=v, help=text)
+    add_recipe_flags(ap, d, helps)
     a = ap.parse_args(argv)
-    cfg = HeadConfig(**{k: getattr(a, k) for k in HeadConfig.__dataclass_fields__})
-    return cfg, a
+    return config_from_args(HeadConfig, a), a
 
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns the exit status (2 on bad input, with a one-line message)."""
     cfg, a = parse_args(argv)
-    logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING, format="%(levelname)s %(message)s")
-    logging.getLogger(__name__).setLevel(logging.INFO)
-    cmd = "python -m train.head" + ("" if argv is None and len(sys.argv) <= 1 else " " + shlex.join(
-        sys.argv[1:] if argv is None else argv))
-    try:
+    setup_logging(a.verbose)
+    cmd = command_line("python -m train.recipes.head", argv)
+
+    def body() -> int:
         cfg.check()
         check_wandb(cfg.wandb_mode)  # before ~30 min of data generation
         torch.set_num_threads(cfg.threads)
@@ -1036,18 +1031,14 @@ def main(argv: list[str] | None = None) -> int:
         if a.data_only:
             print(json.dumps(rep))
             return 0
-    except (HeadTrainError, ModelLoadError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"error: {e.__class__.__name__}: {e}", file=sys.stderr)
-        return 2
-    m = rep["measure"]
-    print(json.dumps({"out": cfg.out, "alpha_step1": round(m["alpha_step1"], 4),
-                      "alpha_step2": round(m["alpha_step2"], 4), "alpha_step3": round(m["alpha_step3"], 4),
-                      "cost_ratio": round(m["cost_ratio"], 4), "size_mb": round(rep["size_bytes"] / 1e6, 2),
-                      "seconds": round(rep["seconds"]["total"], 1)}))
-    return 0
+        m = rep["measure"]
+        print(json.dumps({"out": cfg.out, "alpha_step1": round(m["alpha_step1"], 4),
+                          "alpha_step2": round(m["alpha_step2"], 4), "alpha_step3": round(m["alpha_step3"], 4),
+                          "cost_ratio": round(m["cost_ratio"], 4), "size_mb": round(rep["size_bytes"] / 1e6, 2),
+                          "seconds": round(rep["seconds"]["total"], 1)}))
+        return 0
+
+    return run_recipe(body)
 
 
 if __name__ == "__main__":
