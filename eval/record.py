@@ -20,7 +20,7 @@ mask, and from it the accepted length τ of every depth 0..--max-depth and every
 in --verify-sizes. Example::
 
     python -m eval.record --tree --drafter head --prompt-split heldout --max-depth 8 \
-        --verify-sizes 1,2,4,8,16,32,64 --tree-width 4 --tree-top-k 4 --out runs/traces/head-tree-heldout.npz
+        --verify-sizes 1,2,4,8,16,32,48,64 --tree-width 4 --tree-top-k 4 --out runs/traces/head-tree-heldout.npz
 
 Cost per generated token: one target forward over up to 1 + k + (max_depth − 1)·W·k tokens and
 --max-depth drafting levels.
@@ -34,7 +34,16 @@ import sys
 from pathlib import Path
 
 from learn2draft.cli import HelpFormatter, plain_doc, run_cli
-from learn2draft.names import DEFAULT_DRAFT, DEFAULT_TARGET
+from learn2draft.names import (
+    DEFAULT_DRAFT,
+    DEFAULT_MAX_DEPTH,
+    DEFAULT_TARGET,
+    DEFAULT_TREE_TOP_K,
+    DEFAULT_TREE_WIDTH,
+    DEFAULT_VERIFY_SIZES,
+)
+
+_SIZES = ",".join(str(v) for v in DEFAULT_VERIFY_SIZES)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", default=None,
                    help="prompts from a file instead (.jsonl with a 'prompt' field per line, or a JSON list of strings)")
     p.add_argument("--num-prompts", type=int, default=None, help="record only the first N prompts (default: all)")
-    p.add_argument("--max-depth", type=int, default=8,
+    p.add_argument("--max-depth", type=int, default=DEFAULT_MAX_DEPTH,
                    help="longest chain recorded per position (replay and training may use any max_depth up to it)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (exact replay); > 0 see the docs")
@@ -65,11 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="record draft-tree traces (temperature 0; model or head drafter): τ of every depth and "
                         "verification size")
     t.add_argument("--verify-sizes", default=None,
-                   help="with --tree: verification sizes V recorded, comma-separated (default: 1,2,4,8,16,32,64)")
+                   help=f"with --tree: verification sizes V recorded, comma-separated (default: {_SIZES})")
     t.add_argument("--tree-width", "--width", dest="width", type=int, default=None,
-                   help="with --tree: W, frontier nodes expanded per level (default: 4)")
+                   help=f"with --tree: W, frontier nodes expanded per level (default: {DEFAULT_TREE_WIDTH})")
     t.add_argument("--tree-top-k", dest="tree_top_k", type=int, default=None,
-                   help="with --tree: k, children per expanded node (default: 4; --top-k is sampling's top-k)")
+                   help=f"with --tree: k, children per expanded node (default: {DEFAULT_TREE_TOP_K}; --top-k is sampling's top-k)")
     return p
 
 
@@ -98,11 +107,12 @@ def _run(args) -> int:
                             ("--tree-top-k", args.tree_top_k)) if v is not None]
     if given and not args.tree:
         raise ValueError(f"{', '.join(given)} only apply to draft trees: add --tree (or drop them).")
-    args.verify_sizes = "1,2,4,8,16,32,64" if args.verify_sizes is None else args.verify_sizes
-    args.width = 4 if args.width is None else args.width
-    args.tree_top_k = 4 if args.tree_top_k is None else args.tree_top_k
+    args.verify_sizes = _SIZES if args.verify_sizes is None else args.verify_sizes
+    args.width = DEFAULT_TREE_WIDTH if args.width is None else args.width
+    args.tree_top_k = DEFAULT_TREE_TOP_K if args.tree_top_k is None else args.tree_top_k
     if args.tree:
-        from learn2draft.traces import TREE_T_POSITIVE_REFUSAL, check_verify_sizes
+        from learn2draft.names import check_verify_sizes
+        from learn2draft.traces import TREE_T_POSITIVE_REFUSAL
 
         if not sampling.greedy:
             raise ValueError(f"--tree --temperature {args.temperature}: {TREE_T_POSITIVE_REFUSAL}")

@@ -22,6 +22,7 @@ from transformers.generation.streamers import BaseStreamer
 from learn2draft.decoding import DraftController, Sampler, SpeculativeDecoder
 from learn2draft.drafters import Drafter, make_drafter
 from learn2draft.models import ModelPair
+from learn2draft.names import run_seed
 from learn2draft.sampling import SamplingConfig
 from learn2draft.timing import DeviceClock
 
@@ -91,7 +92,8 @@ def decoder_max_depth(controller: DraftController) -> int:
     trained on — ``controller.depth_feature_scale`` when it has one (a learned tree policy with a fixed
     depth drafts fewer levels than that scale, :class:`policies.tree.TreePolicyController`), else
     ``controller.max_depth``."""
-    return int(getattr(controller, "depth_feature_scale", controller.max_depth))
+    scale = controller.depth_feature_scale
+    return int(controller.max_depth if scale is None else scale)
 
 
 def make_decoder(pair: ModelPair, sampling: SamplingConfig, max_new_tokens: int, max_depth: int,
@@ -240,7 +242,7 @@ def run_interleaved(methods: Sequence[Method], prompts: Sequence[torch.Tensor], 
             for pi, ids in enumerate(prompts):
                 k = (rep * len(prompts) + pi) % len(methods)
                 for m in list(methods[k:]) + list(methods[:k]):
-                    r = m.run(ids, seed=seed + 1000 * rep + pi)
+                    r = m.run(ids, seed=run_seed(seed, rep, pi))
                     r.prompt_index, r.repeat = pi, rep
                     records.append(r)
                     bar.update(1)

@@ -71,6 +71,11 @@ class DraftController(ABC):
     """
 
     max_depth: int = 12
+    #: The ``max_depth`` the depth feature this controller reads is divided by (depth / max_depth), e.g. the
+    #: one a trained policy was trained with: its decoder must be built with the same (a mismatch is refused,
+    #: :func:`learn2draft.features.check_depth_feature_scale`). None: the controller does not read the depth
+    #: feature on any particular scale (fixed depths), so any decoder's ``max_depth`` serves.
+    depth_feature_scale: int | None = None
 
     def reset(self) -> None:  # noqa: B027 (optional hook, a no-op by default)
         """Called at the start of each generation."""

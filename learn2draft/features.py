@@ -65,6 +65,25 @@ def feature_spec(max_depth: int) -> dict:
     }
 
 
+def check_depth_feature_scale(controller, max_depth: int, holder: str = "this decoder",
+                              rebuild: str = "the decoder") -> None:
+    """Refuse a controller that reads the ``depth`` feature on another scale than ``max_depth``.
+
+    Args:
+        controller: a :class:`learn2draft.decoding.DraftController`; its ``depth_feature_scale`` (None: no
+            particular scale, never refused) is the ``max_depth`` its depth feature is divided by.
+        max_depth: the ``max_depth`` of what builds the features (a decoder, a replay environment).
+        holder, rebuild: how the message names that (``"this decoder"``) and what to rebuild (``"the decoder"``).
+
+    Raises:
+        ValueError: the scales differ (the message says which ``max_depth`` to build with).
+    """
+    scale = controller.depth_feature_scale
+    if scale is not None and scale != max_depth:
+        raise ValueError(f"{controller!r} reads depth features scaled by max_depth={scale}, but {holder} has "
+                         f"max_depth={max_depth}: build {rebuild} with max_depth={scale}.")
+
+
 def build_features(
     context_len: int,
     depth: int,

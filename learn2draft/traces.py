@@ -74,6 +74,7 @@ from pathlib import Path
 import numpy as np
 
 from learn2draft.features import FEATURE_NAMES, FEATURE_VERSION
+from learn2draft.names import DEFAULT_VERIFY_SIZES, check_verify_sizes  # noqa: F401 (re-exported)
 
 TRACE_FORMAT = "learn2draft-trace"
 #: Version of the file layout; :meth:`TraceSet.load` refuses other versions.
@@ -786,21 +787,6 @@ def load_tree_traces(paths: str | Path | Sequence[str | Path]) -> TreeTraceSet:
                                             "verify_sizes", "width", "top_k", "chat"))
 
 
-def check_verify_sizes(verify_sizes) -> list[int]:
-    """``verify_sizes`` as a list of distinct increasing integers ≥ 1.
-
-    Raises:
-        ValueError: empty, not integers, or a value < 1.
-    """
-    try:
-        vs = [int(v) for v in verify_sizes]
-    except (TypeError, ValueError):
-        raise ValueError(f"verify_sizes must be integers ≥ 1, got {verify_sizes!r}.") from None
-    if not vs or min(vs) < 1 or len(set(vs)) != len(vs) or vs != sorted(vs):
-        raise ValueError(f"verify_sizes must be distinct increasing integers ≥ 1 (e.g. 1,2,4,8,16,32,64), got {vs}.")
-    return vs
-
-
 class _RootOnlySampler:
     """The recording's acceptance hook for :class:`learn2draft.tree.TreeSpeculativeDecoder`: it keeps the tree the
     decoder drafted and the target's argmax after every node, and accepts no node, emitting the root's argmax (the
@@ -968,7 +954,7 @@ def _greedy_path(tree, argmax: np.ndarray) -> list[int]:
 
 
 def record_tree_traces(pair, drafter, prompts: Sequence, sampling, max_new_tokens: int = 64, max_depth: int = 8,
-                       verify_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), width: int = 4, top_k: int = 4,
+                       verify_sizes: Sequence[int] = DEFAULT_VERIFY_SIZES, width: int = 4, top_k: int = 4,
                        seed: int = 0, header: dict | None = None, progress: bool = True) -> TreeTraceSet:
     """Record one :class:`TreePromptTrace` per prompt with :func:`record_tree_prompt` (temperature 0 only).
 

@@ -9,7 +9,14 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from learn2draft.names import DEFAULT_DRAFT, DEFAULT_TARGET
+from learn2draft.names import (
+    DEFAULT_DRAFT,
+    DEFAULT_MAX_DEPTH,
+    DEFAULT_TARGET,
+    DEFAULT_TREE_TOP_K,
+    DEFAULT_TREE_WIDTH,
+    DEFAULT_VERIFY_SIZES,
+)
 from learn2draft.prompts import SPLITS
 
 WANDB_MODES = ("offline", "online", "disabled")
@@ -86,7 +93,7 @@ class TrainConfig:
     top_k: int = 0
     top_p: float = 1.0
     max_new_tokens: int = 64
-    max_depth: int = 8
+    max_depth: int = DEFAULT_MAX_DEPTH
     timesteps: int = 8192
     n_steps: int = 256
     batch_size: int = 64
@@ -121,9 +128,9 @@ class TrainConfig:
     tree: bool = False
     policies: tuple[str, ...] = TREE_POLICIES
     rounds: int = 2
-    tree_width: int = 4
-    tree_top_k: int = 4
-    verify_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 48, 64)
+    tree_width: int = DEFAULT_TREE_WIDTH
+    tree_top_k: int = DEFAULT_TREE_TOP_K
+    verify_sizes: tuple[int, ...] = DEFAULT_VERIFY_SIZES
     verify_size: int = 16
     tree_depth: int | None = None
     size_timesteps: int | None = None
