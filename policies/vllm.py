@@ -92,7 +92,7 @@ class LearnedDraftLengthPolicy:
     """
 
     def __init__(self, export_dir: str | Path, device: str | torch.device = "cpu", num_spec_tokens: int | None = None):
-        from policies.export import ONNX_FILE, POLICY_CONFIG_FILE, resolve_export_dir
+        from policies.layout import ONNX_FILE, POLICY_CONFIG_FILE, resolve_export_dir
 
         d = resolve_export_dir(export_dir)
         for name in (ONNX_FILE, "feature_spec.json", POLICY_CONFIG_FILE):

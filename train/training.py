@@ -434,7 +434,7 @@ def _replay_evaluation(env, policy_dir: Path, cfg: TrainConfig) -> dict:
     best fixed depth of :func:`eval.oracle.oracle_report` (T > 0: 5 generations per prompt). With several
     profiles, once per profile, the rows named ``"<profile>/<method>"``."""
     from envs.replay import SpecDecodeReplayEnv
-    from policies.export import load_policy
+    from policies.load import load_policy
 
     # the loop's features only: a profile-conditioned controller appends its profile's (load_policy(profile=))
     plain = env if not env.profile_features else SpecDecodeReplayEnv(
@@ -580,7 +580,8 @@ def _train(pair: ModelPair, cfg: TrainConfig, out: Path, saved: dict | None, rep
 
     from envs.spec_decode import SpecDecodeEnv
     from learn2draft.prompts import load_prompts
-    from policies.export import export_policy, load_policy
+    from policies.export import export_policy
+    from policies.load import load_policy
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)

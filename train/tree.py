@@ -17,7 +17,7 @@
 4. saves ``model.zip`` (depth) / ``size_model.zip`` (size) and exports ``policy/`` and ``size_policy/``
    (:func:`policies.export.export_policy`, parity vectors included) and ``tree.json`` (the tree settings,
    :mod:`policies.tree`);
-5. optionally a quick held-out check: the learned tree (:func:`policies.tree.load_tree_policy`) against a fixed
+5. optionally a quick held-out check: the learned tree (:func:`policies.load.load_tree_policy`) against a fixed
    tree and autoregressive decoding, interleaved per prompt (a sanity check, not a benchmark).
 """
 
@@ -160,7 +160,7 @@ def phase_schedule(cfg: TrainConfig) -> list[tuple[str, int]]:
 
 
 def tree_settings(cfg: TrainConfig, trained: list[str], run_config: dict) -> dict:
-    """The ``tree.json`` written next to the exports (read by :func:`policies.tree.load_tree_policy`)."""
+    """The ``tree.json`` written next to the exports (read by :func:`policies.load.load_tree_policy`)."""
     return {
         "format": "learn2draft-tree/1",
         "policies": trained,
@@ -198,7 +198,7 @@ def train_tree(pair: ModelPair, cfg: TrainConfig, out: Path, replacement, stop, 
     from learn2draft.prompts import load_prompts
     from policies.controllers import SB3Controller
     from policies.export import export_policy
-    from policies.tree import load_tree_policy
+    from policies.load import load_tree_policy
     from train.training import (
         _cycle_stats_callback,
         _init_wandb,
