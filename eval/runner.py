@@ -47,6 +47,7 @@ class RunRecord:
     accepted: int = 0  # of which accepted
     cycles: int = 0  # draft/verify cycles (this project's loop only)
     verified: int = 0  # tokens sent to the target for verification, summed over cycles
+    cycle_seconds: float = 0.0  # seconds inside draft/verify cycles (prefill excluded; this project's loop only)
 
     @property
     def tokens_per_second(self) -> float:
@@ -156,7 +157,7 @@ class DecoderMethod(Method):
         return RunRecord(self.name, -1, -1, len(r.tokens), r.wall_seconds, r.ttft_seconds,
                          r.mean_inter_token_seconds, r.mean_accepted if drafted else None,
                          r.overhead_fraction, r.tokens, drafted, sum(c.num_accepted for c in r.cycles),
-                         len(r.cycles), sum(c.verify_size for c in r.cycles))
+                         len(r.cycles), sum(c.verify_size for c in r.cycles), sum(c.seconds for c in r.cycles))
 
 
 class _TimingStreamer(BaseStreamer):

@@ -39,14 +39,11 @@ from torch import nn
 from learn2draft.features import (
     ENGINE_FEATURE_NAMES,
     FEATURE_NAMES,
-    FEATURE_VERSION,
     PROFILE_FEATURE_NAMES,
-    PROFILE_FEATURE_VERSION,
     SIZE_FEATURE_NAMES,
     engine_feature_spec,
     feature_spec,
     profile_feature_spec,
-    profile_features,
     size_feature_spec,
 )
 from policies.controllers import OnnxController

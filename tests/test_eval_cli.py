@@ -9,7 +9,7 @@ import pytest
 import train
 from eval.__main__ import main as eval_main
 from learn2draft.models import load_pair
-from train.training import TrainConfig
+from train.config import TrainConfig
 
 
 @pytest.fixture(scope="module")

@@ -401,7 +401,7 @@ def test_a_damaged_profile_file_is_a_clear_error(tmp_path):
 def test_train_replay_runs_end_to_end_and_exports(pairs, tmp_path, capsys):
     import train
     from policies.load import load_policy, policy_drafter
-    from train.training import TrainConfig
+    from train.config import TrainConfig
 
     path = traces_for(pairs, "noisy", "lookup").save(tmp_path / "t.npz")
     prof = linear_profile().save(tmp_path / "p.json")
@@ -641,7 +641,7 @@ def test_train_a_profile_conditioned_policy_export_and_load(pairs, tiny_model_di
     from learn2draft.features import FEATURE_NAMES, profile_features
     from policies.check import main as check_main
     from policies.load import load_policy
-    from train.training import TrainConfig
+    from train.config import TrainConfig
 
     path = traces_for(pairs, "noisy", "model").save(tmp_path / "t.npz")
     a = scaled_profile("slow", **SLOW).save(tmp_path / "slow.json")

@@ -179,7 +179,7 @@ def test_tree_run_with_one_policy(noisy_pair, tmp_path, only):
 def test_collapse_warning_fires_for_a_collapsed_policy(noisy_pair, tmp_path):
     from stable_baselines3 import PPO
 
-    from train.tree import PolicyCollapseWarning, _action_callback, action_fractions, collapse_message
+    from train.callbacks import ActionDistributionCallback, PolicyCollapseWarning, action_fractions, collapse_message
 
     env = size_env(noisy_pair)
     model = PPO("MlpPolicy", env, n_steps=32, batch_size=32, n_epochs=1, policy_kwargs={"net_arch": [8]}, seed=0,
@@ -188,7 +188,7 @@ def test_collapse_warning_fires_for_a_collapsed_policy(noisy_pair, tmp_path):
         model.policy.action_net.weight.zero_()
         model.policy.action_net.bias.fill_(-50.0)
         model.policy.action_net.bias[4] = 50.0
-    cb = _action_callback("size", {i: f"V={v}" for i, v in enumerate(env.verify_sizes)})
+    cb = ActionDistributionCallback("size", {i: f"V={v}" for i, v in enumerate(env.verify_sizes)})
     with pytest.warns(PolicyCollapseWarning, match="size policy collapsed .* V=16"):
         model.learn(32, callback=cb)
     assert cb.collapses and cb.last_fractions["V=16"] == 1.0

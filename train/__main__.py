@@ -222,7 +222,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from learn2draft.models import ModelLoadError, TokenizerMismatchError, load_pair, parse_dtype, resolve_model_source
     from policies.export import ExportCheckError
-    from train.training import apply_replay_settings, check_wandb, prepare_out_dir, run
+    from learn2draft.cli import check_wandb
+    from train.chain import apply_replay_settings
+    from train.launch import run
+    from train.outdir import prepare_out_dir
 
     try:
         cfg = resume_config(args, argv) if args.resume else config_from_args(args)

@@ -1,5 +1,5 @@
 """The settings of a training run (:class:`TrainConfig`), importable without torch so that
-``python -m train --help`` answers at once; :mod:`train.training` runs them."""
+``python -m train --help`` answers at once; :func:`train.launch.run` runs them."""
 
 from __future__ import annotations
 
@@ -69,10 +69,11 @@ class TrainConfig:
 
     Replay (no model runs): ``replay`` (trace files written by ``python -m eval.record``, several joined by
     commas) and ``profile`` (a latency profile file or a shipped name, :func:`learn2draft.latency.load_profile`;
-    several joined by commas: each generation replays on one of them, see :mod:`envs.replay`) train on ``learn2draft/SpecDecodeReplay-v0`` instead of the real loop; the models, drafter, sampling,
-    ``max_new_tokens`` and ``max_depth`` then come from the traces (a setting left at its default takes the
-    traces' value; one set to another value is an error, except ``max_new_tokens`` / ``max_depth`` below the
-    traces'), and the final check compares the policy with fixed depths and the oracle in replay, on the
+    several joined by commas: each generation replays on one of them, see :mod:`envs.replay`) train on ``learn2draft/SpecDecodeReplay-v0`` instead of the real loop; the models, drafter, sampling and
+    ``max_new_tokens`` then come from the traces (a setting left at its default takes the traces' value; one
+    set to another value is an error, except ``max_new_tokens`` below the traces'); ``max_depth`` is kept when
+    the traces hold it (any depth up to the recorded one replays) and, left at its default above it, lowered
+    to the traces' (see :func:`train.chain.apply_replay_settings`), and the final check compares the policy with fixed depths and the oracle in replay, on the
     training traces.
 
     Draft trees (``tree``, :mod:`train.tree`): ``policies`` (``("depth", "size")`` or one of them),
