@@ -74,7 +74,7 @@ from pathlib import Path
 import numpy as np
 
 from learn2draft.features import FEATURE_NAMES, FEATURE_VERSION
-from learn2draft.names import DEFAULT_VERIFY_SIZES, check_verify_sizes  # noqa: F401 (re-exported)
+from learn2draft.names import DEFAULT_MAX_DEPTH, DEFAULT_VERIFY_SIZES, check_verify_sizes  # noqa: F401 (re-exported)
 
 TRACE_FORMAT = "learn2draft-trace"
 #: Version of the file layout; :meth:`TraceSet.load` refuses other versions.
@@ -546,7 +546,7 @@ def greedy_inconsistencies(trace: PromptTrace) -> int:
     return bad
 
 
-def record_traces(pair, drafter, prompts: Sequence, sampling, max_new_tokens: int = 64, max_depth: int = 8,
+def record_traces(pair, drafter, prompts: Sequence, sampling, max_new_tokens: int = 64, max_depth: int = DEFAULT_MAX_DEPTH,
                   seed: int = 0, header: dict | None = None, progress: bool = True) -> TraceSet:
     """Record one :class:`PromptTrace` per prompt with :func:`record_prompt` (prompt i seeded with ``seed + i``).
 
@@ -953,7 +953,7 @@ def _greedy_path(tree, argmax: np.ndarray) -> list[int]:
         out.append(toks[node])
 
 
-def record_tree_traces(pair, drafter, prompts: Sequence, sampling, max_new_tokens: int = 64, max_depth: int = 8,
+def record_tree_traces(pair, drafter, prompts: Sequence, sampling, max_new_tokens: int = 64, max_depth: int = DEFAULT_MAX_DEPTH,
                        verify_sizes: Sequence[int] = DEFAULT_VERIFY_SIZES, width: int = 4, top_k: int = 4,
                        seed: int = 0, header: dict | None = None, progress: bool = True) -> TreeTraceSet:
     """Record one :class:`TreePromptTrace` per prompt with :func:`record_tree_prompt` (temperature 0 only).

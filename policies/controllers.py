@@ -28,6 +28,7 @@ from learn2draft.decoding import DraftController
 from learn2draft.drafters.lookup import MATCH_LEN_SCALE
 from learn2draft.features import FEATURE_NAMES
 from learn2draft.names import DEFAULT_MAX_DEPTH
+from policies.layout import DEPTH_DIR, POLICY_CONFIG_FILE, RUN_CONFIG_FILE
 
 STOP = 0
 CONTINUE = 1
@@ -91,14 +92,14 @@ def saved_max_depth(model_path: str | Path) -> int | None:
     ``policy_config.json`` (the export) or ``config.json`` (the training run) of its folder; None if
     none is found."""
     d = Path(model_path).parent
-    for cfg_file in (d / "policy" / "policy_config.json", d / "policy_config.json", d / "config.json",
-                     d.parent / "config.json"):  # the last: a checkpoint in <run>/checkpoints/
+    for cfg_file in (d / DEPTH_DIR / POLICY_CONFIG_FILE, d / POLICY_CONFIG_FILE, d / RUN_CONFIG_FILE,
+                     d.parent / RUN_CONFIG_FILE):  # the last: a checkpoint in <run>/checkpoints/
         try:
             cfg = json.loads(cfg_file.read_text())
         except (OSError, ValueError):
             continue
         if isinstance(cfg, dict) and isinstance(cfg.get("max_depth"), int) and (
-                cfg_file.name == "policy_config.json" or "env_id" in cfg):
+                cfg_file.name == POLICY_CONFIG_FILE or "env_id" in cfg):
             return cfg["max_depth"]
     return None
 
