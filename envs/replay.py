@@ -60,8 +60,10 @@ import numpy as np
 from gymnasium import spaces
 
 from envs.reward import check_reward_scale, cycle_reward, relative_speeds
+from learn2draft.control import check_depth_feature_scale
 from learn2draft.features import FEATURE_NAMES, HISTORY, PROFILE_FEATURE_NAMES, build_features
 from learn2draft.features import profile_features as profile_feature_vector
+from learn2draft.names import run_seed
 from learn2draft.replay.latency import LatencyProfile, load_profiles
 from learn2draft.replay.outcome import ChainReplay, chain_replay, tokens_per_second
 from learn2draft.replay.traces import PromptTrace, TraceSet, TreeTraceSet, load_traces
@@ -374,10 +376,7 @@ def replay_controller(env: SpecDecodeReplayEnv, controller, prompt_indices: Sequ
     Raises:
         ValueError: a depth-feature scale mismatch, or ``repeats`` < 1.
     """
-    scale = getattr(controller, "depth_feature_scale", None)
-    if scale is not None and scale != env.max_depth:
-        raise ValueError(f"{controller!r} reads depth features scaled by max_depth={scale}, but the replay env has "
-                         f"max_depth={env.max_depth}: build it with max_depth={scale}.")
+    check_depth_feature_scale(controller, env.max_depth, holder="the replay env", rebuild="it")
     if repeats < 1:
         raise ValueError(f"repeats must be ≥ 1, got {repeats}.")
     idx = env._usable if prompt_indices is None else list(prompt_indices)
@@ -388,7 +387,7 @@ def replay_controller(env: SpecDecodeReplayEnv, controller, prompt_indices: Sequ
     for k in range(repeats):
         for i in idx:
             controller.reset()
-            obs, _ = env.reset(seed=seed + 1000 * k + i, options={"prompt_index": i, "profile_index": profile_index})
+            obs, _ = env.reset(seed=run_seed(seed, k, i), options={"prompt_index": i, "profile_index": profile_index})
             tok, sec = env._r.n, 0.0
             while True:
                 go = False

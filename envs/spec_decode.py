@@ -54,6 +54,7 @@ from learn2draft.decoding import CycleResult, SpeculativeDecoder
 from learn2draft.drafters import Drafter
 from learn2draft.features import FEATURE_NAMES
 from learn2draft.models import DEFAULT_DRAFT, DEFAULT_TARGET, ModelPair, load_pair, parse_dtype
+from learn2draft.names import DEFAULT_MAX_DEPTH
 from learn2draft.sampling import SamplingConfig
 
 EPISODE_MODES = ("generation", "cycle")
@@ -106,7 +107,7 @@ class SpecDecodeEnv(gym.Env):
         prompts: Sequence[str | Sequence[int]] | None = None,
         sampling: SamplingConfig | None = None,
         max_new_tokens: int = 64,
-        max_depth: int = 8,
+        max_depth: int = DEFAULT_MAX_DEPTH,
         reward_scale: float = 1.0,
         episode: str = "generation",
         chat: bool = True,

@@ -48,33 +48,12 @@ from learn2draft.control import DraftController, FixedDepthController, size_deci
 from learn2draft.drafters import Drafter
 from learn2draft.features import SIZE_FEATURE_NAMES
 from learn2draft.models import ModelPair
+from learn2draft.names import DEFAULT_MAX_DEPTH, DEFAULT_VERIFY_SIZES, check_verify_sizes  # noqa: F401 (re-exported)
 from learn2draft.sampling import SamplingConfig
 from learn2draft.tree import TreeSpeculativeDecoder
 
 TREE_DEPTH_ENV_ID = "learn2draft/TreeDepth-v0"
 TREE_SIZE_ENV_ID = "learn2draft/TreeSize-v0"
-#: The verification sizes V a size policy chooses from by default (LTD's range, on a power-of-two grid).
-DEFAULT_VERIFY_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 48, 64)
-
-
-def check_verify_sizes(verify_sizes: Sequence[int]) -> tuple[int, ...]:
-    """Validate a set of verification sizes and return it as a tuple.
-
-    Raises:
-        ValueError: empty, not integers ≥ 1, or not strictly increasing.
-    """
-    try:
-        sizes = tuple(verify_sizes)
-    except TypeError:
-        raise ValueError(f"verify_sizes must be a sequence of integers ≥ 1, got {verify_sizes!r}.") from None
-    if not sizes:
-        raise ValueError("verify_sizes is empty: give at least one verification size V ≥ 1, "
-                         "e.g. 1,2,4,8,16,32,48,64.")
-    if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1 for v in sizes):
-        raise ValueError(f"verify_sizes must be integers ≥ 1 (tree nodes to verify), got {list(sizes)}.")
-    if any(b <= a for a, b in zip(sizes, sizes[1:])):
-        raise ValueError(f"verify_sizes must be strictly increasing, got {list(sizes)}.")
-    return tuple(int(v) for v in sizes)
 
 
 def _tree_decoder(pair: ModelPair, sampling: SamplingConfig, max_new_tokens: int, max_depth: int, drafter,
@@ -113,7 +92,7 @@ class TreeDepthEnv(SpecDecodeEnv):
         prompts: Sequence[str | Sequence[int]] | None = None,
         sampling: SamplingConfig | None = None,
         max_new_tokens: int = 64,
-        max_depth: int = 8,
+        max_depth: int = DEFAULT_MAX_DEPTH,
         reward_scale: float = 1.0,
         episode: str = "cycle",
         chat: bool = True,
@@ -178,7 +157,7 @@ class TreeSizeEnv(gym.Env):
         prompts: Sequence[str | Sequence[int]] | None = None,
         sampling: SamplingConfig | None = None,
         max_new_tokens: int = 64,
-        max_depth: int = 8,
+        max_depth: int = DEFAULT_MAX_DEPTH,
         reward_scale: float = 1.0,
         chat: bool = True,
         drafter: Drafter | str = "model",

@@ -49,7 +49,7 @@ def add_tree_arguments(p: argparse.ArgumentParser) -> None:
                         "the learned tree policy")
     p.add_argument("--tree-policy", default=None,
                    help="with --tree: a learned tree policy (depth and verification size), loaded with "
-                        "policies.tree.load_tree_policy (default: the one shipped in policies/defaults/"
+                        "policies.load.load_tree_policy (default: the one shipped in policies/defaults/"
                         "<drafter>-tree, if any; else no learned-tree row)")
     p.add_argument("--tree-depths", default="2,4,6", help="with --tree: depths of the fixed-tree grid, e.g. 1-6")
     p.add_argument("--verify-sizes", default="4,8,16",
@@ -133,15 +133,8 @@ def _run(args) -> int:
     from learn2draft.cli import load_models, model_names, resolve_device, sampling_config, set_threads, stderr_line
     from learn2draft.prompts import load_prompt_file, load_prompts
     from learn2draft.sampling import SamplingConfig
-    from policies.export import (
-        DEFAULT_POLICIES_DIR,
-        default_policy_dir,
-        load_policy,
-        policy_drafter,
-        policy_head,
-        resolve_export_dir,
-        run_settings,
-    )
+    from policies.layout import DEFAULT_POLICIES_DIR, default_policy_dir, resolve_export_dir
+    from policies.load import load_policy, policy_drafter, policy_head, run_settings
 
     if args.skip_speed and not args.law_check:
         raise ValueError("--skip-speed skips the speed comparison, and without --law-check nothing is left to run: "

@@ -158,7 +158,8 @@ def _run(args) -> int:
     from learn2draft.decoding import FixedDepthController
     from learn2draft.prompts import load_prompt_file, load_prompts
     from policies.controllers import ConfidenceThresholdController, MatchLengthController
-    from policies.export import default_policy_dir, load_policy, policy_drafter, policy_head, run_settings
+    from policies.layout import default_policy_dir
+    from policies.load import load_policy, policy_drafter, policy_head, run_settings
 
     # Check every setting before the (slow) model loading.
     try:

@@ -57,9 +57,9 @@ def tree_configs(depths: Sequence[int], verify_sizes: Sequence[int], tree: TreeS
 
 
 def shipped_tree_policy_dir(drafter: str) -> Path | None:
-    """The tree policy shipped for ``drafter`` (:func:`policies.tree.default_tree_policy_dir`,
+    """The tree policy shipped for ``drafter`` (:func:`policies.layout.default_tree_policy_dir`,
     ``policies/defaults/<drafter>-tree``), or None when none is shipped."""
-    from policies.tree import default_tree_policy_dir
+    from policies.layout import default_tree_policy_dir
 
     try:
         return default_tree_policy_dir(drafter)
@@ -69,12 +69,12 @@ def shipped_tree_policy_dir(drafter: str) -> Path | None:
 
 def load_learned_tree(directory: str | Path, drafter: str) -> tuple[DraftController, dict]:
     """Load a learned tree policy (depth and verification size) with
-    :func:`policies.tree.load_tree_policy` and read what it was trained with.
+    :func:`policies.load.load_tree_policy` and read what it was trained with.
 
     Returns:
         ``(controller, settings)``: a controller with ``continue_drafting`` and
         ``verification_size``; settings: the policy's recorded tree settings
-        (:func:`policies.tree.tree_settings`, else the run's or export's settings; ``{}`` when none),
+        (:func:`policies.load.tree_settings`, else the run's or export's settings; ``{}`` when none),
         with the controller's ``width``/``top_k`` when it has them (see :func:`tree_shape_from`).
 
     Raises:
@@ -88,16 +88,14 @@ def load_learned_tree(directory: str | Path, drafter: str) -> tuple[DraftControl
     if not directory.is_dir():
         raise FileNotFoundError(f"--tree-policy {directory}: no such directory (train one with "
                                 "`python -m train --tree`).")
-    import policies.tree as tree_policies
+    import policies.load as load  # looked up on the module when called (tests replace load_tree_policy)
 
-    ctrl = tree_policies.load_tree_policy(directory)
+    ctrl = load.load_tree_policy(directory)
     if not decides_verification_size(ctrl):
         raise ValueError(f"--tree-policy {directory}: the loaded controller does not decide the verification size "
                          "(no verification_size method): it is a chain policy, pass it as --policy.")
     settings: dict = {}
-    from policies.export import run_settings
-
-    for read in (tree_policies.tree_settings, run_settings):
+    for read in (load.tree_settings, load.run_settings):
         try:
             settings = dict(read(directory))
             break
@@ -189,7 +187,7 @@ def compare(pair: ModelPair, policy: DraftController, train_prompts: Sequence[to
     With ``tree`` (a :class:`TreeShape`): the fixed trees of ``tree_grid`` ((depth, V) pairs,
     :func:`tree_configs`) are grid-searched on ``train_prompts``, and the held-out comparison adds
     the best of them and, when given, ``tree_policy`` (a controller deciding depth and
-    verification size, e.g. :func:`policies.tree.load_tree_policy`), each drafting trees of that
+    verification size, e.g. :func:`policies.load.load_tree_policy`), each drafting trees of that
     shape; the result gains ``grid_tree_train``, ``tree_train`` ([depth, V]), ``tree_policy`` and
     ``tree_verdicts`` (the learned tree against every other drafting row and autoregressive).
 

@@ -323,7 +323,8 @@ def _run(args) -> int:
     profile = load_profile(args.profile)
     controllers, max_depth, max_new = {}, args.max_depth, args.max_new_tokens
     if args.policy:
-        from policies.export import load_policy, policy_drafter, resolve_export_dir, run_settings
+        from policies.layout import resolve_export_dir
+        from policies.load import load_policy, policy_drafter, run_settings
 
         depths = {}
         for path in args.policy:

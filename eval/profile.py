@@ -272,8 +272,8 @@ def measure_profile(pair, drafters: list[str], head=None, sampling=None, context
             pair's context window, or ``tree_width`` / ``tree_top_k`` < 1.
     """
     from learn2draft.drafters import make_drafter
-    from learn2draft.replay.latency import DrafterCost, LatencyProfile
     from learn2draft.prompts import load_prompts
+    from learn2draft.replay.latency import DrafterCost, LatencyProfile
     from learn2draft.sampling import SamplingConfig
 
     sampling = sampling or SamplingConfig()

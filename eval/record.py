@@ -20,7 +20,7 @@ mask, and from it the accepted length τ of every depth 0..--max-depth and every
 in --verify-sizes. Example::
 
     python -m eval.record --tree --drafter head --prompt-split heldout --max-depth 8 \
-        --verify-sizes 1,2,4,8,16,32,64 --tree-width 4 --tree-top-k 4 --out runs/traces/head-tree-heldout.npz
+        --verify-sizes 1,2,4,8,16,32,48,64 --tree-width 4 --tree-top-k 4 --out runs/traces/head-tree-heldout.npz
 
 Cost per generated token: one target forward over up to 1 + k + (max_depth − 1)·W·k tokens and
 --max-depth drafting levels.
@@ -44,6 +44,9 @@ from learn2draft.cli import (
     plain_doc,
     run_cli,
 )
+from learn2draft.names import DEFAULT_MAX_DEPTH, DEFAULT_TREE_TOP_K, DEFAULT_TREE_WIDTH, DEFAULT_VERIFY_SIZES
+
+_SIZES = ",".join(str(v) for v in DEFAULT_VERIFY_SIZES)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", default=None,
                    help="prompts from a file instead (.jsonl with a 'prompt' field per line, or a JSON list of strings)")
     p.add_argument("--num-prompts", type=int, default=None, help="record only the first N prompts (default: all)")
-    p.add_argument("--max-depth", type=int, default=8,
+    p.add_argument("--max-depth", type=int, default=DEFAULT_MAX_DEPTH,
                    help="longest chain recorded per position (replay and training may use any max_depth up to it)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt")
     p.add_argument("--seed", type=int, default=0, help="prompt i is recorded with sampling seed seed + i")
@@ -68,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="record draft-tree traces (temperature 0; model or head drafter): τ of every depth and "
                         "verification size")
     t.add_argument("--verify-sizes", default=None,
-                   help="with --tree: verification sizes V recorded, comma-separated (default: 1,2,4,8,16,32,64)")
+                   help=f"with --tree: verification sizes V recorded, comma-separated (default: {_SIZES})")
     add_tree_shape_args(p)
     return p
 
@@ -78,9 +81,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args) -> int:
+    from eval.profile import machine_info
     from learn2draft.cli import load_models, resolve_device, sampling_config, set_threads, stderr_line, threads_of
     from learn2draft.drafters import make_drafter
-    from eval.profile import machine_info
     from learn2draft.prompts import SPLITS, load_prompt_file, load_prompts
     from learn2draft.replay.traces import check_writable
     from learn2draft.traces import record_traces
@@ -95,12 +98,12 @@ def _run(args) -> int:
                             ("--tree-top-k", args.tree_top_k)) if v is not None]
     if given and not args.tree:
         raise ValueError(f"{', '.join(given)} only apply to draft trees: add --tree (or drop them).")
-    args.verify_sizes = "1,2,4,8,16,32,64" if args.verify_sizes is None else args.verify_sizes
-    args.tree_width = 4 if args.tree_width is None else args.tree_width
-    args.tree_top_k = 4 if args.tree_top_k is None else args.tree_top_k
+    args.verify_sizes = _SIZES if args.verify_sizes is None else args.verify_sizes
+    args.tree_width = DEFAULT_TREE_WIDTH if args.tree_width is None else args.tree_width
+    args.tree_top_k = DEFAULT_TREE_TOP_K if args.tree_top_k is None else args.tree_top_k
     if args.tree:
+        from learn2draft.names import check_verify_sizes
         from learn2draft.replay.traces import TREE_T_POSITIVE_REFUSAL
-        from learn2draft.traces import check_verify_sizes
 
         if not sampling.greedy:
             raise ValueError(f"--tree --temperature {args.temperature}: {TREE_T_POSITIVE_REFUSAL}")

@@ -22,6 +22,7 @@ from transformers.generation.streamers import BaseStreamer
 from learn2draft.decoding import DraftController, Sampler, SpeculativeDecoder
 from learn2draft.drafters import Drafter, make_drafter
 from learn2draft.models import ModelPair
+from learn2draft.names import run_seed
 from learn2draft.sampling import SamplingConfig
 from learn2draft.timing import DeviceClock
 
@@ -46,6 +47,7 @@ class RunRecord:
     accepted: int = 0  # of which accepted
     cycles: int = 0  # draft/verify cycles (this project's loop only)
     verified: int = 0  # tokens sent to the target for verification, summed over cycles
+    cycle_seconds: float = 0.0  # seconds inside draft/verify cycles (prefill excluded; this project's loop only)
 
     @property
     def tokens_per_second(self) -> float:
@@ -159,7 +161,7 @@ class DecoderMethod(Method):
         return RunRecord(self.name, -1, -1, len(r.tokens), r.wall_seconds, r.ttft_seconds,
                          r.mean_inter_token_seconds, r.mean_accepted if drafted else None,
                          r.overhead_fraction, r.tokens, drafted, sum(c.num_accepted for c in r.cycles),
-                         len(r.cycles), sum(c.verify_size for c in r.cycles))
+                         len(r.cycles), sum(c.verify_size for c in r.cycles), sum(c.seconds for c in r.cycles))
 
 
 class _TimingStreamer(BaseStreamer):
@@ -245,7 +247,7 @@ def run_interleaved(methods: Sequence[Method], prompts: Sequence[torch.Tensor], 
             for pi, ids in enumerate(prompts):
                 k = (rep * len(prompts) + pi) % len(methods)
                 for m in list(methods[k:]) + list(methods[:k]):
-                    r = m.run(ids, seed=seed + 1000 * rep + pi)
+                    r = m.run(ids, seed=run_seed(seed, rep, pi))
                     r.prompt_index, r.repeat = pi, rep
                     records.append(r)
                     bar.update(1)

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from learn2draft.cli import HelpFormatter, add_device_args, add_profile_arg, plain_doc, run_cli
+from learn2draft.names import run_seed
 
 
 def sim_vs_real(pair, traces, profile, controllers: dict, drafter=None, repeats: int = 1, seed: int = 0,
@@ -68,7 +69,7 @@ def sim_vs_real(pair, traces, profile, controllers: dict, drafter=None, repeats:
 
     envs, methods, decoders = {}, {}, {}
     for name, ctrl in controllers.items():
-        md = getattr(ctrl, "depth_feature_scale", None) or traces.max_depth
+        md = ctrl.depth_feature_scale or traces.max_depth
         if md not in envs:
             envs[md] = SpecDecodeReplayEnv(traces, profile, max_depth=md)
         env = envs[md]
@@ -88,7 +89,7 @@ def sim_vs_real(pair, traces, profile, controllers: dict, drafter=None, repeats:
             pt = traces.prompts[i]
             r = (k * len(idx) + j) % len(names)
             for n in names[r:] + names[:r]:  # rotated order: load drifts hit every method alike
-                g = decoders[n].generate(torch.as_tensor(pt.prompt_ids), controllers[n], seed=seed + 1000 * k + i)
+                g = decoders[n].generate(torch.as_tensor(pt.prompt_ids), controllers[n], seed=run_seed(seed, k, i))
                 a = acc[n]
                 a["tokens"] += len(g.tokens)
                 a["cycle_s"] += sum(c.seconds for c in g.cycles)
@@ -152,7 +153,8 @@ def _run(args) -> int:
     from learn2draft.decoding import FixedDepthController
     from learn2draft.replay.latency import load_profile
     from learn2draft.replay.traces import TraceSet, load_traces
-    from policies.export import load_policy, policy_drafter, resolve_export_dir
+    from policies.layout import resolve_export_dir
+    from policies.load import load_policy, policy_drafter
 
     traces = load_traces(args.traces)
     if args.num_prompts is not None:

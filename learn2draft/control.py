@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from learn2draft.names import DECODER_MAX_DEPTH
+
 #: Verify the tokens drafted so far (at depth 0: a plain autoregressive target step).
 STOP = 0
 #: Draft one more token (a chain) or one more tree level (a tree).
@@ -47,7 +49,7 @@ class DraftController(ABC):
     (fixed (depth, V)), the rules, PPO policies and ONNX exports of :mod:`policies`.
     """
 
-    max_depth: int = 12
+    max_depth: int = DECODER_MAX_DEPTH
     depth_feature_scale: int | None = None
 
     def reset(self) -> None:  # noqa: B027 (optional hook, a no-op by default)
@@ -64,16 +66,23 @@ class DraftController(ABC):
         return depth
 
 
-def check_depth_feature_scale(controller: Any, max_depth: int, where: str = "this decoder") -> None:
-    """Refuse a controller that reads depth features on another ``max_depth`` scale.
+def check_depth_feature_scale(controller: Any, max_depth: int, holder: str = "this decoder",
+                              rebuild: str = "the decoder") -> None:
+    """Refuse a controller that reads the ``depth`` feature on another scale than ``max_depth``.
+
+    Args:
+        controller: a :class:`DraftController`; its ``depth_feature_scale`` (None: no particular scale, never
+            refused) is the ``max_depth`` its depth feature is divided by.
+        max_depth: the ``max_depth`` of what builds the features (a decoder, a replay environment).
+        holder, rebuild: how the message names that (``"this decoder"``) and what to rebuild (``"the decoder"``).
 
     Raises:
-        ValueError: ``controller.depth_feature_scale`` is set and differs from ``max_depth``.
+        ValueError: the scales differ (the message says which ``max_depth`` to build with).
     """
-    scale = getattr(controller, "depth_feature_scale", None)  # any object may be passed, not only controllers
+    scale = getattr(controller, "depth_feature_scale", None)  # any controller-like object (a test's fake) may come
     if scale is not None and scale != max_depth:
-        raise ValueError(f"{controller!r} reads depth features scaled by max_depth={scale}, but {where} has "
-                         f"max_depth={max_depth}: build it with max_depth={scale}.")
+        raise ValueError(f"{controller!r} reads depth features scaled by max_depth={scale}, but {holder} has "
+                         f"max_depth={max_depth}: build {rebuild} with max_depth={scale}.")
 
 
 class FixedDepthController(DraftController):

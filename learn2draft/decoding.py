@@ -56,6 +56,7 @@ from learn2draft.control import (
 from learn2draft.drafters.base import Drafter
 from learn2draft.drafters.model import ModelDrafter
 from learn2draft.models import ModelPair, check_prompt_ids
+from learn2draft.names import DECODER_MAX_DEPTH
 from learn2draft.sampling import SamplingConfig, sample_from, speculative_sample
 from learn2draft.state import DraftState
 from learn2draft.timing import DeviceClock
@@ -190,7 +191,7 @@ class SpeculativeDecoder:
         pair: ModelPair,
         sampling: SamplingConfig | None = None,
         max_new_tokens: int = 128,
-        max_depth: int = 12,
+        max_depth: int = DECODER_MAX_DEPTH,
         seed: int = 0,
         sampler: Sampler = speculative_sample,
         drafter: Drafter | None = None,

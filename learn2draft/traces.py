@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from learn2draft.features import FEATURE_NAMES, FEATURE_VERSION
+from learn2draft.names import DEFAULT_MAX_DEPTH, DEFAULT_VERIFY_SIZES, check_verify_sizes
 from learn2draft.replay.traces import (
     APPROXIMATION_T_POSITIVE,
     CHAIN,
@@ -151,7 +152,7 @@ def greedy_inconsistencies(trace: PromptTrace) -> int:
     return bad
 
 
-def record_traces(pair, drafter, prompts: Sequence, sampling, max_new_tokens: int = 64, max_depth: int = 8,
+def record_traces(pair, drafter, prompts: Sequence, sampling, max_new_tokens: int = 64, max_depth: int = DEFAULT_MAX_DEPTH,
                   seed: int = 0, header: dict | None = None, progress: bool = True) -> TraceSet:
     """Record one :class:`PromptTrace` per prompt with :func:`record_prompt` (prompt i seeded with ``seed + i``).
 
@@ -200,19 +201,6 @@ def record_traces(pair, drafter, prompts: Sequence, sampling, max_new_tokens: in
 
 
 # --------------------------------------------------------------------------- draft trees
-def check_verify_sizes(verify_sizes) -> list[int]:
-    """``verify_sizes`` as a list of distinct increasing integers ≥ 1.
-
-    Raises:
-        ValueError: empty, not integers, or a value < 1.
-    """
-    try:
-        vs = [int(v) for v in verify_sizes]
-    except (TypeError, ValueError):
-        raise ValueError(f"verify_sizes must be integers ≥ 1, got {verify_sizes!r}.") from None
-    if not vs or min(vs) < 1 or len(set(vs)) != len(vs) or vs != sorted(vs):
-        raise ValueError(f"verify_sizes must be distinct increasing integers ≥ 1 (e.g. 1,2,4,8,16,32,64), got {vs}.")
-    return vs
 
 
 class _RootOnlySampler:
@@ -381,8 +369,8 @@ def _greedy_path(tree, argmax: np.ndarray) -> list[int]:
         out.append(toks[node])
 
 
-def record_tree_traces(pair, drafter, prompts: Sequence, sampling, max_new_tokens: int = 64, max_depth: int = 8,
-                       verify_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), width: int = 4, top_k: int = 4,
+def record_tree_traces(pair, drafter, prompts: Sequence, sampling, max_new_tokens: int = 64, max_depth: int = DEFAULT_MAX_DEPTH,
+                       verify_sizes: Sequence[int] = DEFAULT_VERIFY_SIZES, width: int = 4, top_k: int = 4,
                        seed: int = 0, header: dict | None = None, progress: bool = True) -> TreeTraceSet:
     """Record one :class:`TreePromptTrace` per prompt with :func:`record_tree_prompt` (temperature 0 only).
 
@@ -441,6 +429,6 @@ def record_tree_traces(pair, drafter, prompts: Sequence, sampling, max_new_token
 
 
 __all__ = [
-    "check_verify_sizes", "greedy_inconsistencies", "record_prompt", "record_traces", "record_tree_prompt",
+    "greedy_inconsistencies", "record_prompt", "record_traces", "record_tree_prompt",
     "record_tree_traces", "tree_accepted_lengths",
 ]

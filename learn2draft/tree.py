@@ -39,6 +39,7 @@ from transformers.cache_utils import DynamicLayer
 from learn2draft.control import FixedTreeController, decides_verification_size
 from learn2draft.decoding import SpeculativeDecoder
 from learn2draft.models import ModelPair
+from learn2draft.names import DECODER_MAX_DEPTH
 from learn2draft.sampling import SamplingConfig, tree_speculative_sample
 
 
@@ -429,7 +430,7 @@ class TreeSpeculativeDecoder(SpeculativeDecoder):
         pair: ModelPair,
         sampling: SamplingConfig | None = None,
         max_new_tokens: int = 128,
-        max_depth: int = 12,
+        max_depth: int = DECODER_MAX_DEPTH,
         seed: int = 0,
         drafter=None,
         width: int = 4,

@@ -3,8 +3,9 @@ and the adapters for the engines users run (:mod:`policies.hf`, :mod:`policies.v
 
 Exports load on first use (PEP 562): importing :mod:`policies` — e.g. for ``python -m
 policies.check``, which needs only numpy and onnxruntime — pulls in neither torch,
-stable-baselines3 nor onnxruntime. :mod:`policies.export` needs torch and onnx; its exported
-graphs run with onnxruntime alone.
+stable-baselines3 nor onnxruntime. A policy folder's file names are in :mod:`policies.layout`;
+:mod:`policies.export` (writing an export) needs torch and onnx; :mod:`policies.load` loads one with
+onnxruntime and the engine alone.
 """
 
 from learn2draft._lazy import lazy_exports
@@ -12,7 +13,7 @@ from learn2draft._lazy import lazy_exports
 _EXPORTS = {
     "policies.controllers": ("CONTINUE", "STOP", "ConfidenceThresholdController", "MatchLengthController",
                              "OnnxController", "PolicyController", "SB3Controller"),
-    "policies.export": ("load_policy",),
+    "policies.load": ("load_policy", "load_tree_policy"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __getattr__ = lazy_exports(__name__, _WHERE)
@@ -24,5 +25,5 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "CONTINUE", "STOP", "ConfidenceThresholdController", "MatchLengthController", "OnnxController", "PolicyController",
-    "SB3Controller", "load_policy",
+    "SB3Controller", "load_policy", "load_tree_policy",
 ]

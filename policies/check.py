@@ -28,11 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-FILES = ("policy.onnx", "feature_spec.json", "policy_config.json", "parity.json")
-
-
-def _resolve(path: Path) -> Path:
-    return path / "policy" if (path / "policy").is_dir() else path
+from policies.layout import EXPORT_FILES as FILES
+from policies.layout import FEATURE_SPEC_FILE, ONNX_FILE, PARITY_FILE, POLICY_CONFIG_FILE, resolve_export_dir
 
 
 def check_export(directory: str | Path) -> dict:
@@ -48,7 +45,7 @@ def check_export(directory: str | Path) -> dict:
     """
     import onnxruntime as ort
 
-    d = _resolve(Path(directory))
+    d = resolve_export_dir(directory)
     if d.is_file():
         raise FileNotFoundError(f"{directory} is a file: pass the export directory that holds it ({d.parent}).")
     if not d.is_dir():
@@ -58,12 +55,12 @@ def check_export(directory: str | Path) -> dict:
         if not (d / name).is_file():
             hint = (" (exports written before parity vectors existed have none: re-export the training run with "
                     "`python -m policies.export RUN_DIR`)"
-                    if name == "parity.json" else "")
+                    if name == PARITY_FILE else "")
             raise FileNotFoundError(f"{d / name} is missing{hint}.")
     try:
-        spec = json.loads((d / "feature_spec.json").read_text())
-        cfg = json.loads((d / "policy_config.json").read_text())
-        parity = json.loads((d / "parity.json").read_text())
+        spec = json.loads((d / FEATURE_SPEC_FILE).read_text())
+        cfg = json.loads((d / POLICY_CONFIG_FILE).read_text())
+        parity = json.loads((d / PARITY_FILE).read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{d}: a JSON file does not parse ({e}).") from None
     if not str(parity.get("format", "")).startswith("learn2draft-parity/"):
@@ -80,10 +77,10 @@ def check_export(directory: str | Path) -> dict:
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
     try:
-        sess = ort.InferenceSession(str(d / onnx_cfg.get("file", "policy.onnx")), opts,
+        sess = ort.InferenceSession(str(d / onnx_cfg.get("file", ONNX_FILE)), opts,
                                     providers=["CPUExecutionProvider"])
     except Exception as e:  # onnxruntime's InvalidProtobuf / InvalidGraph / Fail
-        raise ValueError(f"{d / onnx_cfg.get('file', 'policy.onnx')}: onnxruntime cannot load it ({e}).") from None
+        raise ValueError(f"{d / onnx_cfg.get('file', ONNX_FILE)}: onnxruntime cannot load it ({e}).") from None
     inp = sess.get_inputs()[0]
     width = inp.shape[-1]
     if isinstance(width, int) and width != len(names):

@@ -27,6 +27,8 @@ import numpy as np
 from learn2draft.decoding import DraftController
 from learn2draft.drafters.lookup import MATCH_LEN_SCALE
 from learn2draft.features import FEATURE_NAMES
+from learn2draft.names import DEFAULT_MAX_DEPTH
+from policies.layout import DEPTH_DIR, POLICY_CONFIG_FILE, RUN_CONFIG_FILE
 
 STOP = 0
 CONTINUE = 1
@@ -63,7 +65,7 @@ class PolicyController(DraftController):
             0/1 action (on decision).
     """
 
-    def __init__(self, policy: Callable[[np.ndarray], Any], max_depth: int = 8):
+    def __init__(self, policy: Callable[[np.ndarray], Any], max_depth: int = DEFAULT_MAX_DEPTH):
         if max_depth < 0:
             raise ValueError(f"max_depth must be ≥ 0, got {max_depth}.")
         self.policy = policy
@@ -90,14 +92,14 @@ def saved_max_depth(model_path: str | Path) -> int | None:
     ``policy_config.json`` (the export) or ``config.json`` (the training run) of its folder; None if
     none is found."""
     d = Path(model_path).parent
-    for cfg_file in (d / "policy" / "policy_config.json", d / "policy_config.json", d / "config.json",
-                     d.parent / "config.json"):  # the last: a checkpoint in <run>/checkpoints/
+    for cfg_file in (d / DEPTH_DIR / POLICY_CONFIG_FILE, d / POLICY_CONFIG_FILE, d / RUN_CONFIG_FILE,
+                     d.parent / RUN_CONFIG_FILE):  # the last: a checkpoint in <run>/checkpoints/
         try:
             cfg = json.loads(cfg_file.read_text())
         except (OSError, ValueError):
             continue
         if isinstance(cfg, dict) and isinstance(cfg.get("max_depth"), int) and (
-                cfg_file.name == "policy_config.json" or "env_id" in cfg):
+                cfg_file.name == POLICY_CONFIG_FILE or "env_id" in cfg):
             return cfg["max_depth"]
     return None
 
@@ -177,7 +179,7 @@ class OnnxController(PolicyController):
             (+ the profile features) features.
     """
 
-    def __init__(self, path: str | Path, max_depth: int = 8, intra_op_num_threads: int = 1,
+    def __init__(self, path: str | Path, max_depth: int = DEFAULT_MAX_DEPTH, intra_op_num_threads: int = 1,
                  n_features: int = len(FEATURE_NAMES), profile_features: np.ndarray | None = None):
         import onnxruntime as ort
 
@@ -262,7 +264,7 @@ class ConfidenceThresholdController(DraftController):
         ValueError: an argument is out of range.
     """
 
-    def __init__(self, threshold: float = 0.4, max_depth: int = 8, min_depth: int = 1):
+    def __init__(self, threshold: float = 0.4, max_depth: int = DEFAULT_MAX_DEPTH, min_depth: int = 1):
         if not 0.0 <= threshold <= 1.0:
             raise ValueError(f"threshold must be in [0, 1], got {threshold}.")
         if max_depth < 0 or not 0 <= min_depth <= max_depth:
@@ -299,7 +301,7 @@ class MatchLengthController(DraftController):
         ValueError: an argument is out of range.
     """
 
-    def __init__(self, max_depth: int = 8, scale: float = 1.0, min_match: int = 1):
+    def __init__(self, max_depth: int = DEFAULT_MAX_DEPTH, scale: float = 1.0, min_match: int = 1):
         if max_depth < 0 or scale <= 0 or min_match < 1:
             raise ValueError(f"Need max_depth ≥ 0, scale > 0 and min_match ≥ 1, got {max_depth}, {scale}, {min_match}.")
         self.max_depth, self.scale, self.min_match = int(max_depth), float(scale), int(min_match)

@@ -4,7 +4,7 @@ check it, and load it back.
 The observation width says which: ``len(FEATURE_NAMES)`` (the loop's depth features),
 ``len(ENGINE_FEATURE_NAMES)`` (engine-visible depth features) or ``len(SIZE_FEATURE_NAMES)`` (a size
 policy: ``logits`` has one entry per verification size V of ``policy_config.json``'s ``verify_sizes``,
-``action`` indexes them; load it with :func:`policies.tree.load_tree_policy`).
+``action`` indexes them; load it with :func:`policies.load.load_tree_policy`).
 
 An export directory holds
 
@@ -21,7 +21,8 @@ An export directory holds
   ``python -m policies.check EXPORT_DIR`` (numpy and onnxruntime only, :mod:`policies.check`).
 
 The exporter is ``torch.onnx.export(..., dynamo=False)`` (TorchScript-based; the dynamo exporter
-needs ``onnxscript``). :func:`load_policy` needs only onnxruntime and the engine.
+needs ``onnxscript``). The folder's names are in :mod:`policies.layout`; :func:`policies.load.load_policy` loads an
+export with onnxruntime and the engine only.
 """
 
 from __future__ import annotations
@@ -38,25 +39,17 @@ from torch import nn
 from learn2draft.features import (
     ENGINE_FEATURE_NAMES,
     FEATURE_NAMES,
-    FEATURE_VERSION,
     PROFILE_FEATURE_NAMES,
-    PROFILE_FEATURE_VERSION,
     SIZE_FEATURE_NAMES,
     engine_feature_spec,
     feature_spec,
     profile_feature_spec,
-    profile_features,
     size_feature_spec,
 )
 from policies.controllers import OnnxController
+from policies.layout import CHECK_FILE, DEPTH_DIR, FEATURE_SPEC_FILE, ONNX_FILE, PARITY_FILE, POLICY_CONFIG_FILE
+from policies.load import run_settings
 
-ONNX_FILE = "policy.onnx"
-#: Trained depth policies for the embedded default pair, one directory per drafter, shipped with the package.
-DEFAULT_POLICIES_DIR = Path(__file__).resolve().parent / "defaults"
-FEATURE_SPEC_FILE = "feature_spec.json"
-POLICY_CONFIG_FILE = "policy_config.json"
-CHECK_FILE = "export_check.json"
-PARITY_FILE = "parity.json"
 PARITY_FORMAT = "learn2draft-parity/1"
 #: |logit_runtime − logit_expected| allowed by the parity check: float32 MLPs on other kernels
 #: (GPU, other BLAS, fused ops) differ by ~1e-6 here; 1e-4 leaves room without hiding a wrong graph.
@@ -314,132 +307,6 @@ def export_policy(
     return ExportResult(out, onnx_path, check)
 
 
-def resolve_export_dir(path: str | Path) -> Path:
-    """A training run directory (``python -m train --out``) holds its export in ``policy/``; an
-    export directory is returned as is."""
-    path = Path(path)
-    return path / "policy" if (path / "policy").is_dir() else path
-
-
-def default_policy_dir(drafter: str = "model") -> Path:
-    """The shipped export directory of the depth policy trained for ``drafter`` on the embedded
-    default pair (``policies/defaults/<drafter>``).
-
-    Raises:
-        FileNotFoundError: none is shipped for this drafter.
-    """
-    d = DEFAULT_POLICIES_DIR / drafter
-    if not (d / ONNX_FILE).is_file():
-        shipped = sorted(p.name for p in DEFAULT_POLICIES_DIR.glob("*") if (p / ONNX_FILE).is_file())
-        raise FileNotFoundError(
-            f"No shipped policy for drafter {drafter!r} (shipped: {', '.join(shipped) or 'none'}): train one with "
-            f"`python -m train --drafter {drafter}` and pass --policy RUN_DIR."
-        )
-    return d
-
-
-def policy_drafter(directory: str | Path) -> str:
-    """The drafter a policy export (or training run) was trained with; ``"model"`` for exports
-    that predate drafters."""
-    cfg = json.loads((resolve_export_dir(directory) / POLICY_CONFIG_FILE).read_text())
-    return str(cfg.get("drafter", "model"))
-
-
-def run_settings(directory: str | Path) -> dict:
-    """The settings a policy was trained with: the training run's ``config.json`` when ``directory``
-    is a run (``python -m train --out``), else the export's ``policy_config.json`` (``target``,
-    ``draft``, ``drafter``, ``max_new_tokens``, ``threads``, … whatever was recorded).
-
-    Raises:
-        FileNotFoundError: neither file exists.
-    """
-    d = Path(directory)
-    for f in (d / "config.json", resolve_export_dir(d) / POLICY_CONFIG_FILE):
-        if f.is_file():
-            return json.loads(f.read_text())
-    raise FileNotFoundError(f"No config.json or {POLICY_CONFIG_FILE} in {d}: is it a training run or a policy export?")
-
-
-def policy_head(directory: str | Path) -> str | None:
-    """The head directory a policy trained with the head drafter recorded (None: the shipped head)."""
-    cfg = json.loads((resolve_export_dir(directory) / POLICY_CONFIG_FILE).read_text())
-    return cfg.get("head")
-
-
-def load_policy(directory: str | Path, intra_op_num_threads: int = 1, profile=None) -> OnnxController:
-    """Load an export directory (or a training run directory holding one in ``policy/``) as an
-    :class:`OnnxController` (onnxruntime only; no SB3, no torch graph).
-
-    Reads ``max_depth`` from ``policy_config.json`` and checks ``feature_spec.json`` against this
-    version's features.
-
-    Args:
-        profile: for a profile-conditioned policy (``python -m train --features profile``), the latency
-            profile of the machine it runs on (a :class:`learn2draft.replay.latency.LatencyProfile`, a file from
-            ``python -m eval.profile``, or a shipped name such as ``"gpu-like"``): its
-            :func:`learn2draft.features.profile_features` for the policy's drafter complete every observation.
-            Other policies do not read it (it is still loaded, so a wrong path is an error).
-
-    Raises:
-        FileNotFoundError: the directory or one of its files is missing; ``profile`` names no file.
-        ValueError: the feature specification differs from this learn2draft version's, the directory
-            holds draft-tree policies (``tree.json``), or a profile-conditioned policy is loaded without
-            ``profile`` (or with one lacking its drafter's costs).
-    """
-    from policies.tree import TREE_FILE
-
-    if (Path(directory) / TREE_FILE).is_file():
-        raise ValueError(f"{directory} holds draft-tree policies (tree.json: a depth and a size policy): load it with "
-                         "policies.tree.load_tree_policy and decode with learn2draft.tree.TreeSpeculativeDecoder "
-                         "(python -m eval --tree --tree-policy DIR); chain tools cannot run it.")
-    d = resolve_export_dir(directory)
-    for name in (ONNX_FILE, FEATURE_SPEC_FILE, POLICY_CONFIG_FILE):
-        if not (d / name).is_file():
-            raise FileNotFoundError(f"{d / name} is missing: is {d} a policy export directory (see policies.export)?")
-    cfg = json.loads((d / POLICY_CONFIG_FILE).read_text())
-    spec = json.loads((d / FEATURE_SPEC_FILE).read_text())
-    names = [f["name"] for f in spec.get("features", [])]
-    if names == list(SIZE_FEATURE_NAMES):
-        raise ValueError(f"{d} is a draft tree's verification-size policy: load it with "
-                         "policies.tree.load_tree_policy (its training run or the folder above it).")
-    if spec.get("kind") == "engine":
-        raise ValueError(f"{d} reads engine-visible features only (trained with --features engine, for vLLM): run it "
-                         "with policies.vllm.LearnedDraftLengthPolicy (in this project's loop: "
-                         "policies.vllm.ProtocolController), not as a loop controller.")
-    conditioned = spec.get("kind") == "profile"
-    expected = [*FEATURE_NAMES, *PROFILE_FEATURE_NAMES] if conditioned else list(FEATURE_NAMES)
-    if (spec.get("version") != FEATURE_VERSION or names != expected
-            or (conditioned and spec.get("profile_version") != PROFILE_FEATURE_VERSION)):
-        raise ValueError(
-            f"{d / FEATURE_SPEC_FILE} describes feature version {spec.get('version')} {names}, but this learn2draft "
-            f"builds version {FEATURE_VERSION} {expected}: re-export the policy or use a matching version."
-        )
-    extra = prof = None
-    if profile is not None:  # loaded (and so checked) even for a policy that does not read it
-        from learn2draft.replay.latency import LatencyProfile, load_profile
-
-        prof = profile if isinstance(profile, LatencyProfile) else load_profile(profile)
-    if conditioned:
-        if prof is None:
-            raise ValueError(f"{d} is profile-conditioned (trained with --features profile): it reads the latency profile "
-                             "of the machine it runs on. Pass one: --profile P on the command line (generate, eval, "
-                             "eval.benchmark, eval.oracle, eval.simreal), load_policy(dir, profile=P) in Python; P is a "
-                             "shipped name (cpu-2core, gpu-like) or this machine's, measured with "
-                             "`python -m eval.profile --out FILE`.")
-        extra = profile_features(prof, str(cfg.get("drafter", "model")))
-    ctrl = OnnxController(d / ONNX_FILE, max_depth=int(cfg["max_depth"]), intra_op_num_threads=intra_op_num_threads,
-                          profile_features=extra)
-    ctrl.profile_name = prof.name if conditioned else None
-    return ctrl
-
-
-__all__ = [
-    "CHECK_FILE", "FEATURE_SPEC_FILE", "ONNX_FILE", "PARITY_FILE", "POLICY_CONFIG_FILE", "ExportCheckError", "ExportResult",
-    "DEFAULT_POLICIES_DIR", "OnnxablePolicy", "check_onnx", "default_policy_dir", "export_onnx", "export_policy",
-    "load_policy", "parity_vectors", "policy_drafter", "resolve_export_dir", "run_settings", "write_parity",
-]
-
-
 def reexport_run(run_dir: str | Path) -> ExportResult:
     """Export a training run's ``model.zip`` again into ``run_dir/policy`` with this version's export
     (e.g. to add the parity vectors of exports written before they existed), keeping the settings
@@ -455,13 +322,13 @@ def reexport_run(run_dir: str | Path) -> ExportResult:
     if not (run / "model.zip").is_file():
         raise FileNotFoundError(f"{run / 'model.zip'} is missing: only a training run (python -m train --out RUN) can "
                                 "be re-exported; retrain, or check the export you have with python -m policies.check.")
-    old = run / "policy" / POLICY_CONFIG_FILE
+    old = run / DEPTH_DIR / POLICY_CONFIG_FILE
     config = json.loads(old.read_text()) if old.is_file() else run_settings(run)
     max_depth = int(config.get("max_depth") or run_settings(run)["max_depth"])
     for key in ("format", "features", "max_depth", "actions", "onnx"):  # written by export_policy itself
         config.pop(key, None)
     model = PPO.load(str(run / "model.zip"), device="cpu")
-    return export_policy(model, run / "policy", max_depth, config=config)
+    return export_policy(model, run / DEPTH_DIR, max_depth, config=config)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -481,6 +348,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(json.dumps({"policy": str(res.directory), "check": res.check}, indent=2))
     return 0
+
+
+__all__ = ["ExportCheckError", "ExportResult", "OnnxablePolicy", "check_onnx", "export_onnx", "export_policy", "main",
+           "parity_vectors", "reexport_run", "write_parity"]
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ committed token, including any after a stop string within the last cycle), so st
 carries only the generated text.
 
 The engine imports no policy code; this command loads an exported policy with
-:func:`policies.export.load_policy` (ONNX Runtime) only when one is asked for.
+:func:`policies.load.load_policy` (ONNX Runtime) only when one is asked for.
 """
 
 from __future__ import annotations
@@ -215,7 +215,8 @@ def _run(args) -> int:
     settings: dict = {}
     head = args.head
     if args.num_draft_tokens is None:
-        from policies.export import default_policy_dir, load_policy, policy_drafter, policy_head, run_settings
+        from policies.layout import default_policy_dir
+        from policies.load import load_policy, policy_drafter, policy_head, run_settings
 
         policy_dir = Path(args.policy) if args.policy else default_policy_dir(args.drafter)
         if policy_dir.is_file():

@@ -215,7 +215,7 @@ class PolicyCandidateGenerator(AssistedCandidateGenerator):
         super().__init__(input_ids, assistant_model, generation_config, model_kwargs, inputs_tensor, logits_processor)
         self.controller = controller
         self.max_depth = int(controller.max_depth)
-        self.depth_scale = max(int(getattr(controller, "depth_feature_scale", None) or self.max_depth), 1)
+        self.depth_scale = max(int(controller.depth_feature_scale or self.max_depth), 1)
         self.num_assistant_tokens = self.max_depth  # read by _calculate_new_tokens: the cap per cycle
         # No ConfidenceCriteria in the assistant's generate(): the policy decides when to stop.
         self.generation_config.assistant_confidence_threshold = 0.0  # None would be filled with the default 0.4
@@ -340,14 +340,8 @@ class PolicyCandidateGenerator(AssistedCandidateGenerator):
 # ------------------------------------------------------------------ the hook
 def _as_controller(policy: str | Path | DraftController | None) -> tuple[DraftController, Path | None]:
     """Load ``policy`` (an export / run directory, None for the shipped ``model`` policy, or a controller)."""
-    from policies.export import (
-        ONNX_FILE,
-        POLICY_CONFIG_FILE,
-        default_policy_dir,
-        load_policy,
-        policy_drafter,
-        resolve_export_dir,
-    )
+    from policies.layout import ONNX_FILE, POLICY_CONFIG_FILE, default_policy_dir, resolve_export_dir
+    from policies.load import load_policy, policy_drafter
 
     if isinstance(policy, DraftController):
         if isinstance(policy, MatchLengthController):
@@ -466,7 +460,7 @@ def use_policy(model: Any, policy: str | Path | DraftController | None = None, *
         policy: a policy export directory (``policy.onnx``, ``feature_spec.json``, ``policy_config.json``),
             a training run directory holding one in ``policy/``, a :class:`learn2draft.decoding.DraftController`
             (e.g. ``ConfidenceThresholdController(0.4, max_depth=8)``, or a profile-conditioned policy loaded with
-            ``policies.export.load_policy(dir, profile=...)``), or None for the shipped policy of the
+            ``policies.load.load_policy(dir, profile=...)``), or None for the shipped policy of the
             embedded pair (``policies/defaults/model``).
         check_version: refuse transformers outside :data:`TESTED_TRANSFORMERS` (set False at your own risk).
 

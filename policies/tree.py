@@ -2,7 +2,7 @@
 verification-size policy, run together as one :class:`learn2draft.DraftController` for
 :class:`learn2draft.tree.TreeSpeculativeDecoder`.
 
-A tree training run (``python -m train --tree``) writes
+A tree training run (``python -m train --tree``) writes (:mod:`policies.layout`)
 
 * ``RUN/policy/`` — the depth policy's export (the loop's features, 0 = STOP, 1 = CONTINUE; absent
   when only the size policy was trained);
@@ -13,27 +13,19 @@ A tree training run (``python -m train --tree``) writes
   stands in for a policy that was not trained (``verify_size``: a fixed V; ``tree_depth``: a fixed depth).
 
 The shipped policies (``policies/defaults/head-tree/``) have the same layout. Both exports pass
-``python -m policies.check DIR/policy`` and ``python -m policies.check DIR/size_policy``. Loading needs
-only onnxruntime and the engine.
+``python -m policies.check DIR/policy`` and ``python -m policies.check DIR/size_policy``. The folder's names
+are in :mod:`policies.layout`; :func:`policies.load.load_tree_policy` loads it (onnxruntime and the engine only).
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 
 from learn2draft.decoding import DraftController
-from learn2draft.features import SIZE_FEATURE_NAMES, SIZE_FEATURE_VERSION, SIZE_NODE_SCALE
+from learn2draft.features import SIZE_FEATURE_NAMES, SIZE_NODE_SCALE
+from learn2draft.names import DEFAULT_MAX_DEPTH, DEFAULT_TREE_TOP_K, DEFAULT_TREE_WIDTH, check_verify_sizes
 from policies.controllers import OnnxController
 
-TREE_FILE = "tree.json"
-DEPTH_DIR = "policy"
-SIZE_DIR = "size_policy"
-TREE_FORMAT = "learn2draft-tree/1"
-#: Shipped tree policies for the embedded default pair, per drafter: ``policies/defaults/<drafter>-tree``.
-DEFAULT_TREE_SUFFIX = "-tree"
 _TREE_NODES = SIZE_FEATURE_NAMES.index("tree_nodes")
 
 
@@ -68,15 +60,14 @@ class TreePolicyController(DraftController):
     """
 
     def __init__(self, depth_policy: DraftController | None, size_policy: OnnxController | None,
-                 verify_sizes=(), max_depth: int = 8, width: int = 4, top_k: int = 4,
+                 verify_sizes=(), max_depth: int = DEFAULT_MAX_DEPTH, width: int = DEFAULT_TREE_WIDTH,
+                 top_k: int = DEFAULT_TREE_TOP_K,
                  verify_size: int | None = None, tree_depth: int | None = None):
         if depth_policy is None and size_policy is None:
             raise ValueError("A TreePolicyController needs a depth policy, a size policy or both.")
         if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1:
             raise ValueError(f"max_depth must be an integer ≥ 1, got {max_depth!r}.")
         if size_policy is not None:
-            from envs.tree import check_verify_sizes
-
             verify_sizes = check_verify_sizes(verify_sizes)
         self.depth_policy, self.size_policy = depth_policy, size_policy
         self.verify_sizes = tuple(int(v) for v in verify_sizes)
@@ -124,93 +115,4 @@ class TreePolicyController(DraftController):
                 f"max_depth={self.trained_max_depth}, width={self.width}, top_k={self.top_k})")
 
 
-def _tree_root(path: Path) -> Path:
-    for d in (path, path.parent):
-        if (d / TREE_FILE).is_file():
-            return d
-    raise FileNotFoundError(f"{path} holds no {TREE_FILE}: pass a tree training run (python -m train --tree --out RUN) "
-                            "or a shipped tree policy folder (e.g. policies/defaults/head-tree).")
-
-
-def default_tree_policy_dir(drafter: str = "head") -> Path:
-    """The shipped tree policies for ``drafter`` on the embedded default pair (``policies/defaults/<drafter>-tree``).
-
-    Raises:
-        FileNotFoundError: none is shipped for this drafter.
-    """
-    from policies.export import DEFAULT_POLICIES_DIR
-
-    d = DEFAULT_POLICIES_DIR / f"{drafter}{DEFAULT_TREE_SUFFIX}"
-    if not (d / TREE_FILE).is_file():
-        shipped = sorted(p.name for p in DEFAULT_POLICIES_DIR.glob(f"*{DEFAULT_TREE_SUFFIX}")
-                         if (p / TREE_FILE).is_file())
-        raise FileNotFoundError(f"No shipped tree policy for drafter {drafter!r} (shipped: "
-                                f"{', '.join(shipped) or 'none'}): train one with "
-                                f"`python -m train --tree --drafter {drafter}`.")
-    return d
-
-
-def tree_settings(run_or_dir: str | Path) -> dict:
-    """The ``tree.json`` of a tree run or shipped folder (``width``, ``top_k``, ``max_depth``, ``verify_sizes``,
-    ``verify_size``, ``tree_depth``, ``policies``, ``drafter``, ``sampling``, …).
-
-    Raises:
-        FileNotFoundError: no ``tree.json`` in ``run_or_dir`` or its parent.
-    """
-    return json.loads((_tree_root(Path(run_or_dir)) / TREE_FILE).read_text())
-
-
-def load_tree_policy(run_or_dir: str | Path, intra_op_num_threads: int = 1) -> TreePolicyController:
-    """Load the depth and size policies of a tree training run (``python -m train --tree --out RUN``) or a
-    shipped tree folder (``policies/defaults/head-tree``) as a :class:`TreePolicyController`.
-
-    Build the decoder with the controller's settings::
-
-        ctrl = load_tree_policy("policies/defaults/head-tree")
-        dec = TreeSpeculativeDecoder(pair, max_depth=ctrl.depth_feature_scale, width=ctrl.width, top_k=ctrl.top_k,
-                                     drafter=make_drafter("head", pair))
-        dec.generate(prompt_ids, ctrl)
-
-    Args:
-        run_or_dir: the run / shipped folder, or one of its ``policy`` / ``size_policy`` sub-folders.
-
-    Raises:
-        FileNotFoundError: no ``tree.json``, or an export it names is missing.
-        ValueError: a feature specification of another version, or a size export whose V set differs
-            from ``tree.json``'s.
-    """
-    from policies.export import FEATURE_SPEC_FILE, ONNX_FILE, POLICY_CONFIG_FILE, load_policy
-
-    root = _tree_root(Path(run_or_dir))
-    cfg = json.loads((root / TREE_FILE).read_text())
-    trained = list(cfg.get("policies", []))
-    depth_policy = size_policy = None
-    if "depth" in trained:
-        depth_policy = load_policy(root / DEPTH_DIR, intra_op_num_threads=intra_op_num_threads)
-    sizes = tuple(cfg.get("verify_sizes", ()))
-    if "size" in trained:
-        d = root / SIZE_DIR
-        for name in (ONNX_FILE, FEATURE_SPEC_FILE, POLICY_CONFIG_FILE):
-            if not (d / name).is_file():
-                raise FileNotFoundError(f"{d / name} is missing: the size policy's export is incomplete.")
-        spec = json.loads((d / FEATURE_SPEC_FILE).read_text())
-        names = [f["name"] for f in spec.get("features", [])]
-        if spec.get("version") != SIZE_FEATURE_VERSION or names != list(SIZE_FEATURE_NAMES):
-            raise ValueError(f"{d / FEATURE_SPEC_FILE} describes size features version {spec.get('version')} {names}, "
-                             f"but this learn2draft builds version {SIZE_FEATURE_VERSION} {list(SIZE_FEATURE_NAMES)}: "
-                             "re-export the size policy or use a matching version.")
-        pcfg = json.loads((d / POLICY_CONFIG_FILE).read_text())
-        if tuple(pcfg.get("verify_sizes", ())) != sizes:
-            raise ValueError(f"{d / POLICY_CONFIG_FILE} lists verify_sizes {pcfg.get('verify_sizes')}, "
-                             f"{root / TREE_FILE} {list(sizes)}: the folder mixes two runs.")
-        size_policy = OnnxController(d / ONNX_FILE, max_depth=int(cfg["max_depth"]),
-                                     intra_op_num_threads=intra_op_num_threads, n_features=len(SIZE_FEATURE_NAMES))
-    if depth_policy is None and size_policy is None:
-        raise FileNotFoundError(f"{root / TREE_FILE} lists no trained policy (policies: {trained}).")
-    return TreePolicyController(depth_policy, size_policy, sizes, max_depth=int(cfg["max_depth"]),
-                                width=int(cfg["width"]), top_k=int(cfg["top_k"]), verify_size=cfg.get("verify_size"),
-                                tree_depth=cfg.get("tree_depth"))
-
-
-__all__ = ["DEPTH_DIR", "SIZE_DIR", "TREE_FILE", "TreePolicyController", "default_tree_policy_dir", "load_tree_policy",
-           "tree_nodes_from_features", "tree_settings"]
+__all__ = ["TreePolicyController", "tree_nodes_from_features"]

@@ -92,13 +92,13 @@ class LearnedDraftLengthPolicy:
     """
 
     def __init__(self, export_dir: str | Path, device: str | torch.device = "cpu", num_spec_tokens: int | None = None):
-        from policies.export import ONNX_FILE, POLICY_CONFIG_FILE, resolve_export_dir
+        from policies.layout import FEATURE_SPEC_FILE, ONNX_FILE, POLICY_CONFIG_FILE, resolve_export_dir
 
         d = resolve_export_dir(export_dir)
-        for name in (ONNX_FILE, "feature_spec.json", POLICY_CONFIG_FILE):
+        for name in (ONNX_FILE, FEATURE_SPEC_FILE, POLICY_CONFIG_FILE):
             if not (d / name).is_file():
                 raise FileNotFoundError(f"{d / name} is missing: is {d} a policy export?")
-        spec = json.loads((d / "feature_spec.json").read_text())
+        spec = json.loads((d / FEATURE_SPEC_FILE).read_text())
         names = [f["name"] for f in spec.get("features", [])]
         if spec.get("kind") != "engine" or names != list(ENGINE_FEATURE_NAMES) or \
                 spec.get("version") != ENGINE_FEATURE_VERSION:

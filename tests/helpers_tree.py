@@ -26,7 +26,6 @@ from collections.abc import Callable
 from functools import cache
 
 import numpy as np
-
 import torch
 
 from learn2draft.sampling import _inverse_cdf, _tree_walk

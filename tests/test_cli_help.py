@@ -17,9 +17,9 @@ REPO = Path(__file__).resolve().parent.parent
 def _parsers():
     from eval.__main__ import build_parser as eval_parser
     from eval.benchmark import build_parser as bench_parser
-    from train.recipes.draft_model import build_parser as distill_parser
     from policies.generate import build_parser as generate_parser
     from train.__main__ import build_parser as train_parser
+    from train.recipes.draft_model import build_parser as distill_parser
 
     return {"train": train_parser(), "eval": eval_parser(), "eval.benchmark": bench_parser(),
             "train.recipes.draft_model": distill_parser(), "policies.generate": generate_parser()}

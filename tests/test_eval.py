@@ -123,7 +123,8 @@ def test_hf_prompt_lookup_and_our_lookup_agree_with_greedy_on_tiny_models(tiny_p
 
 @pytest.mark.parametrize("drafter", ["model", "lookup", "head"])
 def test_a_trained_policy_ships_for_every_drafter(drafter):
-    from policies.export import default_policy_dir, load_policy, policy_drafter
+    from policies.layout import default_policy_dir
+    from policies.load import load_policy, policy_drafter
 
     d = default_policy_dir(drafter)
     assert policy_drafter(d) == drafter
@@ -134,7 +135,7 @@ def test_a_trained_policy_ships_for_every_drafter(drafter):
 
 
 def test_eval_refuses_a_policy_trained_with_another_drafter(capsys):
-    from policies.export import default_policy_dir
+    from policies.layout import default_policy_dir
 
     assert eval_main(["--policy", str(default_policy_dir("lookup")), "--drafter", "model"]) == 2
     err = capsys.readouterr().err
@@ -149,8 +150,8 @@ def test_a_users_head_directory_reaches_the_drafter(tiny_pair, tmp_path):
     with pytest.raises(ModelLoadError):
         DecoderMethod("h", tiny_pair, FixedDepthController(2), SamplingConfig(), 8, drafter="head",
                       head=str(tmp_path / "no-head"))
-    from eval.benchmark import build_parser as bench_parser
     from eval.__main__ import build_parser as eval_parser
+    from eval.benchmark import build_parser as bench_parser
     from train.__main__ import build_parser as train_parser
 
     for parser in (bench_parser(), eval_parser(), train_parser()):
@@ -267,21 +268,21 @@ def test_tree_shape_comes_from_the_command_line_then_the_tree_policy(tmp_path):
 
 
 def test_learned_tree_loading_checks_the_controller_and_drafter(tmp_path, monkeypatch):
-    """load_learned_tree goes through policies.tree.load_tree_policy (replaced here by a fixed
+    """load_learned_tree goes through policies.load.load_tree_policy (replaced here by a fixed
     controller) and refuses a chain controller or a policy trained with another drafter."""
-    import policies.tree
+    import policies.load
     from eval.compare import load_learned_tree
     from learn2draft.tree import FixedTreeController
 
     d = tmp_path / "tree"
     d.mkdir()
     (d / "config.json").write_text(json.dumps({"drafter": "head", "width": 5, "top_k": 6}))
-    monkeypatch.setattr(policies.tree, "load_tree_policy", lambda path: FixedTreeController(3, 8))
+    monkeypatch.setattr(policies.load, "load_tree_policy", lambda path: FixedTreeController(3, 8))
     ctrl, settings = load_learned_tree(d, "head")
     assert ctrl.verification_size(None, 3) == 8 and settings["width"] == 5
     with pytest.raises(ValueError, match="--drafter head"):
         load_learned_tree(d, "model")
-    monkeypatch.setattr(policies.tree, "load_tree_policy", lambda path: FixedDepthController(3))
+    monkeypatch.setattr(policies.load, "load_tree_policy", lambda path: FixedDepthController(3))
     with pytest.raises(ValueError, match="does not decide the verification size"):
         load_learned_tree(d, "head")
 

@@ -9,7 +9,7 @@ import pytest
 import train
 from eval.__main__ import main as eval_main
 from learn2draft.models import load_pair
-from train.training import TrainConfig
+from train.config import TrainConfig
 
 
 @pytest.fixture(scope="module")
@@ -166,12 +166,12 @@ def test_one_table_renderer_for_eval_and_benchmark():
 
 # --------------------------------------------------------------------------------- trees
 def _fake_tree_policy_module(monkeypatch, depth: int = 2, size: int = 3):
-    """Replaces policies.tree.load_tree_policy (the real module stays importable) with one that returns
+    """Replaces policies.load.load_tree_policy (the real module stays importable) with one that returns
     a fixed (depth, V) controller, so eval's tree rows run without training tree policies."""
-    import policies.tree
+    import policies.load
     from learn2draft.tree import FixedTreeController
 
-    monkeypatch.setattr(policies.tree, "load_tree_policy", lambda path: FixedTreeController(depth, size))
+    monkeypatch.setattr(policies.load, "load_tree_policy", lambda path: FixedTreeController(depth, size))
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -195,7 +195,7 @@ def test_bad_tree_flags_are_refused_before_loading(tiny_run, monkeypatch, capsys
 
 def test_trees_with_the_lookup_drafter_are_refused(monkeypatch, capsys):
     from eval.benchmark import main as bench_main
-    from policies.export import default_policy_dir
+    from policies.layout import default_policy_dir
 
     _no_model_loading(monkeypatch)
     for main in (eval_main, bench_main):

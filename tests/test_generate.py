@@ -13,7 +13,8 @@ import policies.generate as gen
 from learn2draft.decoding import FixedDepthController, SpeculativeDecoder
 from learn2draft.drafters import make_drafter
 from learn2draft.models import DEFAULT_TARGET, load_tokenizer
-from policies.export import default_policy_dir, load_policy
+from policies.layout import default_policy_dir
+from policies.load import load_policy
 
 MIXED = "Café 🙂 naïve 日本語 done. STOP here, more text"
 

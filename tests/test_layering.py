@@ -35,12 +35,7 @@ FORBIDDEN = {
 
 #: Violations still present here that other branches of issue 15 remove: (importer file, imported
 #: module) pairs and import circles (frozensets of files). The lead empties this after merging them.
-PENDING: set = {
-    ("policies/tree.py", "envs.tree"),
-    frozenset({"policies/export.py", "policies/tree.py"}),
-    frozenset({"train/training.py", "train/tree.py"}),
-    frozenset({"learn2draft/replay/traces.py", "learn2draft/traces.py"}),
-}
+PENDING: set = set()
 
 
 # ----------------------------------------------------------------------------- reading imports

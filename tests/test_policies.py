@@ -283,7 +283,7 @@ def test_parity_vectors_cover_every_part_of_a_long_rollout(tiny_ppo):
 
 def test_policies_check_passes_on_an_export_and_on_the_shipped_policies(export_dir):
     from policies.check import check_export
-    from policies.export import DEFAULT_POLICIES_DIR
+    from policies.layout import DEFAULT_POLICIES_DIR
 
     rep = check_export(export_dir)
     assert rep["passed"] and rep["vectors"] >= 64 and rep["max_abs_logit_diff"] < 1e-5
@@ -375,7 +375,7 @@ def test_policies_export_reexports_a_run_with_parity_vectors(tiny_ppo, tmp_path)
 
 
 def test_chain_tools_refuse_a_tree_policy_directory_clearly():
-    from policies.export import DEFAULT_POLICIES_DIR
+    from policies.layout import DEFAULT_POLICIES_DIR
 
     with pytest.raises(ValueError, match="load_tree_policy"):
         load_policy(DEFAULT_POLICIES_DIR / "head-tree")

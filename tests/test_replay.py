@@ -22,10 +22,10 @@ from envs.replay import measure_steps_per_second, replay_controller
 from eval.oracle import evaluate_policy, oracle_prompt, oracle_report
 from learn2draft import FixedDepthController, SpeculativeDecoder, build_features
 from learn2draft.drafters import make_drafter
-from learn2draft.replay.latency import SHIPPED_PROFILES_DIR, DrafterCost, LatencyProfile, load_profile
 from learn2draft.models import make_pair
-from learn2draft.sampling import SamplingConfig
+from learn2draft.replay.latency import SHIPPED_PROFILES_DIR, DrafterCost, LatencyProfile, load_profile
 from learn2draft.replay.traces import TraceSet, load_traces
+from learn2draft.sampling import SamplingConfig
 from learn2draft.traces import record_traces
 
 REPO = Path(__file__).resolve().parent.parent
@@ -426,8 +426,8 @@ def test_a_damaged_profile_file_is_a_clear_error(tmp_path):
 # ------------------------------------------------------------------ training on replay, commands
 def test_train_replay_runs_end_to_end_and_exports(pairs, tmp_path, capsys):
     import train
-    from policies.export import load_policy, policy_drafter
-    from train.training import TrainConfig
+    from policies.load import load_policy, policy_drafter
+    from train.config import TrainConfig
 
     path = traces_for(pairs, "noisy", "lookup").save(tmp_path / "t.npz")
     prof = linear_profile().save(tmp_path / "p.json")
@@ -681,8 +681,8 @@ def test_train_a_profile_conditioned_policy_export_and_load(pairs, tiny_model_di
     import train
     from learn2draft.features import FEATURE_NAMES, profile_features
     from policies.check import main as check_main
-    from policies.export import load_policy
-    from train.training import TrainConfig
+    from policies.load import load_policy
+    from train.config import TrainConfig
 
     path = traces_for(pairs, "noisy", "model").save(tmp_path / "t.npz")
     a = scaled_profile("slow", **SLOW).save(tmp_path / "slow.json")

@@ -17,7 +17,9 @@ import torch
 
 import train
 from train.__main__ import build_parser, config_from_args, main
-from train.training import TrainConfig, make_wandb_output_format, prepare_out_dir
+from train.callbacks import make_wandb_output_format
+from train.config import TrainConfig
+from train.outdir import prepare_out_dir
 
 PROMPTS = ["w1 w2 w3 w4", "w5 w6", "w7 w8 w9 w10 w11", "w12"]
 
@@ -309,7 +311,7 @@ def test_overwrite_restores_the_earlier_run_when_the_new_one_fails(tiny_pair, tm
     def broken_wandb(*a, **k):
         raise RuntimeError("wandb exploded")
 
-    monkeypatch.setattr(train.training, "_init_wandb", broken_wandb)
+    monkeypatch.setattr(train.callbacks, "init_wandb", broken_wandb)
     with pytest.raises(RuntimeError, match="exploded"):
         train.run(tiny_pair, tiny_config(out, overwrite=True, eval_prompts=0), prompts=PROMPTS)
     assert (out / "model.zip").read_text() == "old model" and (out / "checkpoints" / "ppo_64_steps.zip").exists()
@@ -445,7 +447,7 @@ def test_a_half_built_optimizer_state_is_dropped_before_an_interrupted_checkpoin
     checkpoint whose resume failed with KeyError: 'exp_avg'."""
     import torch
 
-    from train.training import drop_partial_optimizer_state
+    from train.callbacks import drop_partial_optimizer_state
 
     a, b = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2))
     opt = torch.optim.Adam([a, b])
@@ -455,3 +457,30 @@ def test_a_half_built_optimizer_state_is_dropped_before_an_interrupted_checkpoin
     assert drop_partial_optimizer_state(opt) == 1 and b not in opt.state and "exp_avg" in opt.state[a]
     opt.step()  # re-initialises b's state instead of raising KeyError
     assert "exp_avg" in opt.state[b]
+
+
+def test_replay_keeps_a_max_depth_the_traces_hold_and_refuses_a_given_one_above(tiny_pair, tmp_path):
+    """Under --replay, max_depth is not replaced by the traces' when they hold it (issue 15: an explicit
+    --max-depth 8 was replaced by the traces' depth); the default is lowered to shallower traces' depth, and
+    a max_depth given explicitly above what the traces hold is refused by name."""
+    from learn2draft.drafters import make_drafter
+    from learn2draft.sampling import SamplingConfig
+    from learn2draft.traces import record_traces
+    from train.chain import apply_replay_settings
+
+    def traces(depth: int) -> str:
+        path = tmp_path / f"d{depth}.npz"
+        record_traces(tiny_pair, make_drafter("lookup", tiny_pair), PROMPTS[:2], SamplingConfig(), max_new_tokens=6,
+                      max_depth=depth, progress=False).save(path)
+        return str(path)
+
+    deep, shallow = traces(10), traces(3)
+    cfg = TrainConfig(replay=deep, profile="cpu-2core", max_depth=8)
+    apply_replay_settings(cfg, given={"max_depth"})
+    assert cfg.max_depth == 8
+    cfg = TrainConfig(replay=deep, profile="cpu-2core")  # the default, held by the traces: kept too
+    assert apply_replay_settings(cfg).max_depth == cfg.max_depth == 8
+    cfg = TrainConfig(replay=shallow, profile="cpu-2core")  # the default, deeper than the traces: theirs
+    assert apply_replay_settings(cfg).max_depth == cfg.max_depth == 3
+    with pytest.raises(ValueError, match="--max-depth 8, but the traces .* max_depth=3"):
+        apply_replay_settings(TrainConfig(replay=shallow, profile="cpu-2core", max_depth=8), given={"max_depth"})

@@ -24,8 +24,8 @@ from eval.oracle import format_tree_report, tree_evaluate, tree_oracle_prompt, t
 from learn2draft.drafters import make_drafter
 from learn2draft.replay.latency import DrafterCost, LatencyProfile, load_profile
 from learn2draft.replay.outcome import tree_replay_data
-from learn2draft.sampling import SamplingConfig
 from learn2draft.replay.traces import TraceSet, TreeTraceSet, load_tree_traces, trace_structure
+from learn2draft.sampling import SamplingConfig
 from learn2draft.traces import record_traces, record_tree_traces
 from learn2draft.tree import FixedTreeController, TreeSpeculativeDecoder
 

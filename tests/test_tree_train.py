@@ -1,5 +1,5 @@
 """Draft-tree training (issue 8, item 4): the two tree environments, ``python -m train --tree`` with the
-LTD alternation, the exports of both policies, :func:`policies.tree.load_tree_policy`, the collapse
+LTD alternation, the exports of both policies, :func:`policies.load.load_tree_policy`, the collapse
 warning and the errors for bad settings. Tiny random models only."""
 
 from __future__ import annotations
@@ -118,8 +118,8 @@ def tiny_tree_config(out, **kw) -> TrainConfig:
 
 def test_tree_run_trains_both_policies_and_exports_them(noisy_pair, tmp_path):
     from policies.check import check_export
-    from policies.export import load_policy
-    from policies.tree import TreePolicyController, load_tree_policy
+    from policies.load import load_policy, load_tree_policy
+    from policies.tree import TreePolicyController
 
     out = tmp_path / "tree"
     m = train.run(noisy_pair, tiny_tree_config(out), prompts=PROMPTS, eval_prompts=["w20 w21"])
@@ -159,7 +159,7 @@ def test_tree_run_trains_both_policies_and_exports_them(noisy_pair, tmp_path):
 
 @pytest.mark.parametrize("only", ["depth", "size"])
 def test_tree_run_with_one_policy(noisy_pair, tmp_path, only):
-    from policies.tree import load_tree_policy
+    from policies.load import load_tree_policy
 
     out = tmp_path / only
     m = train.run(noisy_pair, tiny_tree_config(out, policies=(only,), timesteps=64, size_timesteps=64,
@@ -179,7 +179,7 @@ def test_tree_run_with_one_policy(noisy_pair, tmp_path, only):
 def test_collapse_warning_fires_for_a_collapsed_policy(noisy_pair, tmp_path):
     from stable_baselines3 import PPO
 
-    from train.tree import PolicyCollapseWarning, _action_callback, action_fractions, collapse_message
+    from train.callbacks import ActionDistributionCallback, PolicyCollapseWarning, action_fractions, collapse_message
 
     env = size_env(noisy_pair)
     model = PPO("MlpPolicy", env, n_steps=32, batch_size=32, n_epochs=1, policy_kwargs={"net_arch": [8]}, seed=0,
@@ -188,7 +188,7 @@ def test_collapse_warning_fires_for_a_collapsed_policy(noisy_pair, tmp_path):
         model.policy.action_net.weight.zero_()
         model.policy.action_net.bias.fill_(-50.0)
         model.policy.action_net.bias[4] = 50.0
-    cb = _action_callback("size", {i: f"V={v}" for i, v in enumerate(env.verify_sizes)})
+    cb = ActionDistributionCallback("size", {i: f"V={v}" for i, v in enumerate(env.verify_sizes)})
     with pytest.warns(PolicyCollapseWarning, match="size policy collapsed .* V=16"):
         model.learn(32, callback=cb)
     assert cb.collapses and cb.last_fractions["V=16"] == 1.0
@@ -243,7 +243,8 @@ def test_envs_refuse_bad_input(noisy_pair):
 # ---------------------------------------------------------------- shipped policies
 def test_shipped_head_tree_policies_load_and_pass_the_parity_check():
     from policies.check import check_export
-    from policies.tree import DEPTH_DIR, SIZE_DIR, default_tree_policy_dir, load_tree_policy
+    from policies.layout import DEPTH_DIR, SIZE_DIR, default_tree_policy_dir
+    from policies.load import load_tree_policy
 
     d = default_tree_policy_dir("head")
     for sub in (DEPTH_DIR, SIZE_DIR):
@@ -262,7 +263,8 @@ def test_shipped_head_tree_policies_load_and_pass_the_parity_check():
 @pytest.mark.slow
 def test_shipped_head_tree_drives_the_real_pair_greedily(default_pair):
     from learn2draft.drafters import make_drafter
-    from policies.tree import default_tree_policy_dir, load_tree_policy
+    from policies.layout import default_tree_policy_dir
+    from policies.load import load_tree_policy
 
     ctrl = load_tree_policy(default_tree_policy_dir("head"))
     prompt = default_pair.encode_prompt("Name three colours.")

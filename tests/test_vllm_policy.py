@@ -18,7 +18,8 @@ from envs.engine_view import EngineViewWrapper
 from learn2draft import FixedDepthController, SpeculativeDecoder
 from learn2draft.features import ENGINE_FEATURE_NAMES, ENGINE_MIN_DEPTH, build_engine_features
 from policies.controllers import OnnxController
-from policies.export import export_policy, load_policy
+from policies.export import export_policy
+from policies.load import load_policy
 from policies.vllm import LearnedDraftLengthPolicy, ProtocolController
 
 PROMPTS = ["w7 w8 w9 w10 w11", "w3 w3 w4 w5", "w20 w21 w22 w23 w24 w25"]
@@ -121,7 +122,7 @@ def test_adapter_follows_the_protocol(engine_export):
 
 
 def test_adapter_refuses_a_loop_policy(tmp_path):
-    from policies.export import default_policy_dir
+    from policies.layout import default_policy_dir
 
     with pytest.raises(ValueError, match="--features engine"):
         LearnedDraftLengthPolicy(default_policy_dir("model"))
@@ -145,7 +146,7 @@ def test_protocol_driven_real_loop_keeps_greedy_output_and_stops_where_k_valid_s
 def test_the_shipped_engine_policy_loads_passes_its_check_and_drives_the_real_loop(default_pair):
     """policies/defaults/model-engine: trained with `python -m train --drafter model --features engine`."""
     from policies.check import check_export
-    from policies.export import DEFAULT_POLICIES_DIR
+    from policies.layout import DEFAULT_POLICIES_DIR
 
     d = DEFAULT_POLICIES_DIR / "model-engine"
     assert check_export(d)["passed"]

@@ -213,7 +213,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from learn2draft.models import ModelLoadError, TokenizerMismatchError, load_pair, parse_dtype, resolve_model_source
     from policies.export import ExportCheckError
-    from train.training import apply_replay_settings, prepare_out_dir, run
+    from train.chain import apply_replay_settings
+    from train.launch import run
+    from train.outdir import prepare_out_dir
     from train.wandb_setup import check_wandb
 
     try:
@@ -228,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
                              "train --policies size.")
         check_wandb(cfg.wandb_mode)
         if cfg.replay:
-            apply_replay_settings(cfg)  # reads the traces and the profile: no model is loaded
+            apply_replay_settings(cfg, given)  # reads the traces and the profile: no model is loaded
         else:
             for name in (cfg.target, cfg.draft) if cfg.drafter == "model" else (cfg.target,):
                 resolve_model_source(name)  # cheap existence checks, before anything is created

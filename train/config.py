@@ -1,5 +1,5 @@
 """The settings of a training run (:class:`TrainConfig`), importable without torch so that
-``python -m train --help`` answers at once; :mod:`train.training` runs them."""
+``python -m train --help`` answers at once; :func:`train.launch.run` runs them."""
 
 from __future__ import annotations
 
@@ -9,7 +9,14 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from learn2draft.names import DEFAULT_DRAFT, DEFAULT_TARGET
+from learn2draft.names import (
+    DEFAULT_DRAFT,
+    DEFAULT_MAX_DEPTH,
+    DEFAULT_TARGET,
+    DEFAULT_TREE_TOP_K,
+    DEFAULT_TREE_WIDTH,
+    DEFAULT_VERIFY_SIZES,
+)
 from learn2draft.prompts import SPLITS
 
 WANDB_MODES = ("offline", "online", "disabled")
@@ -63,10 +70,11 @@ class TrainConfig:
 
     Replay (no model runs): ``replay`` (trace files written by ``python -m eval.record``, several joined by
     commas) and ``profile`` (a latency profile file or a shipped name, :func:`learn2draft.replay.latency.load_profile`;
-    several joined by commas: each generation replays on one of them, see :mod:`envs.replay`) train on ``learn2draft/SpecDecodeReplay-v0`` instead of the real loop; the models, drafter, sampling,
-    ``max_new_tokens`` and ``max_depth`` then come from the traces (a setting left at its default takes the
-    traces' value; one set to another value is an error, except ``max_new_tokens`` / ``max_depth`` below the
-    traces'), and the final check compares the policy with fixed depths and the oracle in replay, on the
+    several joined by commas: each generation replays on one of them, see :mod:`envs.replay`) train on ``learn2draft/SpecDecodeReplay-v0`` instead of the real loop; the models, drafter, sampling and
+    ``max_new_tokens`` then come from the traces (a setting left at its default takes the traces' value; one
+    set to another value is an error, except ``max_new_tokens`` below the traces'); ``max_depth`` is kept when
+    the traces hold it (any depth up to the recorded one replays) and, left at its default above it, lowered
+    to the traces' (see :func:`train.chain.apply_replay_settings`), and the final check compares the policy with fixed depths and the oracle in replay, on the
     training traces.
 
     Draft trees (``tree``, :mod:`train.tree`): ``policies`` (``("depth", "size")`` or one of them),
@@ -90,7 +98,7 @@ class TrainConfig:
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     max_new_tokens: int = 64
-    max_depth: int = 8
+    max_depth: int = DEFAULT_MAX_DEPTH
     timesteps: int = 8192
     n_steps: int = 256
     batch_size: int = 64
@@ -125,9 +133,9 @@ class TrainConfig:
     tree: bool = False
     policies: tuple[str, ...] = TREE_POLICIES
     rounds: int = 2
-    tree_width: int = 4
-    tree_top_k: int = 4
-    verify_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 48, 64)
+    tree_width: int = DEFAULT_TREE_WIDTH
+    tree_top_k: int = DEFAULT_TREE_TOP_K
+    verify_sizes: tuple[int, ...] = DEFAULT_VERIFY_SIZES
     verify_size: int = 16
     tree_depth: int | None = None
     size_timesteps: int | None = None

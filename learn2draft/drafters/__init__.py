@@ -7,7 +7,7 @@ head over the target's hidden states, and model-free prompt lookup.
 
 from __future__ import annotations
 
-from learn2draft.drafters.base import NUM_DRAFTER_FEATURES, DraftProposal, Drafter
+from learn2draft.drafters.base import NUM_DRAFTER_FEATURES, Drafter, DraftProposal
 from learn2draft.drafters.lookup import LookupDrafter
 from learn2draft.drafters.model import ModelDrafter
 from learn2draft.names import DRAFTERS

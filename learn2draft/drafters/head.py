@@ -34,8 +34,8 @@ from transformers import DynamicCache, LlamaConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from learn2draft.drafters.base import (
-    DraftProposal,
     Drafter,
+    DraftProposal,
     TopKProposal,
     raw_confidence_entropy,
     topk_proposal,

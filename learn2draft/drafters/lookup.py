@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
-from learn2draft.drafters.base import NUM_DRAFTER_FEATURES, DraftProposal, Drafter
+from learn2draft.drafters.base import NUM_DRAFTER_FEATURES, Drafter, DraftProposal
 
 MATCH_LEN_SCALE = 16  # feature match_len = min(match length, 16) / 16
 MATCH_COUNT_SCALE = 8  # feature match_count = min(occurrences, 8) / 8

@@ -6,8 +6,8 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from learn2draft.drafters.base import (
-    DraftProposal,
     Drafter,
+    DraftProposal,
     TopKProposal,
     raw_confidence_entropy,
     topk_proposal,

@@ -77,6 +77,7 @@ from typing import ClassVar
 import numpy as np
 
 from learn2draft.features import FEATURE_VERSION
+from learn2draft.names import check_verify_sizes
 
 TRACE_FORMAT = "learn2draft-trace"
 #: Version of the file layout; :meth:`TraceSet.load` refuses other versions.
@@ -570,7 +571,6 @@ class TreeTraceSet(_TraceFile):
                              "`python -m eval.record --tree`.")
         arrays = _read_arrays(path, data, TREE_ARRAY_DOCS)
         D, S = int(header["max_depth"]), len(header["verify_sizes"])
-        from learn2draft.traces import check_verify_sizes  # moves to learn2draft.names (issue 15): then a top import
 
         try:
             check_verify_sizes(header["verify_sizes"])

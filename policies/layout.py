@@ -1,0 +1,100 @@
+"""The layout of a policy folder: file and sub-folder names, where a training run keeps its export, and
+where the shipped policies live. Standard library only (:mod:`policies.check` reads it without torch or
+the engine); :mod:`policies.export` writes these files, :mod:`policies.load` reads them.
+
+A chain policy export (``python -m train --out RUN`` writes it to ``RUN/policy/``) holds
+
+* ``policy.onnx`` (:data:`ONNX_FILE`) — the graph: input ``obs`` float32 ``(batch, n_features)``, outputs
+  ``action`` int64 ``(batch,)`` and ``logits`` float32 ``(batch, n_actions)``;
+* ``feature_spec.json`` (:data:`FEATURE_SPEC_FILE`) — how to build ``obs``;
+* ``policy_config.json`` (:data:`POLICY_CONFIG_FILE`) — ``max_depth``, sampling, models, training settings;
+* ``export_check.json`` (:data:`CHECK_FILE`) — onnxruntime against the PyTorch policy at export time;
+* ``parity.json`` (:data:`PARITY_FILE`) — parity vectors for ``python -m policies.check``.
+
+A draft-tree run (``python -m train --tree --out RUN``) or shipped tree folder holds ``tree.json``
+(:data:`TREE_FILE`) with the depth policy's export in ``policy/`` (:data:`DEPTH_DIR`) and the size policy's
+in ``size_policy/`` (:data:`SIZE_DIR`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ONNX_FILE = "policy.onnx"
+FEATURE_SPEC_FILE = "feature_spec.json"
+POLICY_CONFIG_FILE = "policy_config.json"
+CHECK_FILE = "export_check.json"
+PARITY_FILE = "parity.json"
+#: The files every export holds (``export_check.json`` aside: not needed to run or check it).
+EXPORT_FILES = (ONNX_FILE, FEATURE_SPEC_FILE, POLICY_CONFIG_FILE, PARITY_FILE)
+#: A training run's ``config.json`` (beside its export folder).
+RUN_CONFIG_FILE = "config.json"
+
+TREE_FILE = "tree.json"
+TREE_FORMAT = "learn2draft-tree/1"
+DEPTH_DIR = "policy"
+SIZE_DIR = "size_policy"
+
+#: Trained policies for the embedded default pair, shipped with the package: ``<drafter>`` (chain depth
+#: policies) and ``<drafter>-tree`` (draft-tree policies).
+DEFAULT_POLICIES_DIR = Path(__file__).resolve().parent / "defaults"
+DEFAULT_TREE_SUFFIX = "-tree"
+
+
+def resolve_export_dir(path: str | Path) -> Path:
+    """A training run directory (``python -m train --out``) holds its export in ``policy/``; an
+    export directory is returned as is."""
+    path = Path(path)
+    return path / DEPTH_DIR if (path / DEPTH_DIR).is_dir() else path
+
+
+def tree_root(path: str | Path) -> Path:
+    """The folder holding ``tree.json``: ``path`` itself or, for a ``policy`` / ``size_policy`` sub-folder, its parent.
+
+    Raises:
+        FileNotFoundError: neither holds a ``tree.json``.
+    """
+    path = Path(path)
+    for d in (path, path.parent):
+        if (d / TREE_FILE).is_file():
+            return d
+    raise FileNotFoundError(f"{path} holds no {TREE_FILE}: pass a tree training run (python -m train --tree --out RUN) "
+                            "or a shipped tree policy folder (e.g. policies/defaults/head-tree).")
+
+
+def default_policy_dir(drafter: str = "model") -> Path:
+    """The shipped export directory of the depth policy trained for ``drafter`` on the embedded
+    default pair (``policies/defaults/<drafter>``).
+
+    Raises:
+        FileNotFoundError: none is shipped for this drafter.
+    """
+    d = DEFAULT_POLICIES_DIR / drafter
+    if not (d / ONNX_FILE).is_file():
+        shipped = sorted(p.name for p in DEFAULT_POLICIES_DIR.glob("*") if (p / ONNX_FILE).is_file())
+        raise FileNotFoundError(
+            f"No shipped policy for drafter {drafter!r} (shipped: {', '.join(shipped) or 'none'}): train one with "
+            f"`python -m train --drafter {drafter}` and pass --policy RUN_DIR."
+        )
+    return d
+
+
+def default_tree_policy_dir(drafter: str = "head") -> Path:
+    """The shipped tree policies for ``drafter`` on the embedded default pair (``policies/defaults/<drafter>-tree``).
+
+    Raises:
+        FileNotFoundError: none is shipped for this drafter.
+    """
+    d = DEFAULT_POLICIES_DIR / f"{drafter}{DEFAULT_TREE_SUFFIX}"
+    if not (d / TREE_FILE).is_file():
+        shipped = sorted(p.name for p in DEFAULT_POLICIES_DIR.glob(f"*{DEFAULT_TREE_SUFFIX}")
+                         if (p / TREE_FILE).is_file())
+        raise FileNotFoundError(f"No shipped tree policy for drafter {drafter!r} (shipped: "
+                                f"{', '.join(shipped) or 'none'}): train one with "
+                                f"`python -m train --tree --drafter {drafter}`.")
+    return d
+
+
+__all__ = ["CHECK_FILE", "DEFAULT_POLICIES_DIR", "DEFAULT_TREE_SUFFIX", "DEPTH_DIR", "EXPORT_FILES", "FEATURE_SPEC_FILE",
+           "ONNX_FILE", "PARITY_FILE", "POLICY_CONFIG_FILE", "RUN_CONFIG_FILE", "SIZE_DIR", "TREE_FILE", "TREE_FORMAT",
+           "default_policy_dir", "default_tree_policy_dir", "resolve_export_dir", "tree_root"]

@@ -1,0 +1,193 @@
+"""Loading a policy folder (the layout of :mod:`policies.layout`) as a controller, and reading what it
+was trained with. Needs onnxruntime and the engine only (no torch graph, no stable-baselines3).
+
+* :func:`load_policy` — a chain depth policy's export (or the training run holding it) as an
+  :class:`policies.controllers.OnnxController`;
+* :func:`load_tree_policy` — a draft-tree run or shipped tree folder as a :class:`policies.tree.TreePolicyController`;
+* :func:`run_settings`, :func:`policy_drafter`, :func:`policy_head`, :func:`tree_settings` — the settings recorded
+  beside the export (``config.json``, ``policy_config.json``, ``tree.json``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from learn2draft.features import (
+    FEATURE_NAMES,
+    FEATURE_VERSION,
+    PROFILE_FEATURE_NAMES,
+    PROFILE_FEATURE_VERSION,
+    SIZE_FEATURE_NAMES,
+    SIZE_FEATURE_VERSION,
+    profile_features,
+)
+from policies.controllers import OnnxController
+from policies.layout import (
+    DEPTH_DIR,
+    FEATURE_SPEC_FILE,
+    ONNX_FILE,
+    POLICY_CONFIG_FILE,
+    RUN_CONFIG_FILE,
+    SIZE_DIR,
+    TREE_FILE,
+    resolve_export_dir,
+    tree_root,
+)
+from policies.tree import TreePolicyController
+
+
+def load_policy(directory: str | Path, intra_op_num_threads: int = 1, profile=None) -> OnnxController:
+    """Load an export directory (or a training run directory holding one in ``policy/``) as an
+    :class:`OnnxController` (onnxruntime only; no SB3, no torch graph).
+
+    Reads ``max_depth`` from ``policy_config.json`` and checks ``feature_spec.json`` against this
+    version's features.
+
+    Args:
+        profile: for a profile-conditioned policy (``python -m train --features profile``), the latency
+            profile of the machine it runs on (a :class:`learn2draft.replay.latency.LatencyProfile`, a file from
+            ``python -m eval.profile``, or a shipped name such as ``"gpu-like"``): its
+            :func:`learn2draft.features.profile_features` for the policy's drafter complete every observation.
+            Other policies do not read it (it is still loaded, so a wrong path is an error).
+
+    Raises:
+        FileNotFoundError: the directory or one of its files is missing; ``profile`` names no file.
+        ValueError: the feature specification differs from this learn2draft version's, the directory
+            holds draft-tree policies (``tree.json``), or a profile-conditioned policy is loaded without
+            ``profile`` (or with one lacking its drafter's costs).
+    """
+    if (Path(directory) / TREE_FILE).is_file():
+        raise ValueError(f"{directory} holds draft-tree policies (tree.json: a depth and a size policy): load it with "
+                         "policies.load.load_tree_policy and decode with learn2draft.tree.TreeSpeculativeDecoder "
+                         "(python -m eval --tree --tree-policy DIR); chain tools cannot run it.")
+    d = resolve_export_dir(directory)
+    for name in (ONNX_FILE, FEATURE_SPEC_FILE, POLICY_CONFIG_FILE):
+        if not (d / name).is_file():
+            raise FileNotFoundError(f"{d / name} is missing: is {d} a policy export directory (see policies.export)?")
+    cfg = json.loads((d / POLICY_CONFIG_FILE).read_text())
+    spec = json.loads((d / FEATURE_SPEC_FILE).read_text())
+    names = [f["name"] for f in spec.get("features", [])]
+    if names == list(SIZE_FEATURE_NAMES):
+        raise ValueError(f"{d} is a draft tree's verification-size policy: load it with "
+                         "policies.load.load_tree_policy (its training run or the folder above it).")
+    if spec.get("kind") == "engine":
+        raise ValueError(f"{d} reads engine-visible features only (trained with --features engine, for vLLM): run it "
+                         "with policies.vllm.LearnedDraftLengthPolicy (in this project's loop: "
+                         "policies.vllm.ProtocolController), not as a loop controller.")
+    conditioned = spec.get("kind") == "profile"
+    expected = [*FEATURE_NAMES, *PROFILE_FEATURE_NAMES] if conditioned else list(FEATURE_NAMES)
+    if (spec.get("version") != FEATURE_VERSION or names != expected
+            or (conditioned and spec.get("profile_version") != PROFILE_FEATURE_VERSION)):
+        raise ValueError(
+            f"{d / FEATURE_SPEC_FILE} describes feature version {spec.get('version')} {names}, but this learn2draft "
+            f"builds version {FEATURE_VERSION} {expected}: re-export the policy or use a matching version."
+        )
+    extra = prof = None
+    if profile is not None:  # loaded (and so checked) even for a policy that does not read it
+        from learn2draft.replay.latency import LatencyProfile, load_profile
+
+        prof = profile if isinstance(profile, LatencyProfile) else load_profile(profile)
+    if conditioned:
+        if prof is None:
+            raise ValueError(f"{d} is profile-conditioned (trained with --features profile): it reads the latency profile "
+                             "of the machine it runs on. Pass one: --profile P on the command line (generate, eval, "
+                             "eval.benchmark, eval.oracle, eval.simreal), load_policy(dir, profile=P) in Python; P is a "
+                             "shipped name (cpu-2core, gpu-like) or this machine's, measured with "
+                             "`python -m eval.profile --out FILE`.")
+        extra = profile_features(prof, str(cfg.get("drafter", "model")))
+    ctrl = OnnxController(d / ONNX_FILE, max_depth=int(cfg["max_depth"]), intra_op_num_threads=intra_op_num_threads,
+                          profile_features=extra)
+    ctrl.profile_name = prof.name if conditioned else None
+    return ctrl
+
+
+def load_tree_policy(run_or_dir: str | Path, intra_op_num_threads: int = 1) -> TreePolicyController:
+    """Load the depth and size policies of a tree training run (``python -m train --tree --out RUN``) or a
+    shipped tree folder (``policies/defaults/head-tree``) as a :class:`TreePolicyController`.
+
+    Build the decoder with the controller's settings::
+
+        ctrl = load_tree_policy("policies/defaults/head-tree")
+        dec = TreeSpeculativeDecoder(pair, max_depth=ctrl.depth_feature_scale, width=ctrl.width, top_k=ctrl.top_k,
+                                     drafter=make_drafter("head", pair))
+        dec.generate(prompt_ids, ctrl)
+
+    Args:
+        run_or_dir: the run / shipped folder, or one of its ``policy`` / ``size_policy`` sub-folders.
+
+    Raises:
+        FileNotFoundError: no ``tree.json``, or an export it names is missing.
+        ValueError: a feature specification of another version, or a size export whose V set differs
+            from ``tree.json``'s.
+    """
+    root = tree_root(run_or_dir)
+    cfg = json.loads((root / TREE_FILE).read_text())
+    trained = list(cfg.get("policies", []))
+    depth_policy = size_policy = None
+    if "depth" in trained:
+        depth_policy = load_policy(root / DEPTH_DIR, intra_op_num_threads=intra_op_num_threads)
+    sizes = tuple(cfg.get("verify_sizes", ()))
+    if "size" in trained:
+        d = root / SIZE_DIR
+        for name in (ONNX_FILE, FEATURE_SPEC_FILE, POLICY_CONFIG_FILE):
+            if not (d / name).is_file():
+                raise FileNotFoundError(f"{d / name} is missing: the size policy's export is incomplete.")
+        spec = json.loads((d / FEATURE_SPEC_FILE).read_text())
+        names = [f["name"] for f in spec.get("features", [])]
+        if spec.get("version") != SIZE_FEATURE_VERSION or names != list(SIZE_FEATURE_NAMES):
+            raise ValueError(f"{d / FEATURE_SPEC_FILE} describes size features version {spec.get('version')} {names}, "
+                             f"but this learn2draft builds version {SIZE_FEATURE_VERSION} {list(SIZE_FEATURE_NAMES)}: "
+                             "re-export the size policy or use a matching version.")
+        pcfg = json.loads((d / POLICY_CONFIG_FILE).read_text())
+        if tuple(pcfg.get("verify_sizes", ())) != sizes:
+            raise ValueError(f"{d / POLICY_CONFIG_FILE} lists verify_sizes {pcfg.get('verify_sizes')}, "
+                             f"{root / TREE_FILE} {list(sizes)}: the folder mixes two runs.")
+        size_policy = OnnxController(d / ONNX_FILE, max_depth=int(cfg["max_depth"]),
+                                     intra_op_num_threads=intra_op_num_threads, n_features=len(SIZE_FEATURE_NAMES))
+    if depth_policy is None and size_policy is None:
+        raise FileNotFoundError(f"{root / TREE_FILE} lists no trained policy (policies: {trained}).")
+    return TreePolicyController(depth_policy, size_policy, sizes, max_depth=int(cfg["max_depth"]),
+                                width=int(cfg["width"]), top_k=int(cfg["top_k"]), verify_size=cfg.get("verify_size"),
+                                tree_depth=cfg.get("tree_depth"))
+
+
+def tree_settings(run_or_dir: str | Path) -> dict:
+    """The ``tree.json`` of a tree run or shipped folder (``width``, ``top_k``, ``max_depth``, ``verify_sizes``,
+    ``verify_size``, ``tree_depth``, ``policies``, ``drafter``, ``sampling``, …).
+
+    Raises:
+        FileNotFoundError: no ``tree.json`` in ``run_or_dir`` or its parent.
+    """
+    return json.loads((tree_root(run_or_dir) / TREE_FILE).read_text())
+
+
+def run_settings(directory: str | Path) -> dict:
+    """The settings a policy was trained with: the training run's ``config.json`` when ``directory``
+    is a run (``python -m train --out``), else the export's ``policy_config.json`` (``target``,
+    ``draft``, ``drafter``, ``max_new_tokens``, ``threads``, … whatever was recorded).
+
+    Raises:
+        FileNotFoundError: neither file exists.
+    """
+    d = Path(directory)
+    for f in (d / RUN_CONFIG_FILE, resolve_export_dir(d) / POLICY_CONFIG_FILE):
+        if f.is_file():
+            return json.loads(f.read_text())
+    raise FileNotFoundError(f"No config.json or {POLICY_CONFIG_FILE} in {d}: is it a training run or a policy export?")
+
+
+def policy_drafter(directory: str | Path) -> str:
+    """The drafter a policy export (or training run) was trained with; ``"model"`` for exports
+    that predate drafters."""
+    cfg = json.loads((resolve_export_dir(directory) / POLICY_CONFIG_FILE).read_text())
+    return str(cfg.get("drafter", "model"))
+
+
+def policy_head(directory: str | Path) -> str | None:
+    """The head directory a policy trained with the head drafter recorded (None: the shipped head)."""
+    cfg = json.loads((resolve_export_dir(directory) / POLICY_CONFIG_FILE).read_text())
+    return cfg.get("head")
+
+
+__all__ = ["load_policy", "load_tree_policy", "policy_drafter", "policy_head", "run_settings", "tree_settings"]
