@@ -60,7 +60,7 @@ import numpy as np
 from gymnasium import spaces
 
 from envs.reward import check_reward_scale, cycle_reward, relative_speeds
-from learn2draft.control import check_depth_feature_scale
+from learn2draft.control import check_depth_feature_scale, keeps_drafting
 from learn2draft.features import FEATURE_NAMES, HISTORY, PROFILE_FEATURE_NAMES, build_features
 from learn2draft.features import profile_features as profile_feature_vector
 from learn2draft.names import run_seed
@@ -380,7 +380,6 @@ def replay_controller(env: SpecDecodeReplayEnv, controller, prompt_indices: Sequ
     if repeats < 1:
         raise ValueError(f"repeats must be ≥ 1, got {repeats}.")
     idx = env._usable if prompt_indices is None else list(prompt_indices)
-    cmax = getattr(controller, "max_depth", env.max_depth)
     tokens = seconds = 0.0
     depths = taus = cycles = 0
     per = {}
@@ -390,9 +389,7 @@ def replay_controller(env: SpecDecodeReplayEnv, controller, prompt_indices: Sequ
             obs, _ = env.reset(seed=run_seed(seed, k, i), options={"prompt_index": i, "profile_index": profile_index})
             tok, sec = env._r.n, 0.0
             while True:
-                go = False
-                if env.depth < cmax and env.can_draft():
-                    go = controller.continue_drafting(obs)
+                go = keeps_drafting(controller, env.depth, env.can_draft, lambda: controller.continue_drafting(obs))
                 obs, _, _, _, info = env.step(CONTINUE if go else STOP)
                 if info["verified"]:
                     sec += info["seconds"]

@@ -127,6 +127,15 @@ class FixedTreeController(DraftController):
         return f"FixedTreeController(depth={self.max_depth}, verify_size={self.verify_size})"
 
 
+def keeps_drafting(controller: DraftController, depth: int, can_draft: Callable[[], bool], decide: Callable[[], bool],
+                   min_depth: int = 0) -> bool:
+    """The one depth rule of a cycle, on the real loop and in replay: draft one more step when the depth is
+    below the controller's ``max_depth``, a draft is possible (``can_draft()``: below the decoder's depth
+    limit, and the drafter has a proposal) and the controller says CONTINUE (``decide()``, asked only then);
+    the first ``min_depth`` steps are drafted without asking (a size decision needs a tree)."""
+    return depth < max(controller.max_depth, min_depth) and can_draft() and (depth < min_depth or decide())
+
+
 def decides_verification_size(controller: DraftController) -> bool:
     """Whether ``controller`` overrides :meth:`DraftController.verification_size` (a size policy, a
     :class:`FixedTreeController`); a chain controller (fixed γ, a depth policy) does not."""
@@ -184,5 +193,6 @@ def as_size(value: Any) -> int:
 
 __all__ = [
     "ACTION_MEANINGS", "CONTINUE", "STOP", "DraftController", "FixedDepthController", "FixedTreeController",
-    "SizeDecider", "as_size", "check_depth_feature_scale", "decides_verification_size", "size_decider",
+    "SizeDecider", "as_size", "check_depth_feature_scale", "decides_verification_size", "keeps_drafting",
+    "size_decider",
 ]

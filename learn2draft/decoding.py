@@ -52,6 +52,7 @@ from learn2draft.control import (
     as_size,
     check_depth_feature_scale,
     decides_verification_size,
+    keeps_drafting,
 )
 from learn2draft.drafters.base import Drafter
 from learn2draft.drafters.model import ModelDrafter
@@ -517,8 +518,7 @@ class SpeculativeDecoder:
         """The drafting half of a cycle: draft while the controller says CONTINUE, up to the decoder's and
         the controller's ``max_depth`` and while the drafter has proposals. The first ``min_depth`` steps
         are drafted without asking (a size decision needs a tree). Decision times are charged to the cycle."""
-        while (self.depth < max(controller.max_depth, min_depth) and self.can_draft()
-               and (self.depth < min_depth or self.decide(controller))):
+        while keeps_drafting(controller, self.depth, self.can_draft, lambda: self.decide(controller), min_depth):
             self.draft_step()
 
     def run_cycle(self, controller: DraftController) -> CycleResult:
