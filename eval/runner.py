@@ -11,8 +11,8 @@ noisy, shared machine slows them all alike.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -332,16 +332,3 @@ def verdict(r: dict) -> str:
 def encode_all(pair: ModelPair, prompts: Sequence[str], max_new_tokens: int) -> list[torch.Tensor]:
     """Tokenise prompts with the chat template; raises ValueError for an empty or too long prompt."""
     return [pair.encode_prompt(p, max_new_tokens=max_new_tokens) for p in prompts]
-
-
-def records_to_json(records: Sequence[RunRecord]) -> list[dict]:
-    rows = []
-    for r in records:
-        d = asdict(r)
-        d.pop("tokens")
-        d["tokens_per_second"] = r.tokens_per_second
-        rows.append(d)
-    return rows
-
-
-ControllerFactory = Callable[[], DraftController]

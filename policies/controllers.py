@@ -24,14 +24,12 @@ from typing import Any
 
 import numpy as np
 
-from learn2draft.decoding import DraftController
+from learn2draft.control import CONTINUE, STOP, DraftController
 from learn2draft.drafters.lookup import MATCH_LEN_SCALE
 from learn2draft.features import FEATURE_NAMES
 from learn2draft.names import DEFAULT_MAX_DEPTH
 from policies.layout import DEPTH_DIR, POLICY_CONFIG_FILE, RUN_CONFIG_FILE
 
-STOP = 0
-CONTINUE = 1
 _LAST_CONFIDENCE = FEATURE_NAMES.index("last_confidence")
 _DEPTH = FEATURE_NAMES.index("depth")
 _MATCH_LEN = FEATURE_NAMES.index("match_len")

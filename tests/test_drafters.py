@@ -117,11 +117,13 @@ def test_lookup_at_temperature_one_runs_and_stops_drafting_without_a_match(tiny_
     dec = SpeculativeDecoder(pair, SamplingConfig(temperature=1.0), max_new_tokens=30, max_depth=4,
                              drafter=LookupDrafter())
     r = dec.generate(REPEATING, FixedDepthController(4), seed=3)
-    assert len(r.tokens) >= 1 and 0 <= r.acceptance_rate <= 1
-    dec.start(t([1, 20, 21, 22]))  # all distinct: no match for the last token (unless the first token repeats one)
-    if not dec.drafter.can_propose(dec.ids):
-        c = dec.run_cycle(FixedDepthController(4))
-        assert c.depth == 0  # a CONTINUE with nothing to propose verifies
+    assert len(r.tokens) == 30 and r.tokens[1:] == [x for c in r.cycles for x in c.tokens]  # + the prefill's token
+    assert all(len(c.tokens) == c.num_accepted + 1 for c in r.cycles[:-1])
+    assert sum(c.depth for c in r.cycles) > 0 and 0 < r.acceptance_rate < 1  # point-mass drafts accepted and rejected
+    dec.start(t([1, 20, 21, 22]))  # all distinct, and the prefill's token (seed 0) repeats none: no match
+    assert not dec.drafter.can_propose(dec.ids)
+    c = dec.run_cycle(FixedDepthController(4))
+    assert c.depth == 0 and len(c.tokens) == 1  # a CONTINUE with nothing to propose verifies
 
 
 def test_match_features_reach_the_policy_and_the_match_length_rule(tiny_tok, copy_target):

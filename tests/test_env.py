@@ -234,7 +234,7 @@ def test_step_before_reset_raises(tiny_pair):
 ])
 def test_bad_constructor_arguments(tiny_pair, kwargs):
     kw = {"prompts": PROMPTS, **kwargs}
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="(?i)prompt" if "prompts" in kwargs else next(iter(kwargs))):
         SpecDecodeEnv(tiny_pair, **kw)
 
 

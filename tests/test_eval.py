@@ -129,7 +129,10 @@ def test_a_trained_policy_ships_for_every_drafter(drafter):
     d = default_policy_dir(drafter)
     assert policy_drafter(d) == drafter
     policy = load_policy(d)  # checks the feature spec against this version's
-    assert policy.max_depth >= 1
+    assert policy.max_depth == json.loads((d / "policy_config.json").read_text())["max_depth"]
+    parity = json.loads((d / "parity.json").read_text())  # the trained PyTorch policy's logits
+    logits = policy.logits(torch.tensor(parity["observations"]).numpy())
+    assert torch.allclose(torch.from_numpy(logits), torch.tensor(parity["logits"]), atol=1e-5)
     check = json.loads((d / "export_check.json").read_text())
     assert check["agreement"] == 1.0
 

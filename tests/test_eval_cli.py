@@ -131,33 +131,35 @@ def test_progress_bars_draw_only_on_a_terminal(tiny_pair, capfd):
     assert "\r" not in err and "bar" not in err
 
 
-def test_one_table_renderer_for_eval_and_benchmark():
-    """Every table of measured runs (eval.runner.summarize output: eval, the benchmark) comes from
-    eval.runner.methods_table, with τ's convention stated there; no other module writes that table's
-    header or its own "| method |" table over summarize output. (eval.oracle's replay table — modelled
-    seconds against the hindsight oracle, no repeats, no latencies — has none of these columns and
-    renders its own.)"""
-    from pathlib import Path
-
-    import eval
+def test_one_table_renderer_for_eval_and_benchmark(tiny_run, tmp_path):
+    """Every table of measured runs (eval.runner.summarize output: eval's comparison, the benchmark) is
+    eval.runner.methods_table's, with τ's convention stated there: each report holds exactly that block
+    and no other "| method |" table. (eval.oracle's replay table — modelled seconds against the hindsight
+    oracle, no repeats, no latencies — has none of these columns and renders its own.)"""
+    from eval.benchmark import PLAIN
+    from eval.benchmark import main as bench_main
+    from eval.compare import AR, format_markdown
     from eval.runner import TAU_NOTE, methods_table
 
-    root = Path(eval.__file__).parent
-    header = "tokens/s (mean ± std)"
-    assert header in (root / "runner.py").read_text()
-    users = set()
-    for path in root.glob("*.py"):
-        text = path.read_text()
-        if path.name == "runner.py":
-            continue
-        assert header not in text, f"{path.name} renders its own table of measured runs: use methods_table"
-        if "summarize(" in text:  # reports measured runs
-            assert "| method |" not in text and "methods_table(" in text, path.name
-            users.add(path.name)
-    assert {"compare.py", "benchmark.py"} <= users
-    summary = {"a": {"tokens_per_second_mean": 10.0, "tokens_per_second_std": 0.5, "tau_mean": 1.5, "alpha": 0.5,
-                     "overhead_fraction_mean": 0.01, "ttft_seconds_mean": 0.1, "inter_token_seconds_mean": 0.04,
-                     "ratio_to_ref": {"mean": 1.2, "min": 1.1, "max": 1.3}}}
+    def holds_only(text: str, table: list[str]) -> bool:
+        lines = text.splitlines()
+        at = [i for i, ln in enumerate(lines) if ln.startswith("| method |")]
+        return len(at) == 1 and lines[at[0]: at[0] + len(table)] == table
+
+    row = {"tokens_per_second_mean": 10.0, "tokens_per_second_std": 0.5, "tau_mean": 1.5, "alpha": 0.5,
+           "overhead_fraction_mean": 0.01, "ttft_seconds_mean": 0.1, "inter_token_seconds_mean": 0.04}
+    methods = {AR: {**row, "tau_mean": None, "ratio_to_autoregressive": {"mean": 1.0, "min": 1.0, "max": 1.0}},
+               "policy": {**row, "ratio_to_autoregressive": {"mean": 1.2, "min": 1.1, "max": 1.3}}}
+    grid = {"tokens_per_second": {1: 9.0}}
+    res = {"num_heldout_prompts": 1, "repeats": 2, "max_new_tokens": 4, "sampling": {"temperature": 0.0},
+           "methods": methods, "grid_train": grid, "grid_heldout": grid, "policy": "policy", "verdicts": {}}
+    assert holds_only(format_markdown(res), methods_table(methods, AR))  # python -m eval's results.md
+    out = tmp_path / "bench"
+    assert bench_main(["--policy", str(tiny_run), "--temperatures", "0", "--num-prompts", "1", "--repeats", "1",
+                       "--max-new-tokens", "4", "--gammas", "1", "--device", "cpu", "--out", str(out)]) == 0
+    measured = json.loads((out / "benchmark.json").read_text())["runs"]["0.0"]["methods"]
+    assert holds_only((out / "benchmark.md").read_text(), methods_table(measured, PLAIN))
+    summary = {"a": {**row, "ratio_to_ref": {"mean": 1.2, "min": 1.1, "max": 1.3}}}
     lines = methods_table(summary, "ref")
     assert lines[0].startswith("| method |") and "× ref" in lines[0] and lines[-1] == TAU_NOTE
     assert lines[2] == "| a | 10.0 ± 0.5 | 1.20 (1.10–1.30) | 1.50 | 0.50 | 100 | 40.0 | 1.0% |"

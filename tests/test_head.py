@@ -134,6 +134,9 @@ def test_q_is_zero_outside_draft_vocabulary(tiny_pair):
     outside = torch.ones(tiny_pair.vocab_size, dtype=torch.bool)
     outside[head.d2t] = False
     g = torch.Generator().manual_seed(0)
+    fresh = HeadDrafter(head, tiny_pair.vocab_size)  # the features read the head's raw distribution, whatever q is
+    fresh.observe_target(_features(tiny_pair.target, seq[:-1]), 0)
+    raw = torch.softmax(fresh.predict(seq).double(), -1)
     for s in (SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.7, top_p=0.9, repetition_penalty=1.3),
               SamplingConfig()):
         prop = d.propose(seq, s, g)
@@ -141,7 +144,8 @@ def test_q_is_zero_outside_draft_vocabulary(tiny_pair):
         assert float(prop.probs[outside].abs().sum()) == 0.0
         assert abs(float(prop.probs.sum()) - 1) < 1e-5
         assert bool(torch.isin(torch.tensor(prop.token), head.d2t))
-        assert 0 < prop.confidence <= 1 and prop.entropy >= 0
+        assert prop.confidence == pytest.approx(float(raw.max()), abs=1e-5)
+        assert prop.entropy == pytest.approx(float(-(raw * raw.log()).sum()), abs=1e-4)
 
 
 # ----------------------------------------------------------------------------- output law (greedy)

@@ -308,4 +308,9 @@ def test_benchmark_row_runs_hf_generate_with_the_policy(tiny_pair):
     rec = method.run(TINY_IDS[0], seed=0)
     assert "_get_candidate_generator" not in vars(tiny_pair.target)
     assert rec.method == HF_POLICY and rec.tokens == greedy(tiny_pair.target, TINY_IDS, 8)[0, 5:].tolist()
-    assert rec.drafted >= 1 and 0 <= rec.accepted <= rec.drafted and rec.tau is not None
+    with use_policy(tiny_pair.target, ConfidenceThresholdController(0.2, 3, min_depth=1)) as hook:  # the same run
+        greedy(tiny_pair.target, TINY_IDS, 8, assistant_model=tiny_pair.draft, pad_token_id=0)
+    cycles = [c for c in hook.last_cycles if c.verified]
+    assert rec.drafted == sum(c.verified for c in cycles) > len(cycles)
+    assert rec.accepted == sum(c.accepted for c in cycles)
+    assert rec.tau == pytest.approx(rec.accepted / len(cycles))  # (0 here: the random tiny draft is always rejected)

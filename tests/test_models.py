@@ -188,22 +188,43 @@ def test_one_prompt_encoder_for_text_and_ids(tiny_pair):
         tiny_pair.encode_prompt(text, max_new_tokens=600)
 
 
-def test_stop_continue_eos_and_prompt_encoding_are_defined_once():
+def test_stop_continue_eos_and_prompt_encoding_are_defined_once(tiny_pair, monkeypatch):
+    """One module of the project binds STOP and CONTINUE at its top level (the others import them), one
+    module calls the chat template (the one prompt encoder's), and the draft recipe times with the
+    loop's device clock."""
+    import ast
     import inspect
+    from pathlib import Path
 
     import envs.spec_decode
     import policies.controllers
     import train.recipes.draft_model
     from learn2draft import models
+    from learn2draft.timing import DeviceClock
 
-    assert envs.spec_decode.STOP is policies.controllers.STOP and envs.spec_decode.CONTINUE is policies.controllers.CONTINUE
-    src = inspect.getsource(envs.spec_decode)
-    assert "STOP = " not in src and "CONTINUE = " not in src
-    distill_src = inspect.getsource(train.recipes.draft_model)
-    assert "apply_chat_template" not in distill_src
+    assert envs.spec_decode.STOP == policies.controllers.STOP and envs.spec_decode.CONTINUE == policies.controllers.CONTINUE
+    root, bound, chat = Path(models.__file__).resolve().parents[1], {}, []
+    for path in sorted(p for pkg in ("learn2draft", "envs", "policies", "train", "eval")
+                       for p in (root / pkg).rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in tree.body:
+            targets = (node.targets if isinstance(node, ast.Assign)
+                       else [node.target] if isinstance(node, ast.AnnAssign) else [])
+            names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}  # also a, b = ...
+            for name in names & {"STOP", "CONTINUE"}:
+                bound.setdefault(name, []).append(path)
+        if any(isinstance(n, ast.Attribute) and n.attr == "apply_chat_template" for n in ast.walk(tree)):
+            chat.append(path)
+    assert len(bound["STOP"]) == 1 and bound["CONTINUE"] == bound["STOP"], bound
+    assert chat == [Path(inspect.getsourcefile(models.encode_text)).resolve()], chat
     assert train.recipes.draft_model.encode_text is models.encode_text
     assert train.recipes.draft_model.eos_token_ids is models.eos_token_ids
-    assert "DeviceClock(pair.device)" in inspect.getsource(train.recipes.draft_model._forward_costs)
+    devices, ticks = [], iter(range(10**6))  # every reading of the device clock advances it by 2^-10 s
+    monkeypatch.setattr(DeviceClock, "now", lambda self: (devices.append(self.device), next(ticks) * 2.0**-10)[1])
+    m = train.recipes.draft_model.measure_draft(tiny_pair, ["w1 w2 w3"], max_new_tokens=4, timing_repeats=2,
+                                          timing_contexts=1, show_progress=False)
+    assert m["draft_ms"] == m["target_ms"] == m["lm_head_ms"] == 1000 * 2.0**-10 and m["cost_ratio"] == 1.0
+    assert devices and set(devices) == {torch.device(tiny_pair.device)}
 
 
 def test_a_pair_without_a_draft_serves_the_lookup_and_head_drafters(tiny_model_dirs, monkeypatch):

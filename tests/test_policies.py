@@ -367,11 +367,16 @@ def test_policies_export_reexports_a_run_with_parity_vectors(tiny_ppo, tmp_path)
     run = tmp_path / "run"
     export_policy(tiny_ppo, run / "policy", max_depth=3, config={"note": "kept"}, n_random=64)
     (run / "policy" / "parity.json").unlink()
+    old = json.loads((run / "policy" / "policy_config.json").read_text())  # as an older export wrote it:
+    old = {k: v for k, v in old.items() if k not in ("format", "onnx")} | {"note": "edited since"}
+    (run / "policy" / "policy_config.json").write_text(json.dumps(old))
     assert export_main([str(run)]) == 2  # no model.zip: not a training run
     tiny_ppo.save(str(run / "model.zip"))
     assert export_main([str(run)]) == 0
     assert check_export(run)["passed"]
-    assert json.loads((run / "policy" / "policy_config.json").read_text())["note"] == "kept"
+    cfg = json.loads((run / "policy" / "policy_config.json").read_text())
+    assert cfg["note"] == "edited since" and cfg["max_depth"] == 3  # the earlier file's settings are kept…
+    assert cfg["format"] == "learn2draft-policy/1" and cfg["onnx"]["file"] == "policy.onnx"  # …in a new file
 
 
 def test_chain_tools_refuse_a_tree_policy_directory_clearly():

@@ -280,9 +280,18 @@ def test_spaces_equal_the_real_envs(pairs):
         rep.step(2)
 
 
-def test_steps_per_second_is_measured(pairs):
+def test_steps_per_second_is_measured(pairs, monkeypatch):
+    """Steps over the seconds between the two clock readings around the stepping loop (a fake clock: no
+    speed assertion), every step an env step with a random action."""
+    import time
+
     env = SpecDecodeReplayEnv(traces_for(pairs, "noisy", "lookup"), linear_profile())
-    assert measure_steps_per_second(env, steps=2000) > 0  # a measurement, no speed assertion
+    ticks = iter(range(4, 10))
+    monkeypatch.setattr(time, "perf_counter", lambda: 2.5 * next(ticks))
+    actions, step = [], env.step
+    monkeypatch.setattr(env, "step", lambda a: (actions.append(a), step(a))[1])
+    assert measure_steps_per_second(env, steps=2000) == 2000 / 2.5
+    assert len(actions) == 2000 and set(actions) == {0, 1}
 
 
 # ------------------------------------------------------------------ the oracle
@@ -448,7 +457,8 @@ def test_train_replay_runs_end_to_end_and_exports(pairs, tmp_path, capsys):
     assert policy_drafter(out) == "lookup"
     ctrl = load_policy(out)  # the same export path as a real-loop policy: it drives the real decoder
     dec = SpeculativeDecoder(pairs["noisy"], max_new_tokens=N, max_depth=ctrl.max_depth, drafter=make_drafter("lookup", pairs["noisy"]))
-    assert dec.generate(torch.as_tensor(load_traces(path).prompts[0].prompt_ids), ctrl).tokens
+    pt = load_traces(path).prompts[0]
+    assert dec.generate(torch.as_tensor(pt.prompt_ids), ctrl).tokens == pt.output.tolist()  # greedy: the recorded text
     from eval.oracle import main as oracle_main
 
     assert oracle_main([str(path), "--profile", str(prof), "--policy", str(out)]) == 0
@@ -720,7 +730,8 @@ def test_train_a_profile_conditioned_policy_export_and_load(pairs, tiny_model_di
                 break
     ctrl = load_policy(out, profile=b)  # on the real loop: the decoder's features, completed by the profile's
     dec = SpeculativeDecoder(pairs["noisy"], max_new_tokens=N, max_depth=ctrl.max_depth)
-    assert dec.generate(torch.as_tensor(load_traces(path).prompts[0].prompt_ids), ctrl).tokens
+    pt = load_traces(path).prompts[0]
+    assert dec.generate(torch.as_tensor(pt.prompt_ids), ctrl).tokens == pt.output.tolist()  # greedy: the recorded text
     from eval.oracle import main as oracle_main
 
     assert oracle_main([str(path), "--profile", str(b), "--policy", str(out)]) == 0

@@ -148,7 +148,7 @@ def test_probs_need_the_drafted_tokens():
                                     dict(min_p=1.0), dict(min_p=-0.1), dict(repetition_penalty=0.0),
                                     dict(temperature=float("nan"))])
 def test_invalid_settings_raise(kwargs):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=f"^{next(iter(kwargs))} must"):  # the error names the setting
         SamplingConfig(**kwargs)
 
 
@@ -307,7 +307,7 @@ def test_unnormalised_or_mistyped_inputs_are_refused():
 @pytest.mark.parametrize("kw", [{"temperature": float("inf")}, {"temperature": "0.7"}, {"top_k": 2.5},
                                 {"presence_penalty": float("nan")}, {"repetition_penalty": float("inf")}])
 def test_sampling_config_rejects_non_finite_or_mistyped_settings(kw):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=f"^{next(iter(kw))} must"):  # the error names the setting
         SamplingConfig(**kw)
 
 

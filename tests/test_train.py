@@ -61,12 +61,15 @@ def test_run_on_tiny_pair_writes_everything(tiny_pair, tmp_path):
         assert key in header
     # the exported policy drives the decoder
     from learn2draft import SpeculativeDecoder
-    from policies import load_policy
+    from policies import SB3Controller, load_policy
 
     ctrl = load_policy(out / "policy")
     g = SpeculativeDecoder(tiny_pair, max_new_tokens=6, max_depth=ctrl.max_depth).generate(
         tiny_pair.encode_prompt("w1 w2"), ctrl)
-    assert len(g.tokens) >= 1
+    ref = SpeculativeDecoder(tiny_pair, max_new_tokens=6, max_depth=3).generate(
+        tiny_pair.encode_prompt("w1 w2"), SB3Controller(out / "model.zip"))
+    assert g.tokens == ref.tokens and len(g.tokens) == 6  # greedy: the same text whatever the depths
+    assert [c.depth for c in g.cycles] == [c.depth for c in ref.cycles]  # the trained model's own decisions
 
 
 def test_engine_features_train_export_and_run_through_the_vllm_protocol(tiny_pair, tmp_path):
@@ -83,7 +86,14 @@ def test_engine_features_train_export_and_run_through_the_vllm_protocol(tiny_pai
     assert spec["kind"] == "engine" and [f["name"] for f in spec["features"]] == list(ENGINE_FEATURE_NAMES)
     assert json.loads((out / "feature_spec.json").read_text()) == spec
     assert m["export_check"]["agreement"] == 1.0 and check_export(out)["passed"]
-    assert m["evaluation"]["policy"]["mean_depth"] >= 0 and LearnedDraftLengthPolicy(out).num_spec_tokens == 4
+    assert LearnedDraftLengthPolicy(out).num_spec_tokens == 4
+    # the evaluation's mean depth is that of the exported policy driven through the protocol on its prompt
+    from learn2draft import SpeculativeDecoder
+    from policies.vllm import ProtocolController
+
+    dec = SpeculativeDecoder(tiny_pair, max_new_tokens=10, max_depth=4)
+    g = dec.generate(tiny_pair.encode_prompt("w20 w21"), ProtocolController(LearnedDraftLengthPolicy(out), dec))
+    assert m["evaluation"]["policy"]["mean_depth"] == pytest.approx(sum(c.depth for c in g.cycles) / len(g.cycles))
     assert json.loads((out / "config.json").read_text())["features"] == "engine"
 
 

@@ -107,14 +107,22 @@ def test_adapter_follows_the_protocol(engine_export):
     pol = LearnedDraftLengthPolicy(engine_export, device="cpu", num_spec_tokens=K)
     assert pol.k_valid_gpu.dtype == torch.int32 and pol.k_valid_gpu.shape == ()
     assert int(pol.k_valid_gpu) == K  # before any update: full K
-    # Force a stop at step 1 with near-zero probabilities, then high ones: k stays frozen at 1 + 2.
-    decisions = []
-    for probs in ([1.0, 1.0], [0.0, 0.0], [1.0, 1.0]):
-        pol.update(len(decisions), torch.tensor(probs))
-        decisions.append(int(pol.k_valid_gpu))
-    first_stop = next((i for i, k in enumerate(decisions) if k != K), None)
-    if first_stop is not None:
-        assert all(k == first_stop + 2 for k in decisions[first_stop:])
+    # k_valid is K until the first step whose own decision is STOP, then frozen at that step + 2 (seed
+    # included), whatever later steps decide; random probabilities give both later STOPs and CONTINUEs.
+    rng = np.random.default_rng(1)
+    later = set()
+    for _ in range(60):
+        pol.reset()
+        stops, ks = [], []
+        for step in range(K - 1):
+            pol.update(step, torch.tensor(rng.random(2), dtype=torch.float32))
+            logits = pol.logits(pol.features(step))  # this step's own decision, as the graph gives it
+            stops.append(bool(logits[0] >= logits[1]))
+            ks.append(int(pol.k_valid_gpu))
+        first = next((i for i, s in enumerate(stops) if s), None)
+        assert ks == [K if first is None or i < first else first + ENGINE_MIN_DEPTH for i in range(K - 1)], stops
+        later |= set() if first is None else set(stops[first + 1:])
+    assert later == {True, False}  # a STOP and a CONTINUE after the first stop both left k frozen
     pol.reset()
     assert int(pol.k_valid_gpu) == K
     with pytest.raises(ValueError, match="num_speculative_tokens"):
