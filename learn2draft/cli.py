@@ -135,21 +135,24 @@ def add_tree_shape_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGr
 
 def _dtype_name(text: str) -> str:
     if text not in DTYPE_NAMES:
-        raise argparse.ArgumentTypeError(f"unknown dtype {text!r}: use one of float32, bfloat16, float16")
+        raise argparse.ArgumentTypeError(f"unknown dtype {text!r}: use one of auto, float32, bfloat16, float16")
     return DTYPE_NAMES[text]
 
 
 def add_device_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     """``--device`` (default ``auto``: :func:`resolve_device`), ``--threads`` (default None: :func:`set_threads`)
-    and ``--dtype`` (float32, bfloat16, float16; ``fp32``, ``bf16``, ``fp16`` are read as those)."""
+    and ``--dtype`` (default ``auto``: :func:`learn2draft.models.fastest_dtype`, resolved by :func:`load_models`;
+    float32, bfloat16, float16; ``fp32``, ``bf16``, ``fp16`` are read as those)."""
     g = parser.add_argument_group("device")
     g.add_argument("--device", default="auto",
                    help="torch device: auto (cuda if this torch sees a GPU, else cpu), cpu, cuda, cuda:N or mps")
     g.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: the setting the policy was trained with where the command runs "
                         "one, else 1: stable timings on a shared CPU, as python -m train uses)")
-    g.add_argument("--dtype", type=_dtype_name, default="float32", metavar="{float32,bfloat16,float16}",
-                   help="dtype of the models' weights and activations")
+    g.add_argument("--dtype", type=_dtype_name, default="auto", metavar="{auto,float32,bfloat16,float16}",
+                   help="dtype of the models' weights and activations: auto = the precision this machine computes "
+                        "fastest (bfloat16 on a CUDA GPU with bf16 and on a CPU with AMX or AVX512-BF16, else "
+                        "float32); logits, sampling and the exact sampler always run in float32")
     return g
 
 
@@ -234,9 +237,10 @@ def load_models(args: argparse.Namespace, drafters, settings: dict | None = None
     if not need_draft and "model" not in ([drafters] if isinstance(drafters, str) else list(drafters)):
         draft = None
     device = device or resolve_device(getattr(args, "device", None))
+    args.dtype = models.resolve_dtype(args.dtype, device)  # what ran is what results record
     if progress is not None:
         progress(f"Loading target={target}" + (f" draft={draft}" if draft else "") + f" on {device} ({args.dtype}) …")
-    return models.load_pair(target, draft, device=device, dtype=models.parse_dtype(args.dtype))
+    return models.load_pair(target, draft, device=device, dtype=models.parse_dtype(args.dtype, device))
 
 
 def stderr_line(text: str) -> None:

@@ -23,8 +23,9 @@ DEFAULT_DRAFT_DIR = Path(__file__).resolve().parent / "assets" / DEFAULT_DRAFT
 
 #: The drafters :func:`learn2draft.drafters.make_drafter` builds; only ``"model"`` needs a draft model.
 DRAFTERS = ("model", "head", "lookup")
-#: Model dtype names (and their short aliases) → the canonical name, the attribute of ``torch``.
-DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+#: Model dtype names (and their short aliases) → the canonical name, the attribute of ``torch``; ``"auto"`` is the
+#: precision the machine computes fastest (:func:`learn2draft.models.fastest_dtype`).
+DTYPE_NAMES = {"auto": "auto", "float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
                "float16": "float16", "fp16": "float16"}
 
 #: Default ``max_depth`` of a training run, a policy, an environment and a trace recording: the most

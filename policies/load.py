@@ -99,6 +99,7 @@ def load_policy(directory: str | Path, intra_op_num_threads: int = 1, profile=No
     ctrl = OnnxController(d / ONNX_FILE, max_depth=int(cfg["max_depth"]), intra_op_num_threads=intra_op_num_threads,
                           profile_features=extra)
     ctrl.profile_name = prof.name if conditioned else None
+    ctrl.trained_dtype = (cfg.get("training") or {}).get("dtype") or cfg.get("dtype")  # the precision it learned
     return ctrl
 
 

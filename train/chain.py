@@ -106,6 +106,10 @@ def apply_replay_settings(cfg: TrainConfig, given: Collection[str] | None = None
             raise ValueError(f"--head {cfg.head}, but the traces were recorded with the head in {head}: drop --head.")
     if cfg.max_new_tokens == defaults.max_new_tokens:
         cfg.max_new_tokens = traces.max_new_tokens
+    # The precision the replayed costs were measured in (the profile's; else the traces'): the policy records it.
+    measured = profiles[0].machine.get("dtype") or h.get("dtype")
+    if measured and (given is None or "dtype" not in given):
+        cfg.dtype = str(measured)
     if cfg.max_depth > traces.max_depth:
         if ("max_depth" in given) if given is not None else cfg.max_depth != defaults.max_depth:
             raise ValueError(f"--max-depth {cfg.max_depth}, but the traces {cfg.replay} hold chains up to max_depth="
