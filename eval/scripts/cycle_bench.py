@@ -1,7 +1,8 @@
 """Decoder speed before/after a refactor: the chain and tree decoders with fixed controllers,
 interleaved, on the same held-out prompts and seeds, T = 0 (greedy). Prints tokens/s per method
-(median over repeats of total tokens / total wall seconds) and the tokens so that two runs can be
-compared token for token. Run alone on the machine:
+(median over repeats of total tokens / total wall seconds), the mean seconds of each part of a cycle
+(draft, select_mask, forward, sample, gather: SpeculativeDecoder.last_timing) and a hash of the tokens so
+that two runs can be compared token for token. Run alone on the machine:
 
     .venv/bin/python eval/scripts/cycle_bench.py --out runs/cycle-bench-before.json
 
@@ -55,12 +56,14 @@ def main() -> None:
     for dec, ctrl in methods.values():  # warm-up
         dec.generate(prompts[0], ctrl)
     rates = {m: [] for m in methods}
+    parts = {m: [] for m in methods}  # per cycle: draft, select_mask, forward, sample, gather, cycle seconds
     tokens = {m: [] for m in methods}
     for r in range(a.repeats):
         for m, (dec, ctrl) in methods.items():
             tok = sec = 0.0
             for i, p in enumerate(prompts):
-                res = dec.generate(p, ctrl, seed=i)
+                res = dec.generate(p, ctrl, seed=i, on_tokens=lambda toks, cyc, dec=dec, m=m: cyc is not None and
+                                   parts[m].append(dict(dec.last_timing)) and False)
                 tok += len(res.tokens)
                 sec += res.wall_seconds
                 if r == 0:
@@ -71,6 +74,7 @@ def main() -> None:
         "threads": torch.get_num_threads(), "dtype": a.dtype, "max_new_tokens": N, "prompts": a.num_prompts,
         "repeats": a.repeats, "torch": torch.__version__,
         "methods": {m: {"tokens_per_s_median": float(np.median(v)), "tokens_per_s": v,
+                        "cycle_parts_ms": {k: 1000 * float(np.mean([c[k] for c in parts[m]])) for k in parts[m][0]},
                         "tokens_sha1": hashlib.sha1(json.dumps(tokens[m]).encode()).hexdigest()[:12]}
                     for m, v in rates.items()},
     }
@@ -78,6 +82,7 @@ def main() -> None:
     for m, v in report["methods"].items():
         print(f"{m:22s} {v['tokens_per_s_median']:7.2f} tok/s  {[round(x, 2) for x in v['tokens_per_s']]}  "
               f"tokens {v['tokens_sha1']}")
+        print(" " * 23 + "ms per cycle: " + ", ".join(f"{k} {x:.2f}" for k, x in v["cycle_parts_ms"].items()))
     if a.out:
         os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
         with open(a.out, "w") as f:
