@@ -16,9 +16,14 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
 
 from learn2draft import cli
 from learn2draft.cli import HelpFormatter, plain_doc, run_cli
+
+if TYPE_CHECKING:
+    from eval.runner import TreeShape
+    from learn2draft.decoding import DraftController
 
 
 def parse_ints(text: str, flag: str = "--gammas", what: str = "γ") -> list[int]:
@@ -128,13 +133,38 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args) -> int:
-    from eval.compare import compare, format_markdown, plot
-    from eval.runner import encode_all
-    from learn2draft.cli import load_models, model_names, resolve_device, sampling_config, set_threads, stderr_line
-    from learn2draft.prompts import load_prompt_file, load_prompts
-    from learn2draft.sampling import SamplingConfig
-    from policies.layout import DEFAULT_POLICIES_DIR, default_policy_dir, resolve_export_dir
-    from policies.load import load_policy, policy_drafter, policy_head, run_settings
+    from learn2draft.cli import load_models, stderr_line
+
+    policy_dir, policy, head, drafter = _resolve_policy(args)
+    trees = _resolve_trees(args, drafter)
+    user_prompts, cfg, sampling, gammas, max_new, device = _check_settings(args, policy_dir)
+    out = make_out_dir(_out_path(args, policy_dir, drafter))
+
+    t0 = time.perf_counter()
+    pair = load_models(args, drafter, cfg, device=device, progress=stderr_line)
+    results = _results_header(args, cfg, device, drafter, policy_dir, policy, trees)
+    if not args.skip_speed:
+        _measure_speed(args, pair, policy, head, drafter, trees, user_prompts, sampling, gammas, max_new, results,
+                       out)
+    if args.law_check:
+        _check_law(args, pair, policy, head, drafter, trees, results, out)
+    _write_results(results, out, t0)
+    return 0
+
+
+class _Trees(NamedTuple):
+    """The tree arms of a run: their shape, the learned tree controller and its directory, the fixed (depth, V) grid."""
+
+    shape: TreeShape | None = None
+    controller: DraftController | None = None
+    directory: str | Path | None = None
+    grid: list = []
+
+
+def _resolve_policy(args) -> tuple:
+    """Resolve the policy, its head and its drafter: ``(policy_dir, policy, head, drafter)``."""
+    from policies.layout import default_policy_dir, resolve_export_dir
+    from policies.load import load_policy, policy_drafter, policy_head
 
     if args.skip_speed and not args.law_check:
         raise ValueError("--skip-speed skips the speed comparison, and without --law-check nothing is left to run: "
@@ -154,22 +184,35 @@ def _run(args) -> int:
         raise ValueError(f"The policy in {export_dir} was trained with the {trained_with!r} drafter, not {drafter!r}: "
                          f"its features mean other things. Pass --drafter {trained_with}, or a policy trained with "
                          f"`python -m train --drafter {drafter}`.")
-    check_tree_arguments(args, drafter)
-    tree = tree_ctrl = tree_dir = None
-    tree_grid: list = []
-    if args.tree:
-        from eval.compare import load_learned_tree, shipped_tree_policy_dir, tree_configs, tree_shape_from
+    return policy_dir, policy, head, drafter
 
-        tree_dir = args.tree_policy or shipped_tree_policy_dir(drafter)
-        tree_settings: dict = {}
-        if tree_dir is not None:
-            tree_ctrl, tree_settings = load_learned_tree(tree_dir, drafter)
-        tree = tree_shape_from(tree_settings, args.tree_width, args.tree_top_k)
-        tree_grid = tree_configs(parse_ints(args.tree_depths, "--tree-depths", "depth"),
-                                 parse_ints(args.verify_sizes, "--verify-sizes", "verification size"), tree)
+
+def _resolve_trees(args, drafter: str) -> _Trees:
+    """Check the tree flags, then load the learned tree (if any), its shape and the fixed-tree grid."""
+    check_tree_arguments(args, drafter)
+    if not args.tree:
+        return _Trees(grid=[])
+    from eval.compare import load_learned_tree, shipped_tree_policy_dir, tree_configs, tree_shape_from
+
+    tree_ctrl = None
+    tree_dir = args.tree_policy or shipped_tree_policy_dir(drafter)
+    tree_settings: dict = {}
+    if tree_dir is not None:
+        tree_ctrl, tree_settings = load_learned_tree(tree_dir, drafter)
+    tree = tree_shape_from(tree_settings, args.tree_width, args.tree_top_k)
+    tree_grid = tree_configs(parse_ints(args.tree_depths, "--tree-depths", "depth"),
+                             parse_ints(args.verify_sizes, "--verify-sizes", "verification size"), tree)
+    return _Trees(tree, tree_ctrl, tree_dir, tree_grid)
+
+
+def _check_settings(args, policy_dir: Path) -> tuple:
+    """Read the prompts and the run's settings, and check every setting before the (slow) model loading."""
+    from learn2draft.cli import resolve_device, sampling_config, set_threads
+    from learn2draft.prompts import load_prompt_file
+    from policies.load import run_settings
+
     user_prompts = load_prompt_file(args.prompts) if args.prompts else None
     cfg = run_settings(policy_dir)  # the training run's settings (its config.json, else the export's)
-    # Check every setting before the (slow) model loading.
     for name in ("num_train_prompts", "num_heldout_prompts", "repeats"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be ≥ 1.")
@@ -182,67 +225,91 @@ def _run(args) -> int:
     if max_new <= 0:
         raise ValueError(f"--max-new-tokens must be > 0, got {max_new}.")
     device = resolve_device(args.device)
-    if args.out:
-        out = Path(args.out)
-    elif args.policy is None or DEFAULT_POLICIES_DIR in policy_dir.resolve().parents:  # inside the installed package
-        out = Path("runs") / f"eval-{drafter}"
-    else:
-        out = policy_dir / "eval"
-    make_out_dir(out)
+    return user_prompts, cfg, sampling, gammas, max_new, device
 
-    t0 = time.perf_counter()
-    pair = load_models(args, drafter, cfg, device=device, progress=stderr_line)
+
+def _out_path(args, policy_dir: Path, drafter: str) -> Path:
+    """The results directory: ``--out``, else ``runs/eval-<drafter>`` for a shipped policy, else ``<policy>/eval``."""
+    from policies.layout import DEFAULT_POLICIES_DIR
+
+    if args.out:
+        return Path(args.out)
+    if args.policy is None or DEFAULT_POLICIES_DIR in policy_dir.resolve().parents:  # inside the installed package
+        return Path("runs") / f"eval-{drafter}"
+    return policy_dir / "eval"
+
+
+def _results_header(args, cfg: dict, device: str, drafter: str, policy_dir: Path, policy, trees: _Trees) -> dict:
+    """The results' header: machine, models, drafter and policies."""
+    from learn2draft.cli import model_names
+
     machine = _machine(device)
     target, draft = model_names(args, cfg)
     results: dict = {"machine": machine, "target": target, "draft": draft, "drafter": drafter,
                      "policy_dir": str(policy_dir), "policy_profile": policy.profile_name}
     if args.tree:
-        results["tree_policy_dir"] = str(tree_dir) if tree_dir is not None else None
-    if not args.skip_speed:
-        prefix = "copy_" if args.prompt_set == "copy" else ""
-        train_ids = encode_all(pair, load_prompts(prefix + "train")[: args.num_train_prompts], max_new)
-        held_texts = user_prompts if user_prompts is not None else load_prompts(prefix + "heldout")
-        held_ids = encode_all(pair, held_texts[: args.num_heldout_prompts], max_new)
-        res = compare(pair, policy, train_ids, held_ids, sampling, max_new, gammas, args.repeats, args.seed,
-                      drafter=drafter, head=head, tree=tree, tree_grid=tree_grid, tree_policy=tree_ctrl)
-        results["speed"] = res
-        md = format_markdown(res)
-        profile_line = f"Policy's latency profile: {policy.profile_name}\n\n" if policy.profile_name else ""
-        (out / "results.md").write_text(f"Machine: {machine}\n\n{profile_line}{md}\n")
-        plot(res, out / "results.png")
-        (out / "results.json").write_text(json.dumps(results, indent=2, default=str))  # kept if the law check fails
-        print("\n" + md + "\n")
-    if args.law_check:
-        from eval.law import format_law_table, law_check
-        from learn2draft.decoding import FixedDepthController
+        results["tree_policy_dir"] = str(trees.directory) if trees.directory is not None else None
+    return results
 
-        law_sampling = SamplingConfig(temperature=0.8, top_p=0.95)
-        g = results.get("speed", {}).get("gamma_train", 4)
-        arms = {"learned policy": policy, f"fixed γ={g}": FixedDepthController(g)}
-        trees = {}
-        if args.tree:  # tree arms beside the chain arms: one reference arm, one Bonferroni correction
-            from learn2draft.tree import FixedTreeController
 
-            d, v = results.get("speed", {}).get("tree_train") or max(tree_grid, key=lambda dv: (dv[1], dv[0]))
-            trees[f"fixed tree depth={d}, V={v}"] = tree
-            arms[f"fixed tree depth={d}, V={v}"] = FixedTreeController(d, v)
-            if tree_ctrl is not None:
-                trees["learned tree"] = tree
-                arms["learned tree"] = tree_ctrl
-        law = law_check(pair, arms, [args.law_prompt], sampling=law_sampling, num_tokens=args.law_tokens,
-                        num_samples=args.law_samples, seed=args.seed, drafter=drafter, head=head, tree=trees or None)
-        results["law_check"] = law
-        table = format_law_table(law)
-        with open(out / "results.md", "w" if args.skip_speed else "a") as f:
-            if args.skip_speed:
-                f.write(f"Machine: {machine}\n")
-            f.write("\n## Output-law check\n\n" + table + "\n")
-        print("Output-law check\n" + table + "\n")
+def _measure_speed(args, pair, policy, head, drafter: str, trees: _Trees, user_prompts, sampling, gammas: list[int],
+                   max_new: int, results: dict, out: Path) -> None:
+    """Measure speed: the γ grid on the training prompts, the comparison on the held-out ones; write the results."""
+    from eval.compare import compare, format_markdown, plot
+    from eval.runner import encode_all
+    from learn2draft.prompts import load_prompts
+
+    prefix = "copy_" if args.prompt_set == "copy" else ""
+    train_ids = encode_all(pair, load_prompts(prefix + "train")[: args.num_train_prompts], max_new)
+    held_texts = user_prompts if user_prompts is not None else load_prompts(prefix + "heldout")
+    held_ids = encode_all(pair, held_texts[: args.num_heldout_prompts], max_new)
+    res = compare(pair, policy, train_ids, held_ids, sampling, max_new, gammas, args.repeats, args.seed,
+                  drafter=drafter, head=head, tree=trees.shape, tree_grid=trees.grid, tree_policy=trees.controller)
+    results["speed"] = res
+    md = format_markdown(res)
+    profile_line = f"Policy's latency profile: {policy.profile_name}\n\n" if policy.profile_name else ""
+    (out / "results.md").write_text(f"Machine: {results['machine']}\n\n{profile_line}{md}\n")
+    plot(res, out / "results.png")
+    (out / "results.json").write_text(json.dumps(results, indent=2, default=str))  # kept if the law check fails
+    print("\n" + md + "\n")
+
+
+def _check_law(args, pair, policy, head, drafter: str, trees: _Trees, results: dict, out: Path) -> None:
+    """Check the output law of every arm at T=0.8, top-p 0.95, and append its table to results.md."""
+    from eval.law import format_law_table, law_check
+    from learn2draft.decoding import FixedDepthController
+    from learn2draft.sampling import SamplingConfig
+
+    law_sampling = SamplingConfig(temperature=0.8, top_p=0.95)
+    g = results.get("speed", {}).get("gamma_train", 4)
+    arms = {"learned policy": policy, f"fixed γ={g}": FixedDepthController(g)}
+    tree_arms = {}
+    if args.tree:  # tree arms beside the chain arms: one reference arm, one Bonferroni correction
+        from learn2draft.tree import FixedTreeController
+
+        d, v = results.get("speed", {}).get("tree_train") or max(trees.grid, key=lambda dv: (dv[1], dv[0]))
+        tree_arms[f"fixed tree depth={d}, V={v}"] = trees.shape
+        arms[f"fixed tree depth={d}, V={v}"] = FixedTreeController(d, v)
+        if trees.controller is not None:
+            tree_arms["learned tree"] = trees.shape
+            arms["learned tree"] = trees.controller
+    law = law_check(pair, arms, [args.law_prompt], sampling=law_sampling, num_tokens=args.law_tokens,
+                    num_samples=args.law_samples, seed=args.seed, drafter=drafter, head=head, tree=tree_arms or None)
+    results["law_check"] = law
+    table = format_law_table(law)
+    with open(out / "results.md", "w" if args.skip_speed else "a") as f:
+        if args.skip_speed:
+            f.write(f"Machine: {results['machine']}\n")
+        f.write("\n## Output-law check\n\n" + table + "\n")
+    print("Output-law check\n" + table + "\n")
+
+
+def _write_results(results: dict, out: Path, t0: float) -> None:
+    """Write the report: results.json with the wall time, and say which files were written."""
     results["wall_seconds"] = time.perf_counter() - t0
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
     written = [str(out / name) for name in ("results.md", "results.json", "results.png") if (out / name).is_file()]
     print(f"Wrote {', '.join(written)} in {results['wall_seconds']:.0f} s.")
-    return 0
 
 
 def _machine(device: str) -> str:

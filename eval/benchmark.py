@@ -151,17 +151,38 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args) -> int:
-    from eval.__main__ import _machine, check_tree_arguments, make_out_dir, parse_gammas, parse_ints
-    from eval.compare import grid_search, tree_grid_search
-    from eval.runner import DecoderMethod, HFGenerateMethod, encode_all, methods_table, run_interleaved, summarize
-    from learn2draft.cli import load_models, model_names, resolve_device, sampling_config, set_threads, stderr_line
-    from learn2draft.decoding import FixedDepthController
+    from eval.__main__ import _resolve_trees, make_out_dir
+    from eval.runner import encode_all
+    from learn2draft.cli import load_models, model_names, set_threads, stderr_line
     from learn2draft.prompts import load_prompt_file, load_prompts
-    from policies.controllers import ConfidenceThresholdController, MatchLengthController
-    from policies.layout import default_policy_dir
-    from policies.load import load_policy, policy_drafter, policy_head, run_settings
+    from policies.load import run_settings
 
-    # Check every setting before the (slow) model loading.
+    temps, samplings, gammas, device = _check_settings(args)
+    policy_dir, policy, head = _resolve_policy(args)
+    trees = _resolve_trees(args, args.drafter)
+    cfg = run_settings(policy_dir)  # the pair the policy was trained on, unless named here
+    set_threads(args, cfg.get("threads"))
+    args.target, args.draft = model_names(args, cfg)
+    user_prompts = load_prompt_file(args.prompts) if args.prompts else None
+    out = make_out_dir(Path(args.out or DEFAULT_OUT))
+    # The Hugging Face assisted-generation rows and the forward-cost ratio need the draft model, whatever drafts here.
+    pair = load_models(args, args.drafter, need_draft=True, device=device, progress=stderr_line)
+    prefix = "copy_" if args.prompt_set == "copy" else ""
+    held_texts = user_prompts if user_prompts is not None else load_prompts(prefix + "heldout")
+    held = encode_all(pair, held_texts[: args.num_prompts], args.max_new_tokens)
+    train = encode_all(pair, load_prompts(prefix + "train")[: args.num_prompts], args.max_new_tokens)
+    report, md = _report_header(args, pair, device, policy_dir, policy, held, trees)
+    for T in temps:
+        md += _measure_temperature(args, pair, T, samplings[T], train, held, gammas, policy, head, trees, report)
+    _write_report(report, md, out)
+    return 0
+
+
+def _check_settings(args) -> tuple:
+    """Check every setting before the (slow) model loading: ``(temperatures, samplings, gammas, device)``."""
+    from eval.__main__ import parse_gammas
+    from learn2draft.cli import resolve_device, sampling_config
+
     try:
         temps = [float(t) for t in args.temperatures.split(",")]
     except ValueError:
@@ -178,6 +199,14 @@ def _run(args) -> int:
         raise ValueError(f"--prompt-lookup-num-tokens must be ≥ 1, got {args.prompt_lookup_num_tokens}.")
     gammas = parse_gammas(args.gammas)
     device = resolve_device(args.device)
+    return temps, samplings, gammas, device
+
+
+def _resolve_policy(args) -> tuple:
+    """Resolve the policy and its head, and set ``args.drafter`` to its drafter: ``(policy_dir, policy, head)``."""
+    from policies.layout import default_policy_dir
+    from policies.load import load_policy, policy_drafter, policy_head
+
     policy_dir = Path(args.policy) if args.policy else default_policy_dir(args.drafter or "model")
     if not policy_dir.is_dir():
         raise FileNotFoundError(f"--policy {args.policy}: no such directory (run `python -m train` first).")
@@ -188,29 +217,14 @@ def _run(args) -> int:
     if trained_with != args.drafter:
         raise ValueError(f"The policy in {policy_dir} was trained with the {trained_with!r} drafter, not "
                          f"{args.drafter!r}: pass --drafter {trained_with} or a matching --policy.")
-    check_tree_arguments(args, args.drafter)
-    tree = tree_ctrl = tree_dir = None
-    if args.tree:
-        from eval.compare import load_learned_tree, shipped_tree_policy_dir, tree_configs, tree_shape_from
+    return policy_dir, policy, head
 
-        tree_dir = args.tree_policy or shipped_tree_policy_dir(args.drafter)
-        tree_settings: dict = {}
-        if tree_dir is not None:
-            tree_ctrl, tree_settings = load_learned_tree(tree_dir, args.drafter)
-        tree = tree_shape_from(tree_settings, args.tree_width, args.tree_top_k)
-        tree_grid = tree_configs(parse_ints(args.tree_depths, "--tree-depths", "depth"),
-                                 parse_ints(args.verify_sizes, "--verify-sizes", "verification size"), tree)
-    cfg = run_settings(policy_dir)  # the pair the policy was trained on, unless named here
-    set_threads(args, cfg.get("threads"))
-    args.target, args.draft = model_names(args, cfg)
-    user_prompts = load_prompt_file(args.prompts) if args.prompts else None
-    out = make_out_dir(Path(args.out or DEFAULT_OUT))
-    # The Hugging Face assisted-generation rows and the forward-cost ratio need the draft model, whatever drafts here.
-    pair = load_models(args, args.drafter, need_draft=True, device=device, progress=stderr_line)
-    prefix = "copy_" if args.prompt_set == "copy" else ""
-    held_texts = user_prompts if user_prompts is not None else load_prompts(prefix + "heldout")
-    held = encode_all(pair, held_texts[: args.num_prompts], args.max_new_tokens)
-    train = encode_all(pair, load_prompts(prefix + "train")[: args.num_prompts], args.max_new_tokens)
+
+def _report_header(args, pair, device: str, policy_dir: Path, policy, held: list, trees) -> tuple[dict, list[str]]:
+    """Measure the exact sampler and the forward-cost ratio; the report's header and its Markdown lines."""
+    from eval.__main__ import _machine
+
+    tree, tree_dir = trees.shape, trees.directory
     report = {"machine": _machine(device), "target": args.target, "draft": args.draft, "drafter": args.drafter,
               "policy": str(policy_dir), "policy_profile": policy.profile_name,
               "prompts": args.prompts or args.prompt_set,
@@ -220,66 +234,87 @@ def _run(args) -> int:
               "sampler": sampler_microbenchmark(), "forward_cost": forward_cost_ratio(pair), "runs": {}}
     tree_line = [] if tree is None else [
         f"Trees: W={tree.width}, top-k={tree.top_k}; fixed (depth, V) chosen on the training prompts from "
-        f"{', '.join(f'({d}, {v})' for d, v in tree_grid)}; learned tree: {tree_dir or 'none shipped or given'}.", ""]
+        f"{', '.join(f'({d}, {v})' for d, v in trees.grid)}; learned tree: {tree_dir or 'none shipped or given'}.", ""]
     md = [f"Machine: {report['machine']}", "",
           f"Drafter: {args.drafter}; policy: {policy_dir}; prompts: {report['prompts']} ({len(held)}), "
           f"{args.max_new_tokens} new tokens, {args.repeats} repeats.", "", *tree_line,
           f"Exact sampler, V=49,152, γ=12: median {1e3 * report['sampler']['median_seconds']:.3f} ms per cycle.",
           f"One-token forward at context 128: draft {1e3 * report['forward_cost']['draft_seconds']:.2f} ms, target "
           f"{1e3 * report['forward_cost']['target_seconds']:.2f} ms, ratio {report['forward_cost']['ratio']:.3f}.", ""]
-    depth = policy.max_depth
-    for T in temps:
-        sampling = samplings[T]
-        gamma = args.num_draft_tokens or grid_search(pair, train, gammas, sampling, args.max_new_tokens,
-                                                     seed=args.seed, desc=f"γ grid T={T}",
-                                                     drafter=args.drafter, head=head)["best_gamma"]
-        methods = [
-            HFGenerateMethod(PLAIN, pair, sampling, args.max_new_tokens),
-            HFGenerateMethod("hf assisted (default)", pair, sampling, args.max_new_tokens, assistant=True),
-            HFGenerateMethod("hf assisted (heuristic)", pair, sampling, args.max_new_tokens, assistant=True,
-                             assistant_config={"num_assistant_tokens_schedule": "heuristic"}),
-            HFGenerateMethod(f"hf prompt lookup ({args.prompt_lookup_num_tokens})", pair, sampling,
-                             args.max_new_tokens, prompt_lookup_num_tokens=args.prompt_lookup_num_tokens),
-            *([HFPolicyMethod(HFGenerateMethod(HF_POLICY, pair, sampling, args.max_new_tokens, assistant=True),
-                              policy)] if args.drafter == "model" else []),
-            DecoderMethod("learn2draft autoregressive", pair, FixedDepthController(0), sampling, args.max_new_tokens),
-            DecoderMethod(f"{args.drafter}: fixed γ={gamma}", pair, FixedDepthController(gamma), sampling,
-                          args.max_new_tokens, args.drafter, head),
-        ]
-        if args.drafter == "lookup":
-            methods.append(DecoderMethod("lookup: match-length rule", pair, MatchLengthController(depth), sampling,
-                                         args.max_new_tokens, args.drafter, head))
-        else:
-            methods.append(DecoderMethod(f"{args.drafter}: confidence ≥ 0.4 rule", pair,
-                                         ConfidenceThresholdController(0.4, depth), sampling, args.max_new_tokens,
-                                         args.drafter, head))
-        methods.append(DecoderMethod(f"{args.drafter}: learned policy", pair, policy, sampling, args.max_new_tokens,
-                                     args.drafter, head))
-        run = {"fixed_gamma": gamma}
-        if tree is not None:
-            from learn2draft.tree import FixedTreeController
+    return report, md
 
-            grid = tree_grid_search(pair, train, tree_grid, sampling, args.max_new_tokens, tree, seed=args.seed,
-                                    desc=f"tree grid T={T}", drafter=args.drafter, head=head)
-            d, v = grid["best"]
-            run.update(fixed_tree=grid["best"], tree_grid=grid)
-            methods.append(DecoderMethod(f"{args.drafter}: fixed tree depth={d}, V={v}", pair,
-                                         FixedTreeController(d, v), sampling, args.max_new_tokens, args.drafter, head,
-                                         tree=tree))
-            if tree_ctrl is not None:
-                methods.append(DecoderMethod(f"{args.drafter}: learned tree", pair, tree_ctrl, sampling,
-                                             args.max_new_tokens, args.drafter, head, tree=tree))
-        summary = summarize(run_interleaved(methods, held, args.repeats, args.seed, desc=f"benchmark T={T}"),
-                            reference=PLAIN)
-        report["runs"][str(T)] = {**run, "methods": summary}
-        md += [f"### Temperature {T}", "", *methods_table(summary, PLAIN), ""]
+
+def _measure_temperature(args, pair, T: float, sampling, train: list, held: list, gammas: list[int], policy, head,
+                         trees, report: dict) -> list[str]:
+    """Measure one temperature: fixed γ (and tree) chosen on the training prompts, every method interleaved."""
+    from eval.compare import grid_search, tree_grid_search
+    from eval.runner import DecoderMethod, methods_table, run_interleaved, summarize
+
+    gamma = args.num_draft_tokens or grid_search(pair, train, gammas, sampling, args.max_new_tokens,
+                                                 seed=args.seed, desc=f"γ grid T={T}",
+                                                 drafter=args.drafter, head=head)["best_gamma"]
+    methods = _chain_methods(args, pair, sampling, gamma, policy, head)
+    run = {"fixed_gamma": gamma}
+    tree = trees.shape
+    if tree is not None:
+        from learn2draft.tree import FixedTreeController
+
+        grid = tree_grid_search(pair, train, trees.grid, sampling, args.max_new_tokens, tree, seed=args.seed,
+                                desc=f"tree grid T={T}", drafter=args.drafter, head=head)
+        d, v = grid["best"]
+        run.update(fixed_tree=grid["best"], tree_grid=grid)
+        methods.append(DecoderMethod(f"{args.drafter}: fixed tree depth={d}, V={v}", pair,
+                                     FixedTreeController(d, v), sampling, args.max_new_tokens, args.drafter, head,
+                                     tree=tree))
+        if trees.controller is not None:
+            methods.append(DecoderMethod(f"{args.drafter}: learned tree", pair, trees.controller, sampling,
+                                         args.max_new_tokens, args.drafter, head, tree=tree))
+    summary = summarize(run_interleaved(methods, held, args.repeats, args.seed, desc=f"benchmark T={T}"),
+                        reference=PLAIN)
+    report["runs"][str(T)] = {**run, "methods": summary}
+    return [f"### Temperature {T}", "", *methods_table(summary, PLAIN), ""]
+
+
+def _chain_methods(args, pair, sampling, gamma: int, policy, head) -> list:
+    """The Hugging Face rows and this project's chain rows: autoregressive, fixed γ, heuristic rule, learned policy."""
+    from eval.runner import DecoderMethod, HFGenerateMethod
+    from learn2draft.decoding import FixedDepthController
+    from policies.controllers import ConfidenceThresholdController, MatchLengthController
+
+    depth = policy.max_depth
+    methods = [
+        HFGenerateMethod(PLAIN, pair, sampling, args.max_new_tokens),
+        HFGenerateMethod("hf assisted (default)", pair, sampling, args.max_new_tokens, assistant=True),
+        HFGenerateMethod("hf assisted (heuristic)", pair, sampling, args.max_new_tokens, assistant=True,
+                         assistant_config={"num_assistant_tokens_schedule": "heuristic"}),
+        HFGenerateMethod(f"hf prompt lookup ({args.prompt_lookup_num_tokens})", pair, sampling,
+                         args.max_new_tokens, prompt_lookup_num_tokens=args.prompt_lookup_num_tokens),
+        *([HFPolicyMethod(HFGenerateMethod(HF_POLICY, pair, sampling, args.max_new_tokens, assistant=True),
+                          policy)] if args.drafter == "model" else []),
+        DecoderMethod("learn2draft autoregressive", pair, FixedDepthController(0), sampling, args.max_new_tokens),
+        DecoderMethod(f"{args.drafter}: fixed γ={gamma}", pair, FixedDepthController(gamma), sampling,
+                      args.max_new_tokens, args.drafter, head),
+    ]
+    if args.drafter == "lookup":
+        methods.append(DecoderMethod("lookup: match-length rule", pair, MatchLengthController(depth), sampling,
+                                     args.max_new_tokens, args.drafter, head))
+    else:
+        methods.append(DecoderMethod(f"{args.drafter}: confidence ≥ 0.4 rule", pair,
+                                     ConfidenceThresholdController(0.4, depth), sampling, args.max_new_tokens,
+                                     args.drafter, head))
+    methods.append(DecoderMethod(f"{args.drafter}: learned policy", pair, policy, sampling, args.max_new_tokens,
+                                 args.drafter, head))
+    return methods
+
+
+def _write_report(report: dict, md: list[str], out: Path) -> None:
+    """Write the report: benchmark.md, benchmark.json and benchmark.png, and print it."""
     text = "\n".join(md)
     (out / "benchmark.md").write_text(text + "\n")
     (out / "benchmark.json").write_text(json.dumps(report, indent=2))
     plot_benchmark(report, out / "benchmark.png")
     print("\n" + text)
     print(f"Wrote {out / 'benchmark.md'}, {out / 'benchmark.json'} and {out / 'benchmark.png'}.")
-    return 0
 
 
 def plot_benchmark(report: dict, path: Path) -> None:

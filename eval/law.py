@@ -450,23 +450,12 @@ def sample_first_tokens(
     return out, stats
 
 
-def law_check(
-    pair: ModelPair,
-    controllers: dict[str, DraftController],
-    prompts: Sequence[str | torch.Tensor],
-    sampling: SamplingConfig = SamplingConfig(temperature=0.8, top_p=0.95),
-    num_tokens: int = 3,
-    num_samples: int = 200,
-    seed: int = 0,
-    sampler: Sampler = speculative_sample,
-    alpha: float = 0.01,
-    chat: bool = True,
-    progress: bool = False,
-    drafter: str = "model",
-    head: str | None = None,
-    tree: TreeShape | Mapping[str, TreeShape | None] | None = None,
-    tree_sampler: Callable = tree_speculative_sample,
-) -> dict:
+def law_check(pair: ModelPair, controllers: dict[str, DraftController], prompts: Sequence[str | torch.Tensor],
+              sampling: SamplingConfig = SamplingConfig(temperature=0.8, top_p=0.95), num_tokens: int = 3,
+              num_samples: int = 200, seed: int = 0, sampler: Sampler = speculative_sample, alpha: float = 0.01,
+              chat: bool = True, progress: bool = False, drafter: str = "model", head: str | None = None,
+              tree: TreeShape | Mapping[str, TreeShape | None] | None = None,
+              tree_sampler: Callable = tree_speculative_sample) -> dict:
     """Compare speculative sampling under each controller with plain sampling, on real models.
 
     For each prompt, the first ``num_tokens`` tokens are drawn ``num_samples`` times with plain
@@ -536,6 +525,20 @@ def law_check(
         ValueError: greedy sampling (nothing random to compare), no controllers or prompts, an
             argument out of range, a ``tree`` mapping naming no controller, or trees with the lookup drafter.
     """
+    _check_law_arguments(controllers, prompts, sampling, num_tokens, num_samples, alpha)
+    trees = _tree_arms(tree, controllers, drafter)
+    arms_meta, tests = [], []
+    memo = _memo_pair(pair)
+    for pi, prompt in enumerate(prompts):
+        _draw_and_test(pair, memo, pi, pair.encode_prompt(prompt, chat=chat), controllers, trees, sampling,
+                       num_tokens, num_samples, seed, sampler, drafter, head, tree_sampler, progress, arms_meta, tests)
+    return {**_verdict(tests, controllers, alpha, num_samples), "tests": tests, "arms": arms_meta,
+            **_law_settings(sampling, sampler, tree_sampler, trees, num_tokens, num_samples, seed, prompts, drafter)}
+
+
+def _check_law_arguments(controllers, prompts, sampling: SamplingConfig, num_tokens: int, num_samples: int,
+                         alpha: float) -> None:
+    """Refuse greedy sampling, no controllers or prompts, and sizes or ``alpha`` out of range."""
     if sampling.greedy:
         raise ValueError("law_check needs sampling (temperature > 0): greedy output is deterministic.")
     if not controllers:
@@ -546,6 +549,10 @@ def law_check(
         raise ValueError(f"Need num_tokens ≥ 1 and num_samples ≥ 10, got {num_tokens} and {num_samples}.")
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}.")
+
+
+def _tree_arms(tree, controllers, drafter: str) -> dict[str, TreeShape | None]:
+    """Each controller's tree shape (None: a chain), checked against the controllers and the drafter."""
     if isinstance(tree, Mapping):
         unknown = sorted(set(tree) - set(controllers))
         if unknown:
@@ -558,39 +565,42 @@ def law_check(
             raise ValueError(f"tree must be an eval.runner.TreeShape (width, top_k), got {shape!r}.")
     if drafter == "lookup" and any(trees.values()):
         raise ValueError("The lookup drafter does not draft trees: use drafter='model' or 'head' for tree arms.")
-    sampler_name = getattr(sampler, "__name__", repr(sampler))
-    if any(trees.values()):
-        sampler_name += f" / tree: {getattr(tree_sampler, '__name__', repr(tree_sampler))}"
-    arms_meta, tests = [], []
-    memo = _memo_pair(pair)
-    for pi, prompt in enumerate(prompts):
-        ids = pair.encode_prompt(prompt, chat=chat)
-        seeds = lambda arm: [_seed(seed, pi, arm, s) for s in range(num_samples)]  # noqa: E731, B023 (used in this iteration)
-        exact = first_token_probs(pair, ids, sampling)
-        exact2: dict = {}
-        ref, st = sample_first_tokens(memo, ids, FixedDepthController(0), sampling, num_tokens, seeds(0))
-        arms_meta.append({"prompt": pi, "arm": "autoregressive", **st})
-        tests.append({"prompt": pi, "controller": "autoregressive", "position": 1, "kind": "exact",
-                      **goodness_of_fit_test(ref[:, 0], exact)})
+    return trees
+
+
+def _draw_and_test(pair, memo, pi, ids, controllers, trees, sampling, num_tokens, num_samples, seed, sampler, drafter,
+                   head, tree_sampler, progress, arms_meta: list, tests: list) -> None:
+    """Draw the plain arm and every controller's arm on prompt ``pi``; append their stats and tests."""
+    seeds = lambda arm: [_seed(seed, pi, arm, s) for s in range(num_samples)]  # noqa: E731
+    exact = first_token_probs(pair, ids, sampling)
+    exact2: dict = {}
+    ref, st = sample_first_tokens(memo, ids, FixedDepthController(0), sampling, num_tokens, seeds(0))
+    arms_meta.append({"prompt": pi, "arm": "autoregressive", **st})
+    tests.append({"prompt": pi, "controller": "autoregressive", "position": 1, "kind": "exact",
+                  **goodness_of_fit_test(ref[:, 0], exact)})
+    if progress:
+        print(f"law check: prompt {pi} autoregressive {st['seconds']:.1f} s", flush=True)
+    for ai, (name, ctrl) in enumerate(controllers.items(), start=1):
+        got, st = sample_first_tokens(memo, ids, ctrl, sampling, num_tokens, seeds(ai), sampler, drafter, head,
+                                      trees[name], tree_sampler)
+        st["mean_accepted"] = st["accepted"] / st["cycles"] if st["cycles"] else 0.0
+        if trees[name] is not None:
+            st["tree"] = dataclasses.asdict(trees[name])
+        arms_meta.append({"prompt": pi, "arm": name, **st})
         if progress:
-            print(f"law check: prompt {pi} autoregressive {st['seconds']:.1f} s", flush=True)
-        for ai, (name, ctrl) in enumerate(controllers.items(), start=1):
-            got, st = sample_first_tokens(memo, ids, ctrl, sampling, num_tokens, seeds(ai), sampler, drafter, head,
-                                          trees[name], tree_sampler)
-            st["mean_accepted"] = st["accepted"] / st["cycles"] if st["cycles"] else 0.0
-            if trees[name] is not None:
-                st["tree"] = dataclasses.asdict(trees[name])
-            arms_meta.append({"prompt": pi, "arm": name, **st})
-            if progress:
-                print(f"law check: prompt {pi} {name} {st['seconds']:.1f} s, τ̄ = {st['mean_accepted']:.2f}",
-                      flush=True)
-            tests.append({"prompt": pi, "controller": name, "position": 1, "kind": "exact",
-                          **goodness_of_fit_test(got[:, 0], exact)})
-            for res in conditional_exact_tests(pair, ids, got, sampling, exact2):
-                tests.append({"prompt": pi, "controller": name, "position": 2, "kind": "exact", **res})
-            for j in range(num_tokens):
-                res = two_sample_test(ref[:, j], got[:, j])
-                tests.append({"prompt": pi, "controller": name, "position": j + 1, "kind": "two-sample", **res})
+            print(f"law check: prompt {pi} {name} {st['seconds']:.1f} s, τ̄ = {st['mean_accepted']:.2f}",
+                  flush=True)
+        tests.append({"prompt": pi, "controller": name, "position": 1, "kind": "exact",
+                      **goodness_of_fit_test(got[:, 0], exact)})
+        for res in conditional_exact_tests(pair, ids, got, sampling, exact2):
+            tests.append({"prompt": pi, "controller": name, "position": 2, "kind": "exact", **res})
+        for j in range(num_tokens):
+            res = two_sample_test(ref[:, j], got[:, j])
+            tests.append({"prompt": pi, "controller": name, "position": j + 1, "kind": "two-sample", **res})
+
+
+def _verdict(tests: list[dict], controllers, alpha: float, num_samples: int) -> dict:
+    """Bonferroni over all tests (each gets p_bonferroni, flagged, can_reject) and the verdict."""
     m = len(tests)
     threshold = alpha / m
     for t in tests:
@@ -620,8 +630,15 @@ def law_check(
         "threshold": threshold,
         "min_p_value": min_p,
         "max_tv": max(t["tv"] for t in tests),
-        "tests": tests,
-        "arms": arms_meta,
+    }
+
+
+def _law_settings(sampling, sampler, tree_sampler, trees, num_tokens, num_samples, seed, prompts, drafter) -> dict:
+    """The settings recorded with the result: sampling, acceptance rules, sizes, seed, drafter and tree shapes."""
+    sampler_name = getattr(sampler, "__name__", repr(sampler))
+    if any(trees.values()):
+        sampler_name += f" / tree: {getattr(tree_sampler, '__name__', repr(tree_sampler))}"
+    return {
         "sampling": sampling.to_dict(),
         "sampler": sampler_name,
         "num_tokens": num_tokens,

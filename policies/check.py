@@ -45,6 +45,27 @@ def check_export(directory: str | Path) -> dict:
     """
     import onnxruntime as ort
 
+    d, spec, cfg, parity = _read_export(directory)
+    names = [f["name"] for f in spec.get("features", [])]
+    problems = _feature_problems(spec, parity, names)
+    sess, inp = _open_graph(ort, d, cfg, names, problems)
+    obs, exp_actions, exp_logits = _parity_vectors(d, parity, problems)
+    tol = parity.get("tolerance", {})
+    atol, tie = float(tol.get("logits_atol", 1e-4)), float(tol.get("tie_margin", 2e-4))
+    result = {"directory": str(d), "vectors": int(len(obs)), "action_mismatches": 0, "ties": 0,
+              "max_abs_logit_diff": None}
+    if obs.ndim != 2 or len(obs) != len(exp_actions) or exp_logits.shape[0] != len(obs):
+        problems.append(f"parity.json: {len(obs)} observations, {len(exp_actions)} actions, "
+                        f"{exp_logits.shape[0]} logit rows")
+    elif not problems:
+        _replay(sess, inp, obs, exp_actions, exp_logits, atol, tie, problems, result)
+    result["problems"] = problems
+    result["passed"] = not problems
+    return result
+
+
+def _read_export(directory: str | Path) -> tuple:
+    """Find the export and read its files: ``(dir, feature spec, policy config, parity)``."""
     d = resolve_export_dir(directory)
     if d.is_file():
         raise FileNotFoundError(f"{directory} is a file: pass the export directory that holds it ({d.parent}).")
@@ -65,14 +86,22 @@ def check_export(directory: str | Path) -> dict:
         raise ValueError(f"{d}: a JSON file does not parse ({e}).") from None
     if not str(parity.get("format", "")).startswith("learn2draft-parity/"):
         raise ValueError(f"{d / 'parity.json'}: unknown format {parity.get('format')!r}.")
+    return d, spec, cfg, parity
 
+
+def _feature_problems(spec: dict, parity: dict, names: list[str]) -> list[str]:
+    """Check that feature_spec.json and parity.json agree on the features."""
     problems: list[str] = []
-    names = [f["name"] for f in spec.get("features", [])]
     if parity.get("feature_names") != names:
         problems.append(f"parity.json's feature names {parity.get('feature_names')} differ from feature_spec.json's "
                         f"{names}")
     if list(spec.get("shape", [])) != [len(names)]:
         problems.append(f"feature_spec.json: shape {spec.get('shape')} but {len(names)} features listed")
+    return problems
+
+
+def _open_graph(ort, d: Path, cfg: dict, names: list[str], problems: list[str]) -> tuple:
+    """Load the ONNX graph with onnxruntime and check its input width and outputs: ``(session, input)``."""
     onnx_cfg = cfg.get("onnx", {})
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
@@ -89,7 +118,11 @@ def check_export(directory: str | Path) -> dict:
     for want in ("action", "logits"):
         if want not in outputs:
             problems.append(f"the ONNX graph has no output {want!r} (outputs: {outputs})")
+    return sess, inp
 
+
+def _parity_vectors(d: Path, parity: dict, problems: list[str]) -> tuple:
+    """Read the parity vectors as arrays: ``(observations, actions, logits)``; flag non-finite values."""
     try:
         obs = np.asarray(parity["observations"], dtype=np.float32)
         exp_actions = np.asarray(parity["actions"], dtype=np.int64)
@@ -99,32 +132,26 @@ def check_export(directory: str | Path) -> dict:
                          f"numbers (one row per vector, every row as long) ({str(e).splitlines()[0][:120]}).") from None
     if not (np.isfinite(obs).all() and np.isfinite(exp_logits).all()):
         problems.append("parity.json holds NaN or infinite values")
-    tol = parity.get("tolerance", {})
-    atol, tie = float(tol.get("logits_atol", 1e-4)), float(tol.get("tie_margin", 2e-4))
-    result = {"directory": str(d), "vectors": int(len(obs)), "action_mismatches": 0, "ties": 0,
-              "max_abs_logit_diff": None}
-    if obs.ndim != 2 or len(obs) != len(exp_actions) or exp_logits.shape[0] != len(obs):
-        problems.append(f"parity.json: {len(obs)} observations, {len(exp_actions)} actions, "
-                        f"{exp_logits.shape[0]} logit rows")
-    elif not problems:
-        actions, logits = sess.run(["action", "logits"], {inp.name: obs})
-        diff = float(np.abs(logits - exp_logits).max()) if len(obs) else 0.0
-        if not np.isfinite(diff):  # NaN never compares greater than a tolerance: report it, keep the JSON valid
-            problems.append("logits are NaN or infinite (in parity.json or from the graph)")
-            diff = None
-        sorted_logits = np.sort(exp_logits, axis=1)
-        is_tie = (sorted_logits[:, -1] - sorted_logits[:, -2]) < tie if exp_logits.shape[1] > 1 else np.zeros(len(obs), bool)
-        wrong = (np.asarray(actions).reshape(-1) != exp_actions) & ~is_tie
-        result.update(action_mismatches=int(wrong.sum()), ties=int(is_tie.sum()), max_abs_logit_diff=diff)
-        if wrong.any():
-            problems.append(f"{int(wrong.sum())} of {len(obs)} actions differ from the expected ones "
-                            f"(first at vector {int(np.argmax(wrong))})")
-        if diff is not None and diff > atol:
-            problems.append(f"logits differ by up to {diff:.3g} (> {atol:g})")
-    result["problems"] = problems
-    result["passed"] = not problems
-    return result
+    return obs, exp_actions, exp_logits
 
+
+def _replay(sess, inp, obs: np.ndarray, exp_actions: np.ndarray, exp_logits: np.ndarray, atol: float, tie: float,
+            problems: list[str], result: dict) -> None:
+    """Run the graph on the vectors and compare its actions (ties excused) and logits with the expected ones."""
+    actions, logits = sess.run(["action", "logits"], {inp.name: obs})
+    diff = float(np.abs(logits - exp_logits).max()) if len(obs) else 0.0
+    if not np.isfinite(diff):  # NaN never compares greater than a tolerance: report it, keep the JSON valid
+        problems.append("logits are NaN or infinite (in parity.json or from the graph)")
+        diff = None
+    sorted_logits = np.sort(exp_logits, axis=1)
+    is_tie = (sorted_logits[:, -1] - sorted_logits[:, -2]) < tie if exp_logits.shape[1] > 1 else np.zeros(len(obs), bool)
+    wrong = (np.asarray(actions).reshape(-1) != exp_actions) & ~is_tie
+    result.update(action_mismatches=int(wrong.sum()), ties=int(is_tie.sum()), max_abs_logit_diff=diff)
+    if wrong.any():
+        problems.append(f"{int(wrong.sum())} of {len(obs)} actions differ from the expected ones "
+                        f"(first at vector {int(np.argmax(wrong))})")
+    if diff is not None and diff > atol:
+        problems.append(f"logits differ by up to {diff:.3g} (> {atol:g})")
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point: prints one JSON report; exit status 0 (pass), 1 (fail) or 2 (bad input)."""

@@ -203,42 +203,14 @@ def _run(args) -> int:
     _check_args(args)
     prompt = _read_prompt(args.prompt, stdin)
 
-    from pathlib import Path
-
-    from learn2draft.cli import load_models, model_names, resolve_device, sampling_config, set_threads
-    from learn2draft.decoding import FixedDepthController, SpeculativeDecoder
+    from learn2draft.cli import load_models, resolve_device, sampling_config
+    from learn2draft.decoding import SpeculativeDecoder
     from learn2draft.drafters import make_drafter
-    from learn2draft.models import resolve_model_source
 
     sampling = sampling_config(args)
     device = resolve_device(args.device)
-    settings: dict = {}
-    head = args.head
-    if args.num_draft_tokens is None:
-        from policies.layout import default_policy_dir
-        from policies.load import load_policy, policy_drafter, policy_head, run_settings
-
-        policy_dir = Path(args.policy) if args.policy else default_policy_dir(args.drafter)
-        if policy_dir.is_file():
-            raise ValueError(f"--policy {args.policy} is a file: pass the directory that holds it ({policy_dir.parent}).")
-        if not policy_dir.is_dir():
-            raise ValueError(f"--policy {args.policy}: no such directory (a run of `python -m train` or a policy "
-                             "export), or use --num-draft-tokens N for a fixed γ.")
-        trained_with = policy_drafter(policy_dir)
-        if trained_with != args.drafter:
-            raise ValueError(f"The policy in {policy_dir} was trained with the {trained_with!r} drafter, not "
-                             f"{args.drafter!r}: pass --drafter {trained_with}, or a policy for {args.drafter}.")
-        controller = load_policy(policy_dir, profile=args.profile)
-        max_depth = controller.max_depth
-        settings = run_settings(policy_dir)
-        head = head or policy_head(policy_dir)
-    else:
-        controller = FixedDepthController(args.num_draft_tokens)
-        max_depth = args.num_draft_tokens
-    set_threads(args, settings.get("threads"))
-    target, draft = model_names(args, settings)
-    for name in (target, draft) if args.drafter == "model" else (target,):
-        resolve_model_source(name)  # a clear error for a missing path before the slow loading
+    controller, max_depth, settings, head = _resolve_controller(args)
+    target = _check_model_names(args, settings)
 
     pair = load_models(args, args.drafter, settings, device=device)
     drafter = make_drafter(args.drafter, pair, head=head)
@@ -246,11 +218,61 @@ def _run(args) -> int:
     decoder = SpeculativeDecoder(pair, sampling, max_new_tokens=args.max_new_tokens, max_depth=max_depth,
                                  seed=args.seed, drafter=drafter)
     stream = TextStream(pair.tokenizer, stop=args.stop)
-    cycles_seen = [0]
-
     # Cycle lines and streamed text on one terminal would cut into each other: there the text is
     # printed whole after the cycle lines.
     defer_text = args.show_cycles and _same_terminal(stdout, stderr)
+    on_tokens = _token_printer(args, pair, stream, defer_text, stdout, stderr)
+    result, status = _stream(decoder, ids, controller, on_tokens, stream, defer_text, stdout, stderr)
+    if status is not None:
+        return status
+    if args.metrics:
+        _print_metrics(args, result, stream, pair, controller, target, stderr)
+    return 0
+
+
+def _resolve_controller(args) -> tuple:
+    """Resolve what decides the depth: ``(controller, max_depth, run settings, head)``, a policy or a fixed γ."""
+    from pathlib import Path
+
+    from learn2draft.decoding import FixedDepthController
+
+    settings: dict = {}
+    head = args.head
+    if args.num_draft_tokens is not None:
+        return FixedDepthController(args.num_draft_tokens), args.num_draft_tokens, settings, head
+    from policies.layout import default_policy_dir
+    from policies.load import load_policy, policy_drafter, policy_head, run_settings
+
+    policy_dir = Path(args.policy) if args.policy else default_policy_dir(args.drafter)
+    if policy_dir.is_file():
+        raise ValueError(f"--policy {args.policy} is a file: pass the directory that holds it ({policy_dir.parent}).")
+    if not policy_dir.is_dir():
+        raise ValueError(f"--policy {args.policy}: no such directory (a run of `python -m train` or a policy "
+                         "export), or use --num-draft-tokens N for a fixed γ.")
+    trained_with = policy_drafter(policy_dir)
+    if trained_with != args.drafter:
+        raise ValueError(f"The policy in {policy_dir} was trained with the {trained_with!r} drafter, not "
+                         f"{args.drafter!r}: pass --drafter {trained_with}, or a policy for {args.drafter}.")
+    controller = load_policy(policy_dir, profile=args.profile)
+    settings = run_settings(policy_dir)
+    return controller, controller.max_depth, settings, head or policy_head(policy_dir)
+
+
+def _check_model_names(args, settings: dict) -> str:
+    """Set the threads and check the model names before the slow loading; returns the target's name."""
+    from learn2draft.cli import model_names, set_threads
+    from learn2draft.models import resolve_model_source
+
+    set_threads(args, settings.get("threads"))
+    target, draft = model_names(args, settings)
+    for name in (target, draft) if args.drafter == "model" else (target,):
+        resolve_model_source(name)  # a clear error for a missing path before the slow loading
+    return target
+
+
+def _token_printer(args, pair, stream: TextStream, defer_text: bool, stdout: TextIO, stderr: TextIO):
+    """The ``on_tokens`` callback: prints the cycle lines (``--show-cycles``) and streams the text."""
+    cycles_seen = [0]
 
     def on_tokens(tokens: list[int], cycle) -> bool:
         if args.show_cycles:
@@ -266,6 +288,12 @@ def _run(args) -> int:
             stdout.flush()
         return stream.stopped
 
+    return on_tokens
+
+
+def _stream(decoder, ids, controller, on_tokens, stream: TextStream, defer_text: bool, stdout: TextIO,
+            stderr: TextIO) -> tuple:
+    """Generate and stream the text: ``(result, None)``, or ``(None, 141)`` on a broken pipe, 130 when interrupted."""
     interrupted = False
     try:
         try:
@@ -280,30 +308,33 @@ def _run(args) -> int:
         import os
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), stdout.fileno())
-        return 141
+        return None, 141
     if interrupted:
         print("interrupted", file=stderr)
-        return 130
-    if args.metrics:
-        reason = ("stop_string" if stream.stopped else
-                  "eos" if result.tokens and result.tokens[-1] in pair.eos_token_ids else "max_new_tokens")
-        print(json.dumps({
-            "new_tokens": len(result.tokens),
-            "tokens_per_second": round(result.tokens_per_second, 3),
-            "ttft_seconds": round(result.ttft_seconds, 4),
-            "wall_seconds": round(result.wall_seconds, 4),
-            "mean_inter_token_seconds": round(result.mean_inter_token_seconds, 5),
-            "cycles": len(result.cycles),
-            "mean_accepted_length": round(result.mean_accepted, 3),
-            "acceptance_rate": round(result.acceptance_rate, 3),
-            "drafted_tokens": sum(c.depth for c in result.cycles),
-            "stop_reason": reason,
-            "drafter": args.drafter,
-            "controller": repr(controller),
-            "target": target,
-            "device": str(pair.device),
-        }), file=stderr, flush=True)
-    return 0
+        return None, 130
+    return result, None
+
+
+def _print_metrics(args, result, stream: TextStream, pair, controller, target: str, stderr: TextIO) -> None:
+    """Write the ``--metrics`` JSON line to standard error."""
+    reason = ("stop_string" if stream.stopped else
+              "eos" if result.tokens and result.tokens[-1] in pair.eos_token_ids else "max_new_tokens")
+    print(json.dumps({
+        "new_tokens": len(result.tokens),
+        "tokens_per_second": round(result.tokens_per_second, 3),
+        "ttft_seconds": round(result.ttft_seconds, 4),
+        "wall_seconds": round(result.wall_seconds, 4),
+        "mean_inter_token_seconds": round(result.mean_inter_token_seconds, 5),
+        "cycles": len(result.cycles),
+        "mean_accepted_length": round(result.mean_accepted, 3),
+        "acceptance_rate": round(result.acceptance_rate, 3),
+        "drafted_tokens": sum(c.depth for c in result.cycles),
+        "stop_reason": reason,
+        "drafter": args.drafter,
+        "controller": repr(controller),
+        "target": target,
+        "device": str(pair.device),
+    }), file=stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
