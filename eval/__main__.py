@@ -170,7 +170,7 @@ def _resolve_policy(args) -> tuple:
         raise ValueError("--skip-speed skips the speed comparison, and without --law-check nothing is left to run: "
                          "add --law-check, or drop --skip-speed.")
     if args.policy is None:
-        policy_dir = default_policy_dir(args.drafter or "model")
+        policy_dir = default_policy_dir(args.drafter or "model", cli.resolved_dtype(args))
     else:
         policy_dir = Path(args.policy)
         if not policy_dir.is_dir():

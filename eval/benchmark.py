@@ -204,10 +204,11 @@ def _check_settings(args) -> tuple:
 
 def _resolve_policy(args) -> tuple:
     """Resolve the policy and its head, and set ``args.drafter`` to its drafter: ``(policy_dir, policy, head)``."""
+    from learn2draft.cli import resolved_dtype
     from policies.layout import default_policy_dir
     from policies.load import load_policy, policy_drafter, policy_head
 
-    policy_dir = Path(args.policy) if args.policy else default_policy_dir(args.drafter or "model")
+    policy_dir = Path(args.policy) if args.policy else default_policy_dir(args.drafter or "model", resolved_dtype(args))
     if not policy_dir.is_dir():
         raise FileNotFoundError(f"--policy {args.policy}: no such directory (run `python -m train` first).")
     policy = load_policy(policy_dir, profile=args.profile)

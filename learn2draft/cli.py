@@ -243,6 +243,15 @@ def load_models(args: argparse.Namespace, drafters, settings: dict | None = None
     return models.load_pair(target, draft, device=device, dtype=models.parse_dtype(args.dtype, device))
 
 
+def resolved_dtype(args: argparse.Namespace) -> str:
+    """The canonical precision ``--dtype`` asks for on ``--device`` (``auto`` resolved:
+    :func:`learn2draft.models.resolve_dtype`), e.g. to pick the shipped policy of that precision before the
+    models load."""
+    from learn2draft.models import resolve_dtype
+
+    return resolve_dtype(getattr(args, "dtype", "auto"), resolve_device(getattr(args, "device", None), check=False))
+
+
 def stderr_line(text: str) -> None:
     """Print one progress line on standard error (standard output carries the results)."""
     print(text, file=sys.stderr, flush=True)
@@ -250,5 +259,5 @@ def stderr_line(text: str) -> None:
 
 __all__ = ["SAMPLING_DEFAULTS", "HelpFormatter", "add_device_args", "add_drafter_arg",
            "add_model_args", "add_out_arg", "add_profile_arg", "add_sampling_args", "add_tree_shape_args",
-           "load_models", "model_names", "plain_doc", "resolve_device", "run_cli", "sampling_config",
+           "load_models", "model_names", "plain_doc", "resolve_device", "resolved_dtype", "run_cli", "sampling_config",
            "set_threads", "stderr_line", "threads_of"]

@@ -62,14 +62,20 @@ def tree_root(path: str | Path) -> Path:
                             "or a shipped tree policy folder (e.g. policies/defaults/head-tree).")
 
 
-def default_policy_dir(drafter: str = "model") -> Path:
+def default_policy_dir(drafter: str = "model", dtype: str | None = None) -> Path:
     """The shipped export directory of the depth policy trained for ``drafter`` on the embedded
-    default pair (``policies/defaults/<drafter>``).
+    default pair: ``policies/defaults/<drafter>-<dtype>`` when one is shipped for that precision (e.g.
+    ``lookup-bfloat16``, trained on the costs of a bf16 CPU), else ``policies/defaults/<drafter>`` (float32).
+
+    Args:
+        dtype: the precision the decoder runs in (a canonical name, :func:`learn2draft.models.resolve_dtype`).
 
     Raises:
         FileNotFoundError: none is shipped for this drafter.
     """
     d = DEFAULT_POLICIES_DIR / drafter
+    if dtype and (DEFAULT_POLICIES_DIR / f"{drafter}-{dtype}" / ONNX_FILE).is_file():
+        d = DEFAULT_POLICIES_DIR / f"{drafter}-{dtype}"
     if not (d / ONNX_FILE).is_file():
         shipped = sorted(p.name for p in DEFAULT_POLICIES_DIR.glob("*") if (p / ONNX_FILE).is_file())
         raise FileNotFoundError(
