@@ -741,3 +741,53 @@ def test_train_a_profile_conditioned_policy_export_and_load(pairs, tiny_model_di
     assert err.startswith("error:") and "profile-conditioned" in err and "Traceback" not in err
     assert generate_main(argv + ["--profile", str(b)]) == 0
     assert capsys.readouterr().out.strip()
+
+
+@pytest.mark.parametrize("damage, match", [
+    (lambda d: d["verify"]["seconds"][0].__setitem__(0, str(d["verify"]["seconds"][0][0])), "number"),
+    (lambda d: d["verify"].__setitem__("tokens", [str(x) for x in d["verify"]["tokens"]]), "number"),
+    (lambda d: d["drafters"]["lookup"].__setitem__("step_overhead_seconds", "0.001"), "number"),
+    (lambda d: d["drafters"]["head"]["step_seconds"]["seconds"].__setitem__(0, "0.002"), "number"),
+    (lambda d: d.__setitem__("format_version", "1"), "format_version must be the integer 1, got '1'"),
+])
+def test_a_profile_with_numbers_as_strings_is_refused(tmp_path, damage, match):
+    good = json.loads((SHIPPED_PROFILES_DIR / "gpu-like.json").read_text())
+    damage(good)
+    (tmp_path / "p.json").write_text(json.dumps(good))
+    with pytest.raises(ValueError, match=match):
+        load_profile(tmp_path / "p.json")
+
+
+def _edited_trace(data, header, path, change=None, **arrays):
+    np.savez(path, **{**data, "header": np.array(json.dumps({**header, **(change or {})})), **arrays})
+    return path
+
+
+def test_a_trace_with_impossible_values_is_refused_at_load(pairs, tmp_path):
+    """NaN acceptance inside a chain, shifted offsets, a wrong vocab_size and out-of-vocabulary ids were accepted
+    silently (NaN changed the oracle's result, a shifted offset dropped tokens)."""
+    import os
+
+    tr = traces_for(pairs, "noisy", "model")
+    path = tr.save(tmp_path / "t")
+    assert os.stat(path).st_mode & 0o777 == os.stat(path.with_suffix(".json")).st_mode & 0o777  # same permissions
+    data = dict(np.load(path))
+    header = json.loads(str(data["header"]))
+    ap = data["accept_prob"].copy()
+    row = int(np.argmax(data["chain_len"] > 0))
+    ap[row, 0] = np.nan
+    oo = data["output_offsets"].copy()
+    oo[1:-1] += 1
+    ids = data["output_tokens"].copy()
+    ids[3] = header["vocab_size"]
+    for change, arrays, match in (
+            (None, {"accept_prob": ap}, "NaN"),
+            (None, {"output_offsets": oo}, "output_offsets"),
+            (None, {"output_offsets": data["output_offsets"] + 5}, "output_offsets"),
+            ({"vocab_size": "big"}, {}, "vocab_size"),
+            ({"vocab_size": int(data["output_tokens"].max())}, {}, "vocabulary"),
+            (None, {"output_tokens": ids}, "vocabulary")):
+        bad = _edited_trace(data, header, tmp_path / "bad.npz", change, **arrays)
+        with pytest.raises(ValueError, match=match):
+            TraceSet.load(bad)
+    assert len(TraceSet.load(_edited_trace(data, header, tmp_path / "ok.npz"))) == len(tr)
