@@ -484,3 +484,33 @@ def test_replay_keeps_a_max_depth_the_traces_hold_and_refuses_a_given_one_above(
     assert apply_replay_settings(cfg).max_depth == cfg.max_depth == 3
     with pytest.raises(ValueError, match="--max-depth 8, but the traces .* max_depth=3"):
         apply_replay_settings(TrainConfig(replay=shallow, profile="cpu-2core", max_depth=8), given={"max_depth"})
+
+
+def test_overwrite_refuses_user_files_inside_the_runs_folders_and_lists_them(tmp_path):
+    """--overwrite replaces what a run wrote; a user's own file inside policy/, checkpoints/ or eval/ is listed
+    and the overwrite refused (it used to be deleted without a word)."""
+    out = fake_run(tmp_path / "run")
+    (out / "policy").mkdir()
+    for own in ("policy/policy.onnx", "policy/parity.json", "eval/results.md", "logs/depth-round1/progress.csv",
+                "checkpoints/depth-round1/ppo_depth_64_steps.zip"):
+        (out / own).parent.mkdir(parents=True, exist_ok=True)
+        (out / own).write_text("the run's own")
+    prepare_out_dir(out, overwrite=True)  # the run's own files only (and notes.txt beside them, never touched)
+    for mine in ("policy/NOTES.md", "checkpoints/best_by_hand.zip", "eval/my-analysis.ipynb"):
+        (out / mine).write_text("mine")
+    with pytest.raises(FileExistsError, match="best_by_hand.zip.*eval/my-analysis.ipynb.*policy/NOTES.md"):
+        prepare_out_dir(out, overwrite=True)
+    assert (out / "policy" / "NOTES.md").read_text() == "mine"
+
+
+def test_a_killed_overwrite_keeps_the_old_run_and_says_where(tmp_path):
+    """After an --overwrite killed by SIGKILL, the replaced run waits in .replaced/: the rerun's advice names it and
+    a second --overwrite refuses to delete it."""
+    out = fake_run(tmp_path / "run", interrupted=None)  # the new run's config.json, no metrics: killed
+    (out / ".replaced").mkdir()
+    (out / ".replaced" / "model.zip").write_text("the old model")
+    with pytest.raises(FileExistsError, match=r"interrupted run.*\.replaced"):
+        prepare_out_dir(out)
+    with pytest.raises(FileExistsError, match=r"\.replaced.*would delete"):
+        prepare_out_dir(out, overwrite=True)
+    assert (out / ".replaced" / "model.zip").read_text() == "the old model"
