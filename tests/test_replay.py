@@ -788,3 +788,20 @@ def test_a_trace_with_impossible_values_is_refused_at_load(pairs, tmp_path):
         with pytest.raises(ValueError, match=match):
             TraceSet.load(bad)
     assert len(TraceSet.load(_edited_trace(data, header, tmp_path / "ok.npz"))) == len(tr)
+
+
+def test_simreal_checks_its_profile_before_loading_the_models(pairs, tmp_path, monkeypatch, capsys):
+    """eval.simreal loaded the models (28 s on the default pair) before refusing a profile: now the replay side is
+    built, and the profile checked against the traces as eval.oracle checks it, first."""
+    from eval.simreal import main as simreal_main
+
+    trace = traces_for(pairs, "noisy", "model").save(tmp_path / "tr")
+    lookup_only = LatencyProfile("lookup-only", [1, 2, 4, 8], [0.0, 64.0], [[0.01] * 4, [0.02] * 4],
+                                 {"lookup": DrafterCost([0.0], [1e-5])}).save(tmp_path / "p.json")
+
+    def loading(*a, **k):
+        raise AssertionError("the models were loaded before the profile was checked")
+
+    monkeypatch.setattr("learn2draft.cli.load_models", loading)
+    assert simreal_main([str(trace), "--profile", str(lookup_only), "--gammas", "0,2", "--device", "cpu"]) == 2
+    assert "no costs for the 'model' drafter" in capsys.readouterr().err
