@@ -51,6 +51,47 @@ def run_cli(parser: argparse.ArgumentParser, run, argv: list[str] | None) -> int
         return 130
 
 
+#: This project's top-level packages (``python -m train`` needs all of them; ``python -m eval`` all but train).
+PROJECT_PACKAGES = ("learn2draft", "envs", "policies", "eval", "train")
+
+
+def shadowing_files(packages: tuple[str, ...] = PROJECT_PACKAGES) -> list[str]:
+    """The files or folders that Python would import instead of this project's ``packages``: ``python -m``
+    puts the current folder first on ``sys.path``, so a user's own ``eval.py`` there is imported as ``eval``. A
+    package counts as this project's when it sits beside this ``learn2draft`` package. Imports nothing.
+
+    Returns:
+        the shadowing paths, one per shadowed package ([] when none).
+    """
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    found = []
+    for name in packages:
+        spec = importlib.util.find_spec(name)
+        where = spec.origin if spec is not None and spec.origin else (
+            next(iter(spec.submodule_search_locations or []), None) if spec is not None else None)
+        if where is None:
+            continue
+        path = Path(where).resolve()
+        if path != root / name / "__init__.py":
+            found.append(str(path.parent if path.name == "__init__.py" else path))
+    return found
+
+
+def exit_if_shadowed(module: str, script: str, packages: tuple[str, ...] = PROJECT_PACKAGES) -> None:
+    """Stop ``python -m <module>`` with one ``error:`` line (exit status 2) when a file or folder of the current
+    folder shadows one of ``packages`` (:func:`shadowing_files`), naming it and the console ``script``
+    (e.g. ``learn2draft-train``), which imports the installed packages whatever the current folder holds."""
+    found = shadowing_files(packages)
+    if found:
+        print(f"error: {', '.join(found)} shadows this project's package of the same name (python -m {module} "
+              f"imports from the current folder first): run `{script}` instead (the same command and flags), or run "
+              f"from another folder.", file=sys.stderr)
+        raise SystemExit(2)
+
+
 # --------------------------------------------------------------------------- shared argument groups
 #: The sampling flags (dest → default), one per :class:`learn2draft.sampling.SamplingConfig` field, with
 #: its defaults (the off values); a test checks that they cover every field with the same default.
@@ -244,7 +285,7 @@ def stderr_line(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-__all__ = ["SAMPLING_DEFAULTS", "HelpFormatter", "add_device_args", "add_drafter_arg",
+__all__ = ["PROJECT_PACKAGES", "SAMPLING_DEFAULTS", "HelpFormatter", "exit_if_shadowed", "shadowing_files", "add_device_args", "add_drafter_arg",
            "add_model_args", "add_out_arg", "add_profile_arg", "add_sampling_args", "add_tree_shape_args",
            "load_models", "model_names", "plain_doc", "resolve_device", "run_cli", "sampling_config",
            "set_threads", "stderr_line", "threads_of"]

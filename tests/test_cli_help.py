@@ -193,3 +193,20 @@ def test_console_scripts_name_an_existing_entry_point():
         mod = importlib.import_module(module)
         assert Path(mod.__file__).resolve().is_relative_to(REPO), f"{name} = {target!r}: {mod.__file__} is not in {REPO}"
         assert callable(getattr(mod, func, None)), f"{name} = {target!r}"
+
+
+@pytest.mark.parametrize("command, script, shadow", [("train", "learn2draft-train", "eval"),
+                                                     ("eval", "learn2draft-eval", "policies")])
+def test_a_users_file_shadowing_a_package_is_one_clear_error(tmp_path, command, script, shadow):
+    """``python -m train`` puts the current folder first on sys.path: a user's own eval.py there (or policies.py for
+    ``python -m eval``) would be imported instead of this project's package. The command says so and names the
+    console script, which is not shadowed."""
+    import os
+
+    (tmp_path / f"{shadow}.py").write_text("print('THE USER CODE RAN')\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    r = subprocess.run([sys.executable, "-m", command, "--help"], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and "THE USER CODE RAN" not in r.stdout + r.stderr, r.stdout[-500:] + r.stderr[-2000:]
+    err = r.stderr.strip()
+    assert err.startswith("error:") and len(err.splitlines()) == 1 and script in err and f"{shadow}.py" in err, err

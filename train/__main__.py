@@ -206,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     or SIGTERM saves and exports the policy so far, prints its summary with ``"interrupted": true``
     and how to ``--resume``, and returns 128 + the signal number (130 / 143).
     """
+    cli.exit_if_shadowed("train", "learn2draft-train")
     parser = build_parser()
     args = parser.parse_args(argv)
 
