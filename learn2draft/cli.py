@@ -1,8 +1,8 @@
 """What every command line shares: a ``--help`` formatter that shows each default once, plain
 text from reST docstrings, one error line instead of a traceback for bad input, and the argument groups
 every command takes alike (models, sampling, drafter, tree shape, device/threads/dtype, profile, out),
-each flag defined once here with its name, default and help, with the functions that turn the parsed
-flags into a :class:`learn2draft.sampling.SamplingConfig`, a device and a loaded
+each flag defined once here with its name, default and help, the progress display (:func:`progress`: a bar on
+a terminal, plain lines in a log file), with the functions that turn the parsed flags into a :class:`learn2draft.sampling.SamplingConfig`, a device and a loaded
 :class:`learn2draft.models.ModelPair`. No torch import at module level, so ``--help`` answers at once. The W&B credentials check is
 training's: :func:`train.wandb_setup.check_wandb`.
 """
@@ -280,12 +280,111 @@ def load_models(args: argparse.Namespace, drafters, settings: dict | None = None
     return models.load_pair(target, draft, device=device, dtype=models.parse_dtype(args.dtype))
 
 
+# --------------------------------------------------------------------------- progress
+#: Off a terminal, at most one progress line every this many seconds (the first and the last are always printed).
+PROGRESS_INTERVAL_SECONDS = 10.0
+
+
+class LineProgress:
+    """Progress for a stream that is not a terminal (a log file, a pipe): plain lines such as
+    ``eval: 12/40 runs (30%), 95 s, method fixed γ=4, prompt 3``, never tqdm's carriage-return frames. The first
+    update, the last one (``total`` reached, or :meth:`close`) and at most one every ``min_interval`` seconds in
+    between are printed. The part of tqdm's interface the commands use: iteration, :meth:`update`,
+    :meth:`set_postfix`, :meth:`close`, ``with``.
+
+    Args:
+        iterable: iterated by ``for x in bar`` (``total`` defaults to its ``len``).
+        total: the count at completion (None: unknown); ``initial``: the count so far (a resumed run).
+        desc, unit: the line's label and counted unit; ``stream``: where lines go (default standard error).
+        min_interval: seconds between lines (default :data:`PROGRESS_INTERVAL_SECONDS`).
+    """
+
+    def __init__(self, iterable=None, total: int | None = None, desc: str = "", unit: str = "it", initial: int = 0,
+                 stream=None, min_interval: float | None = None):
+        import time
+
+        self.iterable = iterable
+        if total is None and iterable is not None and hasattr(iterable, "__len__"):
+            total = len(iterable)
+        self.total, self.desc, self.unit, self.n = total, desc, unit, int(initial)
+        self.stream = stream if stream is not None else sys.stderr
+        self.min_interval = PROGRESS_INTERVAL_SECONDS if min_interval is None else float(min_interval)
+        self._clock = time.monotonic
+        self._start = self._clock()
+        self._last: float | None = None  # when the last line was printed
+        self._printed_at: int | None = None  # the count it showed
+        self.postfix = ""
+
+    def __iter__(self):
+        for x in self.iterable:
+            yield x
+            self.update(1)
+        self.close()
+
+    def __enter__(self) -> LineProgress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def set_postfix(self, **values) -> None:
+        """What the next line ends with (``key=value, …``)."""
+        self.postfix = ", ".join(f"{k}={v}" for k, v in values.items())
+
+    def set_postfix_str(self, text: str) -> None:
+        """What the next line ends with, as given."""
+        self.postfix = str(text)
+
+    def update(self, n: int = 1) -> None:
+        """Count ``n`` more; print a line if it is the first, the last, or ``min_interval`` seconds after the previous."""
+        self.n += n
+        now = self._clock()
+        if self._last is None or now - self._last >= self.min_interval or (self.total is not None and self.n >= self.total):
+            self._print(now)
+
+    def close(self) -> None:
+        """Print the final count unless the last line showed it."""
+        if self._printed_at != self.n and self._last is not None:
+            self._print(self._clock())
+
+    def _print(self, now: float) -> None:
+        count = f"{self.n}/{self.total}" if self.total else f"{self.n}"
+        pct = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
+        tail = f", {self.postfix}" if self.postfix else ""
+        print(f"{self.desc}: {count} {self.unit}{pct}, {now - self._start:.0f} s{tail}", file=self.stream, flush=True)
+        self._last, self._printed_at = now, self.n
+
+
+def is_terminal(stream) -> bool:
+    """Whether ``stream`` is a terminal (False for a file, a pipe, a closed or a missing stream)."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def progress(iterable=None, *, total: int | None = None, desc: str = "", unit: str = "it", initial: int = 0,
+             enabled: bool = True, stream=None, min_interval: float | None = None, leave: bool = False):
+    """The progress display every command uses: tqdm's bar when ``stream`` (default standard error) is a terminal, a
+    :class:`LineProgress` of plain lines otherwise (a log file gets lines, not carriage-return frames), nothing when
+    not ``enabled``. Arguments as :class:`LineProgress`'s; ``leave``: keep tqdm's bar when it ends."""
+    stream = stream if stream is not None else sys.stderr
+    if enabled and not is_terminal(stream):
+        return LineProgress(iterable, total=total, desc=desc, unit=unit, initial=initial, stream=stream,
+                            min_interval=min_interval)
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, total=total, desc=desc, unit=unit, initial=initial, file=stream, leave=leave,
+                disable=not enabled)
+
+
 def stderr_line(text: str) -> None:
     """Print one progress line on standard error (standard output carries the results)."""
     print(text, file=sys.stderr, flush=True)
 
 
-__all__ = ["PROJECT_PACKAGES", "SAMPLING_DEFAULTS", "HelpFormatter", "exit_if_shadowed", "shadowing_files", "add_device_args", "add_drafter_arg",
+__all__ = ["PROGRESS_INTERVAL_SECONDS", "PROJECT_PACKAGES", "SAMPLING_DEFAULTS", "HelpFormatter", "LineProgress",
+           "is_terminal", "progress", "exit_if_shadowed", "shadowing_files", "add_device_args", "add_drafter_arg",
            "add_model_args", "add_out_arg", "add_profile_arg", "add_sampling_args", "add_tree_shape_args",
            "load_models", "model_names", "plain_doc", "resolve_device", "run_cli", "sampling_config",
            "set_threads", "stderr_line", "threads_of"]

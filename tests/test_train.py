@@ -514,3 +514,14 @@ def test_a_killed_overwrite_keeps_the_old_run_and_says_where(tmp_path):
     with pytest.raises(FileExistsError, match=r"\.replaced.*would delete"):
         prepare_out_dir(out, overwrite=True)
     assert (out / ".replaced" / "model.zip").read_text() == "the old model"
+
+
+def test_a_log_file_gets_one_plain_progress_line_per_rollout(tiny_pair, tmp_path, capsys):
+    """Standard error is not a terminal under capsys (as in `make demo > log`): training prints one plain line per
+    rollout, without the progress bar's carriage-return frames (it printed nothing until it ended)."""
+    train.run(tiny_pair, tiny_config(tmp_path / "run", progress_bar=True, eval_prompts=0, checkpoint_every=0),
+              prompts=PROMPTS)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("train: ")]
+    assert "\r" not in err and [line.split()[1] for line in lines] == ["64/128", "128/128"], err
+    assert "ep_rew_mean=" in lines[-1]

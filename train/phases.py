@@ -29,10 +29,11 @@ from stable_baselines3.common.logger import Logger, make_output_format
 from stable_baselines3.common.utils import set_random_seed
 
 from eval.runner import DecoderMethod, RunRecord, TreeShape, run_interleaved
+from learn2draft.cli import is_terminal
 from learn2draft.decoding import DraftController, FixedDepthController
 from learn2draft.models import ModelPair
 from learn2draft.names import HELDOUT_SEED_OFFSET
-from train.callbacks import WandbOutputFormat, drop_partial_optimizer_state, versions
+from train.callbacks import RolloutProgress, WandbOutputFormat, drop_partial_optimizer_state, versions
 from train.config import TrainConfig
 
 
@@ -186,14 +187,17 @@ def learn(model: PPO, cfg: TrainConfig, callbacks: list, steps: int, stop, reset
     """Run ``model.learn`` for ``steps`` timesteps (none when ``steps`` ≤ 0), then flush and close its logger.
 
     Ctrl-C or SIGTERM (``stop``: a :class:`train.callbacks.SignalStop`) ends it cleanly: what was learnt is
-    kept, the optimizer state an interrupt left half-built is dropped. Returns whether it was interrupted.
+    kept, the optimizer state an interrupt left half-built is dropped. Returns whether it was interrupted. With
+    ``cfg.progress_bar``: SB3's bar on a terminal, one plain line per rollout otherwise (:class:`RolloutProgress`).
     """
     interrupted = False
+    bar = cfg.progress_bar and is_terminal(sys.stderr)
+    if cfg.progress_bar and not bar:  # a log file: one plain line per rollout, no carriage-return frames
+        callbacks = [*callbacks, RolloutProgress()]
     try:
         if steps > 0:
             model.learn(steps, callback=CallbackList(callbacks), reset_num_timesteps=reset_num_timesteps,
-                        # a bar only on a terminal: a log file gets no carriage-return frames
-                        progress_bar=cfg.progress_bar and sys.stderr.isatty())
+                        progress_bar=bar)
     except KeyboardInterrupt:
         interrupted = True
         stop.signal_name = stop.signal_name or "SIGINT"
