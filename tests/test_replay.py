@@ -805,3 +805,16 @@ def test_simreal_checks_its_profile_before_loading_the_models(pairs, tmp_path, m
     monkeypatch.setattr("learn2draft.cli.load_models", loading)
     assert simreal_main([str(trace), "--profile", str(lookup_only), "--gammas", "0,2", "--device", "cpu"]) == 2
     assert "no costs for the 'model' drafter" in capsys.readouterr().err
+
+
+def test_the_shipped_profiles_hold_no_path_of_the_machine_they_were_measured_on():
+    def strings(x):
+        if isinstance(x, dict):
+            return [s for v in x.values() for s in strings(v)]
+        if isinstance(x, list):
+            return [s for v in x for s in strings(v)]
+        return [x] if isinstance(x, str) else []
+
+    for f in SHIPPED_PROFILES_DIR.glob("*.json"):
+        found = [s for s in strings(json.loads(f.read_text())) if re.search(r"(^|\s)(/[\w.-]+){2,}", s)]
+        assert not found, (f.name, found)
