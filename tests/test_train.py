@@ -519,8 +519,10 @@ def test_a_killed_overwrite_keeps_the_old_run_and_says_where(tmp_path):
 def test_a_log_file_gets_one_plain_progress_line_per_rollout(tiny_pair, tmp_path, capsys):
     """Standard error is not a terminal under capsys (as in `make demo > log`): training prints one plain line per
     rollout, without the progress bar's carriage-return frames (it printed nothing until it ended)."""
-    train.run(tiny_pair, tiny_config(tmp_path / "run", progress_bar=True, eval_prompts=0, checkpoint_every=0),
-              prompts=PROMPTS)
+    out = tmp_path / "run"
+    train.run(tiny_pair, tiny_config(out, progress_bar=True, eval_prompts=0, checkpoint_every=0), prompts=PROMPTS)
+    for spec in (out / "feature_spec.json", out / "policy" / "feature_spec.json"):  # entropy is divided by ln V
+        assert json.loads(spec.read_text())["vocab_size"] == tiny_pair.vocab_size, spec
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("train: ")]
     assert "\r" not in err and [line.split()[1] for line in lines] == ["64/128", "128/128"], err

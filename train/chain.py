@@ -308,7 +308,7 @@ def train_chain(pair: ModelPair | None, cfg: TrainConfig, out: Path, saved: dict
         replacement.commit()
 
         trained_on = {"env": REPLAY_ENV_ID, **config["replay_source"]} if cfg.replay else {"env": ENV_ID}
-        export = export_policy(model, out / "policy", cfg.max_depth,
+        export = export_policy(model, out / "policy", cfg.max_depth, vocab_size=vocab_size,
                                config={**phases.export_config(cfg, config, reward_scale), "trained_on": trained_on},
                                observations=model.rollout_buffer.observations, seed=cfg.seed)
         evaluation = (_chain_check(pair, cfg, env, out / "policy", eval_prompts)

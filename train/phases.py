@@ -155,9 +155,10 @@ def run_config(cfg: TrainConfig, pair: ModelPair | None, reward_scale: float, ar
 
 
 def write_run_start(out: Path, run_config: dict, spec: dict) -> None:
-    """Write ``config.json`` and ``feature_spec.json`` (the observation of the depth policy) into ``out``."""
+    """Write ``config.json`` and ``feature_spec.json`` (the observation of the depth policy, with the target's
+    ``vocab_size`` of ``run_config``: the entropy feature is divided by its log) into ``out``."""
     (out / "config.json").write_text(json.dumps(run_config, indent=2, default=str))
-    (out / "feature_spec.json").write_text(json.dumps(spec, indent=2))
+    (out / "feature_spec.json").write_text(json.dumps({**spec, "vocab_size": run_config["vocab_size"]}, indent=2))
 
 
 # --------------------------------------------------------------------------- 4. PPO

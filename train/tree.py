@@ -174,11 +174,11 @@ def _save_and_export(models: dict, cfg: TrainConfig, out: Path, config: dict, re
     if "depth" in models:
         checks["depth"] = export_policy(
             models["depth"], out / DEPTH_DIR, cfg.max_depth, observations=models["depth"].rollout_buffer.observations,
-            seed=cfg.seed, config={**base, "trained_on": {"env": TREE_ENV_IDS[0]}}).check
+            seed=cfg.seed, vocab_size=config["vocab_size"], config={**base, "trained_on": {"env": TREE_ENV_IDS[0]}}).check
     if "size" in models:
         checks["size"] = export_policy(
             models["size"], out / SIZE_DIR, cfg.max_depth, observations=models["size"].rollout_buffer.observations,
-            seed=cfg.seed, verify_sizes=tuple(cfg.verify_sizes),
+            seed=cfg.seed, verify_sizes=tuple(cfg.verify_sizes), vocab_size=config["vocab_size"],
             config={**base, "trained_on": {"env": TREE_ENV_IDS[1]}}).check
     (out / TREE_FILE).write_text(json.dumps(tree, indent=2, default=str))
     return checks
