@@ -527,3 +527,42 @@ def test_a_log_file_gets_one_plain_progress_line_per_rollout(tiny_pair, tmp_path
     lines = [line for line in err.splitlines() if line.startswith("train: ")]
     assert "\r" not in err and [line.split()[1] for line in lines] == ["64/128", "128/128"], err
     assert "ep_rew_mean=" in lines[-1]
+
+
+def test_train_prompts_file_quiet_and_verbose_flags(tmp_path, capsys):
+    """`train --prompts FILE` trains on a user's prompts (as `eval --prompts` measures on them); -q hides the
+    progress display, -v prints SB3's table of each PPO update on standard error."""
+    from stable_baselines3.common.logger import HumanOutputFormat
+
+    from train import phases
+
+    f = tmp_path / "mine.jsonl"
+    f.write_text('{"prompt": "Summarise: the cat sat."}\n{"prompt": "Translate: hola"}\n')
+    cfg = config_from_args(build_parser().parse_args(["--prompts", str(f)]))
+    cfg.validate()
+    assert cfg.prompts == str(f) and phases.training_prompts(cfg, None) == ["Summarise: the cat sat.", "Translate: hola"]
+    with pytest.raises(ValueError, match="--prompts.*--replay"):
+        config_from_args(build_parser().parse_args(["--prompts", str(f), "--replay", "t.npz", "--profile",
+                                                    "cpu-2core"])).validate()
+    with pytest.raises(SystemExit) as e:  # a missing file: one error before any model loads
+        main(["--prompts", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "run")])
+    assert e.value.code == 2 and "No prompt file" in capsys.readouterr().err and not (tmp_path / "run").exists()
+    assert not config_from_args(build_parser().parse_args(["-q"])).progress_bar
+    verbose = config_from_args(build_parser().parse_args(["-v"]))
+    assert verbose.verbose and verbose.progress_bar
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["-q", "-v"])
+
+    class Model:
+        def set_logger(self, logger):
+            self.logger = logger
+
+    m = Model()
+    phases.set_logger(m, tmp_path / "logs", None, verbose=True)
+    assert any(isinstance(f, HumanOutputFormat) for f in m.logger.output_formats)
+
+
+def test_the_wandb_sync_hint_quotes_the_path():
+    from train.__main__ import wandb_sync_hint
+
+    assert wandb_sync_hint("runs/my run/wandb") == "wandb sync 'runs/my run/wandb'/offline-run-*"

@@ -294,7 +294,7 @@ def train_chain(pair: ModelPair | None, cfg: TrainConfig, out: Path, saved: dict
         log_dir = out / "logs"
         # SB3's CSV writer truncates its file: a resumed run logs to progress-resumed-<steps>.csv.
         suffix = f"-resumed-{model.num_timesteps}" if saved is not None else ""
-        wandb_format = phases.set_logger(model, log_dir, wandb_run, suffix)
+        wandb_format = phases.set_logger(model, log_dir, wandb_run, suffix, verbose=cfg.verbose)
         cycle_cb = CycleStatsCallback(wandb_run)
         cbs = [cycle_cb] + ([phases.checkpoint_callback(cfg, out / "checkpoints", "ppo", model.get_env().num_envs)]
                             if cfg.checkpoint_every else [])

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import CallbackList, CheckpointCallback
-from stable_baselines3.common.logger import Logger, make_output_format
+from stable_baselines3.common.logger import HumanOutputFormat, Logger, make_output_format
 from stable_baselines3.common.utils import set_random_seed
 
 from eval.runner import DecoderMethod, RunRecord, TreeShape, run_interleaved
@@ -46,8 +46,18 @@ def seed_and_threads(cfg: TrainConfig) -> None:
 
 
 def training_prompts(cfg: TrainConfig, prompts: Sequence | None) -> list:
-    """``prompts`` as a list, or the shipped prompts of ``cfg.prompt_split`` (several joined by commas)."""
-    if prompts is None:
+    """``prompts`` as a list, else the prompts of the file ``cfg.prompts`` (``--prompts FILE``), else the shipped
+    prompts of ``cfg.prompt_split`` (several joined by commas).
+
+    Raises:
+        FileNotFoundError / ValueError: ``cfg.prompts`` is missing or not a prompt file
+            (:func:`learn2draft.prompts.load_prompt_file`).
+    """
+    if prompts is None and cfg.prompts:
+        from learn2draft.prompts import load_prompt_file
+
+        prompts = load_prompt_file(cfg.prompts)
+    elif prompts is None:
         from learn2draft.prompts import load_prompts
 
         prompts = [p for sp in cfg.prompt_split.split(",") for p in load_prompts(sp)]
@@ -172,10 +182,14 @@ def new_ppo(cfg: TrainConfig, vec_env) -> PPO:
     )
 
 
-def set_logger(model: PPO, log_dir: Path, wandb_run: Any, suffix: str = "") -> WandbOutputFormat:
-    """Log ``model`` to ``log_dir/progress<suffix>.csv`` and W&B; returns the W&B format (its ``last_values``)."""
+def set_logger(model: PPO, log_dir: Path, wandb_run: Any, suffix: str = "", verbose: bool = False) -> WandbOutputFormat:
+    """Log ``model`` to ``log_dir/progress<suffix>.csv`` and W&B, and with ``verbose`` SB3's table of each update to
+    standard error (standard output keeps the run's JSON summary); returns the W&B format (its ``last_values``)."""
     wandb_format = WandbOutputFormat(wandb_run)
-    model.set_logger(Logger(str(log_dir), [make_output_format("csv", str(log_dir), suffix), wandb_format]))
+    formats = [make_output_format("csv", str(log_dir), suffix), wandb_format]
+    if verbose:
+        formats.append(HumanOutputFormat(sys.stderr))
+    model.set_logger(Logger(str(log_dir), formats))
     return wandb_format
 
 

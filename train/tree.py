@@ -137,7 +137,7 @@ def _run_phase(policy: str, rnd: int, env, models: dict, cfg: TrainConfig, out: 
                                      {**config, "phase": name, "wandb_run_id": generate_id()})
     interrupted = False
     try:
-        phases.set_logger(model, out / "logs" / name, wandb_run)
+        phases.set_logger(model, out / "logs" / name, wandb_run, verbose=cfg.verbose)
         cycle_cb = CycleStatsCallback(wandb_run)
         action_cb = ActionDistributionCallback(policy, _meanings(cfg)[policy], wandb_run=wandb_run)
         cbs = [cycle_cb, action_cb] + ([phases.checkpoint_callback(cfg, out / "checkpoints" / name, f"ppo_{policy}")]
