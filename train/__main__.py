@@ -81,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("run")
     cli.add_out_arg(g, "the run directory (default runs/default, where python -m eval looks)")
     g.add_argument("--overwrite", action="store_true",
-                   help="replace the earlier training run in --out (never a directory python -m train did not write)")
+                   help="replace the earlier training run in --out (never a directory python -m train did not write, "
+                        "nor files of yours inside the run's folders: they are listed and the run refused)")
     g.add_argument("--resume", action="store_true",
                    help="continue the run in --out from its last checkpoint, with its saved settings "
                         "(--timesteps: the new total)")
