@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 from transformers.generation.streamers import BaseStreamer
 
+from learn2draft.cli import progress as cli_progress
 from learn2draft.decoding import DraftController, Sampler, SpeculativeDecoder
 from learn2draft.drafters import Drafter, make_drafter
 from learn2draft.models import ModelPair
@@ -237,12 +237,14 @@ def run_interleaved(methods: Sequence[Method], prompts: Sequence[torch.Tensor], 
                     desc: str = "runs", progress: bool = True) -> list[RunRecord]:
     """Run every method on every prompt ``repeats`` times, rotating the method order per (repeat, prompt).
 
-    All methods get the same seed for a given (repeat, prompt). Returns one :class:`RunRecord` each.
+    All methods get the same seed for a given (repeat, prompt). Returns one :class:`RunRecord` each. With
+    ``progress``: a bar on a terminal, one plain line per method and prompt (at most every
+    :data:`learn2draft.cli.PROGRESS_INTERVAL_SECONDS`) in a log file (:func:`learn2draft.cli.progress`).
     """
     records = []
     total = len(methods) * len(prompts) * repeats
-    # disable=None: no bar when stderr is not a terminal (a log file gets no carriage-return frames)
-    with tqdm(total=total, desc=desc, disable=None if progress else True, leave=False) as bar:
+    # a bar on a terminal; a log file gets plain lines (learn2draft.cli.progress), never carriage-return frames
+    with cli_progress(total=total, desc=desc, unit="runs", enabled=progress) as bar:
         for rep in range(repeats):
             for pi, ids in enumerate(prompts):
                 k = (rep * len(prompts) + pi) % len(methods)
@@ -250,6 +252,8 @@ def run_interleaved(methods: Sequence[Method], prompts: Sequence[torch.Tensor], 
                     r = m.run(ids, seed=run_seed(seed, rep, pi))
                     r.prompt_index, r.repeat = pi, rep
                     records.append(r)
+                    bar.set_postfix_str(f"method {m.name}, prompt {pi + 1}/{len(prompts)}"
+                                        + (f", repeat {rep + 1}/{repeats}" if repeats > 1 else ""))
                     bar.update(1)
     return records
 

@@ -32,8 +32,30 @@ from learn2draft.cli import HelpFormatter, add_device_args, add_profile_arg, pla
 from learn2draft.names import run_seed
 
 
+def replay_envs(traces, profile, controllers: dict) -> dict:
+    """The replay environments :func:`sim_vs_real` scores the controllers in, one per ``max_depth`` (a controller's
+    depth-feature scale, else the traces'), built as ``python -m eval.oracle`` builds its own: the profile is checked
+    against the traces there (costs for their drafter, a verify table deep enough), without any model.
+
+    Returns:
+        ``{max_depth: envs.replay.SpecDecodeReplayEnv}``.
+
+    Raises:
+        ValueError: the profile lacks the traces' drafter, its verify table is too small, or a ``max_depth`` exceeds
+            the traces'.
+    """
+    from envs.replay import SpecDecodeReplayEnv
+
+    envs = {}
+    for ctrl in controllers.values():
+        md = ctrl.depth_feature_scale or traces.max_depth
+        if md not in envs:
+            envs[md] = SpecDecodeReplayEnv(traces, profile, max_depth=md)
+    return envs
+
+
 def sim_vs_real(pair, traces, profile, controllers: dict, drafter=None, repeats: int = 1, seed: int = 0,
-                progress=None) -> dict:
+                progress=None, envs: dict | None = None) -> dict:
     """Predicted (replay) and measured (real loop) tokens/s of each controller on the traces' prompts.
 
     Args:
@@ -44,6 +66,7 @@ def sim_vs_real(pair, traces, profile, controllers: dict, drafter=None, repeats:
         drafter: a factory ``() -> Drafter`` for the real runs (default: ``make_drafter`` of the traces' drafter).
         repeats: real generations per prompt (the replay at T > 0 uses 20 per prompt).
         seed: the sampling seed of prompt i in repeat k is ``seed + 1000·k + i``.
+        envs: the replay environments of :func:`replay_envs` (built here when None).
 
     Returns:
         ``{"methods": {name: {"predicted_tokens_per_s", "measured_tokens_per_s", "error", "measured_wall_tokens_per_s",
@@ -53,7 +76,7 @@ def sim_vs_real(pair, traces, profile, controllers: dict, drafter=None, repeats:
     """
     import torch
 
-    from envs.replay import SpecDecodeReplayEnv, replay_controller
+    from envs.replay import replay_controller
     from learn2draft.decoding import SpeculativeDecoder
     from learn2draft.drafters import make_drafter
     from learn2draft.replay.outcome import tokens_per_second
@@ -67,11 +90,10 @@ def sim_vs_real(pair, traces, profile, controllers: dict, drafter=None, repeats:
         def drafter():
             return make_drafter(traces.drafter, pair, head=head)
 
-    envs, methods, decoders = {}, {}, {}
+    envs = replay_envs(traces, profile, controllers) if envs is None else envs
+    methods, decoders = {}, {}
     for name, ctrl in controllers.items():
         md = ctrl.depth_feature_scale or traces.max_depth
-        if md not in envs:
-            envs[md] = SpecDecodeReplayEnv(traces, profile, max_depth=md)
         env = envs[md]
         pred = replay_controller(env, ctrl, repeats=1 if env.deterministic else 20, seed=seed)
         methods[name] = {"predicted_tokens_per_s": pred["tokens_per_s"], "predicted_mean_depth": pred["mean_depth"],
@@ -179,12 +201,13 @@ def _run(args) -> int:
         controllers[Path(p).name or str(p)] = load_policy(export, profile=profile)
     if not controllers:
         raise ValueError("Nothing to measure: pass --policy and/or --gammas.")
+    envs = replay_envs(traces, profile, controllers)  # the profile checked against the traces before the models load
     set_threads(args)
     device = resolve_device(args.device)
     t0 = time.perf_counter()
     pair = load_models(args, traces.drafter, traces.header, device=device, progress=stderr_line)  # the traces' models
     rep = sim_vs_real(pair, traces, profile, controllers, repeats=args.repeats, seed=args.seed,
-                      progress=lambda m: print(m, file=sys.stderr))
+                      progress=lambda m: print(m, file=sys.stderr), envs=envs)
     rep["seconds"] = round(time.perf_counter() - t0, 1)
     print(format_table(rep))
     if args.json:
@@ -193,7 +216,7 @@ def _run(args) -> int:
     return 0
 
 
-__all__ = ["build_parser", "format_table", "main", "sim_vs_real"]
+__all__ = ["build_parser", "format_table", "main", "replay_envs", "sim_vs_real"]
 
 
 if __name__ == "__main__":

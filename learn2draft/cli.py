@@ -1,8 +1,8 @@
 """What every command line shares: a ``--help`` formatter that shows each default once, plain
 text from reST docstrings, one error line instead of a traceback for bad input, and the argument groups
 every command takes alike (models, sampling, drafter, tree shape, device/threads/dtype, profile, out),
-each flag defined once here with its name, default and help, with the functions that turn the parsed
-flags into a :class:`learn2draft.sampling.SamplingConfig`, a device and a loaded
+each flag defined once here with its name, default and help, the progress display (:func:`progress`: a bar on
+a terminal, plain lines in a log file), with the functions that turn the parsed flags into a :class:`learn2draft.sampling.SamplingConfig`, a device and a loaded
 :class:`learn2draft.models.ModelPair`. No torch import at module level, so ``--help`` answers at once. The W&B credentials check is
 training's: :func:`train.wandb_setup.check_wandb`.
 """
@@ -49,6 +49,47 @@ def run_cli(parser: argparse.ArgumentParser, run, argv: list[str] | None) -> int
     except KeyboardInterrupt:
         print(f"{parser.prog}: interrupted (Ctrl-C) before it finished; nothing more was written.", file=sys.stderr)
         return 130
+
+
+#: This project's top-level packages (``python -m train`` needs all of them; ``python -m eval`` all but train).
+PROJECT_PACKAGES = ("learn2draft", "envs", "policies", "eval", "train")
+
+
+def shadowing_files(packages: tuple[str, ...] = PROJECT_PACKAGES) -> list[str]:
+    """The files or folders that Python would import instead of this project's ``packages``: ``python -m``
+    puts the current folder first on ``sys.path``, so a user's own ``eval.py`` there is imported as ``eval``. A
+    package counts as this project's when it sits beside this ``learn2draft`` package. Imports nothing.
+
+    Returns:
+        the shadowing paths, one per shadowed package ([] when none).
+    """
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    found = []
+    for name in packages:
+        spec = importlib.util.find_spec(name)
+        where = spec.origin if spec is not None and spec.origin else (
+            next(iter(spec.submodule_search_locations or []), None) if spec is not None else None)
+        if where is None:
+            continue
+        path = Path(where).resolve()
+        if path != root / name / "__init__.py":
+            found.append(str(path.parent if path.name == "__init__.py" else path))
+    return found
+
+
+def exit_if_shadowed(module: str, script: str, packages: tuple[str, ...] = PROJECT_PACKAGES) -> None:
+    """Stop ``python -m <module>`` with one ``error:`` line (exit status 2) when a file or folder of the current
+    folder shadows one of ``packages`` (:func:`shadowing_files`), naming it and the console ``script``
+    (e.g. ``learn2draft-train``), which imports the installed packages whatever the current folder holds."""
+    found = shadowing_files(packages)
+    if found:
+        print(f"error: {', '.join(found)} shadows this project's package of the same name (python -m {module} "
+              f"imports from the current folder first): run `{script}` instead (the same command and flags), or run "
+              f"from another folder.", file=sys.stderr)
+        raise SystemExit(2)
 
 
 # --------------------------------------------------------------------------- shared argument groups
@@ -252,12 +293,111 @@ def resolved_dtype(args: argparse.Namespace) -> str:
     return resolve_dtype(getattr(args, "dtype", "auto"), resolve_device(getattr(args, "device", None), check=False))
 
 
+# --------------------------------------------------------------------------- progress
+#: Off a terminal, at most one progress line every this many seconds (the first and the last are always printed).
+PROGRESS_INTERVAL_SECONDS = 10.0
+
+
+class LineProgress:
+    """Progress for a stream that is not a terminal (a log file, a pipe): plain lines such as
+    ``eval: 12/40 runs (30%), 95 s, method fixed γ=4, prompt 3``, never tqdm's carriage-return frames. The first
+    update, the last one (``total`` reached, or :meth:`close`) and at most one every ``min_interval`` seconds in
+    between are printed. The part of tqdm's interface the commands use: iteration, :meth:`update`,
+    :meth:`set_postfix`, :meth:`close`, ``with``.
+
+    Args:
+        iterable: iterated by ``for x in bar`` (``total`` defaults to its ``len``).
+        total: the count at completion (None: unknown); ``initial``: the count so far (a resumed run).
+        desc, unit: the line's label and counted unit; ``stream``: where lines go (default standard error).
+        min_interval: seconds between lines (default :data:`PROGRESS_INTERVAL_SECONDS`).
+    """
+
+    def __init__(self, iterable=None, total: int | None = None, desc: str = "", unit: str = "it", initial: int = 0,
+                 stream=None, min_interval: float | None = None):
+        import time
+
+        self.iterable = iterable
+        if total is None and iterable is not None and hasattr(iterable, "__len__"):
+            total = len(iterable)
+        self.total, self.desc, self.unit, self.n = total, desc, unit, int(initial)
+        self.stream = stream if stream is not None else sys.stderr
+        self.min_interval = PROGRESS_INTERVAL_SECONDS if min_interval is None else float(min_interval)
+        self._clock = time.monotonic
+        self._start = self._clock()
+        self._last: float | None = None  # when the last line was printed
+        self._printed_at: int | None = None  # the count it showed
+        self.postfix = ""
+
+    def __iter__(self):
+        for x in self.iterable:
+            yield x
+            self.update(1)
+        self.close()
+
+    def __enter__(self) -> LineProgress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def set_postfix(self, **values) -> None:
+        """What the next line ends with (``key=value, …``)."""
+        self.postfix = ", ".join(f"{k}={v}" for k, v in values.items())
+
+    def set_postfix_str(self, text: str) -> None:
+        """What the next line ends with, as given."""
+        self.postfix = str(text)
+
+    def update(self, n: int = 1) -> None:
+        """Count ``n`` more; print a line if it is the first, the last, or ``min_interval`` seconds after the previous."""
+        self.n += n
+        now = self._clock()
+        if self._last is None or now - self._last >= self.min_interval or (self.total is not None and self.n >= self.total):
+            self._print(now)
+
+    def close(self) -> None:
+        """Print the final count unless the last line showed it."""
+        if self._printed_at != self.n and self._last is not None:
+            self._print(self._clock())
+
+    def _print(self, now: float) -> None:
+        count = f"{self.n}/{self.total}" if self.total else f"{self.n}"
+        pct = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
+        tail = f", {self.postfix}" if self.postfix else ""
+        print(f"{self.desc}: {count} {self.unit}{pct}, {now - self._start:.0f} s{tail}", file=self.stream, flush=True)
+        self._last, self._printed_at = now, self.n
+
+
+def is_terminal(stream) -> bool:
+    """Whether ``stream`` is a terminal (False for a file, a pipe, a closed or a missing stream)."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def progress(iterable=None, *, total: int | None = None, desc: str = "", unit: str = "it", initial: int = 0,
+             enabled: bool = True, stream=None, min_interval: float | None = None, leave: bool = False):
+    """The progress display every command uses: tqdm's bar when ``stream`` (default standard error) is a terminal, a
+    :class:`LineProgress` of plain lines otherwise (a log file gets lines, not carriage-return frames), nothing when
+    not ``enabled``. Arguments as :class:`LineProgress`'s; ``leave``: keep tqdm's bar when it ends."""
+    stream = stream if stream is not None else sys.stderr
+    if enabled and not is_terminal(stream):
+        return LineProgress(iterable, total=total, desc=desc, unit=unit, initial=initial, stream=stream,
+                            min_interval=min_interval)
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, total=total, desc=desc, unit=unit, initial=initial, file=stream, leave=leave,
+                disable=not enabled)
+
+
 def stderr_line(text: str) -> None:
     """Print one progress line on standard error (standard output carries the results)."""
     print(text, file=sys.stderr, flush=True)
 
 
-__all__ = ["SAMPLING_DEFAULTS", "HelpFormatter", "add_device_args", "add_drafter_arg",
+__all__ = ["PROGRESS_INTERVAL_SECONDS", "PROJECT_PACKAGES", "SAMPLING_DEFAULTS", "HelpFormatter", "LineProgress",
+           "is_terminal", "progress", "exit_if_shadowed", "shadowing_files", "add_device_args", "add_drafter_arg",
            "add_model_args", "add_out_arg", "add_profile_arg", "add_sampling_args", "add_tree_shape_args",
            "load_models", "model_names", "plain_doc", "resolve_device", "resolved_dtype", "run_cli", "sampling_config",
            "set_threads", "stderr_line", "threads_of"]

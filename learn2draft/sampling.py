@@ -30,7 +30,6 @@ from transformers import (
     MinPLogitsWarper,
     RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
-    TopKLogitsWarper,
     TopPLogitsWarper,
 )
 
@@ -55,13 +54,35 @@ class PresencePenaltyLogitsProcessor(LogitsProcessor):
         return scores - self.penalty * mask.to(scores.dtype)
 
 
+class TopKLogitsProcessor(LogitsProcessor):
+    """Keep exactly the ``k`` highest logits of each row, ties broken by the lowest token id (``-inf`` elsewhere).
+
+    transformers' ``TopKLogitsWarper`` keeps every token tied with the k-th, so ``top_k = 1`` over tied logits
+    was not argmax (the seed chose among the tied tokens); here ``top_k = 1`` is argmax with
+    ``torch.argmax``'s tie-break. Deterministic, so p and q processed by it keep the same tokens.
+
+    Args (call): input_ids int64 (B, L) (unused); scores float (B, V). Returns scores (B, V).
+    """
+
+    def __init__(self, k: int):
+        self.k = int(k)
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        k = min(self.k, scores.shape[-1])
+        # A stable descending sort keeps tied tokens in id order: the first k are the k best, lowest ids first.
+        order = torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :k]
+        keep = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, order, True)
+        return scores.masked_fill(~keep, -math.inf)
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """User sampling settings, applied identically to target (p) and draft (q) logits.
 
     Attributes:
         temperature: 0 means greedy; otherwise logits are divided by it (> 0).
-        top_k: keep the k most likely tokens (0 = off).
+        top_k: keep the k most likely tokens (0 = off); ties are broken by the lowest token id
+            (:class:`TopKLogitsProcessor`), so ``top_k = 1`` is argmax.
         top_p: nucleus sampling mass (1.0 = off), in (0, 1].
         min_p: drop tokens below ``min_p * max prob`` (0 = off), in [0, 1).
         repetition_penalty: CTRL-style penalty (Keskar et al. 2019) on tokens in the prefix (1.0 = off).
@@ -121,7 +142,8 @@ class SamplingConfig:
 
     def processors(self) -> LogitsProcessorList:
         """The transformers logits processors for these settings, in generate()'s order
-        (penalties, then temperature, top-k, top-p, min-p)."""
+        (penalties, then temperature, top-k, top-p, min-p); top-k is :class:`TopKLogitsProcessor` (exactly k
+        tokens, ties to the lowest id)."""
         procs = LogitsProcessorList()
         if self.repetition_penalty != 1.0:
             procs.append(RepetitionPenaltyLogitsProcessor(self.repetition_penalty))
@@ -131,7 +153,7 @@ class SamplingConfig:
             if self.temperature != 1.0:
                 procs.append(TemperatureLogitsWarper(self.temperature))
             if self.top_k:
-                procs.append(TopKLogitsWarper(self.top_k))
+                procs.append(TopKLogitsProcessor(self.top_k))
             if self.top_p < 1.0:
                 procs.append(TopPLogitsWarper(self.top_p))
             if self.min_p > 0:

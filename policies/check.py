@@ -9,9 +9,11 @@ Any engine integration can run the same check on its own runtime: ``parity.json`
 
 Standard output holds the JSON report only; PASS / FAIL goes to standard error. Checked: the four
 files exist and parse; ``feature_spec.json``, ``parity.json`` and the ONNX
-graph's input agree on the features; onnxruntime's actions and logits match the vectors. Exit
+graph's input agree on the features; ``policy_config.json``'s ``max_depth`` is an integer ≥ 1 equal to
+``feature_spec.json``'s and its drafter is known; onnxruntime's actions and logits match the vectors. Exit
 status 0 when everything passes, 1 when a check fails, 2 on bad input (no such directory, a
-missing file). This module imports neither torch nor learn2draft's engine.
+missing file, a JSON file that does not parse). This module imports neither torch nor learn2draft's engine
+(only its names, :mod:`learn2draft.names`).
 
 Example::
 
@@ -29,7 +31,15 @@ from pathlib import Path
 import numpy as np
 
 from policies.layout import EXPORT_FILES as FILES
-from policies.layout import FEATURE_SPEC_FILE, ONNX_FILE, PARITY_FILE, POLICY_CONFIG_FILE, resolve_export_dir
+from policies.layout import (
+    FEATURE_SPEC_FILE,
+    ONNX_FILE,
+    PARITY_FILE,
+    POLICY_CONFIG_FILE,
+    config_problems,
+    read_json,
+    resolve_export_dir,
+)
 
 
 def check_export(directory: str | Path) -> dict:
@@ -41,13 +51,13 @@ def check_export(directory: str | Path) -> dict:
 
     Raises:
         FileNotFoundError: the directory or one of :data:`FILES` is missing.
-        ValueError: a file does not parse, or ``parity.json`` has an unknown format.
+        ValueError: a file does not parse (the message names it), or ``parity.json`` has an unknown format.
     """
     import onnxruntime as ort
 
     d, spec, cfg, parity = _read_export(directory)
-    names = [f["name"] for f in spec.get("features", [])]
-    problems = _feature_problems(spec, parity, names)
+    names = [f.get("name") if isinstance(f, dict) else f for f in spec.get("features", [])]
+    problems = config_problems(d, cfg, spec) + _feature_problems(spec, parity, names)
     sess, inp = _open_graph(ort, d, cfg, names, problems)
     obs, exp_actions, exp_logits = _parity_vectors(d, parity, problems)
     tol = parity.get("tolerance", {})
@@ -78,12 +88,7 @@ def _read_export(directory: str | Path) -> tuple:
                     "`python -m policies.export RUN_DIR`)"
                     if name == PARITY_FILE else "")
             raise FileNotFoundError(f"{d / name} is missing{hint}.")
-    try:
-        spec = json.loads((d / FEATURE_SPEC_FILE).read_text())
-        cfg = json.loads((d / POLICY_CONFIG_FILE).read_text())
-        parity = json.loads((d / PARITY_FILE).read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{d}: a JSON file does not parse ({e}).") from None
+    spec, cfg, parity = (read_json(d / name) for name in (FEATURE_SPEC_FILE, POLICY_CONFIG_FILE, PARITY_FILE))
     if not str(parity.get("format", "")).startswith("learn2draft-parity/"):
         raise ValueError(f"{d / 'parity.json'}: unknown format {parity.get('format')!r}.")
     return d, spec, cfg, parity

@@ -47,7 +47,15 @@ from learn2draft.features import (
     size_feature_spec,
 )
 from policies.controllers import OnnxController
-from policies.layout import CHECK_FILE, DEPTH_DIR, FEATURE_SPEC_FILE, ONNX_FILE, PARITY_FILE, POLICY_CONFIG_FILE
+from policies.layout import (
+    CHECK_FILE,
+    DEPTH_DIR,
+    FEATURE_SPEC_FILE,
+    ONNX_FILE,
+    PARITY_FILE,
+    POLICY_CONFIG_FILE,
+    read_json,
+)
 from policies.load import run_settings
 
 PARITY_FORMAT = "learn2draft-parity/1"
@@ -234,6 +242,7 @@ def export_policy(
     n_random: int = 2048,
     seed: int = 0,
     verify_sizes: tuple[int, ...] | None = None,
+    vocab_size: int | None = None,
 ) -> ExportResult:
     """Export ``model`` to ``out_dir`` (``policy.onnx``, ``feature_spec.json``, ``policy_config.json``,
     ``export_check.json``, ``parity.json``) and check it.
@@ -250,6 +259,8 @@ def export_policy(
             last rollout buffer); ``n_random`` uniform [0, 1] observations drawn with ``seed`` are added.
         verify_sizes: for a size policy (observation width ``len(SIZE_FEATURE_NAMES)``), the V of each
             action (required there; listed in ``policy_config.json`` as ``verify_sizes`` and ``actions``).
+        vocab_size: the target's vocabulary size V the policy was trained with, recorded in ``feature_spec.json``
+            (``last_entropy`` is divided by ln V); None records none.
 
     Returns:
         :class:`ExportResult`.
@@ -273,6 +284,8 @@ def export_policy(
              else (*FEATURE_NAMES, *PROFILE_FEATURE_NAMES) if conditioned else FEATURE_NAMES)
     spec = (engine_feature_spec(max_depth) if engine else size_feature_spec(max_depth) if size
             else profile_feature_spec(max_depth) if conditioned else feature_spec(max_depth))
+    if vocab_size is not None:
+        spec["vocab_size"] = int(vocab_size)
     (out / FEATURE_SPEC_FILE).write_text(json.dumps(spec, indent=2))
     actions = ({str(i): f"verify V = {int(v)} tree nodes (capped at the nodes drafted)" for i, v in enumerate(verify_sizes)}
                if size else {"0": "STOP (verify now)", "1": "CONTINUE (draft one more token)"})
@@ -327,8 +340,10 @@ def reexport_run(run_dir: str | Path) -> ExportResult:
     max_depth = int(config.get("max_depth") or run_settings(run)["max_depth"])
     for key in ("format", "features", "max_depth", "actions", "onnx"):  # written by export_policy itself
         config.pop(key, None)
+    old_spec = run / DEPTH_DIR / FEATURE_SPEC_FILE
+    vocab_size = (read_json(old_spec) if old_spec.is_file() else {}).get("vocab_size") or run_settings(run).get("vocab_size")
     model = PPO.load(str(run / "model.zip"), device="cpu")
-    return export_policy(model, run / DEPTH_DIR, max_depth, config=config)
+    return export_policy(model, run / DEPTH_DIR, max_depth, config=config, vocab_size=vocab_size)
 
 
 def main(argv: list[str] | None = None) -> int:

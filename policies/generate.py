@@ -54,7 +54,8 @@ class TextStream:
     multi-byte characters come out as in a final ``decode``); text is released only up to a point
     that later tokens cannot change: a trailing U+FFFD (an incomplete UTF-8 sequence of byte-level
     BPE) is held back until the character is whole, and so is any tail that could be the start of
-    a stop string.
+    a stop string. A generation that ends inside a character (``--max-new-tokens`` cut its bytes) ends with
+    the whole characters only: :meth:`end` drops the incomplete one and sets :attr:`cut_character`.
 
     Args:
         tokenizer: a Hugging Face tokenizer (``decode``).
@@ -69,6 +70,7 @@ class TextStream:
         self.ids: list[int] = []
         self.text = ""  # released so far
         self.stopped = False  # a stop string was found
+        self.cut_character = False  # the generation ended inside a multi-byte character (not printed)
 
     def put(self, tokens: list[int]) -> str:
         """Add committed token ids; return the newly releasable text ("" if none)."""
@@ -90,11 +92,14 @@ class TextStream:
         return self._release(full[:safe])
 
     def end(self) -> str:
-        """The rest of the text at the end of the generation (held-back characters included)."""
+        """The rest of the text at the end of the generation: held-back characters included, an incomplete
+        last character (U+FFFD: its remaining bytes were never generated) dropped, which sets :attr:`cut_character`."""
         if self.stopped:
             return ""
         full = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip)
-        return self._release(full)
+        whole = full.rstrip("\ufffd")
+        self.cut_character = len(whole) < len(full)
+        return self._release(whole)
 
     def _stop_at(self, full: str) -> int | None:
         # Only a stop string that ends in unreleased text can be new; search from a little before it.
@@ -225,6 +230,9 @@ def _run(args) -> int:
     result, status = _stream(decoder, ids, controller, on_tokens, stream, defer_text, stdout, stderr)
     if status is not None:
         return status
+    if stream.cut_character:
+        print(f"note: the output was cut inside a character at --max-new-tokens {args.max_new_tokens} (its last "
+              "bytes were not generated); it ends with the last whole character.", file=stderr, flush=True)
     if args.metrics:
         _print_metrics(args, result, stream, pair, controller, target, stderr)
     return 0

@@ -1,6 +1,8 @@
 """The layout of a policy folder: file and sub-folder names, where a training run keeps its export, and
-where the shipped policies live. Standard library only (:mod:`policies.check` reads it without torch or
-the engine); :mod:`policies.export` writes these files, :mod:`policies.load` reads them.
+where the shipped policies live, and reading and checking an export's JSON files (:func:`read_json`,
+:func:`export_drafter`, :func:`config_problems`). Standard library and :mod:`learn2draft.names` only
+(:mod:`policies.check` reads it without torch or the engine); :mod:`policies.export` writes these files,
+:mod:`policies.load` reads them.
 
 A chain policy export (``python -m train --out RUN`` writes it to ``RUN/policy/``) holds
 
@@ -18,7 +20,10 @@ in ``size_policy/`` (:data:`SIZE_DIR`).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+
+from learn2draft.names import DRAFTERS
 
 ONNX_FILE = "policy.onnx"
 FEATURE_SPEC_FILE = "feature_spec.json"
@@ -85,6 +90,68 @@ def default_policy_dir(drafter: str = "model", dtype: str | None = None) -> Path
     return d
 
 
+def read_json(path: str | Path) -> dict:
+    """The JSON object in ``path`` (a policy folder's ``feature_spec.json``, ``policy_config.json``, ``tree.json``, …).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: the file does not parse (truncated or damaged) or holds no JSON object; the message names it.
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}: a truncated or damaged "
+                         "file?); re-export the policy (python -m policies.export RUN_DIR) or restore the file.") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text (a damaged file?); re-export the policy or restore the file.") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__} (a damaged file?).")
+    return data
+
+
+def export_drafter(cfg: dict, path: str | Path) -> str:
+    """The drafter an export's ``policy_config.json`` (``cfg``, read from ``path``) names: one of
+    :data:`learn2draft.names.DRAFTERS`; ``"model"`` for an export (a ``format`` entry) written before drafters
+    were recorded.
+
+    Raises:
+        ValueError: an unknown drafter name, or a config that is no export's (no ``format``, no ``drafter``).
+    """
+    if "drafter" not in cfg:
+        if "format" not in cfg:
+            raise ValueError(f"{path} names no drafter and is no policy export's config (no 'format' entry): "
+                             "re-export the run (python -m policies.export RUN_DIR) or restore the file.")
+        return "model"  # exports written before drafters were recorded all drafted with the draft model
+    drafter = cfg["drafter"]
+    if drafter not in DRAFTERS:
+        raise ValueError(f"{path}: unknown drafter {drafter!r} (one of {', '.join(DRAFTERS)}): a damaged file, or one "
+                         "written by another learn2draft version.")
+    return str(drafter)
+
+
+def config_problems(directory: str | Path, cfg: dict, spec: dict) -> list[str]:
+    """What is wrong with an export's ``policy_config.json`` (``cfg``) beside its ``feature_spec.json`` (``spec``):
+    ``max_depth`` must be an integer ≥ 1 and, where the spec records one, the spec's (the depth features' scale);
+    the drafter must be known (:func:`export_drafter`). Returns one message per problem ([] when none)."""
+    d = Path(directory)
+    conf, where = d / POLICY_CONFIG_FILE, d / FEATURE_SPEC_FILE
+    problems = []
+    depth = cfg.get("max_depth")
+    if isinstance(depth, bool) or not isinstance(depth, int):
+        problems.append(f"{conf}: max_depth must be an integer ≥ 1 (the most draft steps per cycle), got {depth!r}")
+    elif depth < 1:
+        problems.append(f"{conf}: max_depth must be ≥ 1 (the most draft steps per cycle), got {depth}")
+    elif "max_depth" in spec and spec["max_depth"] != depth:
+        problems.append(f"{conf}: max_depth {depth} differs from the {spec['max_depth']!r} of {where} (the scale the "
+                        "policy's depth features were built on): the folder mixes two exports; re-export the run")
+    try:
+        export_drafter(cfg, conf)
+    except ValueError as e:
+        problems.append(str(e).rstrip("."))
+    return problems
+
+
 def default_tree_policy_dir(drafter: str = "head") -> Path:
     """The shipped tree policies for ``drafter`` on the embedded default pair (``policies/defaults/<drafter>-tree``).
 
@@ -103,4 +170,5 @@ def default_tree_policy_dir(drafter: str = "head") -> Path:
 
 __all__ = ["CHECK_FILE", "DEFAULT_POLICIES_DIR", "DEFAULT_TREE_SUFFIX", "DEPTH_DIR", "EXPORT_FILES", "FEATURE_SPEC_FILE",
            "ONNX_FILE", "PARITY_FILE", "POLICY_CONFIG_FILE", "RUN_CONFIG_FILE", "SIZE_DIR", "TREE_FILE", "TREE_FORMAT",
-           "default_policy_dir", "default_tree_policy_dir", "resolve_export_dir", "tree_root"]
+           "config_problems", "default_policy_dir", "default_tree_policy_dir", "export_drafter", "read_json",
+           "resolve_export_dir", "tree_root"]

@@ -10,7 +10,6 @@ was trained with. Needs onnxruntime and the engine only (no torch graph, no stab
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from learn2draft.features import (
@@ -31,6 +30,9 @@ from policies.layout import (
     RUN_CONFIG_FILE,
     SIZE_DIR,
     TREE_FILE,
+    config_problems,
+    export_drafter,
+    read_json,
     resolve_export_dir,
     tree_root,
 )
@@ -53,7 +55,8 @@ def load_policy(directory: str | Path, intra_op_num_threads: int = 1, profile=No
 
     Raises:
         FileNotFoundError: the directory or one of its files is missing; ``profile`` names no file.
-        ValueError: the feature specification differs from this learn2draft version's, the directory
+        ValueError: a JSON file does not parse (the message names it), ``max_depth`` is not an integer ≥ 1 equal to
+            the feature specification's, an unknown drafter (:func:`policies.layout.config_problems`), the feature specification differs from this learn2draft version's, the directory
             holds draft-tree policies (``tree.json``), or a profile-conditioned policy is loaded without
             ``profile`` (or with one lacking its drafter's costs).
     """
@@ -65,9 +68,9 @@ def load_policy(directory: str | Path, intra_op_num_threads: int = 1, profile=No
     for name in (ONNX_FILE, FEATURE_SPEC_FILE, POLICY_CONFIG_FILE):
         if not (d / name).is_file():
             raise FileNotFoundError(f"{d / name} is missing: is {d} a policy export directory (see policies.export)?")
-    cfg = json.loads((d / POLICY_CONFIG_FILE).read_text())
-    spec = json.loads((d / FEATURE_SPEC_FILE).read_text())
-    names = [f["name"] for f in spec.get("features", [])]
+    cfg = read_json(d / POLICY_CONFIG_FILE)
+    spec = read_json(d / FEATURE_SPEC_FILE)
+    names = [f.get("name") if isinstance(f, dict) else f for f in spec.get("features", [])]
     if names == list(SIZE_FEATURE_NAMES):
         raise ValueError(f"{d} is a draft tree's verification-size policy: load it with "
                          "policies.load.load_tree_policy (its training run or the folder above it).")
@@ -83,6 +86,9 @@ def load_policy(directory: str | Path, intra_op_num_threads: int = 1, profile=No
             f"{d / FEATURE_SPEC_FILE} describes feature version {spec.get('version')} {names}, but this learn2draft "
             f"builds version {FEATURE_VERSION} {expected}: re-export the policy or use a matching version."
         )
+    problems = config_problems(d, cfg, spec)
+    if problems:
+        raise ValueError("; ".join(problems) + ".")
     extra = prof = None
     if profile is not None:  # loaded (and so checked) even for a policy that does not read it
         from learn2draft.replay.latency import LatencyProfile, load_profile
@@ -95,8 +101,8 @@ def load_policy(directory: str | Path, intra_op_num_threads: int = 1, profile=No
                              "eval.benchmark, eval.oracle, eval.simreal), load_policy(dir, profile=P) in Python; P is a "
                              "shipped name (cpu-2core, gpu-like) or this machine's, measured with "
                              "`python -m eval.profile --out FILE`.")
-        extra = profile_features(prof, str(cfg.get("drafter", "model")))
-    ctrl = OnnxController(d / ONNX_FILE, max_depth=int(cfg["max_depth"]), intra_op_num_threads=intra_op_num_threads,
+        extra = profile_features(prof, export_drafter(cfg, d / POLICY_CONFIG_FILE))
+    ctrl = OnnxController(d / ONNX_FILE, max_depth=cfg["max_depth"], intra_op_num_threads=intra_op_num_threads,
                           profile_features=extra)
     ctrl.profile_name = prof.name if conditioned else None
     ctrl.trained_dtype = (cfg.get("training") or {}).get("dtype") or cfg.get("dtype")  # the precision it learned
@@ -123,7 +129,7 @@ def load_tree_policy(run_or_dir: str | Path, intra_op_num_threads: int = 1) -> T
             from ``tree.json``'s.
     """
     root = tree_root(run_or_dir)
-    cfg = json.loads((root / TREE_FILE).read_text())
+    cfg = read_json(root / TREE_FILE)
     trained = list(cfg.get("policies", []))
     depth_policy = size_policy = None
     if "depth" in trained:
@@ -134,13 +140,13 @@ def load_tree_policy(run_or_dir: str | Path, intra_op_num_threads: int = 1) -> T
         for name in (ONNX_FILE, FEATURE_SPEC_FILE, POLICY_CONFIG_FILE):
             if not (d / name).is_file():
                 raise FileNotFoundError(f"{d / name} is missing: the size policy's export is incomplete.")
-        spec = json.loads((d / FEATURE_SPEC_FILE).read_text())
+        spec = read_json(d / FEATURE_SPEC_FILE)
         names = [f["name"] for f in spec.get("features", [])]
         if spec.get("version") != SIZE_FEATURE_VERSION or names != list(SIZE_FEATURE_NAMES):
             raise ValueError(f"{d / FEATURE_SPEC_FILE} describes size features version {spec.get('version')} {names}, "
                              f"but this learn2draft builds version {SIZE_FEATURE_VERSION} {list(SIZE_FEATURE_NAMES)}: "
                              "re-export the size policy or use a matching version.")
-        pcfg = json.loads((d / POLICY_CONFIG_FILE).read_text())
+        pcfg = read_json(d / POLICY_CONFIG_FILE)
         if tuple(pcfg.get("verify_sizes", ())) != sizes:
             raise ValueError(f"{d / POLICY_CONFIG_FILE} lists verify_sizes {pcfg.get('verify_sizes')}, "
                              f"{root / TREE_FILE} {list(sizes)}: the folder mixes two runs.")
@@ -160,7 +166,7 @@ def tree_settings(run_or_dir: str | Path) -> dict:
     Raises:
         FileNotFoundError: no ``tree.json`` in ``run_or_dir`` or its parent.
     """
-    return json.loads((tree_root(run_or_dir) / TREE_FILE).read_text())
+    return read_json(tree_root(run_or_dir) / TREE_FILE)
 
 
 def run_settings(directory: str | Path) -> dict:
@@ -174,21 +180,24 @@ def run_settings(directory: str | Path) -> dict:
     d = Path(directory)
     for f in (d / RUN_CONFIG_FILE, resolve_export_dir(d) / POLICY_CONFIG_FILE):
         if f.is_file():
-            return json.loads(f.read_text())
+            return read_json(f)
     raise FileNotFoundError(f"No config.json or {POLICY_CONFIG_FILE} in {d}: is it a training run or a policy export?")
 
 
 def policy_drafter(directory: str | Path) -> str:
     """The drafter a policy export (or training run) was trained with; ``"model"`` for exports
-    that predate drafters."""
-    cfg = json.loads((resolve_export_dir(directory) / POLICY_CONFIG_FILE).read_text())
-    return str(cfg.get("drafter", "model"))
+    that predate drafters (:func:`policies.layout.export_drafter`).
+
+    Raises:
+        ValueError: the config does not parse, names an unknown drafter, or is no export's (e.g. ``{}``).
+    """
+    path = resolve_export_dir(directory) / POLICY_CONFIG_FILE
+    return export_drafter(read_json(path), path)
 
 
 def policy_head(directory: str | Path) -> str | None:
     """The head directory a policy trained with the head drafter recorded (None: the shipped head)."""
-    cfg = json.loads((resolve_export_dir(directory) / POLICY_CONFIG_FILE).read_text())
-    return cfg.get("head")
+    return read_json(resolve_export_dir(directory) / POLICY_CONFIG_FILE).get("head")
 
 
 __all__ = ["load_policy", "load_tree_policy", "policy_drafter", "policy_head", "run_settings", "tree_settings"]

@@ -193,3 +193,49 @@ def test_console_scripts_name_an_existing_entry_point():
         mod = importlib.import_module(module)
         assert Path(mod.__file__).resolve().is_relative_to(REPO), f"{name} = {target!r}: {mod.__file__} is not in {REPO}"
         assert callable(getattr(mod, func, None)), f"{name} = {target!r}"
+
+
+@pytest.mark.parametrize("command, script, shadow", [("train", "learn2draft-train", "eval"),
+                                                     ("eval", "learn2draft-eval", "policies")])
+def test_a_users_file_shadowing_a_package_is_one_clear_error(tmp_path, command, script, shadow):
+    """``python -m train`` puts the current folder first on sys.path: a user's own eval.py there (or policies.py for
+    ``python -m eval``) would be imported instead of this project's package. The command says so and names the
+    console script, which is not shadowed."""
+    import os
+
+    (tmp_path / f"{shadow}.py").write_text("print('THE USER CODE RAN')\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    r = subprocess.run([sys.executable, "-m", command, "--help"], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and "THE USER CODE RAN" not in r.stdout + r.stderr, r.stdout[-500:] + r.stderr[-2000:]
+    err = r.stderr.strip()
+    assert err.startswith("error:") and len(err.splitlines()) == 1 and script in err and f"{shadow}.py" in err, err
+
+
+def test_progress_off_a_terminal_is_plain_lines_and_a_bar_on_one():
+    import io
+
+    from learn2draft.cli import LineProgress, progress
+
+    log = io.StringIO()
+    with progress(total=3, desc="train", unit="timesteps", stream=log, min_interval=0.0) as bar:
+        assert isinstance(bar, LineProgress)
+        for _ in range(3):
+            bar.update(1)
+            bar.set_postfix(reward=1.5)
+    lines = log.getvalue().splitlines()
+    assert "\r" not in log.getvalue() and len(lines) == 3 and lines[0].startswith("train: 1/3 timesteps (33%)")
+    assert lines[-1].startswith("train: 3/3 timesteps (100%)") and "reward=1.5" in lines[-1]
+    quiet = io.StringIO()
+    bar = progress(range(100), desc="x", stream=quiet, min_interval=3600.0)
+    assert list(bar) == list(range(100))  # the first and the last line only, within the interval
+    assert [line.split(" ")[1] for line in quiet.getvalue().splitlines()] == ["1/100", "100/100"]
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    assert not isinstance(progress(total=2, desc="y", stream=Tty()), LineProgress)  # tqdm's bar on a terminal
+    silent = io.StringIO()
+    list(progress(range(3), desc="z", stream=silent, enabled=False))
+    assert silent.getvalue() == ""

@@ -305,3 +305,17 @@ def test_a_tree_policys_decoder_uses_its_depth_feature_scale(tiny_pair):
     assert m.decoder.max_depth == 6
     rec = m.run(torch.tensor([1, 5, 9]), 0)
     assert 0 < rec.drafted <= 2 * rec.cycles  # the controller still stops at its own depth (2)
+
+
+def test_a_log_file_gets_a_plain_progress_line_per_method_and_prompt(capsys, monkeypatch):
+    """Off a terminal (a log file) the measurement loop prints plain progress lines, without tqdm's
+    carriage-return frames; `make demo > log` used to show nothing for the whole eval."""
+    monkeypatch.setattr("learn2draft.cli.PROGRESS_INTERVAL_SECONDS", 0.0)
+    log = []
+    run_interleaved([_Recorder(n, log) for n in "ab"], [torch.tensor([1]), torch.tensor([2])], repeats=1,
+                    desc="comparison")
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("comparison")]
+    assert "\r" not in err and len(lines) == 4, err
+    assert lines[0].startswith("comparison: 1/4") and "method a" in lines[0] and "prompt 1" in lines[0]
+    assert lines[-1].startswith("comparison: 4/4")

@@ -182,3 +182,16 @@ def test_on_tokens_can_stop_a_generation_early(tiny_pair):
 
     res = dec.generate(torch.tensor([5, 6, 7]), FixedDepthController(2), on_tokens=on_tokens)
     assert res.tokens == seen and 3 <= len(seen) <= 5
+
+
+def test_stream_cut_inside_a_character_prints_whole_characters_and_says_so(tok):
+    """--max-new-tokens may end the generation inside a multi-byte character (an emoji ZWJ sequence, Japanese):
+    the stream ends with the whole characters only (no U+FFFD) and records that it was cut."""
+    text = "ok 👩‍💻 日本語"
+    ids = tok(text, add_special_tokens=False).input_ids
+    cut = next(n for n in range(len(ids), 0, -1) if tok.decode(ids[:n]).endswith("\ufffd"))
+    s, chunks = _stream_one_by_one(tok, ids[:cut])
+    out = "".join(chunks)
+    assert "\ufffd" not in out and text.startswith(out) and s.cut_character
+    s, chunks = _stream_one_by_one(tok, ids)
+    assert "".join(chunks) == text and not s.cut_character

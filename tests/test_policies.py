@@ -384,3 +384,52 @@ def test_chain_tools_refuse_a_tree_policy_directory_clearly():
 
     with pytest.raises(ValueError, match="load_tree_policy"):
         load_policy(DEFAULT_POLICIES_DIR / "head-tree")
+
+
+def _damaged_copy(export_dir, tmp_path, name, edit):
+    import shutil
+
+    d = tmp_path / f"damaged-{len(list(tmp_path.iterdir()))}"
+    shutil.copytree(export_dir, d)
+    edit(d / name)
+    return d
+
+
+@pytest.mark.parametrize("name", ["feature_spec.json", "policy_config.json"])
+def test_a_truncated_json_file_is_one_error_naming_it(export_dir, tmp_path, name):
+    from policies.check import check_export
+
+    d = _damaged_copy(export_dir, tmp_path, name, lambda f: f.write_text(f.read_text()[:40]))
+    for load in (load_policy, check_export):
+        with pytest.raises(ValueError, match=rf"{name}: not valid JSON"):
+            load(d)
+
+
+@pytest.mark.parametrize("value, match", [("eight", "integer"), (0, "≥ 1"), (4, "feature_spec.json")])
+def test_a_bad_max_depth_fails_the_check_and_the_loading(export_dir, tmp_path, value, match):
+    from policies.check import check_export
+
+    def edit(f):
+        cfg = json.loads(f.read_text())
+        f.write_text(json.dumps({**cfg, "max_depth": value}))
+
+    d = _damaged_copy(export_dir, tmp_path, "policy_config.json", edit)
+    rep = check_export(d)
+    assert not rep["passed"] and any("max_depth" in p and match in p for p in rep["problems"]), rep["problems"]
+    with pytest.raises(ValueError, match=f"max_depth.*{match}"):
+        load_policy(d)
+
+
+def test_an_empty_or_bogus_drafter_config_is_refused_not_read_as_model(export_dir, tmp_path):
+    from policies.load import policy_drafter
+
+    d = _damaged_copy(export_dir, tmp_path, "policy_config.json", lambda f: f.write_text("{}"))
+    with pytest.raises(ValueError, match="policy_config.json"):
+        policy_drafter(d)
+    def bogus(f):
+        f.write_text(json.dumps({**json.loads(f.read_text()), "drafter": "bogus"}))
+
+    d = _damaged_copy(export_dir, tmp_path, "policy_config.json", bogus)
+    with pytest.raises(ValueError, match="unknown drafter 'bogus'.*model, head, lookup"):
+        policy_drafter(d)
+    assert policy_drafter(export_dir) == "model"  # an export that records no drafter: the draft model's

@@ -752,3 +752,80 @@ def test_train_a_profile_conditioned_policy_export_and_load(pairs, tiny_model_di
     assert err.startswith("error:") and "profile-conditioned" in err and "Traceback" not in err
     assert generate_main(argv + ["--profile", str(b)]) == 0
     assert capsys.readouterr().out.strip()
+
+
+@pytest.mark.parametrize("damage, match", [
+    (lambda d: d["verify"]["seconds"][0].__setitem__(0, str(d["verify"]["seconds"][0][0])), "number"),
+    (lambda d: d["verify"].__setitem__("tokens", [str(x) for x in d["verify"]["tokens"]]), "number"),
+    (lambda d: d["drafters"]["lookup"].__setitem__("step_overhead_seconds", "0.001"), "number"),
+    (lambda d: d["drafters"]["head"]["step_seconds"]["seconds"].__setitem__(0, "0.002"), "number"),
+    (lambda d: d.__setitem__("format_version", "1"), "format_version must be the integer 1, got '1'"),
+])
+def test_a_profile_with_numbers_as_strings_is_refused(tmp_path, damage, match):
+    good = json.loads((SHIPPED_PROFILES_DIR / "gpu-like.json").read_text())
+    damage(good)
+    (tmp_path / "p.json").write_text(json.dumps(good))
+    with pytest.raises(ValueError, match=match):
+        load_profile(tmp_path / "p.json")
+
+
+def _edited_trace(data, header, path, change=None, **arrays):
+    np.savez(path, **{**data, "header": np.array(json.dumps({**header, **(change or {})})), **arrays})
+    return path
+
+
+def test_a_trace_with_impossible_values_is_refused_at_load(pairs, tmp_path):
+    """NaN acceptance inside a chain, shifted offsets, a wrong vocab_size and out-of-vocabulary ids were accepted
+    silently (NaN changed the oracle's result, a shifted offset dropped tokens)."""
+    import os
+
+    tr = traces_for(pairs, "noisy", "model")
+    path = tr.save(tmp_path / "t")
+    assert os.stat(path).st_mode & 0o777 == os.stat(path.with_suffix(".json")).st_mode & 0o777  # same permissions
+    data = dict(np.load(path))
+    header = json.loads(str(data["header"]))
+    ap = data["accept_prob"].copy()
+    row = int(np.argmax(data["chain_len"] > 0))
+    ap[row, 0] = np.nan
+    ids = data["output_tokens"].copy()
+    ids[3] = header["vocab_size"]
+    for change, arrays, match in (
+            (None, {"accept_prob": ap}, "NaN"),
+            (None, {"output_offsets": data["output_offsets"] + 5}, "output_offsets"),
+            ({"vocab_size": "big"}, {}, "vocab_size"),
+            ({"vocab_size": int(data["output_tokens"].max())}, {}, "vocabulary"),
+            (None, {"output_tokens": ids}, "vocabulary")):
+        bad = _edited_trace(data, header, tmp_path / "bad.npz", change, **arrays)
+        with pytest.raises(ValueError, match=match):
+            TraceSet.load(bad)
+    assert len(TraceSet.load(_edited_trace(data, header, tmp_path / "ok.npz"))) == len(tr)
+
+
+def test_simreal_checks_its_profile_before_loading_the_models(pairs, tmp_path, monkeypatch, capsys):
+    """eval.simreal loaded the models (28 s on the default pair) before refusing a profile: now the replay side is
+    built, and the profile checked against the traces as eval.oracle checks it, first."""
+    from eval.simreal import main as simreal_main
+
+    trace = traces_for(pairs, "noisy", "model").save(tmp_path / "tr")
+    lookup_only = LatencyProfile("lookup-only", [1, 2, 4, 8], [0.0, 64.0], [[0.01] * 4, [0.02] * 4],
+                                 {"lookup": DrafterCost([0.0], [1e-5])}).save(tmp_path / "p.json")
+
+    def loading(*a, **k):
+        raise AssertionError("the models were loaded before the profile was checked")
+
+    monkeypatch.setattr("learn2draft.cli.load_models", loading)
+    assert simreal_main([str(trace), "--profile", str(lookup_only), "--gammas", "0,2", "--device", "cpu"]) == 2
+    assert "no costs for the 'model' drafter" in capsys.readouterr().err
+
+
+def test_the_shipped_profiles_hold_no_path_of_the_machine_they_were_measured_on():
+    def strings(x):
+        if isinstance(x, dict):
+            return [s for v in x.values() for s in strings(v)]
+        if isinstance(x, list):
+            return [s for v in x for s in strings(v)]
+        return [x] if isinstance(x, str) else []
+
+    for f in SHIPPED_PROFILES_DIR.glob("*.json"):
+        found = [s for s in strings(json.loads(f.read_text())) if re.search(r"(^|\s)(/[\w.-]+){2,}", s)]
+        assert not found, (f.name, found)

@@ -335,3 +335,21 @@ def test_extreme_settings_within_the_bounds_give_distributions(kw):
     assert torch.isfinite(p).all() and torch.allclose(p.sum(-1), torch.ones(3))
     if kw["temperature"] == 1e-4 and len(kw) == 1:
         assert torch.equal(p.argmax(-1), logits.argmax(-1)) and (p.max(-1).values > 0.999).all()  # ≈ greedy
+
+
+def test_top_k_breaks_ties_by_lowest_id_identically_in_p_and_q():
+    """``--top-k 1`` is argmax whatever the temperature: with tied logits exactly k tokens are kept, the lowest
+    ids first (transformers' TopKLogitsWarper keeps every tied token, so a seed chose among them)."""
+    tied = torch.zeros(3, V)
+    tied[2, 5] = tied[2, 9] = tied[2, 30] = 1.0  # row 2: three tied best tokens
+    prefix, new = torch.tensor([1, 2]), torch.tensor([3, 4])
+    one = SamplingConfig(temperature=1.0, top_k=1)
+    p = one.probs(tied, prefix, new)
+    assert p[0].tolist() == [1.0] + [0.0] * (V - 1) and p[1, 0] == 1.0 and p[2, 5] == 1.0
+    assert torch.equal(p, one.probs(tied.clone(), prefix, new))  # q: the same processing, the same tokens
+    two = SamplingConfig(temperature=0.7, top_k=2).probs(tied, prefix, new)
+    assert ((two > 0).sum(-1) == 2).all() and two[2, 5] > 0 and two[2, 9] > 0 and two[0, :2].sum() == 1.0
+    # p = q one-hot: the draft token is accepted and the bonus token is the same id, whatever the seed
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        assert speculative_sample(p[:2], p[:1], torch.tensor([0]), generator=g) == (1, 0)

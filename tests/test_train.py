@@ -494,3 +494,85 @@ def test_replay_keeps_a_max_depth_the_traces_hold_and_refuses_a_given_one_above(
     assert apply_replay_settings(cfg).max_depth == cfg.max_depth == 3
     with pytest.raises(ValueError, match="--max-depth 8, but the traces .* max_depth=3"):
         apply_replay_settings(TrainConfig(replay=shallow, profile="cpu-2core", max_depth=8), given={"max_depth"})
+
+
+def test_overwrite_refuses_user_files_inside_the_runs_folders_and_lists_them(tmp_path):
+    """--overwrite replaces what a run wrote; a user's own file inside policy/, checkpoints/ or eval/ is listed
+    and the overwrite refused (it used to be deleted without a word)."""
+    out = fake_run(tmp_path / "run")
+    (out / "policy").mkdir()
+    for own in ("policy/policy.onnx", "policy/parity.json", "eval/results.md", "logs/depth-round1/progress.csv",
+                "checkpoints/depth-round1/ppo_depth_64_steps.zip"):
+        (out / own).parent.mkdir(parents=True, exist_ok=True)
+        (out / own).write_text("the run's own")
+    prepare_out_dir(out, overwrite=True)  # the run's own files only (and notes.txt beside them, never touched)
+    for mine in ("policy/NOTES.md", "checkpoints/best_by_hand.zip", "eval/my-analysis.ipynb"):
+        (out / mine).write_text("mine")
+    with pytest.raises(FileExistsError, match="best_by_hand.zip.*eval/my-analysis.ipynb.*policy/NOTES.md"):
+        prepare_out_dir(out, overwrite=True)
+    assert (out / "policy" / "NOTES.md").read_text() == "mine"
+
+
+def test_a_killed_overwrite_keeps_the_old_run_and_says_where(tmp_path):
+    """After an --overwrite killed by SIGKILL, the replaced run waits in .replaced/: the rerun's advice names it and
+    a second --overwrite refuses to delete it."""
+    out = fake_run(tmp_path / "run", interrupted=None)  # the new run's config.json, no metrics: killed
+    (out / ".replaced").mkdir()
+    (out / ".replaced" / "model.zip").write_text("the old model")
+    with pytest.raises(FileExistsError, match=r"interrupted run.*\.replaced"):
+        prepare_out_dir(out)
+    with pytest.raises(FileExistsError, match=r"\.replaced.*would delete"):
+        prepare_out_dir(out, overwrite=True)
+    assert (out / ".replaced" / "model.zip").read_text() == "the old model"
+
+
+def test_a_log_file_gets_one_plain_progress_line_per_rollout(tiny_pair, tmp_path, capsys):
+    """Standard error is not a terminal under capsys (as in `make demo > log`): training prints one plain line per
+    rollout, without the progress bar's carriage-return frames (it printed nothing until it ended)."""
+    out = tmp_path / "run"
+    train.run(tiny_pair, tiny_config(out, progress_bar=True, eval_prompts=0, checkpoint_every=0), prompts=PROMPTS)
+    for spec in (out / "feature_spec.json", out / "policy" / "feature_spec.json"):  # entropy is divided by ln V
+        assert json.loads(spec.read_text())["vocab_size"] == tiny_pair.vocab_size, spec
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("train: ")]
+    assert "\r" not in err and [line.split()[1] for line in lines] == ["64/128", "128/128"], err
+    assert "ep_rew_mean=" in lines[-1]
+
+
+def test_train_prompts_file_quiet_and_verbose_flags(tmp_path, capsys):
+    """`train --prompts FILE` trains on a user's prompts (as `eval --prompts` measures on them); -q hides the
+    progress display, -v prints SB3's table of each PPO update on standard error."""
+    from stable_baselines3.common.logger import HumanOutputFormat
+
+    from train import phases
+
+    f = tmp_path / "mine.jsonl"
+    f.write_text('{"prompt": "Summarise: the cat sat."}\n{"prompt": "Translate: hola"}\n')
+    cfg = config_from_args(build_parser().parse_args(["--prompts", str(f)]))
+    cfg.validate()
+    assert cfg.prompts == str(f) and phases.training_prompts(cfg, None) == ["Summarise: the cat sat.", "Translate: hola"]
+    with pytest.raises(ValueError, match="--prompts.*--replay"):
+        config_from_args(build_parser().parse_args(["--prompts", str(f), "--replay", "t.npz", "--profile",
+                                                    "cpu-2core"])).validate()
+    with pytest.raises(SystemExit) as e:  # a missing file: one error before any model loads
+        main(["--prompts", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "run")])
+    assert e.value.code == 2 and "No prompt file" in capsys.readouterr().err and not (tmp_path / "run").exists()
+    assert not config_from_args(build_parser().parse_args(["-q"])).progress_bar
+    verbose = config_from_args(build_parser().parse_args(["-v"]))
+    assert verbose.verbose and verbose.progress_bar
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["-q", "-v"])
+
+    class Model:
+        def set_logger(self, logger):
+            self.logger = logger
+
+    m = Model()
+    phases.set_logger(m, tmp_path / "logs", None, verbose=True)
+    assert any(isinstance(f, HumanOutputFormat) for f in m.logger.output_formats)
+
+
+def test_the_wandb_sync_hint_quotes_the_path():
+    from train.__main__ import wandb_sync_hint
+
+    assert wandb_sync_hint("runs/my run/wandb") == "wandb sync 'runs/my run/wandb'/offline-run-*"

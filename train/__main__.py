@@ -22,7 +22,7 @@ from learn2draft.cli import HelpFormatter
 from train.config import WANDB_MODES, TrainConfig, default_out_dir
 
 #: Settings that ``--resume`` may change; any other flag must repeat the saved value.
-_RESUME_MAY_CHANGE = ("timesteps", "progress_bar", "wandb_mode", "resume")
+_RESUME_MAY_CHANGE = ("timesteps", "progress_bar", "verbose", "wandb_mode", "resume")
 
 _WANDB_ALIASES = {"dryrun": "offline", "run": "online"}
 
@@ -81,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("run")
     cli.add_out_arg(g, "the run directory (default runs/default, where python -m eval looks)")
     g.add_argument("--overwrite", action="store_true",
-                   help="replace the earlier training run in --out (never a directory python -m train did not write)")
+                   help="replace the earlier training run in --out (never a directory python -m train did not write, "
+                        "nor files of yours inside the run's folders: they are listed and the run refused)")
     g.add_argument("--resume", action="store_true",
                    help="continue the run in --out from its last checkpoint, with its saved settings "
                         "(--timesteps: the new total)")
@@ -89,10 +90,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, help="timesteps between checkpoints; 0 = off")
     g.add_argument("--wandb-mode", default=env_mode, help=f"one of {', '.join(WANDB_MODES)} (default: $WANDB_MODE or offline)")
     g.add_argument("--wandb-project", default=d.wandb_project, help="W&B project name")
-    g.add_argument("--no-progress-bar", action="store_true", help="hide the tqdm/rich progress bar")
+    g.add_argument("--no-progress-bar", action="store_true",
+                   help="hide the progress display (the bar on a terminal, one line per rollout in a log file)")
+    loud = g.add_mutually_exclusive_group()
+    loud.add_argument("-q", "--quiet", action="store_true",
+                      help="standard error gets errors and interruptions only: no progress display (as "
+                           "--no-progress-bar), no loading lines, no W&B hint; standard output keeps the JSON summary")
+    loud.add_argument("-v", "--verbose", action="store_true",
+                      help="also print SB3's table of each PPO update (losses, rewards) on standard error")
     g.add_argument("--prompt-split", default=d.prompt_split,
                    help="training prompts: train, heldout, copy_train or copy_heldout, or several joined by commas "
                         "(e.g. train,copy_train: open and copy-heavy prompts, so a lookup policy learns when not to draft)")
+    g.add_argument("--prompts", default=None, metavar="FILE",
+                   help="train on the prompts of this file instead (.jsonl with a 'prompt' field per line, or a JSON "
+                        "list of strings, as python -m eval --prompts reads); not with --replay")
     g.add_argument("--warmup-prompts", type=int, default=d.warmup_prompts,
                    help="generations that warm up and measure the autoregressive rate")
     g.add_argument("--eval-prompts", type=int, default=d.eval_prompts,
@@ -150,8 +161,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         episode=args.episode, seed=args.seed, out=args.out or default_out_dir(), overwrite=args.overwrite,
         resume=args.resume,
         checkpoint_every=args.checkpoint_every, wandb_mode=mode, wandb_project=args.wandb_project,
-        run_name=args.name, progress_bar=not args.no_progress_bar, threads=given_or_default("threads"),
-        prompt_split=args.prompt_split, drafter=args.drafter, head=args.head, features=args.features,
+        run_name=args.name, progress_bar=not (args.no_progress_bar or args.quiet), verbose=args.verbose,
+        threads=given_or_default("threads"), prompt_split=args.prompt_split, prompts=args.prompts, drafter=args.drafter, head=args.head, features=args.features,
         warmup_prompts=args.warmup_prompts, eval_prompts=args.eval_prompts,
         eval_gammas=None if args.eval_gammas is None else tuple(args.eval_gammas),
         replay=args.replay, profile=args.profile,
@@ -167,7 +178,7 @@ def _given_flags(argv: list[str] | None) -> set[str]:
     for action in p._actions:
         action.default = argparse.SUPPRESS
     given = vars(p.parse_args(argv))
-    renames = {"name": "run_name", "no_progress_bar": "progress_bar"}
+    renames = {"name": "run_name", "no_progress_bar": "progress_bar", "quiet": "progress_bar"}
     return {renames.get(k, k) for k in given}
 
 
@@ -176,7 +187,7 @@ def resume_config(args: argparse.Namespace, argv: list[str] | None) -> TrainConf
 
     Raises:
         FileNotFoundError: ``--out`` holds no training run.
-        ValueError: a flag other than ``--timesteps``, ``--no-progress-bar`` or ``--wandb-mode`` asks for
+        ValueError: a flag other than ``--timesteps``, ``--no-progress-bar`` / ``-q``, ``-v`` or ``--wandb-mode`` asks for
             a setting other than the saved one (the run would silently change its recipe).
     """
     out = args.out or default_out_dir()
@@ -192,10 +203,18 @@ def resume_config(args: argparse.Namespace, argv: list[str] | None) -> TrainConf
         raise ValueError(f"--resume continues {out} with its saved settings: {k} is {getattr(cfg, k)!r} there, "
                          f"{getattr(asked, k)!r} here; drop --{k.replace('_', '-')} (or start a new run).")
     given = _given_flags(argv)
-    for k in ("timesteps", "progress_bar", "wandb_mode"):
+    for k in ("timesteps", "progress_bar", "verbose", "wandb_mode"):
         if k in given:
             setattr(cfg, k, getattr(asked, k))
     return cfg
+
+
+def wandb_sync_hint(wandb_dir: str) -> str:
+    """The command that uploads the offline W&B runs in ``wandb_dir``, with the path quoted for a POSIX shell (a space
+    or ``$`` in ``--out`` stays one argument) and the glob outside the quotes."""
+    import shlex
+
+    return f"wandb sync {shlex.quote(str(wandb_dir))}/offline-run-*"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,12 +226,14 @@ def main(argv: list[str] | None = None) -> int:
     or SIGTERM saves and exports the policy so far, prints its summary with ``"interrupted": true``
     and how to ``--resume``, and returns 128 + the signal number (130 / 143).
     """
+    cli.exit_if_shadowed("train", "learn2draft-train")
     parser = build_parser()
     args = parser.parse_args(argv)
 
     import torch
 
     from learn2draft.models import ModelLoadError, TokenizerMismatchError, load_pair, parse_dtype, resolve_model_source
+    from learn2draft.prompts import load_prompt_file
     from policies.export import ExportCheckError
     from train.chain import apply_replay_settings
     from train.launch import run
@@ -230,6 +251,10 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--tree-depth is the fixed depth used when the depth policy is not trained: drop it, or "
                              "train --policies size.")
         check_wandb(cfg.wandb_mode)
+        if cfg.prompts:
+            if "prompt_split" in given:
+                raise ValueError("--prompts FILE replaces --prompt-split: pass one of them.")
+            load_prompt_file(cfg.prompts)  # a missing or malformed file: one error before the models load
         if cfg.replay:
             apply_replay_settings(cfg, given)  # reads the traces and the profile: no model is loaded
         else:
@@ -238,13 +263,14 @@ def main(argv: list[str] | None = None) -> int:
         prepare_out_dir(cfg.out, cfg.overwrite, cfg.resume)  # fail before the (slow) model loading
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
+        say = (lambda text: None) if args.quiet else (lambda text: print(text, file=sys.stderr, flush=True))
         if cfg.replay:
-            print(f"Replaying traces {cfg.replay} with the latency profile {cfg.profile} …", file=sys.stderr)
+            say(f"Replaying traces {cfg.replay} with the latency profile {cfg.profile} …")
             pair = None
         else:
             draft = cfg.draft if cfg.drafter == "model" else None  # the head and lookup drafters need no draft model
-            print(f"Loading target {cfg.target!r}" + (f" and draft {draft!r}" if draft else "")
-                  + f" on {cfg.device} ({cfg.dtype}) …", file=sys.stderr)
+            say(f"Loading target {cfg.target!r}" + (f" and draft {draft!r}" if draft else "")
+                + f" on {cfg.device} ({cfg.dtype}) …")
             pair = load_pair(cfg.target, draft, device=cfg.device, dtype=parse_dtype(cfg.dtype))
         metrics = run(pair, cfg)
     except ExportCheckError as e:
@@ -269,8 +295,8 @@ def main(argv: list[str] | None = None) -> int:
         "evaluation": metrics["evaluation"],
     }
     print(json.dumps(summary, indent=2, default=str))
-    if metrics["paths"]["wandb"] and cfg.wandb_mode == "offline":
-        print(f"W&B offline run in {metrics['paths']['wandb']}: upload with `wandb sync {metrics['paths']['wandb']}/offline-run-*`",
+    if metrics["paths"]["wandb"] and cfg.wandb_mode == "offline" and not args.quiet:
+        print(f"W&B offline run in {metrics['paths']['wandb']}: upload with `{wandb_sync_hint(metrics['paths']['wandb'])}`",
               file=sys.stderr)
     if metrics["interrupted"]:
         sig = metrics["interrupted_by"] or "SIGINT"

@@ -1,5 +1,5 @@
 """What a training run hangs on stable-baselines3 and on the process, at module level: the W&B output
-format of SB3's logger, the per-cycle statistics callback, the action-distribution (collapse) callback,
+format of SB3's logger, the progress lines of a log file (:class:`RolloutProgress`), the per-cycle statistics callback, the action-distribution (collapse) callback,
 the signal stop and the W&B run itself. Chain runs (:mod:`train.chain`) and tree runs (:mod:`train.tree`)
 use the same ones, through :mod:`train.phases`.
 """
@@ -22,6 +22,41 @@ from stable_baselines3.common.logger import KVWriter
 
 #: A policy is reported collapsed when one action takes more than this share of a rollout.
 COLLAPSE_THRESHOLD = 0.95
+
+
+# --------------------------------------------------------------------------- progress in a log file
+class RolloutProgress(BaseCallback):
+    """One plain progress line per rollout (``train: 2048/12288 timesteps (17%), 95 s, ep_rew_mean=1.234``) through
+    :class:`learn2draft.cli.LineProgress`, for a standard error that is not a terminal (a log file), where SB3's
+    progress bar would print nothing readable (its frames end in carriage returns).
+
+    Args:
+        desc: the lines' label; ``stream``: where they go (default standard error).
+    """
+
+    def __init__(self, desc: str = "train", stream=None) -> None:
+        super().__init__()
+        self.desc, self.stream, self.bar = desc, stream, None
+
+    def _on_training_start(self) -> None:
+        from learn2draft.cli import LineProgress
+
+        # _total_timesteps: the count at the end of this learn() call (a resumed run's earlier steps included)
+        self.bar = LineProgress(total=self.model._total_timesteps, desc=self.desc, unit="timesteps",
+                                initial=self.model.num_timesteps, stream=self.stream, min_interval=0.0)
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _on_rollout_end(self) -> None:
+        ep = [e["r"] for e in self.model.ep_info_buffer] if self.model.ep_info_buffer else []
+        if ep:
+            self.bar.set_postfix(ep_rew_mean=f"{float(np.mean(ep)):.4g}")
+        self.bar.update(self.model.num_timesteps - self.bar.n)
+
+    def _on_training_end(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 # --------------------------------------------------------------------------- W&B

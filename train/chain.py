@@ -298,7 +298,7 @@ def train_chain(pair: ModelPair | None, cfg: TrainConfig, out: Path, saved: dict
         log_dir = out / "logs"
         # SB3's CSV writer truncates its file: a resumed run logs to progress-resumed-<steps>.csv.
         suffix = f"-resumed-{model.num_timesteps}" if saved is not None else ""
-        wandb_format = phases.set_logger(model, log_dir, wandb_run, suffix)
+        wandb_format = phases.set_logger(model, log_dir, wandb_run, suffix, verbose=cfg.verbose)
         cycle_cb = CycleStatsCallback(wandb_run)
         cbs = [cycle_cb] + ([phases.checkpoint_callback(cfg, out / "checkpoints", "ppo", model.get_env().num_envs)]
                             if cfg.checkpoint_every else [])
@@ -312,7 +312,7 @@ def train_chain(pair: ModelPair | None, cfg: TrainConfig, out: Path, saved: dict
         replacement.commit()
 
         trained_on = {"env": REPLAY_ENV_ID, **config["replay_source"]} if cfg.replay else {"env": ENV_ID}
-        export = export_policy(model, out / "policy", cfg.max_depth,
+        export = export_policy(model, out / "policy", cfg.max_depth, vocab_size=vocab_size,
                                config={**phases.export_config(cfg, config, reward_scale), "trained_on": trained_on},
                                observations=model.rollout_buffer.observations, seed=cfg.seed)
         evaluation = (_chain_check(pair, cfg, env, out / "policy", eval_prompts)

@@ -52,11 +52,13 @@ class TrainConfig:
     Run: ``seed``, ``out`` (output directory), ``overwrite`` (replace the earlier run in ``out``),
     ``resume`` (continue the run in ``out`` from its last checkpoint, see :func:`run`),
     ``checkpoint_every`` (timesteps; 0 = off),
-    ``wandb_mode`` (offline / online / disabled), ``wandb_project``, ``run_name``, ``progress_bar``,
+    ``wandb_mode`` (offline / online / disabled), ``wandb_project``, ``run_name``, ``progress_bar`` (SB3's bar on a
+    terminal, one plain line per rollout in a log file), ``verbose`` (SB3's table of each PPO update on standard error),
     ``threads`` (torch CPU threads; None = torch's default. 1 by default: on a shared 2-core CPU a
     second thread waiting on a busy core made a SmolLM2-135M forward ~6x slower and much noisier,
     and noisy clocks are noisy rewards; evaluate with the same setting), ``prompt_split`` (one split of
-    :func:`learn2draft.prompts.load_prompts` or several joined by commas, e.g. ``"train,copy_train"``), ``warmup_prompts``
+    :func:`learn2draft.prompts.load_prompts` or several joined by commas, e.g. ``"train,copy_train"``), ``prompts`` (a
+    user's prompt file instead, read by :func:`learn2draft.prompts.load_prompt_file`), ``warmup_prompts``
     (generations used to warm up and measure the autoregressive rate), ``eval_prompts`` (held-out
     prompts for the final sanity check; 0 = skip) and ``eval_gammas`` (fixed depths compared there,
     each ≤ ``max_depth``; None = 0 and min(4, ``max_depth``)).
@@ -120,8 +122,10 @@ class TrainConfig:
     wandb_project: str = "learn2draft"
     run_name: str | None = None
     progress_bar: bool = True
+    verbose: bool = False
     threads: int | None = 1
     prompt_split: str = "train"
+    prompts: str | None = None
     drafter: str = "model"
     head: str | None = None
     features: str = "full"
@@ -196,6 +200,9 @@ class TrainConfig:
         checks.append((not self.replay or (self.min_p, self.repetition_penalty, self.presence_penalty) == (0.0, 1.0, 0.0),
                        "--min-p, --repetition-penalty and --presence-penalty with --replay: the sampling comes from the "
                        "traces (python -m eval.record takes these flags): drop them."))
+        checks.append((not (self.prompts and self.replay),
+                       "--prompts with --replay: replay trains on the prompts the traces were recorded on (python -m "
+                       "eval.record --prompts FILE records a user's own): drop --prompts."))
         checks.append((not (self.overwrite and self.resume),
                        "--overwrite and --resume exclude each other: --resume continues the run in --out, "
                        "--overwrite starts it over."))

@@ -9,8 +9,10 @@ import json
 import os
 import re
 import shutil
+from fnmatch import fnmatchcase
 from pathlib import Path
 
+from policies.layout import CHECK_FILE, EXPORT_FILES
 from train.config import read_run_config
 
 RESULT_FILES = ("config.json", "model.zip", "metrics.json", "policy")
@@ -19,6 +21,31 @@ RESULT_FILES = ("config.json", "model.zip", "metrics.json", "policy")
 #: Everything a run writes into ``out`` (``--overwrite`` replaces these; W&B's ``wandb/`` is kept).
 RUN_ITEMS = (*RESULT_FILES, "feature_spec.json", "checkpoints", "logs", "eval",
              "size_model.zip", "size_policy", "tree.json")  # the last three: tree runs (train.tree)
+
+
+#: The files a run (and ``python -m eval`` on it) writes inside the folders of :data:`RUN_ITEMS`, as glob patterns
+#: relative to ``out`` (tree runs keep one sub-folder per phase in ``checkpoints/`` and ``logs/``).
+#: ``--overwrite`` refuses to replace a run whose folders hold anything else (:func:`foreign_files`).
+RUN_OWN_FILES = (
+    *(f"{d}/{name}" for d in ("policy", "size_policy") for name in (*EXPORT_FILES, CHECK_FILE)),
+    "checkpoints/ppo_*_steps.zip", "checkpoints/*/ppo_*_steps.zip",
+    "logs/progress*.csv", "logs/*/progress*.csv",
+    "eval/results.md", "eval/results.json", "eval/results.png",
+)
+#: Where :class:`Replacement` keeps the run being replaced until the new one has saved a model.
+REPLACED_DIR = ".replaced"
+
+
+def foreign_files(out: str | Path) -> list[str]:
+    """The files inside the run folders of ``out`` (``policy/``, ``checkpoints/``, ``logs/``, ``eval/``, …) that a
+    run did not write (:data:`RUN_OWN_FILES`): a user's notes, a hand-picked checkpoint. Paths relative to
+    ``out``, sorted."""
+    out = Path(out)
+    found = []
+    for name in RUN_ITEMS:
+        if (out / name).is_dir():
+            found += [p.relative_to(out).as_posix() for p in (out / name).rglob("*") if not p.is_dir()]
+    return sorted(f for f in found if not any(fnmatchcase(f, pat) for pat in RUN_OWN_FILES))
 
 
 def latest_checkpoint(out: Path) -> tuple[Path, int] | None:
@@ -62,8 +89,11 @@ def prepare_out_dir(out: str | Path, overwrite: bool = False, resume: bool = Fal
 
     Raises:
         FileExistsError: ``out`` is a file; holds files that ``python -m train`` did not write (never
-            replaced, even with ``overwrite``); holds a finished run and not ``overwrite``; holds an
-            interrupted run and neither ``resume`` nor ``overwrite`` (the message says ``--resume``).
+            replaced, even with ``overwrite``: a foreign ``config.json``, or files inside the run's folders that are
+            not :data:`RUN_OWN_FILES`, listed); holds a finished run and not ``overwrite``; holds an
+            interrupted run and neither ``resume`` nor ``overwrite`` (the message says ``--resume``, and names
+            ``.replaced/`` when a killed overwrite left the earlier run there); ``overwrite`` while ``.replaced/``
+            holds such an earlier run (it would be deleted).
         FileNotFoundError: ``resume`` but ``out`` holds no training run.
         PermissionError: ``out`` cannot be created or written (message names the path).
     """
@@ -79,11 +109,25 @@ def prepare_out_dir(out: str | Path, overwrite: bool = False, resume: bool = Fal
         )
     if resume and state == "new":
         raise FileNotFoundError(f"--resume: {out} holds no training run to continue: start one without --resume.")
+    aside = out / REPLACED_DIR
+    kept = (f" The run it was replacing is kept in {aside}/ (that overwrite was killed before the new run saved a "
+            f"model): --resume deletes it once the resumed run saves one, --overwrite refuses while it is there; "
+            f"move it out of {out} to keep it.") if aside.is_dir() else ""
     if state == "interrupted" and not (resume or overwrite):
         ckpt = latest_checkpoint(out)
         where = f"last checkpoint at {ckpt[1]} timesteps" if ckpt else "no checkpoint yet"
         raise FileExistsError(f"{out} holds an interrupted run ({where}): pass --resume to continue it, "
-                              "or --overwrite to start over.")
+                              f"or --overwrite to start over.{kept}")
+    if overwrite and state in ("complete", "interrupted"):
+        if aside.is_dir():
+            raise FileExistsError(f"{aside}/ holds the run an earlier --overwrite was replacing when it was killed: "
+                                  f"--overwrite would delete it. Move it out of {out} (to keep it) or delete it, then "
+                                  "run again; or pass --resume to continue the interrupted new run.")
+        foreign = foreign_files(out)
+        if foreign:
+            shown = ", ".join(foreign[:10]) + (f" and {len(foreign) - 10} more" if len(foreign) > 10 else "")
+            raise FileExistsError(f"--overwrite would delete files in {out} that python -m train did not write: "
+                                  f"{shown}. Move them out of {out}, or choose another --out.")
     if state == "complete" and not (overwrite or resume):
         found = [name for name in RESULT_FILES if (out / name).exists()]
         raise FileExistsError(
@@ -112,14 +156,14 @@ class Replacement:
 
     def __init__(self, out: Path, overwrite: bool, resume: bool) -> None:
         self.out, self.overwrite, self.resume = out, overwrite, resume
-        self.aside = out / ".replaced"
+        self.aside = out / REPLACED_DIR
         self.committed = False
 
     def begin(self) -> None:
         if not self.overwrite:
             return
-        if self.aside.exists():  # left by a killed earlier replacement: that run is now being replaced
-            shutil.rmtree(self.aside)
+        # A .replaced/ left by a killed earlier replacement holds that earlier run: prepare_out_dir refuses to
+        # overwrite while it is there, and mkdir fails rather than deleting it.
         self.aside.mkdir()
         for name in RUN_ITEMS:
             if (self.out / name).exists():
@@ -145,4 +189,5 @@ class Replacement:
             self.aside.rmdir()
 
 
-__all__ = ["RESULT_FILES", "RUN_ITEMS", "Replacement", "latest_checkpoint", "prepare_out_dir", "run_state"]
+__all__ = ["REPLACED_DIR", "RESULT_FILES", "RUN_ITEMS", "RUN_OWN_FILES", "Replacement", "foreign_files",
+           "latest_checkpoint", "prepare_out_dir", "run_state"]

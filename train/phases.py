@@ -25,14 +25,15 @@ import numpy as np
 import torch
 from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import CallbackList, CheckpointCallback
-from stable_baselines3.common.logger import Logger, make_output_format
+from stable_baselines3.common.logger import HumanOutputFormat, Logger, make_output_format
 from stable_baselines3.common.utils import set_random_seed
 
 from eval.runner import DecoderMethod, RunRecord, TreeShape, run_interleaved
+from learn2draft.cli import is_terminal
 from learn2draft.decoding import DraftController, FixedDepthController
 from learn2draft.models import ModelPair
 from learn2draft.names import HELDOUT_SEED_OFFSET
-from train.callbacks import WandbOutputFormat, drop_partial_optimizer_state, versions
+from train.callbacks import RolloutProgress, WandbOutputFormat, drop_partial_optimizer_state, versions
 from train.config import TrainConfig
 
 
@@ -45,8 +46,18 @@ def seed_and_threads(cfg: TrainConfig) -> None:
 
 
 def training_prompts(cfg: TrainConfig, prompts: Sequence | None) -> list:
-    """``prompts`` as a list, or the shipped prompts of ``cfg.prompt_split`` (several joined by commas)."""
-    if prompts is None:
+    """``prompts`` as a list, else the prompts of the file ``cfg.prompts`` (``--prompts FILE``), else the shipped
+    prompts of ``cfg.prompt_split`` (several joined by commas).
+
+    Raises:
+        FileNotFoundError / ValueError: ``cfg.prompts`` is missing or not a prompt file
+            (:func:`learn2draft.prompts.load_prompt_file`).
+    """
+    if prompts is None and cfg.prompts:
+        from learn2draft.prompts import load_prompt_file
+
+        prompts = load_prompt_file(cfg.prompts)
+    elif prompts is None:
         from learn2draft.prompts import load_prompts
 
         prompts = [p for sp in cfg.prompt_split.split(",") for p in load_prompts(sp)]
@@ -154,9 +165,10 @@ def run_config(cfg: TrainConfig, pair: ModelPair | None, reward_scale: float, ar
 
 
 def write_run_start(out: Path, run_config: dict, spec: dict) -> None:
-    """Write ``config.json`` and ``feature_spec.json`` (the observation of the depth policy) into ``out``."""
+    """Write ``config.json`` and ``feature_spec.json`` (the observation of the depth policy, with the target's
+    ``vocab_size`` of ``run_config``: the entropy feature is divided by its log) into ``out``."""
     (out / "config.json").write_text(json.dumps(run_config, indent=2, default=str))
-    (out / "feature_spec.json").write_text(json.dumps(spec, indent=2))
+    (out / "feature_spec.json").write_text(json.dumps({**spec, "vocab_size": run_config["vocab_size"]}, indent=2))
 
 
 # --------------------------------------------------------------------------- 4. PPO
@@ -170,10 +182,14 @@ def new_ppo(cfg: TrainConfig, vec_env) -> PPO:
     )
 
 
-def set_logger(model: PPO, log_dir: Path, wandb_run: Any, suffix: str = "") -> WandbOutputFormat:
-    """Log ``model`` to ``log_dir/progress<suffix>.csv`` and W&B; returns the W&B format (its ``last_values``)."""
+def set_logger(model: PPO, log_dir: Path, wandb_run: Any, suffix: str = "", verbose: bool = False) -> WandbOutputFormat:
+    """Log ``model`` to ``log_dir/progress<suffix>.csv`` and W&B, and with ``verbose`` SB3's table of each update to
+    standard error (standard output keeps the run's JSON summary); returns the W&B format (its ``last_values``)."""
     wandb_format = WandbOutputFormat(wandb_run)
-    model.set_logger(Logger(str(log_dir), [make_output_format("csv", str(log_dir), suffix), wandb_format]))
+    formats = [make_output_format("csv", str(log_dir), suffix), wandb_format]
+    if verbose:
+        formats.append(HumanOutputFormat(sys.stderr))
+    model.set_logger(Logger(str(log_dir), formats))
     return wandb_format
 
 
@@ -186,14 +202,17 @@ def learn(model: PPO, cfg: TrainConfig, callbacks: list, steps: int, stop, reset
     """Run ``model.learn`` for ``steps`` timesteps (none when ``steps`` ≤ 0), then flush and close its logger.
 
     Ctrl-C or SIGTERM (``stop``: a :class:`train.callbacks.SignalStop`) ends it cleanly: what was learnt is
-    kept, the optimizer state an interrupt left half-built is dropped. Returns whether it was interrupted.
+    kept, the optimizer state an interrupt left half-built is dropped. Returns whether it was interrupted. With
+    ``cfg.progress_bar``: SB3's bar on a terminal, one plain line per rollout otherwise (:class:`RolloutProgress`).
     """
     interrupted = False
+    bar = cfg.progress_bar and is_terminal(sys.stderr)
+    if cfg.progress_bar and not bar:  # a log file: one plain line per rollout, no carriage-return frames
+        callbacks = [*callbacks, RolloutProgress()]
     try:
         if steps > 0:
             model.learn(steps, callback=CallbackList(callbacks), reset_num_timesteps=reset_num_timesteps,
-                        # a bar only on a terminal: a log file gets no carriage-return frames
-                        progress_bar=cfg.progress_bar and sys.stderr.isatty())
+                        progress_bar=bar)
     except KeyboardInterrupt:
         interrupted = True
         stop.signal_name = stop.signal_name or "SIGINT"

@@ -137,7 +137,7 @@ def _run_phase(policy: str, rnd: int, env, models: dict, cfg: TrainConfig, out: 
                                      {**config, "phase": name, "wandb_run_id": generate_id()})
     interrupted = False
     try:
-        phases.set_logger(model, out / "logs" / name, wandb_run)
+        phases.set_logger(model, out / "logs" / name, wandb_run, verbose=cfg.verbose)
         cycle_cb = CycleStatsCallback(wandb_run)
         action_cb = ActionDistributionCallback(policy, _meanings(cfg)[policy], wandb_run=wandb_run)
         cbs = [cycle_cb, action_cb] + ([phases.checkpoint_callback(cfg, out / "checkpoints" / name, f"ppo_{policy}")]
@@ -174,11 +174,11 @@ def _save_and_export(models: dict, cfg: TrainConfig, out: Path, config: dict, re
     if "depth" in models:
         checks["depth"] = export_policy(
             models["depth"], out / DEPTH_DIR, cfg.max_depth, observations=models["depth"].rollout_buffer.observations,
-            seed=cfg.seed, config={**base, "trained_on": {"env": TREE_ENV_IDS[0]}}).check
+            seed=cfg.seed, vocab_size=config["vocab_size"], config={**base, "trained_on": {"env": TREE_ENV_IDS[0]}}).check
     if "size" in models:
         checks["size"] = export_policy(
             models["size"], out / SIZE_DIR, cfg.max_depth, observations=models["size"].rollout_buffer.observations,
-            seed=cfg.seed, verify_sizes=tuple(cfg.verify_sizes),
+            seed=cfg.seed, verify_sizes=tuple(cfg.verify_sizes), vocab_size=config["vocab_size"],
             config={**base, "trained_on": {"env": TREE_ENV_IDS[1]}}).check
     (out / TREE_FILE).write_text(json.dumps(tree, indent=2, default=str))
     return checks

@@ -320,14 +320,19 @@ class LatencyProfile:
         """Build from the JSON structure of the module docstring.
 
         Raises:
-            ValueError: wrong format / version, a missing entry, or bad numbers (the message names ``where``).
+            ValueError: wrong format / version (``format_version`` must be the integer), a missing entry, or bad numbers
+                (strings such as ``"0.01"`` included; the message names ``where``).
         """
         if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
             raise ValueError(f"{where} is not a learn2draft latency profile (format {data.get('format') if isinstance(data, dict) else None!r}, "
                              f"expected {PROFILE_FORMAT!r}): write one with `python -m eval.profile`.")
-        if data.get("format_version") != PROFILE_FORMAT_VERSION:
-            raise ValueError(f"{where}: profile format version {data.get('format_version')}, this learn2draft reads "
-                             f"version {PROFILE_FORMAT_VERSION}.")
+        version = data.get("format_version")
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise ValueError(f"{where}: format_version must be the integer {PROFILE_FORMAT_VERSION}, got {version!r} "
+                             "(a hand-edited file?).")
+        if version != PROFILE_FORMAT_VERSION:
+            raise ValueError(f"{where}: profile format version {version}, this learn2draft reads "
+                             f"version {PROFILE_FORMAT_VERSION}: measure the profile again with `python -m eval.profile`.")
         try:
             v = data["verify"]
             drafters = {}
@@ -338,18 +343,42 @@ class LatencyProfile:
                 tl = d.get("tree_level_seconds")
                 if tl is not None and not isinstance(tl, dict):
                     raise TypeError("'tree_level_seconds' must be an object")
+                if tl is not None:
+                    tl = {**tl, **{key: _numbers(tl[key], f"drafter {k!r} tree_level_seconds {key}", where)
+                                   for key in ("contexts", "seconds") if key in tl}}
                 # Every cost is required: a missing (or misspelt) one would silently be a free operation.
-                drafters[k] = DrafterCost(list(d["step_seconds"]["contexts"]), list(d["step_seconds"]["seconds"]),
-                                          float(d["step_overhead_seconds"]), float(d["cycle_overhead_seconds"]), extra,
-                                          dict(tl) if tl is not None else None)
+                step = d["step_seconds"]
+                drafters[k] = DrafterCost(_numbers(step["contexts"], f"drafter {k!r} step_seconds contexts", where),
+                                          _numbers(step["seconds"], f"drafter {k!r} step_seconds seconds", where),
+                                          *_numbers([d["step_overhead_seconds"], d["cycle_overhead_seconds"]],
+                                                    f"drafter {k!r} step/cycle overhead seconds", where),
+                                          extra, tl)
             known = {"format", "format_version", "name", "source", "machine", "verify", "drafters"}
-            return cls(name=str(data.get("name", Path(where).stem)), verify_tokens=[int(x) for x in v["tokens"]],
-                       verify_contexts=[float(x) for x in v["contexts"]], verify_seconds=[list(map(float, r)) for r in v["seconds"]],
+            return cls(name=str(data.get("name", Path(where).stem)),
+                       verify_tokens=[int(x) for x in _numbers(v["tokens"], "verify tokens", where, integer=True)],
+                       verify_contexts=_numbers(v["contexts"], "verify contexts", where),
+                       verify_seconds=[_numbers(r, f"verify seconds row {i}", where) for i, r in enumerate(v["seconds"])],
                        drafters=drafters, machine=dict(data.get("machine", {})), source=str(data.get("source", "")),
                        meta={k: val for k, val in data.items() if k not in known})
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"{where}: malformed profile (missing or wrong entry {e}); see learn2draft.replay.latency for the "
                              "format, or write one with `python -m eval.profile`.") from None
+
+
+def _numbers(values, what: str, where: str, integer: bool = False) -> list[float]:
+    """``values`` (a JSON list) as floats, refusing anything but JSON numbers (a string such as ``"0.01"``, a boolean,
+    null), integers only with ``integer``.
+
+    Raises:
+        ValueError: naming ``where`` and ``what``.
+    """
+    if not isinstance(values, list):
+        raise ValueError(f"{where}: {what} must be a list of numbers, got {values!r}.")
+    for x in values:
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or (integer and not float(x).is_integer()):
+            kind = "integers" if integer else "numbers"
+            raise ValueError(f"{where}: {what} must be {kind} (JSON numbers, not strings), got {x!r}.")
+    return [float(x) for x in values]
 
 
 def load_profile(path: str | Path) -> LatencyProfile:

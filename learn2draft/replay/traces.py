@@ -261,7 +261,9 @@ class TraceSet(_TraceFile):
         Raises:
             FileNotFoundError: no such file.
             ValueError: not a trace file, another format version, a draft-tree trace file (read those with
-                :meth:`TreeTraceSet.load`), a feature version other than this learn2draft's, or inconsistent arrays.
+                :meth:`TreeTraceSet.load`), a feature version other than this learn2draft's, or inconsistent arrays
+                (shifted offsets, a NaN acceptance probability of a drafted token, a ``vocab_size`` that is no
+                integer ≥ 2 or token ids outside [0, vocab_size)).
         """
         path = Path(path)
         data, header = _open_trace(path)
@@ -287,6 +289,14 @@ class TraceSet(_TraceFile):
         if (cl.size and (cl.min() < 0 or cl.max() > D)) or (ap.size and not np.all(np.isnan(ap) | ((ap >= 0) & (ap <= 1)))):
             raise ValueError(f"{path}: chain lengths outside [0, max_depth] or acceptance probabilities outside [0, 1] "
                              "(NaN marks no draft; a hand-edited file?); re-record it.")
+        drafted = np.arange(D)[None, :] < cl[:, None]  # (R, D): the positions of drafted tokens
+        if np.isnan(ap[drafted]).any():
+            raise ValueError(f"{path}: NaN acceptance probability of a drafted token (NaN marks only the positions past "
+                             "chain_len; a hand-edited or damaged file?); re-record it.")
+        dt = arrays["draft_tokens"]
+        _check_ids(path, header, arrays, dt[drafted])
+        if np.any(dt[~drafted] != -1):
+            raise ValueError(f"{path}: draft_tokens past chain_len must be -1 (a hand-edited file?); re-record it.")
         return cls._from_arrays(header, arrays, PromptTrace, ("chain_len", "draft_tokens", "confidence", "entropy",
                                                               "drafter_features", "accept_prob"))
 
@@ -340,17 +350,52 @@ def _prompt_arrays(prompts) -> dict[str, np.ndarray]:
 
 
 def _checked_rows(path: Path, arrays) -> int:
-    """The number of per-position rows, after checking the arrays of :func:`_prompt_arrays` agree.
+    """The number of per-position rows, after checking the arrays of :func:`_prompt_arrays` agree (their
+    offsets start at 0, never decrease and end at the length of the arrays they cut).
 
     Raises:
-        ValueError: inconsistent shapes (a truncated or hand-edited file).
+        ValueError: inconsistent shapes or offsets (a truncated, shifted or hand-edited file).
     """
     po, oo, ro = arrays["prompt_offsets"], arrays["output_offsets"], arrays["row_offsets"]
     P = po.shape[0] - 1
     if not (oo.shape[0] == ro.shape[0] == P + 1 and arrays["ended_by_eos"].shape == (P,)
             and np.array_equal(np.diff(ro), np.diff(oo) + 1)):
         raise ValueError(f"{path}: inconsistent array shapes (a truncated or hand-edited file?); re-record it.")
+    _check_offsets(path, arrays, "prompt_offsets", arrays["prompt_tokens"].shape[0])
+    _check_offsets(path, arrays, "output_offsets", arrays["output_tokens"].shape[0])
+    _check_offsets(path, arrays, "row_offsets", int(ro[-1]) if ro.size else 0)
     return int(ro[-1]) if ro.size else 0
+
+
+def _check_offsets(path: Path, arrays, name: str, length: int) -> None:
+    """``arrays[name]`` must start at 0, never decrease and end at ``length`` (the array it cuts into prompts).
+
+    Raises:
+        ValueError: naming ``path`` and the offsets.
+    """
+    o = arrays[name]
+    if not (o.ndim == 1 and o.size and o[0] == 0 and o[-1] == length and np.all(np.diff(o) >= 0)):
+        raise ValueError(f"{path}: {name} must start at 0, never decrease and end at {length} (the length of the array "
+                         f"it cuts into prompts), got {o[:4].tolist()}…{o[-2:].tolist()} (a shifted or hand-edited "
+                         "file?); re-record it.")
+
+
+def _check_ids(path: Path, header: dict, arrays, drafted=None) -> None:
+    """The header's ``vocab_size`` is an integer ≥ 2 and every token id (prompts, outputs, ``drafted``) is in
+    [0, vocab_size).
+
+    Raises:
+        ValueError: naming ``path``.
+    """
+    V = header.get("vocab_size")
+    if isinstance(V, bool) or not isinstance(V, int) or V < 2:
+        raise ValueError(f"{path}: header vocab_size must be an integer ≥ 2 (the target's vocabulary), got {V!r} "
+                         "(a hand-edited file?); re-record it.")
+    for name, ids in (("prompt_tokens", arrays["prompt_tokens"]), ("output_tokens", arrays["output_tokens"]),
+                      ("draft_tokens", drafted)):
+        if ids is not None and ids.size and (ids.min() < 0 or ids.max() >= V):
+            raise ValueError(f"{path}: {name} holds ids outside the vocabulary [0, {V}) (ids {int(ids.min())}.."
+                             f"{int(ids.max())}): a wrong vocab_size or a damaged file; re-record it.")
 
 
 def _split_prompts(arrays):
@@ -364,7 +409,8 @@ def _split_prompts(arrays):
 
 def _write_npz(path: Path, header_text: str, arrays: dict) -> None:
     """Write the .npz through a temporary file in the same folder, then rename it: an interrupted write
-    leaves the earlier file (or none), never a truncated one."""
+    leaves the earlier file (or none), never a truncated one. The file gets the permissions of any new file
+    (0666 less the umask), as its ``.json`` header does."""
     import os
     import tempfile
 
@@ -372,6 +418,9 @@ def _write_npz(path: Path, header_text: str, arrays: dict) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             np.savez_compressed(f, header=np.array(header_text), **arrays)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 → the permissions of any new file (its .json header's)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -557,7 +606,8 @@ class TreeTraceSet(_TraceFile):
 
         Raises:
             FileNotFoundError: no such file.
-            ValueError: not a trace file, a chain trace file, another tree format version, or inconsistent arrays.
+            ValueError: not a trace file, a chain trace file, another tree format version, or inconsistent arrays
+                (shifted offsets, token ids outside [0, vocab_size)).
         """
         path = Path(path)
         data, header = _open_trace(path)
@@ -577,6 +627,7 @@ class TreeTraceSet(_TraceFile):
         except ValueError as e:
             raise ValueError(f"{path}: header {e} (a hand-edited file?); re-record it.") from None
         R = _checked_rows(path, arrays)
+        _check_ids(path, header, arrays)
         if not (arrays["tree_depth"].shape == (R,) and arrays["level_nodes"].shape == (R, D)
                 and arrays["tau"].shape == (R, D + 1, S)):
             raise ValueError(f"{path}: inconsistent array shapes (a truncated or hand-edited file?); re-record it.")

@@ -248,9 +248,9 @@ if __name__ == "__main__":
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from tqdm.auto import tqdm  # noqa: E402
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase  # noqa: E402
 
+from learn2draft.cli import progress as progress_display  # noqa: E402
 from learn2draft.models import ModelPair, encode_text, eos_token_ids, make_pair, parse_dtype  # noqa: E402
 from learn2draft.timing import DeviceClock  # noqa: E402
 
@@ -327,8 +327,8 @@ def generate_data(
     pad_id = pad_token_id(tokenizer)
     eos = set(eos_token_ids(target, tokenizer))  # the loop's EOS set
     data: list[dict] = []
-    bar = tqdm(_generation_batches(encoded, cfg.gen_batch_size), desc="generate", unit="batch",
-               disable=None)  # None: no bar when not a terminal
+    # a bar on a terminal, plain lines in a log file
+    bar = progress_display(_generation_batches(encoded, cfg.gen_batch_size), desc="generate", unit="batch")
     for b, idx in enumerate(bar):
         sampled = encoded[idx[0]][1]
         data += cached_batch(cache_dir / f"batch_{b:04d}.pt", lambda: _teacher_batch(  # noqa: B023 (called at once)
@@ -479,7 +479,7 @@ def train_draft(draft: LlamaForCausalLM, data: list[dict], cfg: DistillConfig, w
     t0 = time.perf_counter()
     last: dict = {}
     stopped = False
-    bar = tqdm(total=cfg.steps, initial=step, desc="distil", unit="step", disable=None)
+    bar = progress_display(total=cfg.steps, initial=step, desc="distil", unit="step")
     while step < cfg.steps:
         done = progress(step, cfg.steps, prior_s + time.perf_counter() - t0, cfg.max_train_minutes)
         if done >= 1.0:
@@ -523,7 +523,7 @@ def _greedy_agreement(pair: ModelPair, prompts: list[str], max_new_tokens: int, 
     eos = set(pair.eos_token_ids)
     agree, mins, per_prompt, seqs = 0.0, 0.0, [], []
     npos = 0
-    for p in tqdm(prompts, desc="measure α", disable=None if show_progress else True):
+    for p in progress_display(prompts, desc="measure α", unit="prompt", enabled=show_progress):
         ids = pair.encode_prompt(p)
         pair.check_length(ids.numel(), max_new_tokens)
         out = pair.target.generate(ids[None], attention_mask=torch.ones_like(ids[None]), max_new_tokens=max_new_tokens,

@@ -56,9 +56,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from learn2draft.cli import progress as progress_display
 from learn2draft.drafters.head import DEFAULT_HEAD_DIR, HEAD_CONFIG, HEAD_FORMAT, DraftHead, head_llama_config
 from learn2draft.models import DEFAULT_TARGET, encode_text, eos_token_ids
 from train.recipes.common import (
@@ -261,7 +261,7 @@ def generate_answers(
     eos = set(eos_token_ids(target, tokenizer))
     data: list[dict] = []
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-    bar = tqdm(batches, desc=desc, unit="batch")
+    bar = progress_display(batches, desc=desc, unit="batch")  # a bar on a terminal, plain lines in a log file
     for b, idx in enumerate(bar):
 
         def answer(idx=idx) -> list[dict]:
@@ -396,7 +396,7 @@ def forward_docs(
         if cdir is not None:
             cdir.mkdir(parents=True, exist_ok=True)
         groups = [keep[i:i + batch] for i in range(0, len(keep), batch)]
-        bar = tqdm(groups, desc=f"docs forward {bi + 1}/{len(blocks)}", unit="batch")
+        bar = progress_display(groups, desc=f"docs forward {bi + 1}/{len(blocks)}", unit="batch")
         for b, g in enumerate(bar):
             path = cdir / f"docs_{b:04d}.pt" if cdir is not None else None
             data += cached_batch(path, lambda g=g: _docs_batch(target, g, pad_id))
@@ -625,7 +625,7 @@ def train_head(head: DraftHead, train: list[dict], heldout: list[dict], cfg: Hea
     stopped = False
     epoch_batches: dict[int, list] = {}
     n_per_epoch = len(_batches(train, cfg.batch_tokens, cfg.seed, 0))
-    bar = tqdm(total=cfg.steps, initial=step, desc="train head", unit="step")
+    bar = progress_display(total=cfg.steps, initial=step, desc="train head", unit="step")
     while step < cfg.steps:
         done = progress(step, cfg.steps, prior_s + time.perf_counter() - t0, cfg.max_train_minutes)
         if done >= 1.0:
