@@ -266,9 +266,11 @@ def parameter_counts(shapes) -> dict:
     return out
 
 
-def run_profiles(out: Path, shapes: dict, device: str, dtype: str, settings: list[str], progress) -> dict:
+def run_profiles(out: Path, shapes: dict, device: str, dtype: str, settings: list[str], progress,
+                 prefix: str = "") -> dict:
     """``python -m eval.profile --random-weights SHAPE`` for every shape (in this process, one after the other,
-    each pair freed before the next); ``{shape: {"file", "seconds"} or {"error"}}``."""
+    each pair freed before the next), the profile named ``<prefix>-<shape>`` (e.g. ``h200-llama-3.1-8b``);
+    ``{shape: {"file", "name", "seconds"} or {"error"}}``."""
     import torch
 
     from eval import profile
@@ -278,13 +280,14 @@ def run_profiles(out: Path, shapes: dict, device: str, dtype: str, settings: lis
         name = Path(shape).stem if shape.endswith(".json") else shape
         path = out / f"profile-{name}.json"
         argv = ["--random-weights", shape, "--drafter", drafters, "--device", device, "--dtype", dtype,
-                "--name", f"{name}-{'cpu' if device == 'cpu' else 'gpu'}", "--out", str(path),
+                "--name", f"{prefix}-{name}" if prefix else name, "--out", str(path),
                 "--note", "random weights of the architecture (python -m eval.gpu_check)", *settings]
         progress(f"profile {name}: python -m eval.profile {' '.join(argv)}")
         t0 = time.perf_counter()
         try:
             rc = profile.main(argv)
-            done[name] = {"file": path.name, "seconds": round(time.perf_counter() - t0, 1)} if rc == 0 else \
+            done[name] = {"file": path.name, "name": f"{prefix}-{name}" if prefix else name,
+                          "seconds": round(time.perf_counter() - t0, 1)} if rc == 0 else \
                 {"error": f"eval.profile exited with {rc}"}
         except Exception as e:  # one architecture's failure (out of memory, say) must not cost the others
             done[name] = {"error": f"{e.__class__.__name__}: {e}"}
@@ -366,7 +369,10 @@ def _run(args) -> int:
             report["loop"] = [loop_check(pair, d, prompts, loop_tokens, 4) for d in ("model", "lookup")]
             del pair
         if "profiles" not in skip:
-            report["profiles"] = run_profiles(out, shapes, device, dtype, settings, progress)
+            from eval.profile import default_name
+
+            report["profiles"] = run_profiles(out, shapes, device, dtype, settings, progress,
+                                              prefix=default_name(report["environment"]))
         if "tests" not in skip:
             left = args.budget_seconds - (time.perf_counter() - t_start) - 15
             progress(f"tests on {device} ({'collect only' if args.dry_run else f'{left:.0f} s left'}) …")
