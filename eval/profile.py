@@ -20,6 +20,13 @@ Writes a small JSON profile (learn2draft.replay.latency) with the machine it ran
 
     nice -n 19 python -m eval.profile --out learn2draft/replay/profiles/cpu-2core.json --name cpu-2core
     python -m eval.profile --device cuda --drafter model,lookup --out my-gpu.json
+
+With --random-weights SHAPE the target is a real architecture with random weights (eval.shapes: smollm2-135m,
+llama-3.2-1b, llama-3.1-8b, or a config.json), built on the device: costs depend on shapes, not weights, so these
+are real measurements of that architecture without its weights::
+
+    python -m eval.profile --device cuda --dtype bfloat16 --random-weights llama-3.1-8b --drafter model,lookup \
+        --out llama-8b-h200.json
 """
 
 from __future__ import annotations
@@ -95,7 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default=None, help="profile name (default: cpu-<cores>core or the GPU's name)")
     p.add_argument("--note", default="", help="free text added to the profile's source, e.g. 'under nice -n 19'")
     add_out_arg(p, "the profile's JSON file (default runs/profiles/<name>.json)")
-    add_model_args(p)
+    g = add_model_args(p)
+    g.add_argument("--random-weights", default=None, metavar="SHAPE",
+                   help="target: this architecture with random weights instead of --target (smollm2-135m, "
+                        "llama-3.2-1b, llama-3.1-8b, or a config.json file), with the embedded draft's tokenizer")
     add_device_args(p)
     add_tree_shape_args(p)
     return p
@@ -351,7 +361,17 @@ def _run(args) -> int:
     set_threads(args)
     device = resolve_device(args.device)
     t0 = time.perf_counter()
-    pair = load_models(args, drafters, device=device, progress=stderr_line)
+    if args.random_weights:
+        from eval.shapes import random_pair
+        from learn2draft.models import parse_dtype
+        from learn2draft.names import DEFAULT_DRAFT
+
+        if args.target:
+            raise ValueError("--random-weights builds the target from an architecture: drop --target.")
+        pair = random_pair(args.random_weights, drafters, device, parse_dtype(args.dtype), draft=args.draft or DEFAULT_DRAFT,
+                           progress=stderr_line)
+    else:
+        pair = load_models(args, drafters, device=device, progress=stderr_line)
     prof = measure_profile(pair, drafters, head=args.head, contexts=contexts, tokens=tokens, repeats=args.repeats,
                            draft_steps=args.draft_steps, overhead_prompts=args.overhead_prompts,
                            overhead_tokens=args.overhead_tokens, overhead_depths=depths, name=args.name or "",

@@ -24,6 +24,14 @@ in --verify-sizes. Example::
 
 Cost per generated token: one target forward over up to 1 + k + (max_depth − 1)·W·k tokens and
 --max-depth drafting levels.
+
+With --workers N the prompts are cut into N contiguous shards recorded by N Ray tasks (each loads its models
+once; eval.distributed) and merged in prompt order: the same traces as one process (prompt i keeps seed + i).
+Without --address a local Ray cluster starts and stops with the command; --address joins an existing one
+(`ray start --head` on one machine, `ray start --address HEAD:6379` on the others). Ray is an optional extra:
+pip install 'learn2draft[ray]'. Example::
+
+    python -m eval.record --drafter model --prompt-split train --workers 4 --out runs/traces/model-train.npz
 """
 
 from __future__ import annotations
@@ -73,6 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--verify-sizes", default=None,
                    help=f"with --tree: verification sizes V recorded, comma-separated (default: {_SIZES})")
     add_tree_shape_args(p)
+    r = p.add_argument_group("workers (Ray; pip install 'learn2draft[ray]')")
+    r.add_argument("--workers", type=int, default=1,
+                   help="Ray tasks recording contiguous shards of the prompts, each loading its models once; 1 = this "
+                        "process, without Ray (unless --address is given)")
+    r.add_argument("--address", default=None,
+                   help="an existing Ray cluster to run the tasks on (auto, or HOST:PORT of `ray start --head`); "
+                        "default: a local cluster of --workers CPUs, started and stopped here")
     return p
 
 
@@ -81,13 +96,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args) -> int:
+    from eval.distributed import record_shard, record_with_ray
     from eval.profile import machine_info
-    from learn2draft.cli import load_models, resolve_device, sampling_config, set_threads, stderr_line, threads_of
-    from learn2draft.drafters import make_drafter
+    from learn2draft.cli import resolve_device, sampling_config, threads_of
     from learn2draft.prompts import SPLITS, load_prompt_file, load_prompts
     from learn2draft.replay.traces import check_writable
-    from learn2draft.traces import record_traces
 
+    if args.workers < 1:
+        raise ValueError(f"--workers must be ≥ 1, got {args.workers}.")
     if args.max_depth < 0 or args.max_new_tokens < 2:
         raise ValueError(f"--max-depth must be ≥ 0 and --max-new-tokens ≥ 2, got {args.max_depth} and {args.max_new_tokens}.")
     if args.num_prompts is not None and args.num_prompts < 1:
@@ -129,16 +145,17 @@ def _run(args) -> int:
     name = Path(source).stem if args.prompts else source.replace(",", "+")
     out = Path(args.out) if args.out else Path("runs") / "traces" / f"{kind}-{name}.npz"
     out = check_writable(out)  # before loading models and recording: a bad --out must not cost the recording
-    set_threads(args)
     device = resolve_device(args.device)
-    pair = load_models(args, args.drafter, device=device, progress=stderr_line)
-    drafter = make_drafter(args.drafter, pair, head=args.head)
     header = {"prompt_source": source, "num_prompts": len(prompts), "chat": True, "machine": machine_info(device),
               "command": "python -m eval.record " + " ".join(sys.argv[1:])}
+    args.sampling = sampling
+    args.verify_sizes = verify_sizes if args.tree else None
+    if args.workers > 1 or args.address:
+        traces = record_with_ray(args, prompts, header, args.workers, args.address)
+    else:
+        traces = record_shard(args, prompts, header)
     if args.tree:
-        return _record_trees(args, pair, drafter, prompts, sampling, verify_sizes, header, out)
-    traces = record_traces(pair, drafter, prompts, sampling, max_new_tokens=args.max_new_tokens,
-                           max_depth=args.max_depth, seed=args.seed, header=header)
+        return _summarize_trees(args, traces, out)
     path = traces.save(out)
     runs = [pt.accepted_run()[1:pt.n] for pt in traces.prompts]
     summary = {
@@ -155,17 +172,12 @@ def _run(args) -> int:
     return 0
 
 
-def _record_trees(args, pair, drafter, prompts, sampling, verify_sizes, header, out) -> int:
+def _summarize_trees(args, traces, out) -> int:
     import numpy as np
 
-    from learn2draft.traces import record_tree_traces
-
-    traces = record_tree_traces(pair, drafter, prompts, sampling, max_new_tokens=args.max_new_tokens,
-                                max_depth=args.max_depth, verify_sizes=verify_sizes, width=args.tree_width,
-                                top_k=args.tree_top_k, seed=args.seed, header=header)
     path = traces.save(out)
     rows = [pt.tau[1:pt.n] for pt in traces.prompts]
-    tau = np.concatenate(rows) if rows else np.zeros((0, args.max_depth + 1, len(verify_sizes)))
+    tau = np.concatenate(rows) if rows else np.zeros((0, args.max_depth + 1, len(args.verify_sizes)))
     summary = {
         "out": str(path), "header": str(path.with_suffix(".json")), "prompts": len(traces),
         "tokens": int(sum(pt.n for pt in traces.prompts)),

@@ -206,19 +206,25 @@ class SamplingConfig:
 
 def sample_from(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
     """Draw one token id from a float (V,) distribution (need not be normalised), by inverse CDF
-    with one float64 uniform from ``generator`` (see :func:`_inverse_cdf`).
+    with one float64 uniform from ``generator`` (the rule of :func:`_inverse_cdf`, computed on the
+    probabilities' device so that the check, the draw and the index cross to the host in ONE
+    transfer: one host synchronisation per draft token on a GPU instead of four).
 
     Raises:
         ValueError: the probabilities are NaN, infinite, negative or all zero.
     """
     lo, hi = torch.aminmax(probs)
-    if not (float(lo) >= 0 and float(hi) < math.inf):
+    u = torch.rand(1, generator=generator, device=probs.device, dtype=torch.float64)
+    c = probs.double().cumsum(0)
+    found = torch.searchsorted(c, c[-1:] * u, right=True)
+    lo, hi, idx, total = torch.cat([lo.double().view(1), hi.double().view(1), found.double(), c[-1:]]).tolist()
+    if not (lo >= 0 and hi < math.inf):
         raise ValueError("Cannot sample: probabilities are NaN, infinite or negative.")
-    u = float(torch.rand(1, generator=generator, device=probs.device, dtype=torch.float64))
-    idx = _inverse_cdf(probs, u)
-    if idx is None:
-        raise ValueError("Cannot sample: probabilities are all zero.")
-    return idx
+    if int(idx) < c.numel():
+        return int(idx)
+    if total > 0:  # u · total rounded up to total: the last token with mass
+        return int((probs > 0).nonzero()[-1, 0])
+    raise ValueError("Cannot sample: probabilities are all zero.")
 
 
 def _check_shape(name: str, t: torch.Tensor, rows: int, V: int | None) -> None:

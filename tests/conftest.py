@@ -1,6 +1,14 @@
-"""Shared fixtures: tiny randomly initialised Llama models (no downloads) and the real default pair."""
+"""Shared fixtures: tiny randomly initialised Llama models (no downloads) and the real default pair.
+
+The tiny models are built on ``TEST_DEVICE``: the CPU unless the environment sets ``LEARN2DRAFT_TEST_DEVICE``
+(e.g. ``LEARN2DRAFT_TEST_DEVICE=cuda``, as the GPU check ``eval/scripts/gpu-check.sh`` runs the tests that use them),
+so the decoders, drafters and samplers those tests build run on that device; their weights are drawn on the CPU
+first, so they are the same on every device.
+"""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -15,6 +23,23 @@ torch.set_num_threads(1)
 
 TINY_VOCAB = [f"w{i}" for i in range(60)]
 
+#: Where the tiny models run (``LEARN2DRAFT_TEST_DEVICE``, default ``cpu``).
+TEST_DEVICE = os.environ.get("LEARN2DRAFT_TEST_DEVICE", "cpu") or "cpu"
+
+
+def pytest_configure(config):
+    if TEST_DEVICE != "cpu":
+        from learn2draft.models import ModelLoadError, check_device
+
+        try:
+            check_device(TEST_DEVICE)
+        except ModelLoadError as e:
+            raise pytest.UsageError(f"LEARN2DRAFT_TEST_DEVICE={TEST_DEVICE}: {e}") from None
+
+
+def pytest_report_header(config):
+    return f"learn2draft tiny models on: {TEST_DEVICE} (LEARN2DRAFT_TEST_DEVICE)"
+
 
 def tiny_tokenizer(words=TINY_VOCAB) -> PreTrainedTokenizerFast:
     """A whitespace word-level tokenizer: ids 0..2 are <unk>, <s>, </s>, then ``words``."""
@@ -24,7 +49,8 @@ def tiny_tokenizer(words=TINY_VOCAB) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
 
 
-def tiny_llama(vocab_size: int, seed: int, layers: int = 2, hidden: int = 32) -> LlamaForCausalLM:
+def tiny_llama(vocab_size: int, seed: int, layers: int = 2, hidden: int = 32, device: str | None = None) -> LlamaForCausalLM:
+    """A random tiny Llama (seeded on the CPU, then moved to ``device``, default :data:`TEST_DEVICE`)."""
     torch.manual_seed(seed)
     cfg = LlamaConfig(
         vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
@@ -34,7 +60,7 @@ def tiny_llama(vocab_size: int, seed: int, layers: int = 2, hidden: int = 32) ->
     m = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():  # larger logits → peakier, more varied distributions than the tiny init gives
         m.lm_head.weight.mul_(40.0)
-    return m
+    return m.to(device or TEST_DEVICE)
 
 
 @pytest.fixture(scope="session")

@@ -49,7 +49,7 @@ def tiny_head_drafter(pair):
 
     torch.manual_seed(0)
     V = pair.target.config.vocab_size
-    head = DraftHead(head_llama_config(pair.target.config), torch.arange(3, V, 2)).to(pair.target.dtype)
+    head = DraftHead(head_llama_config(pair.target.config), torch.arange(3, V, 2)).to(pair.device, pair.target.dtype)
     head.attach_target(pair.target, init_norm=True)
     with torch.no_grad():
         head.norm.weight.mul_(20.0)
@@ -70,7 +70,7 @@ def noisy_copy(model: torch.nn.Module, scale: float, seed: int) -> torch.nn.Modu
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for prm in m.parameters():
-            prm.add_(torch.randn(prm.shape, generator=g) * scale * prm.std().clamp_min(1e-3))
+            prm.add_(torch.randn(prm.shape, generator=g).to(prm.device) * scale * prm.std().clamp_min(1e-3))
     return m
 
 
@@ -80,7 +80,7 @@ def greedy_reference(model, prompt: torch.Tensor, n: int, V: int, eos: Iterable[
     """Plain greedy decoding, the reference the speculative loop must reproduce: the prompt once,
     then one token per forward with a cache that only ever grows (no drafting, no rollback), the
     argmax of ``sampling.probs`` (so penalties apply). Stops after ``n`` tokens or an EOS (included)."""
-    ids = prompt.clone()
+    ids = prompt.clone().to(model.device)
     cache = DynamicCache()
     feed = ids
     out: list[int] = []
@@ -89,7 +89,7 @@ def greedy_reference(model, prompt: torch.Tensor, n: int, V: int, eos: Iterable[
         logits = model(input_ids=feed[None], cache=cache, use_cache=True).logits[0, -1:, :V]
         tok = int(sampling.probs(logits, ids)[0].argmax())
         out.append(tok)
-        feed = torch.tensor([tok])
+        feed = torch.tensor([tok], device=ids.device)
         ids = torch.cat([ids, feed])
         if tok in eos:
             break

@@ -19,7 +19,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_VOCAB, tiny_llama
+from conftest import TEST_DEVICE, TINY_VOCAB, tiny_llama
 from helpers_loop import greedy_reference, noisy_copy
 from helpers_tree import unnormalised_tree_sampler
 from transformers import DynamicCache
@@ -111,23 +111,23 @@ def test_greedy_tree_with_a_repetition_penalty(noisy_pair):
 def test_model_drafter_tree_expansion_equals_fresh_forwards(noisy_pair, sampling):
     d = ModelDrafter(noisy_pair.draft, noisy_pair.vocab_size)
     d.start(PROMPT)
-    seq = PROMPT.clone()
+    seq = PROMPT.clone().to(TEST_DEVICE)
     for cycle in range(3):
         tree = DraftTree.root(int(seq[-1]))
         for _ in range(3):
             nodes = tree.frontier(2).tolist()
             prop = d.propose_topk(seq, tree, nodes, 3, sampling)
             for j, f in enumerate(nodes):
-                full = torch.cat([seq, tree.tokens[tree.path(f)]])
+                full = torch.cat([seq, tree.tokens[tree.path(f)].to(seq.device)])
                 with torch.inference_mode():
                     logits = noisy_pair.draft(input_ids=full[None]).logits[0, -1:, : noisy_pair.vocab_size]
-                lp = draft_log_probs(logits, sampling, [full])[0]
+                lp = draft_log_probs(logits, sampling, [full])[0].cpu()
                 np.testing.assert_allclose(prop.logprobs[j].numpy(), lp[prop.tokens[j]].double().numpy(), atol=1e-4)
                 assert prop.tokens[j].tolist() == lp.topk(3).indices.tolist() or np.allclose(
                     lp.topk(3).values.numpy(), lp[prop.tokens[j]].numpy(), atol=1e-5)
             tree = tree.expand(nodes, prop.tokens, prop.logprobs)
         path = tree.path(tree.num_nodes)[: cycle + 1]  # pretend a path was accepted, plus one more token
-        seq = torch.cat([seq, tree.tokens[path], torch.tensor([7])])
+        seq = torch.cat([seq, tree.tokens[path].to(seq.device), torch.tensor([7], device=seq.device)])
         d.rollback(seq.numel() - 1)
         assert d.cache_len <= seq.numel() - 1 and d.cache.get_seq_length() == d.cache_len
 
@@ -137,23 +137,24 @@ def test_head_drafter_tree_expansion_equals_chain_prediction(noisy_pair, tiny_he
     (a fresh drafter given the same verified target features)."""
     d = load_head_drafter(noisy_pair, tiny_head_dir)
     target = noisy_pair.target
+    prompt = PROMPT.to(TEST_DEVICE)
     with torch.inference_mode():
-        feats = target(input_ids=PROMPT[None], output_hidden_states=True).hidden_states[-1][0]
-    d.start(PROMPT)
+        feats = target(input_ids=prompt[None], output_hidden_states=True).hidden_states[-1][0]
+    d.start(prompt)
     d.observe_target(feats[:-1], 0)  # the target has seen all but the last token, as in the loop
     sampling = SamplingConfig()
     tree = DraftTree.root(int(PROMPT[-1]))
     for _ in range(3):
         nodes = tree.frontier(3).tolist()
-        prop = d.propose_topk(PROMPT, tree, nodes, 2, sampling)
+        prop = d.propose_topk(prompt, tree, nodes, 2, sampling)
         for j, f in enumerate(nodes):
             fresh = HeadDrafter(d.head, noisy_pair.vocab_size)
             fresh.observe_target(feats[:-1], 0)
-            full = torch.cat([PROMPT, tree.tokens[tree.path(f)]])
+            full = torch.cat([prompt, tree.tokens[tree.path(f)].to(prompt.device)])
             logits = fresh.predict(full)
-            row = torch.full((noisy_pair.vocab_size,), fresh.masked_logit)
+            row = torch.full((noisy_pair.vocab_size,), fresh.masked_logit, device=logits.device)
             row[d.head.d2t] = logits
-            lp = draft_log_probs(row[None], sampling, [full])[0]
+            lp = draft_log_probs(row[None], sampling, [full])[0].cpu()
             np.testing.assert_allclose(prop.logprobs[j].numpy(), lp[prop.tokens[j]].double().numpy(), atol=1e-4)
         tree = tree.expand(nodes, prop.tokens, prop.logprobs)
     assert tree.num_nodes > 6

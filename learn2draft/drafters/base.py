@@ -205,7 +205,8 @@ def topk_proposal(logits: torch.Tensor, k: int, sampling: SamplingConfig, prefix
     lp = draft_log_probs(logits, sampling, prefixes)
     top = lp.topk(min(k, lp.shape[-1]), dim=-1)
     conf, ent = raw_confidence_entropy(logits[0] if raw_first is None else raw_first)
-    return TopKProposal(top.indices.cpu(), top.values.double().cpu(), conf, ent)
+    both = torch.stack([top.indices.double(), top.values.double()]).cpu()  # one transfer (ids < 2**53 are exact)
+    return TopKProposal(both[0].long(), both[1], conf, ent)
 
 
 def tree_slot_mask(ancestor_slots: list[list[int]], base: int, total: int, dtype: torch.dtype,
@@ -236,10 +237,10 @@ def tree_slot_mask(ancestor_slots: list[list[int]], base: int, total: int, dtype
 
 
 def raw_confidence_entropy(logits: torch.Tensor) -> tuple[float, float]:
-    """Max probability and entropy (nats) of softmax(``logits``) for float (V,) raw logits."""
+    """Max probability and entropy (nats) of softmax(``logits``) for float (V,) raw logits (both cross to the
+    host in one transfer)."""
     raw = torch.softmax(logits.float(), dim=-1)
-    conf = float(raw.max())
-    ent = float(-(raw * torch.log(raw.clamp_min(1e-30))).sum())
+    conf, ent = torch.stack([raw.max(), -(raw * torch.log(raw.clamp_min(1e-30))).sum()]).tolist()
     return conf, ent
 
 

@@ -1,0 +1,137 @@
+"""Real architectures with random weights, for latency profiles without the weights.
+
+Verification and drafting cost depend on a model's shapes (layers, widths, heads, vocabulary), dtype and
+device, not on its weights, so a profile measured on a randomly initialised model of a real architecture
+(``python -m eval.profile --random-weights SHAPE``) is a real measurement of that architecture's costs; only the
+acceptance it would see needs the real weights (traces). The named shapes (:data:`SHAPES`) copy the
+``config.json`` of each model on the Hugging Face hub (sources below); a ``config.json`` file or a directory
+holding one names any other architecture.
+
+The pair's tokenizer is the embedded draft's (SmolLM2's, V = 49152 ids): its ids index the embedding of any
+shape with at least that many rows (the Llama shapes keep their own 128256 rows, so the target's forward and
+its logits cost what they cost with the real vocabulary; logits past V are masked as padded rows are).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from learn2draft.names import DEFAULT_DRAFT
+
+#: Named architectures (LlamaConfig fields, from each model's ``config.json`` on the hub).
+SHAPES: dict[str, dict] = {
+    # HuggingFaceTB/SmolLM2-135M-Instruct: the embedded target's architecture.
+    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                         num_key_value_heads=3, head_dim=64, vocab_size=49152, max_position_embeddings=8192,
+                         rope_parameters={"rope_theta": 100000.0, "rope_type": "default"}, rms_norm_eps=1e-5,
+                         tie_word_embeddings=True),
+    # meta-llama/Llama-3.2-1B (its llama3 RoPE scaling changes no shape and is left out).
+    "llama-3.2-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                         num_key_value_heads=8, head_dim=64, vocab_size=128256, max_position_embeddings=131072,
+                         rope_parameters={"rope_theta": 500000.0, "rope_type": "default"}, rms_norm_eps=1e-5,
+                         tie_word_embeddings=True),
+    # meta-llama/Llama-3.1-8B.
+    "llama-3.1-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                         num_key_value_heads=8, head_dim=128, vocab_size=128256, max_position_embeddings=131072,
+                         rope_parameters={"rope_theta": 500000.0, "rope_type": "default"}, rms_norm_eps=1e-5,
+                         tie_word_embeddings=False),
+}
+
+#: The tokenizer of a random-weights pair: the embedded draft's (the embedded target's vocabulary).
+SHAPE_TOKENIZER = DEFAULT_DRAFT
+
+
+def shape_config(shape: str):
+    """The transformers config of ``shape``: a name of :data:`SHAPES` (a ``LlamaConfig``), or a ``config.json``
+    file or a directory holding one (any ``model_type`` transformers knows; ``llama`` when it names none).
+
+    Raises:
+        ValueError: neither a known name nor an existing config file, or a file that is not a JSON object.
+    """
+    from transformers import AutoConfig, LlamaConfig
+
+    if shape in SHAPES:
+        return LlamaConfig(**SHAPES[shape])
+    p = Path(shape).expanduser()
+    if p.is_dir():
+        p = p / "config.json"
+    if not p.is_file():
+        raise ValueError(f"Unknown architecture {shape!r}: use one of {', '.join(SHAPES)}, or a config.json file "
+                         "(or a directory holding one).")
+    try:
+        fields = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{p}: not a readable JSON config ({e.__class__.__name__}: {e}).") from None
+    if not isinstance(fields, dict):
+        raise ValueError(f"{p}: a config.json holds one JSON object, got {type(fields).__name__}.")
+    return AutoConfig.for_model(fields.pop("model_type", "llama"), **fields)
+
+
+def shape_name(shape: str) -> str:
+    """The name a random-weights target is recorded under: ``random:<name>`` (a file: its directory or stem)."""
+    if shape in SHAPES:
+        return f"random:{shape}"
+    p = Path(shape)
+    return f"random:{p.parent.name if p.name == 'config.json' else p.stem}"
+
+
+def random_model(shape: str, device="cpu", dtype=None, seed: int = 0, eos_token_id: int | None = None):
+    """A causal LM of architecture ``shape`` (:func:`shape_config`) with random weights (the architecture's own
+    initialisation, seeded), built directly on ``device`` in ``dtype`` (no download, nothing written: an 8B shape
+    in bfloat16 takes 16 GB of device memory and seconds on a GPU).
+
+    Args:
+        eos_token_id: replaces the config's EOS id (the tokenizer's), so that generations end where the
+            tokenizer says.
+
+    Raises:
+        ValueError: as :func:`shape_config`; learn2draft.ModelLoadError: ``device`` unavailable.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from learn2draft.models import check_device
+
+    dev = check_device(device)
+    cfg = shape_config(shape)
+    if eos_token_id is not None:
+        cfg.eos_token_id = eos_token_id
+    torch.manual_seed(seed)
+    with torch.device(dev):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype or torch.float32)
+    return model.eval()
+
+
+def random_pair(shape: str, drafters, device="cpu", dtype=None, draft: str = DEFAULT_DRAFT, seed: int = 0,
+                progress=None):
+    """A :class:`learn2draft.ModelPair` whose target is :func:`random_model` of ``shape`` and whose tokenizer is
+    :data:`SHAPE_TOKENIZER`'s; the draft model ``draft`` (loaded with :func:`learn2draft.models.load_model`) only
+    when ``drafters`` includes ``"model"``. The target is named :func:`shape_name` in the pair.
+
+    Raises:
+        ValueError: the shape's vocabulary is smaller than the tokenizer's (its ids would not index it), or as
+            :func:`shape_config`.
+        learn2draft.ModelLoadError, learn2draft.TokenizerMismatchError: as :func:`learn2draft.models.load_pair`.
+    """
+    from learn2draft.models import canonical_model_name, check_tokenizers, load_model, load_tokenizer, make_pair
+
+    names = [drafters] if isinstance(drafters, str) else list(drafters)
+    tok = load_tokenizer(SHAPE_TOKENIZER)
+    cfg = shape_config(shape)
+    if cfg.vocab_size < len(tok):
+        raise ValueError(f"Architecture {shape!r} has {cfg.vocab_size} vocabulary rows, fewer than the {len(tok)} ids "
+                         f"of the tokenizer it is run with ({SHAPE_TOKENIZER}): give it vocab_size ≥ {len(tok)}.")
+    dtok = load_tokenizer(draft) if "model" in names else None
+    if dtok is not None:
+        check_tokenizers(tok, dtok)
+    if progress is not None:
+        progress(f"Building target={shape_name(shape)} (random weights)" + (f" draft={draft}" if dtok else "")
+                 + f" on {device} ({dtype}) …")
+    target = random_model(shape, device, dtype, seed=seed, eos_token_id=tok.eos_token_id)
+    d = load_model(draft, device, dtype) if dtok is not None else None
+    return make_pair(target, d, tok, dtok, target_name=shape_name(shape),
+                     draft_name=canonical_model_name(draft) if d is not None else "")
+
+
+__all__ = ["SHAPES", "SHAPE_TOKENIZER", "random_model", "random_pair", "shape_config", "shape_name"]
