@@ -60,14 +60,13 @@ import numpy as np
 from gymnasium import spaces
 
 from envs.reward import check_reward_scale, cycle_reward, relative_speeds
-from learn2draft.control import check_depth_feature_scale, keeps_drafting
+from learn2draft.control import CONTINUE, STOP, check_depth_feature_scale, keeps_drafting
 from learn2draft.features import FEATURE_NAMES, HISTORY, PROFILE_FEATURE_NAMES, build_features
 from learn2draft.features import profile_features as profile_feature_vector
 from learn2draft.names import run_seed
 from learn2draft.replay.latency import LatencyProfile, load_profiles
 from learn2draft.replay.outcome import ChainReplay, chain_replay, tokens_per_second
 from learn2draft.replay.traces import PromptTrace, TraceSet, TreeTraceSet, load_traces
-from policies.controllers import CONTINUE, STOP
 
 REPLAY_ENV_ID = "learn2draft/SpecDecodeReplay-v0"
 EPISODE_MODES = ("generation", "cycle")

@@ -29,7 +29,6 @@ import time
 from pathlib import Path
 
 from learn2draft.cli import HelpFormatter, add_device_args, add_profile_arg, plain_doc, run_cli
-from learn2draft.names import run_seed
 
 
 def replay_envs(traces, profile, controllers: dict) -> dict:
@@ -65,7 +64,8 @@ def sim_vs_real(pair, traces, profile, controllers: dict, drafter=None, repeats:
             depth-feature scale (a policy), else with the traces' ``max_depth``.
         drafter: a factory ``() -> Drafter`` for the real runs (default: ``make_drafter`` of the traces' drafter).
         repeats: real generations per prompt (the replay at T > 0 uses 20 per prompt).
-        seed: the sampling seed of prompt i in repeat k is ``seed + 1000·k + i``.
+        seed: the sampling seed of the i-th replayed prompt in repeat k is ``seed + 1000·k + i``; the real runs go
+            through :func:`eval.runner.run_interleaved` (the one measurement loop: rotated method order).
         envs: the replay environments of :func:`replay_envs` (built here when None).
 
     Returns:
@@ -77,7 +77,7 @@ def sim_vs_real(pair, traces, profile, controllers: dict, drafter=None, repeats:
     import torch
 
     from envs.replay import replay_controller
-    from learn2draft.decoding import SpeculativeDecoder
+    from eval.runner import DecoderMethod, run_interleaved
     from learn2draft.drafters import make_drafter
     from learn2draft.replay.outcome import tokens_per_second
     from learn2draft.sampling import SamplingConfig
@@ -91,45 +91,31 @@ def sim_vs_real(pair, traces, profile, controllers: dict, drafter=None, repeats:
             return make_drafter(traces.drafter, pair, head=head)
 
     envs = replay_envs(traces, profile, controllers) if envs is None else envs
-    methods, decoders = {}, {}
+    methods, runners = {}, []
     for name, ctrl in controllers.items():
         md = ctrl.depth_feature_scale or traces.max_depth
         env = envs[md]
         pred = replay_controller(env, ctrl, repeats=1 if env.deterministic else 20, seed=seed)
         methods[name] = {"predicted_tokens_per_s": pred["tokens_per_s"], "predicted_mean_depth": pred["mean_depth"],
                          "predicted_mean_accepted": pred["mean_accepted"], "max_depth": md}
-        decoders[name] = SpeculativeDecoder(pair, sampling, max_new_tokens=traces.max_new_tokens, max_depth=md,
-                                            drafter=drafter())
+        runners.append(DecoderMethod(name, pair, ctrl, sampling, traces.max_new_tokens, drafter=drafter()))
     idx = list(next(iter(envs.values()))._usable)
-    names = list(controllers)
-    acc = {n: {"tokens": 0, "cycle_s": 0.0, "wall_s": 0.0, "cycles": 0, "depth": 0, "tau": 0} for n in names}
+    prompts = [torch.as_tensor(traces.prompts[i].prompt_ids) for i in idx]
+    runners[0].run(prompts[0], seed=seed)  # warm-up: the first forwards allocate
+    records = run_interleaved(runners, prompts, repeats, seed=seed, desc="sim vs real", progress=progress is not None)
     mismatches = 0
-    dec0 = decoders[names[0]]  # warm-up: the first forwards allocate
-    dec0.generate(torch.as_tensor(traces.prompts[idx[0]].prompt_ids), controllers[names[0]], seed=seed)
-    for k in range(repeats):
-        for j, i in enumerate(idx):
-            pt = traces.prompts[i]
-            r = (k * len(idx) + j) % len(names)
-            for n in names[r:] + names[:r]:  # rotated order: load drifts hit every method alike
-                g = decoders[n].generate(torch.as_tensor(pt.prompt_ids), controllers[n], seed=run_seed(seed, k, i))
-                a = acc[n]
-                a["tokens"] += len(g.tokens)
-                a["cycle_s"] += sum(c.seconds for c in g.cycles)
-                a["wall_s"] += g.wall_seconds
-                a["cycles"] += len(g.cycles)
-                a["depth"] += sum(c.depth for c in g.cycles)
-                a["tau"] += sum(c.num_accepted for c in g.cycles)
-                if traces.deterministic and g.tokens != pt.output[: traces.max_new_tokens].tolist():
-                    mismatches += 1
-            if progress:
-                progress(f"repeat {k + 1}/{repeats}, prompt {j + 1}/{len(idx)}")
-    for n in names:
-        a, m = acc[n], methods[n]
-        m["measured_tokens_per_s"] = tokens_per_second(a["tokens"], a["cycle_s"])
-        m["measured_wall_tokens_per_s"] = tokens_per_second(a["tokens"], a["wall_s"])
-        m["measured_mean_depth"] = a["depth"] / a["cycles"] if a["cycles"] else 0.0
-        m["measured_mean_accepted"] = a["tau"] / a["cycles"] if a["cycles"] else 0.0
+    for n, m in methods.items():
+        rs = [r for r in records if r.method == n]
+        cycles = sum(r.cycles for r in rs)
+        tokens = sum(r.new_tokens for r in rs)
+        m["measured_tokens_per_s"] = tokens_per_second(tokens, sum(r.cycle_seconds for r in rs))
+        m["measured_wall_tokens_per_s"] = tokens_per_second(tokens, sum(r.wall_seconds for r in rs))
+        m["measured_mean_depth"] = sum(r.drafted for r in rs) / cycles if cycles else 0.0
+        m["measured_mean_accepted"] = sum(r.accepted for r in rs) / cycles if cycles else 0.0
         m["error"] = m["predicted_tokens_per_s"] / m["measured_tokens_per_s"] - 1 if m["measured_tokens_per_s"] else None
+        if traces.deterministic:
+            mismatches += sum(r.tokens != traces.prompts[idx[r.prompt_index]].output[: traces.max_new_tokens].tolist()
+                              for r in rs)
     return {"methods": methods, "prompts": len(idx), "repeats": repeats, "token_mismatches": mismatches,
             "profile": profile.name, "drafter": traces.drafter, "deterministic": traces.deterministic,
             "rate": "all generated tokens / summed cycle seconds (prefill excluded); wall: with prefill"}
