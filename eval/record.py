@@ -71,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="prompt i is recorded with sampling seed seed + i")
     add_out_arg(p, "the trace .npz (default runs/traces/<drafter>[-tree]-<split>.npz); its header is also written "
                    "beside it as .json")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing trace at --out (without it an existing trace is refused, not replaced)")
     add_model_args(p)
     add_sampling_args(p)
     add_device_args(p)
@@ -145,6 +147,8 @@ def _run(args) -> int:
     name = Path(source).stem if args.prompts else source.replace(",", "+")
     out = Path(args.out) if args.out else Path("runs") / "traces" / f"{kind}-{name}.npz"
     out = check_writable(out)  # before loading models and recording: a bad --out must not cost the recording
+    if (out.exists() or out.with_suffix(".json").exists()) and not args.overwrite:
+        raise ValueError(f"{out} already holds a trace: pass --overwrite to replace it, or another --out.")
     device = resolve_device(args.device)
     header = {"prompt_source": source, "num_prompts": len(prompts), "chat": True, "machine": machine_info(device),
               "command": "python -m eval.record " + " ".join(sys.argv[1:])}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from learn2draft.cli import HelpFormatter, add_device_args
+from learn2draft.cli import HelpFormatter, add_device_args, run_cli
 
 
 def tree_sampler_microbenchmark(vocab_size: int = 49152, num_nodes: int = 64, width: int = 4, iters: int = 200,
@@ -98,11 +98,15 @@ def tree_cycle_overhead(pair, drafter: str = "head", depth: int = 4, verify_size
     return tot
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = build_parser()
-    args = ap.parse_args(argv)
-    from learn2draft.cli import load_models, set_threads, stderr_line
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; bad input is one error line and exit code 2 (:func:`learn2draft.cli.run_cli`)."""
+    return run_cli(build_parser(), _run, argv)
 
+
+def _run(args) -> int:
+    from learn2draft.cli import load_models, resolve_device, set_threads, stderr_line
+
+    resolve_device(args.device, check=args.overhead)  # a bad --device is an error before anything runs
     threads = set_threads(args)
     r = tree_sampler_microbenchmark(args.vocab_size, args.nodes, iters=args.iters)
     print(f"tree_speculative_sample: V={r['vocab_size']}, {r['num_nodes']} nodes, {threads} thread(s): "
@@ -114,6 +118,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"tree cycle (head, depth 4, V 8): {o['cycles']} cycles, {o['tokens']} tokens, "
               f"τ̄ = {o['mean_accepted']:.2f}; {parts}; tree overhead {100 * o['tree_overhead_fraction']:.2f} % "
               "of cycle time")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -132,4 +137,4 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

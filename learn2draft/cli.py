@@ -202,13 +202,21 @@ def resolve_device(name: str | None, check: bool = True) -> str:
     ``"cpu"`` (:func:`learn2draft.models.default_device`); any other name is kept.
 
     Raises:
-        learn2draft.ModelLoadError: with ``check``, the device is unknown or unavailable here.
+        learn2draft.ModelLoadError: the name is not a torch device; with ``check``, also a device that is
+            unavailable here.
     """
     from learn2draft import models
 
     device = models.default_device() if name in (None, "auto") else name
     if check:
         models.check_device(device)
+    else:  # the name must still be a torch device (``--device bogus`` is an error even where nothing loads)
+        import torch
+
+        try:
+            torch.device(device)
+        except (RuntimeError, TypeError):
+            raise models.ModelLoadError(f"Unknown device {device!r}: use cpu, cuda, cuda:N or mps.") from None
     return device
 
 

@@ -4,9 +4,11 @@
 decision (chain or tree); the observation vectors a policy reads are built from it —
 :meth:`DraftState.features` (:func:`learn2draft.features.build_features`, the depth decision) and
 :meth:`DraftState.size_features` (:func:`learn2draft.features.build_size_features`, a tree's
-verification-size decision). The raw values stay available as integers and floats, so a rule or
-an engine adapter reads ``state.depth`` or ``state.tree_nodes`` instead of rounding a normalised
-feature back to an integer; ``max_depth`` is the declared scale of the depth features.
+verification-size decision). The raw values stay available as integers and floats
+(``state.depth``, ``state.tree_nodes``, ``state.entropies``) for code that holds the decoder, and
+``max_depth`` is the declared scale of the depth features. The controller protocol itself still
+passes the float32 vectors (what an exported ONNX policy reads); the rules of :mod:`policies.controllers`
+round the depth back from them exactly (depth / max_depth with their own ``max_depth``).
 
 Every field is known before the decision it informs (no drafted token's value is read before it
 is drawn), which is what keeps the output law exact whatever a policy does with it.

@@ -249,7 +249,7 @@ def _resolve_controller(args) -> tuple:
     if args.num_draft_tokens is not None:
         return FixedDepthController(args.num_draft_tokens), args.num_draft_tokens, settings, head
     from learn2draft.cli import resolved_dtype
-    from policies.layout import default_policy_dir
+    from policies.layout import TREE_FILE, default_policy_dir
     from policies.load import load_policy, policy_drafter, policy_head, run_settings
 
     policy_dir = Path(args.policy) if args.policy else default_policy_dir(args.drafter, resolved_dtype(args))
@@ -258,6 +258,9 @@ def _resolve_controller(args) -> tuple:
     if not policy_dir.is_dir():
         raise ValueError(f"--policy {args.policy}: no such directory (a run of `python -m train` or a policy "
                          "export), or use --num-draft-tokens N for a fixed γ.")
+    if (policy_dir / TREE_FILE).is_file():  # before the drafter check: no --drafter would make it run here
+        raise ValueError(f"{policy_dir} holds draft-tree policies (tree.json): this command decodes chains; run it "
+                         "with python -m eval --tree --tree-policy DIR or python -m eval.benchmark --tree.")
     trained_with = policy_drafter(policy_dir)
     if trained_with != args.drafter:
         raise ValueError(f"The policy in {policy_dir} was trained with the {trained_with!r} drafter, not "

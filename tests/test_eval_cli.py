@@ -255,3 +255,16 @@ def test_benchmark_tree_rows_on_the_tiny_run(tiny_run, tmp_path, monkeypatch):
             "model: learned policy"} <= rows
     assert rep["tree"] == {"width": 2, "top_k": 2, "tree_policy": str(tmp_path / "tp")}
     assert "| model: learned tree |" in (out / "benchmark.md").read_text()
+
+
+def test_record_refuses_to_replace_an_existing_trace_without_overwrite(tmp_path, capsys):
+    """python -m eval.record with an --out that already holds a trace is one error line naming the file and
+    --overwrite, before any model loads, and the file is left as it was."""
+    from eval.record import main as record_main
+
+    out = tmp_path / "lk.npz"
+    out.write_bytes(b"an earlier trace")
+    assert record_main(["--drafter", "lookup", "--num-prompts", "1", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert str(out) in err and "--overwrite" in err and "Loading" not in err
+    assert out.read_bytes() == b"an earlier trace"

@@ -71,7 +71,7 @@ def test_cli_streams_the_same_tokens_as_the_decoder(default_pair, monkeypatch, c
     """Real pair, shipped lookup policy: the printed text is the decoded generation, the cycle lines
     add up to it, and the metrics line agrees with them."""
     prompt = "Rewrite as a JSON list: apples, pears, plums."
-    argv = ["--max-new-tokens", "24", "--show-cycles", "--metrics"]
+    argv = ["--max-new-tokens", "24", "--show-cycles", "--metrics", "--dtype", "float32"]  # the fp32 pair: its policy
     rc, out, err = _run_cli(monkeypatch, capsys, argv, stdin_text=prompt, pair=default_pair)
     assert rc == 0, err
     pol = load_policy(default_policy_dir("lookup"))

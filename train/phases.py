@@ -33,6 +33,7 @@ from learn2draft.cli import is_terminal
 from learn2draft.decoding import DraftController, FixedDepthController
 from learn2draft.models import ModelPair
 from learn2draft.names import HELDOUT_SEED_OFFSET
+from learn2draft.replay.outcome import tokens_per_second
 from train.callbacks import RolloutProgress, WandbOutputFormat, drop_partial_optimizer_state, versions
 from train.config import TrainConfig
 
@@ -101,8 +102,8 @@ def rate_summary(records: Sequence[RunRecord], tree: bool = False) -> dict:
     def per_cycle(total: float) -> float:
         return float(total / cycles) if cycles else 0.0
 
-    return {"tokens_per_s": toks / secs if secs > 0 else 0.0,
-            **({} if tree else {"cycle_tokens_per_s": toks / cycle_secs if cycle_secs > 0 else 0.0}),
+    return {"tokens_per_s": tokens_per_second(toks, secs),
+            **({} if tree else {"cycle_tokens_per_s": tokens_per_second(toks, cycle_secs)}),
             "tokens": int(toks), "seconds": secs, "mean_depth": per_cycle(sum(r.drafted for r in records)),
             **({"mean_verify_size": per_cycle(sum(r.verified for r in records))} if tree else {}),
             "mean_accepted": per_cycle(sum(r.accepted for r in records))}
