@@ -102,6 +102,21 @@ def _import_ray():
     return ray
 
 
+def _check_reachable(address: str, timeout: float = 10.0) -> None:
+    """Raise ValueError unless a TCP connection to ``HOST:PORT`` (a Ray head's GCS port) opens within ``timeout``."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"--address {address!r}: give HOST:PORT of a Ray head (ray start --head prints it) or auto.")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as e:
+        raise ValueError(f"--address {address}: no Ray cluster answers there ({e.strerror or e}): start one with "
+                         "`ray start --head` and pass the address it prints, or drop --address for a local cluster.") \
+            from None
+
+
 def start_ray(workers: int, address: str | None = None) -> None:
     """Connect this process to Ray as :func:`record_with_ray` does when Ray is not running yet: to the cluster at
     ``address``, or to a new local one of ``workers`` CPUs; the tasks import learn2draft from this checkout first
@@ -109,9 +124,12 @@ def start_ray(workers: int, address: str | None = None) -> None:
     copy). Stop it with ``ray.shutdown()``.
 
     Raises:
-        ValueError: Ray is not installed.
+        ValueError: Ray is not installed, or ``address`` (``HOST:PORT``) does not answer within 10 s (Ray itself
+            would retry for ever).
     """
     ray = _import_ray()
+    if address and address != "auto":
+        _check_reachable(address)
     root = str(Path(__file__).resolve().parents[1])
     path = os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])
     env = {"PYTHONPATH": path, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
@@ -139,7 +157,13 @@ def record_with_ray(args, prompts: list, header: dict, workers: int, address: st
         gpus = 1 if str(args.device).startswith("cuda") else 0
         task = ray.remote(num_cpus=1, num_gpus=gpus, max_retries=0)(_ray_shard)
         t0 = time.perf_counter()
-        parts = ray.get([task.remote(args, prompts[a:b], header, a) for a, b in bounds])
+        try:
+            parts = ray.get([task.remote(args, prompts[a:b], header, a) for a, b in bounds])
+        except ray.exceptions.RayTaskError as e:  # a worker's error is the user's error: one line, not a remote traceback
+            cause = e.cause if isinstance(e.cause, (ValueError, OSError, RuntimeError)) else None
+            if cause is None:
+                raise
+            raise type(cause)(str(cause)) from None
         seconds = time.perf_counter() - t0
     finally:
         if started:

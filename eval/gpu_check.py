@@ -359,31 +359,40 @@ def _run(args) -> int:
         shapes, dtype = dict(GPU_SHAPES), "bfloat16"
         loop_shape, loop_tokens, loop_prompts = "smollm2-135m", 64, 4
         settings = ["--tree-width", "4", "--tree-top-k", "4"]
+    def save() -> None:  # after every step: a call killed at its time limit still returns what was measured
+        report["seconds"] = round(time.perf_counter() - t_start, 1)
+        (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
+        (out / "report.md").write_text(format_report(report))
+
     try:
         if "loop" not in skip:
             from learn2draft.prompts import load_prompts
 
             progress(f"loop: {loop_shape} on {device} …")
-            pair = random_pair(loop_shape, ["model"], device, getattr(torch, dtype), progress=progress)
-            prompts = [pair.encode_prompt(p) for p in load_prompts("train")[:loop_prompts]]
-            report["loop"] = [loop_check(pair, d, prompts, loop_tokens, 4) for d in ("model", "lookup")]
-            del pair
+            try:  # never run on a GPU before: an error here must not cost the profiles and the tests
+                pair = random_pair(loop_shape, ["model"], device, getattr(torch, dtype), progress=progress)
+                prompts = [pair.encode_prompt(p) for p in load_prompts("train")[:loop_prompts]]
+                report["loop"] = [loop_check(pair, d, prompts, loop_tokens, 4) for d in ("model", "lookup")]
+                del pair
+            except Exception as e:  # noqa: BLE001 (reported, and the check goes on)
+                report["loop_error"] = f"{type(e).__name__}: {e}"
+                progress(f"loop check failed: {report['loop_error']}")
+            save()
         if "profiles" not in skip:
             from eval.profile import default_name
 
             report["profiles"] = run_profiles(out, shapes, device, dtype, settings, progress,
                                               prefix=default_name(report["environment"]))
+            save()
         if "tests" not in skip:
             left = args.budget_seconds - (time.perf_counter() - t_start) - 15
             progress(f"tests on {device} ({'collect only' if args.dry_run else f'{left:.0f} s left'}) …")
             report["tests"] = run_tests(out, device, args.dry_run, left if not args.dry_run else 120)
     finally:
         tmp.cleanup()
-        report["seconds"] = round(time.perf_counter() - t_start, 1)
-        (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
-        (out / "report.md").write_text(format_report(report))
+        save()
     progress(f"wrote {out / 'report.md'} and {out / 'report.json'}")
-    failed = [k for k, v in report.get("profiles", {}).items() if "error" in v]
+    failed = [k for k, v in report.get("profiles", {}).items() if "error" in v] + (["loop"] if "loop_error" in report else [])
     return 1 if failed or report.get("tests", {}).get("returncode", 0) not in (0,) else 0
 
 

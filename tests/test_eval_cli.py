@@ -268,3 +268,14 @@ def test_record_refuses_to_replace_an_existing_trace_without_overwrite(tmp_path,
     err = capsys.readouterr().err
     assert str(out) in err and "--overwrite" in err and "Loading" not in err
     assert out.read_bytes() == b"an earlier trace"
+
+
+def test_record_workers_refuses_an_address_where_no_ray_cluster_answers():
+    """--address HOST:PORT is checked with a plain TCP connection before Ray starts (Ray itself retries for
+    ever): a closed port and a malformed address are each one ValueError naming --address."""
+    from eval.distributed import _check_reachable
+
+    with pytest.raises(ValueError, match="--address 127.0.0.1:1: no Ray cluster answers there"):
+        _check_reachable("127.0.0.1:1", timeout=2.0)
+    with pytest.raises(ValueError, match="give HOST:PORT"):
+        _check_reachable("bogus")

@@ -8,16 +8,22 @@
 #   gymnasium + farama-notifications, stable-baselines3, gguf   missing there (the envs, policies and GGUF loading)
 #   transformers                                                 there, but 5.17 < the 5.20 this project needs
 #                                                                (pyproject.toml; the models' cache= keyword)
+#   huggingface-hub                                              transformers 5.24 checks for a newer one at import
 #   wandb is NOT carried: its 20 MB wheel and the 8 packages it needs that the image lacks (pydantic, opentelemetry,
 #   …) would take the carry over 64 MiB with the code, and nothing the check runs imports it (training does).
 # Versions: the ones this project is tested with. Usage: eval/scripts/gpu-check-wheels.sh [DIR]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DIR=${1:-${GPU_CHECK_WHEELS:-.gpu-wheels}}
-PY=${PYTHON:-python3}
-WHEELS=(gymnasium==1.4.0 farama-notifications==0.0.6 stable-baselines3==2.9.2 gguf==0.19.0 transformers==5.24.0)
+PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
+WHEELS=(gymnasium==1.4.0 farama-notifications==0.0.6 stable-baselines3==2.9.2 gguf==0.19.0 transformers==5.24.0
+        "huggingface-hub==$("$PY" -c 'import huggingface_hub; print(huggingface_hub.__version__)')")
 LIMIT=$((64 * 1024 * 1024))
 
+if [ -d "$DIR" ] && find "$DIR" -mindepth 1 ! -name '*.whl' ! -name requirements.txt | grep -q .; then
+    echo "error: $DIR holds other files than wheels: pass an empty or new folder (nothing was deleted)" >&2
+    exit 2
+fi
 rm -rf "$DIR"
 mkdir -p "$DIR"
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

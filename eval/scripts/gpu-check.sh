@@ -7,11 +7,11 @@
 #   bash eval/scripts/gpu-check.sh              # on the GPU machine ($OUT, else runs/gpu-check)
 #   bash eval/scripts/gpu-check.sh --dry-run    # anywhere: CPU, tiny models, seconds (GPU_CHECK_DRY=1 too)
 #
-# Environment: PYTHON (default python3), GPU_CHECK_WHEELS (default .gpu-wheels), GPU_CHECK_SITE (where the wheels
+# Environment: PYTHON (default .venv/bin/python when there is one, else python3), GPU_CHECK_WHEELS (default .gpu-wheels), GPU_CHECK_SITE (where the wheels
 # are installed, default /tmp/learn2draft-gpu-site), OUT. Other arguments go to python -m eval.gpu_check.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-PY=${PYTHON:-python3}
+PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 WHEELS=${GPU_CHECK_WHEELS:-.gpu-wheels}
 SITE=${GPU_CHECK_SITE:-/tmp/learn2draft-gpu-site}
 export OUT=${OUT:-runs/gpu-check}
