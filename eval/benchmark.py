@@ -249,7 +249,7 @@ def _measure_temperature(args, pair, T: float, sampling, train: list, held: list
                          trees, report: dict) -> list[str]:
     """Measure one temperature: fixed γ (and tree) chosen on the training prompts, every method interleaved."""
     from eval.compare import grid_search, tree_grid_search
-    from eval.runner import DecoderMethod, methods_table, run_interleaved, summarize
+    from eval.runner import DecoderMethod, methods_table, requests_table, run_interleaved, summarize
 
     gamma = args.num_draft_tokens or grid_search(pair, train, gammas, sampling, args.max_new_tokens,
                                                  seed=args.seed, desc=f"γ grid T={T}",
@@ -273,7 +273,7 @@ def _measure_temperature(args, pair, T: float, sampling, train: list, held: list
     summary = summarize(run_interleaved(methods, held, args.repeats, args.seed, desc=f"benchmark T={T}"),
                         reference=PLAIN)
     report["runs"][str(T)] = {**run, "methods": summary}
-    return [f"### Temperature {T}", "", *methods_table(summary, PLAIN), ""]
+    return [f"### Temperature {T}", "", *methods_table(summary, PLAIN), "", *requests_table(summary), ""]
 
 
 def _chain_methods(args, pair, sampling, gamma: int, policy, head) -> list:

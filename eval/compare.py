@@ -26,6 +26,7 @@ from eval.runner import (
     TreeShape,
     methods_table,
     ratio_stats,
+    requests_table,
     run_interleaved,
     summarize,
     verdict,
@@ -266,6 +267,8 @@ def format_markdown(res: dict) -> str:
         f"{res['max_new_tokens']}, sampling: {_sampling_str(res['sampling'])}, drafter: {res.get('drafter', 'model')}",
         "",
         *methods_table(res["methods"], AR),
+        "",
+        *requests_table(res["methods"]),
     ]
     lines += ["", "γ grid on train prompts (tokens/s): " + ", ".join(
         f"{g}: {v:.1f}" for g, v in res["grid_train"]["tokens_per_second"].items()),

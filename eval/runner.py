@@ -48,6 +48,8 @@ class RunRecord:
     cycles: int = 0  # draft/verify cycles (this project's loop only)
     verified: int = 0  # tokens sent to the target for verification, summed over cycles
     cycle_seconds: float = 0.0  # seconds inside draft/verify cycles (prefill excluded; this project's loop only)
+    accepted_lengths: list[int] = field(default_factory=list, repr=False)  # τ of each cycle that drafted
+    peak_memory_bytes: int | None = None  # the process's peak so far (RSS on a CPU, allocated on CUDA)
 
     @property
     def tokens_per_second(self) -> float:
@@ -161,7 +163,8 @@ class DecoderMethod(Method):
         return RunRecord(self.name, -1, -1, len(r.tokens), r.wall_seconds, r.ttft_seconds,
                          r.mean_inter_token_seconds, r.mean_accepted if drafted else None,
                          r.overhead_fraction, r.tokens, drafted, sum(c.num_accepted for c in r.cycles),
-                         len(r.cycles), sum(c.verify_size for c in r.cycles), sum(c.seconds for c in r.cycles))
+                         len(r.cycles), sum(c.verify_size for c in r.cycles), sum(c.seconds for c in r.cycles),
+                         [c.num_accepted for c in r.cycles if c.depth > 0])
 
 
 class _TimingStreamer(BaseStreamer):
@@ -233,6 +236,27 @@ class HFGenerateMethod(Method):
         return RunRecord(self.name, -1, -1, len(new), wall, ttft, itl, None, None, new)
 
 
+def peak_memory_bytes() -> int:
+    """The process's peak memory so far, in bytes: allocated CUDA memory when CUDA is in use
+    (``torch.cuda.max_memory_allocated``), else the peak resident set size (``getrusage`` ``ru_maxrss``, KiB on
+    Linux). A peak over the process's life, not per run: read it as "memory this comparison needed at most"."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return int(torch.cuda.max_memory_allocated())
+    import resource
+    import sys
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)
+
+
+def _percentiles(values) -> dict:
+    """p50 / p90 / p99 of ``values`` (None when empty), numpy's linear interpolation."""
+    if not len(values):
+        return {"p50": None, "p90": None, "p99": None}
+    q = np.percentile(np.asarray(values, dtype=np.float64), [50, 90, 99])
+    return {"p50": float(q[0]), "p90": float(q[1]), "p99": float(q[2])}
+
+
 def run_interleaved(methods: Sequence[Method], prompts: Sequence[torch.Tensor], repeats: int, seed: int = 0,
                     desc: str = "runs", progress: bool = True) -> list[RunRecord]:
     """Run every method on every prompt ``repeats`` times, rotating the method order per (repeat, prompt).
@@ -251,6 +275,7 @@ def run_interleaved(methods: Sequence[Method], prompts: Sequence[torch.Tensor], 
                 for m in list(methods[k:]) + list(methods[:k]):
                     r = m.run(ids, seed=run_seed(seed, rep, pi))
                     r.prompt_index, r.repeat = pi, rep
+                    r.peak_memory_bytes = peak_memory_bytes()
                     records.append(r)
                     bar.set_postfix_str(f"method {m.name}, prompt {pi + 1}/{len(prompts)}"
                                         + (f", repeat {rep + 1}/{repeats}" if repeats > 1 else ""))
@@ -261,7 +286,9 @@ def run_interleaved(methods: Sequence[Method], prompts: Sequence[torch.Tensor], 
 def summarize(records: Sequence[RunRecord], reference: str | None = None) -> dict[str, dict]:
     """Aggregate per method. tokens/s of a repeat = its new tokens / its wall seconds over all prompts;
     reported as mean and standard deviation over repeats. Ratios to ``reference`` are computed per
-    repeat (same prompts and seeds) and reported likewise, with their min and max."""
+    repeat (same prompts and seeds) and reported likewise, with their min and max. Also, over requests
+    (generations): TTFT, inter-token and request seconds at p50 / p90 / p99; the histogram of accepted
+    lengths τ (entry k = cycles that accepted k drafted tokens; this project's loop only); the peak memory."""
     by = {}
     for r in records:
         by.setdefault(r.method, []).append(r)
@@ -286,6 +313,15 @@ def summarize(records: Sequence[RunRecord], reference: str | None = None) -> dic
             "overhead_fraction_mean": float(np.mean(ovh)) if ovh else None,
             "new_tokens_total": int(sum(r.new_tokens for r in rs)),
             "runs": len(rs),
+            # Percentiles over requests (one generation = one request) and the accepted-length distribution:
+            # two workloads with the same mean τ can differ in it.
+            "ttft_seconds_percentiles": _percentiles([r.ttft_seconds for r in rs]),
+            "inter_token_seconds_percentiles": _percentiles([r.inter_token_seconds for r in rs]),
+            "request_seconds_percentiles": _percentiles([r.wall_seconds for r in rs]),
+            "accepted_length_histogram": (np.bincount([t for r in rs for t in r.accepted_lengths]).tolist()
+                                          if any(r.accepted_lengths for r in rs) else []),
+            "peak_memory_bytes": max((r.peak_memory_bytes for r in rs if r.peak_memory_bytes is not None),
+                                     default=None),
         }
     if reference is not None and reference in out:
         for name in out:
@@ -321,6 +357,27 @@ def methods_table(summary: dict, reference: str) -> list[str]:
                      f"{r['mean']:.2f} ({r['min']:.2f}–{r['max']:.2f}) | {tau} | {alpha} | "
                      f"{1e3 * m['ttft_seconds_mean']:.0f} | {1e3 * m['inter_token_seconds_mean']:.1f} | {ovh} |")
     return [*lines, "", TAU_NOTE]
+
+
+def requests_table(summary: dict) -> list[str]:
+    """The per-request markdown table that follows :func:`methods_table` in eval and eval.benchmark: TTFT,
+    inter-token latency and request latency at p50 / p90 / p99 over the method's generations, the
+    accepted-length histogram ("τ=k: cycles") and the peak memory. Returns its lines."""
+
+    def pct(p: dict | None, scale: float, fmt: str) -> str:  # None: a summary written before percentiles existed
+        return "–" if not p or p["p50"] is None else "/".join(format(scale * p[k], fmt) for k in ("p50", "p90", "p99"))
+
+    lines = ["| requests of method | TTFT ms p50/p90/p99 | inter-token ms p50/p90/p99 | request s p50/p90/p99 | "
+             "τ histogram (τ: cycles) | peak memory MiB |",
+             "|---|---|---|---|---|---|"]
+    for name, m in summary.items():
+        hist = m.get("accepted_length_histogram") or []
+        h = ", ".join(f"{k}: {c}" for k, c in enumerate(hist) if c) or "–"
+        mem = "–" if m.get("peak_memory_bytes") is None else f"{m['peak_memory_bytes'] / 2**20:.0f}"
+        lines.append(f"| {name} | {pct(m.get('ttft_seconds_percentiles'), 1e3, '.0f')} | "
+                     f"{pct(m.get('inter_token_seconds_percentiles'), 1e3, '.1f')} | "
+                     f"{pct(m.get('request_seconds_percentiles'), 1.0, '.2f')} | {h} | {mem} |")
+    return lines
 
 
 def verdict(r: dict) -> str:

@@ -65,6 +65,9 @@ def test_decoder_and_hf_greedy_agree_on_tiny_models(tiny_pair):
     assert ours.tokens == spec.tokens == hf.tokens == assisted.tokens
     assert spec.tau is not None and ours.tau is None
     assert hf.ttft_seconds <= hf.wall_seconds
+    # one accepted length per cycle that drafted, averaging to τ; none for plain decoding
+    assert ours.accepted_lengths == [] and 0 < len(spec.accepted_lengths) <= spec.cycles
+    assert sum(spec.accepted_lengths) / len(spec.accepted_lengths) == pytest.approx(spec.tau)
 
 
 def test_grid_picks_the_fastest_gamma_by_measured_rate(tiny_pair, monkeypatch):
@@ -319,3 +322,37 @@ def test_a_log_file_gets_a_plain_progress_line_per_method_and_prompt(capsys, mon
     assert "\r" not in err and len(lines) == 4, err
     assert lines[0].startswith("comparison: 1/4") and "method a" in lines[0] and "prompt 1" in lines[0]
     assert lines[-1].startswith("comparison: 4/4")
+
+
+def test_summarize_reports_request_percentiles_the_accepted_length_histogram_and_memory():
+    """summarize gives, per method, p50/p90/p99 of TTFT, inter-token and request seconds over its requests
+    (numpy's linear interpolation), the histogram of accepted lengths over its drafting cycles and the
+    largest peak memory recorded; methods without cycles get an empty histogram."""
+    from eval.runner import RunRecord, summarize
+
+    recs = [RunRecord("a", i, 0, 10, wall_seconds=1.0 + i, ttft_seconds=0.1 * (i + 1), inter_token_seconds=0.01 * (i + 1),
+                      accepted_lengths=[0, 2, 2, 5][: i + 1], peak_memory_bytes=100 * (i + 1)) for i in range(4)]
+    recs.append(RunRecord("hf", 0, 0, 10, 2.0, 0.2, 0.02))
+    s = summarize(recs)
+    a = s["a"]
+    assert a["request_seconds_percentiles"] == {"p50": 2.5, "p90": pytest.approx(3.7), "p99": pytest.approx(3.97)}
+    assert a["ttft_seconds_percentiles"]["p50"] == pytest.approx(0.25)
+    assert a["inter_token_seconds_percentiles"]["p99"] == pytest.approx(0.0397)
+    # cycles: [0], [0, 2], [0, 2, 2], [0, 2, 2, 5] → τ 0 ×4, 2 ×5, 5 ×1
+    assert a["accepted_length_histogram"] == [4, 0, 5, 0, 0, 1]
+    assert a["peak_memory_bytes"] == 400
+    assert s["hf"]["accepted_length_histogram"] == [] and s["hf"]["peak_memory_bytes"] is None
+
+
+def test_requests_table_shows_percentiles_histogram_and_memory():
+    """The per-request table renders summarize's percentiles (ms for TTFT and inter-token, s for requests),
+    the non-empty bins of the accepted-length histogram and the peak memory in MiB; missing values are –."""
+    from eval.runner import RunRecord, requests_table, summarize
+
+    recs = [RunRecord("a", i, 0, 10, 1.0 + i, 0.1 * (i + 1), 0.01 * (i + 1), accepted_lengths=[0, 2, 2, 5][: i + 1],
+                      peak_memory_bytes=3 * 2**20) for i in range(4)]
+    recs.append(RunRecord("hf", 0, 0, 10, 2.0, 0.2, 0.02))
+    lines = requests_table(summarize(recs))
+    assert lines[0].startswith("| requests of method |") and len(lines) == 4
+    assert lines[2] == "| a | 250/370/397 | 25.0/37.0/39.7 | 2.50/3.70/3.97 | 0: 4, 2: 5, 5: 1 | 3 |"
+    assert lines[3] == "| hf | 200/200/200 | 20.0/20.0/20.0 | 2.00/2.00/2.00 | – | – |"
