@@ -249,6 +249,7 @@ def _results_header(args, cfg: dict, device: str, drafter: str, policy_dir: Path
     machine = _machine(device)
     target, draft = model_names(args, cfg)
     results: dict = {"machine": machine, "target": target, "draft": draft, "drafter": drafter,
+                     "dtype": cli.resolved_dtype(args),  # the precision every method ran in
                      "policy_dir": str(policy_dir), "policy_profile": policy.profile_name}
     if args.tree:
         results["tree_policy_dir"] = str(trees.directory) if trees.directory is not None else None

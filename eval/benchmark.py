@@ -226,7 +226,10 @@ def _report_header(args, pair, device: str, policy_dir: Path, policy, held: list
     from eval.__main__ import _machine
 
     tree, tree_dir = trees.shape, trees.directory
-    report = {"machine": _machine(device), "target": args.target, "draft": args.draft, "drafter": args.drafter,
+    from learn2draft.cli import resolved_dtype
+
+    report = {"machine": _machine(device), "dtype": resolved_dtype(args), "target": args.target, "draft": args.draft,
+              "drafter": args.drafter,
               "policy": str(policy_dir), "policy_profile": policy.profile_name,
               "prompts": args.prompts or args.prompt_set,
               "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "num_prompts": len(held),
@@ -236,7 +239,7 @@ def _report_header(args, pair, device: str, policy_dir: Path, policy, held: list
     tree_line = [] if tree is None else [
         f"Trees: W={tree.width}, top-k={tree.top_k}; fixed (depth, V) chosen on the training prompts from "
         f"{', '.join(f'({d}, {v})' for d, v in trees.grid)}; learned tree: {tree_dir or 'none shipped or given'}.", ""]
-    md = [f"Machine: {report['machine']}", "",
+    md = [f"Machine: {report['machine']}; precision: {report['dtype']} (every method)", "",
           f"Drafter: {args.drafter}; policy: {policy_dir}; prompts: {report['prompts']} ({len(held)}), "
           f"{args.max_new_tokens} new tokens, {args.repeats} repeats.", "", *tree_line,
           f"Exact sampler, V=49,152, γ=12: median {1e3 * report['sampler']['median_seconds']:.3f} ms per cycle.",

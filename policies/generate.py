@@ -346,6 +346,7 @@ def _print_metrics(args, result, stream: TextStream, pair, controller, target: s
         "controller": repr(controller),
         "target": target,
         "device": str(pair.device),
+        "dtype": str(pair.target.dtype).replace("torch.", ""),
     }), file=stderr, flush=True)
 
 

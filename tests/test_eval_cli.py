@@ -158,7 +158,11 @@ def test_one_table_renderer_for_eval_and_benchmark(tiny_run, tmp_path):
     out = tmp_path / "bench"
     assert bench_main(["--policy", str(tiny_run), "--temperatures", "0", "--num-prompts", "1", "--repeats", "1",
                        "--max-new-tokens", "4", "--gammas", "1", "--device", "cpu", "--out", str(out)]) == 0
-    measured = json.loads((out / "benchmark.json").read_text())["runs"]["0.0"]["methods"]
+    from learn2draft.models import fastest_dtype
+
+    report = json.loads((out / "benchmark.json").read_text())
+    assert report["dtype"] == fastest_dtype("cpu")  # --dtype auto, resolved and recorded for every method
+    measured = report["runs"]["0.0"]["methods"]
     assert holds_only((out / "benchmark.md").read_text(), methods_table(measured, PLAIN))
     summary = {"a": {**row, "ratio_to_ref": {"mean": 1.2, "min": 1.1, "max": 1.3}}}
     lines = methods_table(summary, "ref")
