@@ -57,7 +57,7 @@ from learn2draft.control import (
     keeps_drafting,
     precision_mismatch,
 )
-from learn2draft.drafters.base import Drafter
+from learn2draft.drafters.base import Drafter, raw_distribution_stats
 from learn2draft.drafters.model import ModelDrafter
 from learn2draft.models import ModelPair, check_prompt_ids
 from learn2draft.names import DECODER_MAX_DEPTH
@@ -246,6 +246,8 @@ class SpeculativeDecoder:
         self.generator = torch.Generator(device=self.pair.device).manual_seed(self.seed if seed is None else seed)
         self.target_cache = DynamicCache()
         self.target_len = 0
+        self._target_row: torch.Tensor | None = None  # raw target logits (V,) where the last committed token was drawn
+        self._verify_logits: torch.Tensor | None = None
         self.accepted_history: list[int] = []
         self.last_accept_fraction = 1.0
         self.finished = False
@@ -253,6 +255,7 @@ class SpeculativeDecoder:
         self._started = True
         self.drafter.start(prompt_ids)
         logits = self._target_forward(self.ids)[-1:]
+        self._target_row = logits[-1]
         self.target_len = self.prompt_len
         p = self.sampling.probs(logits, self.ids, source="target")
         first = sample_from(p[0], self.generator)
@@ -272,6 +275,16 @@ class SpeculativeDecoder:
     def last_entropy(self) -> float:
         """Entropy (nats) of the draft at the last drafted token this cycle (0 at depth 0)."""
         return self.entropies[-1] if self.entropies else 0.0
+
+    def target_stats(self) -> np.ndarray:
+        """The target's own view of the last committed token, free from the forward that produced it: float32 (3,)
+        = (top-1 probability, entropy in nats, top-2 margin) of the target's raw softmax at the position where the
+        last committed token was drawn (the prefill's last row, then the corrected or bonus row of each chain
+        verification); zeros before :meth:`start` and after a tree cycle. Computed on demand (one softmax over V).
+        Every value is known before the next decision, so a policy may read it without touching the law."""
+        if getattr(self, "_target_row", None) is None:
+            return np.zeros(3, dtype=np.float32)
+        return np.asarray(raw_distribution_stats(self._target_row), dtype=np.float32)
 
     @property
     def ids(self) -> torch.Tensor:
@@ -378,6 +391,7 @@ class SpeculativeDecoder:
         """One target forward over the last committed token + the chain; float (γ+1, V) target
         probabilities after the same processing as the draft's."""
         logits = self._target_forward(plan[self.target_len :])[-(self.depth + 1) :]
+        self._verify_logits = logits
         self.target_len = plan.numel()
         return self.sampling.probs(logits, self.ids, plan[self.ids.numel() :], source="target")
 
@@ -422,6 +436,10 @@ class SpeculativeDecoder:
         accepted, nxt = self._accept(plan, p)
         t3 = self.clock.now()
         committed_before = self.ids.numel()
+        if self._verify_logits is not None:  # the corrected or bonus token was drawn at row len(accepted)
+            self._target_row, self._verify_logits = self._verify_logits[min(len(accepted), len(self._verify_logits) - 1)], None
+        else:  # a shape whose forward does not keep its rows (a tree): no target statistics this cycle
+            self._target_row = None
         emitted = self._commit(list(accepted) + [nxt])
         self._rollback(plan, committed_before, len(accepted))
         t4 = self.clock.now()

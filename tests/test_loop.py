@@ -335,3 +335,24 @@ def test_a_batch_of_one_equals_the_flat_prompt(tiny_pair):
     dec = SpeculativeDecoder(tiny_pair, max_new_tokens=6, max_depth=2)
     flat = dec.generate(torch.tensor([5, 6, 7]), FixedDepthController(2)).tokens
     assert dec.generate(torch.tensor([[5, 6, 7]]), FixedDepthController(2)).tokens == flat
+
+
+@pytest.mark.parametrize("gamma", [0, 3])
+def test_target_stats_are_the_targets_view_of_the_last_committed_token(tiny_pair, gamma):
+    """After each cycle, target_stats() equals (top-1, entropy, margin) of the target's raw softmax at the position
+    where the last committed token was drawn, recomputed here by a fresh full forward (tolerance 1e-4)."""
+    dec = SpeculativeDecoder(tiny_pair, SamplingConfig(temperature=1.0), max_new_tokens=12, seed=3)
+    ctrl = FixedDepthController(gamma)
+    assert not dec.target_stats().any()  # before start: zeros
+    dec.start(PROMPT)
+    seen = 0
+    while not dec.finished:
+        with torch.inference_mode():
+            logits = tiny_pair.target(input_ids=dec.ids[:-1][None]).logits[0, -1, : tiny_pair.vocab_size]
+        probs = torch.softmax(logits.float(), -1)
+        top = probs.topk(2).values
+        want = [top[0].item(), -(probs * probs.clamp_min(1e-30).log()).sum().item(), (top[0] - top[1]).item()]
+        assert dec.target_stats() == pytest.approx(want, abs=1e-4)
+        seen += 1
+        dec.run_cycle(ctrl)
+    assert seen >= 2

@@ -236,6 +236,18 @@ def tree_slot_mask(ancestor_slots: list[list[int]], base: int, total: int, dtype
     return torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, torch.finfo(dtype).min)
 
 
+def raw_distribution_stats(logits: torch.Tensor) -> tuple[float, float, float]:
+    """Max probability, entropy (nats) and top-2 margin (max − second probability) of softmax(``logits``) for
+    float (V,) raw logits (V ≥ 1; the margin is the max probability when V = 1). The three cross to the host in
+    one transfer. The top-2 margin is the signal vLLM's online acceptance estimator reads (PR #52228)."""
+    raw = torch.softmax(logits.float(), dim=-1)
+    top = raw.topk(min(2, raw.numel())).values
+    second = top[1] if top.numel() > 1 else top.new_zeros(())
+    ent = -(raw * torch.log(raw.clamp_min(1e-30))).sum()
+    conf, ent, margin = torch.stack([top[0], ent, top[0] - second]).tolist()
+    return conf, ent, margin
+
+
 def raw_confidence_entropy(logits: torch.Tensor) -> tuple[float, float]:
     """Max probability and entropy (nats) of softmax(``logits``) for float (V,) raw logits (both cross to the
     host in one transfer)."""
@@ -245,4 +257,4 @@ def raw_confidence_entropy(logits: torch.Tensor) -> tuple[float, float]:
 
 
 __all__ = ["NUM_DRAFTER_FEATURES", "DraftProposal", "Drafter", "TopKProposal", "draft_log_probs",
-           "raw_confidence_entropy", "topk_proposal", "tree_slot_mask"]
+           "raw_confidence_entropy", "raw_distribution_stats", "topk_proposal", "tree_slot_mask"]
