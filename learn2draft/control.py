@@ -32,6 +32,28 @@ STOP = 0
 #: Draft one more token (a chain) or one more tree level (a tree).
 CONTINUE = 1
 ACTION_MEANINGS = {STOP: "STOP (verify now)", CONTINUE: "CONTINUE (draft one more token)"}
+#: A hybrid drafter (:class:`learn2draft.drafters.hybrid.HybridDrafter`): draft the next token with prompt lookup
+#: (equal to :data:`CONTINUE`, so a chain controller's CONTINUE drafts lookup-first) …
+CONTINUE_LOOKUP = CONTINUE
+#: … or with the neural drafter (the draft model or the head). On a single drafter it means CONTINUE.
+CONTINUE_NEURAL = 2
+HYBRID_ACTION_MEANINGS = {STOP: "STOP (verify now)", CONTINUE_LOOKUP: "CONTINUE with prompt lookup",
+                          CONTINUE_NEURAL: "CONTINUE with the neural drafter (model or head)"}
+
+
+def as_action(value: Any) -> int:
+    """One action from what a controller returned: False/0 → :data:`STOP`, True/1 → :data:`CONTINUE`
+    (:data:`CONTINUE_LOOKUP` on a hybrid drafter), 2 → :data:`CONTINUE_NEURAL` (Python or numpy scalars).
+
+    Raises:
+        ValueError: not one of 0, 1, 2.
+    """
+    arr = np.asarray(value)
+    v = arr.reshape(-1)[0].item() if arr.size == 1 else None
+    if v is None or v not in (0, 1, 2):
+        raise ValueError(f"A controller must return STOP (0 / False), CONTINUE (1 / True) or, for a hybrid drafter, "
+                         f"CONTINUE_NEURAL (2); got {value!r}.")
+    return int(v)
 
 
 class DraftController(ABC):
@@ -61,8 +83,10 @@ class DraftController(ABC):
         """Called at the start of each generation."""
 
     @abstractmethod
-    def continue_drafting(self, features: np.ndarray) -> bool:
-        """``features``: float32 (n_features,) from :func:`learn2draft.features.build_features`."""
+    def continue_drafting(self, features: np.ndarray) -> bool | int:
+        """``features``: float32 (n_features,) from :func:`learn2draft.features.build_features` (for a hybrid
+        drafter followed by :data:`learn2draft.features.HYBRID_FEATURE_NAMES`). Returns STOP (False / 0) or
+        CONTINUE (True / 1); a hybrid controller may return :data:`CONTINUE_NEURAL` (2) (see :func:`as_action`)."""
 
     def verification_size(self, features: np.ndarray, depth: int) -> int:
         """Tree nodes V to verify, from float32 (len(SIZE_FEATURE_NAMES),) size features and the
@@ -213,7 +237,7 @@ def as_size(value: Any) -> int:
 
 
 __all__ = [
-    "ACTION_MEANINGS", "CONTINUE", "STOP", "DraftController", "PrecisionMismatchWarning", "precision_mismatch", "FixedDepthController", "FixedTreeController",
+    "ACTION_MEANINGS", "CONTINUE", "CONTINUE_LOOKUP", "CONTINUE_NEURAL", "HYBRID_ACTION_MEANINGS", "STOP", "as_action", "DraftController", "PrecisionMismatchWarning", "precision_mismatch", "FixedDepthController", "FixedTreeController",
     "SizeDecider", "as_size", "check_depth_feature_scale", "decides_verification_size", "keeps_drafting",
     "size_decider",
 ]

@@ -51,6 +51,7 @@ from learn2draft.control import (
     FixedDepthController,
     PrecisionMismatchWarning,
     SizeDecider,
+    as_action,
     as_size,
     check_depth_feature_scale,
     decides_verification_size,
@@ -58,6 +59,8 @@ from learn2draft.control import (
     precision_mismatch,
 )
 from learn2draft.drafters.base import Drafter, raw_distribution_stats
+from learn2draft.drafters.hybrid import NEURAL_SOURCE, HybridDrafter
+from learn2draft.features import build_hybrid_features
 from learn2draft.drafters.model import ModelDrafter
 from learn2draft.models import ModelPair, check_prompt_ids
 from learn2draft.names import DECODER_MAX_DEPTH
@@ -96,6 +99,8 @@ class CycleResult:
             (acceptance, cache rollback, features, controller decisions when timed).
         finished: generation ended (EOS emitted or ``max_new_tokens`` reached).
         features: observation for the next decision (start of the next cycle).
+        neural_drafted: of the ``depth`` drafted tokens, those a hybrid drafter's neural source drafted (0 for a
+            single drafter).
     """
 
     tokens: list[int]
@@ -107,6 +112,7 @@ class CycleResult:
     other_seconds: float
     finished: bool
     features: np.ndarray = field(repr=False, default=None)
+    neural_drafted: int = 0
 
     @property
     def action(self) -> DraftAction:
@@ -211,6 +217,7 @@ class SpeculativeDecoder:
         self.seed = seed
         self.sampler = sampler
         self.drafter = drafter if drafter is not None else ModelDrafter(pair.draft, pair.vocab_size)
+        self._hybrid = isinstance(self.drafter, HybridDrafter)
         self.clock = DeviceClock(pair.device)
         #: Seconds of the last cycle's parts: ``draft``, ``select_mask`` (preparing the verification),
         #: ``forward`` (target forward and its probabilities), ``sample`` (acceptance), ``gather`` (commit,
@@ -269,6 +276,7 @@ class SpeculativeDecoder:
         self.draft_probs: list[torch.Tensor | None] = []
         self.confidences: list[float] = []
         self.entropies: list[float] = []
+        self.drafted_sources: list[int] = []  # a hybrid drafter's source of each drafted token
         self._cycle_draft = self._cycle_verify = self._cycle_other = 0.0
 
     @property
@@ -282,9 +290,13 @@ class SpeculativeDecoder:
         last committed token was drawn (the prefill's last row, then the corrected or bonus row of each chain
         verification); zeros before :meth:`start` and after a tree cycle. Computed on demand (one softmax over V).
         Every value is known before the next decision, so a policy may read it without touching the law."""
-        if getattr(self, "_target_row", None) is None:
+        row = getattr(self, "_target_row", None)
+        if row is None:
             return np.zeros(3, dtype=np.float32)
-        return np.asarray(raw_distribution_stats(self._target_row), dtype=np.float32)
+        cached = getattr(self, "_target_stats", None)
+        if cached is None or cached[0] is not row:  # once per committed row, however many decisions read it
+            cached = self._target_stats = (row, np.asarray(raw_distribution_stats(row), dtype=np.float32))
+        return cached[1].copy()
 
     @property
     def ids(self) -> torch.Tensor:
@@ -322,7 +334,17 @@ class SpeculativeDecoder:
             last_accept_fraction=self.last_accept_fraction, confidences=tuple(self.confidences),
             entropies=tuple(self.entropies), vocab_size=self.pair.vocab_size,
             drafter_features=self.drafter.features(self._seq()), tree_scores=self._tree_scores(),
+            extra_features=self._hybrid_features() if self._hybrid else np.zeros(0, dtype=np.float32),
         )
+
+    def _hybrid_features(self) -> np.ndarray:
+        """float32 (len(HYBRID_FEATURE_NAMES),): a hybrid drafter's source-choice features
+        (:func:`learn2draft.features.build_hybrid_features`)."""
+        left = max(self.depth_limit - self.depth, 0)
+        _, confs = self.drafter.lookahead(self._seq(), left) if left else ([], [])
+        last_neural = bool(self.drafted_sources) and self.drafted_sources[-1] == NEURAL_SOURCE
+        return build_hybrid_features(confs, max(self.max_depth, 1), last_neural, self.target_stats(),
+                                     self.pair.vocab_size)
 
     def features(self) -> np.ndarray:
         """Observation for the next depth decision, float32 (n_features,); see :mod:`learn2draft.features`."""
@@ -366,6 +388,8 @@ class SpeculativeDecoder:
             raise RuntimeError(f"Depth limit {self.depth_limit} reached: call verify().")
         t0 = self.clock.now()
         prop = self.drafter.propose(self._seq(), self.sampling, self.generator)
+        if self._hybrid:
+            self.drafted_sources.append(self.drafter.last_source)
         self._buf[self._n + len(self.drafted)] = prop.token
         self.drafted.append(prop.token)
         self.draft_probs.append(prop.probs)
@@ -445,6 +469,7 @@ class SpeculativeDecoder:
         t4 = self.clock.now()
         tau = min(len(accepted), len(emitted))  # drafted tokens accepted after an EOS are not emitted: not counted
         depth, verified = self.depth, self._verified_count(plan)
+        neural = sum(1 for src in self.drafted_sources if src == NEURAL_SOURCE)
         self.accepted_history.append(tau)
         self.last_accept_fraction = tau / depth if depth else 1.0
         draft_s, other_s = self._cycle_draft, self._cycle_other
@@ -454,7 +479,7 @@ class SpeculativeDecoder:
         other_s += (t1 - t0) + (t4 - t2) + (self.clock.now() - t4)
         timing["cycle"] = draft_s + (t2 - t1) + other_s
         self._record_timing(timing)
-        return CycleResult(emitted, depth, verified, tau, draft_s, t2 - t1, other_s, self.finished, feats)
+        return CycleResult(emitted, depth, verified, tau, draft_s, t2 - t1, other_s, self.finished, feats, neural)
 
     def _draft_q(self, p: torch.Tensor) -> torch.Tensor:
         """float (γ, V): the draft distributions, with a point mass for deterministic proposals."""
@@ -490,12 +515,25 @@ class SpeculativeDecoder:
         self._cycle_other += seconds
 
     # ----------------------------------------------------------------- decisions
-    def decide(self, controller: DraftController) -> bool:
-        """Ask ``controller`` CONTINUE or STOP on :meth:`features`; the time is charged to the cycle."""
+    def decide(self, controller: DraftController) -> int:
+        """Ask ``controller`` STOP or CONTINUE on :meth:`features`, its time charged to the cycle; returns the action
+        (:func:`learn2draft.control.as_action`: 0 STOP, 1 CONTINUE — with lookup on a hybrid drafter — or 2 CONTINUE
+        with a hybrid's neural drafter), truthy when drafting goes on.
+
+        Raises:
+            ValueError: the controller returned something else.
+        """
         t0 = self.clock.now()
-        go = bool(controller.continue_drafting(self.features()))
+        action = as_action(controller.continue_drafting(self.features()))
         self._cycle_other += self.clock.now() - t0
-        return go
+        return action
+
+    def _choose(self, action: int) -> bool:
+        """Apply a CONTINUE's source (a hybrid drafter: 1 lookup, 2 neural; one drafter: any CONTINUE) before the
+        draw; returns whether the action drafts."""
+        if action and self._hybrid:
+            self.drafter.select(min(action, 2) - 1)
+        return bool(action)
 
     def decide_size(self, decider: SizeDecider | None) -> int | None:
         """A tree's verification size V from ``decider(size_features, depth)``, its time charged to the
@@ -520,7 +558,8 @@ class SpeculativeDecoder:
         cycle through this step, one agent decision per call.
 
         Args:
-            draft_more: CONTINUE (True) or STOP.
+            draft_more: CONTINUE (True / 1; with lookup on a hybrid drafter), CONTINUE with a hybrid's neural
+                drafter (2), or STOP (False / 0).
             size: a tree's size decider, asked when this call verifies (None: the decoder's ``verify_size``).
 
         Returns:
@@ -529,7 +568,7 @@ class SpeculativeDecoder:
         Raises:
             RuntimeError: not started or finished.
         """
-        if draft_more and self.can_draft():
+        if self._choose(as_action(draft_more)) and self.can_draft():
             self.draft_step()
             if self.can_draft():
                 return None
@@ -539,7 +578,8 @@ class SpeculativeDecoder:
         """The drafting half of a cycle: draft while the controller says CONTINUE, up to the decoder's and
         the controller's ``max_depth`` and while the drafter has proposals. The first ``min_depth`` steps
         are drafted without asking (a size decision needs a tree). Decision times are charged to the cycle."""
-        while keeps_drafting(controller, self.depth, self.can_draft, lambda: self.decide(controller), min_depth):
+        while keeps_drafting(controller, self.depth, self.can_draft, lambda: self._choose(self.decide(controller)),
+                             min_depth):
             self.draft_step()
 
     def run_cycle(self, controller: DraftController) -> CycleResult:

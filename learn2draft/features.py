@@ -342,3 +342,70 @@ def profile_feature_spec(max_depth: int) -> dict:
     spec["features"] += [{"name": name, "index": n + i, "definition": PROFILE_FEATURE_DOCS[name]}
                          for i, name in enumerate(PROFILE_FEATURE_NAMES)]
     return spec
+
+
+# --------------------------------------------------------------------------------------------
+# Hybrid drafters: the source choice (issue 16 item 2)
+# --------------------------------------------------------------------------------------------
+HYBRID_FEATURE_VERSION = 1
+
+HYBRID_FEATURE_NAMES: tuple[str, ...] = (
+    "lookup_available",
+    "lookup_score",
+    "lookup_run",
+    "last_source_neural",
+    "target_top1",
+    "target_entropy",
+    "target_margin",
+)
+
+HYBRID_FEATURE_DOCS: dict[str, str] = {
+    "lookup_available": "1 when prompt lookup has a proposal for the next token, else 0",
+    "lookup_score": "expected accepted length of the chain lookup would draft from here (Σ_i Π_{j≤i} confidence_j over "
+                    "at most the tokens left this cycle; ArcticInference's suffix score) / max_depth, clipped to [0, 1]",
+    "lookup_run": "tokens of that lookup chain / max_depth, clipped to [0, 1]",
+    "last_source_neural": "1 when the last drafted token came from the neural drafter (0 at depth 0 or after lookup)",
+    "target_top1": "the target's top-1 probability (raw softmax) where the last committed token was drawn — free from "
+                   "the forward that verified it",
+    "target_entropy": "the target's entropy there / ln V",
+    "target_margin": "the target's top-1 minus top-2 probability there",
+}
+
+
+def hybrid_feature_spec(max_depth: int) -> dict:
+    """JSON-serialisable description of a hybrid-drafter policy's observation: float32, shape
+    (len(FEATURE_NAMES) + len(HYBRID_FEATURE_NAMES),), the loop's features (as :func:`feature_spec`; ``match_len`` and
+    ``match_count`` are the lookup's) followed by :data:`HYBRID_FEATURE_NAMES`. Its actions are
+    :data:`learn2draft.control.HYBRID_ACTION_MEANINGS` (0 STOP, 1 CONTINUE with lookup, 2 CONTINUE with the neural
+    drafter)."""
+    spec = feature_spec(max_depth)
+    n = len(FEATURE_NAMES)
+    spec.update({"kind": "hybrid", "hybrid_version": HYBRID_FEATURE_VERSION,
+                 "shape": [n + len(HYBRID_FEATURE_NAMES)], "actions": 3})
+    spec["features"] += [{"name": name, "index": n + i, "definition": HYBRID_FEATURE_DOCS[name]}
+                         for i, name in enumerate(HYBRID_FEATURE_NAMES)]
+    return spec
+
+
+def build_hybrid_features(lookup_confidences: Sequence[float], max_depth: int, last_source_neural: bool,
+                          target_stats: Sequence[float], vocab_size: int) -> np.ndarray:
+    """Assemble :data:`HYBRID_FEATURE_NAMES`.
+
+    Args:
+        lookup_confidences: the confidences of the chain lookup would draft from here (empty: no match), at most the
+            tokens left this cycle (:meth:`learn2draft.drafters.hybrid.HybridDrafter.lookahead`).
+        max_depth: the scale (> 0).
+        last_source_neural: the last drafted token came from the neural drafter.
+        target_stats: (top-1 probability, entropy in nats, top-2 margin) of the target where the last committed token
+            was drawn (:meth:`learn2draft.decoding.SpeculativeDecoder.target_stats`).
+        vocab_size: V (the entropy is divided by ln V).
+
+    Returns:
+        float32 array of shape (len(HYBRID_FEATURE_NAMES),), every entry in [0, 1].
+    """
+    c = np.asarray(list(lookup_confidences), dtype=np.float64)
+    score = float(np.cumprod(c).sum()) if c.size else 0.0
+    top1, ent, margin = (float(x) for x in target_stats)
+    out = [1.0 if c.size else 0.0, score / max_depth, c.size / max_depth, 1.0 if last_source_neural else 0.0,
+           top1, ent / math.log(vocab_size), margin]
+    return np.clip(np.asarray(out, dtype=np.float32), 0.0, 1.0)

@@ -23,6 +23,20 @@ DEFAULT_DRAFT_DIR = Path(__file__).resolve().parent / "assets" / DEFAULT_DRAFT
 
 #: The drafters :func:`learn2draft.drafters.make_drafter` builds; only ``"model"`` needs a draft model.
 DRAFTERS = ("model", "head", "lookup")
+#: Hybrid drafters (:class:`learn2draft.drafters.hybrid.HybridDrafter`): prompt lookup and a neural drafter, the
+#: source chosen before each draft token. ``"lookup+model"`` needs the draft model.
+HYBRID_DRAFTERS = ("lookup+model", "lookup+head")
+
+
+def drafter_sources(name: str) -> tuple[str, ...]:
+    """The single drafters a drafter name is made of: ``("lookup", "model")`` for ``"lookup+model"``, ``(name,)``
+    for a single drafter."""
+    return tuple(str(name).split("+"))
+
+
+def needs_draft_model(name: str) -> bool:
+    """Whether drafter ``name`` (single or hybrid) drafts with a draft model."""
+    return "model" in drafter_sources(name)
 #: Model dtype names (and their short aliases) → the canonical name, the attribute of ``torch``; ``"auto"`` is the
 #: precision the machine computes fastest (:func:`learn2draft.models.fastest_dtype`).
 DTYPE_NAMES = {"auto": "auto", "float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
@@ -77,6 +91,7 @@ def check_verify_sizes(verify_sizes) -> tuple[int, ...]:
 
 
 __all__ = ["DECODER_MAX_DEPTH", "DEFAULT_DRAFT", "DEFAULT_DRAFT_DIR", "DEFAULT_MAX_DEPTH", "DEFAULT_TARGET", "DRAFTERS",
+           "HYBRID_DRAFTERS", "drafter_sources", "needs_draft_model",
            "DTYPE_NAMES",
            "DEFAULT_TREE_TOP_K", "DEFAULT_TREE_WIDTH", "DEFAULT_VERIFY_SIZES", "HELDOUT_SEED_OFFSET",
            "SEED_REPEAT_STRIDE", "check_verify_sizes", "run_seed"]

@@ -44,6 +44,9 @@ class DraftState:
             proposal (``match_len``, ``match_count`` of prompt lookup; zeros for the others).
         tree_scores: float64 (N,) the drafted tree nodes' cumulative draft log-probabilities (root
             excluded), empty for a chain.
+        extra_features: float32 (k,) appended to the depth observation: a hybrid drafter's
+            :data:`learn2draft.features.HYBRID_FEATURE_NAMES` (the lookup's lookahead score, the last token's source,
+            the target's view of the last committed token); empty for a single drafter.
     """
 
     depth: int
@@ -58,6 +61,7 @@ class DraftState:
     vocab_size: int
     drafter_features: np.ndarray = field(repr=False)
     tree_scores: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))
+    extra_features: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, dtype=np.float32))
 
     @property
     def tree_nodes(self) -> int:
@@ -70,14 +74,15 @@ class DraftState:
         return self.entropies[-1] if self.entropies else 0.0
 
     def features(self) -> np.ndarray:
-        """The depth decision's observation, float32 (len(FEATURE_NAMES),) in [0, 1]
-        (:func:`learn2draft.features.build_features`)."""
-        return build_features(
+        """The depth decision's observation, float32 (len(FEATURE_NAMES) + len(extra_features),) in [0, 1]
+        (:func:`learn2draft.features.build_features`, then :attr:`extra_features`)."""
+        base = build_features(
             context_len=self.committed_len + self.depth, depth=self.depth, max_depth=max(self.max_depth, 1),
             accepted_history=self.accepted_history, confidences=self.confidences, last_entropy=self.last_entropy,
             vocab_size=self.vocab_size, last_accept_fraction=self.last_accept_fraction, generated=self.generated,
             max_new_tokens=self.max_new_tokens, drafter_features=self.drafter_features,
         )
+        return np.concatenate((base, self.extra_features)) if self.extra_features.size else base
 
     def size_features(self) -> np.ndarray:
         """A tree's verification-size observation, float32 (len(SIZE_FEATURE_NAMES),) in [0, 1]

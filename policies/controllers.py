@@ -24,15 +24,17 @@ from typing import Any
 
 import numpy as np
 
-from learn2draft.control import CONTINUE, STOP, DraftController
+from learn2draft.control import CONTINUE, CONTINUE_LOOKUP, CONTINUE_NEURAL, STOP, DraftController
 from learn2draft.drafters.lookup import MATCH_LEN_SCALE
-from learn2draft.features import FEATURE_NAMES
+from learn2draft.features import FEATURE_NAMES, HYBRID_FEATURE_NAMES
 from learn2draft.names import DEFAULT_MAX_DEPTH
 from policies.layout import DEPTH_DIR, POLICY_CONFIG_FILE, RUN_CONFIG_FILE
 
 _LAST_CONFIDENCE = FEATURE_NAMES.index("last_confidence")
 _DEPTH = FEATURE_NAMES.index("depth")
 _MATCH_LEN = FEATURE_NAMES.index("match_len")
+_LOOKUP_AVAILABLE = len(FEATURE_NAMES) + HYBRID_FEATURE_NAMES.index("lookup_available")
+_LOOKUP_SCORE = len(FEATURE_NAMES) + HYBRID_FEATURE_NAMES.index("lookup_score")
 
 
 def _as_action(value: Any) -> int:
@@ -320,7 +322,70 @@ class MatchLengthController(DraftController):
         return f"MatchLengthController(max_depth={self.max_depth}, scale={self.scale}, min_match={self.min_match})"
 
 
+class _HybridRule(DraftController):
+    """A hand rule for a hybrid drafter (:class:`learn2draft.drafters.hybrid.HybridDrafter`): at depth 0 it picks the
+    cycle's source and budget (:meth:`_plan`), then drafts with that source up to the budget; a lookup cycle stops
+    where lookup has no proposal. Reads the hybrid observation (:data:`learn2draft.features.HYBRID_FEATURE_NAMES`
+    after :data:`FEATURE_NAMES`).
+
+    Raises:
+        ValueError: ``num_draft_tokens`` < 1 or ``max_depth`` < ``num_draft_tokens``.
+    """
+
+    def __init__(self, num_draft_tokens: int, max_depth: int = DEFAULT_MAX_DEPTH):
+        if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 1 \
+                or max_depth < num_draft_tokens:
+            raise ValueError(f"Need 1 ≤ num_draft_tokens ≤ max_depth, got {num_draft_tokens!r} and {max_depth!r}.")
+        self.num_draft_tokens, self.max_depth = int(num_draft_tokens), int(max_depth)
+        self.depth_feature_scale = self.max_depth
+        self._source, self._budget = CONTINUE_NEURAL, 0
+
+    def reset(self) -> None:
+        self._source, self._budget = CONTINUE_NEURAL, 0
+
+    def _plan(self, features: np.ndarray) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def continue_drafting(self, features: np.ndarray) -> int:
+        if features.shape[0] <= _LOOKUP_SCORE:
+            raise ValueError(f"{self!r} reads a hybrid drafter's observation ({len(FEATURE_NAMES) + len(HYBRID_FEATURE_NAMES)}"
+                             f" features), got {features.shape[0]}: run it with --drafter lookup+model or lookup+head.")
+        depth = round(float(features[_DEPTH]) * self.max_depth)
+        if depth == 0:
+            self._source, self._budget = self._plan(features)
+        if depth >= self._budget or (self._source == CONTINUE_LOOKUP and features[_LOOKUP_AVAILABLE] < 0.5):
+            return STOP
+        return self._source
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(num_draft_tokens={self.num_draft_tokens}, max_depth={self.max_depth})"
+
+
+class LookupFirstController(_HybridRule):
+    """vLLM's ngram-eagle rule (PR #24344): when prompt lookup matches at the start of a cycle, draft the lookup chain
+    (up to ``num_draft_tokens``, fewer where the match ends), else ``num_draft_tokens`` tokens with the neural drafter.
+    """
+
+    def _plan(self, features: np.ndarray) -> tuple[int, int]:
+        src = CONTINUE_LOOKUP if features[_LOOKUP_AVAILABLE] >= 0.5 else CONTINUE_NEURAL
+        return src, self.num_draft_tokens
+
+
+class SuffixScoreController(_HybridRule):
+    """ArcticInference's rule: at the start of a cycle, score the lookup chain by its expected accepted length
+    (Σ_i Π_{j≤i} confidence_j, the ``lookup_score`` feature × max_depth; SuffixDecoding, arXiv 2411.04975); when the
+    score exceeds the neural drafter's ``num_draft_tokens``, draft the whole lookup chain (up to ``max_depth``), else
+    ``num_draft_tokens`` tokens with the neural drafter."""
+
+    def _plan(self, features: np.ndarray) -> tuple[int, int]:
+        score = float(features[_LOOKUP_SCORE]) * self.max_depth
+        if features[_LOOKUP_AVAILABLE] >= 0.5 and score > self.num_draft_tokens:
+            return CONTINUE_LOOKUP, self.max_depth
+        return CONTINUE_NEURAL, self.num_draft_tokens
+
+
 __all__ = [
-    "CONTINUE", "STOP", "ConfidenceThresholdController", "MatchLengthController", "OnnxController", "PolicyController",
+    "CONTINUE", "STOP", "ConfidenceThresholdController", "LookupFirstController", "MatchLengthController",
+    "SuffixScoreController", "OnnxController", "PolicyController",
     "SB3Controller", "saved_max_depth",
 ]

@@ -59,12 +59,15 @@ def cycle_law(rule: AcceptanceRule, p: Dist, q: Dist, policy: Policy, prefix: tu
         emitted tuple → probability (float64), summing to 1.
     """
     out: dict[tuple, float] = defaultdict(float)
+    # A draft whose law depends on the cycle (a hybrid drafter whose source is chosen per step) reads
+    # (prefix, drafted) rather than the concatenated sequence.
+    q_at = (lambda d: q(prefix, d)) if getattr(q, "reads_cycle", False) else (lambda d: q(prefix + d))
 
     def branches(drafted: tuple, prob: float) -> None:
         reach = prob
         for i, x in enumerate(drafted):
             ctx = prefix + drafted[:i]
-            pi, qi = p(ctx), q(ctx)
+            pi, qi = p(ctx), q_at(drafted[:i])
             a = rule.accept_probability(float(pi[x]), float(qi[x]))
             rej = reach * (1.0 - a)
             if rej > 0:
@@ -80,7 +83,7 @@ def cycle_law(rule: AcceptanceRule, p: Dist, q: Dist, policy: Policy, prefix: tu
 
     def draft(drafted: tuple, prob: float) -> None:
         if policy(prefix, drafted):
-            qd = q(prefix + drafted)
+            qd = q_at(drafted)
             for x in np.flatnonzero(qd > 0):
                 nxt = drafted + (int(x),)
                 if peek is not None and peek(prefix, nxt):

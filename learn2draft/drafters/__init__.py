@@ -10,7 +10,7 @@ from __future__ import annotations
 from learn2draft.drafters.base import NUM_DRAFTER_FEATURES, Drafter, DraftProposal
 from learn2draft.drafters.lookup import LookupDrafter
 from learn2draft.drafters.model import ModelDrafter
-from learn2draft.names import DRAFTERS
+from learn2draft.names import DRAFTERS, HYBRID_DRAFTERS
 
 
 def make_drafter(name: str, pair, head: str | None = None, **kwargs) -> Drafter:
@@ -22,11 +22,18 @@ def make_drafter(name: str, pair, head: str | None = None, **kwargs) -> Drafter:
             target) or ``"lookup"`` (prompt lookup; ``kwargs`` go to :class:`LookupDrafter`).
         pair: the loaded models.
 
+    A hybrid name (``"lookup+model"``, ``"lookup+head"``, :data:`learn2draft.names.HYBRID_DRAFTERS`) builds a
+    :class:`learn2draft.drafters.hybrid.HybridDrafter` of prompt lookup (``kwargs``) and that neural drafter.
+
     Raises:
         ValueError: unknown name.
         learn2draft.models.NoDraftModelError: ``"model"`` for a pair loaded without a draft model.
         learn2draft.ModelLoadError: the head cannot be found or does not fit the target.
     """
+    if name in HYBRID_DRAFTERS:
+        from learn2draft.drafters.hybrid import HybridDrafter
+
+        return HybridDrafter(LookupDrafter(**kwargs), make_drafter(name.split("+")[1], pair, head))
     if name == "model":
         return ModelDrafter(pair.draft, pair.vocab_size)
     if name == "lookup":
@@ -35,8 +42,8 @@ def make_drafter(name: str, pair, head: str | None = None, **kwargs) -> Drafter:
         from learn2draft.drafters.head import load_head_drafter
 
         return load_head_drafter(pair, head, **kwargs)
-    raise ValueError(f"Unknown drafter {name!r}: use one of {', '.join(DRAFTERS)}.")
+    raise ValueError(f"Unknown drafter {name!r}: use one of {', '.join(DRAFTERS + HYBRID_DRAFTERS)}.")
 
 
-__all__ = ["DRAFTERS", "NUM_DRAFTER_FEATURES", "DraftProposal", "Drafter", "LookupDrafter", "ModelDrafter",
+__all__ = ["DRAFTERS", "HYBRID_DRAFTERS", "NUM_DRAFTER_FEATURES", "DraftProposal", "Drafter", "LookupDrafter", "ModelDrafter",
            "make_drafter"]

@@ -69,8 +69,13 @@ class LookupDrafter(Drafter):
         n = seq.numel()
         if self._match is not None and self._match[0] == n:
             return self._match[1]
-        t = self._sync(seq)
-        found = None
+        found = self._find(self._sync(seq))
+        self._match = (n, found)
+        return found
+
+    def _find(self, t: np.ndarray) -> tuple[int, int, int, float] | None:
+        """The match for the token after ``t`` (int64 (n,)): as :meth:`lookup`, without its cache."""
+        n, found = t.size, None
         for k in range(min(self.max_ngram, n - 1), self.min_ngram - 1, -1):
             windows = sliding_window_view(t[: n - 1], k)  # window i = t[i:i+k], followed by t[i+k] (i + k ≤ n − 1)
             hits = np.flatnonzero((windows == t[n - k :]).all(axis=1))
@@ -86,8 +91,23 @@ class LookupDrafter(Drafter):
                 length += 1
             found = (token, length, int(hits.size), conf)
             break
-        self._match = (n, found)
         return found
+
+    def lookahead(self, seq: torch.Tensor, k: int) -> tuple[list[int], list[float]]:
+        """The chain this drafter would propose after ``seq`` (int64 (n,)) if every token were accepted, up to ``k``
+        tokens: (tokens, confidences). Deterministic; leaves the drafter's state as it was."""
+        n = seq.numel()
+        t = np.empty(n + max(int(k), 0), dtype=np.int64)
+        t[:n] = self._sync(seq)
+        toks, confs = [], []
+        for i in range(max(int(k), 0)):
+            m = self._find(t[: n + i])
+            if m is None:
+                break
+            t[n + i] = m[0]
+            toks.append(m[0])
+            confs.append(m[3])
+        return toks, confs
 
     def can_propose(self, seq: torch.Tensor) -> bool:
         return self.lookup(seq) is not None
