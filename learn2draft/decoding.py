@@ -60,8 +60,8 @@ from learn2draft.control import (
 )
 from learn2draft.drafters.base import Drafter, raw_distribution_stats
 from learn2draft.drafters.hybrid import NEURAL_SOURCE, HybridDrafter
-from learn2draft.features import build_hybrid_features
 from learn2draft.drafters.model import ModelDrafter
+from learn2draft.features import build_hybrid_features
 from learn2draft.models import ModelPair, check_prompt_ids
 from learn2draft.names import DECODER_MAX_DEPTH
 from learn2draft.sampling import SamplingConfig, sample_from, speculative_sample
