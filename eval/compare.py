@@ -20,15 +20,18 @@ from pathlib import Path
 
 import torch
 
+from eval.header import sampling_text
 from eval.runner import (
     DecoderMethod,
     RunRecord,
     TreeShape,
+    groups_table,
     methods_table,
     ratio_stats,
     requests_table,
     run_interleaved,
     summarize,
+    summarize_groups,
     verdict,
 )
 from learn2draft.decoding import DraftController, FixedDepthController
@@ -181,7 +184,8 @@ def compare(pair: ModelPair, policy: DraftController, train_prompts: Sequence[to
             gammas: Sequence[int] = tuple(range(1, 13)), repeats: int = 3, seed: int = 0,
             policy_name: str = "learned policy", drafter: str = "model", head: str | None = None,
             tree: TreeShape | None = None, tree_grid: Sequence[tuple[int, int]] = (),
-            tree_policy: DraftController | None = None, tree_policy_name: str = "learned tree") -> dict:
+            tree_policy: DraftController | None = None, tree_policy_name: str = "learned tree",
+            groups: dict[str, dict[str, Sequence[int]]] | None = None) -> dict:
     """Run the whole protocol of this module with ``drafter`` (``"model" | "head" | "lookup"``) for
     every drafting method; returns a JSON-serialisable dict (see :func:`format_markdown`).
 
@@ -191,6 +195,10 @@ def compare(pair: ModelPair, policy: DraftController, train_prompts: Sequence[to
     verification size, e.g. :func:`policies.load.load_tree_policy`), each drafting trees of that
     shape; the result gains ``grid_tree_train``, ``tree_train`` ([depth, V]), ``tree_policy`` and
     ``tree_verdicts`` (the learned tree against every other drafting row and autoregressive).
+
+    With ``groups`` (grouping → group → held-out prompt indices, :func:`eval.runner.prompt_groupings`): the
+    result gains ``groups``, the held-out comparison summarised per group (:func:`eval.runner.summarize_groups`,
+    ratios to autoregressive), e.g. ``res["groups"]["category"]["code"][method]``.
 
     Raises:
         ValueError: ``tree`` without ``tree_grid``, ``tree_policy`` without ``tree``, or a
@@ -238,6 +246,7 @@ def compare(pair: ModelPair, policy: DraftController, train_prompts: Sequence[to
         "num_train_prompts": len(train_prompts), "num_heldout_prompts": len(heldout_prompts),
         "grid_train": grid_train, "grid_heldout": grid_held, "gamma_train": g_train, "gamma_hindsight": g_hind,
         "methods": summary, "policy": policy_name, "verdicts": verdicts, "drafter": drafter,
+        "groups": {key: summarize_groups(records, g, reference=AR) for key, g in (groups or {}).items()},
     }
     if grid_tree is not None:
         res.update(grid_tree_train=grid_tree, tree_train=grid_tree["best"], tree_fixed=tree_name,
@@ -264,7 +273,7 @@ def format_markdown(res: dict) -> str:
     """The comparison as a markdown table plus one plain sentence per fixed baseline."""
     lines = [
         f"Held-out prompts: {res['num_heldout_prompts']}, repeats: {res['repeats']}, max_new_tokens: "
-        f"{res['max_new_tokens']}, sampling: {_sampling_str(res['sampling'])}, drafter: {res.get('drafter', 'model')}",
+        f"{res['max_new_tokens']}, sampling: {sampling_text(res['sampling'])}, drafter: {res.get('drafter', 'model')}",
         "",
         *methods_table(res["methods"], AR),
         "",
@@ -278,6 +287,9 @@ def format_markdown(res: dict) -> str:
         t = res["grid_tree_train"]
         lines.append(f"Tree grid (W={t['width']}, top-k={t['top_k']}) on train prompts (tokens/s): " + ", ".join(
             f"{k}: {v:.1f}" for k, v in t["tokens_per_second"].items()))
+    for key, by_group in (res.get("groups") or {}).items():
+        lines += ["", f"Per {key} (held-out prompts; ratios to {AR} within the {key}):", "",
+                  *groups_table(by_group, AR, key)]
     lines.append("")
     for learned, verdicts in ((res["policy"], res["verdicts"]), (res.get("tree_policy"), res.get("tree_verdicts"))):
         for base, v in (verdicts or {}).items():
@@ -285,12 +297,6 @@ def format_markdown(res: dict) -> str:
             lines.append(f"- {learned} vs {base}: ×{r['mean']:.3f} (per-repeat {r['min']:.3f}–{r['max']:.3f}) → "
                          f"{v['verdict']}.")
     return "\n".join(lines)
-
-
-def _sampling_str(s: dict) -> str:
-    if s["temperature"] == 0:
-        return "greedy (temperature 0)"
-    return ", ".join(f"{k}={v}" for k, v in s.items())
 
 
 def plot(res: dict, path) -> None:
