@@ -379,16 +379,21 @@ def _write_report(report: dict, md: list[str], out: Path) -> None:
 
 def plot_benchmark(report: dict, path: Path) -> None:
     """Bars of tokens/s relative to plain ``generate()`` (mean, min–max over repeats), one panel
-    per temperature, saved as PNG."""
+    per temperature and, when the prompts have categories, below each the learned policy's accepted-length
+    distribution per category (:func:`eval.compare.plot_accepted_lengths`); saved as PNG."""
     import matplotlib
     import numpy as np
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from eval.compare import plot_accepted_lengths
+
     runs = report["runs"]
-    fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 4.8), squeeze=False)
-    for ax, (T, run) in zip(axes[0], runs.items()):
+    with_cats = any((run.get("groups") or {}).get("category") for run in runs.values())
+    fig, axes = plt.subplots(1 + with_cats, len(runs), figsize=(6 * len(runs), 4.8 * (1 + with_cats)), squeeze=False)
+    for col, (T, run) in enumerate(runs.items()):
+        ax = axes[0][col]
         names = list(run["methods"])
         r = [run["methods"][n][f"ratio_to_{PLAIN}"] for n in names]
         means = np.array([x["mean"] for x in r])
@@ -400,6 +405,9 @@ def plot_benchmark(report: dict, path: Path) -> None:
         ax.axvline(1.0, color="k", lw=0.8, ls="--")
         ax.set_xlabel("tokens/s × plain generate() (min–max over repeats)")
         ax.set_title(f"temperature {T}, drafter {report['drafter']}")
+        if with_cats:
+            by_cat = (run.get("groups") or {}).get("category") or {}
+            plot_accepted_lengths(axes[1][col], by_cat, (run.get("roles") or {}).get("learned", ""))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -299,16 +299,44 @@ def format_markdown(res: dict) -> str:
     return "\n".join(lines)
 
 
+def plot_accepted_lengths(ax, by_group: dict[str, dict[str, dict]], method: str, key: str = "category") -> None:
+    """Draw on ``ax`` the accepted-length distribution of ``method`` in each group of
+    :func:`eval.runner.summarize_groups` output (share of drafting cycles that accepted τ = 0, 1, … drafted
+    tokens; one bar per group at each τ), the figure eval and the benchmark show per category."""
+    import numpy as np
+
+    hists = {g: s[method].get("accepted_length_histogram") or [] for g, s in by_group.items() if method in s}
+    hists = {g: h for g, h in hists.items() if sum(h)}
+    if not hists:
+        ax.set_axis_off()
+        ax.set_title(f"{method}: no drafting cycles")
+        return
+    n = max(len(h) for h in hists.values())
+    w = 0.8 / len(hists)
+    for i, (g, h) in enumerate(hists.items()):
+        share = np.zeros(n)
+        share[: len(h)] = np.asarray(h, dtype=float) / sum(h)
+        ax.bar(np.arange(n) + (i - (len(hists) - 1) / 2) * w, share, width=w, label=g)
+    ax.set_xticks(range(n))
+    ax.set_xlabel("accepted length τ (drafted tokens accepted per cycle)")
+    ax.set_ylabel("share of drafting cycles")
+    ax.set_title(f"Accepted lengths per {key}: {method}")
+    ax.legend(fontsize=7, ncol=2)
+
+
 def plot(res: dict, path) -> None:
-    """Bar chart of tokens/s with std error bars, the two γ grids and, with trees, the (depth, V)
-    grid (tokens/s against V, one line per depth), saved as PNG."""
+    """Bar chart of tokens/s with std error bars, the two γ grids, with trees the (depth, V)
+    grid (tokens/s against V, one line per depth) and, with prompt categories, the learned policy's
+    accepted-length distribution per category (:func:`plot_accepted_lengths`), saved as PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     tree = res.get("grid_tree_train")
-    fig, axes = plt.subplots(1, 3 if tree else 2, figsize=(18 if tree else 12, 4.5))
+    by_cat = (res.get("groups") or {}).get("category")
+    n = 2 + bool(tree) + bool(by_cat)
+    fig, axes = plt.subplots(1, n, figsize=(6 * n, 4.5))
     a, b = axes[0], axes[1]
     names = list(res["methods"])
     means = [res["methods"][n]["tokens_per_second_mean"] for n in names]
@@ -346,6 +374,8 @@ def plot(res: dict, path) -> None:
         c.set_ylabel("tokens/s (train prompts)")
         c.set_title(f"Fixed-tree grid (W={tree['width']}, top-k={tree['top_k']})")
         c.legend(fontsize=8)
+    if by_cat:
+        plot_accepted_lengths(axes[-1], by_cat, res["policy"])
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

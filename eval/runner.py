@@ -410,14 +410,16 @@ def summarize_groups(records: Sequence[RunRecord], groups: dict[str, Sequence[in
                      reference: str | None = None) -> dict[str, dict[str, dict]]:
     """:func:`summarize` over the records of each group of prompts: ``{group: {method: summary}}``; ``groups``
     maps a group name to prompt indices (:attr:`RunRecord.prompt_index`, e.g. one grouping of
-    :func:`prompt_groupings`). Ratios to ``reference`` are per repeat within the group; a group whose prompts
-    have no record is left out."""
+    :func:`prompt_groupings`). Ratios to ``reference`` are per repeat within the group; methods keep the order of
+    their first record; a group whose prompts have no record is left out."""
+    order = list(dict.fromkeys(r.method for r in records))  # the whole run's method order, in every group
     out = {}
     for name, idx in groups.items():
         keep = set(idx)
         rs = [r for r in records if r.prompt_index in keep]
         if rs:
-            out[name] = summarize(rs, reference)
+            s = summarize(rs, reference)
+            out[name] = {m: s[m] for m in order if m in s}
     return out
 
 

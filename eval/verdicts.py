@@ -76,7 +76,8 @@ def evaluate_claims(runs: Mapping[str, dict], roles: Mapping[str, str | Sequence
 
     Returns:
         one dict per (claim, temperature): ``claim``, ``temperature``, ``threshold``, ``measured`` (the ratio, or
-        None), ``verdict`` (``"PASS"``, ``"FAIL"`` or ``"not measured"``) and ``against`` (the baseline method).
+        None), ``verdict`` (``"PASS"``, ``"FAIL"`` or ``"not measured"``) and ``against`` (the baseline method;
+        for ``"every_category"``, also the category of the smallest ratio).
         A claim that applies to no temperature of ``runs`` gets one ``"not measured"`` entry (temperature None).
 
     Raises:
@@ -98,10 +99,12 @@ def evaluate_claims(runs: Mapping[str, dict], roles: Mapping[str, str | Sequence
             elif c.scope == "copy":
                 measured, against = _ratio(run["copy"], method, bases) if run.get("copy") else (None, "")
             else:
-                groups = run.get("categories") or {"all": run["methods"]}
-                per = [_ratio(s, method, bases) for s in groups.values()]
-                per = [p for p in per if p[0] is not None]
-                measured, against = min(per) if per and len(per) == len(groups) else (None, "")
+                groups = run.get("categories") or {"the whole mix": run["methods"]}
+                per = [(*_ratio(s, method, bases), g) for g, s in groups.items()]
+                measured, against = None, ""
+                if all(p[0] is not None for p in per):  # a category without the methods: not measured
+                    measured, base_name, group = min(per, key=lambda p: p[0])
+                    against = f"{base_name}, on {group}"
             verdict = NOT_MEASURED if measured is None else PASS if measured >= c.threshold else FAIL
             out.append({"claim": c.label, "temperature": t, "threshold": c.threshold, "measured": measured,
                         "verdict": verdict, "against": against})
@@ -118,6 +121,6 @@ def verdict_lines(verdicts: Sequence[dict]) -> list[str]:
              v["verdict"] + (f" (vs {v['against']})" if v["against"] else "")) for v in verdicts]
     if not rows:
         return []
-    w = [max(len(r[i]) for r in rows) for i in range(3)]
-    head = ("CLAIM".ljust(w[0]), "threshold".ljust(w[1]), "measured".ljust(w[2]), "verdict")
-    return ["  ".join(head)] + ["  ".join((r[0].ljust(w[0]), r[1].ljust(w[1]), r[2].ljust(w[2]), r[3])) for r in rows]
+    head = ("CLAIM", "threshold", "measured", "verdict")
+    w = [max(len(r[i]) for r in [head, *rows]) for i in range(3)]
+    return ["  ".join((r[0].ljust(w[0]), r[1].ljust(w[1]), r[2].ljust(w[2]), r[3])) for r in [head, *rows]]
