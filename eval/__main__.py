@@ -7,6 +7,11 @@ Example::
     python -m eval --drafter head --tree            # also draft trees: a fixed (depth, V) grid and the best one
     python -m eval --drafter head --tree --tree-policy runs/tree  # … and a learned tree policy
     python -m eval --drafter head --tree --law-check --skip-speed  # the law check with tree arms too
+    python -m eval --prompt-set mixed --num-heldout-prompts 24  # also per category (8 tasks)
+    python -m eval --prompts questions.jsonl        # MT-bench / Spec-Bench questions: per category and language
+
+results.md opens with the run's header (eval.header: models and revisions, libraries, precision, sampling,
+hardware, threads, load, prompt distribution), as results.json's "header".
 """
 
 from __future__ import annotations

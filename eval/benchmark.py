@@ -19,8 +19,14 @@ On the same held-out prompts and seeds, interleaved, at temperature 0 and 0.7 (`
   (``--tree-policy DIR``, default the one shipped in ``policies/defaults/<drafter>-tree`` if any).
 
 ``benchmark.json`` holds, per temperature and method: tokens/s (mean and per repeat), the ratio
-to plain ``generate()`` per repeat, τ, α (accepted / drafted tokens), TTFT and inter-token latency;
-``benchmark.png`` plots the ratios.
+to plain ``generate()`` per repeat, τ, α (accepted / drafted tokens), TTFT and inter-token latency, and over
+requests their p50 / p90 / p99 and the accepted-length histogram; when the prompts carry categories or
+languages (``--prompt-set mixed`` / ``multilingual``, an MT-bench ``--prompts`` file) the same per category and
+per language (``runs[T]["groups"]``) and over the copy-heavy prompts (``copy_summary``). ``benchmark.png`` plots
+the ratios (and the learned policy's accepted lengths per category). The report opens with a header
+(:mod:`eval.header`: models and revisions, library versions, precision, sampling, hardware, threads, load
+before and after, prompt distribution; ``header`` in the JSON) and ends with the verdict lines of issue 16's
+goals (:mod:`eval.verdicts`; ``verdicts`` in the JSON).
 
 Also micro-benchmarks the exact sampler at V = 49,152, γ = 12 and the draft/target forward
 cost ratio. Ratios are measured side by side in one process (never asserted in tests).
