@@ -72,7 +72,7 @@ def check_prompt_text(text: str) -> str:
 def load_prompt_records(split: str) -> list[Prompt]:
     """The :class:`Prompt` records of a shipped split (see :func:`load_prompts` for the splits). The open
     splits (``"train"``, ``"heldout"``) have category :data:`DEFAULT_CATEGORY`, the copy splits ``"copy"``
-    (both language ``"en"``: mostly English, with one language switch each); the mixed and multilingual
+    (both language ``"en"``: they are mostly English, without per-prompt languages); the mixed and multilingual
     splits carry their own categories and languages.
 
     Raises:
