@@ -7,6 +7,11 @@ Example::
     python -m eval --drafter head --tree            # also draft trees: a fixed (depth, V) grid and the best one
     python -m eval --drafter head --tree --tree-policy runs/tree  # … and a learned tree policy
     python -m eval --drafter head --tree --law-check --skip-speed  # the law check with tree arms too
+    python -m eval --prompt-set mixed --num-heldout-prompts 24  # also per category (8 tasks)
+    python -m eval --prompts questions.jsonl        # MT-bench / Spec-Bench questions: per category and language
+
+results.md opens with the run's header (eval.header: models and revisions, libraries, precision, sampling,
+hardware, threads, load, prompt distribution), as results.json's "header".
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from learn2draft import cli
 from learn2draft.cli import HelpFormatter, plain_doc, run_cli
+from learn2draft.prompts import PROMPT_SETS
 
 if TYPE_CHECKING:
     from eval.runner import TreeShape
@@ -100,14 +106,19 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_profile_arg(p)
     cli.add_drafter_arg(p, None)
     p.add_argument("--prompts", default=None,
-                   help="held-out prompts from a file (.jsonl with a 'prompt' field per line, or a JSON list of "
-                        "strings) instead of the shipped held-out set (its first --num-heldout-prompts); the γ grid still runs on the "
-                        "training prompts")
+                   help="held-out prompts from a file (.jsonl with a 'prompt' field per line, a JSON list of "
+                        "strings, or MT-bench / Spec-Bench questions with 'question_id', 'category', 'turns' and an "
+                        "optional 'language': the first turn is the prompt) instead of the shipped held-out set (its "
+                        "first --num-heldout-prompts); reported per category and language when they vary; the γ grid "
+                        "still runs on the --prompt-set training prompts")
     p.add_argument("--num-train-prompts", type=int, default=6, help="training prompts for the γ grid search")
     p.add_argument("--num-heldout-prompts", type=int, default=6, help="held-out prompts for the comparison")
-    p.add_argument("--prompt-set", default="open", choices=["open", "copy"],
-                   help="shipped prompt sets: open chat prompts (train/heldout) or copy-heavy ones "
-                        "(copy_train/copy_heldout: code edits, extraction, QA over a text, reformatting)")
+    p.add_argument("--prompt-set", default="open", choices=list(PROMPT_SETS),
+                   help="shipped prompt sets: open chat prompts (train/heldout), copy-heavy ones "
+                        "(copy_train/copy_heldout: code edits, extraction, QA over a text, reformatting), mixed "
+                        "(mixed_train/mixed_heldout: 8 categories, 24 held-out prompts) or multilingual "
+                        "(multilingual_train/multilingual_heldout: 6 tasks in en, es, it, zh, 24 held-out prompts); "
+                        "mixed and multilingual are reported per category (and language)")
     p.add_argument("--repeats", type=int, default=3, help="repeats of the held-out comparison (for the spread)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: the policy's training setting")
     p.add_argument("--gammas", default="1-12", help="fixed γ grid, e.g. 1-12 or 1,2,4,8")
@@ -211,10 +222,10 @@ def _resolve_trees(args, drafter: str) -> _Trees:
 def _check_settings(args, policy_dir: Path) -> tuple:
     """Read the prompts and the run's settings, and check every setting before the (slow) model loading."""
     from learn2draft.cli import resolve_device, sampling_config, set_threads
-    from learn2draft.prompts import load_prompt_file
+    from learn2draft.prompts import load_prompt_file_records
     from policies.load import run_settings
 
-    user_prompts = load_prompt_file(args.prompts) if args.prompts else None
+    user_prompts = load_prompt_file_records(args.prompts) if args.prompts else None
     cfg = run_settings(policy_dir)  # the training run's settings (its config.json, else the export's)
     for name in ("num_train_prompts", "num_heldout_prompts", "repeats"):
         if getattr(args, name) < 1:
@@ -260,19 +271,25 @@ def _measure_speed(args, pair, policy, head, drafter: str, trees: _Trees, user_p
                    max_new: int, results: dict, out: Path) -> None:
     """Measure speed: the γ grid on the training prompts, the comparison on the held-out ones; write the results."""
     from eval.compare import compare, format_markdown, plot
-    from eval.runner import encode_all
-    from learn2draft.prompts import load_prompts
+    from eval.header import finish_header, header_lines, run_header
+    from eval.runner import encode_all, prompt_groupings
+    from learn2draft.prompts import load_prompt_records, load_prompts, prompt_set_splits
 
-    prefix = "copy_" if args.prompt_set == "copy" else ""
-    train_ids = encode_all(pair, load_prompts(prefix + "train")[: args.num_train_prompts], max_new)
-    held_texts = user_prompts if user_prompts is not None else load_prompts(prefix + "heldout")
-    held_ids = encode_all(pair, held_texts[: args.num_heldout_prompts], max_new)
+    train_split, held_split = prompt_set_splits(args.prompt_set)
+    train_ids = encode_all(pair, load_prompts(train_split)[: args.num_train_prompts], max_new)
+    held = (user_prompts if user_prompts is not None else load_prompt_records(held_split))[: args.num_heldout_prompts]
+    held_ids = encode_all(pair, [p.text for p in held], max_new)
+    header = run_header(results["target"], results["draft"] if pair.has_draft else None, pair, results["dtype"],
+                        sampling.to_dict(), str(pair.device), held, args.prompts or held_split)
     res = compare(pair, policy, train_ids, held_ids, sampling, max_new, gammas, args.repeats, args.seed,
-                  drafter=drafter, head=head, tree=trees.shape, tree_grid=trees.grid, tree_policy=trees.controller)
+                  drafter=drafter, head=head, tree=trees.shape, tree_grid=trees.grid, tree_policy=trees.controller,
+                  groups=prompt_groupings(held))
+    results["header"] = finish_header(header)
     results["speed"] = res
     md = format_markdown(res)
     profile_line = f"Policy's latency profile: {policy.profile_name}\n\n" if policy.profile_name else ""
-    (out / "results.md").write_text(f"Machine: {results['machine']}\n\n{profile_line}{md}\n")
+    (out / "results.md").write_text("\n".join(header_lines(header)) + f"\nMachine: {results['machine']}\n\n"
+                                    f"{profile_line}{md}\n")
     plot(res, out / "results.png")
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str))  # kept if the law check fails
     print("\n" + md + "\n")

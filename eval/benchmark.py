@@ -19,8 +19,14 @@ On the same held-out prompts and seeds, interleaved, at temperature 0 and 0.7 (`
   (``--tree-policy DIR``, default the one shipped in ``policies/defaults/<drafter>-tree`` if any).
 
 ``benchmark.json`` holds, per temperature and method: tokens/s (mean and per repeat), the ratio
-to plain ``generate()`` per repeat, τ, α (accepted / drafted tokens), TTFT and inter-token latency;
-``benchmark.png`` plots the ratios.
+to plain ``generate()`` per repeat, τ, α (accepted / drafted tokens), TTFT and inter-token latency, and over
+requests their p50 / p90 / p99 and the accepted-length histogram; when the prompts carry categories or
+languages (``--prompt-set mixed`` / ``multilingual``, an MT-bench ``--prompts`` file) the same per category and
+per language (``runs[T]["groups"]``) and over the copy-heavy prompts (``copy_summary``). ``benchmark.png`` plots
+the ratios (and the learned policy's accepted lengths per category). The report opens with a header
+(:mod:`eval.header`: models and revisions, library versions, precision, sampling, hardware, threads, load
+before and after, prompt distribution; ``header`` in the JSON) and ends with the verdict lines of issue 16's
+goals (:mod:`eval.verdicts`; ``verdicts`` in the JSON).
 
 Also micro-benchmarks the exact sampler at V = 49,152, γ = 12 and the draft/target forward
 cost ratio. Ratios are measured side by side in one process (never asserted in tests).
@@ -36,6 +42,7 @@ from pathlib import Path
 
 from learn2draft import cli
 from learn2draft.cli import HelpFormatter, plain_doc, run_cli
+from learn2draft.prompts import PROMPT_SETS
 
 PLAIN = "hf generate"
 DEFAULT_OUT = "runs/benchmark"
@@ -121,11 +128,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperatures", default="0,0.7",
                    help="the temperatures measured, comma-separated; the other sampling flags apply to each "
                         "(default: 0,0.7)")
-    p.add_argument("--prompt-set", default="open", choices=["open", "copy"],
-                   help="shipped prompts: open chat (train/heldout) or copy-heavy (copy_train/copy_heldout); default open")
+    p.add_argument("--prompt-set", default="open", choices=list(PROMPT_SETS),
+                   help="shipped prompts: open chat (train/heldout), copy-heavy (copy_train/copy_heldout), mixed "
+                        "(mixed_train/mixed_heldout: 8 categories, 24 held-out prompts) or multilingual "
+                        "(multilingual_train/multilingual_heldout: 6 tasks in en, es, it, zh, 24 held-out prompts); "
+                        "default open")
     p.add_argument("--prompts", default=None,
-                   help="measure on these prompts instead (.jsonl with a 'prompt' field per line, or a JSON list of "
-                        "strings; its first --num-prompts); the fixed γ is still chosen on the --prompt-set training prompts")
+                   help="measure on these prompts instead (.jsonl with a 'prompt' field per line, a JSON list of "
+                        "strings, or MT-bench / Spec-Bench questions with 'question_id', 'category', 'turns' and an "
+                        "optional 'language'; its first --num-prompts); the fixed γ is still chosen on the "
+                        "--prompt-set training prompts")
     p.add_argument("--num-prompts", type=int, default=6, help="prompts measured (default: 6)")
     p.add_argument("--repeats", type=int, default=3, help="repeats of every (method, prompt) (default: 3)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="default: 64")
@@ -152,9 +164,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args) -> int:
     from eval.__main__ import _resolve_trees, make_out_dir
-    from eval.runner import encode_all
+    from eval.header import finish_header, header_lines, run_header
+    from eval.runner import encode_all, prompt_groupings
     from learn2draft.cli import load_models, model_names, set_threads, stderr_line
-    from learn2draft.prompts import load_prompt_file, load_prompts
+    from learn2draft.prompts import (
+        COPY_CATEGORIES,
+        load_prompt_file_records,
+        load_prompt_records,
+        load_prompts,
+        prompt_set_splits,
+    )
     from policies.load import run_settings
 
     temps, samplings, gammas, device = _check_settings(args)
@@ -163,17 +182,25 @@ def _run(args) -> int:
     cfg = run_settings(policy_dir)  # the pair the policy was trained on, unless named here
     set_threads(args, cfg.get("threads"))
     args.target, args.draft = model_names(args, cfg)
-    user_prompts = load_prompt_file(args.prompts) if args.prompts else None
+    user_prompts = load_prompt_file_records(args.prompts) if args.prompts else None
     out = make_out_dir(Path(args.out or DEFAULT_OUT))
     # The Hugging Face assisted-generation rows and the forward-cost ratio need the draft model, whatever drafts here.
     pair = load_models(args, args.drafter, need_draft=True, device=device, progress=stderr_line)
-    prefix = "copy_" if args.prompt_set == "copy" else ""
-    held_texts = user_prompts if user_prompts is not None else load_prompts(prefix + "heldout")
-    held = encode_all(pair, held_texts[: args.num_prompts], args.max_new_tokens)
-    train = encode_all(pair, load_prompts(prefix + "train")[: args.num_prompts], args.max_new_tokens)
+    train_split, held_split = prompt_set_splits(args.prompt_set)
+    held_records = (user_prompts if user_prompts is not None else load_prompt_records(held_split))[: args.num_prompts]
+    held = encode_all(pair, [p.text for p in held_records], args.max_new_tokens)
+    train = encode_all(pair, load_prompts(train_split)[: args.num_prompts], args.max_new_tokens)
+    header = run_header(args.target, args.draft, pair, args.dtype, {str(T): samplings[T].to_dict() for T in temps},
+                        str(pair.device), held_records, args.prompts or held_split)
     report, md = _report_header(args, pair, device, policy_dir, policy, held, trees)
+    report["header"] = header
+    groups = prompt_groupings(held_records)
+    copy_idx = [i for i, p in enumerate(held_records) if p.category in COPY_CATEGORIES]
     for T in temps:
-        md += _measure_temperature(args, pair, T, samplings[T], train, held, gammas, policy, head, trees, report)
+        md += _measure_temperature(args, pair, T, samplings[T], train, held, gammas, policy, head, trees, report,
+                                   groups, copy_idx)
+    finish_header(report["header"])
+    md = header_lines(report["header"]) + md + _verdicts(report)
     _write_report(report, md, out)
     return 0
 
@@ -249,10 +276,20 @@ def _report_header(args, pair, device: str, policy_dir: Path, policy, held: list
 
 
 def _measure_temperature(args, pair, T: float, sampling, train: list, held: list, gammas: list[int], policy, head,
-                         trees, report: dict) -> list[str]:
-    """Measure one temperature: fixed γ (and tree) chosen on the training prompts, every method interleaved."""
+                         trees, report: dict, groups: dict | None = None, copy_idx: list[int] = ()) -> list[str]:
+    """Measure one temperature: fixed γ (and tree) chosen on the training prompts, every method interleaved;
+    summarised over the whole mix, per grouping of ``groups`` (:func:`eval.runner.prompt_groupings`) and, when
+    there are any, over the copy-heavy prompts ``copy_idx`` (for the verdicts)."""
     from eval.compare import grid_search, tree_grid_search
-    from eval.runner import DecoderMethod, methods_table, requests_table, run_interleaved, summarize
+    from eval.runner import (
+        DecoderMethod,
+        groups_table,
+        methods_table,
+        requests_table,
+        run_interleaved,
+        summarize,
+        summarize_groups,
+    )
 
     gamma = args.num_draft_tokens or grid_search(pair, train, gammas, sampling, args.max_new_tokens,
                                                  seed=args.seed, desc=f"γ grid T={T}",
@@ -273,10 +310,35 @@ def _measure_temperature(args, pair, T: float, sampling, train: list, held: list
         if trees.controller is not None:
             methods.append(DecoderMethod(f"{args.drafter}: learned tree", pair, trees.controller, sampling,
                                          args.max_new_tokens, args.drafter, head, tree=tree))
-    summary = summarize(run_interleaved(methods, held, args.repeats, args.seed, desc=f"benchmark T={T}"),
-                        reference=PLAIN)
-    report["runs"][str(T)] = {**run, "methods": summary}
-    return [f"### Temperature {T}", "", *methods_table(summary, PLAIN), "", *requests_table(summary), ""]
+    records = run_interleaved(methods, held, args.repeats, args.seed, desc=f"benchmark T={T}")
+    summary = summarize(records, reference=PLAIN)
+    by = {key: summarize_groups(records, g, reference=PLAIN) for key, g in (groups or {}).items()}
+    copy = summarize_groups(records, {"copy": copy_idx}, reference=PLAIN).get("copy") if copy_idx else None
+    fixed = [m.name for m in methods if ": fixed " in m.name]
+    report["runs"][str(T)] = {**run, "methods": summary, "groups": by, "copy_prompts": len(copy_idx),
+                              "copy_summary": copy, "roles": _roles(args, fixed)}
+    md = [f"### Temperature {T}", "", *methods_table(summary, PLAIN), "", *requests_table(summary), ""]
+    for key, by_group in by.items():
+        md += [f"Per {key} (ratios to {PLAIN} within the {key}):", "", *groups_table(by_group, PLAIN, key), ""]
+    return md
+
+
+def _roles(args, fixed: list[str]) -> dict:
+    """The methods that play the roles of :mod:`eval.verdicts`' claims in this benchmark."""
+    return {"learned": f"{args.drafter}: learned policy", "generate": PLAIN, "autoregressive": "learn2draft autoregressive",
+            "prompt_lookup": f"hf prompt lookup ({args.prompt_lookup_num_tokens})", "best_fixed": fixed}
+
+
+def _verdicts(report: dict) -> list[str]:
+    """Judge :data:`eval.verdicts.DEFAULT_CLAIMS` on every temperature: store them in ``report["verdicts"]``,
+    return the report's lines."""
+    from eval.verdicts import evaluate_claims, verdict_lines
+
+    runs = {T: {"methods": r["methods"], "categories": r["groups"].get("category"), "copy": r["copy_summary"],
+                "roles": r["roles"]} for T, r in report["runs"].items()}
+    report["verdicts"] = evaluate_claims(runs)
+    return ["## Verdicts (issue 16's goals; ratios of tokens/s, per-repeat mean)", "", "```",
+            *verdict_lines(report["verdicts"]), "```", ""]
 
 
 def _chain_methods(args, pair, sampling, gamma: int, policy, head) -> list:
@@ -323,16 +385,21 @@ def _write_report(report: dict, md: list[str], out: Path) -> None:
 
 def plot_benchmark(report: dict, path: Path) -> None:
     """Bars of tokens/s relative to plain ``generate()`` (mean, min–max over repeats), one panel
-    per temperature, saved as PNG."""
+    per temperature and, when the prompts have categories, below each the learned policy's accepted-length
+    distribution per category (:func:`eval.compare.plot_accepted_lengths`); saved as PNG."""
     import matplotlib
     import numpy as np
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from eval.compare import plot_accepted_lengths
+
     runs = report["runs"]
-    fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 4.8), squeeze=False)
-    for ax, (T, run) in zip(axes[0], runs.items()):
+    with_cats = any((run.get("groups") or {}).get("category") for run in runs.values())
+    fig, axes = plt.subplots(1 + with_cats, len(runs), figsize=(6 * len(runs), 4.8 * (1 + with_cats)), squeeze=False)
+    for col, (T, run) in enumerate(runs.items()):
+        ax = axes[0][col]
         names = list(run["methods"])
         r = [run["methods"][n][f"ratio_to_{PLAIN}"] for n in names]
         means = np.array([x["mean"] for x in r])
@@ -344,6 +411,9 @@ def plot_benchmark(report: dict, path: Path) -> None:
         ax.axvline(1.0, color="k", lw=0.8, ls="--")
         ax.set_xlabel("tokens/s × plain generate() (min–max over repeats)")
         ax.set_title(f"temperature {T}, drafter {report['drafter']}")
+        if with_cats:
+            by_cat = (run.get("groups") or {}).get("category") or {}
+            plot_accepted_lengths(axes[1][col], by_cat, (run.get("roles") or {}).get("learned", ""))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -20,15 +20,18 @@ from pathlib import Path
 
 import torch
 
+from eval.header import sampling_text
 from eval.runner import (
     DecoderMethod,
     RunRecord,
     TreeShape,
+    groups_table,
     methods_table,
     ratio_stats,
     requests_table,
     run_interleaved,
     summarize,
+    summarize_groups,
     verdict,
 )
 from learn2draft.decoding import DraftController, FixedDepthController
@@ -181,7 +184,8 @@ def compare(pair: ModelPair, policy: DraftController, train_prompts: Sequence[to
             gammas: Sequence[int] = tuple(range(1, 13)), repeats: int = 3, seed: int = 0,
             policy_name: str = "learned policy", drafter: str = "model", head: str | None = None,
             tree: TreeShape | None = None, tree_grid: Sequence[tuple[int, int]] = (),
-            tree_policy: DraftController | None = None, tree_policy_name: str = "learned tree") -> dict:
+            tree_policy: DraftController | None = None, tree_policy_name: str = "learned tree",
+            groups: dict[str, dict[str, Sequence[int]]] | None = None) -> dict:
     """Run the whole protocol of this module with ``drafter`` (``"model" | "head" | "lookup"``) for
     every drafting method; returns a JSON-serialisable dict (see :func:`format_markdown`).
 
@@ -191,6 +195,10 @@ def compare(pair: ModelPair, policy: DraftController, train_prompts: Sequence[to
     verification size, e.g. :func:`policies.load.load_tree_policy`), each drafting trees of that
     shape; the result gains ``grid_tree_train``, ``tree_train`` ([depth, V]), ``tree_policy`` and
     ``tree_verdicts`` (the learned tree against every other drafting row and autoregressive).
+
+    With ``groups`` (grouping → group → held-out prompt indices, :func:`eval.runner.prompt_groupings`): the
+    result gains ``groups``, the held-out comparison summarised per group (:func:`eval.runner.summarize_groups`,
+    ratios to autoregressive), e.g. ``res["groups"]["category"]["code"][method]``.
 
     Raises:
         ValueError: ``tree`` without ``tree_grid``, ``tree_policy`` without ``tree``, or a
@@ -238,6 +246,7 @@ def compare(pair: ModelPair, policy: DraftController, train_prompts: Sequence[to
         "num_train_prompts": len(train_prompts), "num_heldout_prompts": len(heldout_prompts),
         "grid_train": grid_train, "grid_heldout": grid_held, "gamma_train": g_train, "gamma_hindsight": g_hind,
         "methods": summary, "policy": policy_name, "verdicts": verdicts, "drafter": drafter,
+        "groups": {key: summarize_groups(records, g, reference=AR) for key, g in (groups or {}).items()},
     }
     if grid_tree is not None:
         res.update(grid_tree_train=grid_tree, tree_train=grid_tree["best"], tree_fixed=tree_name,
@@ -264,7 +273,7 @@ def format_markdown(res: dict) -> str:
     """The comparison as a markdown table plus one plain sentence per fixed baseline."""
     lines = [
         f"Held-out prompts: {res['num_heldout_prompts']}, repeats: {res['repeats']}, max_new_tokens: "
-        f"{res['max_new_tokens']}, sampling: {_sampling_str(res['sampling'])}, drafter: {res.get('drafter', 'model')}",
+        f"{res['max_new_tokens']}, sampling: {sampling_text(res['sampling'])}, drafter: {res.get('drafter', 'model')}",
         "",
         *methods_table(res["methods"], AR),
         "",
@@ -278,6 +287,9 @@ def format_markdown(res: dict) -> str:
         t = res["grid_tree_train"]
         lines.append(f"Tree grid (W={t['width']}, top-k={t['top_k']}) on train prompts (tokens/s): " + ", ".join(
             f"{k}: {v:.1f}" for k, v in t["tokens_per_second"].items()))
+    for key, by_group in (res.get("groups") or {}).items():
+        lines += ["", f"Per {key} (held-out prompts; ratios to {AR} within the {key}):", "",
+                  *groups_table(by_group, AR, key)]
     lines.append("")
     for learned, verdicts in ((res["policy"], res["verdicts"]), (res.get("tree_policy"), res.get("tree_verdicts"))):
         for base, v in (verdicts or {}).items():
@@ -287,22 +299,44 @@ def format_markdown(res: dict) -> str:
     return "\n".join(lines)
 
 
-def _sampling_str(s: dict) -> str:
-    if s["temperature"] == 0:
-        return "greedy (temperature 0)"
-    return ", ".join(f"{k}={v}" for k, v in s.items())
+def plot_accepted_lengths(ax, by_group: dict[str, dict[str, dict]], method: str, key: str = "category") -> None:
+    """Draw on ``ax`` the accepted-length distribution of ``method`` in each group of
+    :func:`eval.runner.summarize_groups` output (share of drafting cycles that accepted τ = 0, 1, … drafted
+    tokens; one bar per group at each τ), the figure eval and the benchmark show per category."""
+    import numpy as np
+
+    hists = {g: s[method].get("accepted_length_histogram") or [] for g, s in by_group.items() if method in s}
+    hists = {g: h for g, h in hists.items() if sum(h)}
+    if not hists:
+        ax.set_axis_off()
+        ax.set_title(f"{method}: no drafting cycles")
+        return
+    n = max(len(h) for h in hists.values())
+    w = 0.8 / len(hists)
+    for i, (g, h) in enumerate(hists.items()):
+        share = np.zeros(n)
+        share[: len(h)] = np.asarray(h, dtype=float) / sum(h)
+        ax.bar(np.arange(n) + (i - (len(hists) - 1) / 2) * w, share, width=w, label=g)
+    ax.set_xticks(range(n))
+    ax.set_xlabel("accepted length τ (drafted tokens accepted per cycle)")
+    ax.set_ylabel("share of drafting cycles")
+    ax.set_title(f"Accepted lengths per {key}: {method}")
+    ax.legend(fontsize=7, ncol=2)
 
 
 def plot(res: dict, path) -> None:
-    """Bar chart of tokens/s with std error bars, the two γ grids and, with trees, the (depth, V)
-    grid (tokens/s against V, one line per depth), saved as PNG."""
+    """Bar chart of tokens/s with std error bars, the two γ grids, with trees the (depth, V)
+    grid (tokens/s against V, one line per depth) and, with prompt categories, the learned policy's
+    accepted-length distribution per category (:func:`plot_accepted_lengths`), saved as PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     tree = res.get("grid_tree_train")
-    fig, axes = plt.subplots(1, 3 if tree else 2, figsize=(18 if tree else 12, 4.5))
+    by_cat = (res.get("groups") or {}).get("category")
+    n = 2 + bool(tree) + bool(by_cat)
+    fig, axes = plt.subplots(1, n, figsize=(6 * n, 4.5))
     a, b = axes[0], axes[1]
     names = list(res["methods"])
     means = [res["methods"][n]["tokens_per_second_mean"] for n in names]
@@ -340,6 +374,8 @@ def plot(res: dict, path) -> None:
         c.set_ylabel("tokens/s (train prompts)")
         c.set_title(f"Fixed-tree grid (W={tree['width']}, top-k={tree['top_k']})")
         c.legend(fontsize=8)
+    if by_cat:
+        plot_accepted_lengths(axes[-1], by_cat, res["policy"])
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -53,6 +53,7 @@ from learn2draft.cli import (
     run_cli,
 )
 from learn2draft.names import DEFAULT_MAX_DEPTH, DEFAULT_TREE_TOP_K, DEFAULT_TREE_WIDTH, DEFAULT_VERIFY_SIZES
+from learn2draft.prompts import SPLITS
 
 _SIZES = ",".join(str(v) for v in DEFAULT_VERIFY_SIZES)
 
@@ -61,9 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eval.record", description=plain_doc(__doc__), formatter_class=HelpFormatter)
     add_drafter_arg(p, "model")
     p.add_argument("--prompt-split", default="train",
-                   help="shipped prompts: train, heldout, copy_train or copy_heldout, or several joined by commas")
+                   help=f"shipped prompts: {', '.join(SPLITS)}, or several joined by commas")
     p.add_argument("--prompts", default=None,
-                   help="prompts from a file instead (.jsonl with a 'prompt' field per line, or a JSON list of strings)")
+                   help="prompts from a file instead (.jsonl with a 'prompt' field per line, a JSON list of strings, "
+                        "or MT-bench / Spec-Bench questions with 'turns': the first turn is the prompt)")
     p.add_argument("--num-prompts", type=int, default=None, help="record only the first N prompts (default: all)")
     p.add_argument("--max-depth", type=int, default=DEFAULT_MAX_DEPTH,
                    help="longest chain recorded per position (replay and training may use any max_depth up to it)")
@@ -101,7 +103,7 @@ def _run(args) -> int:
     from eval.distributed import record_shard, record_with_ray
     from eval.profile import machine_info
     from learn2draft.cli import resolve_device, sampling_config, threads_of
-    from learn2draft.prompts import SPLITS, load_prompt_file, load_prompts
+    from learn2draft.prompts import load_prompt_file, load_prompts
     from learn2draft.replay.traces import check_writable
 
     if args.workers < 1:

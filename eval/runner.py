@@ -341,6 +341,30 @@ TAU_NOTE = ("τ: mean accepted length per drafting cycle — draft tokens accept
             "excluded; α: accepted / drafted tokens (for a tree: accepted / drafted levels).")
 
 
+def _method_cells(m: dict, reference: str) -> str:
+    """The cells of one :func:`summarize` entry that :func:`methods_table` and :func:`groups_table` share:
+    tokens/s (mean ± std), the ratio to ``reference`` (mean, min–max), τ, α."""
+    r = m.get(f"ratio_to_{reference}")
+    ratio = "–" if r is None else f"{r['mean']:.2f} ({r['min']:.2f}–{r['max']:.2f})"
+    tau = "–" if m["tau_mean"] is None else f"{m['tau_mean']:.2f}"
+    alpha = "–" if m.get("alpha") is None else f"{m['alpha']:.2f}"
+    return f"{m['tokens_per_second_mean']:.1f} ± {m['tokens_per_second_std']:.1f} | {ratio} | {tau} | {alpha}"
+
+
+def _request_cells(m: dict) -> str:
+    """The per-request cells that :func:`requests_table` and :func:`groups_table` share: TTFT, inter-token and
+    request latency at p50/p90/p99 and the accepted-length histogram ("τ: cycles")."""
+
+    def pct(p: dict | None, scale: float, fmt: str) -> str:  # None: a summary written before percentiles existed
+        return "–" if not p or p["p50"] is None else "/".join(format(scale * p[k], fmt) for k in ("p50", "p90", "p99"))
+
+    hist = m.get("accepted_length_histogram") or []
+    h = ", ".join(f"{k}: {c}" for k, c in enumerate(hist) if c) or "–"
+    return (f"{pct(m.get('ttft_seconds_percentiles'), 1e3, '.0f')} | "
+            f"{pct(m.get('inter_token_seconds_percentiles'), 1e3, '.1f')} | "
+            f"{pct(m.get('request_seconds_percentiles'), 1.0, '.2f')} | {h}")
+
+
 def methods_table(summary: dict, reference: str) -> list[str]:
     """The markdown table of :func:`summarize` output that eval and eval.benchmark both print: per
     method tokens/s (mean ± std), the per-repeat ratio to ``reference`` (mean, min–max), τ, α, TTFT,
@@ -349,12 +373,8 @@ def methods_table(summary: dict, reference: str) -> list[str]:
              "loop overhead |",
              "|---|---|---|---|---|---|---|---|"]
     for name, m in summary.items():
-        r = m[f"ratio_to_{reference}"]
-        tau = "–" if m["tau_mean"] is None else f"{m['tau_mean']:.2f}"
-        alpha = "–" if m.get("alpha") is None else f"{m['alpha']:.2f}"
         ovh = "–" if m["overhead_fraction_mean"] is None else f"{100 * m['overhead_fraction_mean']:.1f}%"
-        lines.append(f"| {name} | {m['tokens_per_second_mean']:.1f} ± {m['tokens_per_second_std']:.1f} | "
-                     f"{r['mean']:.2f} ({r['min']:.2f}–{r['max']:.2f}) | {tau} | {alpha} | "
+        lines.append(f"| {name} | {_method_cells(m, reference)} | "
                      f"{1e3 * m['ttft_seconds_mean']:.0f} | {1e3 * m['inter_token_seconds_mean']:.1f} | {ovh} |")
     return [*lines, "", TAU_NOTE]
 
@@ -363,20 +383,56 @@ def requests_table(summary: dict) -> list[str]:
     """The per-request markdown table that follows :func:`methods_table` in eval and eval.benchmark: TTFT,
     inter-token latency and request latency at p50 / p90 / p99 over the method's generations, the
     accepted-length histogram ("τ=k: cycles") and the peak memory. Returns its lines."""
-
-    def pct(p: dict | None, scale: float, fmt: str) -> str:  # None: a summary written before percentiles existed
-        return "–" if not p or p["p50"] is None else "/".join(format(scale * p[k], fmt) for k in ("p50", "p90", "p99"))
-
     lines = ["| requests of method | TTFT ms p50/p90/p99 | inter-token ms p50/p90/p99 | request s p50/p90/p99 | "
              "τ histogram (τ: cycles) | peak memory MiB |",
              "|---|---|---|---|---|---|"]
     for name, m in summary.items():
-        hist = m.get("accepted_length_histogram") or []
-        h = ", ".join(f"{k}: {c}" for k, c in enumerate(hist) if c) or "–"
         mem = "–" if m.get("peak_memory_bytes") is None else f"{m['peak_memory_bytes'] / 2**20:.0f}"
-        lines.append(f"| {name} | {pct(m.get('ttft_seconds_percentiles'), 1e3, '.0f')} | "
-                     f"{pct(m.get('inter_token_seconds_percentiles'), 1e3, '.1f')} | "
-                     f"{pct(m.get('request_seconds_percentiles'), 1.0, '.2f')} | {h} | {mem} |")
+        lines.append(f"| {name} | {_request_cells(m)} | {mem} |")
+    return lines
+
+
+def prompt_groupings(prompts: Sequence) -> dict[str, dict[str, list[int]]]:
+    """The groupings of a prompt list to report separately: ``{"category": {category: [prompt index, …]},
+    "language": {language: […]}}`` from :class:`learn2draft.prompts.Prompt` records, each grouping kept only
+    when the prompts hold at least two distinct values of it (one value: the whole mix says it all)."""
+    out: dict[str, dict[str, list[int]]] = {}
+    for key in ("category", "language"):
+        groups: dict[str, list[int]] = {}
+        for i, p in enumerate(prompts):
+            groups.setdefault(getattr(p, key), []).append(i)
+        if len(groups) > 1:
+            out[key] = groups
+    return out
+
+
+def summarize_groups(records: Sequence[RunRecord], groups: dict[str, Sequence[int]],
+                     reference: str | None = None) -> dict[str, dict[str, dict]]:
+    """:func:`summarize` over the records of each group of prompts: ``{group: {method: summary}}``; ``groups``
+    maps a group name to prompt indices (:attr:`RunRecord.prompt_index`, e.g. one grouping of
+    :func:`prompt_groupings`). Ratios to ``reference`` are per repeat within the group; methods keep the order of
+    their first record; a group whose prompts have no record is left out."""
+    order = list(dict.fromkeys(r.method for r in records))  # the whole run's method order, in every group
+    out = {}
+    for name, idx in groups.items():
+        keep = set(idx)
+        rs = [r for r in records if r.prompt_index in keep]
+        if rs:
+            s = summarize(rs, reference)
+            out[name] = {m: s[m] for m in order if m in s}
+    return out
+
+
+def groups_table(by_group: dict[str, dict[str, dict]], reference: str, key: str = "category") -> list[str]:
+    """The markdown table of :func:`summarize_groups` output: one row per (group, method) with tokens/s, the
+    ratio to ``reference``, τ, α, TTFT / inter-token / request latency at p50/p90/p99 and the accepted-length
+    histogram; ``key`` names the grouping in the header (``"category"``, ``"language"``). Returns its lines."""
+    lines = [f"| {key} | method | tokens/s (mean ± std) | × {reference} (min–max) | τ | α | TTFT ms p50/p90/p99 | "
+             "inter-token ms p50/p90/p99 | request s p50/p90/p99 | τ histogram (τ: cycles) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for group, summary in by_group.items():
+        for name, m in summary.items():
+            lines.append(f"| {group} | {name} | {_method_cells(m, reference)} | {_request_cells(m)} |")
     return lines
 
 

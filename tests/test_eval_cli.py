@@ -283,3 +283,67 @@ def test_record_workers_refuses_an_address_where_no_ray_cluster_answers():
         _check_reachable("127.0.0.1:1", timeout=2.0)
     with pytest.raises(ValueError, match="give HOST:PORT"):
         _check_reachable("bogus")
+
+
+# --------------------------------------------------------------------------------- mixed prompts, header, verdicts
+def _mt_bench_file(tmp_path):
+    rows = [{"question_id": 1, "category": "code", "turns": ["w1 w2 w3", "ignored"]},
+            {"question_id": 2, "category": "extraction", "language": "it", "turns": ["w4 w5"]}]
+    path = tmp_path / "questions.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_benchmark_reports_per_category_a_header_and_verdicts(tiny_run, tmp_path):
+    """eval.benchmark --prompts on an MT-bench file: per-category and per-language tables, the header (models and
+    revisions, libraries, hardware, load before and after, prompt distribution) and the verdict lines, in the
+    report and its JSON; a claim that ran is judged (PASS or FAIL: the copy claims, on the one extraction prompt),
+    one that did not is 'not measured' (T>0 here)."""
+    from eval.benchmark import main as bench_main
+
+    out = tmp_path / "bench"
+    assert bench_main(["--policy", str(tiny_run), "--prompts", str(_mt_bench_file(tmp_path)), "--temperatures", "0",
+                       "--num-prompts", "2", "--repeats", "1", "--max-new-tokens", "4", "--gammas", "1",
+                       "--device", "cpu", "--out", str(out)]) == 0
+    report = json.loads((out / "benchmark.json").read_text())
+    h = report["header"]
+    assert h["prompts"]["categories"] == {"code": 1, "extraction": 1} and h["prompts"]["languages"] == {"en": 1,
+                                                                                                       "it": 1}
+    assert h["models"]["target"]["revision"].startswith("sha256 ") and "draft" in h["models"]
+    assert len(h["load_average"]["before"]) == 3 and len(h["load_average"]["after"]) == 3
+    run = report["runs"]["0.0"]
+    assert set(run["groups"]["category"]) == {"code", "extraction"} and set(run["groups"]["language"]) == {"en", "it"}
+    assert run["copy_prompts"] == 1 and run["copy_summary"]["hf generate"]["runs"] == 1
+    verdicts = {v["claim"]: v for v in report["verdicts"]}
+    assert verdicts["learned ≥ 1.3× plain generate() at T>0"]["verdict"] == "not measured"  # T>0 did not run
+    assert verdicts["copy prompts: learned ≥ 1.15× HF prompt lookup"]["verdict"] in ("PASS", "FAIL")
+    md = (out / "benchmark.md").read_text()
+    assert md.startswith("## Run") and "Per category" in md and "| extraction |" in md and "Per language" in md
+    assert "## Verdicts" in md and "not measured" in md
+
+
+def test_eval_reports_per_category_and_a_header(tiny_run, tmp_path):
+    out = tmp_path / "eval"
+    assert eval_main(["--policy", str(tiny_run), "--prompts", str(_mt_bench_file(tmp_path)), "--num-train-prompts",
+                      "1", "--repeats", "1", "--max-new-tokens", "4", "--gammas", "1", "--device", "cpu", "--out",
+                      str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["speed"]["groups"]["category"]) == {"code", "extraction"}
+    assert results["header"]["prompts"]["total"] == 2 and results["header"]["load_average"]["after"]
+    md = (out / "results.md").read_text()
+    assert md.startswith("## Run") and "Per category" in md and "Per language" in md
+
+
+@pytest.mark.parametrize("module", ["eval", "eval.benchmark"])
+def test_a_bad_mt_bench_file_is_refused_before_the_models_load(tiny_run, tmp_path, monkeypatch, capsys, module):
+    import learn2draft.models
+    from eval.benchmark import main as bench_main
+
+    monkeypatch.setattr(learn2draft.models, "load_pair", lambda *a, **k: pytest.fail("models loaded"))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question_id": 1, "category": "code", "turns": ["ok"]}\n{"question_id": 2, "turns": []}\n')
+    main = eval_main if module == "eval" else bench_main
+    assert main(["--policy", str(tiny_run), "--prompts", str(bad), "--device", "cpu", "--out",
+                 str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "bad.jsonl:2: 'turns' must be a non-empty list" in err and "Traceback" not in err

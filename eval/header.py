@@ -1,0 +1,171 @@
+"""The header of eval's and the benchmark's reports: what another team needs to judge whether a measured
+gain survives on their model, language, hardware or data (issue 18, item 3) — the models and their
+revisions, the library versions, precision, sampling, hardware, threads, the machine's load before and
+after the run, and the prompt distribution.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Sequence
+from functools import cache
+from pathlib import Path
+
+
+@cache
+def _sha256(path: str, size: int, mtime: float) -> str:  # size/mtime in the key: a rewritten file is hashed again
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def model_revision(name: str, model=None) -> str:
+    """The revision of a model, as precise as known: ``"commit <hash>"`` of a hub checkpoint (the
+    ``config._commit_hash`` transformers records when it loads one), else ``"sha256 <16 hex> of <files>"`` of a
+    local checkpoint's weights (``*.safetensors``, ``*.bin`` or the ``.gguf`` file; the embedded default pair
+    included), else ``"path <path>"`` or ``"hub id, revision unknown"``. Never touches the network.
+
+    Args:
+        name: the model name as given (:func:`learn2draft.cli.model_names`): an alias, a path or a hub id.
+        model: the loaded model (a ``PreTrainedModel``), or None.
+    """
+    commit = getattr(getattr(model, "config", None), "_commit_hash", None)
+    if commit:
+        return f"commit {commit}"
+    from learn2draft.models import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model_source
+
+    if name not in (DEFAULT_TARGET, DEFAULT_DRAFT) and not Path(str(name)).expanduser().exists():
+        return "hub id, revision unknown"
+    try:
+        src, gguf = resolve_model_source(name)
+    except Exception:  # noqa: BLE001 - a header line must never stop a finished run
+        return f"path {name}"
+    root = Path(src)
+    files = ([root / gguf] if gguf else sorted(root.glob("*.safetensors")) or sorted(root.glob("*.bin"))
+             or sorted(root.glob("*.gguf")))
+    if not files:
+        return f"path {root}"
+    h = hashlib.sha256()
+    for f in files:
+        st = f.stat()
+        h.update(_sha256(str(f), st.st_size, st.st_mtime).encode())
+    return f"sha256 {h.hexdigest()[:16]} of {', '.join(f.name for f in files)}"
+
+
+def _versions() -> dict:
+    import importlib.metadata
+    import platform
+
+    out = {"python": platform.python_version()}
+    for lib in ("torch", "transformers", "learn2draft"):
+        try:
+            out[lib] = importlib.metadata.version(lib)
+        except importlib.metadata.PackageNotFoundError:
+            out[lib] = None
+    return out
+
+
+def load_average() -> list[float] | None:
+    """``os.getloadavg()`` (1, 5 and 15 minutes) rounded to 2 decimals, or None where the system has none."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (OSError, AttributeError):
+        return None
+
+
+def hardware(device: str) -> dict:
+    """:func:`eval.profile.machine_info` of ``device`` plus the CPU's bf16 units as torch sees them (``amx``,
+    ``avx512_bf16``: what :func:`learn2draft.models.fastest_dtype` reads) and torch's interop threads."""
+    import torch
+
+    from eval.profile import machine_info
+
+    info = machine_info(device)
+    for key, probe in (("amx", "_is_amx_tile_supported"), ("avx512_bf16", "_is_avx512_bf16_supported")):
+        fn = getattr(torch.cpu, probe, None)
+        info[key] = bool(fn()) if fn is not None else None
+    info["torch_interop_threads"] = torch.get_num_interop_threads()
+    return info
+
+
+def run_header(target: str, draft: str | None, pair, dtype: str, sampling, device: str, prompts: Sequence,
+               prompt_source: str) -> dict:
+    """The header of a report, measured at the start of the run (its load average included: call
+    :func:`finish_header` at the end).
+
+    Args:
+        target, draft: the model names (:func:`learn2draft.cli.model_names`); draft None without a draft model.
+        pair: the loaded :class:`learn2draft.models.ModelPair` (for hub commit hashes), or None.
+        dtype: the precision every method ran in (``"bfloat16"``, ``"float32"``).
+        sampling: the sampling settings: one :meth:`learn2draft.sampling.SamplingConfig.to_dict`, or a dict of them
+            per temperature.
+        prompts: the measured :class:`learn2draft.prompts.Prompt` records; ``prompt_source``: where they came from.
+
+    Returns:
+        a JSON-serialisable dict: ``models``, ``libraries``, ``precision``, ``sampling``, ``hardware``, ``threads``,
+        ``load_average`` (``{"before": [1m, 5m, 15m], "after": None}``), ``prompts`` (source and
+        :func:`learn2draft.prompts.prompt_distribution`).
+    """
+    import torch
+
+    from learn2draft.prompts import prompt_distribution
+
+    models = {"target": {"name": str(target), "revision": model_revision(target, getattr(pair, "target", None))}}
+    if draft is not None:
+        models["draft"] = {"name": str(draft), "revision": model_revision(draft, getattr(pair, "draft_model", None))}
+    return {"models": models, "libraries": _versions(), "precision": dtype, "sampling": sampling,
+            "hardware": hardware(device), "threads": torch.get_num_threads(),
+            "load_average": {"before": load_average(), "after": None},
+            "prompts": {"source": prompt_source, **prompt_distribution(prompts)}}
+
+
+def finish_header(header: dict) -> dict:
+    """Record the load average at the end of the run in ``header`` (what else ran beside the measurement);
+    returns ``header``."""
+    header["load_average"]["after"] = load_average()
+    return header
+
+
+def header_lines(header: dict) -> list[str]:
+    """The header as Markdown lines, at the top of ``results.md`` and ``benchmark.md``."""
+    hw = header["hardware"]
+    machine = (hw["gpu"] if "gpu" in hw else f"{hw['cpu']}, {hw['cores']} cores") + \
+        f" (AMX: {_yes(hw.get('amx'))}, AVX512-BF16: {_yes(hw.get('avx512_bf16'))}); {hw.get('platform', '')}"
+    libs = ", ".join(f"{k} {v}" for k, v in header["libraries"].items() if v)
+    models = "; ".join(f"{role} {m['name']} ({m['revision']})" for role, m in header["models"].items())
+    load = header["load_average"]
+    fmt = lambda v: "–" if not v else "/".join(f"{x:.2f}" for x in v)  # noqa: E731
+    p = header["prompts"]
+    dist = (f"{p['total']} prompts from {p['source']}; categories " +
+            ", ".join(f"{k} {n}" for k, n in p["categories"].items()) + "; languages " +
+            ", ".join(f"{k} {n}" for k, n in p["languages"].items()))
+    sampling = header["sampling"]
+    if isinstance(sampling, dict) and sampling and all(isinstance(v, dict) for v in sampling.values()):
+        samp = "; ".join(f"T={t}: {sampling_text(s)}" for t, s in sampling.items())
+    else:
+        samp = sampling_text(sampling)
+    return ["## Run", "",
+            f"- Models: {models}",
+            f"- Libraries: {libs}",
+            f"- Precision: {header['precision']} (every method); sampling: {samp}",
+            f"- Hardware: {machine}",
+            f"- Threads: {header['threads']} (torch intra-op), device {hw.get('device')}",
+            f"- Load average (1/5/15 min): before {fmt(load['before'])}, after {fmt(load['after'])}",
+            f"- Prompts: {dist}", ""]
+
+
+def _yes(v) -> str:
+    return "unknown" if v is None else "yes" if v else "no"
+
+
+def sampling_text(s) -> str:
+    """Sampling settings (:meth:`learn2draft.sampling.SamplingConfig.to_dict`) in words: ``"greedy (temperature
+    0)"``, else ``"key=value, …"``."""
+    if not isinstance(s, dict):
+        return str(s)
+    if s.get("temperature") == 0:
+        return "greedy (temperature 0)"
+    return ", ".join(f"{k}={v}" for k, v in s.items())
