@@ -446,7 +446,6 @@ def acceptance_features(trace, max_depth: int, vocab_size: int, max_new_tokens: 
     margin = nan[:, :1].repeat(D, 1) if trace.draft_margin is None else np.asarray(trace.draft_margin, np.float64)
     ap = np.nan_to_num(np.asarray(trace.accept_prob, dtype=np.float64), nan=0.0)
     reach = np.cumprod(ap, axis=1)  # (R, D): P(tokens 0..i all accepted)
-    cols: dict[str, np.ndarray] = {}
 
     def col(name: str) -> np.ndarray:
         if name == "context_len":
@@ -474,8 +473,6 @@ def acceptance_features(trace, max_depth: int, vocab_size: int, max_new_tokens: 
         val[ok] = reach[back[ok], : min(k, D)].sum(axis=1) / k
         return val
 
-    for n in names:
-        cols[n] = col(n)
-    X = np.stack([cols[n] for n in names], axis=1) if names else np.zeros((rows.shape[0], 0))
+    X = np.stack([col(n) for n in names], axis=1) if names else np.zeros((rows.shape[0], 0))
     X = np.where(np.isnan(X), np.nan, np.clip(X, 0.0, 1.0))
     return X.astype(np.float64), rows.astype(np.int64), pos.astype(np.int64)
