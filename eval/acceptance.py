@@ -47,6 +47,7 @@ from learn2draft.features import (
     ACCEPTANCE_ARRAY_FEATURES,
     ACCEPTANCE_FEATURE_NAMES,
     ACCEPTANCE_FEATURE_SETS,
+    ACCEPTANCE_FEATURE_VERSION,
     acceptance_features,
 )
 
@@ -271,7 +272,7 @@ def acceptance_report(train, heldout, sets: Sequence[str] | None = None, l2: flo
         train_name, heldout_name: how the report names a trace set that lacks the acceptance arrays.
 
     Returns:
-        dict with ``label`` (how labels are defined), ``train`` / ``heldout`` (``tokens``: reached drafted tokens
+        dict with ``label`` (how labels are defined), ``feature_version``, ``drafter``, ``max_depth``, ``train`` / ``heldout`` (``tokens``: reached drafted tokens
         with a label, ``reached``: Σ weights, ``base_rate``), ``sets`` (per set: :func:`feature_set_report`, or
         ``skipped`` with the reason) and ``best`` (the set with the highest per-position AUC).
 
@@ -301,6 +302,7 @@ def acceptance_report(train, heldout, sets: Sequence[str] | None = None, l2: flo
         "label": ("drafted token j accepted, over the tokens reached (0..j-1 accepted); "
                   + ("hard labels (T = 0)" if train.deterministic and heldout.deterministic else
                      "soft labels at T > 0: weight P(reached)*a_j as accepted and P(reached)*(1-a_j) as rejected")),
+        "feature_version": ACCEPTANCE_FEATURE_VERSION,
         "drafter": train.drafter,
         "max_depth": train.max_depth,
         "train": _summary(tr),
