@@ -409,3 +409,135 @@ def build_hybrid_features(lookup_confidences: Sequence[float], max_depth: int, l
     out = [1.0 if c.size else 0.0, score / max_depth, c.size / max_depth, 1.0 if last_source_neural else 0.0,
            top1, ent / math.log(vocab_size), margin]
     return np.clip(np.asarray(out, dtype=np.float32), 0.0, 1.0)
+
+# Acceptance features: what predicts "drafted token j is accepted" (issue 16, item 3)
+# --------------------------------------------------------------------------------------------
+ACCEPTANCE_FEATURE_VERSION = 1
+
+ACCEPTANCE_FEATURE_NAMES: tuple[str, ...] = (
+    "context_len",
+    "progress",
+    "depth",
+    "draft_confidence",
+    "draft_entropy",
+    "draft_margin",
+    "cum_confidence",
+    "mean_confidence",
+    "target_top1",
+    "target_entropy",
+    "target_margin",
+    "match_len",
+    "match_count",
+    *(f"recent_accept_{k}" for k in range(1, HISTORY + 1)),
+)
+
+ACCEPTANCE_FEATURE_DOCS: dict[str, str] = {
+    "context_len": f"(committed tokens + the j + 1 drafted this cycle up to token j) / {CONTEXT_SCALE:g}, clipped to "
+                   "[0, 1]",
+    "progress": "tokens generated so far / max_new_tokens",
+    "depth": "j + 1 (token j's place in its chain, 1-based) / max_depth",
+    "draft_confidence": "the draft's raw max probability at token j (lookup: share of the matches continuing with it)",
+    "draft_entropy": "entropy (nats) of the draft's raw softmax at token j / ln V (lookup: 0)",
+    "draft_margin": "the draft's top-2 margin at token j: max − second probability of its raw softmax (lookup: share "
+                    "of the most frequent continuation minus the second's); the signal of vLLM's online acceptance "
+                    "estimator (PR #52228)",
+    "cum_confidence": "product of draft_confidence over tokens 0..j of the chain",
+    "mean_confidence": "mean of draft_confidence over tokens 0..j of the chain",
+    "target_top1": "the target's raw top-1 probability where the last committed token was drawn (free from the "
+                   "verification forward that produced it: SpeculativeDecoder.target_stats)",
+    "target_entropy": "entropy (nats) of the target's raw softmax there / ln V",
+    "target_margin": "the target's top-2 margin there (max − second probability)",
+    "match_len": "prompt lookup (0 for the other drafters): the n-gram match behind token j's proposal, extended "
+                 "backwards, min(length, 16) / 16",
+    "match_count": "prompt lookup (0 for the other drafters): earlier occurrences of that n-gram, min(count, 8) / 8",
+    **{f"recent_accept_{k}": f"the chain drafted {k} position(s) back: its expected leading accepted tokens among its "
+                             f"first {k} (the ones already verifiable: each lies on a committed token), / {k} "
+                             "(0 before that position exists) — a trace has no cycles (they depend on the policy), so "
+                             "this leak-free recent agreement stands in for the past cycles' accepted lengths τ"
+       for k in range(1, HISTORY + 1)},
+}
+
+_DRAFT_SET = ("context_len", "progress", "depth", "draft_confidence", "draft_entropy", "cum_confidence",
+              "mean_confidence", "match_len", "match_count", *(f"recent_accept_{k}" for k in range(1, HISTORY + 1)))
+
+#: Named sets of :data:`ACCEPTANCE_FEATURE_NAMES`: ``draft`` (what today's depth policies see, mapped to token j),
+#: ``draft+margin`` (adds the draft's top-2 margin), ``target`` (the target's own view of the last committed token),
+#: ``lookup`` (the match statistics), ``all``. Every set holds ``depth``.
+ACCEPTANCE_FEATURE_SETS: dict[str, tuple[str, ...]] = {
+    "draft": _DRAFT_SET,
+    "draft+margin": (*_DRAFT_SET, "draft_margin"),
+    "target": ("depth", "target_top1", "target_entropy", "target_margin"),
+    "lookup": ("depth", "match_len", "match_count"),
+    "all": ACCEPTANCE_FEATURE_NAMES,
+}
+
+#: The features read from a trace's acceptance arrays (``target_stats``, ``draft_margin``): NaN in traces recorded
+#: before them.
+ACCEPTANCE_ARRAY_FEATURES: frozenset[str] = frozenset({"draft_margin", "target_top1", "target_entropy",
+                                                       "target_margin"})
+
+
+def acceptance_features(trace, max_depth: int, vocab_size: int, max_new_tokens: int,
+                        names: Sequence[str] = ACCEPTANCE_FEATURE_NAMES) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The acceptance features of every drafted token of one prompt's chain trace: one example per drafted token j
+    of every position row t (j < ``chain_len[t]``), its features known once token j is drafted and before its
+    verification (:data:`ACCEPTANCE_FEATURE_DOCS`) — what a policy has when deciding whether to draft token j + 1,
+    which pays only if token j is accepted.
+
+    Args:
+        trace: a :class:`learn2draft.replay.traces.PromptTrace` (or anything with its ``prompt_len``, ``n``,
+            ``chain_len``, ``confidence``, ``entropy``, ``draft_margin``, ``target_stats``, ``drafter_features``
+            and ``accept_prob``).
+        max_depth: the trace's D (> 0); ``vocab_size``: V (≥ 2); ``max_new_tokens``: the recording's (> 0).
+        names: the features to return, in this order (a set of :data:`ACCEPTANCE_FEATURE_SETS`).
+
+    Returns:
+        (X, rows, positions): X float64 (N, len(names)) — every entry in [0, 1], except NaN for the features of
+        :data:`ACCEPTANCE_ARRAY_FEATURES` when the trace lacks its acceptance arrays; rows, positions int64 (N,) — the
+        row t and drafted position j of each example, row-major.
+
+    Raises:
+        ValueError: an unknown feature name.
+    """
+    unknown = [n for n in names if n not in ACCEPTANCE_FEATURE_DOCS]
+    if unknown:
+        raise ValueError(f"Unknown acceptance features {unknown}; known: {', '.join(ACCEPTANCE_FEATURE_NAMES)}.")
+    D = int(max_depth)
+    cl = np.asarray(trace.chain_len, dtype=np.int64)
+    rows, pos = np.nonzero(np.arange(D)[None, :] < cl[:, None])
+    conf = np.asarray(trace.confidence, dtype=np.float64)
+    nan = np.full((cl.shape[0], 3), np.nan)
+    ts = nan if trace.target_stats is None else np.asarray(trace.target_stats, dtype=np.float64)
+    margin = nan[:, :1].repeat(D, 1) if trace.draft_margin is None else np.asarray(trace.draft_margin, np.float64)
+    ap = np.nan_to_num(np.asarray(trace.accept_prob, dtype=np.float64), nan=0.0)
+    reach = np.cumprod(ap, axis=1)  # (R, D): P(tokens 0..i all accepted)
+
+    def col(name: str) -> np.ndarray:
+        if name == "context_len":
+            return (trace.prompt_len + rows + pos + 1) / CONTEXT_SCALE
+        if name == "progress":
+            return rows / max_new_tokens
+        if name == "depth":
+            return (pos + 1) / D
+        if name in ("draft_confidence", "draft_margin"):
+            return (conf if name == "draft_confidence" else margin)[rows, pos]
+        if name == "draft_entropy":
+            return np.asarray(trace.entropy, dtype=np.float64)[rows, pos] / math.log(vocab_size)
+        if name in ("cum_confidence", "mean_confidence"):
+            upto = np.where(np.arange(D)[None, :] <= pos[:, None], conf[rows], np.nan)
+            return np.nanprod(upto, axis=1) if name == "cum_confidence" else np.nanmean(upto, axis=1)
+        if name.startswith("target_"):
+            k = ("target_top1", "target_entropy", "target_margin").index(name)
+            return ts[rows, k] / (math.log(vocab_size) if k == 1 else 1.0)
+        if name in ("match_len", "match_count"):
+            return np.asarray(trace.drafter_features, dtype=np.float64)[rows, pos, ("match_len", "match_count").index(name)]
+        k = int(name.rsplit("_", 1)[1])  # recent_accept_k
+        back = rows - k
+        ok = back >= 1
+        val = np.zeros(rows.shape[0])
+        val[ok] = reach[back[ok], : min(k, D)].sum(axis=1) / k
+        return val
+
+    X = np.stack([col(n) for n in names], axis=1) if names else np.zeros((rows.shape[0], 0))
+    X = np.where(np.isnan(X), np.nan, np.clip(X, 0.0, 1.0))
+    return X.astype(np.float64), rows.astype(np.int64), pos.astype(np.int64)

@@ -38,19 +38,27 @@ from learn2draft.replay.traces import (
 # --------------------------------------------------------------------------- recording
 class _ChainRecorder:
     """The chain recording's hook: the ``sampler`` of a :class:`learn2draft.SpeculativeDecoder` that runs
-    every cycle at the longest depth. At each verification it stores the drafted chain, its confidences and
-    entropies, the drafter features before every step and each drafted token's acceptance probability
-    min(1, p(x)/q(x)), then accepts nothing and emits the target's next token (argmax at T = 0, a draw
-    from p at T > 0), so the decoder commits exactly one token per position and rolls back as after a
-    rejection at the first drafted token."""
+    every cycle at the longest depth. At each verification it stores the drafted chain, its confidences,
+    entropies and top-2 margins, the drafter features before every step, the target's statistics at the last
+    committed token and each drafted token's acceptance probability min(1, p(x)/q(x)), then accepts nothing
+    and emits the target's next token (argmax at T = 0, a draw from p at T > 0), so the decoder commits
+    exactly one token per position and rolls back as after a rejection at the first drafted token.
+
+    The margins come from the drafter's proposals (:class:`_ProposalTap`). The target statistics are read from
+    :meth:`learn2draft.SpeculativeDecoder.target_stats` inside the hook, before the decoder commits this
+    verification's token: they are still those of the row that drew the last committed token ``g_{t-1}``."""
 
     def __init__(self, max_depth: int):
         self.decoder = None
         self.D = max_depth
+        self.margins: list[float] = []  # this cycle's proposals' top-2 margins (filled by _ProposalTap)
         self.rows: dict[str, list] = {k: [] for k in ("chain_len", "draft_tokens", "confidence", "entropy",
-                                                      "drafter_features", "accept_prob")}
+                                                      "drafter_features", "accept_prob", "target_stats",
+                                                      "draft_margin")}
 
-    def add_row(self, chain, confs, ents, dfeats, accepts) -> None:
+    def add_row(self, chain, confs, ents, dfeats, accepts, target_stats=None, margins=()) -> None:
+        """Append one position row (every list of length ``len(chain)``; ``dfeats``: one vector more);
+        ``target_stats``: (3,), NaN when None (row 0)."""
         D, L, rows = self.D, len(chain), self.rows
         rows["chain_len"].append(L)
         rows["draft_tokens"].append(np.pad(np.asarray(chain, dtype=np.int64), (0, D - L), constant_values=-1))
@@ -60,6 +68,9 @@ class _ChainRecorder:
         f[: len(dfeats)] = np.asarray(dfeats, dtype=np.float32).reshape(len(dfeats), NUM_DRAFTER_FEATURES)
         rows["drafter_features"].append(f)
         rows["accept_prob"].append(np.pad(np.asarray(accepts, dtype=np.float64), (0, D - L), constant_values=np.nan))
+        rows["target_stats"].append(np.full(3, np.nan) if target_stats is None
+                                    else np.asarray(target_stats, dtype=np.float64).reshape(3))
+        rows["draft_margin"].append(np.pad(np.asarray(margins, dtype=np.float64).reshape(-1), (0, D - L)))
 
     def drafter_features(self, drafted: list[int]) -> list[np.ndarray]:
         """The drafter's features before each of the chain's steps and after its last one."""
@@ -80,8 +91,33 @@ class _ChainRecorder:
             accepts = [min(1.0, a / b) for a, b in zip(px, qx)]
         else:
             accepts = []
-        self.add_row(chain, d.confidences, d.entropies, self.drafter_features(chain), accepts)
+        if len(self.margins) != len(chain):
+            raise RuntimeError("Chain recording: the drafter's proposals this cycle do not match the drafted chain.")
+        self.add_row(chain, d.confidences, d.entropies, self.drafter_features(chain), accepts, d.target_stats(),
+                     self.margins)
+        self.margins = []
         return 0, sample_from(p[0], generator)
+
+
+class _ProposalTap:
+    """Wraps a drafter's ``propose`` for one recording and hands each proposal's top-2 margin
+    (:attr:`learn2draft.drafters.base.DraftProposal.margin`) to a :class:`_ChainRecorder`; a context manager that
+    restores the drafter's own method on exit (the decoder keeps only confidences and entropies per token)."""
+
+    def __init__(self, drafter, recorder: _ChainRecorder):
+        self.drafter, self.recorder = drafter, recorder
+
+    def __call__(self, seq, sampling, generator):
+        prop = type(self.drafter).propose(self.drafter, seq, sampling, generator)
+        self.recorder.margins.append(float(prop.margin))
+        return prop
+
+    def __enter__(self) -> _ProposalTap:
+        self.drafter.propose = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        del self.drafter.propose
 
 
 def record_prompt(pair, drafter, prompt_ids, sampling, max_new_tokens: int, max_depth: int, seed: int = 0) -> PromptTrace:
@@ -124,11 +160,12 @@ def record_prompt(pair, drafter, prompt_ids, sampling, max_new_tokens: int, max_
     hook.decoder = dec
     longest = FixedDepthController(max_depth)
     hook.add_row([], [], [], [np.zeros(NUM_DRAFTER_FEATURES)], [])  # row 0: never a decision
-    dec.start(prompt)
-    while not dec.finished:
-        if len(dec.run_cycle(longest).tokens) != 1:
-            raise RuntimeError("Chain recording: the decoder committed more than one token per cycle.")
-    hook.add_row([], [], [], hook.drafter_features([]), [])  # the end: no decision
+    with _ProposalTap(drafter, hook):
+        dec.start(prompt)
+        while not dec.finished:
+            if len(dec.run_cycle(longest).tokens) != 1:
+                raise RuntimeError("Chain recording: the decoder committed more than one token per cycle.")
+    hook.add_row([], [], [], hook.drafter_features([]), [], dec.target_stats())  # the end: no decision
     arr = {k: np.stack(v) if k != "chain_len" else np.asarray(v, dtype=np.int64) for k, v in hook.rows.items()}
     out = dec.ids[dec.prompt_len :].cpu().numpy().astype(np.int64)
     return PromptTrace(

@@ -49,7 +49,8 @@ def test_help_answers_without_importing_torch(command):
 
 # ----------------------------------------------------------------------------- shared flags, built from the parsers
 SAMPLING_COMMANDS = ("train", "eval", "eval.benchmark", "eval.record", "policies.generate")
-ALL_COMMANDS = (*SAMPLING_COMMANDS, "eval.profile", "eval.simreal", "eval.oracle", "eval.tree_bench")
+ALL_COMMANDS = (*SAMPLING_COMMANDS, "eval.profile", "eval.simreal", "eval.oracle", "eval.tree_bench",
+                "eval.acceptance")
 
 
 def _parser(command: str):

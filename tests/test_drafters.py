@@ -31,20 +31,54 @@ def test_lookup_proposes_what_followed_the_latest_occurrence():
     d = LookupDrafter(max_ngram=3)
     seq = t([5, 6, 7, 8, 1, 5, 6, 7, 9, 2, 5, 6, 7])
     d.start(seq)
-    token, length, count, conf = d.lookup(seq)
+    token, length, count, conf, margin = d.lookup(seq)
     assert token == 9  # the latest earlier "5 6 7" was followed by 9 (the first by 8)
-    assert count == 2 and conf == 0.5
+    assert count == 2 and conf == 0.5 and margin == 0.0  # 8 and 9 continue it once each
     assert length == 3  # "2 5 6 7" vs "9 2 5 6 7"... the latest match is preceded by 1 vs 2: no extension
     assert d.can_propose(seq)
     prop = d.propose(seq, SamplingConfig(), None)
-    assert prop.token == 9 and prop.probs is None and prop.entropy == 0.0
+    assert prop.token == 9 and prop.probs is None and prop.entropy == 0.0 and prop.margin == 0.0
+
+
+def test_lookup_margin_is_the_top_two_continuation_shares():
+    """"3 4" occurs 4 times earlier, continued by 5, 5, 5, 6: margin (3 − 1) / 4 = 0.5, confidence of the latest (6)
+    1/4; a single continuation has margin 1."""
+    d = LookupDrafter(max_ngram=2)
+    seq = t([3, 4, 5, 3, 4, 5, 3, 4, 5, 3, 4, 6, 3, 4])
+    d.start(seq)
+    token, _, count, conf, margin = d.lookup(seq)
+    assert (token, count, conf, margin) == (6, 4, 0.25, 0.5)
+    assert d.propose(seq, SamplingConfig(), None).margin == 0.5
+    seq = t([1, 2, 7, 1, 2])
+    d.start(seq)
+    assert d.lookup(seq)[3:] == (1.0, 1.0)
+
+
+def test_model_drafter_margin_is_the_raw_top_two_gap(tiny_pair):
+    """The model drafter's proposal carries (max prob, entropy, top-2 margin) of its raw softmax, recomputed here
+    from a fresh forward (tolerance 1e-5); raw_distribution_stats on known logits gives the hand values."""
+    from learn2draft.drafters.base import raw_distribution_stats
+
+    conf, ent, margin = raw_distribution_stats(torch.log(torch.tensor([0.5, 0.3, 0.2])))
+    assert (conf, margin) == pytest.approx((0.5, 0.2), abs=1e-6)
+    assert ent == pytest.approx(-(0.5 * np.log(0.5) + 0.3 * np.log(0.3) + 0.2 * np.log(0.2)), abs=1e-6)
+    assert raw_distribution_stats(torch.zeros(1)) == pytest.approx((1.0, 0.0, 1.0))
+    seq = t([5, 6, 7, 8])
+    d = ModelDrafter(tiny_pair.draft, tiny_pair.vocab_size)
+    d.start(seq)
+    prop = d.propose(seq, SamplingConfig(temperature=1.0), torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        probs = torch.softmax(tiny_pair.draft(input_ids=seq[None]).logits[0, -1, : tiny_pair.vocab_size].float(), -1)
+    top = probs.topk(2).values
+    assert prop.margin == pytest.approx(float(top[0] - top[1]), abs=1e-5) and 0 < prop.margin < 1
+    assert prop.confidence == pytest.approx(float(top[0]), abs=1e-5)
 
 
 def test_lookup_extends_the_match_backwards_and_falls_back_to_shorter_ngrams():
     d = LookupDrafter(max_ngram=2, min_ngram=1)
     seq = t([1, 2, 3, 4, 5, 9, 1, 2, 3, 4])
     d.start(seq)
-    token, length, count, _ = d.lookup(seq)
+    token, length, count, _, _ = d.lookup(seq)
     assert token == 5 and length == 4 and count == 1  # "1 2 3 4" matched in full although n ≤ 2
     seq = t([7, 3, 8, 4, 3])  # no 2-gram "4 3" earlier, but the 1-gram "3" is followed by 8
     d.start(seq)

@@ -146,6 +146,8 @@ def test_q_is_zero_outside_draft_vocabulary(tiny_pair):
         assert bool(torch.isin(torch.tensor(prop.token), head.d2t))
         assert prop.confidence == pytest.approx(float(raw.max()), abs=1e-5)
         assert prop.entropy == pytest.approx(float(-(raw * raw.log()).sum()), abs=1e-4)
+        top2 = raw.topk(2).values
+        assert prop.margin == pytest.approx(float(top2[0] - top2[1]), abs=1e-5)  # over the draft vocabulary
 
 
 # ----------------------------------------------------------------------------- output law (greedy)

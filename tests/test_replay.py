@@ -531,7 +531,7 @@ def test_sim_vs_real_reproduces_the_cycle_structure(pairs):
     assert "| γ=3 |" in format_table(rep)
 
 
-@pytest.mark.parametrize("command", ["eval.record", "eval.profile", "eval.oracle", "eval.simreal"])
+@pytest.mark.parametrize("command", ["eval.record", "eval.profile", "eval.oracle", "eval.simreal", "eval.acceptance"])
 def test_help_has_a_line_per_option_and_needs_no_torch(command):
     import importlib
 

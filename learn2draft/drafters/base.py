@@ -49,12 +49,16 @@ class DraftProposal:
         confidence: in [0, 1]: the draft's raw max probability (model, head) or the share of
             n-gram matches that continue with ``token`` (lookup).
         entropy: nats, of the draft's raw distribution (0 for a point mass).
+        margin: in [0, 1]: the draft's top-2 margin (max − second probability of its raw distribution; model,
+            head), or the share of the most frequent continuation of the matched n-gram minus the second's
+            (lookup); 0 when unknown. The acceptance signal of vLLM's online estimator (PR #52228).
     """
 
     token: int
     probs: torch.Tensor | None
     confidence: float
     entropy: float
+    margin: float = 0.0
 
 
 class Drafter(ABC):
@@ -204,7 +208,7 @@ def topk_proposal(logits: torch.Tensor, k: int, sampling: SamplingConfig, prefix
         raise ValueError(f"k (children per node) must be an integer ≥ 1, got {k!r}.")
     lp = draft_log_probs(logits, sampling, prefixes)
     top = lp.topk(min(k, lp.shape[-1]), dim=-1)
-    conf, ent = raw_confidence_entropy(logits[0] if raw_first is None else raw_first)
+    conf, ent, _ = raw_distribution_stats(logits[0] if raw_first is None else raw_first)
     both = torch.stack([top.indices.double(), top.values.double()]).cpu()  # one transfer (ids < 2**53 are exact)
     return TopKProposal(both[0].long(), both[1], conf, ent)
 
@@ -248,13 +252,5 @@ def raw_distribution_stats(logits: torch.Tensor) -> tuple[float, float, float]:
     return conf, ent, margin
 
 
-def raw_confidence_entropy(logits: torch.Tensor) -> tuple[float, float]:
-    """Max probability and entropy (nats) of softmax(``logits``) for float (V,) raw logits (both cross to the
-    host in one transfer)."""
-    raw = torch.softmax(logits.float(), dim=-1)
-    conf, ent = torch.stack([raw.max(), -(raw * torch.log(raw.clamp_min(1e-30))).sum()]).tolist()
-    return conf, ent
-
-
 __all__ = ["NUM_DRAFTER_FEATURES", "DraftProposal", "Drafter", "TopKProposal", "draft_log_probs",
-           "raw_confidence_entropy", "raw_distribution_stats", "topk_proposal", "tree_slot_mask"]
+           "raw_distribution_stats", "topk_proposal", "tree_slot_mask"]

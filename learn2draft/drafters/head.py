@@ -37,7 +37,7 @@ from learn2draft.drafters.base import (
     Drafter,
     DraftProposal,
     TopKProposal,
-    raw_confidence_entropy,
+    raw_distribution_stats,
     topk_proposal,
     tree_slot_mask,
 )
@@ -360,8 +360,7 @@ class HeadDrafter(Drafter):
         except ValueError as e:
             raise ValueError(f"The draft head: {e}") from None
         token = sample_from(q, generator)
-        conf, ent = raw_confidence_entropy(logits)
-        return DraftProposal(token, q, conf, ent)
+        return DraftProposal(token, q, *raw_distribution_stats(logits))
 
     @torch.inference_mode()
     def propose_topk(self, seq: torch.Tensor, tree, nodes: list[int], k: int, sampling: SamplingConfig) -> TopKProposal:

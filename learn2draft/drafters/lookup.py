@@ -27,7 +27,8 @@ class LookupDrafter(Drafter):
     tokens; if any, propose the token that followed the latest one. The match is then extended
     backwards to its full length (capped at 16) — the ``match_len`` feature — and the number of
     occurrences of the n-gram is ``match_count``; the share of occurrences followed by the
-    proposed token is the proposal's confidence. Without a match there is no proposal
+    proposed token is the proposal's confidence, and the share of the most frequent continuation
+    minus the second's (0 for a second that never occurs) its top-2 margin. Without a match there is no proposal
     (:meth:`can_propose` is False) and the decoder verifies what it has.
 
     Cost: one vectorised comparison over the sequence per n (tens of µs at 1k tokens on a CPU);
@@ -51,7 +52,7 @@ class LookupDrafter(Drafter):
             raise ValueError(f"Need integers 1 ≤ min_ngram ≤ max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}.")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self._tokens = np.zeros(0, dtype=np.int64)
-        self._match: tuple[int, tuple[int, int, int, float] | None] | None = None  # (length, match) cache
+        self._match: tuple[int, tuple[int, int, int, float, float] | None] | None = None  # (length, match) cache
 
     def start(self, prompt_ids: torch.Tensor) -> None:
         self._tokens = np.asarray(prompt_ids.reshape(-1).tolist(), dtype=np.int64)
@@ -63,9 +64,11 @@ class LookupDrafter(Drafter):
             self._tokens = np.concatenate([self._tokens, np.asarray(seq[self._tokens.size :].tolist(), dtype=np.int64)])
         return self._tokens[:n]
 
-    def lookup(self, seq: torch.Tensor) -> tuple[int, int, int, float] | None:
-        """The match for the token after ``seq`` (int64 (n,)): ``(token, match_len, count, confidence)``
-        or None when no n-gram of the allowed sizes occurs earlier."""
+    def lookup(self, seq: torch.Tensor) -> tuple[int, int, int, float, float] | None:
+        """The match for the token after ``seq`` (int64 (n,)): ``(token, match_len, count, confidence, margin)``
+        or None when no n-gram of the allowed sizes occurs earlier. ``confidence``: share of the n-gram's
+        occurrences followed by ``token``; ``margin``: share of the most frequent continuation minus the
+        second most frequent's (the second's share is 0 when every occurrence continues alike)."""
         n = seq.numel()
         if self._match is not None and self._match[0] == n:
             return self._match[1]
@@ -73,7 +76,7 @@ class LookupDrafter(Drafter):
         self._match = (n, found)
         return found
 
-    def _find(self, t: np.ndarray) -> tuple[int, int, int, float] | None:
+    def _find(self, t: np.ndarray) -> tuple[int, int, int, float, float] | None:
         """The match for the token after ``t`` (int64 (n,)): as :meth:`lookup`, without its cache."""
         n, found = t.size, None
         for k in range(min(self.max_ngram, n - 1), self.min_ngram - 1, -1):
@@ -85,11 +88,13 @@ class LookupDrafter(Drafter):
             token = int(t[last + k])
             nexts = t[hits + k]
             conf = float((nexts == token).mean())
+            counts = np.sort(np.unique(nexts, return_counts=True)[1])[::-1]
+            margin = float((counts[0] - (counts[1] if counts.size > 1 else 0)) / nexts.size)
             length = k  # extend the latest match backwards
             while length < MATCH_LEN_SCALE and last - (length - k) - 1 >= 0 \
                     and t[last - (length - k) - 1] == t[n - length - 1]:
                 length += 1
-            found = (token, length, int(hits.size), conf)
+            found = (token, length, int(hits.size), conf, margin)
             break
         return found
 
@@ -116,7 +121,7 @@ class LookupDrafter(Drafter):
         m = self.lookup(seq)
         if m is None:
             raise RuntimeError("No n-gram match: nothing to propose (check can_propose() first).")
-        return DraftProposal(m[0], None, m[3], 0.0)
+        return DraftProposal(m[0], None, m[3], 0.0, m[4])
 
     def rollback(self, length: int) -> None:
         if self._tokens.size > length:

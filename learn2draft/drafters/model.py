@@ -9,7 +9,7 @@ from learn2draft.drafters.base import (
     Drafter,
     DraftProposal,
     TopKProposal,
-    raw_confidence_entropy,
+    raw_distribution_stats,
     topk_proposal,
     tree_slot_mask,
 )
@@ -63,8 +63,7 @@ class ModelDrafter(Drafter):
         logits = out.logits[0, -1:, : self.vocab_size]
         q = sampling.probs(logits, seq, source="draft")[0]
         token = sample_from(q, generator)
-        conf, ent = raw_confidence_entropy(logits[0])
-        return DraftProposal(token, q, conf, ent)
+        return DraftProposal(token, q, *raw_distribution_stats(logits[0]))
 
     @torch.inference_mode()
     def propose_topk(self, seq: torch.Tensor, tree, nodes: list[int], k: int, sampling: SamplingConfig) -> TopKProposal:

@@ -27,6 +27,14 @@ emits g_0):
   proposal (a point mass, the lookup drafter). p comes from one target forward over
   ``g_{t-1}`` and the whole chain, the same forward a real verification of that chain runs.
 
+* the acceptance features (:data:`ACCEPTANCE_ARRAYS`, written since issue 16; a file without them still
+  loads, with NaN in their place, and :attr:`TraceSet.has_acceptance_features` is False):
+  ``target_stats[t]``, the target's own view of the last committed token ``g_{t-1}`` — top-1
+  probability, entropy and top-2 margin of the target's raw softmax at the position that drew it
+  (:meth:`learn2draft.SpeculativeDecoder.target_stats`, free from the forward that produced it); and
+  ``draft_margin[t, j]``, the draft's top-2 margin at each drafted token
+  (:attr:`learn2draft.drafters.base.DraftProposal.margin`).
+
 At temperature 0 these probabilities are 0 or 1, and the accepted length of a cycle that starts at t
 with depth d is ``τ = min(d, accepted_run[t])`` — the number of leading ones — exactly what the
 real loop computes, because its verification forward sees the same tokens (equality holds up to
@@ -107,7 +115,15 @@ ARRAY_DOCS: dict[str, str] = {
                    "a point-mass proposal; NaN past chain_len",
     "ended_by_eos": "bool (P,): the generation ended with an EOS token (else at max_new_tokens)",
     "seeds": "int64 (P,): the sampling seed of each prompt's recording",
+    "target_stats": "float64 (R, 3), optional: (top-1 probability, entropy in nats, top-2 margin) of the target's raw "
+                    "softmax at the position that drew the last committed token g_{t-1} of row t (the prefill's last "
+                    "row for t = 1), known before any decision at t; NaN in row 0 (nothing generated yet)",
+    "draft_margin": "float64 (R, D), optional: the draft's top-2 margin at each drafted token (max − second "
+                    "probability of its raw softmax; lookup: share of the most frequent continuation of the matched "
+                    "n-gram minus the second's); 0 past chain_len",
 }
+#: The optional arrays of :data:`ARRAY_DOCS` (the acceptance features): traces recorded before them load with NaN.
+ACCEPTANCE_ARRAYS: tuple[str, ...] = ("target_stats", "draft_margin")
 
 APPROXIMATION_T_POSITIVE = (
     "T > 0: accepted lengths are drawn with the exact acceptance law given the recorded prefix; after each cycle the "
@@ -146,6 +162,10 @@ class PromptTrace(_PromptLengths):
         drafter_features: float32 (n+1, D+1, 2), before each decision.
         accept_prob: float64 (n+1, D), NaN padded.
         seed: the recording's sampling seed.
+        target_stats: float64 (n+1, 3), the target's (top-1 probability, entropy, top-2 margin) where ``g_{t-1}``
+            was drawn (row 0 NaN); None or all NaN for a trace recorded without it.
+        draft_margin: float64 (n+1, D), the draft's top-2 margin per drafted token (0 padded); None or all NaN
+            likewise.
     """
 
     prompt_ids: np.ndarray
@@ -158,6 +178,14 @@ class PromptTrace(_PromptLengths):
     drafter_features: np.ndarray
     accept_prob: np.ndarray
     seed: int = 0
+    target_stats: np.ndarray | None = None
+    draft_margin: np.ndarray | None = None
+
+    @property
+    def has_acceptance_features(self) -> bool:
+        """The trace holds the acceptance features (``target_stats`` and ``draft_margin``, recorded since issue 16)."""
+        return (self.target_stats is not None and self.draft_margin is not None
+                and bool(np.isfinite(self.target_stats[1:]).all()) and not np.isnan(self.draft_margin).any())
 
     def accepted_run(self) -> np.ndarray:
         """int64 (n+1,): per position, the number of leading drafted tokens accepted with probability 1 — at
@@ -242,6 +270,12 @@ class TraceSet(_TraceFile):
         """Recorded at temperature 0: every acceptance probability is 0 or 1."""
         return float(self.header["sampling"]["temperature"]) == 0.0
 
+    @property
+    def has_acceptance_features(self) -> bool:
+        """Every prompt holds the acceptance features (:data:`ACCEPTANCE_ARRAYS`); False for traces recorded before
+        them (or an empty set)."""
+        return bool(self.prompts) and all(p.has_acceptance_features for p in self.prompts)
+
     # ------------------------------------------------------------------ files
     def _arrays(self) -> dict[str, np.ndarray]:
         D, ps = self.max_depth, self.prompts
@@ -252,6 +286,8 @@ class TraceSet(_TraceFile):
             "entropy": _cat([p.entropy for p in ps], np.float64, (0, D)),
             "drafter_features": _cat([p.drafter_features for p in ps], np.float32, (0, D + 1, NUM_DRAFTER_FEATURES)),
             "accept_prob": _cat([p.accept_prob for p in ps], np.float64, (0, D)),
+            "target_stats": _cat([_or_nan(p.target_stats, (p.n + 1, 3)) for p in ps], np.float64, (0, 3)),
+            "draft_margin": _cat([_or_nan(p.draft_margin, (p.n + 1, D)) for p in ps], np.float64, (0, D)),
         }
 
     @classmethod
@@ -263,7 +299,8 @@ class TraceSet(_TraceFile):
             ValueError: not a trace file, another format version, a draft-tree trace file (read those with
                 :meth:`TreeTraceSet.load`), a feature version other than this learn2draft's, or inconsistent arrays
                 (shifted offsets, a NaN acceptance probability of a drafted token, a ``vocab_size`` that is no
-                integer ≥ 2 or token ids outside [0, vocab_size)).
+                integer ≥ 2 or token ids outside [0, vocab_size)), or damaged acceptance features (one of the two
+                arrays alone, another shape, a non-finite or out-of-range value where one was recorded).
         """
         path = Path(path)
         data, header = _open_trace(path)
@@ -277,7 +314,7 @@ class TraceSet(_TraceFile):
                              f"version {TRACE_FORMAT_VERSION}: re-record it with `python -m eval.record`.")
         if header.get("structure") != CHAIN:
             raise ValueError(f"{path}: structure {header.get('structure')!r}; this version replays chain traces only.")
-        arrays = _read_arrays(path, data, ARRAY_DOCS)
+        arrays = _read_arrays(path, data, [k for k in ARRAY_DOCS if k not in ACCEPTANCE_ARRAYS])
         if header.get("feature_version") != FEATURE_VERSION:
             raise ValueError(f"{path} was recorded with feature version {header.get('feature_version')}, this "
                              f"learn2draft builds version {FEATURE_VERSION}: re-record it with `python -m eval.record`.")
@@ -297,8 +334,50 @@ class TraceSet(_TraceFile):
         _check_ids(path, header, arrays, dt[drafted])
         if np.any(dt[~drafted] != -1):
             raise ValueError(f"{path}: draft_tokens past chain_len must be -1 (a hand-edited file?); re-record it.")
+        arrays.update(_acceptance_arrays(path, data, arrays, rows, D, drafted))
         return cls._from_arrays(header, arrays, PromptTrace, ("chain_len", "draft_tokens", "confidence", "entropy",
-                                                              "drafter_features", "accept_prob"))
+                                                              "drafter_features", "accept_prob", *ACCEPTANCE_ARRAYS))
+
+
+def _acceptance_arrays(path: Path, data, arrays, rows: int, D: int, drafted: np.ndarray) -> dict[str, np.ndarray]:
+    """The acceptance features of a chain trace file (:data:`ACCEPTANCE_ARRAYS`), checked; NaN arrays of their shapes
+    for a file recorded before them.
+
+    Args:
+        path: the file (named in errors); ``data``: its open .npz; ``arrays``: its checked arrays (offsets).
+        rows: R; ``D``: max_depth; ``drafted``: bool (R, D), the positions of drafted tokens.
+
+    Raises:
+        ValueError: one array without the other, another shape, or — where a value was recorded (rows t ≥ 1 of
+            target_stats, drafted positions of draft_margin) — a non-finite value, a probability or margin outside
+            [0, 1], a negative entropy or a margin above the top-1 probability.
+    """
+    present = [k for k in ACCEPTANCE_ARRAYS if k in data.files]
+    if not present:
+        return {"target_stats": np.full((rows, 3), np.nan), "draft_margin": np.full((rows, D), np.nan)}
+    if len(present) < len(ACCEPTANCE_ARRAYS):
+        raise ValueError(f"{path}: holds {present[0]} without {[k for k in ACCEPTANCE_ARRAYS if k not in present][0]} "
+                         "(a damaged or hand-edited file?); re-record it with `python -m eval.record`.")
+    got = _read_arrays(path, data, ACCEPTANCE_ARRAYS)
+    ts, dm = got["target_stats"].astype(np.float64), got["draft_margin"].astype(np.float64)
+    if ts.shape != (rows, 3) or dm.shape != (rows, D):
+        raise ValueError(f"{path}: acceptance features of shapes target_stats {ts.shape}, draft_margin {dm.shape}, "
+                         f"expected ({rows}, 3) and ({rows}, {D}) (a truncated or hand-edited file?); re-record it.")
+    first = np.zeros(rows, dtype=bool)
+    first[arrays["row_offsets"][:-1]] = True  # row 0 of every prompt: nothing generated yet, no statistics
+    t, m, eps = ts[~first], dm[drafted], 1e-6
+    if not (np.isfinite(t).all() and np.isfinite(m).all() and np.all((t[:, 0] >= -eps) & (t[:, 0] <= 1 + eps))
+            and np.all(t[:, 1] >= -eps) and np.all((t[:, 2] >= -eps) & (t[:, 2] <= t[:, 0] + eps))
+            and np.all((m >= -eps) & (m <= 1 + eps))):
+        raise ValueError(f"{path}: acceptance features hold a non-finite value, a probability or margin outside [0, 1], "
+                         "a negative entropy or a margin above its top-1 probability (a damaged or hand-edited file?); "
+                         "re-record it with `python -m eval.record`.")
+    return {"target_stats": ts, "draft_margin": dm}
+
+
+def _or_nan(x: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray:
+    """``x``, or a NaN array of ``shape`` for a trace without it."""
+    return np.full(shape, np.nan) if x is None else x
 
 
 def load_traces(paths: str | Path | Sequence[str | Path]) -> TraceSet:
@@ -653,7 +732,7 @@ def load_tree_traces(paths: str | Path | Sequence[str | Path]) -> TreeTraceSet:
 
 
 __all__ = [
-    "APPROXIMATION_T_POSITIVE", "ARRAY_DOCS", "CHAIN", "NUM_DRAFTER_FEATURES", "TRACE_FORMAT", "TRACE_FORMAT_VERSION",
+    "ACCEPTANCE_ARRAYS", "APPROXIMATION_T_POSITIVE", "ARRAY_DOCS", "CHAIN", "NUM_DRAFTER_FEATURES", "TRACE_FORMAT", "TRACE_FORMAT_VERSION",
     "TREE", "TREE_ARRAY_DOCS", "TREE_TRACE_FORMAT_VERSION", "TREE_T_POSITIVE_REFUSAL", "PromptTrace", "TraceSet",
     "TreePromptTrace", "TreeTraceSet", "check_writable", "load_traces", "load_tree_traces", "trace_structure",
 ]
