@@ -89,9 +89,12 @@ class HybridReplayEnv(gym.Env):
                  max_depth: int | None = None, reward_scale: float = 1.0, prompt_indices: Sequence[int] | None = None):
         super().__init__()
         self.lookup_traces, self.neural_traces = traces if isinstance(traces, tuple) else split_hybrid_traces(traces)
+        self.traces = self.lookup_traces  # the trace set whose header describes the run (train reads it)
         self.neural = self.neural_traces.drafter
         self.drafter = f"lookup+{self.neural}"
         self.profile = load_profiles(profile)[0]
+        self.profiles = [self.profile]  # as SpecDecodeReplayEnv's (one profile)
+        self.profile_features = False
         self.profile.cost("lookup")
         self.profile.cost(self.neural)
         rec_d = self.lookup_traces.max_depth  # a draft model needs depth-0 rows only; a short head chain is approximated
@@ -129,8 +132,9 @@ class HybridReplayEnv(gym.Env):
         return r
 
     # ------------------------------------------------------------------ rates
-    def autoregressive_rate(self) -> float:
-        """tokens/s of plain decoding over the replayed prompts (the reward scale ``python -m train`` uses)."""
+    def autoregressive_rate(self, profile_index: int = 0) -> float:
+        """tokens/s of plain decoding over the replayed prompts (the reward scale ``python -m train`` uses; one
+        profile: ``profile_index`` must be 0)."""
         tokens = seconds = 0.0
         for i in self._usable:
             r = self.replay_data(i)

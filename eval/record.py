@@ -108,6 +108,11 @@ def _run(args) -> int:
 
     if args.workers < 1:
         raise ValueError(f"--workers must be ≥ 1, got {args.workers}.")
+    if "+" in args.drafter:
+        lookup, neural = args.drafter.split("+")
+        raise ValueError(f"--drafter {args.drafter}: a hybrid replays from one trace per source; record "
+                         f"--drafter {lookup} and --drafter {neural} on the same prompts with --temperature 0, then train "
+                         "with --replay LOOKUP.npz,NEURAL.npz.")
     if args.max_depth < 0 or args.max_new_tokens < 2:
         raise ValueError(f"--max-depth must be ≥ 0 and --max-new-tokens ≥ 2, got {args.max_depth} and {args.max_new_tokens}.")
     if args.num_prompts is not None and args.num_prompts < 1:

@@ -13,7 +13,7 @@ import argparse
 import re
 import sys
 
-from learn2draft.names import DEFAULT_DRAFT, DEFAULT_TARGET, DRAFTERS, DTYPE_NAMES
+from learn2draft.names import DEFAULT_DRAFT, DEFAULT_TARGET, DRAFTERS, DTYPE_NAMES, HYBRID_DRAFTERS, needs_draft_model
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -154,10 +154,11 @@ def add_drafter_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup, d
     that take the drafter from the policy (eval, eval.benchmark), else the command's drafter (named in the
     one help text)."""
     return parser.add_argument(
-        "--drafter", default=default, choices=DRAFTERS,
-        help="what drafts: model (the draft model), head (a feature-level head on the target's hidden states) or "
-             "lookup (prompt lookup, model-free); only model loads a draft model (default: the drafter the policy "
-             "was trained with in eval and eval.benchmark, lookup in policies.generate, model elsewhere)")
+        "--drafter", default=default, choices=DRAFTERS + HYBRID_DRAFTERS,
+        help="what drafts: model (the draft model), head (a feature-level head on the target's hidden states), "
+             "lookup (prompt lookup, model-free), or a hybrid, lookup+model / lookup+head (the policy picks the "
+             "source before each token); only model and lookup+model load a draft model (default: the drafter the "
+             "policy was trained with in eval and eval.benchmark, lookup in policies.generate, model elsewhere)")
 
 
 def add_tree_shape_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
@@ -283,7 +284,7 @@ def load_models(args: argparse.Namespace, drafters, settings: dict | None = None
     from learn2draft import models
 
     target, draft = model_names(args, settings)
-    if not need_draft and "model" not in ([drafters] if isinstance(drafters, str) else list(drafters)):
+    if not need_draft and not any(needs_draft_model(d) for d in ([drafters] if isinstance(drafters, str) else drafters)):
         draft = None
     device = device or resolve_device(getattr(args, "device", None))
     args.dtype = models.resolve_dtype(args.dtype, device)  # what ran is what results record

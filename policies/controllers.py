@@ -37,18 +37,21 @@ _LOOKUP_AVAILABLE = len(FEATURE_NAMES) + HYBRID_FEATURE_NAMES.index("lookup_avai
 _LOOKUP_SCORE = len(FEATURE_NAMES) + HYBRID_FEATURE_NAMES.index("lookup_score")
 
 
-def _as_action(value: Any) -> int:
-    """Turn a policy output (int, numpy scalar, 0-d or 1-element array) into 0 or 1.
+def _as_action(value: Any, n_actions: int = 2) -> int:
+    """Turn a policy output (int, numpy scalar, 0-d or 1-element array) into 0 or 1 (or 2: a hybrid drafter's
+    policy, ``n_actions=3``, :data:`learn2draft.control.CONTINUE_NEURAL`).
 
     Raises:
-        ValueError: the output is not a single 0/1 action.
+        ValueError: the output is not a single action below ``n_actions``.
     """
     arr = np.asarray(value)
     if arr.size != 1:
         raise ValueError(f"A policy must return one action (0 = STOP, 1 = CONTINUE), got shape {arr.shape}.")
     a = arr.reshape(()).item()
-    if a not in (STOP, CONTINUE):
-        raise ValueError(f"Invalid policy action {a!r}: valid actions are 0 = STOP and 1 = CONTINUE.")
+    if a not in range(n_actions):
+        valid = "0 = STOP, 1 = CONTINUE with lookup and 2 = CONTINUE with the neural drafter" if n_actions == 3 \
+            else "0 = STOP and 1 = CONTINUE"
+        raise ValueError(f"Invalid policy action {a!r}: valid actions are {valid}.")
     return int(a)
 
 
@@ -65,11 +68,14 @@ class PolicyController(DraftController):
             0/1 action (on decision).
     """
 
-    def __init__(self, policy: Callable[[np.ndarray], Any], max_depth: int = DEFAULT_MAX_DEPTH):
+    def __init__(self, policy: Callable[[np.ndarray], Any], max_depth: int = DEFAULT_MAX_DEPTH, n_actions: int = 2):
         if max_depth < 0:
             raise ValueError(f"max_depth must be ≥ 0, got {max_depth}.")
+        if n_actions not in (2, 3):
+            raise ValueError(f"n_actions must be 2 (STOP, CONTINUE) or 3 (a hybrid drafter's), got {n_actions!r}.")
         self.policy = policy
         self.max_depth = int(max_depth)
+        self.n_actions = int(n_actions)
 
     @property
     def depth_feature_scale(self) -> int:
@@ -77,11 +83,13 @@ class PolicyController(DraftController):
         return self.max_depth
 
     def act(self, features: np.ndarray) -> int:
-        """The policy's action (0 = STOP, 1 = CONTINUE) for one float32 feature vector."""
-        return _as_action(self.policy(np.asarray(features, dtype=np.float32)))
+        """The policy's action (0 = STOP, 1 = CONTINUE; a hybrid's 2 = CONTINUE with the neural drafter) for one
+        float32 feature vector."""
+        return _as_action(self.policy(np.asarray(features, dtype=np.float32)), self.n_actions)
 
-    def continue_drafting(self, features: np.ndarray) -> bool:
-        return self.act(features) == CONTINUE
+    def continue_drafting(self, features: np.ndarray) -> bool | int:
+        a = self.act(features)
+        return a if self.n_actions == 3 else a == CONTINUE
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(policy={self.policy!r}, max_depth={self.max_depth})"
@@ -180,7 +188,7 @@ class OnnxController(PolicyController):
     """
 
     def __init__(self, path: str | Path, max_depth: int = DEFAULT_MAX_DEPTH, intra_op_num_threads: int = 1,
-                 n_features: int = len(FEATURE_NAMES), profile_features: np.ndarray | None = None):
+                 n_features: int = len(FEATURE_NAMES), profile_features: np.ndarray | None = None, n_actions: int = 2):
         import onnxruntime as ort
 
         path = Path(path)
@@ -209,7 +217,7 @@ class OnnxController(PolicyController):
         self.profile_features = extra
         self.profile_name: str | None = None  # the profile behind profile_features, when known (load_policy sets it)
         self.input_name = inp.name
-        super().__init__(self._predict, max_depth)
+        super().__init__(self._predict, max_depth, n_actions)
 
     def _graph_input(self, features: np.ndarray) -> np.ndarray:
         obs = np.asarray(features, dtype=np.float32)
@@ -361,6 +369,25 @@ class _HybridRule(DraftController):
         return f"{type(self).__name__}(num_draft_tokens={self.num_draft_tokens}, max_depth={self.max_depth})"
 
 
+class SingleSourceController(_HybridRule):
+    """One source of a hybrid drafter only: ``num_draft_tokens`` tokens with the neural drafter (``source=
+    CONTINUE_NEURAL``), or with prompt lookup, stopping where lookup has no proposal (``source=CONTINUE_LOOKUP``) — each
+    drafter alone at a fixed γ, scored in the same hybrid replay as the rules and the learned policy."""
+
+    def __init__(self, source: int, num_draft_tokens: int, max_depth: int = DEFAULT_MAX_DEPTH):
+        if source not in (CONTINUE_LOOKUP, CONTINUE_NEURAL):
+            raise ValueError(f"source must be CONTINUE_LOOKUP (1) or CONTINUE_NEURAL (2), got {source!r}.")
+        super().__init__(num_draft_tokens, max_depth)
+        self.source = source
+
+    def _plan(self, features: np.ndarray) -> tuple[int, int]:
+        return self.source, self.num_draft_tokens
+
+    def __repr__(self) -> str:
+        name = "lookup" if self.source == CONTINUE_LOOKUP else "neural"
+        return f"SingleSourceController({name}, num_draft_tokens={self.num_draft_tokens}, max_depth={self.max_depth})"
+
+
 class LookupFirstController(_HybridRule):
     """vLLM's ngram-eagle rule (PR #24344): when prompt lookup matches at the start of a cycle, draft the lookup chain
     (up to ``num_draft_tokens``, fewer where the match ends), else ``num_draft_tokens`` tokens with the neural drafter.
@@ -386,6 +413,6 @@ class SuffixScoreController(_HybridRule):
 
 __all__ = [
     "CONTINUE", "STOP", "ConfidenceThresholdController", "LookupFirstController", "MatchLengthController",
-    "SuffixScoreController", "OnnxController", "PolicyController",
+    "SingleSourceController", "SuffixScoreController", "OnnxController", "PolicyController",
     "SB3Controller", "saved_max_depth",
 ]

@@ -36,13 +36,16 @@ import numpy as np
 import torch
 from torch import nn
 
+from learn2draft.control import HYBRID_ACTION_MEANINGS
 from learn2draft.features import (
     ENGINE_FEATURE_NAMES,
     FEATURE_NAMES,
+    HYBRID_FEATURE_NAMES,
     PROFILE_FEATURE_NAMES,
     SIZE_FEATURE_NAMES,
     engine_feature_spec,
     feature_spec,
+    hybrid_feature_spec,
     profile_feature_spec,
     size_feature_spec,
 )
@@ -104,10 +107,12 @@ def export_onnx(model: Any, path: str | Path, opset: int = OPSET) -> Path:
 
     obs_space, act_space = model.observation_space, model.action_space
     n = len(FEATURE_NAMES)
-    widths = (n, n + len(PROFILE_FEATURE_NAMES), len(ENGINE_FEATURE_NAMES), len(SIZE_FEATURE_NAMES))
+    widths = (n, n + len(PROFILE_FEATURE_NAMES), n + len(HYBRID_FEATURE_NAMES), len(ENGINE_FEATURE_NAMES),
+              len(SIZE_FEATURE_NAMES))
     if not (isinstance(obs_space, spaces.Box) and len(obs_space.shape) == 1 and obs_space.shape[0] in widths):
         raise ValueError(f"Expected a Box observation space of shape ({n},) (the loop's features), "
                          f"({n + len(PROFILE_FEATURE_NAMES)},) (those and the profile features), "
+                         f"({n + len(HYBRID_FEATURE_NAMES)},) (those and a hybrid drafter's), "
                          f"({len(ENGINE_FEATURE_NAMES)},) (engine-visible features) or ({len(SIZE_FEATURE_NAMES)},) "
                          f"(a tree's verification-size features), got {obs_space}.")
     if not isinstance(act_space, spaces.Discrete):
@@ -280,18 +285,24 @@ def export_policy(
     onnx_path = export_onnx(model, out / ONNX_FILE)
     engine = n_features == len(ENGINE_FEATURE_NAMES)
     conditioned = n_features == len(FEATURE_NAMES) + len(PROFILE_FEATURE_NAMES)
+    # a hybrid drafter's policy: the loop's and the hybrid features, three actions (STOP, lookup, neural)
+    hybrid = n_features == len(FEATURE_NAMES) + len(HYBRID_FEATURE_NAMES) and model.action_space.n == 3
     names = (ENGINE_FEATURE_NAMES if engine else SIZE_FEATURE_NAMES if size
-             else (*FEATURE_NAMES, *PROFILE_FEATURE_NAMES) if conditioned else FEATURE_NAMES)
+             else (*FEATURE_NAMES, *PROFILE_FEATURE_NAMES) if conditioned
+             else (*FEATURE_NAMES, *HYBRID_FEATURE_NAMES) if hybrid else FEATURE_NAMES)
     spec = (engine_feature_spec(max_depth) if engine else size_feature_spec(max_depth) if size
-            else profile_feature_spec(max_depth) if conditioned else feature_spec(max_depth))
+            else profile_feature_spec(max_depth) if conditioned
+            else hybrid_feature_spec(max_depth) if hybrid else feature_spec(max_depth))
     if vocab_size is not None:
         spec["vocab_size"] = int(vocab_size)
     (out / FEATURE_SPEC_FILE).write_text(json.dumps(spec, indent=2))
     actions = ({str(i): f"verify V = {int(v)} tree nodes (capped at the nodes drafted)" for i, v in enumerate(verify_sizes)}
-               if size else {"0": "STOP (verify now)", "1": "CONTINUE (draft one more token)"})
+               if size else {str(k): v for k, v in HYBRID_ACTION_MEANINGS.items()} if hybrid
+               else {"0": "STOP (verify now)", "1": "CONTINUE (draft one more token)"})
     policy_config = {
         "format": "learn2draft-policy/1",
-        "features": "engine" if engine else "size" if size else "profile" if conditioned else "full",
+        "features": ("engine" if engine else "size" if size else "profile" if conditioned
+                     else "hybrid" if hybrid else "full"),
         "max_depth": int(max_depth),
         "actions": actions,
         **({"verify_sizes": [int(v) for v in verify_sizes]} if size else {}),

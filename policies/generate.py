@@ -274,10 +274,11 @@ def _check_model_names(args, settings: dict) -> str:
     """Set the threads and check the model names before the slow loading; returns the target's name."""
     from learn2draft.cli import model_names, set_threads
     from learn2draft.models import resolve_model_source
+    from learn2draft.names import needs_draft_model
 
     set_threads(args, settings.get("threads"))
     target, draft = model_names(args, settings)
-    for name in (target, draft) if args.drafter == "model" else (target,):
+    for name in (target, draft) if needs_draft_model(args.drafter) else (target,):
         resolve_model_source(name)  # a clear error for a missing path before the slow loading
     return target
 

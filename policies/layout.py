@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from learn2draft.names import DRAFTERS
+from learn2draft.names import DRAFTERS, HYBRID_DRAFTERS
 
 ONNX_FILE = "policy.onnx"
 FEATURE_SPEC_FILE = "feature_spec.json"
@@ -124,8 +124,9 @@ def export_drafter(cfg: dict, path: str | Path) -> str:
                              "re-export the run (python -m policies.export RUN_DIR) or restore the file.")
         return "model"  # exports written before drafters were recorded all drafted with the draft model
     drafter = cfg["drafter"]
-    if drafter not in DRAFTERS:
-        raise ValueError(f"{path}: unknown drafter {drafter!r} (one of {', '.join(DRAFTERS)}): a damaged file, or one "
+    if drafter not in DRAFTERS + HYBRID_DRAFTERS:
+        raise ValueError(f"{path}: unknown drafter {drafter!r} (one of {', '.join(DRAFTERS + HYBRID_DRAFTERS)}): a damaged "
+                         "file, or one "
                          "written by another learn2draft version.")
     return str(drafter)
 

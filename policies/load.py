@@ -15,6 +15,8 @@ from pathlib import Path
 from learn2draft.features import (
     FEATURE_NAMES,
     FEATURE_VERSION,
+    HYBRID_FEATURE_NAMES,
+    HYBRID_FEATURE_VERSION,
     PROFILE_FEATURE_NAMES,
     PROFILE_FEATURE_VERSION,
     SIZE_FEATURE_NAMES,
@@ -79,9 +81,12 @@ def load_policy(directory: str | Path, intra_op_num_threads: int = 1, profile=No
                          "with policies.vllm.LearnedDraftLengthPolicy (in this project's loop: "
                          "policies.vllm.ProtocolController), not as a loop controller.")
     conditioned = spec.get("kind") == "profile"
-    expected = [*FEATURE_NAMES, *PROFILE_FEATURE_NAMES] if conditioned else list(FEATURE_NAMES)
+    hybrid = spec.get("kind") == "hybrid"  # a hybrid drafter's policy: three actions, the hybrid features appended
+    expected = ([*FEATURE_NAMES, *PROFILE_FEATURE_NAMES] if conditioned
+                else [*FEATURE_NAMES, *HYBRID_FEATURE_NAMES] if hybrid else list(FEATURE_NAMES))
     if (spec.get("version") != FEATURE_VERSION or names != expected
-            or (conditioned and spec.get("profile_version") != PROFILE_FEATURE_VERSION)):
+            or (conditioned and spec.get("profile_version") != PROFILE_FEATURE_VERSION)
+            or (hybrid and spec.get("hybrid_version") != HYBRID_FEATURE_VERSION)):
         raise ValueError(
             f"{d / FEATURE_SPEC_FILE} describes feature version {spec.get('version')} {names}, but this learn2draft "
             f"builds version {FEATURE_VERSION} {expected}: re-export the policy or use a matching version."
@@ -103,7 +108,9 @@ def load_policy(directory: str | Path, intra_op_num_threads: int = 1, profile=No
                              "`python -m eval.profile --out FILE`.")
         extra = profile_features(prof, export_drafter(cfg, d / POLICY_CONFIG_FILE))
     ctrl = OnnxController(d / ONNX_FILE, max_depth=cfg["max_depth"], intra_op_num_threads=intra_op_num_threads,
-                          profile_features=extra)
+                          profile_features=extra, n_features=len(expected) - (len(PROFILE_FEATURE_NAMES) if conditioned else 0),
+                          n_actions=3 if hybrid else 2)
+    ctrl.drafter = export_drafter(cfg, d / POLICY_CONFIG_FILE)  # a hybrid policy runs with its hybrid drafter only
     ctrl.profile_name = prof.name if conditioned else None
     ctrl.trained_dtype = (cfg.get("training") or {}).get("dtype") or cfg.get("dtype")  # the precision it learned
     return ctrl

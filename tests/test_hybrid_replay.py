@@ -111,3 +111,32 @@ def test_bad_trace_sets_are_clear_errors(trace_pair, pair64, tmp_path):
                         max_new_tokens=N, max_depth=1, seed=3, progress=False).save(tmp_path / "hot.npz")
     with pytest.raises(ValueError, match="temperature-0"):
         split_hybrid_traces(f"{trace_pair[0]},{hot}")
+
+
+def test_train_a_hybrid_policy_in_replay_and_run_it_on_the_real_loop(pair64, trace_pair, tmp_path):
+    import json
+
+    import train
+    from policies.load import load_policy
+    from train.config import TrainConfig
+
+    prof = linear_profile().save(tmp_path / "p.json")
+    cfg = TrainConfig(out=str(tmp_path / "run"), timesteps=128, n_steps=64, batch_size=32, n_epochs=2,
+                      net_arch=(16, 16), wandb_mode="disabled", progress_bar=False, checkpoint_every=0,
+                      replay=",".join(trace_pair), profile=str(prof), eval_gammas=(0, 2))
+    m = train.run(None, cfg)
+    assert m["export_check"]["agreement"] == 1.0 and cfg.drafter == "lookup+model"
+    ev = m["evaluation"]
+    assert ev["policy"]["ratio_to_oracle"] <= 1 + 1e-9 and ev["best_fixed"]["ratio_to_oracle"] <= 1 + 1e-9
+    assert {"vLLM lookup-first γ=2", "Arctic score rule k=2", "lookup γ=2", "neural γ=2"} <= set(ev)
+    spec = json.loads((tmp_path / "run/policy/feature_spec.json").read_text())
+    assert spec["kind"] == "hybrid" and spec["shape"] == [len(FEATURE_NAMES) + len(HYBRID_FEATURE_NAMES)]
+    ctrl = load_policy(tmp_path / "run")
+    assert ctrl.drafter == "lookup+model" and ctrl.n_actions == 3
+    dec = SpeculativeDecoder(pair64, max_new_tokens=N, max_depth=ctrl.max_depth, drafter=make_drafter("lookup+model",
+                                                                                                       pair64))
+    look = split_hybrid_traces(trace_pair)[0]
+    for pt in look.prompts[:3]:  # greedy: the recorded text, whatever the learned choices
+        assert dec.generate(torch.as_tensor(pt.prompt_ids), ctrl).tokens == pt.output.tolist()
+    with pytest.raises(ValueError, match="trains in replay"):
+        TrainConfig(out=str(tmp_path / "r2"), drafter="lookup+head", wandb_mode="disabled").validate()

@@ -233,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from learn2draft.models import ModelLoadError, TokenizerMismatchError, load_pair, parse_dtype, resolve_model_source
+    from learn2draft.names import needs_draft_model
     from learn2draft.prompts import load_prompt_file
     from policies.export import ExportCheckError
     from train.chain import apply_replay_settings
@@ -258,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.replay:
             apply_replay_settings(cfg, given)  # reads the traces and the profile: no model is loaded
         else:
-            for name in (cfg.target, cfg.draft) if cfg.drafter == "model" else (cfg.target,):
+            for name in (cfg.target, cfg.draft) if needs_draft_model(cfg.drafter) else (cfg.target,):
                 resolve_model_source(name)  # cheap existence checks, before anything is created
         prepare_out_dir(cfg.out, cfg.overwrite, cfg.resume)  # fail before the (slow) model loading
         if cfg.threads:
@@ -268,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
             say(f"Replaying traces {cfg.replay} with the latency profile {cfg.profile} …")
             pair = None
         else:
-            draft = cfg.draft if cfg.drafter == "model" else None  # the head and lookup drafters need no draft model
+            draft = cfg.draft if needs_draft_model(cfg.drafter) else None  # head and lookup need no draft model
             say(f"Loading target {cfg.target!r}" + (f" and draft {draft!r}" if draft else "")
                 + f" on {cfg.device} ({cfg.dtype}) …")
             pair = load_pair(cfg.target, draft, device=cfg.device, dtype=parse_dtype(cfg.dtype))

@@ -43,9 +43,9 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 from eval.oracle import oracle_report
 from learn2draft.decoding import FixedDepthController
 from learn2draft.drafters import make_drafter
-from learn2draft.features import engine_feature_spec, feature_spec, profile_feature_spec
+from learn2draft.features import engine_feature_spec, feature_spec, hybrid_feature_spec, profile_feature_spec
 from learn2draft.models import ModelPair
-from learn2draft.names import HELDOUT_SEED_OFFSET
+from learn2draft.names import HELDOUT_SEED_OFFSET, HYBRID_DRAFTERS
 from policies.export import export_policy
 from policies.load import load_policy
 from train import callbacks, phases
@@ -76,13 +76,23 @@ def apply_replay_settings(cfg: TrainConfig, given: Collection[str] | None = None
             ``max_new_tokens`` / ``max_depth`` exceed the traces' (``max_depth``: given explicitly), or the profile
             lacks the traces' drafter.
     """
+    from envs.hybrid import HybridReplayEnv, split_hybrid_traces
     from envs.replay import SpecDecodeReplayEnv
     from learn2draft.replay.latency import load_profiles
     from learn2draft.replay.traces import load_traces
 
-    traces = load_traces(cfg.replay)
+    paths = [p for p in str(cfg.replay).split(",") if p.strip()]
+    hybrid = cfg.drafter in HYBRID_DRAFTERS or len({load_traces(p).drafter for p in paths}) > 1
+    if hybrid:  # a lookup trace set and a neural one: the hybrid drafter of the two
+        look, neural = split_hybrid_traces(paths)
+        traces, h, drafter = look, neural.header, f"lookup+{neural.drafter}"
+    else:
+        traces = load_traces(cfg.replay)
+        h, drafter = traces.header, traces.drafter
     profiles = load_profiles(cfg.profile)
-    h, defaults = traces.header, TrainConfig()
+    if hybrid and len(profiles) > 1:
+        raise ValueError("A hybrid drafter replays on one latency profile: pass one --profile.")
+    defaults = TrainConfig()
 
     def take(name: str, value) -> None:
         current = getattr(cfg, name)
@@ -95,10 +105,10 @@ def apply_replay_settings(cfg: TrainConfig, given: Collection[str] | None = None
 
     take("target", h.get("target") or cfg.target)
     take("draft", h.get("draft") or cfg.draft)
-    take("drafter", traces.drafter)
+    take("drafter", drafter)
     for k in ("temperature", "top_k", "top_p"):
         take(k, type(getattr(defaults, k))(h["sampling"][k]))
-    if cfg.drafter == "head":
+    if cfg.drafter in ("head", "lookup+head"):
         head = (h.get("drafter") or {}).get("head") or None
         if cfg.head is None:
             cfg.head = head
@@ -117,6 +127,8 @@ def apply_replay_settings(cfg: TrainConfig, given: Collection[str] | None = None
                              f"deeper traces (python -m eval.record --max-depth {cfg.max_depth}).")
         cfg.max_depth = traces.max_depth  # the default, deeper than the traces: as deep as they go
     cfg.validate()
+    if hybrid:
+        return HybridReplayEnv((look, neural), profiles[0], max_new_tokens=cfg.max_new_tokens, max_depth=cfg.max_depth)
     return SpecDecodeReplayEnv(traces, profiles, max_new_tokens=cfg.max_new_tokens, max_depth=cfg.max_depth,
                                episode=cfg.episode, profile_features=cfg.features == "profile")
 
@@ -179,6 +191,49 @@ def _replay_evaluation_on(env, policy, cfg: TrainConfig, profile_index: int) -> 
     return evaluation
 
 
+def hybrid_baselines(max_depth: int, gammas) -> dict:
+    """The hand configurations a hybrid drafter's policy is compared with, by name: each drafter alone at each fixed γ
+    (:class:`policies.controllers.SingleSourceController`), lookup-first per token at each γ (a fixed γ on the hybrid
+    drafter), vLLM's lookup-first rule and ArcticInference's score rule at each γ of the neural drafter."""
+    from learn2draft.control import CONTINUE_LOOKUP, CONTINUE_NEURAL
+    from policies.controllers import LookupFirstController, SingleSourceController, SuffixScoreController
+
+    out: dict = {"autoregressive": FixedDepthController(0)}
+    for g in gammas:
+        if not 1 <= g <= max_depth:
+            continue
+        out[f"lookup γ={g}"] = SingleSourceController(CONTINUE_LOOKUP, g, max_depth)
+        out[f"neural γ={g}"] = SingleSourceController(CONTINUE_NEURAL, g, max_depth)
+        out[f"lookup-first per token γ={g}"] = FixedDepthController(g)
+        out[f"vLLM lookup-first γ={g}"] = LookupFirstController(g, max_depth)
+        out[f"Arctic score rule k={g}"] = SuffixScoreController(g, max_depth)
+    return out
+
+
+def _hybrid_evaluation(env, policy_dir: Path, cfg: TrainConfig) -> dict:
+    """The final check of a hybrid run in replay (on the training traces, in-sample): the policy against
+    :func:`hybrid_baselines` and the hindsight oracle (:meth:`envs.hybrid.HybridReplayEnv.oracle_rate`)."""
+    from envs.hybrid import replay_hybrid_controller
+
+    gammas = sorted({1, 2, 3, 4, 6, 8, 12, 16} | set(cfg.fixed_gammas()))
+    ctrls = {**hybrid_baselines(env.max_depth, gammas), "policy": load_policy(policy_dir)}
+    oracle = env.oracle_rate()
+    evaluation = {}
+    for name, ctrl in ctrls.items():
+        r = replay_hybrid_controller(env, ctrl, seed=cfg.seed + HELDOUT_SEED_OFFSET)
+        evaluation[name] = {"tokens_per_s": r["tokens_per_s"], "mean_depth": r["mean_depth"],
+                            "mean_accepted": r["mean_accepted"], "neural_share": r["neural_share"],
+                            "ratio_to_oracle": r["tokens_per_s"] / oracle if oracle else 0.0}
+    fixed = [k for k in evaluation if k not in ("policy",)]
+    best = max(fixed, key=lambda k: evaluation[k]["tokens_per_s"])
+    evaluation["oracle"] = {"tokens_per_s": oracle, "kind": "hindsight DP (temperature 0)"}
+    evaluation["best_fixed"] = {"method": best, "tokens_per_s": evaluation[best]["tokens_per_s"],
+                                "ratio_to_oracle": evaluation[best]["ratio_to_oracle"]}
+    evaluation["prompts"] = len(env._usable)
+    evaluation["source"] = f"hybrid replay of the training traces (in-sample) with profile {env.profile.name}"
+    return evaluation
+
+
 # --------------------------------------------------------------------------- the chain run, phase by phase
 def _chain_env(pair: ModelPair | None, cfg: TrainConfig, prompts) -> tuple:
     """The training environment and its prompts: :class:`envs.replay.SpecDecodeReplayEnv` with ``cfg.replay``
@@ -198,6 +253,8 @@ def _feature_spec(cfg: TrainConfig) -> dict:
     """The ``feature_spec.json`` of the run's observation (``cfg.features``: full, engine or profile)."""
     if cfg.features == "engine":
         return engine_feature_spec(cfg.max_depth)
+    if cfg.drafter in HYBRID_DRAFTERS:
+        return hybrid_feature_spec(cfg.max_depth)
     return profile_feature_spec(cfg.max_depth) if cfg.features == "profile" else feature_spec(cfg.max_depth)
 
 
@@ -234,7 +291,8 @@ def _chain_check(pair: ModelPair | None, cfg: TrainConfig, env, policy_dir: Path
     protocol for ``features="engine"``, as the engine would) against the fixed depths of ``cfg.fixed_gammas()``
     on held-out prompts (:func:`train.phases.quick_check`)."""
     if cfg.replay:
-        return _replay_evaluation(env, policy_dir, cfg)
+        return _hybrid_evaluation(env, policy_dir, cfg) if cfg.drafter in HYBRID_DRAFTERS else \
+            _replay_evaluation(env, policy_dir, cfg)
     ids = phases.eval_prompt_ids(cfg, eval_prompts, env.encode)
     if cfg.features == "engine":
         from policies.vllm import LearnedDraftLengthPolicy, ProtocolController

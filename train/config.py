@@ -158,7 +158,7 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raise ValueError with a clear message for any setting out of range."""
-        from learn2draft.drafters import DRAFTERS
+        from learn2draft.drafters import DRAFTERS, HYBRID_DRAFTERS
 
         checks = [
             (self.timesteps > 0, f"timesteps must be > 0, got {self.timesteps}."),
@@ -182,7 +182,12 @@ class TrainConfig:
              f"eval_gammas must be in [0, max_depth={self.max_depth}] (a larger fixed depth cannot run), "
              f"got {self.eval_gammas}."),
             (len(self.net_arch) > 0 and all(h > 0 for h in self.net_arch), f"net_arch must be positive sizes, got {self.net_arch}."),
-            (self.drafter in DRAFTERS, f"drafter must be one of {', '.join(DRAFTERS)}, got {self.drafter!r}."),
+            (self.drafter in DRAFTERS + HYBRID_DRAFTERS,
+             f"drafter must be one of {', '.join(DRAFTERS + HYBRID_DRAFTERS)}, got {self.drafter!r}."),
+            (self.drafter not in HYBRID_DRAFTERS or (self.replay and self.features == "full" and not self.tree),
+             f"--drafter {self.drafter} trains in replay: record lookup and {self.drafter.split('+')[-1]} traces on the "
+             f"same prompts (python -m eval.record --drafter lookup / --drafter {self.drafter.split('+')[-1]} "
+             "--temperature 0) and pass --replay LOOKUP.npz,NEURAL.npz --profile P (features full, no --tree)."),
             (all(sp in SPLITS for sp in self.prompt_split.split(",")),
              f"prompt_split must be one or more of {', '.join(SPLITS)} joined by commas, got {self.prompt_split!r}."),
         ]
