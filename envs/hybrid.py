@@ -78,6 +78,10 @@ class HybridReplayEnv(gym.Env):
         max_new_tokens, max_depth: ≤ the traces' (None: theirs).
         reward_scale: rewards are ``tokens_per_second / reward_scale`` (> 0).
         prompt_indices: replay only these prompts (default all).
+        episode: ``"cycle"`` (default: an episode ends at each verification and :meth:`reset` continues the
+            generation, so with discount 1 a decision's return is its own cycle's scaled tokens/s, as ``python -m
+            train`` trains) or ``"generation"`` (an episode is a whole generation; summing per-cycle rates then
+            favours many short cycles, see :mod:`envs.spec_decode`).
 
     Raises:
         ValueError: bad traces (see :func:`split_hybrid_traces`), settings out of range, a profile without the costs.
@@ -86,7 +90,8 @@ class HybridReplayEnv(gym.Env):
     metadata = {"render_modes": []}
 
     def __init__(self, traces, profile: LatencyProfile | str | Path, max_new_tokens: int | None = None,
-                 max_depth: int | None = None, reward_scale: float = 1.0, prompt_indices: Sequence[int] | None = None):
+                 max_depth: int | None = None, reward_scale: float = 1.0, prompt_indices: Sequence[int] | None = None,
+                 episode: str = "cycle"):
         super().__init__()
         self.lookup_traces, self.neural_traces = traces if isinstance(traces, tuple) else split_hybrid_traces(traces)
         self.traces = self.lookup_traces  # the trace set whose header describes the run (train reads it)
@@ -120,8 +125,11 @@ class HybridReplayEnv(gym.Env):
         self.observation_space = spaces.Box(0.0, 1.0, shape=(width,), dtype=np.float32)
         self.action_space = spaces.Discrete(3)
         self.deterministic = True
-        self.episode = "generation"
+        if episode not in ("cycle", "generation"):
+            raise ValueError(f"episode must be 'cycle' or 'generation', got {episode!r}.")
+        self.episode = episode
         self._needs_reset = True
+        self._in_generation = False
 
     def replay_data(self, index: int) -> HybridReplay:
         """The :class:`HybridReplay` of prompt ``index`` (built on first use)."""
@@ -159,7 +167,12 @@ class HybridReplayEnv(gym.Env):
             ValueError: a ``prompt_index`` that is not replayed or ends at its first token.
         """
         super().reset(seed=seed)
-        idx = (options or {}).get("prompt_index")
+        options = options or {}
+        if (self.episode == "cycle" and self._in_generation and seed is None and "prompt_index" not in options
+                and not options.get("new_generation")):  # the next cycle of the same generation
+            self._needs_reset = False
+            return self._obs(), {"prompt_index": self.prompt_index, "generated": self._t, "new_generation": False}
+        idx = options.get("prompt_index")
         if idx is None:
             idx = self._usable[int(self.np_random.integers(len(self._usable)))]
         elif int(idx) not in self._usable:
@@ -172,7 +185,8 @@ class HybridReplayEnv(gym.Env):
         self._laf = 1.0
         self._new_cycle()
         self._needs_reset = False
-        return self._obs(), {"prompt_index": self.prompt_index, "generated": self._t}
+        self._in_generation = True
+        return self._obs(), {"prompt_index": self.prompt_index, "generated": self._t, "new_generation": True}
 
     def _new_cycle(self) -> None:
         self._j, self._run, self._ok = 0, 0, True
@@ -253,10 +267,15 @@ class HybridReplayEnv(gym.Env):
         finished = self._t >= r.n
         info.update(generated=self._t, generation_finished=finished, tokens_per_second=emitted / seconds)
         self._new_cycle()
-        self._needs_reset = finished
+        self._in_generation = not finished
+        if self.episode == "cycle":
+            terminated, truncated = True, False
+        else:
+            terminated, truncated = finished and r.eos, finished and not r.eos
+        self._needs_reset = terminated or truncated
         reward = cycle_reward(emitted / seconds, self.reward_scale)
-        return self._obs() if not finished else np.zeros(self.observation_space.shape, np.float32), reward, \
-            finished and r.eos, finished and not r.eos, info
+        obs = self._obs() if not finished else np.zeros(self.observation_space.shape, np.float32)
+        return obs, reward, terminated, truncated, info
 
     def action_meanings(self) -> dict[int, str]:
         """:data:`learn2draft.control.HYBRID_ACTION_MEANINGS`."""
@@ -302,6 +321,8 @@ def replay_hybrid_controller(env: HybridReplayEnv, controller, prompt_indices: S
                 cycles += 1
                 if info["generation_finished"]:
                     break
+                if env.episode == "cycle":
+                    obs, _ = env.reset()  # the next cycle of the same generation
     return {"tokens_per_s": tokens_per_second(tokens, seconds), "tokens": tokens, "seconds": seconds, "cycles": cycles,
             "mean_depth": depths / cycles if cycles else 0.0, "mean_accepted": taus / cycles if cycles else 0.0,
             "neural_share": neural / depths if depths else 0.0}

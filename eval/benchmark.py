@@ -291,11 +291,19 @@ def _measure_temperature(args, pair, T: float, sampling, train: list, held: list
         summarize_groups,
     )
 
-    gamma = args.num_draft_tokens or grid_search(pair, train, gammas, sampling, args.max_new_tokens,
-                                                 seed=args.seed, desc=f"γ grid T={T}",
-                                                 drafter=args.drafter, head=head)["best_gamma"]
-    methods = _chain_methods(args, pair, sampling, gamma, policy, head)
-    run = {"fixed_gamma": gamma}
+    if "+" in args.drafter:  # a hybrid: each source alone at its own best γ, the hand rules, the learned policy
+        best = {src: args.num_draft_tokens or grid_search(pair, train, gammas, sampling, args.max_new_tokens,
+                                                          seed=args.seed, desc=f"{src} γ grid T={T}", drafter=src,
+                                                          head=head)["best_gamma"]
+                for src in args.drafter.split("+")}
+        methods = _hybrid_methods(args, pair, sampling, best, policy, head)
+        run = {"fixed_gamma": best}
+    else:
+        gamma = args.num_draft_tokens or grid_search(pair, train, gammas, sampling, args.max_new_tokens,
+                                                     seed=args.seed, desc=f"γ grid T={T}",
+                                                     drafter=args.drafter, head=head)["best_gamma"]
+        methods = _chain_methods(args, pair, sampling, gamma, policy, head)
+        run = {"fixed_gamma": gamma}
     tree = trees.shape
     if tree is not None:
         from learn2draft.tree import FixedTreeController
@@ -368,6 +376,36 @@ def _chain_methods(args, pair, sampling, gamma: int, policy, head) -> list:
         methods.append(DecoderMethod(f"{args.drafter}: confidence ≥ 0.4 rule", pair,
                                      ConfidenceThresholdController(0.4, depth), sampling, args.max_new_tokens,
                                      args.drafter, head))
+    methods.append(DecoderMethod(f"{args.drafter}: learned policy", pair, policy, sampling, args.max_new_tokens,
+                                 args.drafter, head))
+    return methods
+
+
+def _hybrid_methods(args, pair, sampling, best: dict[str, int], policy, head) -> list:
+    """A hybrid drafter's rows: plain ``generate()``, HF prompt lookup, this project's autoregressive loop, each source
+    alone at its best fixed γ (chosen on the training prompts), vLLM's lookup-first rule and ArcticInference's score
+    rule (k = the neural drafter's best γ) and the learned hybrid policy."""
+    from eval.runner import DecoderMethod, HFGenerateMethod
+    from learn2draft.decoding import FixedDepthController
+    from policies.controllers import LookupFirstController, SuffixScoreController
+
+    neural = args.drafter.split("+")[1]
+    k, depth = best[neural], policy.max_depth
+    methods = [
+        HFGenerateMethod(PLAIN, pair, sampling, args.max_new_tokens),
+        HFGenerateMethod(f"hf prompt lookup ({args.prompt_lookup_num_tokens})", pair, sampling,
+                         args.max_new_tokens, prompt_lookup_num_tokens=args.prompt_lookup_num_tokens),
+        DecoderMethod("learn2draft autoregressive", pair, FixedDepthController(0), sampling, args.max_new_tokens),
+        *(DecoderMethod(f"{src}: fixed γ={g}", pair, FixedDepthController(g), sampling, args.max_new_tokens, src, head)
+          for src, g in best.items()),
+    ]
+    if k <= depth:
+        methods += [
+            DecoderMethod(f"{args.drafter}: vLLM lookup-first k={k}", pair, LookupFirstController(k, depth), sampling,
+                          args.max_new_tokens, args.drafter, head),
+            DecoderMethod(f"{args.drafter}: Arctic score rule k={k}", pair, SuffixScoreController(k, depth), sampling,
+                          args.max_new_tokens, args.drafter, head),
+        ]
     methods.append(DecoderMethod(f"{args.drafter}: learned policy", pair, policy, sampling, args.max_new_tokens,
                                  args.drafter, head))
     return methods

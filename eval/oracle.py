@@ -27,6 +27,12 @@ Example::
 
     python -m eval.oracle runs/traces/model-heldout.npz --profile cpu-2core --policy runs/replay-model
     python -m eval.oracle runs/traces/head-tree-heldout.npz --profile gpu-like
+    python -m eval.oracle lookup-heldout.npz,model-heldout.npz --profile cpu-amx-bf16 --policy runs/hybrid
+
+Lookup traces and a neural drafter's traces of the same prompts (temperature 0) together are a hybrid drafter's
+(``lookup+model``, ``lookup+head``): the report is then :func:`hybrid_report` — each drafter alone at every fixed γ,
+lookup-first per token, vLLM's lookup-first rule, ArcticInference's score rule, the policies and the hindsight
+oracle (the cheapest right source at every position).
 """
 
 from __future__ import annotations
@@ -288,6 +294,71 @@ def format_tree_report(rep: dict) -> str:
     return "\n".join(lines)
 
 
+# --------------------------------------------------------------------------- hybrid drafters (temperature 0)
+def hybrid_baselines(max_depth: int, gammas) -> dict:
+    """The hand configurations a hybrid drafter's policy is compared with, by name: each drafter alone at each fixed γ
+    (:class:`policies.controllers.SingleSourceController`), lookup-first per token at each γ (a fixed γ on the hybrid
+    drafter), vLLM's lookup-first rule and ArcticInference's score rule at each γ of the neural drafter, and
+    autoregressive decoding."""
+    from learn2draft.control import CONTINUE_LOOKUP, CONTINUE_NEURAL, FixedDepthController
+    from policies.controllers import LookupFirstController, SingleSourceController, SuffixScoreController
+
+    out: dict = {"autoregressive": FixedDepthController(0)}
+    for g in gammas:
+        if not 1 <= g <= max_depth:
+            continue
+        out[f"lookup γ={g}"] = SingleSourceController(CONTINUE_LOOKUP, g, max_depth)
+        out[f"neural γ={g}"] = SingleSourceController(CONTINUE_NEURAL, g, max_depth)
+        out[f"lookup-first per token γ={g}"] = FixedDepthController(g)
+        out[f"vLLM lookup-first γ={g}"] = LookupFirstController(g, max_depth)
+        out[f"Arctic score rule k={g}"] = SuffixScoreController(g, max_depth)
+    return out
+
+
+def hybrid_report(env, controllers: dict, gammas=(1, 2, 3, 4, 6, 8, 12, 16), seed: int = 0) -> dict:
+    """Score hybrid controllers (e.g. trained policies) in a :class:`envs.hybrid.HybridReplayEnv` beside
+    :func:`hybrid_baselines` and the hindsight oracle (:func:`learn2draft.replay.hybrid.hybrid_oracle_seconds`).
+
+    Returns:
+        method name → ``tokens_per_s``, ``mean_depth``, ``mean_accepted``, ``neural_share``, ``ratio_to_oracle``;
+        plus ``oracle``, ``best_fixed`` (the fastest hand configuration), ``best_single`` (the fastest drafter alone at
+        a fixed γ) and ``prompts``.
+    """
+    from envs.hybrid import replay_hybrid_controller
+
+    ctrls = {**hybrid_baselines(env.max_depth, gammas), **controllers}
+    oracle = env.oracle_rate()
+    out: dict = {}
+    for name, ctrl in ctrls.items():
+        r = replay_hybrid_controller(env, ctrl, seed=seed)
+        out[name] = {"tokens_per_s": r["tokens_per_s"], "mean_depth": r["mean_depth"],
+                     "mean_accepted": r["mean_accepted"], "neural_share": r["neural_share"],
+                     "ratio_to_oracle": r["tokens_per_s"] / oracle if oracle else 0.0}
+    hand = [k for k in ctrls if k not in controllers]
+    single = [k for k in hand if k.startswith(("lookup γ=", "neural γ="))]
+    for key, names in (("best_fixed", hand), ("best_single", single)):
+        best = max(names, key=lambda k: out[k]["tokens_per_s"])
+        out[key] = {"method": best, "tokens_per_s": out[best]["tokens_per_s"],
+                    "ratio_to_oracle": out[best]["ratio_to_oracle"]}
+    out["oracle"] = {"tokens_per_s": oracle, "kind": "hindsight DP (temperature 0)"}
+    out["prompts"] = len(env._usable)
+    return out
+
+
+def format_hybrid_report(rep: dict) -> str:
+    """The Markdown table of :func:`hybrid_report`, fastest first."""
+    rows = sorted(((k, v) for k, v in rep.items() if isinstance(v, dict) and "mean_depth" in v),
+                  key=lambda kv: -kv[1]["tokens_per_s"])
+    lines = [f"Hybrid replay, {rep['prompts']} prompts; oracle {rep['oracle']['tokens_per_s']:.2f} tok/s; best hand "
+             f"configuration {rep['best_fixed']['method']}; best single drafter {rep['best_single']['method']}.", "",
+             "| method | tokens/s | / oracle | / best single | depth | τ | neural share |", "|---|---|---|---|---|---|---|"]
+    single = rep["best_single"]["tokens_per_s"]
+    for k, v in rows:
+        lines.append(f"| {k} | {v['tokens_per_s']:.2f} | {v['ratio_to_oracle']:.3f} | {v['tokens_per_s'] / single:.3f} | "
+                     f"{v['mean_depth']:.2f} | {v['mean_accepted']:.2f} | {v['neural_share']:.2f} |")
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------- CLI
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eval.oracle", description=plain_doc(__doc__), formatter_class=HelpFormatter)
@@ -319,6 +390,8 @@ def _run(args) -> int:
     first = next((s for s in str(args.traces).split(",") if s.strip()), "")
     if first and trace_structure(first) == TREE:
         return _run_tree(args)
+    if len({load_traces(p).drafter for p in str(args.traces).split(",") if p.strip()}) > 1:
+        return _run_hybrid(args)
     traces = load_traces(args.traces)
     profile = load_profile(args.profile)
     controllers, max_depth, max_new = {}, args.max_depth, args.max_new_tokens
@@ -354,6 +427,24 @@ def _run(args) -> int:
     env = SpecDecodeReplayEnv(traces, profile, max_new_tokens=max_new, max_depth=max_depth)
     rep = oracle_report(env, controllers, repeats=args.repeats, seed=args.seed)
     return _emit(format_report(rep), rep, args.json)
+
+
+def _run_hybrid(args) -> int:
+    """Lookup traces + a neural drafter's traces: the hybrid report (:func:`hybrid_report`)."""
+    from envs.hybrid import HybridReplayEnv
+    from policies.load import load_policy, policy_drafter
+
+    controllers, max_depth = {}, args.max_depth
+    for path in args.policy:
+        ctrl = load_policy(path)
+        if "+" not in policy_drafter(path):
+            raise ValueError(f"--policy {path} drives the {policy_drafter(path)!r} drafter alone, these are hybrid "
+                             "traces (lookup + a neural drafter): pass a hybrid policy, or one drafter's traces.")
+        controllers[Path(path).name or str(path)] = ctrl
+        max_depth = ctrl.max_depth
+    env = HybridReplayEnv(args.traces, args.profile, max_new_tokens=args.max_new_tokens, max_depth=max_depth)
+    rep = hybrid_report(env, controllers, seed=args.seed)
+    return _emit(format_hybrid_report(rep), rep, args.json)
 
 
 def _emit(text: str, rep: dict, json_path: str | None) -> int:

@@ -45,7 +45,7 @@ def trace_pair(pair64, tmp_path_factory):
 
 
 def test_replayed_outcomes_equal_the_real_decoders(pair64, trace_pair):
-    env = HybridReplayEnv(trace_pair, linear_profile())
+    env = HybridReplayEnv(trace_pair, linear_profile(), episode="generation")
     dec = SpeculativeDecoder(pair64, SamplingConfig(), max_new_tokens=N, max_depth=D,
                              drafter=make_drafter("lookup+model", pair64))
     rng = np.random.default_rng(0)
@@ -91,8 +91,9 @@ def test_oracle_bounds_every_rule_and_fixed_depth(trace_pair):
     assert secs > 0 and (choice >= 0).all()
 
 
-def test_check_env_passes(trace_pair):
-    env = HybridReplayEnv(trace_pair, linear_profile())
+@pytest.mark.parametrize("episode", ["cycle", "generation"])
+def test_check_env_passes(trace_pair, episode):
+    env = HybridReplayEnv(trace_pair, linear_profile(), episode=episode)
     check_env(env, skip_render_check=True)
     obs, _ = env.reset(seed=0)
     assert obs.shape == (len(FEATURE_NAMES) + len(HYBRID_FEATURE_NAMES),) and env.action_space.n == 3

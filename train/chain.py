@@ -128,7 +128,8 @@ def apply_replay_settings(cfg: TrainConfig, given: Collection[str] | None = None
         cfg.max_depth = traces.max_depth  # the default, deeper than the traces: as deep as they go
     cfg.validate()
     if hybrid:
-        return HybridReplayEnv((look, neural), profiles[0], max_new_tokens=cfg.max_new_tokens, max_depth=cfg.max_depth)
+        return HybridReplayEnv((look, neural), profiles[0], max_new_tokens=cfg.max_new_tokens, max_depth=cfg.max_depth,
+                               episode=cfg.episode)
     return SpecDecodeReplayEnv(traces, profiles, max_new_tokens=cfg.max_new_tokens, max_depth=cfg.max_depth,
                                episode=cfg.episode, profile_features=cfg.features == "profile")
 
@@ -191,45 +192,13 @@ def _replay_evaluation_on(env, policy, cfg: TrainConfig, profile_index: int) -> 
     return evaluation
 
 
-def hybrid_baselines(max_depth: int, gammas) -> dict:
-    """The hand configurations a hybrid drafter's policy is compared with, by name: each drafter alone at each fixed γ
-    (:class:`policies.controllers.SingleSourceController`), lookup-first per token at each γ (a fixed γ on the hybrid
-    drafter), vLLM's lookup-first rule and ArcticInference's score rule at each γ of the neural drafter."""
-    from learn2draft.control import CONTINUE_LOOKUP, CONTINUE_NEURAL
-    from policies.controllers import LookupFirstController, SingleSourceController, SuffixScoreController
-
-    out: dict = {"autoregressive": FixedDepthController(0)}
-    for g in gammas:
-        if not 1 <= g <= max_depth:
-            continue
-        out[f"lookup γ={g}"] = SingleSourceController(CONTINUE_LOOKUP, g, max_depth)
-        out[f"neural γ={g}"] = SingleSourceController(CONTINUE_NEURAL, g, max_depth)
-        out[f"lookup-first per token γ={g}"] = FixedDepthController(g)
-        out[f"vLLM lookup-first γ={g}"] = LookupFirstController(g, max_depth)
-        out[f"Arctic score rule k={g}"] = SuffixScoreController(g, max_depth)
-    return out
-
-
 def _hybrid_evaluation(env, policy_dir: Path, cfg: TrainConfig) -> dict:
-    """The final check of a hybrid run in replay (on the training traces, in-sample): the policy against
-    :func:`hybrid_baselines` and the hindsight oracle (:meth:`envs.hybrid.HybridReplayEnv.oracle_rate`)."""
-    from envs.hybrid import replay_hybrid_controller
+    """The final check of a hybrid run in replay (on the training traces, in-sample):
+    :func:`eval.oracle.hybrid_report` of the policy against the hand configurations and the oracle."""
+    from eval.oracle import hybrid_report
 
     gammas = sorted({1, 2, 3, 4, 6, 8, 12, 16} | set(cfg.fixed_gammas()))
-    ctrls = {**hybrid_baselines(env.max_depth, gammas), "policy": load_policy(policy_dir)}
-    oracle = env.oracle_rate()
-    evaluation = {}
-    for name, ctrl in ctrls.items():
-        r = replay_hybrid_controller(env, ctrl, seed=cfg.seed + HELDOUT_SEED_OFFSET)
-        evaluation[name] = {"tokens_per_s": r["tokens_per_s"], "mean_depth": r["mean_depth"],
-                            "mean_accepted": r["mean_accepted"], "neural_share": r["neural_share"],
-                            "ratio_to_oracle": r["tokens_per_s"] / oracle if oracle else 0.0}
-    fixed = [k for k in evaluation if k not in ("policy",)]
-    best = max(fixed, key=lambda k: evaluation[k]["tokens_per_s"])
-    evaluation["oracle"] = {"tokens_per_s": oracle, "kind": "hindsight DP (temperature 0)"}
-    evaluation["best_fixed"] = {"method": best, "tokens_per_s": evaluation[best]["tokens_per_s"],
-                                "ratio_to_oracle": evaluation[best]["ratio_to_oracle"]}
-    evaluation["prompts"] = len(env._usable)
+    evaluation = hybrid_report(env, {"policy": load_policy(policy_dir)}, gammas, seed=cfg.seed + HELDOUT_SEED_OFFSET)
     evaluation["source"] = f"hybrid replay of the training traces (in-sample) with profile {env.profile.name}"
     return evaluation
 

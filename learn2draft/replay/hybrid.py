@@ -16,6 +16,9 @@ give that for every (t, j):
   head then saw the same inputs as in the hybrid cycle); otherwise from the latest row t' in (t, t + j] whose chain
   did (the fewest predicted-feature steps that the trace holds) — an approximation, stated in the env's info.
 
+Where the two recordings' greedy outputs part (a bf16 near-tie broken differently by differently batched
+forwards), the prompt is replayed up to that position only (:func:`agreed_length`).
+
 Costs, from a latency profile (:mod:`learn2draft.replay.latency`) at context c = prompt + t: a lookup token costs
 ``draft_step("lookup", c) + step_overhead("lookup")``; a neural token ``draft_step(neural, c) + step_overhead(neural)``,
 and a head that follows k lookup tokens first runs its layer over them (k more head steps; a draft model feeds them
@@ -127,6 +130,16 @@ def _head_ok(neural: PromptTrace, n: int, D: int) -> tuple[np.ndarray, np.ndarra
     return ok, conf, ent, approx
 
 
+def agreed_length(lookup: PromptTrace, neural: PromptTrace) -> int:
+    """The generated tokens on which two greedy recordings of one prompt agree: both traces' length where they are
+    equal, else the first position where they differ. In bf16 the verification forwards of different chains round
+    differently, so a near-tie may break another way in each recording; the replay stops there (what follows is not
+    one trajectory)."""
+    n = min(lookup.n, neural.n)
+    diff = np.flatnonzero(lookup.output[:n] != neural.output[:n])
+    return int(diff[0]) if diff.size else n
+
+
 def hybrid_replay(lookup: PromptTrace, neural: PromptTrace, profile: LatencyProfile, neural_name: str, max_depth: int,
                   max_new_tokens: int) -> HybridReplay:
     """The :class:`HybridReplay` of one prompt from its lookup trace and its neural-drafter trace.
@@ -140,11 +153,11 @@ def hybrid_replay(lookup: PromptTrace, neural: PromptTrace, profile: LatencyProf
     Raises:
         ValueError: the two traces hold different prompts or outputs, or the profile lacks a drafter.
     """
-    if not (np.array_equal(lookup.prompt_ids, neural.prompt_ids) and np.array_equal(lookup.output, neural.output)):
-        raise ValueError("The lookup and neural traces hold different prompts or outputs: record both with the same "
-                         "prompts, --temperature 0 and --max-new-tokens (python -m eval.record).")
+    if not np.array_equal(lookup.prompt_ids, neural.prompt_ids):
+        raise ValueError("The lookup and neural traces hold different prompts: record both with the same prompts, "
+                         "--temperature 0 and --max-new-tokens (python -m eval.record).")
     D, N = max_depth, max_new_tokens
-    n = min(lookup.n, N)
+    n = min(agreed_length(lookup, neural), N)
     t = np.arange(n + 1)
     limit = np.minimum(D, np.maximum(N - t - 1, 0)).astype(np.int64)
     limit[n] = 0
@@ -176,7 +189,7 @@ def hybrid_replay(lookup: PromptTrace, neural: PromptTrace, profile: LatencyProf
     target = (np.asarray(target, dtype=np.float32)[rows] if target is not None
               else np.zeros((n + 1, 3), dtype=np.float32))
     return HybridReplay(
-        n=n, eos=bool(lookup.ended_by_eos and lookup.n <= N), limit=limit, look_avail=look_avail, look_ok=look_ok,
+        n=n, eos=bool(lookup.ended_by_eos and lookup.n <= N and n == lookup.n), limit=limit, look_avail=look_avail, look_ok=look_ok,
         look_conf=lookup.confidence[rows, 0], look_feats=lookup.drafter_features[rows, 0], look_chain=chain,
         neural_ok=ok, neural_conf=conf, neural_ent=ent, approx=approx, look_step=look_step, neural_step=neural_step,
         verify=verify, look_cycle=lc.cycle_overhead_seconds, neural_cycle=nc.cycle_overhead_seconds,
@@ -218,4 +231,4 @@ def hybrid_oracle_seconds(r: HybridReplay) -> tuple[float, np.ndarray]:
     return float(best[1]), choice
 
 
-__all__ = ["HYBRID_T_POSITIVE_REFUSAL", "HybridReplay", "hybrid_oracle_seconds", "hybrid_replay"]
+__all__ = ["HYBRID_T_POSITIVE_REFUSAL", "HybridReplay", "agreed_length", "hybrid_oracle_seconds", "hybrid_replay"]
