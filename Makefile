@@ -1,5 +1,7 @@
 # learn2draft — set-up, main job and tests. Each target does its own set-up.
-#   make demo   set up, train a depth policy on the embedded default pair, then evaluate it
+#   make demo   set up, then on the embedded default pair: record lookup and draft-model traces, measure this
+#               machine's latency profile, train the hybrid drafter's policy in replay, benchmark it per category
+#               against each drafter's best fixed γ, the hand rules and generate(), and check the output law
 #   make test   set up, run the test suite
 PY      ?= python3
 VENV    ?= .venv
@@ -7,6 +9,7 @@ BIN      = $(VENV)/bin
 # CPU build by default; for CUDA install the torch build you want into $(VENV) first (it is kept).
 TORCH   ?= torch==2.13.0
 RUN     ?= runs/default
+DATA    ?= runs/demo-data
 
 .PHONY: setup demo train eval benchmark test clean
 
@@ -21,8 +24,17 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: setup
-	$(BIN)/python -m train --out $(RUN) --overwrite
-	$(BIN)/python -m eval --policy $(RUN) --law-check
+	$(BIN)/python -m eval.record --drafter lookup --prompt-split mixed_train --max-depth 16 --max-new-tokens 64 \
+		--out $(DATA)/lookup.npz --overwrite
+	$(BIN)/python -m eval.record --drafter model --prompt-split mixed_train --max-depth 1 --max-new-tokens 64 \
+		--out $(DATA)/model.npz --overwrite
+	$(BIN)/python -m eval.profile --drafter lookup,model --contexts 128,512 --repeats 3 --name this-machine \
+		--out $(DATA)/profile.json
+	$(BIN)/python -m train --replay $(DATA)/lookup.npz,$(DATA)/model.npz --profile $(DATA)/profile.json \
+		--max-depth 16 --timesteps 32768 --out $(RUN) --overwrite
+	$(BIN)/python -m eval.benchmark --policy $(RUN) --prompt-set mixed --num-prompts 24 --repeats 1 \
+		--temperatures 0 --gammas 1,2,4,8,16 --out $(RUN)/benchmark
+	$(BIN)/python -m eval --policy $(RUN) --law-check --skip-speed
 
 train: setup
 	$(BIN)/python -m train --out $(RUN)
