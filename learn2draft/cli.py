@@ -275,15 +275,25 @@ def load_models(args: argparse.Namespace, drafters, settings: dict | None = None
     """Load the :class:`~learn2draft.models.ModelPair` the parsed flags ask for: the models of
     :func:`model_names`, on ``device`` (default: :func:`resolve_device` of ``--device``) with ``--dtype``; the
     draft model only when ``drafters`` (one name or several) includes ``"model"``, or with ``need_draft``
-    (Hugging Face assisted generation). ``progress``: called with one line saying what loads.
+    (Hugging Face assisted generation). ``progress``: called with one line saying what loads. A ``--head`` given
+    with the ``head`` drafter is checked first (:func:`learn2draft.drafters.head.check_head_dir`: a damaged head is
+    one error before the slow loading).
 
     Raises:
-        learn2draft.ModelLoadError, learn2draft.TokenizerMismatchError: as :func:`learn2draft.models.load_pair`.
+        learn2draft.ModelLoadError, learn2draft.TokenizerMismatchError: as :func:`learn2draft.models.load_pair`;
+            ModelLoadError also for a missing or damaged ``--head``.
     """
     from learn2draft import models
 
     target, draft = model_names(args, settings)
-    if not need_draft and "model" not in ([drafters] if isinstance(drafters, str) else list(drafters)):
+    names = [drafters] if isinstance(drafters, str) else list(drafters)
+    if "head" in names and getattr(args, "head", None):
+        from pathlib import Path
+
+        from learn2draft.drafters.head import check_head_dir
+
+        check_head_dir(Path(args.head).expanduser())
+    if not need_draft and "model" not in names:
         draft = None
     device = device or resolve_device(getattr(args, "device", None))
     args.dtype = models.resolve_dtype(args.dtype, device)  # what ran is what results record
