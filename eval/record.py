@@ -106,8 +106,9 @@ def _run(args) -> int:
 
     if args.workers < 1:
         raise ValueError(f"--workers must be ≥ 1, got {args.workers}.")
-    if args.max_depth < 0 or args.max_new_tokens < 2:
-        raise ValueError(f"--max-depth must be ≥ 0 and --max-new-tokens ≥ 2, got {args.max_depth} and {args.max_new_tokens}.")
+    if args.max_depth < 1 or args.max_new_tokens < 2:
+        raise ValueError(f"--max-depth must be ≥ 1 (a trace records the chains of depth 1 .. max_depth) and "
+                         f"--max-new-tokens ≥ 2, got {args.max_depth} and {args.max_new_tokens}.")
     if args.num_prompts is not None and args.num_prompts < 1:
         raise ValueError(f"--num-prompts must be ≥ 1, got {args.num_prompts}.")
     threads_of(args)  # checked before the recording
@@ -146,6 +147,8 @@ def _run(args) -> int:
     kind = f"{args.drafter}-tree" if args.tree else args.drafter
     name = Path(source).stem if args.prompts else source.replace(",", "+")
     out = Path(args.out) if args.out else Path("runs") / "traces" / f"{kind}-{name}.npz"
+    if out.suffix == ".json":  # the header's name: the trace is the .npz beside it
+        out = out.with_suffix(".npz")
     out = check_writable(out)  # before loading models and recording: a bad --out must not cost the recording
     if (out.exists() or out.with_suffix(".json").exists()) and not args.overwrite:
         raise ValueError(f"{out} already holds a trace: pass --overwrite to replace it, or another --out.")

@@ -164,6 +164,11 @@ def _run(args) -> int:
     from policies.layout import resolve_export_dir
     from policies.load import load_policy, policy_drafter
 
+    from learn2draft.cli import check_out_file, check_seed
+
+    check_seed(args.seed, nonnegative=True)
+    if args.json:
+        check_out_file(args.json, "--json")  # before the models load and the measurement: its result must be writable
     traces = load_traces(args.traces)
     if args.num_prompts is not None:
         if args.num_prompts < 1:

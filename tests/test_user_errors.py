@@ -184,3 +184,106 @@ def test_a_random_weights_file_that_is_no_config_is_named(tmp_path, content):
     f.write_bytes(content)
     with pytest.raises(ValueError, match=str(f)):
         shape_config(str(f))
+
+
+# ----------------------------------------------------------------------------- bad flags and output paths
+def test_absurd_thread_and_seed_counts_name_their_flag():
+    import argparse
+
+    from learn2draft.cli import sampling_config, threads_of
+
+    with pytest.raises(ValueError, match="--threads 100000"):
+        threads_of(argparse.Namespace(threads=100000))
+    with pytest.raises(ValueError, match="--seed"):
+        sampling_config(argparse.Namespace(seed=10**23, temperature=0.0))
+    assert sampling_config(argparse.Namespace(seed=-1, temperature=0.0)).greedy  # a negative seed still works
+
+
+def test_generate_refuses_a_huge_seed_before_loading(tiny_model_dirs, capsys):
+    from policies.generate import main
+
+    rc = main(["--target", tiny_model_dirs[0], "--drafter", "lookup", "--num-draft-tokens", "2", "--seed", str(10**23),
+               "w1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--seed" in err and "Overflow" not in err
+
+
+def test_a_folder_without_a_policy_is_named(tmp_path):
+    from policies.load import policy_drafter
+
+    with pytest.raises(FileNotFoundError, match="holds no policy"):
+        policy_drafter(tmp_path)
+
+
+def test_record_refuses_max_depth_0_and_a_json_out_that_names_an_existing_trace(tmp_path, capsys):
+    from eval.record import main
+
+    prompts = tmp_path / "p.json"
+    prompts.write_text('["w1 w2"]')
+    assert main(["--max-depth", "0", "--prompts", str(prompts), "--out", str(tmp_path / "t.npz")]) == 2
+    assert "--max-depth must be ≥ 1" in capsys.readouterr().err
+    (tmp_path / "t.npz").write_bytes(b"a user's trace")
+    (tmp_path / "t.json").write_text("{}")
+    assert main(["--prompts", str(prompts), "--out", str(tmp_path / "t.json")]) == 2  # the header's name: same trace
+    assert "already holds a trace" in capsys.readouterr().err
+    assert (tmp_path / "t.npz").read_bytes() == b"a user's trace" and not (tmp_path / "t.json.npz").exists()
+
+
+@pytest.mark.parametrize("flags,message", [(["--repeats", "0"], "--repeats must be ≥ 1"),
+                                           (["--seed", "-1"], "--seed must be ≥ 0"),
+                                           (["--json", "DIR"], "--json .* is a directory"),
+                                           (["--json", "FILE/x.json"], "--json .*cannot write there")])
+def test_oracle_checks_its_flags_before_reading_the_traces(tmp_path, capsys, flags, message):
+    from eval.oracle import main
+
+    (tmp_path / "FILE").write_text("a user's file")
+    flags = [f.replace("DIR", str(tmp_path)).replace("FILE", str(tmp_path / "FILE")) for f in flags]
+    assert main(["--profile", "cpu-2core", str(tmp_path / "no-traces.npz"), *flags]) == 2
+    import re
+
+    assert re.search(message, capsys.readouterr().err)
+    assert (tmp_path / "FILE").read_text() == "a user's file"
+
+
+def test_simreal_and_profile_check_their_output_before_any_work(tmp_path, capsys):
+    from eval.profile import main as profile_main
+    from eval.simreal import main as simreal_main
+
+    (tmp_path / "file").write_text("x")
+    assert simreal_main(["--profile", "cpu-2core", str(tmp_path / "no-traces.npz"), "--json",
+                         str(tmp_path / "file" / "r.json")]) == 2
+    assert "--json" in capsys.readouterr().err  # not the missing traces: the output is checked first
+    assert profile_main(["--target", str(tmp_path / "no-model"), "--out", str(tmp_path)]) == 2
+    assert f"--out {tmp_path} is a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag,value,field", [("--ent-coef", "nan", "ent_coef"), ("--clip-range", "0", "clip_range"),
+                                              ("--seed", str(10**23), "seed")])
+def test_train_refuses_bad_ppo_settings_before_anything_is_written(tiny_model_dirs, tmp_path, capsys, flag, value, field):
+    from train.__main__ import main
+
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as e:
+        main(["--target", tiny_model_dirs[0], "--drafter", "lookup", flag, value, "--out", str(out),
+              "--wandb-mode", "disabled"])
+    assert e.value.code == 2 and f"{field} must be" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_train_leaves_no_empty_out_folder_when_loading_fails(tiny_model_dirs, tmp_path, capsys, monkeypatch):
+    import learn2draft.models
+    from train.__main__ import main
+
+    def fail(*a, **k):
+        raise ModelLoadError("cannot load (test)")
+
+    monkeypatch.setattr(learn2draft.models, "load_pair", fail)
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit):
+        main(["--target", tiny_model_dirs[0], "--drafter", "lookup", "--out", str(out), "--wandb-mode", "disabled"])
+    assert "cannot load (test)" in capsys.readouterr().err
+    assert not out.exists()
+    out.mkdir()  # a folder the user made is left alone
+    with pytest.raises(SystemExit):
+        main(["--target", tiny_model_dirs[0], "--drafter", "lookup", "--out", str(out), "--wandb-mode", "disabled"])
+    assert out.is_dir()
