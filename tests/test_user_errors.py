@@ -287,3 +287,17 @@ def test_train_leaves_no_empty_out_folder_when_loading_fails(tiny_model_dirs, tm
     with pytest.raises(SystemExit):
         main(["--target", tiny_model_dirs[0], "--drafter", "lookup", "--out", str(out), "--wandb-mode", "disabled"])
     assert out.is_dir()
+
+
+def test_resume_names_a_damaged_run_config_instead_of_saying_there_is_no_run(tmp_path, capsys):
+    from train.__main__ import main
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text('{"env_id": "learn2draft/Spec')  # cut short
+    (out / "model.zip").write_bytes(b"a user's model")
+    with pytest.raises(SystemExit) as e:
+        main(["--out", str(out), "--resume"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "config.json is damaged" in err and "without --resume" not in err
+    assert (out / "model.zip").read_bytes() == b"a user's model"

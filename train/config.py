@@ -249,10 +249,20 @@ class TrainConfig:
         """The settings saved in ``out/config.json`` by an earlier run (for ``--resume``).
 
         Raises:
-            FileNotFoundError: ``out`` holds no ``config.json`` of a training run.
+            FileNotFoundError: ``out`` holds no ``config.json``.
+            ValueError: its ``config.json`` is damaged or not a training run's.
         """
         saved = read_run_config(Path(out))
         if saved is None:
+            cfg_file = Path(out) / "config.json"
+            if cfg_file.is_file():  # there, but damaged or not a run's: "start one without --resume" would not help
+                try:
+                    json.loads(cfg_file.read_text())
+                    why = "is not the config.json of a python -m train run"
+                except (OSError, ValueError) as e:
+                    why = f"is damaged ({e.__class__.__name__}: {e})"
+                raise ValueError(f"--resume: {cfg_file} {why}: restore it from a copy to continue the run (its "
+                                 "checkpoints and model.zip are left as they are), or train into another --out.")
             raise FileNotFoundError(f"--resume: {out} holds no training run (no config.json written by "
                                     "python -m train): start one without --resume.")
         saved = {"discount": saved.get("gamma"), **saved} if "gamma" in saved else saved  # runs before the rename
