@@ -14,7 +14,6 @@ its logits cost what they cost with the real vocabulary; logits past V are maske
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from learn2draft.names import DEFAULT_DRAFT
@@ -63,6 +62,8 @@ def shape_config(shape: str):
     """
     from transformers import CONFIG_MAPPING, AutoConfig, LlamaConfig
 
+    from learn2draft.models import read_json_object
+
     if shape in SHAPES:
         return LlamaConfig(**SHAPES[shape])
     p = Path(shape).expanduser()
@@ -71,12 +72,7 @@ def shape_config(shape: str):
     if not p.is_file():
         raise ValueError(f"Unknown architecture {shape!r}: use one of {', '.join(SHAPES)}, or a config.json file "
                          "(or a directory holding one).")
-    try:
-        fields = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{p}: not a readable JSON config ({e.__class__.__name__}: {e}).") from None
-    if not isinstance(fields, dict):
-        raise ValueError(f"{p}: a config.json holds one JSON object, got {type(fields).__name__}.")
+    fields = read_json_object(p, "pass the config.json of an architecture (e.g. the model's own from the hub)")
     model_type = fields.pop("model_type", "llama")
     if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
         raise ValueError(f"{p}: model_type {model_type!r} is not an architecture this transformers knows (e.g. llama, "

@@ -157,14 +157,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args) -> int:
-    from learn2draft.cli import load_models, resolve_device, set_threads, stderr_line, threads_of
+    from learn2draft.cli import (
+        check_out_file,
+        check_seed,
+        load_models,
+        resolve_device,
+        set_threads,
+        stderr_line,
+        threads_of,
+    )
     from learn2draft.decoding import FixedDepthController
     from learn2draft.replay.latency import load_profile
     from learn2draft.replay.traces import TraceSet, load_traces
     from policies.layout import resolve_export_dir
     from policies.load import load_policy, policy_drafter
-
-    from learn2draft.cli import check_out_file, check_seed
 
     check_seed(args.seed, nonnegative=True)
     if args.json:
