@@ -147,6 +147,8 @@ def _run(args) -> int:
     kind = f"{args.drafter}-tree" if args.tree else args.drafter
     name = Path(source).stem if args.prompts else source.replace(",", "+")
     out = Path(args.out) if args.out else Path("runs") / "traces" / f"{kind}-{name}.npz"
+    if out.is_dir():  # not "<dir>.npz" beside it
+        raise ValueError(f"--out {out} is a directory: give a file name such as {out / (kind + '-' + name + '.npz')}.")
     if out.suffix == ".json":  # the header's name: the trace is the .npz beside it
         out = out.with_suffix(".npz")
     out = check_writable(out)  # before loading models and recording: a bad --out must not cost the recording

@@ -227,6 +227,8 @@ def test_record_refuses_max_depth_0_and_a_json_out_that_names_an_existing_trace(
     assert main(["--prompts", str(prompts), "--out", str(tmp_path / "t.json")]) == 2  # the header's name: same trace
     assert "already holds a trace" in capsys.readouterr().err
     assert (tmp_path / "t.npz").read_bytes() == b"a user's trace" and not (tmp_path / "t.json.npz").exists()
+    assert main(["--prompts", str(prompts), "--out", str(tmp_path)]) == 2  # a folder: not "<folder>.npz" beside it
+    assert "is a directory" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flags,message", [(["--repeats", "0"], "--repeats must be ≥ 1"),
