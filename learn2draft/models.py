@@ -323,6 +323,17 @@ def _clear_gguf_marks(model: PreTrainedModel) -> None:
         del model.config.quantization_config
 
 
+def _load_advice(src: str, gguf: str | None) -> str:
+    """What to do when loading from ``src`` (and ``gguf``, of :func:`resolve_model_source`) failed: a local file or
+    folder is damaged or incomplete (its cheap checks passed), anything else is a hub id."""
+    if gguf:
+        return (f"{Path(src) / gguf} may be damaged or cut short (a .gguf copy stopped early reads so): download it "
+                "again, or pass a model directory written by save_pretrained.")
+    if Path(src).is_dir():
+        return f"The files in {src} may be damaged or incomplete: {MODEL_DIR_FIX}."
+    return "Pass an existing local directory / .gguf file, or a hub id reachable from this machine."
+
+
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     """Load the tokenizer of a model given as in :func:`load_model`.
 
@@ -335,10 +346,8 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
         with _no_progress_bars_off_terminal():
             return AutoTokenizer.from_pretrained(src, **kwargs)
     except Exception as e:  # noqa: BLE001 (transformers raises OSError, ValueError, TypeError, ... on odd files)
-        raise ModelLoadError(
-            f"Could not load a tokenizer for {name_or_path!r}: {_first_line(e)}. "
-            "Pass an existing local directory / .gguf file, or a hub id reachable from this machine."
-        ) from None
+        raise ModelLoadError(f"Could not load a tokenizer for {name_or_path!r}: {_first_line(e)}. "
+                             f"{_load_advice(src, gguf)}") from None
 
 
 def check_device(device: str | torch.device) -> torch.device:
@@ -437,10 +446,7 @@ def load_model(
         with _no_progress_bars_off_terminal():
             model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, **kwargs)
     except Exception as e:  # noqa: BLE001 (a damaged file: OSError, ValueError, RuntimeError, SafetensorError, ...)
-        raise ModelLoadError(
-            f"Could not load model {name_or_path!r}: {_first_line(e)}. "
-            "Pass an existing local directory / .gguf file, or a hub id reachable from this machine."
-        ) from None
+        raise ModelLoadError(f"Could not load model {name_or_path!r}: {_first_line(e)}. {_load_advice(src, gguf)}") from None
     finally:
         gguf_logger.removeFilter(drop)
     if gguf:

@@ -303,3 +303,10 @@ def test_resume_names_a_damaged_run_config_instead_of_saying_there_is_no_run(tmp
     err = capsys.readouterr().err
     assert e.value.code == 2 and "config.json is damaged" in err and "without --resume" not in err
     assert (out / "model.zip").read_bytes() == b"a user's model"
+
+
+def test_a_gguf_file_cut_short_is_named_with_what_to_do(tmp_path):
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(b"GGUF" + bytes(range(64)))  # starts as a GGUF file does, then stops
+    with pytest.raises(ModelLoadError, match=f"{bad} may be damaged or cut short"):
+        load_tokenizer(str(bad))
