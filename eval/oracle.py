@@ -387,6 +387,7 @@ def _run(args) -> int:
     from learn2draft.replay.latency import load_profile
     from learn2draft.replay.traces import TREE, load_traces, trace_structure
 
+    _check_args(args)
     first = next((s for s in str(args.traces).split(",") if s.strip()), "")
     if first and trace_structure(first) == TREE:
         return _run_tree(args)
@@ -445,6 +446,21 @@ def _run_hybrid(args) -> int:
     env = HybridReplayEnv(args.traces, args.profile, max_new_tokens=args.max_new_tokens, max_depth=max_depth)
     rep = hybrid_report(env, controllers, seed=args.seed)
     return _emit(format_hybrid_report(rep), rep, args.json)
+
+
+def _check_args(args) -> None:
+    """The flags that need no file: ``--repeats`` ≥ 1, ``--seed`` in range, ``--json`` writable (before the work).
+
+    Raises:
+        ValueError: names the flag.
+    """
+    from learn2draft.cli import check_out_file, check_seed
+
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be ≥ 1, got {args.repeats}.")
+    check_seed(args.seed, nonnegative=True)
+    if args.json:
+        check_out_file(args.json, "--json")
 
 
 def _emit(text: str, rep: dict, json_path: str | None) -> int:

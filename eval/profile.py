@@ -339,7 +339,7 @@ def _run(args) -> int:
     import json
     import time
 
-    from learn2draft.cli import load_models, resolve_device, set_threads, stderr_line, threads_of
+    from learn2draft.cli import check_out_file, load_models, resolve_device, set_threads, stderr_line, threads_of
 
     drafters = [d.strip() for d in args.drafter.split(",") if d.strip()]
     bad = [d for d in drafters if d not in DRAFTERS]
@@ -358,6 +358,8 @@ def _run(args) -> int:
                          "chain); add --drafter model or head, or drop --tree-width.")
     if args.tree_width is not None and (args.tree_width < 1 or args.tree_top_k < 1):
         raise ValueError(f"--tree-width and --tree-top-k must be ≥ 1, got {args.tree_width} and {args.tree_top_k}.")
+    if args.out:
+        check_out_file(args.out)  # before the measurement: a bad --out must not cost it
     set_threads(args)
     device = resolve_device(args.device)
     t0 = time.perf_counter()

@@ -113,8 +113,9 @@ def _run(args) -> int:
         raise ValueError(f"--drafter {args.drafter}: a hybrid replays from one trace per source; record "
                          f"--drafter {lookup} and --drafter {neural} on the same prompts with --temperature 0, then train "
                          "with --replay LOOKUP.npz,NEURAL.npz.")
-    if args.max_depth < 0 or args.max_new_tokens < 2:
-        raise ValueError(f"--max-depth must be ≥ 0 and --max-new-tokens ≥ 2, got {args.max_depth} and {args.max_new_tokens}.")
+    if args.max_depth < 1 or args.max_new_tokens < 2:
+        raise ValueError(f"--max-depth must be ≥ 1 (a trace records the chains of depth 1 .. max_depth) and "
+                         f"--max-new-tokens ≥ 2, got {args.max_depth} and {args.max_new_tokens}.")
     if args.num_prompts is not None and args.num_prompts < 1:
         raise ValueError(f"--num-prompts must be ≥ 1, got {args.num_prompts}.")
     threads_of(args)  # checked before the recording
@@ -153,6 +154,10 @@ def _run(args) -> int:
     kind = f"{args.drafter}-tree" if args.tree else args.drafter
     name = Path(source).stem if args.prompts else source.replace(",", "+")
     out = Path(args.out) if args.out else Path("runs") / "traces" / f"{kind}-{name}.npz"
+    if out.is_dir():  # not "<dir>.npz" beside it
+        raise ValueError(f"--out {out} is a directory: give a file name such as {out / (kind + '-' + name + '.npz')}.")
+    if out.suffix == ".json":  # the header's name: the trace is the .npz beside it
+        out = out.with_suffix(".npz")
     out = check_writable(out)  # before loading models and recording: a bad --out must not cost the recording
     if (out.exists() or out.with_suffix(".json").exists()) and not args.overwrite:
         raise ValueError(f"{out} already holds a trace: pass --overwrite to replace it, or another --out.")

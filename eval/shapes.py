@@ -14,7 +14,6 @@ its logits cost what they cost with the real vocabulary; logits past V are maske
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from learn2draft.names import DEFAULT_DRAFT
@@ -42,14 +41,28 @@ SHAPES: dict[str, dict] = {
 SHAPE_TOKENIZER = DEFAULT_DRAFT
 
 
+#: The sizes a ``config.json`` given to :func:`shape_config` must state (transformers' defaults for a missing one
+#: build some other model, Llama's a 7B one), each a positive integer.
+REQUIRED_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+#: Sizes checked to be positive integers when a config states them.
+OPTIONAL_SIZES = ("intermediate_size", "num_key_value_heads", "head_dim", "max_position_embeddings")
+
+
 def shape_config(shape: str):
     """The transformers config of ``shape``: a name of :data:`SHAPES` (a ``LlamaConfig``), or a ``config.json``
-    file or a directory holding one (any ``model_type`` transformers knows; ``llama`` when it names none).
+    file or a directory holding one (any ``model_type`` transformers knows; ``llama`` when it names none). A file
+    must state the sizes of :data:`REQUIRED_SIZES` (or the names its ``model_type`` maps them to, e.g. GPT-2's
+    ``n_embd``) as positive integers, the number of attention heads must divide the width (unless ``head_dim`` is
+    given) and the key/value heads must divide the attention heads.
 
     Raises:
-        ValueError: neither a known name nor an existing config file, or a file that is not a JSON object.
+        ValueError: neither a known name nor an existing config file, a file that is not a JSON object, an unknown
+            ``model_type``, a missing or non-positive-integer size, heads that do not divide, or any other field
+            transformers refuses; the message names the file and the field.
     """
-    from transformers import AutoConfig, LlamaConfig
+    from transformers import CONFIG_MAPPING, AutoConfig, LlamaConfig
+
+    from learn2draft.models import read_json_object
 
     if shape in SHAPES:
         return LlamaConfig(**SHAPES[shape])
@@ -59,13 +72,45 @@ def shape_config(shape: str):
     if not p.is_file():
         raise ValueError(f"Unknown architecture {shape!r}: use one of {', '.join(SHAPES)}, or a config.json file "
                          "(or a directory holding one).")
+    fields = read_json_object(p, "pass the config.json of an architecture (e.g. the model's own from the hub)")
+    model_type = fields.pop("model_type", "llama")
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        raise ValueError(f"{p}: model_type {model_type!r} is not an architecture this transformers knows (e.g. llama, "
+                         "mistral, qwen2, gpt2).")
+    sizes = _config_sizes(p, fields, CONFIG_MAPPING[model_type])
+    heads, kv = sizes["num_attention_heads"], sizes.get("num_key_value_heads")
+    if "head_dim" not in sizes and sizes["hidden_size"] % heads:
+        raise ValueError(f"{p}: hidden_size {sizes['hidden_size']} is not a multiple of num_attention_heads {heads} "
+                         "(or give head_dim).")
+    if kv is not None and heads % kv:
+        raise ValueError(f"{p}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}.")
     try:
-        fields = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{p}: not a readable JSON config ({e.__class__.__name__}: {e}).") from None
-    if not isinstance(fields, dict):
-        raise ValueError(f"{p}: a config.json holds one JSON object, got {type(fields).__name__}.")
-    return AutoConfig.for_model(fields.pop("model_type", "llama"), **fields)
+        return AutoConfig.for_model(model_type, **fields)
+    except Exception as e:  # noqa: BLE001 (transformers' dataclass validation errors, TypeError, ValueError)
+        raise ValueError(f"{p}: not a config transformers accepts ({e.__class__.__name__}: {' '.join(str(e).split())}).") from None
+
+
+def _config_sizes(path: Path, fields: dict, config_class) -> dict[str, int]:
+    """The sizes of :data:`REQUIRED_SIZES` and the stated :data:`OPTIONAL_SIZES` in ``fields`` (under their own
+    names or those ``config_class.attribute_map`` maps them to), checked to be positive integers.
+
+    Raises:
+        ValueError: a required size is missing, or a size is not a positive integer (names ``path`` and the field).
+    """
+    amap = getattr(config_class, "attribute_map", {}) or {}
+    sizes = {}
+    for name in REQUIRED_SIZES + OPTIONAL_SIZES:
+        key = next((k for k in (name, amap.get(name)) if k is not None and k in fields), None)
+        if key is None:
+            if name in REQUIRED_SIZES:
+                raise ValueError(f"{path}: no {name}: a config must state {', '.join(REQUIRED_SIZES)} (positive "
+                                 "integers; the hub's config.json of the model has them all).")
+            continue
+        value = fields[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{path}: {key} must be a positive integer, got {value!r}.")
+        sizes[name] = value
+    return sizes
 
 
 def shape_name(shape: str) -> str:
@@ -98,8 +143,14 @@ def random_model(shape: str, device="cpu", dtype=None, seed: int = 0, eos_token_
     if eos_token_id is not None:
         cfg.eos_token_id = eos_token_id
     torch.manual_seed(seed)
-    with torch.device(dev):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype or torch.float32)
+    try:
+        with torch.device(dev):
+            model = AutoModelForCausalLM.from_config(cfg, dtype=dtype or torch.float32)
+    except (ValueError, TypeError, RuntimeError, ZeroDivisionError) as e:  # shapes a config check let through
+        if isinstance(e, torch.OutOfMemoryError):
+            raise
+        raise ValueError(f"Architecture {shape!r} cannot be built ({e.__class__.__name__}: {' '.join(str(e).split())}): "
+                         "check its sizes.") from None
     return model.eval()
 
 
@@ -134,4 +185,4 @@ def random_pair(shape: str, drafters, device="cpu", dtype=None, draft: str = DEF
                      draft_name=canonical_model_name(draft) if d is not None else "")
 
 
-__all__ = ["SHAPES", "SHAPE_TOKENIZER", "random_model", "random_pair", "shape_config", "shape_name"]
+__all__ = ["OPTIONAL_SIZES", "REQUIRED_SIZES", "SHAPES", "SHAPE_TOKENIZER", "random_model", "random_pair", "shape_config", "shape_name"]

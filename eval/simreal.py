@@ -157,13 +157,24 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args) -> int:
-    from learn2draft.cli import load_models, resolve_device, set_threads, stderr_line, threads_of
+    from learn2draft.cli import (
+        check_out_file,
+        check_seed,
+        load_models,
+        resolve_device,
+        set_threads,
+        stderr_line,
+        threads_of,
+    )
     from learn2draft.decoding import FixedDepthController
     from learn2draft.replay.latency import load_profile
     from learn2draft.replay.traces import TraceSet, load_traces
     from policies.layout import resolve_export_dir
     from policies.load import load_policy, policy_drafter
 
+    check_seed(args.seed, nonnegative=True)
+    if args.json:
+        check_out_file(args.json, "--json")  # before the models load and the measurement: its result must be writable
     traces = load_traces(args.traces)
     if args.num_prompts is not None:
         if args.num_prompts < 1:

@@ -10,6 +10,7 @@ training's: :func:`train.wandb_setup.check_wandb`.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 
@@ -50,6 +51,9 @@ def run_cli(parser: argparse.ArgumentParser, run, argv: list[str] | None) -> int
         print(f"{parser.prog}: interrupted (Ctrl-C) before it finished; nothing more was written.", file=sys.stderr)
         return 130
 
+
+#: ``--threads`` above this many per CPU core is refused (100 000 threads fail to allocate their stacks).
+MAX_THREADS_PER_CORE = 8
 
 #: This project's top-level packages (``python -m train`` needs all of them; ``python -m eval`` all but train).
 PROJECT_PACKAGES = ("learn2draft", "envs", "policies", "eval", "train")
@@ -143,10 +147,53 @@ def sampling_config(args: argparse.Namespace, temperature: float | None = None):
     """
     from learn2draft.sampling import SamplingConfig
 
+    if getattr(args, "seed", None) is not None:
+        check_seed(args.seed)
     kw = {k: getattr(args, k) for k in SAMPLING_DEFAULTS if hasattr(args, k)}
     if temperature is not None:
         kw["temperature"] = temperature
     return SamplingConfig(**kw)
+
+
+#: The largest ``|--seed|``: torch's generators take 64-bit seeds, and the measurement loops add strides to it
+#: (:func:`learn2draft.names.run_seed`).
+MAX_SEED = 2**62
+
+
+def check_seed(seed: int, flag: str = "--seed", nonnegative: bool = False) -> int:
+    """``seed`` if ``|seed| < MAX_SEED`` (a larger one overflows torch's 64-bit generator seed) and, with
+    ``nonnegative`` (a command whose replay seeds numpy's generator), ``seed ≥ 0``.
+
+    Raises:
+        ValueError: names ``flag`` and the range.
+    """
+    if nonnegative and seed < 0:
+        raise ValueError(f"{flag} must be ≥ 0 (it seeds numpy's generator), got {seed}.")
+    if abs(int(seed)) >= MAX_SEED:
+        raise ValueError(f"{flag} {seed} is too large: pass an integer with |seed| < 2**62 (e.g. 0, 1, 2).")
+    return int(seed)
+
+
+def check_out_file(path: str, flag: str = "--out"):
+    """The file a command writes at its end, checked before its (slow) work: not a directory, its folder created,
+    and a file can be written there (a probe file, removed at once). Returns it as a ``Path``.
+
+    Raises:
+        ValueError: names ``flag`` and says why and what to do.
+    """
+    import tempfile
+    from pathlib import Path
+
+    out = Path(path).expanduser()
+    if out.is_dir():
+        raise ValueError(f"{flag} {out} is a directory: give a file name, such as {out / 'report.json'}.")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out.parent, prefix=f".{out.name}-", suffix=".probe"):
+            pass
+    except OSError as e:
+        raise ValueError(f"{flag} {out}: cannot write there ({e.strerror or e}); choose another path.") from None
+    return out
 
 
 def add_drafter_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup, default: str | None) -> argparse.Action:
@@ -239,10 +286,14 @@ def threads_of(args: argparse.Namespace, trained_with: int | None = None) -> int
     """The thread count :func:`set_threads` sets, without setting it (for a config that records it).
 
     Raises:
-        ValueError: ``--threads`` < 1.
+        ValueError: ``--threads`` < 1, or more than :data:`MAX_THREADS_PER_CORE` per CPU core.
     """
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be ≥ 1, got {args.threads}.")
+    cores = os.cpu_count() or 1
+    if args.threads is not None and args.threads > MAX_THREADS_PER_CORE * cores:
+        raise ValueError(f"--threads {args.threads}: this machine has {cores} CPU core(s); pass at most "
+                         f"{MAX_THREADS_PER_CORE * cores} (usually {cores}, one per core).")
     return int(args.threads or trained_with or 1)
 
 
@@ -276,15 +327,25 @@ def load_models(args: argparse.Namespace, drafters, settings: dict | None = None
     """Load the :class:`~learn2draft.models.ModelPair` the parsed flags ask for: the models of
     :func:`model_names`, on ``device`` (default: :func:`resolve_device` of ``--device``) with ``--dtype``; the
     draft model only when ``drafters`` (one name or several) includes ``"model"``, or with ``need_draft``
-    (Hugging Face assisted generation). ``progress``: called with one line saying what loads.
+    (Hugging Face assisted generation). ``progress``: called with one line saying what loads. A ``--head`` given
+    with the ``head`` drafter is checked first (:func:`learn2draft.drafters.head.check_head_dir`: a damaged head is
+    one error before the slow loading).
 
     Raises:
-        learn2draft.ModelLoadError, learn2draft.TokenizerMismatchError: as :func:`learn2draft.models.load_pair`.
+        learn2draft.ModelLoadError, learn2draft.TokenizerMismatchError: as :func:`learn2draft.models.load_pair`;
+            ModelLoadError also for a missing or damaged ``--head``.
     """
     from learn2draft import models
 
     target, draft = model_names(args, settings)
-    if not need_draft and not any(needs_draft_model(d) for d in ([drafters] if isinstance(drafters, str) else drafters)):
+    names = [drafters] if isinstance(drafters, str) else list(drafters)
+    if any("head" in d for d in names) and getattr(args, "head", None):
+        from pathlib import Path
+
+        from learn2draft.drafters.head import check_head_dir
+
+        check_head_dir(Path(args.head).expanduser())
+    if not need_draft and not any(needs_draft_model(d) for d in names):
         draft = None
     device = device or resolve_device(getattr(args, "device", None))
     args.dtype = models.resolve_dtype(args.dtype, device)  # what ran is what results record
@@ -407,6 +468,7 @@ def stderr_line(text: str) -> None:
 
 __all__ = ["PROGRESS_INTERVAL_SECONDS", "PROJECT_PACKAGES", "SAMPLING_DEFAULTS", "HelpFormatter", "LineProgress",
            "is_terminal", "progress", "exit_if_shadowed", "shadowing_files", "add_device_args", "add_drafter_arg",
-           "add_model_args", "add_out_arg", "add_profile_arg", "add_sampling_args", "add_tree_shape_args",
+           "add_model_args", "add_out_arg", "add_profile_arg", "check_out_file", "check_seed", "MAX_SEED",
+           "MAX_THREADS_PER_CORE", "add_sampling_args", "add_tree_shape_args",
            "load_models", "model_names", "plain_doc", "resolve_device", "resolved_dtype", "run_cli", "sampling_config",
            "set_threads", "stderr_line", "threads_of"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.metadata
+import json
 import logging
 import os
 import sys
@@ -106,14 +107,16 @@ def resolve_model_source(name_or_path: str) -> tuple[str, str | None]:
     a local directory, or a hub id (left to ``from_pretrained``).
 
     Raises:
-        ModelLoadError: the name is empty, a local path does not exist, or the default draft
-            has not been built.
+        ModelLoadError: the name is empty, a local path does not exist, the default draft
+            has not been built, or a local model's files are damaged (:func:`check_model_dir`,
+            :func:`check_gguf_file`: cheap checks, before any slow loading).
     """
     if not name_or_path or not str(name_or_path).strip():
         raise ModelLoadError("Empty model name: pass a hub id, a local directory or a .gguf file.")
     name = str(name_or_path)
     if name == DEFAULT_TARGET:
         p = smollm2_gguf_path()
+        check_gguf_file(p)
         return str(p.parent), p.name
     if name == DEFAULT_DRAFT:
         if not (DEFAULT_DRAFT_DIR / "config.json").exists():
@@ -121,22 +124,116 @@ def resolve_model_source(name_or_path: str) -> tuple[str, str | None]:
                 f"The default draft is missing from {DEFAULT_DRAFT_DIR}. Rebuild it with "
                 "`python -m train.recipes.draft_model` (see README)."
             )
+        check_model_dir(DEFAULT_DRAFT_DIR, fix="restore the shipped draft (git checkout, or reinstall learn2draft) or "
+                                              "rebuild it with `python -m train.recipes.draft_model`")
         return str(DEFAULT_DRAFT_DIR), None
     p = Path(name).expanduser()
     if name.endswith(".gguf"):
         if not p.is_file():
             raise ModelLoadError(f"GGUF file not found: {p}. Check the path.")
+        check_gguf_file(p)
         return str(p.parent), p.name
     if p.exists():
-        if not (p / "config.json").exists():
+        if not (p / "config.json").is_file():
             raise ModelLoadError(
-                f"{p} exists but has no config.json: pass a directory written by save_pretrained, or a .gguf file."
+                f"{p} exists but has no config.json file: pass a directory written by save_pretrained, or a .gguf file."
             )
+        check_model_dir(p)
         return str(p), None
     if name.startswith((".", "/", "~")) or os.sep in name.strip("/").replace("/", "", 1):
         raise ModelLoadError(f"Model path not found: {name}. Check the path, or pass a hub id like 'org/name'.")
     _check_hub_reachable(name)
     return name, None
+
+
+#: What to do about a damaged file of a local model directory (:func:`check_model_dir`).
+MODEL_DIR_FIX = ("copy or download the model again, or re-save it with save_pretrained (a copy cut short, or a file "
+                 "that is not the model's, leaves it so)")
+
+
+def _first_line(e: BaseException, limit: int = 240) -> str:
+    """``Class: message`` of ``e`` on one line (whitespace collapsed), cut at ``limit`` characters."""
+    text = " ".join(str(e).split())
+    text = text if len(text) <= limit else text[:limit - 1] + "…"
+    return f"{e.__class__.__name__}: {text}"
+
+
+def read_json_object(path: str | Path, fix: str) -> dict:
+    """The JSON object in ``path`` (a ``config.json``).
+
+    Raises:
+        ModelLoadError: the file cannot be read, is not UTF-8 JSON, or holds no JSON object; the message
+            names the file and ends with ``fix`` (what to do).
+    """
+    p = Path(path)
+    try:
+        value = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelLoadError(f"{p} is damaged (not readable JSON: {_first_line(e)}): {fix}.") from None
+    if not isinstance(value, dict):
+        raise ModelLoadError(f"{p} is damaged (it holds a JSON {type(value).__name__}, not an object): {fix}.")
+    return value
+
+
+def check_safetensors_file(path: str | Path, fix: str) -> None:
+    """Check that ``path`` is a whole ``.safetensors`` file: its header (the first bytes only, so a 16 GB file
+    costs what a small one does) parses and its tensors cover the file exactly — a copy cut short or a file of
+    other bytes fails here, before any slow loading, instead of deep inside ``from_pretrained``.
+
+    Raises:
+        ModelLoadError: names the file and ends with ``fix`` (what to do).
+    """
+    from safetensors import SafetensorError, safe_open
+
+    p = Path(path)
+    try:
+        with safe_open(str(p), framework="pt") as f:
+            f.keys()
+    except (SafetensorError, OSError, ValueError) as e:
+        raise ModelLoadError(f"{p} is damaged (not a whole safetensors file: {_first_line(e)}): {fix}.") from None
+
+
+def check_model_dir(path: str | Path, fix: str = MODEL_DIR_FIX) -> None:
+    """Cheap checks of a local model directory before its (slow) loading: ``config.json`` is a JSON object
+    that transformers accepts (a known ``model_type``, fields of the right types), a weight index is a JSON
+    object, and every ``*.safetensors`` file is whole (:func:`check_safetensors_file`).
+
+    Raises:
+        ModelLoadError: names the damaged file and ends with ``fix`` (what to do).
+    """
+    from transformers import AutoConfig
+
+    p = Path(path)
+    cfg_file = p / "config.json"
+    fields = read_json_object(cfg_file, fix)
+    if "model_type" in fields and not isinstance(fields["model_type"], str):
+        raise ModelLoadError(f"{cfg_file}: model_type is {fields['model_type']!r}, not a name such as 'llama': {fix}.")
+    try:
+        with _no_progress_bars_off_terminal():
+            AutoConfig.from_pretrained(str(p))
+    except Exception as e:  # noqa: BLE001 (transformers raises ValueError, TypeError, its dataclass errors, ...)
+        raise ModelLoadError(f"{cfg_file} is not a config transformers can read ({_first_line(e)}): {fix}.") from None
+    for index in sorted(p.glob("*.safetensors.index.json")):
+        read_json_object(index, fix)
+    for f in sorted(p.glob("*.safetensors")):
+        check_safetensors_file(f, fix)
+
+
+def check_gguf_file(path: str | Path) -> None:
+    """Check that ``path`` starts as a GGUF file does (the 4 bytes ``GGUF``).
+
+    Raises:
+        ModelLoadError: names the file and says what to do.
+    """
+    p = Path(path)
+    try:
+        with open(p, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise ModelLoadError(f"Cannot read {p} ({_first_line(e)}): check the path and its permissions.") from None
+    if magic != b"GGUF":
+        raise ModelLoadError(f"{p} is not a GGUF file (it does not start with 'GGUF'): download it again, or pass a "
+                             "model directory written by save_pretrained.")
 
 
 def canonical_model_name(name_or_path: str) -> str:
@@ -226,6 +323,17 @@ def _clear_gguf_marks(model: PreTrainedModel) -> None:
         del model.config.quantization_config
 
 
+def _load_advice(src: str, gguf: str | None) -> str:
+    """What to do when loading from ``src`` (and ``gguf``, of :func:`resolve_model_source`) failed: a local file or
+    folder is damaged or incomplete (its cheap checks passed), anything else is a hub id."""
+    if gguf:
+        return (f"{Path(src) / gguf} may be damaged or cut short (a .gguf copy stopped early reads so): download it "
+                "again, or pass a model directory written by save_pretrained.")
+    if Path(src).is_dir():
+        return f"The files in {src} may be damaged or incomplete: {MODEL_DIR_FIX}."
+    return "Pass an existing local directory / .gguf file, or a hub id reachable from this machine."
+
+
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     """Load the tokenizer of a model given as in :func:`load_model`.
 
@@ -237,11 +345,9 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
         kwargs = {"gguf_file": gguf} if gguf else {}
         with _no_progress_bars_off_terminal():
             return AutoTokenizer.from_pretrained(src, **kwargs)
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(
-            f"Could not load a tokenizer for {name_or_path!r}: {e.__class__.__name__}: {str(e).splitlines()[0]}. "
-            "Pass an existing local directory / .gguf file, or a hub id reachable from this machine."
-        ) from None
+    except Exception as e:  # noqa: BLE001 (transformers raises OSError, ValueError, TypeError, ... on odd files)
+        raise ModelLoadError(f"Could not load a tokenizer for {name_or_path!r}: {_first_line(e)}. "
+                             f"{_load_advice(src, gguf)}") from None
 
 
 def check_device(device: str | torch.device) -> torch.device:
@@ -339,11 +445,8 @@ def load_model(
     try:
         with _no_progress_bars_off_terminal():
             model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, **kwargs)
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(
-            f"Could not load model {name_or_path!r}: {e.__class__.__name__}: {str(e).splitlines()[0]}. "
-            "Pass an existing local directory / .gguf file, or a hub id reachable from this machine."
-        ) from None
+    except Exception as e:  # noqa: BLE001 (a damaged file: OSError, ValueError, RuntimeError, SafetensorError, ...)
+        raise ModelLoadError(f"Could not load model {name_or_path!r}: {_first_line(e)}. {_load_advice(src, gguf)}") from None
     finally:
         gguf_logger.removeFilter(drop)
     if gguf:

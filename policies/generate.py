@@ -215,7 +215,7 @@ def _run(args) -> int:
     sampling = sampling_config(args)
     device = resolve_device(args.device)
     controller, max_depth, settings, head = _resolve_controller(args)
-    target = _check_model_names(args, settings)
+    target = _check_model_names(args, settings, head)
 
     pair = load_models(args, args.drafter, settings, device=device)
     drafter = make_drafter(args.drafter, pair, head=head)
@@ -270,8 +270,11 @@ def _resolve_controller(args) -> tuple:
     return controller, controller.max_depth, settings, head or policy_head(policy_dir)
 
 
-def _check_model_names(args, settings: dict) -> str:
-    """Set the threads and check the model names before the slow loading; returns the target's name."""
+def _check_model_names(args, settings: dict, head: str | None = None) -> str:
+    """Set the threads and check the model names (and the head directory of the head drafter) before the slow
+    loading; returns the target's name."""
+    from pathlib import Path
+
     from learn2draft.cli import model_names, set_threads
     from learn2draft.models import resolve_model_source
     from learn2draft.names import needs_draft_model
@@ -279,7 +282,11 @@ def _check_model_names(args, settings: dict) -> str:
     set_threads(args, settings.get("threads"))
     target, draft = model_names(args, settings)
     for name in (target, draft) if needs_draft_model(args.drafter) else (target,):
-        resolve_model_source(name)  # a clear error for a missing path before the slow loading
+        resolve_model_source(name)  # a clear error for a missing path or a damaged file before the slow loading
+    if "head" in args.drafter and head:
+        from learn2draft.drafters.head import check_head_dir
+
+        check_head_dir(Path(head).expanduser())
     return target
 
 

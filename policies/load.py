@@ -196,9 +196,13 @@ def policy_drafter(directory: str | Path) -> str:
     that predate drafters (:func:`policies.layout.export_drafter`).
 
     Raises:
+        FileNotFoundError: no ``policy_config.json`` there (not a policy folder).
         ValueError: the config does not parse, names an unknown drafter, or is no export's (e.g. ``{}``).
     """
     path = resolve_export_dir(directory) / POLICY_CONFIG_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{directory} holds no policy ({path.name} is missing): pass a run of `python -m train` "
+                                "(its --out folder) or a policy export (python -m policies.export).")
     return export_drafter(read_json(path), path)
 
 

@@ -235,12 +235,12 @@ def test_cli_bad_input_is_a_clear_error(args, match, tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
-def test_cli_refuses_existing_run_dir_and_unwritable_out(tmp_path, capsys):
+def test_cli_refuses_existing_run_dir_and_unwritable_out(tmp_path, capsys, tiny_model_dirs):
     fake_run(tmp_path / "run")
     (tmp_path / "blocker").write_text("x")
     for out, match in ((tmp_path / "run", "--overwrite"), (tmp_path / "blocker" / "run", "Cannot write")):
-        with pytest.raises(SystemExit) as e:
-            main(["--out", str(out), "--target", str(tmp_path / "run"), "--draft", str(tmp_path / "run")])
+        with pytest.raises(SystemExit) as e:  # real model folders: their files are checked before --out
+            main(["--out", str(out), "--target", tiny_model_dirs[0], "--draft", tiny_model_dirs[1]])
         assert e.value.code == 2
         assert match in capsys.readouterr().err
 

@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import sys
+from pathlib import Path
 
 from learn2draft import cli
 from learn2draft.cli import HelpFormatter
@@ -217,6 +218,19 @@ def wandb_sync_hint(wandb_dir: str) -> str:
     return f"wandb sync {shlex.quote(str(wandb_dir))}/offline-run-*"
 
 
+def _drop_if_empty(args: argparse.Namespace, created: bool | None) -> None:
+    """Remove ``--out`` when this run created it and a failure before training left it empty (no empty folder for a
+    run that never started); a folder that was there before, or holds anything, is left alone."""
+    if not created:
+        return
+    out = Path(args.out or default_out_dir())
+    try:
+        if out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+    except OSError:
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv``, load the models, train, export; return 0.
 
@@ -241,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     from train.outdir import prepare_out_dir
     from train.wandb_setup import check_wandb
 
+    new_out = False  # whether this run creates --out (then a failure before training removes it again if empty)
     try:
         cfg = resume_config(args, argv) if args.resume else config_from_args(args)
         cfg.validate()
@@ -260,7 +275,12 @@ def main(argv: list[str] | None = None) -> int:
             apply_replay_settings(cfg, given)  # reads the traces and the profile: no model is loaded
         else:
             for name in (cfg.target, cfg.draft) if needs_draft_model(cfg.drafter) else (cfg.target,):
-                resolve_model_source(name)  # cheap existence checks, before anything is created
+                resolve_model_source(name)  # cheap existence and damage checks, before anything is created
+            if "head" in cfg.drafter and cfg.head:
+                from learn2draft.drafters.head import check_head_dir
+
+                check_head_dir(Path(cfg.head).expanduser())
+        new_out = not Path(cfg.out).exists()
         prepare_out_dir(cfg.out, cfg.overwrite, cfg.resume)  # fail before the (slow) model loading
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
@@ -278,10 +298,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(1, f"{parser.prog}: error: {e}\n")
     except (ModelLoadError, TokenizerMismatchError, ValueError, FileExistsError, FileNotFoundError,
             PermissionError) as e:
+        _drop_if_empty(args, new_out)
         parser.exit(2, f"{parser.prog}: error: {e}\n")
     except OSError as e:
+        _drop_if_empty(args, new_out)
         parser.exit(2, f"{parser.prog}: error: {e.__class__.__name__}: {e}\n")
     except KeyboardInterrupt as e:
+        _drop_if_empty(args, new_out)
         sig = str(e) or "SIGINT"
         parser.exit(128 + signal.Signals[sig].value if sig in signal.Signals.__members__ else 130,
                     f"{parser.prog}: interrupted ({sig}) before training began; {args.out or default_out_dir()} is as it was.\n")

@@ -170,6 +170,10 @@ class TrainConfig:
             (self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}."),
             (0 < self.discount <= 1, f"discount must be in (0, 1], got {self.discount}."),
             (0 <= self.gae_lambda <= 1, f"gae_lambda must be in [0, 1], got {self.gae_lambda}."),
+            (math.isfinite(self.ent_coef) and self.ent_coef >= 0, f"ent_coef must be a finite number ≥ 0, got {self.ent_coef}."),
+            (math.isfinite(self.clip_range) and self.clip_range > 0,
+             f"clip_range must be a finite number > 0 (0 would freeze the policy), got {self.clip_range}."),
+            (0 <= self.seed < 2**32, f"seed must be in [0, 2**32) (numpy and stable-baselines3 seeds), got {self.seed}."),
             (self.reward_scale is None or (math.isfinite(self.reward_scale) and self.reward_scale > 0),
              f"reward_scale must be > 0 (or None = auto), got {self.reward_scale}."),
             (self.episode in ("cycle", "generation"), f"episode must be 'cycle' or 'generation', got {self.episode!r}."),
@@ -250,10 +254,20 @@ class TrainConfig:
         """The settings saved in ``out/config.json`` by an earlier run (for ``--resume``).
 
         Raises:
-            FileNotFoundError: ``out`` holds no ``config.json`` of a training run.
+            FileNotFoundError: ``out`` holds no ``config.json``.
+            ValueError: its ``config.json`` is damaged or not a training run's.
         """
         saved = read_run_config(Path(out))
         if saved is None:
+            cfg_file = Path(out) / "config.json"
+            if cfg_file.is_file():  # there, but damaged or not a run's: "start one without --resume" would not help
+                try:
+                    json.loads(cfg_file.read_text())
+                    why = "is not the config.json of a python -m train run"
+                except (OSError, ValueError) as e:
+                    why = f"is damaged ({e.__class__.__name__}: {e})"
+                raise ValueError(f"--resume: {cfg_file} {why}: restore it from a copy to continue the run (its "
+                                 "checkpoints and model.zip are left as they are), or train into another --out.")
             raise FileNotFoundError(f"--resume: {out} holds no training run (no config.json written by "
                                     "python -m train): start one without --resume.")
         saved = {"discount": saved.get("gamma"), **saved} if "gamma" in saved else saved  # runs before the rename

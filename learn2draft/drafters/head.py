@@ -195,30 +195,66 @@ class DraftHead(nn.Module):
         """Load a head written by :meth:`save` (not yet attached to a target).
 
         Raises:
-            ModelLoadError: missing or malformed files.
+            ModelLoadError: missing or malformed files (:func:`check_head_dir`), or weights that do not fit
+                the head's config.
         """
         p = Path(path)
-        if not (p / HEAD_CONFIG).is_file() or not (p / HEAD_WEIGHTS).is_file():
-            raise ModelLoadError(
-                f"No draft head in {p} (it needs {HEAD_CONFIG} and {HEAD_WEIGHTS}). Build one with "
-                "`python -m train.recipes.head --target TARGET --out DIR` (the default target's head: `python -m train.recipes.head`)."
-            )
+        meta, lc = check_head_dir(p)
         try:
-            meta = json.loads((p / HEAD_CONFIG).read_text())
-            if meta.get("format") != HEAD_FORMAT:
-                raise ValueError(f"format {meta.get('format')!r}, expected {HEAD_FORMAT!r}")
-            lc = LlamaConfig.from_dict(meta["llama_config"])
-            lc._attn_implementation = "sdpa"
             sd = load_file(str(p / HEAD_WEIGHTS))
             head = cls(lc, sd["d2t"])
             missing, unexpected = head.load_state_dict(sd, strict=False)
             missing = [k for k in missing if not k.startswith("rotary.")]
             if missing or unexpected:
                 raise ValueError(f"missing weights {missing[:3]}, unexpected {unexpected[:3]}")
-        except (KeyError, ValueError, OSError, RuntimeError, json.JSONDecodeError) as e:
-            raise ModelLoadError(f"The draft head in {p} is malformed ({e}); rebuild it with `python -m train.recipes.head`.") from None
+        except Exception as e:  # noqa: BLE001 (KeyError, ValueError, RuntimeError, SafetensorError, ...)
+            raise ModelLoadError(f"The draft head in {p} is malformed ({e.__class__.__name__}: {e}); {HEAD_REBUILD}.") from None
         head.meta = meta
         return head.to(device=device, dtype=dtype).eval()
+
+
+#: What to do about a damaged head directory.
+HEAD_REBUILD = ("rebuild it with `python -m train.recipes.head --target TARGET --out DIR` (the shipped head of the "
+                "default target: restore it with git checkout, or `python -m train.recipes.head`)")
+
+
+def check_head_dir(path: str | Path) -> tuple[dict, LlamaConfig]:
+    """Cheap checks of a head directory written by :meth:`DraftHead.save`, before any slow work: ``config.json``
+    is a JSON object of this format whose ``llama_config`` transformers accepts, and ``head.safetensors`` is a
+    whole safetensors file (its header only is read).
+
+    Returns:
+        (the config's fields, the head's ``LlamaConfig``).
+
+    Raises:
+        ModelLoadError: names the missing or damaged file and says how to rebuild the head.
+    """
+    from learn2draft.models import check_safetensors_file, read_json_object
+
+    p = Path(path)
+    if not (p / HEAD_CONFIG).is_file() or not (p / HEAD_WEIGHTS).is_file():
+        raise ModelLoadError(
+            f"No draft head in {p} (it needs the files {HEAD_CONFIG} and {HEAD_WEIGHTS}). Build one with "
+            "`python -m train.recipes.head --target TARGET --out DIR` (the default target's head: `python -m train.recipes.head`)."
+        )
+    cfg_file = p / HEAD_CONFIG
+    meta = read_json_object(cfg_file, HEAD_REBUILD)
+    if meta.get("format") != HEAD_FORMAT:
+        raise ModelLoadError(f"The draft head in {p} is malformed: {cfg_file} is not a draft head's config (format "
+                             f"{meta.get('format')!r}, expected "
+                             f"{HEAD_FORMAT!r}): pass a directory written by `python -m train.recipes.head`, or "
+                             f"{HEAD_REBUILD}.")
+    if not isinstance(meta.get("llama_config"), dict):
+        raise ModelLoadError(f"{cfg_file}: 'llama_config' is missing or not a JSON object; {HEAD_REBUILD}.")
+    try:
+        lc = LlamaConfig.from_dict(meta["llama_config"])
+    except Exception as e:  # noqa: BLE001 (transformers' dataclass validation errors, TypeError, ValueError)
+        msg = " ".join(str(e).split())
+        raise ModelLoadError(f"{cfg_file}: its llama_config is not a config transformers accepts "
+                             f"({e.__class__.__name__}: {msg}); {HEAD_REBUILD}.") from None
+    lc._attn_implementation = "sdpa"
+    check_safetensors_file(p / HEAD_WEIGHTS, HEAD_REBUILD)
+    return meta, lc
 
 
 def causal_mask(q_len: int, past: int, device=None) -> torch.Tensor:
@@ -446,4 +482,4 @@ def load_head_drafter(pair, path: str | Path | None = None, dtype: torch.dtype |
     return HeadDrafter(head, pair.vocab_size, head_dir=str(p))
 
 
-__all__ = ["DEFAULT_HEAD_DIR", "DraftHead", "HeadDrafter", "causal_mask", "head_llama_config", "load_head_drafter"]
+__all__ = ["DEFAULT_HEAD_DIR", "DraftHead", "HeadDrafter", "causal_mask", "check_head_dir", "head_llama_config", "load_head_drafter"]

@@ -1,0 +1,312 @@
+"""What a new user trips over (issue 18 item 4): damaged model, draft and head files, malformed ``--random-weights``
+configs and bad command-line input each give one clear error that names the file or flag and says what to do —
+no traceback, nothing of the user's lost. Tiny models only (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from conftest import tiny_llama
+
+from learn2draft.drafters.head import DraftHead, check_head_dir, head_llama_config
+from learn2draft.models import ModelLoadError, load_model, load_tokenizer, resolve_model_source
+
+
+def _damage(path, how: str) -> None:
+    """Damage the file ``path`` as a user's copy gets damaged."""
+    data = path.read_bytes()
+    if how == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif how == "garbage":
+        path.write_bytes(bytes((7 * i + 3) % 256 for i in range(len(data))))
+    elif how == "empty":
+        path.write_bytes(b"")
+    elif how == "list":
+        path.write_text("[1, 2]")
+    elif how == "wrong type":
+        fields = json.loads(data)
+        fields["hidden_size"] = "big"
+        path.write_text(json.dumps(fields))
+    elif how == "no model_type":
+        fields = json.loads(data)
+        del fields["model_type"]
+        path.write_text(json.dumps(fields))
+    else:
+        raise AssertionError(how)
+
+
+@pytest.fixture
+def model_copy(tiny_model_dirs, tmp_path):
+    """A copy of the tiny target's model directory, free to damage."""
+    dst = tmp_path / "target"
+    shutil.copytree(tiny_model_dirs[0], dst)
+    return dst
+
+
+# ----------------------------------------------------------------------------- damaged target / draft model files
+@pytest.mark.parametrize("file,how", [("model.safetensors", "truncated"), ("model.safetensors", "garbage"),
+                                      ("model.safetensors", "empty"), ("config.json", "truncated"),
+                                      ("config.json", "empty"), ("config.json", "list"), ("config.json", "wrong type"),
+                                      ("config.json", "no model_type")])
+def test_a_damaged_model_file_is_named_before_any_loading(model_copy, file, how):
+    _damage(model_copy / file, how)
+    with pytest.raises(ModelLoadError) as e:
+        resolve_model_source(str(model_copy))  # the cheap check the commands run before the slow loading
+    msg = str(e.value)
+    assert str(model_copy / file) in msg and ("download" in msg or "save_pretrained" in msg)
+    for load in (load_tokenizer, load_model):  # the loaders raise the same one error, not a library traceback
+        with pytest.raises(ModelLoadError, match=file):
+            load(str(model_copy))
+
+
+def test_a_damaged_weight_index_is_named(model_copy):
+    (model_copy / "model.safetensors.index.json").write_text('{"weight_map": ')
+    with pytest.raises(ModelLoadError, match="model.safetensors.index.json"):
+        resolve_model_source(str(model_copy))
+
+
+def test_a_file_that_is_not_gguf_is_named(tmp_path):
+    bad = tmp_path / "model.gguf"
+    bad.write_text("not a gguf file")
+    with pytest.raises(ModelLoadError, match="is not a GGUF file"):
+        resolve_model_source(str(bad))
+
+
+def test_generate_reports_a_damaged_draft_as_one_error_line(tiny_model_dirs, tmp_path, capsys):
+    from policies.generate import main
+
+    draft = tmp_path / "draft"
+    shutil.copytree(tiny_model_dirs[1], draft)
+    _damage(draft / "model.safetensors", "truncated")
+    rc = main(["--target", tiny_model_dirs[0], "--draft", str(draft), "--drafter", "model", "--num-draft-tokens", "2",
+               "--no-chat", "--max-new-tokens", "2", "w1"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "Traceback" not in err
+    assert f"{draft / 'model.safetensors'} is damaged" in err
+
+
+# ----------------------------------------------------------------------------- damaged head directories
+@pytest.fixture
+def head_dir(tiny_tok, tmp_path):
+    target = tiny_llama(len(tiny_tok), 0, device="cpu")
+    head = DraftHead(head_llama_config(target.config), torch.arange(3, len(tiny_tok), 2)).attach_target(target)
+    head.save(tmp_path / "head", extra={"target": "tiny"}, dtype=torch.float32)
+    return tmp_path / "head"
+
+
+@pytest.mark.parametrize("file,how", [("head.safetensors", "truncated"), ("head.safetensors", "garbage"),
+                                      ("head.safetensors", "empty"), ("config.json", "truncated"),
+                                      ("config.json", "list")])
+def test_a_damaged_head_file_is_named(head_dir, file, how):
+    _damage(head_dir / file, how)
+    for check in (check_head_dir, DraftHead.load):
+        with pytest.raises(ModelLoadError) as e:
+            check(head_dir)
+        assert str(head_dir / file) in str(e.value) and "train.recipes.head" in str(e.value)
+
+
+@pytest.mark.parametrize("llama_config", [[1], {"hidden_size": "x"}, None])
+def test_an_odd_head_config_is_named(head_dir, llama_config):
+    meta = json.loads((head_dir / "config.json").read_text())
+    if llama_config is None:
+        del meta["llama_config"]
+    elif isinstance(llama_config, dict):
+        meta["llama_config"].update(llama_config)
+    else:
+        meta["llama_config"] = llama_config
+    (head_dir / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(ModelLoadError, match="llama_config"):
+        DraftHead.load(head_dir)
+
+
+def test_generate_checks_the_head_before_loading_the_target(tiny_model_dirs, head_dir, capsys, monkeypatch):
+    import learn2draft.models
+    from policies.generate import main
+
+    def no_loading(*a, **k):
+        raise AssertionError("a model was loaded before the head was checked")
+
+    monkeypatch.setattr(learn2draft.models, "load_model", no_loading)
+    _damage(head_dir / "head.safetensors", "truncated")
+    rc = main(["--target", tiny_model_dirs[0], "--drafter", "head", "--head", str(head_dir), "--num-draft-tokens", "2",
+               "--no-chat", "w1"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "Traceback" not in err and "was loaded" not in err
+    assert f"{head_dir / 'head.safetensors'} is damaged" in err
+
+
+# ----------------------------------------------------------------------------- --random-weights configs
+GOOD_SHAPE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=64, max_position_embeddings=128)
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"hidden_size": "32"}, "hidden_size"), ({"hidden_size": 32.5}, "hidden_size"), ({"hidden_size": -32}, "hidden_size"),
+    ({"hidden_size": None}, "hidden_size"), ({"num_hidden_layers": 0}, "num_hidden_layers"),
+    ({"num_hidden_layers": True}, "num_hidden_layers"), ({"num_attention_heads": 0}, "num_attention_heads"),
+    ({"num_attention_heads": 5}, "num_attention_heads"), ({"num_key_value_heads": 3}, "num_key_value_heads"),
+    ({"intermediate_size": -1}, "intermediate_size"), ({"vocab_size": 0}, "vocab_size"),
+    ({"vocab_size": "64"}, "vocab_size"), ({"max_position_embeddings": -1}, "max_position_embeddings"),
+    ({"head_dim": 0}, "head_dim"), ({"model_type": "nonsense"}, "model_type"), ({"model_type": 5}, "model_type"),
+    ({"rope_parameters": "x"}, "rope_parameters"), ({"hidden_size": "drop"}, "no hidden_size")])
+def test_a_malformed_random_weights_config_names_its_field(tmp_path, change, field):
+    from eval.shapes import random_model, shape_config
+
+    fields = {**GOOD_SHAPE, **change}
+    fields = {k: v for k, v in fields.items() if v != "drop"}
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps(fields))
+    with pytest.raises(ValueError, match=field) as e:
+        shape_config(str(f))
+    assert str(f) in str(e.value)
+    with pytest.raises(ValueError, match=field):
+        random_model(str(f))
+
+
+def test_a_good_random_weights_config_builds(tmp_path):
+    from eval.shapes import random_model
+
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps(GOOD_SHAPE))
+    assert random_model(str(f)).config.hidden_size == 32
+    f.write_text(json.dumps({"model_type": "gpt2", "n_embd": 32, "n_layer": 1, "n_head": 4, "vocab_size": 64}))
+    assert random_model(str(f)).config.hidden_size == 32  # GPT-2's names for the sizes
+
+
+@pytest.mark.parametrize("content", [b"", b"{hidden_size: 32", bytes(range(256)), b"[1, 2]", b"{}"])
+def test_a_random_weights_file_that_is_no_config_is_named(tmp_path, content):
+    from eval.shapes import shape_config
+
+    f = tmp_path / "config.json"
+    f.write_bytes(content)
+    with pytest.raises(ValueError, match=str(f)):
+        shape_config(str(f))
+
+
+# ----------------------------------------------------------------------------- bad flags and output paths
+def test_absurd_thread_and_seed_counts_name_their_flag():
+    import argparse
+
+    from learn2draft.cli import sampling_config, threads_of
+
+    with pytest.raises(ValueError, match="--threads 100000"):
+        threads_of(argparse.Namespace(threads=100000))
+    with pytest.raises(ValueError, match="--seed"):
+        sampling_config(argparse.Namespace(seed=10**23, temperature=0.0))
+    assert sampling_config(argparse.Namespace(seed=-1, temperature=0.0)).greedy  # a negative seed still works
+
+
+def test_generate_refuses_a_huge_seed_before_loading(tiny_model_dirs, capsys):
+    from policies.generate import main
+
+    rc = main(["--target", tiny_model_dirs[0], "--drafter", "lookup", "--num-draft-tokens", "2", "--seed", str(10**23),
+               "w1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--seed" in err and "Overflow" not in err
+
+
+def test_a_folder_without_a_policy_is_named(tmp_path):
+    from policies.load import policy_drafter
+
+    with pytest.raises(FileNotFoundError, match="holds no policy"):
+        policy_drafter(tmp_path)
+
+
+def test_record_refuses_max_depth_0_and_a_json_out_that_names_an_existing_trace(tmp_path, capsys):
+    from eval.record import main
+
+    prompts = tmp_path / "p.json"
+    prompts.write_text('["w1 w2"]')
+    assert main(["--max-depth", "0", "--prompts", str(prompts), "--out", str(tmp_path / "t.npz")]) == 2
+    assert "--max-depth must be ≥ 1" in capsys.readouterr().err
+    (tmp_path / "t.npz").write_bytes(b"a user's trace")
+    (tmp_path / "t.json").write_text("{}")
+    assert main(["--prompts", str(prompts), "--out", str(tmp_path / "t.json")]) == 2  # the header's name: same trace
+    assert "already holds a trace" in capsys.readouterr().err
+    assert (tmp_path / "t.npz").read_bytes() == b"a user's trace" and not (tmp_path / "t.json.npz").exists()
+    assert main(["--prompts", str(prompts), "--out", str(tmp_path)]) == 2  # a folder: not "<folder>.npz" beside it
+    assert "is a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags,message", [(["--repeats", "0"], "--repeats must be ≥ 1"),
+                                           (["--seed", "-1"], "--seed must be ≥ 0"),
+                                           (["--json", "DIR"], "--json .* is a directory"),
+                                           (["--json", "FILE/x.json"], "--json .*cannot write there")])
+def test_oracle_checks_its_flags_before_reading_the_traces(tmp_path, capsys, flags, message):
+    from eval.oracle import main
+
+    (tmp_path / "FILE").write_text("a user's file")
+    flags = [f.replace("DIR", str(tmp_path)).replace("FILE", str(tmp_path / "FILE")) for f in flags]
+    assert main(["--profile", "cpu-2core", str(tmp_path / "no-traces.npz"), *flags]) == 2
+    import re
+
+    assert re.search(message, capsys.readouterr().err)
+    assert (tmp_path / "FILE").read_text() == "a user's file"
+
+
+def test_simreal_and_profile_check_their_output_before_any_work(tmp_path, capsys):
+    from eval.profile import main as profile_main
+    from eval.simreal import main as simreal_main
+
+    (tmp_path / "file").write_text("x")
+    assert simreal_main(["--profile", "cpu-2core", str(tmp_path / "no-traces.npz"), "--json",
+                         str(tmp_path / "file" / "r.json")]) == 2
+    assert "--json" in capsys.readouterr().err  # not the missing traces: the output is checked first
+    assert profile_main(["--target", str(tmp_path / "no-model"), "--out", str(tmp_path)]) == 2
+    assert f"--out {tmp_path} is a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag,value,field", [("--ent-coef", "nan", "ent_coef"), ("--clip-range", "0", "clip_range"),
+                                              ("--seed", str(10**23), "seed")])
+def test_train_refuses_bad_ppo_settings_before_anything_is_written(tiny_model_dirs, tmp_path, capsys, flag, value, field):
+    from train.__main__ import main
+
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as e:
+        main(["--target", tiny_model_dirs[0], "--drafter", "lookup", flag, value, "--out", str(out),
+              "--wandb-mode", "disabled"])
+    assert e.value.code == 2 and f"{field} must be" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_train_leaves_no_empty_out_folder_when_loading_fails(tiny_model_dirs, tmp_path, capsys, monkeypatch):
+    import learn2draft.models
+    from train.__main__ import main
+
+    def fail(*a, **k):
+        raise ModelLoadError("cannot load (test)")
+
+    monkeypatch.setattr(learn2draft.models, "load_pair", fail)
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit):
+        main(["--target", tiny_model_dirs[0], "--drafter", "lookup", "--out", str(out), "--wandb-mode", "disabled"])
+    assert "cannot load (test)" in capsys.readouterr().err
+    assert not out.exists()
+    out.mkdir()  # a folder the user made is left alone
+    with pytest.raises(SystemExit):
+        main(["--target", tiny_model_dirs[0], "--drafter", "lookup", "--out", str(out), "--wandb-mode", "disabled"])
+    assert out.is_dir()
+
+
+def test_resume_names_a_damaged_run_config_instead_of_saying_there_is_no_run(tmp_path, capsys):
+    from train.__main__ import main
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text('{"env_id": "learn2draft/Spec')  # cut short
+    (out / "model.zip").write_bytes(b"a user's model")
+    with pytest.raises(SystemExit) as e:
+        main(["--out", str(out), "--resume"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "config.json is damaged" in err and "without --resume" not in err
+    assert (out / "model.zip").read_bytes() == b"a user's model"
+
+
+def test_a_gguf_file_cut_short_is_named_with_what_to_do(tmp_path):
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(b"GGUF" + bytes(range(64)))  # starts as a GGUF file does, then stops
+    with pytest.raises(ModelLoadError, match=f"{bad} may be damaged or cut short"):
+        load_tokenizer(str(bad))
