@@ -10,6 +10,8 @@ BIN      = $(VENV)/bin
 TORCH   ?= torch==2.13.0
 RUN     ?= runs/default
 DATA    ?= runs/demo-data
+# torch threads of the demo's commands (each command's own default is 1, the fastest beside other jobs on 2 cores)
+THREADS ?= 2
 
 .PHONY: setup demo train eval benchmark test clean
 
@@ -25,16 +27,16 @@ $(VENV)/.installed: pyproject.toml
 
 demo: setup
 	$(BIN)/python -m eval.record --drafter lookup --prompt-split mixed_train --max-depth 16 --max-new-tokens 64 \
-		--out $(DATA)/lookup.npz --overwrite
+		--threads $(THREADS) --out $(DATA)/lookup.npz --overwrite
 	$(BIN)/python -m eval.record --drafter model --prompt-split mixed_train --max-depth 1 --max-new-tokens 64 \
-		--out $(DATA)/model.npz --overwrite
+		--threads $(THREADS) --out $(DATA)/model.npz --overwrite
 	$(BIN)/python -m eval.profile --drafter lookup,model --contexts 128,512 --repeats 3 --name this-machine \
-		--out $(DATA)/profile.json
+		--threads $(THREADS) --out $(DATA)/profile.json
 	$(BIN)/python -m train --replay $(DATA)/lookup.npz,$(DATA)/model.npz --profile $(DATA)/profile.json \
-		--max-depth 16 --timesteps 32768 --out $(RUN) --overwrite
+		--max-depth 16 --timesteps 32768 --threads $(THREADS) --out $(RUN) --overwrite
 	$(BIN)/python -m eval.benchmark --policy $(RUN) --prompt-set mixed --num-prompts 24 --repeats 1 \
-		--temperatures 0 --gammas 1,2,4,8,16 --out $(RUN)/benchmark
-	$(BIN)/python -m eval --policy $(RUN) --law-check --skip-speed
+		--temperatures 0 --gammas 1,2,4,16 --threads $(THREADS) --out $(RUN)/benchmark
+	$(BIN)/python -m eval --policy $(RUN) --law-check --skip-speed --threads $(THREADS)
 
 train: setup
 	$(BIN)/python -m train --out $(RUN)

@@ -447,5 +447,15 @@ def verdict(r: dict) -> str:
 
 
 def encode_all(pair: ModelPair, prompts: Sequence[str], max_new_tokens: int) -> list[torch.Tensor]:
-    """Tokenise prompts with the chat template; raises ValueError for an empty or too long prompt."""
-    return [pair.encode_prompt(p, max_new_tokens=max_new_tokens) for p in prompts]
+    """Tokenise prompts with the chat template.
+
+    Raises:
+        ValueError: an empty or too long prompt (the message says which prompt, by number and opening words).
+    """
+    out = []
+    for i, p in enumerate(prompts):
+        try:
+            out.append(pair.encode_prompt(p, max_new_tokens=max_new_tokens))
+        except ValueError as e:
+            raise ValueError(f"prompt {i + 1} of {len(prompts)} ({p[:40]!r}…): {e}") from None
+    return out

@@ -310,3 +310,48 @@ def test_a_gguf_file_cut_short_is_named_with_what_to_do(tmp_path):
     bad.write_bytes(b"GGUF" + bytes(range(64)))  # starts as a GGUF file does, then stops
     with pytest.raises(ModelLoadError, match=f"{bad} may be damaged or cut short"):
         load_tokenizer(str(bad))
+
+
+def test_a_trace_header_or_a_path_without_npz_gets_the_file_to_pass(tmp_path, tiny_pair):
+    from learn2draft.drafters import make_drafter
+    from learn2draft.replay.traces import load_traces
+    from learn2draft.sampling import SamplingConfig
+    from learn2draft.traces import record_traces
+
+    path = record_traces(tiny_pair, make_drafter("lookup", tiny_pair), ["w1 w2 w1 w2"], SamplingConfig(),
+                         max_new_tokens=6, max_depth=2, progress=False).save(tmp_path / "t.npz")
+    with pytest.raises(ValueError, match=r"JSON header .* pass the trace itself: .*t\.npz"):
+        load_traces(tmp_path / "t.json")
+    with pytest.raises(FileNotFoundError, match=r"did you mean .*t\.npz"):
+        load_traces(tmp_path / "t")
+    with pytest.raises(FileNotFoundError, match=r"--out .*other\.npz"):
+        load_traces(tmp_path / "other")
+
+
+def test_a_prompt_too_long_is_named_by_its_number(tiny_pair):
+    from eval.runner import encode_all
+
+    with pytest.raises(ValueError, match=r"prompt 2 of 2 \('w1 w1"):
+        encode_all(tiny_pair, ["w1 w2", " ".join(["w1"] * 600)], max_new_tokens=8)
+
+
+def test_resume_without_a_checkpoint_is_refused_not_restarted(tmp_path, tiny_pair):
+    """A finished run that saved no checkpoint (--checkpoint-every 0) is not silently trained again from step 0."""
+    import train
+    from learn2draft.drafters import make_drafter
+    from learn2draft.sampling import SamplingConfig
+    from learn2draft.traces import record_traces
+    from test_replay import linear_profile
+    from train.config import TrainConfig
+
+    prof = linear_profile().save(tmp_path / "p.json")
+    path = record_traces(tiny_pair, make_drafter("lookup", tiny_pair), ["w1 w2 w1 w2 w1", "w3 w4 w3 w4"],
+                         SamplingConfig(), max_new_tokens=8, max_depth=2, progress=False).save(tmp_path / "t.npz")
+    cfg = TrainConfig(out=str(tmp_path / "run"), timesteps=64, n_steps=32, batch_size=32, n_epochs=1, net_arch=(8,),
+                      wandb_mode="disabled", progress_bar=False, checkpoint_every=0, replay=str(path),
+                      profile=str(prof), eval_prompts=0)
+    train.run(None, cfg)
+    model = (tmp_path / "run" / "model.zip").read_bytes()
+    with pytest.raises(ValueError, match="no checkpoint to continue from"):
+        train.run(None, TrainConfig.from_run(tmp_path / "run"))
+    assert (tmp_path / "run" / "model.zip").read_bytes() == model  # the finished run is kept as it was

@@ -314,6 +314,9 @@ def train_chain(pair: ModelPair | None, cfg: TrainConfig, out: Path, saved: dict
 
         config["wandb_run_id"] = generate_id()
     checkpoint = latest_checkpoint(out) if saved is not None else None
+    if saved is not None and checkpoint is None:
+        raise ValueError(f"--resume: {out} holds no checkpoint to continue from (the run saved none: it stopped before "
+                         "--checkpoint-every steps?); start it over with --overwrite.")
     if checkpoint is not None:
         config["resumed"][-1]["from_timesteps"] = checkpoint[1]
     replacement.begin()  # from here on ``out`` belongs to the new run

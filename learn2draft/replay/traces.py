@@ -539,8 +539,14 @@ def _open_trace(path: Path):
     Raises:
         FileNotFoundError: no such file. ValueError: not a learn2draft trace file.
     """
+    if path.suffix == ".json" and path.with_suffix(".npz").is_file():
+        raise ValueError(f"{path} is a trace's JSON header (for reading without numpy); pass the trace itself: "
+                         f"{path.with_suffix('.npz')}.")
     if not path.is_file():
-        raise FileNotFoundError(f"No trace file at {path}: record one with `python -m eval.record --out {path}`.")
+        npz = path.with_suffix(".npz") if path.suffix != ".npz" else path
+        hint = (f"did you mean {npz}?" if npz.is_file() else
+                f"record one with `python -m eval.record --out {npz}`")
+        raise FileNotFoundError(f"No trace file at {path}: {hint}.")
     import zipfile
 
     try:
