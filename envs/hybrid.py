@@ -28,10 +28,10 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from envs.replay import replay_controller
 from envs.reward import check_reward_scale, cycle_reward
-from learn2draft.control import HYBRID_ACTION_MEANINGS, STOP, check_depth_feature_scale, keeps_drafting
+from learn2draft.control import HYBRID_ACTION_MEANINGS, STOP
 from learn2draft.features import FEATURE_NAMES, HYBRID_FEATURE_NAMES, build_features, build_hybrid_features
-from learn2draft.names import run_seed
 from learn2draft.replay.hybrid import HYBRID_T_POSITIVE_REFUSAL, HybridReplay, hybrid_oracle_seconds, hybrid_replay
 from learn2draft.replay.latency import LatencyProfile, load_profiles
 from learn2draft.replay.outcome import tokens_per_second
@@ -284,48 +284,14 @@ class HybridReplayEnv(gym.Env):
 
 def replay_hybrid_controller(env: HybridReplayEnv, controller, prompt_indices: Sequence[int] | None = None,
                              seed: int = 0) -> dict:
-    """Score a hybrid controller (a rule, a fixed γ — lookup-first per token —, a trained policy) in replay, driven as
-    :meth:`learn2draft.decoding.SpeculativeDecoder.draft` drives the real loop.
-
-    Returns:
-        ``tokens_per_s`` (all generated tokens / summed cycle seconds), ``tokens``, ``seconds``, ``cycles``,
-        ``mean_depth``, ``mean_accepted``, ``neural_share`` (share of drafted tokens the neural drafter drafted).
+    """Score a hybrid controller (a rule, a fixed γ — lookup-first per token —, a trained policy) in replay:
+    :func:`envs.replay.replay_controller` on a :class:`HybridReplayEnv` (its ``neural_share`` says how many drafted
+    tokens the neural drafter drafted).
 
     Raises:
         ValueError: a controller reading the depth features on another ``max_depth``.
     """
-    from learn2draft.control import as_action
-
-    check_depth_feature_scale(controller, env.max_depth, holder="the replay env", rebuild="it")
-    idx = env._usable if prompt_indices is None else list(prompt_indices)
-    tokens = seconds = 0.0
-    depths = taus = cycles = neural = 0
-    for i in idx:
-        controller.reset()
-        obs, _ = env.reset(seed=run_seed(seed, 0, i), options={"prompt_index": i})
-        tokens += env._r.n
-        while True:
-            choice = {"a": STOP}
-
-            def decide(o=obs):
-                choice["a"] = as_action(controller.continue_drafting(o))
-                return choice["a"] != STOP
-
-            go = keeps_drafting(controller, env.depth, env.can_draft, decide)
-            obs, _, term, trunc, info = env.step(choice["a"] if go else STOP)
-            if info["verified"]:
-                seconds += info["seconds"]
-                depths += info["depth"]
-                taus += info["accepted"]
-                neural += info["neural_drafted"]
-                cycles += 1
-                if info["generation_finished"]:
-                    break
-                if env.episode == "cycle":
-                    obs, _ = env.reset()  # the next cycle of the same generation
-    return {"tokens_per_s": tokens_per_second(tokens, seconds), "tokens": tokens, "seconds": seconds, "cycles": cycles,
-            "mean_depth": depths / cycles if cycles else 0.0, "mean_accepted": taus / cycles if cycles else 0.0,
-            "neural_share": neural / depths if depths else 0.0}
+    return replay_controller(env, controller, prompt_indices, seed=seed)
 
 
 __all__ = ["HYBRID_REPLAY_ENV_ID", "HybridReplayEnv", "replay_hybrid_controller", "split_hybrid_traces"]

@@ -60,7 +60,7 @@ import numpy as np
 from gymnasium import spaces
 
 from envs.reward import check_reward_scale, cycle_reward, relative_speeds
-from learn2draft.control import CONTINUE, STOP, check_depth_feature_scale, keeps_drafting
+from learn2draft.control import CONTINUE, STOP, as_action, check_depth_feature_scale, keeps_drafting
 from learn2draft.features import FEATURE_NAMES, HISTORY, PROFILE_FEATURE_NAMES, build_features
 from learn2draft.features import profile_features as profile_feature_vector
 from learn2draft.names import run_seed
@@ -370,7 +370,8 @@ def replay_controller(env: SpecDecodeReplayEnv, controller, prompt_indices: Sequ
     Returns:
         ``tokens_per_s`` (all generated tokens / summed cycle seconds, the measure of
         :meth:`SpecDecodeReplayEnv.autoregressive_rate`), ``tokens``, ``seconds``, ``cycles``, ``mean_depth``,
-        ``mean_accepted`` (τ per cycle), and ``per_prompt``: per prompt index the mean tokens and seconds.
+        ``mean_accepted`` (τ per cycle), ``neural_share`` (a hybrid env's: drafted tokens its neural drafter drafted;
+        0 otherwise) and ``per_prompt``: per prompt index the mean tokens and seconds.
 
     Raises:
         ValueError: a depth-feature scale mismatch, or ``repeats`` < 1.
@@ -380,7 +381,7 @@ def replay_controller(env: SpecDecodeReplayEnv, controller, prompt_indices: Sequ
         raise ValueError(f"repeats must be ≥ 1, got {repeats}.")
     idx = env._usable if prompt_indices is None else list(prompt_indices)
     tokens = seconds = 0.0
-    depths = taus = cycles = 0
+    depths = taus = cycles = neural = 0
     per = {}
     for k in range(repeats):
         for i in idx:
@@ -388,12 +389,19 @@ def replay_controller(env: SpecDecodeReplayEnv, controller, prompt_indices: Sequ
             obs, _ = env.reset(seed=run_seed(seed, k, i), options={"prompt_index": i, "profile_index": profile_index})
             tok, sec = env._r.n, 0.0
             while True:
-                go = keeps_drafting(controller, env.depth, env.can_draft, lambda: controller.continue_drafting(obs))
-                obs, _, _, _, info = env.step(CONTINUE if go else STOP)
+                choice = [STOP]  # the controller's action when it is asked (a hybrid's may be CONTINUE_NEURAL)
+
+                def decide(o=obs, choice=choice) -> bool:
+                    choice[0] = as_action(controller.continue_drafting(o))
+                    return choice[0] != STOP
+
+                go = keeps_drafting(controller, env.depth, env.can_draft, decide)
+                obs, _, _, _, info = env.step(choice[0] if go else STOP)
                 if info["verified"]:
                     sec += info["seconds"]
                     depths += info["depth"]
                     taus += info["accepted"]
+                    neural += info.get("neural_drafted", 0)
                     cycles += 1
                     if info["generation_finished"]:
                         break
@@ -406,7 +414,7 @@ def replay_controller(env: SpecDecodeReplayEnv, controller, prompt_indices: Sequ
             row[1] += sec / repeats
     return {"tokens_per_s": tokens_per_second(tokens, seconds), "tokens": tokens, "seconds": seconds,
             "cycles": cycles, "mean_depth": depths / cycles if cycles else 0.0,
-            "mean_accepted": taus / cycles if cycles else 0.0,
+            "mean_accepted": taus / cycles if cycles else 0.0, "neural_share": neural / depths if depths else 0.0,
             "per_prompt": {i: {"tokens": v[0], "seconds": v[1]} for i, v in per.items()}}
 
 
