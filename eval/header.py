@@ -39,10 +39,14 @@ def model_revision(name: str, model=None) -> str:
 
     if name not in (DEFAULT_TARGET, DEFAULT_DRAFT) and not Path(str(name)).expanduser().exists():
         return "hub id, revision unknown"
-    try:
-        src, gguf = resolve_model_source(name)
-    except Exception:  # noqa: BLE001 - a header line must never stop a finished run
-        return f"path {name}"
+    local = Path(str(name)).expanduser()
+    if local.exists():  # a user's folder or file: hash what is there (resolve_model_source also checks it for damage)
+        src, gguf = (local.parent, local.name) if local.is_file() else (local, None)
+    else:
+        try:
+            src, gguf = resolve_model_source(name)
+        except Exception:  # noqa: BLE001 - a header line must never stop a finished run
+            return f"path {name}"
     root = Path(src)
     files = ([root / gguf] if gguf else sorted(root.glob("*.safetensors")) or sorted(root.glob("*.bin"))
              or sorted(root.glob("*.gguf")))
