@@ -17,6 +17,7 @@ hardware, threads, load, prompt distribution), as results.json's "header".
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import sys
 import time
@@ -90,12 +91,28 @@ def check_tree_arguments(args, drafter: str) -> None:
 
 
 def make_out_dir(out: Path) -> Path:
-    """Create the output directory; raises ValueError naming ``--out`` if it cannot be."""
+    """Create the output directory (before the slow work, so that a bad ``--out`` fails first). A directory created
+    here that is still empty when the process exits (the run failed before writing anything) is removed again.
+
+    Raises:
+        ValueError: naming ``--out``, if it cannot be created.
+    """
+    created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ValueError(f"--out {out}: cannot create this directory ({e.strerror or e}); choose another path.") from None
+    if created:
+        atexit.register(_remove_if_empty, out)
     return out
+
+
+def _remove_if_empty(path: Path) -> None:
+    try:
+        if path.is_dir() and not any(path.iterdir()):
+            path.rmdir()
+    except OSError:
+        pass
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -320,6 +321,7 @@ def test_a_trace_header_or_a_path_without_npz_gets_the_file_to_pass(tmp_path, ti
 
     path = record_traces(tiny_pair, make_drafter("lookup", tiny_pair), ["w1 w2 w1 w2"], SamplingConfig(),
                          max_new_tokens=6, max_depth=2, progress=False).save(tmp_path / "t.npz")
+    assert len(load_traces(path)) == 1  # the .npz itself loads
     with pytest.raises(ValueError, match=r"JSON header .* pass the trace itself: .*t\.npz"):
         load_traces(tmp_path / "t.json")
     with pytest.raises(FileNotFoundError, match=r"did you mean .*t\.npz"):
@@ -337,11 +339,12 @@ def test_a_prompt_too_long_is_named_by_its_number(tiny_pair):
 
 def test_resume_without_a_checkpoint_is_refused_not_restarted(tmp_path, tiny_pair):
     """A finished run that saved no checkpoint (--checkpoint-every 0) is not silently trained again from step 0."""
+    from test_replay import linear_profile
+
     import train
     from learn2draft.drafters import make_drafter
     from learn2draft.sampling import SamplingConfig
     from learn2draft.traces import record_traces
-    from test_replay import linear_profile
     from train.config import TrainConfig
 
     prof = linear_profile().save(tmp_path / "p.json")
@@ -355,3 +358,20 @@ def test_resume_without_a_checkpoint_is_refused_not_restarted(tmp_path, tiny_pai
     with pytest.raises(ValueError, match="no checkpoint to continue from"):
         train.run(None, TrainConfig.from_run(tmp_path / "run"))
     assert (tmp_path / "run" / "model.zip").read_bytes() == model  # the finished run is kept as it was
+
+
+def test_an_out_folder_created_for_a_failed_run_is_removed_at_exit(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "new" / "eval"
+    code = ("import sys; from pathlib import Path; from eval.__main__ import make_out_dir; "
+            f"make_out_dir(Path({str(out)!r})); sys.exit(2)")
+    subprocess.run([sys.executable, "-c", code], check=False, cwd=str(Path(__file__).resolve().parent.parent))
+    assert not out.exists()  # created, then found empty at exit: removed
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    code = ("from pathlib import Path; from eval.__main__ import make_out_dir; "
+            f"make_out_dir(Path({str(kept)!r}))")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=str(Path(__file__).resolve().parent.parent))
+    assert kept.is_dir()  # there before: never removed
