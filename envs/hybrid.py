@@ -62,6 +62,11 @@ def split_hybrid_traces(traces: Sequence[str | Path] | str) -> tuple[TraceSet, T
     for ts in (look, neu):
         if not ts.deterministic:
             raise ValueError(HYBRID_T_POSITIVE_REFUSAL)
+    for key in ("target", "dtype", "sampling", "max_new_tokens", "chat"):
+        a, b = look.header.get(key), neu.header.get(key)
+        if a is not None and b is not None and a != b:
+            raise ValueError(f"The lookup traces and the {neural[0]} traces were recorded with different {key} ({a!r} vs "
+                             f"{b!r}): record both with the same settings (python -m eval.record).")
     if len(look) != len(neu):
         raise ValueError(f"The lookup traces hold {len(look)} prompts and the {neural[0]} traces {len(neu)}: record both "
                          "on the same prompts in the same order.")
@@ -119,6 +124,13 @@ class HybridReplayEnv(gym.Env):
             raise ValueError(f"prompt_indices must be a non-empty list of indices in [0, {n_prompts}).")
         self._replays: dict[int, HybridReplay] = {}
         self._usable = [i for i in self.prompt_indices if self.replay_data(i).n > 1]
+        # What the replay covers: where the two recordings' greedy outputs part, a prompt is cut (see hybrid_replay)
+        recorded = [min(self.lookup_traces.prompts[i].n, self.max_new_tokens) for i in self.prompt_indices]
+        kept = [self.replay_data(i).n for i in self.prompt_indices]
+        self.coverage = {"tokens_replayed": int(sum(kept)), "tokens_recorded": int(sum(recorded)),
+                         "prompts_cut": int(sum(k < r for k, r in zip(kept, recorded))),
+                         "prompts_dropped": len(self.prompt_indices) - len(self._usable),
+                         "prompts": len(self.prompt_indices)}
         if not self._usable:
             raise ValueError("Every traced generation ends at its first token (EOS): no drafting decision to make.")
         width = len(FEATURE_NAMES) + len(HYBRID_FEATURE_NAMES)

@@ -231,6 +231,16 @@ def _r(x: float) -> float | None:
     return None if np.isnan(x) else round(float(x), 4)
 
 
+def _same_model(value):
+    """A header value compared across checkouts: a path to a model folder or file (the embedded draft's absolute path
+    differs between clones) compares by its last component; dicts are compared entry by entry."""
+    if isinstance(value, dict):
+        return {k: _same_model(v) for k, v in value.items()}
+    if isinstance(value, str) and ("/" in value or "\\" in value):
+        return Path(value).name
+    return value
+
+
 def check_compatible(train, heldout, train_paths: Sequence[str], heldout_paths: Sequence[str],
                      allow_mismatch: bool = False) -> list[str]:
     """Refuse training and held-out traces of different models or drafters; the warnings for other differences.
@@ -246,7 +256,7 @@ def check_compatible(train, heldout, train_paths: Sequence[str], heldout_paths: 
         raise ValueError(f"{both[0]} is given as training and as held-out traces: hold out other prompts "
                          "(record them with --prompt-split heldout).")
     warnings = []
-    hard = [k for k in MUST_MATCH if train.header.get(k) != heldout.header.get(k)]
+    hard = [k for k in MUST_MATCH if _same_model(train.header.get(k)) != _same_model(heldout.header.get(k))]
     if hard:
         msg = (f"training traces ({train_paths[0]}) and held-out traces ({heldout_paths[0]}) differ in "
                f"{', '.join(hard)}: " + "; ".join(f"{k} {train.header.get(k)!r} vs {heldout.header.get(k)!r}"
@@ -361,6 +371,10 @@ def _run(args) -> int:
 
     if args.l2 < 0 or args.min_examples < 1:
         raise ValueError(f"Need --l2 ≥ 0 and --min-examples ≥ 1, got {args.l2} and {args.min_examples}.")
+    if args.out:
+        from learn2draft.cli import check_out_file
+
+        check_out_file(args.out, "--out")  # before the work: a folder or an unwritable place fails first
     train, heldout = load_traces(args.traces), load_traces(args.heldout)
     for w in check_compatible(train, heldout, args.traces, args.heldout, args.allow_mismatch):
         print(w, file=sys.stderr)

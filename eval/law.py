@@ -677,6 +677,11 @@ def format_law_table(result: dict) -> str:
     if arms:
         lines += ["", "Mean accepted length per cycle: " + ", ".join(
             f"{a['arm']} (prompt {a['prompt']}) τ̄ = {a.get('mean_accepted', 0):.2f}" for a in arms) + "."]
+    idle = sorted({a["arm"] for a in arms} - {a["arm"] for a in arms if a.get("drafted", 0) > 0})
+    if idle:
+        lines += ["", f"Note: {', '.join(idle)} never drafted a token in these draws: those arms sampled from the "
+                      "target alone, so their PASS says nothing about the speculative rule (use a prompt or settings "
+                      "where they draft)."]
     if result.get("trees"):
         lines += ["", "Tree arms (TreeSpeculativeDecoder, EAGLE-2 drafting, point-mass tree rule): " + ", ".join(
             f"{name} (W={t['width']}, top-k={t['top_k']})" for name, t in result["trees"].items()) + "."]

@@ -342,6 +342,9 @@ def hybrid_report(env, controllers: dict, gammas=(1, 2, 3, 4, 6, 8, 12, 16), see
                     "ratio_to_oracle": out[best]["ratio_to_oracle"]}
     out["oracle"] = {"tokens_per_s": oracle, "kind": "hindsight DP (temperature 0)"}
     out["prompts"] = len(env._usable)
+    out["coverage"] = dict(env.coverage)
+    out["settings"] = {"drafter": env.drafter, "max_depth": env.max_depth, "max_new_tokens": env.max_new_tokens,
+                       "profile": env.profile.name}
     return out
 
 
@@ -349,8 +352,13 @@ def format_hybrid_report(rep: dict) -> str:
     """The Markdown table of :func:`hybrid_report`, fastest first."""
     rows = sorted(((k, v) for k, v in rep.items() if isinstance(v, dict) and "mean_depth" in v),
                   key=lambda kv: -kv[1]["tokens_per_s"])
+    cov = rep.get("coverage") or {}
     lines = [f"Hybrid replay, {rep['prompts']} prompts; oracle {rep['oracle']['tokens_per_s']:.2f} tok/s; best hand "
-             f"configuration {rep['best_fixed']['method']}; best single drafter {rep['best_single']['method']}.", "",
+             f"configuration {rep['best_fixed']['method']}; best single drafter {rep['best_single']['method']}.",
+             *([f"Replayed {cov['tokens_replayed']} of {cov['tokens_recorded']} recorded tokens: {cov['prompts_cut']} of "
+                f"{cov['prompts']} prompts are cut where the two recordings' greedy outputs part (a bf16 near-tie), "
+                f"{cov['prompts_dropped']} dropped; every method is scored on the same tokens, but the cut tails may "
+                "be harder than the rest."] if cov and cov["tokens_replayed"] < cov["tokens_recorded"] else []), "",
              "| method | tokens/s | / oracle | / best single | depth | τ | neural share |", "|---|---|---|---|---|---|---|"]
     single = rep["best_single"]["tokens_per_s"]
     for k, v in rows:
@@ -435,15 +443,30 @@ def _run_hybrid(args) -> int:
     from envs.hybrid import HybridReplayEnv
     from policies.load import load_policy, policy_drafter
 
-    controllers, max_depth = {}, args.max_depth
+    from envs.hybrid import split_hybrid_traces
+
+    look, neural = split_hybrid_traces(args.traces)
+    drafter = f"lookup+{neural.drafter}"
+    controllers, depths = {}, {}
     for path in args.policy:
         ctrl = load_policy(path)
-        if "+" not in policy_drafter(path):
-            raise ValueError(f"--policy {path} drives the {policy_drafter(path)!r} drafter alone, these are hybrid "
-                             "traces (lookup + a neural drafter): pass a hybrid policy, or one drafter's traces.")
+        if policy_drafter(path) != drafter:
+            raise ValueError(f"--policy {path} was trained for the {policy_drafter(path)!r} drafter, these are "
+                             f"{drafter} traces (lookup + {neural.drafter}): pass a {drafter} policy, or traces of its "
+                             "drafters.")
         controllers[Path(path).name or str(path)] = ctrl
-        max_depth = ctrl.max_depth
-    env = HybridReplayEnv(args.traces, args.profile, max_new_tokens=args.max_new_tokens, max_depth=max_depth)
+        depths[path] = ctrl.max_depth
+    max_depth = args.max_depth
+    if depths:
+        if len(set(depths.values())) > 1:
+            raise ValueError(f"The policies read depth features on different max_depth scales {depths}: score them "
+                             "in separate runs.")
+        pol_depth = next(iter(depths.values()))
+        if max_depth is not None and max_depth != pol_depth:
+            raise ValueError(f"--max-depth {max_depth} differs from the policies' {pol_depth} (their depth features' "
+                             "scale): drop --max-depth.")
+        max_depth = pol_depth
+    env = HybridReplayEnv((look, neural), args.profile, max_new_tokens=args.max_new_tokens, max_depth=max_depth)
     rep = hybrid_report(env, controllers, seed=args.seed)
     return _emit(format_hybrid_report(rep), rep, args.json)
 

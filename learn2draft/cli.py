@@ -302,7 +302,7 @@ def add_profile_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup, r
     return parser.add_argument(
         "--profile", default=None, metavar="PROFILE", required=required,
         help="latency profile of the machine: a JSON file (python -m eval.profile --out FILE) or a shipped name "
-             "(cpu-2core, gpu-like). Replay (python -m train --replay, eval.oracle, eval.simreal) costs the cycles "
+             "(cpu-2core, cpu-amx-bf16, gpu-like). Replay (python -m train --replay, eval.oracle, eval.simreal) costs the cycles "
              "with it (train: several joined by commas); a profile-conditioned policy (python -m train --features "
              "profile) is given its features; other policies ignore it")
 

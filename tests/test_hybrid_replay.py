@@ -141,3 +141,13 @@ def test_train_a_hybrid_policy_in_replay_and_run_it_on_the_real_loop(pair64, tra
         assert dec.generate(torch.as_tensor(pt.prompt_ids), ctrl).tokens == pt.output.tolist()
     with pytest.raises(ValueError, match="trains in replay"):
         TrainConfig(out=str(tmp_path / "r2"), drafter="lookup+head", wandb_mode="disabled").validate()
+
+
+def test_hybrid_traces_recorded_with_other_settings_are_refused(pair64, trace_pair, tmp_path):
+    short = record_traces(pair64, make_drafter("model", pair64), PROMPTS_REPEATING, SamplingConfig(),
+                          max_new_tokens=N // 2, max_depth=1, seed=3, progress=False).save(tmp_path / "short.npz")
+    with pytest.raises(ValueError, match="different max_new_tokens"):
+        split_hybrid_traces([trace_pair[0], str(short)])
+    env = HybridReplayEnv(trace_pair, linear_profile())
+    cov = env.coverage
+    assert cov["tokens_replayed"] <= cov["tokens_recorded"] and cov["prompts"] == len(PROMPTS_REPEATING)

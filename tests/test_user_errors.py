@@ -337,14 +337,16 @@ def test_a_prompt_too_long_is_named_by_its_number(tiny_pair):
         encode_all(tiny_pair, ["w1 w2", " ".join(["w1"] * 600)], max_new_tokens=8)
 
 
-def test_resume_without_a_checkpoint_is_refused_not_restarted(tmp_path, tiny_pair):
-    """A finished run that saved no checkpoint (--checkpoint-every 0) is not silently trained again from step 0."""
-    from test_replay import linear_profile
+def test_resume_continues_a_finished_run_from_its_final_model(tmp_path, tiny_pair):
+    """A finished run that saved no checkpoint (--checkpoint-every 0) is extended from its final model, not trained
+    again from step 0; a run with neither a checkpoint nor a final model is refused."""
+    import json
 
     import train
     from learn2draft.drafters import make_drafter
     from learn2draft.sampling import SamplingConfig
     from learn2draft.traces import record_traces
+    from test_replay import linear_profile
     from train.config import TrainConfig
 
     prof = linear_profile().save(tmp_path / "p.json")
@@ -354,10 +356,15 @@ def test_resume_without_a_checkpoint_is_refused_not_restarted(tmp_path, tiny_pai
                       wandb_mode="disabled", progress_bar=False, checkpoint_every=0, replay=str(path),
                       profile=str(prof), eval_prompts=0)
     train.run(None, cfg)
-    model = (tmp_path / "run" / "model.zip").read_bytes()
-    with pytest.raises(ValueError, match="no checkpoint to continue from"):
+    more = TrainConfig.from_run(tmp_path / "run")
+    more.timesteps = 96
+    m = train.run(None, more)
+    assert m["resumed_from_timesteps"] == 64 and m["timesteps"] == 96
+    (tmp_path / "run" / "model.zip").unlink()
+    (tmp_path / "run" / "metrics.json").unlink()
+    with pytest.raises(ValueError, match="no checkpoint and no finished model"):
         train.run(None, TrainConfig.from_run(tmp_path / "run"))
-    assert (tmp_path / "run" / "model.zip").read_bytes() == model  # the finished run is kept as it was
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["max_depth"] == 2  # the run's config is kept
 
 
 def test_an_out_folder_created_for_a_failed_run_is_removed_at_exit(tmp_path):

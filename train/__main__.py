@@ -114,7 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("replay (train in minutes without running a model)")
     g.add_argument("--replay", default=None, metavar="TRACES",
                    help="train on learn2draft/SpecDecodeReplay-v0 from these trace files (python -m eval.record; several "
-                        "joined by commas); models, drafter, sampling, --max-new-tokens and --max-depth come from them")
+                        "joined by commas; a lookup and a model or head trace set together train the hybrid drafter "
+                        "lookup+model / lookup+head on HybridReplay-v0); models, drafter, sampling and --max-new-tokens "
+                        "come from them; --max-depth is kept when the traces hold it (lowered to theirs otherwise)")
     cli.add_profile_arg(g)
     g = p.add_argument_group("draft trees (Learning to Draft: a depth policy and a verification-size policy)")
     g.add_argument("--tree", action="store_true",
@@ -244,10 +246,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
 
-    import torch
+    try:  # importing torch and transformers takes seconds: a Ctrl-C here is an interruption, not a traceback
+        import torch
 
-    from learn2draft.models import ModelLoadError, TokenizerMismatchError, load_pair, parse_dtype, resolve_model_source
-    from learn2draft.names import needs_draft_model
+        from learn2draft.models import (
+            ModelLoadError,
+            TokenizerMismatchError,
+            load_pair,
+            parse_dtype,
+            resolve_model_source,
+        )
+        from learn2draft.names import needs_draft_model
+    except KeyboardInterrupt:
+        parser.exit(130, f"{parser.prog}: interrupted (SIGINT) while starting; nothing was written.\n")
     from learn2draft.prompts import load_prompt_file
     from policies.export import ExportCheckError
     from train.chain import apply_replay_settings

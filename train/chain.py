@@ -275,6 +275,21 @@ def _chain_check(pair: ModelPair | None, cfg: TrainConfig, env, policy_dir: Path
     return phases.quick_check(pair, ids, ctrls, cfg)
 
 
+def _finished_model(out: Path) -> tuple[Path, int] | None:
+    """``(model.zip, its timesteps)`` of a run in ``out`` that finished (``metrics.json`` written after the model), else
+    None."""
+    import json
+
+    model, metrics = out / "model.zip", out / "metrics.json"
+    if not (model.is_file() and metrics.is_file()):
+        return None
+    try:
+        steps = int(json.loads(metrics.read_text())["timesteps"])
+    except (ValueError, KeyError, TypeError, OSError):
+        return None
+    return model, steps
+
+
 def _log_summary(wandb_run, metrics: dict, out: Path, cfg: TrainConfig) -> None:
     """The run's numbers into the W&B summary and its export as a ``policy`` artifact."""
     import wandb
@@ -314,9 +329,13 @@ def train_chain(pair: ModelPair | None, cfg: TrainConfig, out: Path, saved: dict
 
         config["wandb_run_id"] = generate_id()
     checkpoint = latest_checkpoint(out) if saved is not None else None
+    if saved is not None:  # a finished run continues from its final model when that is newer than its last checkpoint
+        finished = _finished_model(out)
+        if finished is not None and (checkpoint is None or checkpoint[1] < finished[1]):
+            checkpoint = finished
     if saved is not None and checkpoint is None:
-        raise ValueError(f"--resume: {out} holds no checkpoint to continue from (the run saved none: it stopped before "
-                         "--checkpoint-every steps?); start it over with --overwrite.")
+        raise ValueError(f"--resume: {out} holds no checkpoint and no finished model to continue from (it was "
+                         "interrupted before its first --checkpoint-every steps); start it over with --overwrite.")
     if checkpoint is not None:
         config["resumed"][-1]["from_timesteps"] = checkpoint[1]
     replacement.begin()  # from here on ``out`` belongs to the new run

@@ -545,8 +545,8 @@ def _open_trace(path: Path):
     if not path.is_file():
         npz = path.with_suffix(".npz") if path.suffix != ".npz" else path
         hint = (f"did you mean {npz}?" if npz.is_file() else
-                f"record one with `python -m eval.record --out {npz}`")
-        raise FileNotFoundError(f"No trace file at {path}: {hint}.")
+                f"record one with `python -m eval.record --out {npz}`.")
+        raise FileNotFoundError(f"No trace file at {path}: {hint}")
     import zipfile
 
     try:
