@@ -425,14 +425,7 @@ def _run(args) -> int:
                       f"{traces.header['sampling']['temperature']}.", file=sys.stderr)
             name = Path(path).name or str(path)
             controllers[name if name not in controllers else str(path)] = ctrl
-        if len(set(depths.values())) > 1:
-            raise ValueError(f"The policies read depth features on different max_depth scales {depths}: score them "
-                             "in separate runs.")
-        pol_depth = next(iter(depths.values()))
-        if max_depth is not None and max_depth != pol_depth:
-            raise ValueError(f"--max-depth {max_depth} differs from the policies' {pol_depth} (their depth features' "
-                             "scale): drop --max-depth.")
-        max_depth = pol_depth
+        max_depth = _policies_depth(depths, max_depth)
     env = SpecDecodeReplayEnv(traces, profile, max_new_tokens=max_new, max_depth=max_depth)
     rep = oracle_report(env, controllers, repeats=args.repeats, seed=args.seed)
     return _emit(format_report(rep), rep, args.json)
@@ -440,10 +433,8 @@ def _run(args) -> int:
 
 def _run_hybrid(args) -> int:
     """Lookup traces + a neural drafter's traces: the hybrid report (:func:`hybrid_report`)."""
-    from envs.hybrid import HybridReplayEnv
+    from envs.hybrid import HybridReplayEnv, split_hybrid_traces
     from policies.load import load_policy, policy_drafter
-
-    from envs.hybrid import split_hybrid_traces
 
     look, neural = split_hybrid_traces(args.traces)
     drafter = f"lookup+{neural.drafter}"
@@ -456,16 +447,7 @@ def _run_hybrid(args) -> int:
                              "drafters.")
         controllers[Path(path).name or str(path)] = ctrl
         depths[path] = ctrl.max_depth
-    max_depth = args.max_depth
-    if depths:
-        if len(set(depths.values())) > 1:
-            raise ValueError(f"The policies read depth features on different max_depth scales {depths}: score them "
-                             "in separate runs.")
-        pol_depth = next(iter(depths.values()))
-        if max_depth is not None and max_depth != pol_depth:
-            raise ValueError(f"--max-depth {max_depth} differs from the policies' {pol_depth} (their depth features' "
-                             "scale): drop --max-depth.")
-        max_depth = pol_depth
+    max_depth = _policies_depth(depths, args.max_depth) if depths else args.max_depth
     env = HybridReplayEnv((look, neural), args.profile, max_new_tokens=args.max_new_tokens, max_depth=max_depth)
     rep = hybrid_report(env, controllers, seed=args.seed)
     return _emit(format_hybrid_report(rep), rep, args.json)
@@ -484,6 +466,22 @@ def _check_args(args) -> None:
     check_seed(args.seed, nonnegative=True)
     if args.json:
         check_out_file(args.json, "--json")
+
+
+def _policies_depth(depths: dict, max_depth: int | None) -> int:
+    """The one ``max_depth`` the policies (path → their ``max_depth``) read their depth features on.
+
+    Raises:
+        ValueError: policies of different depths, or a ``--max-depth`` other than theirs.
+    """
+    if len(set(depths.values())) > 1:
+        raise ValueError(f"The policies read depth features on different max_depth scales {depths}: score them "
+                         "in separate runs.")
+    pol_depth = next(iter(depths.values()))
+    if max_depth is not None and max_depth != pol_depth:
+        raise ValueError(f"--max-depth {max_depth} differs from the policies' {pol_depth} (their depth features' "
+                         "scale): drop --max-depth.")
+    return pol_depth
 
 
 def _emit(text: str, rep: dict, json_path: str | None) -> int:
