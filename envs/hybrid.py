@@ -240,7 +240,7 @@ class HybridReplayEnv(gym.Env):
             ValueError: another action.
             RuntimeError: before :meth:`reset` or after the episode ended.
         """
-        if not self.action_space.contains(action) and action not in (0, 1, 2):
+        if not self.action_space.contains(action):
             raise ValueError(f"Invalid action {action!r}: valid actions are {HYBRID_ACTION_MEANINGS}.")
         action = int(action)
         if self._needs_reset:

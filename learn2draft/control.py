@@ -41,18 +41,22 @@ HYBRID_ACTION_MEANINGS = {STOP: "STOP (verify now)", CONTINUE_LOOKUP: "CONTINUE 
                           CONTINUE_NEURAL: "CONTINUE with the neural drafter (model or head)"}
 
 
-def as_action(value: Any) -> int:
-    """One action from what a controller returned: False/0 → :data:`STOP`, True/1 → :data:`CONTINUE`
-    (:data:`CONTINUE_LOOKUP` on a hybrid drafter), 2 → :data:`CONTINUE_NEURAL` (Python or numpy scalars).
+def as_action(value: Any, n_actions: int = 3) -> int:
+    """One action from what a controller or policy returned (a Python or numpy scalar, a 0-d or 1-element array):
+    False/0 → :data:`STOP`, True/1 → :data:`CONTINUE` (:data:`CONTINUE_LOOKUP` on a hybrid drafter), and with
+    ``n_actions=3`` 2 → :data:`CONTINUE_NEURAL`.
 
     Raises:
-        ValueError: not one of 0, 1, 2.
+        ValueError: not one value, or not an action below ``n_actions``.
     """
     arr = np.asarray(value)
-    v = arr.reshape(-1)[0].item() if arr.size == 1 else None
-    if v is None or v not in (0, 1, 2):
-        raise ValueError(f"A controller must return STOP (0 / False), CONTINUE (1 / True) or, for a hybrid drafter, "
-                         f"CONTINUE_NEURAL (2); got {value!r}.")
+    if arr.size != 1:
+        raise ValueError(f"A policy must return one action (0 = STOP, 1 = CONTINUE), got shape {arr.shape}.")
+    v = arr.reshape(()).item()
+    if v not in range(n_actions):
+        valid = ("STOP (0 / False), CONTINUE (1 / True) or, for a hybrid drafter, CONTINUE_NEURAL (2)" if n_actions == 3
+                 else "0 = STOP and 1 = CONTINUE")
+        raise ValueError(f"Invalid action {v!r}: valid actions are {valid}.")
     return int(v)
 
 

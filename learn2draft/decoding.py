@@ -218,6 +218,8 @@ class SpeculativeDecoder:
         self.sampler = sampler
         self.drafter = drafter if drafter is not None else ModelDrafter(pair.draft, pair.vocab_size)
         self._hybrid = isinstance(self.drafter, HybridDrafter)
+        self._target_row: torch.Tensor | None = None  # raw target logits (V,) where the last committed token was drawn
+        self._target_stats: tuple[torch.Tensor, np.ndarray] | None = None  # (that row, its stats), computed once
         self.clock = DeviceClock(pair.device)
         #: Seconds of the last cycle's parts: ``draft``, ``select_mask`` (preparing the verification),
         #: ``forward`` (target forward and its probabilities), ``sample`` (acceptance), ``gather`` (commit,
@@ -253,7 +255,7 @@ class SpeculativeDecoder:
         self.generator = torch.Generator(device=self.pair.device).manual_seed(self.seed if seed is None else seed)
         self.target_cache = DynamicCache()
         self.target_len = 0
-        self._target_row: torch.Tensor | None = None  # raw target logits (V,) where the last committed token was drawn
+        self._target_row = None
         self._verify_logits: torch.Tensor | None = None
         self.accepted_history: list[int] = []
         self.last_accept_fraction = 1.0
@@ -290,10 +292,10 @@ class SpeculativeDecoder:
         last committed token was drawn (the prefill's last row, then the corrected or bonus row of each chain
         verification); zeros before :meth:`start` and after a tree cycle. Computed on demand (one softmax over V).
         Every value is known before the next decision, so a policy may read it without touching the law."""
-        row = getattr(self, "_target_row", None)
+        row = self._target_row
         if row is None:
             return np.zeros(3, dtype=np.float32)
-        cached = getattr(self, "_target_stats", None)
+        cached = self._target_stats
         if cached is None or cached[0] is not row:  # once per committed row, however many decisions read it
             cached = self._target_stats = (row, np.asarray(raw_distribution_stats(row), dtype=np.float32))
         return cached[1].copy()
@@ -461,7 +463,7 @@ class SpeculativeDecoder:
         t3 = self.clock.now()
         committed_before = self.ids.numel()
         if self._verify_logits is not None:  # the corrected or bonus token was drawn at row len(accepted)
-            self._target_row, self._verify_logits = self._verify_logits[min(len(accepted), len(self._verify_logits) - 1)], None
+            self._target_row, self._verify_logits = self._verify_logits[len(accepted)], None
         else:  # a shape whose forward does not keep its rows (a tree): no target statistics this cycle
             self._target_row = None
         emitted = self._commit(list(accepted) + [nxt])
@@ -532,7 +534,7 @@ class SpeculativeDecoder:
         """Apply a CONTINUE's source (a hybrid drafter: 1 lookup, 2 neural; one drafter: any CONTINUE) before the
         draw; returns whether the action drafts."""
         if action and self._hybrid:
-            self.drafter.select(min(action, 2) - 1)
+            self.drafter.select(action - 1)
         return bool(action)
 
     def decide_size(self, decider: SizeDecider | None) -> int | None:

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from learn2draft.control import CONTINUE, CONTINUE_LOOKUP, CONTINUE_NEURAL, STOP, DraftController
+from learn2draft.control import CONTINUE, CONTINUE_LOOKUP, CONTINUE_NEURAL, STOP, DraftController, as_action
 from learn2draft.drafters.lookup import MATCH_LEN_SCALE
 from learn2draft.features import FEATURE_NAMES, HYBRID_FEATURE_NAMES
 from learn2draft.names import DEFAULT_MAX_DEPTH
@@ -35,24 +35,6 @@ _DEPTH = FEATURE_NAMES.index("depth")
 _MATCH_LEN = FEATURE_NAMES.index("match_len")
 _LOOKUP_AVAILABLE = len(FEATURE_NAMES) + HYBRID_FEATURE_NAMES.index("lookup_available")
 _LOOKUP_SCORE = len(FEATURE_NAMES) + HYBRID_FEATURE_NAMES.index("lookup_score")
-
-
-def _as_action(value: Any, n_actions: int = 2) -> int:
-    """Turn a policy output (int, numpy scalar, 0-d or 1-element array) into 0 or 1 (or 2: a hybrid drafter's
-    policy, ``n_actions=3``, :data:`learn2draft.control.CONTINUE_NEURAL`).
-
-    Raises:
-        ValueError: the output is not a single action below ``n_actions``.
-    """
-    arr = np.asarray(value)
-    if arr.size != 1:
-        raise ValueError(f"A policy must return one action (0 = STOP, 1 = CONTINUE), got shape {arr.shape}.")
-    a = arr.reshape(()).item()
-    if a not in range(n_actions):
-        valid = "0 = STOP, 1 = CONTINUE with lookup and 2 = CONTINUE with the neural drafter" if n_actions == 3 \
-            else "0 = STOP and 1 = CONTINUE"
-        raise ValueError(f"Invalid policy action {a!r}: valid actions are {valid}.")
-    return int(a)
 
 
 class PolicyController(DraftController):
@@ -85,7 +67,7 @@ class PolicyController(DraftController):
     def act(self, features: np.ndarray) -> int:
         """The policy's action (0 = STOP, 1 = CONTINUE; a hybrid's 2 = CONTINUE with the neural drafter) for one
         float32 feature vector."""
-        return _as_action(self.policy(np.asarray(features, dtype=np.float32)), self.n_actions)
+        return as_action(self.policy(np.asarray(features, dtype=np.float32)), self.n_actions)
 
     def continue_drafting(self, features: np.ndarray) -> bool | int:
         a = self.act(features)

@@ -61,6 +61,7 @@ class HybridDrafter(Drafter):
         self.name = f"lookup+{neural.name}"
         self.needs_target_hidden = neural.needs_target_hidden
         self.selected = LOOKUP_SOURCE
+        self.last_source = LOOKUP_SOURCE  # the source of the last proposal (read by the decoder after each one)
         self._lookahead: tuple[int, list[int], list[float], bool] | None = None
 
     def start(self, prompt_ids: torch.Tensor) -> None:
