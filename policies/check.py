@@ -140,6 +140,23 @@ def _parity_vectors(d: Path, parity: dict, problems: list[str]) -> tuple:
     return obs, exp_actions, exp_logits
 
 
+def logit_ties(logits: np.ndarray, margin: float) -> np.ndarray:
+    """Which rows' best two logits are within ``margin`` of each other (there either action is right).
+
+    Args:
+        logits: float ``(n, n_actions)``, one row per observation.
+        margin: the tie margin, in logit units (e.g. ``tie_margin`` of ``parity.json``).
+
+    Returns:
+        bool ``(n,)``; all False when there is a single action.
+    """
+    logits = np.asarray(logits)
+    if logits.ndim != 2 or logits.shape[1] < 2:
+        return np.zeros(len(logits), bool)
+    top2 = np.sort(logits, axis=1)[:, -2:]
+    return (top2[:, 1] - top2[:, 0]) < margin
+
+
 def _replay(sess, inp, obs: np.ndarray, exp_actions: np.ndarray, exp_logits: np.ndarray, atol: float, tie: float,
             problems: list[str], result: dict) -> None:
     """Run the graph on the vectors and compare its actions (ties excused) and logits with the expected ones."""
@@ -148,8 +165,7 @@ def _replay(sess, inp, obs: np.ndarray, exp_actions: np.ndarray, exp_logits: np.
     if not np.isfinite(diff):  # NaN never compares greater than a tolerance: report it, keep the JSON valid
         problems.append("logits are NaN or infinite (in parity.json or from the graph)")
         diff = None
-    sorted_logits = np.sort(exp_logits, axis=1)
-    is_tie = (sorted_logits[:, -1] - sorted_logits[:, -2]) < tie if exp_logits.shape[1] > 1 else np.zeros(len(obs), bool)
+    is_tie = logit_ties(exp_logits, tie)
     wrong = (np.asarray(actions).reshape(-1) != exp_actions) & ~is_tie
     result.update(action_mismatches=int(wrong.sum()), ties=int(is_tie.sum()), max_abs_logit_diff=diff)
     if wrong.any():

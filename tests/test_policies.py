@@ -156,6 +156,25 @@ def test_export_fails_loudly_on_disagreement(tiny_ppo, tmp_path, monkeypatch):
     assert json.loads((tmp_path / "export_check.json").read_text())["agreement"] == 0.0
 
 
+def test_a_differing_action_at_a_logit_tie_is_not_a_disagreement(tiny_ppo, tmp_path, monkeypatch):
+    """CI once failed an export on 1 of 2,112 observations at |Δlogit| 3.7e-9: a rounding tie, either action right."""
+    from stable_baselines3 import PPO
+
+    tiny_ppo.save(tmp_path / "m.zip")
+    tied = PPO.load(tmp_path / "m.zip", device="cpu")
+    with torch.no_grad():  # equal logits everywhere: every observation is a tie
+        tied.policy.action_net.weight.zero_()
+        tied.policy.action_net.bias.zero_()
+    orig = OnnxController.actions
+    monkeypatch.setattr(OnnxController, "actions", lambda self, f: 1 - orig(self, f))
+    res = export_policy(tied, tmp_path / "tied", max_depth=3, n_random=64)
+    assert res.check["disagreements"] == 0 and res.check["ties"] == 64 and res.check["agreement"] == 1.0
+    with torch.no_grad():  # a gap of 1e-3 (> the 2e-4 tie margin) is a real preference: flipping it is a disagreement
+        tied.policy.action_net.bias[1] = 1e-3
+    with pytest.raises(ExportCheckError, match="disagrees with the PyTorch policy on 64 of 64"):
+        export_policy(tied, tmp_path / "gap", max_depth=3, n_random=64)
+
+
 def test_export_rejects_wrong_spaces(tiny_ppo, tmp_path):
     class Fake:
         observation_space = tiny_ppo.action_space
