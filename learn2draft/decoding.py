@@ -278,6 +278,7 @@ class SpeculativeDecoder:
         self.draft_probs: list[torch.Tensor | None] = []
         self.confidences: list[float] = []
         self.entropies: list[float] = []
+        self.margins: list[float] = []  # each drafted token's top-2 margin (DraftProposal.margin)
         self.drafted_sources: list[int] = []  # a hybrid drafter's source of each drafted token
         self._cycle_draft = self._cycle_verify = self._cycle_other = 0.0
 
@@ -397,8 +398,25 @@ class SpeculativeDecoder:
         self.draft_probs.append(prop.probs)
         self.confidences.append(prop.confidence)
         self.entropies.append(prop.entropy)
+        self.margins.append(float(prop.margin))
         self._cycle_draft += self.clock.now() - t0
         return prop
+
+    def truncate_draft(self, keep: int) -> None:
+        """Keep only the first ``keep`` drafted tokens of this cycle (a verification budget's cut, decided from the
+        draft side alone — e.g. vLLM's adaptive verification — so the output law is unchanged) and roll the drafter
+        back to them.
+
+        Raises:
+            ValueError: ``keep`` outside 0..depth.
+        """
+        if not 0 <= keep <= self.depth:
+            raise ValueError(f"keep must be in 0..{self.depth} (the tokens drafted), got {keep}.")
+        if keep == self.depth:
+            return
+        for name in ("drafted", "draft_probs", "confidences", "entropies", "margins", "drafted_sources"):
+            del getattr(self, name)[keep:]
+        self.drafter.rollback(self.ids.numel() + keep)
 
     # ------------------------------------------------------------ verification
     def _prepare_verification(self, verify_size: int | None) -> Any:
@@ -413,10 +431,25 @@ class SpeculativeDecoder:
             raise ValueError(f"A chain drafter verifies all drafted tokens: verify_size must be {gamma}, got {verify_size}.")
         return self._seq()
 
+    def _verification_tokens(self, plan: Any) -> torch.Tensor:
+        """int64 (γ+1,) for a chain: what the verification forward feeds after the target's cached prefix (the last
+        committed token and the drafted chain)."""
+        return plan[self.target_len :]
+
     def _verification_forward(self, plan: Any) -> torch.Tensor:
         """One target forward over the last committed token + the chain; float (γ+1, V) target
         probabilities after the same processing as the draft's."""
-        logits = self._target_forward(plan[self.target_len :])[-(self.depth + 1) :]
+        return self._verification_probs(plan, self._target_forward(self._verification_tokens(plan)))
+
+    def _verification_probs(self, plan: Any, logits: torch.Tensor) -> torch.Tensor:
+        """The target's probabilities from the verification forward's logits (float (n ≥ γ+1, V), its rows for
+        :meth:`_verification_tokens`); the target has then seen the whole chain. A batched decoder
+        (:class:`learn2draft.batched.BatchedSpeculativeDecoder`) runs the forward for many rows and calls this per row.
+
+        Returns:
+            float (γ+1, V), after the same processing as the draft's.
+        """
+        logits = logits[-(self.depth + 1) :]
         self._verify_logits = logits
         self.target_len = plan.numel()
         return self.sampling.probs(logits, self.ids, plan[self.ids.numel() :], source="target")
@@ -458,7 +491,11 @@ class SpeculativeDecoder:
         plan = self._prepare_verification(verify_size)
         t1 = self.clock.now()
         p = self._verification_forward(plan)
-        t2 = self.clock.now()
+        return self._finish_verification(plan, p, t0, t1, self.clock.now())
+
+    def _finish_verification(self, plan: Any, p: torch.Tensor, t0: float, t1: float, t2: float) -> CycleResult:
+        """The verification's tail once the target's probabilities ``p`` are known: accept, commit, roll back, time.
+        ``t0``/``t1``/``t2``: clock readings before preparing, before the forward and after it (seconds)."""
         accepted, nxt = self._accept(plan, p)
         t3 = self.clock.now()
         committed_before = self.ids.numel()

@@ -91,4 +91,36 @@ class DraftState:
                                    self.accepted_history, self.last_accept_fraction)
 
 
-__all__ = ["DraftState"]
+@dataclass(frozen=True)
+class LoadState:
+    """The load a batched step runs under, known before any row drafts
+    (:class:`learn2draft.batched.BatchedSpeculativeDecoder` hands it to every row's controller that has an
+    ``observe_load(load)`` method, and to a verification budget).
+
+    Attributes:
+        batch_size: rows running this step (B ≥ 1).
+        max_batch: the decoder's most rows at once (the scale of ``batch_size``).
+        context_lens: int (B,) committed tokens of each row (prompt + generated).
+        waiting: requests that arrived and wait for a free row (0 for a closed loop).
+    """
+
+    batch_size: int
+    max_batch: int
+    context_lens: tuple[int, ...]
+    waiting: int = 0
+
+    @property
+    def tokens_in_flight(self) -> int:
+        """Σ context lengths: the KV entries every verification forward attends over."""
+        return int(sum(self.context_lens))
+
+    @property
+    def mean_context(self) -> float:
+        return float(np.mean(self.context_lens)) if self.context_lens else 0.0
+
+    @property
+    def max_context(self) -> int:
+        return int(max(self.context_lens)) if self.context_lens else 0
+
+
+__all__ = ["DraftState", "LoadState"]

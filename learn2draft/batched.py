@@ -1,0 +1,502 @@
+"""Continuous batching of speculative decoding: B ≥ 1 requests share one target forward per step.
+
+Each request is a *row* with its own committed sequence, drafter, controller, sampling generator and
+accepted length τ; rows join (after their prefill) and leave (at EOS or ``max_new_tokens``) between
+steps, as in vLLM's and SGLang's schedulers. One step:
+
+1. every running row drafts with its own controller — the one drafting loop,
+   :meth:`learn2draft.decoding.SpeculativeDecoder.draft` of the row;
+2. **one** target forward verifies all rows: row i feeds its last committed token and its γ_i drafted
+   tokens; rows are padded on the right to the longest, k = max_i(γ_i + 1) tokens each (a row with
+   γ_i = 0 is plain decoding, so B rows at γ = 0 is batched autoregressive decoding);
+3. every row accepts with the exact sampler on its own rows of the logits and commits τ_i + 1 tokens
+   (:meth:`~learn2draft.decoding.SpeculativeDecoder._finish_verification`, the one verification tail):
+   the law holds per row whatever the other rows do (Leviathan et al. 2023, applied to each row's
+   own p and q).
+
+The target's KV cache is one :class:`transformers.DynamicCache` of shape (B, kv_heads, S, head_dim)
+per layer. Slots are not aligned across rows: a boolean ``valid`` (B, S) says which slots a row
+attends to, and ``slot_pos`` (B, S) the position each slot holds. Padding (on the left when a row
+joins, on the right of a short row's verification) and the slots of rejected drafts are invalid: the
+4D attention mask of every forward is built from ``valid``, so no rejected entry is ever attended
+to (the keys keep their rotary positions, which come from ``position_ids`` per row). Trailing
+columns no row uses are cropped after each step; the cache is compacted (each row's valid slots
+moved to the right, in order) when fewer than half its slots are valid. This is the padding design
+Hugging Face uses for batched generation with left padding, with rejected drafts as extra holes.
+
+Prefill runs per request, alone, when it joins (:meth:`BatchedSpeculativeDecoder.add`; its time is
+the request's TTFT): the same one-forward prefill as batch 1.
+
+Drafting is per row (lookup is per row by nature; the model and head drafters run their forwards
+one row at a time here — batched drafting is not implemented).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from learn2draft.control import DraftController, check_depth_feature_scale
+from learn2draft.decoding import CycleResult, SpeculativeDecoder
+from learn2draft.drafters import make_drafter
+from learn2draft.drafters.base import Drafter
+from learn2draft.models import ModelPair
+from learn2draft.names import DECODER_MAX_DEPTH
+from learn2draft.sampling import SamplingConfig
+from learn2draft.state import LoadState
+from learn2draft.timing import DeviceClock
+
+#: ``budget(margins, load) -> counts``: per row, how many drafted tokens to verify (see
+#: :meth:`BatchedSpeculativeDecoder.step`).
+VerificationBudget = Callable[[list[np.ndarray], LoadState], Sequence[int]]
+
+
+class _Row(SpeculativeDecoder):
+    """One request of a batch: :class:`SpeculativeDecoder`'s per-row state and cycle, with the target's cache kept by
+    the batch after the prefill. Rolling back records the row's valid prefix instead of cropping a cache."""
+
+    def _rollback(self, plan: Any, committed_before: int, accepted: int) -> None:
+        valid = committed_before + accepted
+        self.target_len = min(self.target_len, valid)  # the batch masks the row's slots at positions ≥ this
+        self.drafter.rollback(valid)
+
+
+@dataclass
+class RequestResult:
+    """One finished (or stopped) request of a batch.
+
+    Attributes:
+        request_id: as returned by :meth:`BatchedSpeculativeDecoder.add`.
+        prompt_ids, tokens: the prompt and the generated ids.
+        cycles: the row's :class:`~learn2draft.decoding.CycleResult` of every step it took part in (its
+            ``verify_seconds`` is the shared batched forward).
+        arrival, first_token, finish: clock readings (seconds, :class:`~learn2draft.timing.DeviceClock`) when the
+            request arrived (was submitted), when its first token was committed and when it finished.
+        token_times: clock reading of each committed token (tokens of one step share the step's reading).
+    """
+
+    request_id: int
+    prompt_ids: list[int]
+    tokens: list[int]
+    cycles: list[CycleResult]
+    arrival: float
+    first_token: float
+    finish: float
+    token_times: list[float] = field(repr=False, default_factory=list)
+
+    @property
+    def ttft_seconds(self) -> float:
+        """Time to first token: arrival to the first committed token (queueing + prefill)."""
+        return self.first_token - self.arrival
+
+    @property
+    def latency_seconds(self) -> float:
+        """Request latency: arrival to the last token."""
+        return self.finish - self.arrival
+
+    @property
+    def tokens_per_second(self) -> float:
+        """This request's generated tokens / its latency (queueing and prefill included)."""
+        return len(self.tokens) / self.latency_seconds if self.latency_seconds > 0 else 0.0
+
+    @property
+    def inter_token_seconds(self) -> np.ndarray:
+        """float64 (n − 1,): the gaps between consecutive committed tokens (0 within one step's tokens)."""
+        return np.diff(np.asarray(self.token_times, dtype=np.float64))
+
+    @property
+    def mean_inter_token_seconds(self) -> float:
+        """(finish − first token) / (tokens − 1), the mean ITL (TPOT)."""
+        n = len(self.tokens)
+        return (self.finish - self.first_token) / (n - 1) if n > 1 else 0.0
+
+
+@dataclass
+class BatchStep:
+    """One step of the batch: ``rows`` (request id → its :class:`CycleResult`), the step's clock seconds (drafting
+    of every row + the one forward + every row's acceptance), the batch size and the tokens the forward fed per row
+    (k = max γ + 1)."""
+
+    rows: dict[int, CycleResult]
+    seconds: float
+    batch_size: int
+    tokens_per_row: int
+
+    @property
+    def tokens(self) -> int:
+        """Tokens committed by all rows this step."""
+        return sum(len(c.tokens) for c in self.rows.values())
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Aggregate committed tokens / step seconds (the reward of a load-aware policy)."""
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+class BatchedSpeculativeDecoder:
+    """Speculative decoding of many requests at once, with continuous batching (rows join and leave between steps).
+
+    Args:
+        pair: the models; ``pair.target`` verifies every row in one forward per step.
+        drafter: a drafter name for :func:`learn2draft.drafters.make_drafter` (``"model"``, ``"head"``, ``"lookup"``,
+            a hybrid), or a callable returning a new :class:`~learn2draft.drafters.Drafter` per row (drafters hold
+            per-sequence state: never share one between rows).
+        sampling: the settings of every row (greedy by default).
+        max_new_tokens: per request (> 0).
+        max_depth: the most tokens a row drafts in one step (≥ 0).
+        max_batch: the most rows at once (≥ 1); :meth:`add` beyond it raises.
+        head: the head directory for the ``"head"`` drafters (None: the shipped head).
+
+    Raises:
+        ValueError: ``max_new_tokens`` ≤ 0, ``max_depth`` < 0, ``max_batch`` < 1, or an unknown drafter name.
+    """
+
+    def __init__(self, pair: ModelPair, drafter: str | Callable[[], Drafter] = "lookup",
+                 sampling: SamplingConfig | None = None, max_new_tokens: int = 128,
+                 max_depth: int = DECODER_MAX_DEPTH, max_batch: int = 64, head: str | None = None):
+        if not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"max_batch must be an integer ≥ 1, got {max_batch!r}.")
+        if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}.")
+        if max_depth < 0:
+            raise ValueError(f"max_depth must be ≥ 0, got {max_depth}.")
+        self.pair = pair
+        self.sampling = sampling or SamplingConfig()
+        self.max_new_tokens = max_new_tokens
+        self.max_depth = max_depth
+        self.max_batch = max_batch
+        self._make_drafter = (drafter if callable(drafter)
+                              else lambda: make_drafter(drafter, pair, head))
+        self._make_drafter()  # an unknown name / a missing draft model fails here, before any request
+        self.clock = DeviceClock(pair.device)
+        self.rows: list[_Row] = []
+        self._ids: list[int] = []  # request id of each row, in batch order
+        self._controllers: dict[int, DraftController] = {}
+        self._results: dict[int, RequestResult] = {}
+        self._next_id = 0
+        self.cache = None  # transformers DynamicCache, (B, kv_heads, S, head_dim) per layer
+        self.valid = torch.zeros(0, 0, dtype=torch.bool, device=pair.device)  # (B, S): slot attended to
+        self.slot_pos = torch.zeros(0, 0, dtype=torch.long, device=pair.device)  # (B, S): its position, −1 if none
+        #: steps taken, and their :class:`BatchStep` summaries (seconds, batch size, tokens)
+        self.steps: list[BatchStep] = []
+
+    # ---------------------------------------------------------------- requests
+    @property
+    def running(self) -> list[int]:
+        """Request ids of the rows in the batch, in batch order."""
+        return list(self._ids)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.rows)
+
+    def add(self, prompt_ids: torch.Tensor, controller: DraftController, seed: int = 0,
+            arrival: float | None = None) -> int:
+        """Prefill a request alone (one target forward over the prompt, the first token drawn, as at batch size 1)
+        and add it to the batch from the next step.
+
+        Args:
+            prompt_ids: int64 (L,) or (1, L).
+            controller: this row's depth controller (reset here; one per row when it keeps state).
+            seed: the row's sampling seed (the same seed and prompt give the same tokens at any batch).
+            arrival: the clock reading when the request arrived (TTFT counts from it; None: now).
+
+        Returns:
+            the request id (an int), the key of :meth:`result`.
+
+        Raises:
+            RuntimeError: the batch holds ``max_batch`` rows.
+            ValueError: a bad prompt (see :meth:`SpeculativeDecoder.start`), or a controller whose depth features
+                are scaled for another ``max_depth``.
+        """
+        if len(self.rows) >= self.max_batch:
+            raise RuntimeError(f"The batch is full ({self.max_batch} rows): step() until a request finishes.")
+        check_depth_feature_scale(controller, self.max_depth)
+        now = self.clock.now()
+        arrival = now if arrival is None else float(arrival)
+        row = _Row(self.pair, self.sampling, self.max_new_tokens, self.max_depth, seed=seed,
+                   drafter=self._make_drafter())
+        controller.reset()
+        row.start(prompt_ids, seed)
+        t = self.clock.now()
+        rid = self._next_id
+        self._next_id += 1
+        self._results[rid] = RequestResult(rid, row.ids[: row.prompt_len].tolist(), row.ids[row.prompt_len :].tolist(),
+                                           [], arrival, t, t, [t] * row.generated)
+        if row.finished:  # EOS first, or max_new_tokens = 1: never joins
+            return rid
+        self._absorb(row.target_cache, row.target_len)
+        row.target_cache = None  # the batch holds it now
+        self.rows.append(row)
+        self._ids.append(rid)
+        self._controllers[rid] = controller
+        return rid
+
+    def result(self, request_id: int) -> RequestResult:
+        """The request's result so far (complete once it is no longer :attr:`running`).
+
+        Raises:
+            KeyError: an unknown request id.
+        """
+        if request_id not in self._results:
+            raise KeyError(f"No request {request_id!r} in this decoder.")
+        return self._results[request_id]
+
+    def remove(self, request_id: int) -> RequestResult:
+        """Stop a running request (e.g. the client left) and drop its row; the other rows are not touched.
+
+        Raises:
+            KeyError: the request is not running.
+        """
+        if request_id not in self._ids:
+            raise KeyError(f"Request {request_id!r} is not running.")
+        self._drop([self._ids.index(request_id)])
+        return self._results[request_id]
+
+    # ------------------------------------------------------------------- cache
+    def _absorb(self, cache, length: int) -> None:
+        """Append a prefilled row's batch-1 cache (length ``length``) to the batch, left-padding the shorter side."""
+        dev = self.pair.device
+        if self.cache is None or not self.rows:
+            self.cache = cache
+            self.valid = torch.ones(1, length, dtype=torch.bool, device=dev)
+            self.slot_pos = torch.arange(length, device=dev)[None]
+            return
+        S = self.valid.shape[1]
+        width = max(S, length)
+        for layer, new in zip(self.cache.layers, cache.layers):
+            layer.keys = torch.cat([_left_pad(layer.keys, width), _left_pad(new.keys, width)])
+            layer.values = torch.cat([_left_pad(layer.values, width), _left_pad(new.values, width)])
+        valid_row = torch.ones(1, length, dtype=torch.bool, device=dev)
+        pos_row = torch.arange(length, device=dev)[None]
+        self.valid = torch.cat([_left_pad(self.valid, width, dim=1), _left_pad(valid_row, width, dim=1)])
+        self.slot_pos = torch.cat([_left_pad(self.slot_pos, width, dim=1, value=-1),
+                                   _left_pad(pos_row, width, dim=1, value=-1)])
+
+    def _drop(self, indices: list[int]) -> None:
+        """Remove rows ``indices`` (batch positions) from the batch and the cache."""
+        keep = [i for i in range(len(self.rows)) if i not in set(indices)]
+        for i in indices:
+            self._controllers.pop(self._ids[i], None)
+        self.rows = [self.rows[i] for i in keep]
+        self._ids = [self._ids[i] for i in keep]
+        if not keep:
+            self.cache, self.valid, self.slot_pos = None, self.valid[:0, :0], self.slot_pos[:0, :0]
+            return
+        idx = torch.tensor(keep, dtype=torch.long, device=self.pair.device)
+        for layer in self.cache.layers:
+            layer.keys, layer.values = layer.keys.index_select(0, idx), layer.values.index_select(0, idx)
+        self.valid, self.slot_pos = self.valid.index_select(0, idx), self.slot_pos.index_select(0, idx)
+        self._tidy()
+
+    def _tidy(self) -> None:
+        """Crop the columns on the right that no row attends to; compact when under half of the slots are valid."""
+        used = self.valid.any(0)
+        S = int(used.nonzero().max()) + 1 if bool(used.any()) else 0
+        if S < self.valid.shape[1]:
+            self._select_columns(None, S)
+        n_valid = self.valid.sum(1)
+        width = int(n_valid.max()) if len(n_valid) else 0
+        if self.valid.numel() and width * 2 < self.valid.shape[1]:
+            # per row: its valid slots moved to the right end, in order (left padding again)
+            order = torch.argsort(self.valid.to(torch.int8), dim=1, stable=True)[:, -width:]
+            self._select_columns(order, width)
+
+    def _select_columns(self, order: torch.Tensor | None, width: int) -> None:
+        """Keep the first ``width`` columns (``order`` None) or, per row, the columns ``order`` (B, width)."""
+        for layer in self.cache.layers:
+            if order is None:
+                layer.keys, layer.values = layer.keys[:, :, :width], layer.values[:, :, :width]
+            else:
+                g = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+                layer.keys, layer.values = layer.keys.gather(2, g), layer.values.gather(2, g)
+        if order is None:
+            self.valid, self.slot_pos = self.valid[:, :width], self.slot_pos[:, :width]
+        else:
+            self.valid, self.slot_pos = self.valid.gather(1, order), self.slot_pos.gather(1, order)
+
+    def _mask(self, new_valid: torch.Tensor) -> torch.Tensor:
+        """Additive float mask (B, 1, k, S + k) in the target's dtype: cached slots where ``valid``, then the new
+        slots causally where ``new_valid`` (B, k); a query always sees itself (a padded query's output is unused)."""
+        B, k = new_valid.shape
+        dev = new_valid.device
+        causal = torch.ones(k, k, dtype=torch.bool, device=dev).tril()
+        new = causal[None] & (new_valid[:, None, :] | torch.eye(k, dtype=torch.bool, device=dev)[None])
+        allowed = torch.cat([self.valid[:, None, :].expand(B, k, -1), new], dim=2)[:, None]
+        dtype = self.pair.target.dtype
+        return torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill_(~allowed, torch.finfo(dtype).min)
+
+    # -------------------------------------------------------------------- step
+    @torch.inference_mode()
+    def _batched_forward(self, tokens: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Feed row i's ``tokens[i]`` (int64 (k_i,)) after its cached slots in one target forward.
+
+        Returns:
+            logits float (B, k, V), the last hidden states (B, k, H) when a drafter reads them (else None), and
+            ``new_valid`` bool (B, k).
+        """
+        dev = self.pair.device
+        B, k = len(tokens), max(int(t.numel()) for t in tokens)
+        ids = torch.zeros(B, k, dtype=torch.long, device=dev)
+        lengths = torch.tensor([int(t.numel()) for t in tokens], device=dev)
+        for i, t in enumerate(tokens):
+            ids[i, : t.numel()] = t
+        start = torch.tensor([r.target_len for r in self.rows], device=dev)
+        pos = start[:, None] + torch.arange(k, device=dev)[None]
+        new_valid = torch.arange(k, device=dev)[None] < lengths[:, None]
+        need_hidden = self.rows[0].drafter.needs_target_hidden
+        out = self.pair.target(input_ids=ids, attention_mask=self._mask(new_valid), position_ids=pos,
+                               cache=self.cache, use_cache=True, output_hidden_states=need_hidden)
+        self.valid = torch.cat([self.valid, new_valid], dim=1)
+        self.slot_pos = torch.cat([self.slot_pos, torch.where(new_valid, pos, torch.full_like(pos, -1))], dim=1)
+        hidden = out.hidden_states[-1] if need_hidden else None
+        return out.logits[:, :, : self.pair.vocab_size], hidden, new_valid
+
+    def load(self, waiting: int = 0) -> LoadState:
+        """The :class:`learn2draft.state.LoadState` of the running rows (``waiting``: queued requests)."""
+        return LoadState(len(self.rows), self.max_batch, tuple(int(r.ids.numel()) for r in self.rows), waiting)
+
+    def step(self, budget: VerificationBudget | None = None, waiting: int = 0) -> BatchStep:
+        """One step for every running row: draft (each row's controller), one batched verification, accept and
+        commit per row; finished rows leave the batch.
+
+        Before drafting, every row's controller with an ``observe_load(load)`` method is given the step's
+        :class:`~learn2draft.state.LoadState` (a per-batch-size table or a load-aware policy reads it).
+
+        Args:
+            budget: after drafting, ``budget(margins, load)`` (``margins``: per row, float64 (γ_i,) the drafted
+                tokens' top-2 margins) returns how many of each row's drafted tokens to verify (a global
+                verification budget, e.g. vLLM's adaptive verification); the rest are dropped before the forward.
+                It reads only the draft side, so the law is unchanged. None: verify every drafted token.
+            waiting: requests queued behind the batch (for the load state).
+
+        Returns:
+            the :class:`BatchStep` (each row's :class:`CycleResult`, the step's seconds).
+
+        Raises:
+            RuntimeError: no row is running.
+            ValueError: the budget returned a wrong number of rows or a count outside 0..γ_i.
+        """
+        if not self.rows:
+            raise RuntimeError("No request is running: add() one first.")
+        t_start = self.clock.now()
+        load = self.load(waiting)
+        for rid, row in zip(self._ids, self.rows):
+            ctrl = self._controllers[rid]
+            if hasattr(ctrl, "observe_load"):
+                ctrl.observe_load(load)
+            row.draft(ctrl)
+        if budget is not None:
+            keep = list(budget([np.asarray(r.margins, dtype=np.float64) for r in self.rows], load))
+            if len(keep) != len(self.rows):
+                raise ValueError(f"The verification budget returned {len(keep)} counts for {len(self.rows)} rows.")
+            for row, n in zip(self.rows, keep):
+                row.truncate_draft(int(n))
+        t0 = self.clock.now()
+        plans = [row._prepare_verification(None) for row in self.rows]
+        tokens = [row._verification_tokens(plan) for row, plan in zip(self.rows, plans)]
+        t1 = self.clock.now()
+        logits, hidden, _ = self._batched_forward(tokens)
+        t2 = self.clock.now()
+        results: dict[int, CycleResult] = {}
+        done = []
+        for i, (rid, row, plan, toks) in enumerate(zip(self._ids, self.rows, plans, tokens)):
+            k = int(toks.numel())
+            if hidden is not None:
+                row.drafter.observe_target(hidden[i, :k], row.target_len)
+            p = row._verification_probs(plan, logits[i, :k])
+            res = row._finish_verification(plan, p, t0, t1, t2)
+            results[rid] = res
+            now = self.clock.now()
+            r = self._results[rid]
+            r.tokens.extend(res.tokens)
+            r.cycles.append(res)
+            r.token_times.extend([now] * len(res.tokens))
+            r.finish = now
+            if res.finished:
+                done.append(i)
+        lens = torch.tensor([row.target_len for row in self.rows], device=self.pair.device)
+        self.valid = self.valid & (self.slot_pos < lens[:, None])  # the rejected drafts' slots: never attended to again
+        k = max(int(t.numel()) for t in tokens)
+        batch = len(self.rows)
+        if done:
+            self._drop(done)
+        else:
+            self._tidy()
+        step = BatchStep(results, self.clock.now() - t_start, batch, k)
+        self.steps.append(step)
+        return step
+
+
+def _left_pad(x: torch.Tensor, width: int, dim: int = 2, value: float = 0) -> torch.Tensor:
+    """``x`` padded on the left along ``dim`` to ``width`` with ``value``."""
+    n = width - x.shape[dim]
+    if n <= 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = n
+    return torch.cat([torch.full(shape, value, dtype=x.dtype, device=x.device), x], dim=dim)
+
+
+@dataclass
+class Request:
+    """A request of a stream: its prompt ids (int64 (L,)), its arrival time in seconds after the stream's start
+    (0 for a closed loop) and its sampling seed."""
+
+    prompt_ids: torch.Tensor
+    arrival: float = 0.0
+    seed: int = 0
+
+
+def serve(decoder: BatchedSpeculativeDecoder, requests: Sequence[Request],
+          controller: Callable[[], DraftController], concurrency: int | None = None,
+          on_step: Callable[[BatchStep], None] | None = None,
+          budget: VerificationBudget | None = None) -> list[RequestResult]:
+    """Run a request stream through ``decoder`` with continuous batching.
+
+    With ``concurrency`` c (a closed loop, as a fixed-concurrency load generator): c requests run at once and a
+    finished request is replaced by the next one at once (arrivals ignored). Without it (an open loop, e.g. Poisson
+    arrivals): a request joins at the first step boundary after its ``arrival`` (seconds after the start), up to the
+    decoder's ``max_batch``; while nothing runs the loop waits (sleeps) for the next arrival.
+
+    Args:
+        controller: builds one controller per request (controllers keep per-sequence state).
+        on_step: called after every step.
+        budget: the verification budget of every step (:meth:`BatchedSpeculativeDecoder.step`).
+
+    Returns:
+        the :class:`RequestResult` of every request, in the order of ``requests``.
+
+    Raises:
+        ValueError: ``concurrency`` < 1.
+    """
+    import time
+
+    if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
+        raise ValueError(f"concurrency must be an integer ≥ 1, got {concurrency!r}.")
+    t0 = decoder.clock.now()
+    queue = [(0.0 if concurrency else float(r.arrival), i) for i, r in enumerate(requests)]
+    heapq.heapify(queue)
+    ids: dict[int, int] = {}
+    limit = min(concurrency or decoder.max_batch, decoder.max_batch)
+    while queue or decoder.rows:
+        now = decoder.clock.now() - t0
+        while queue and queue[0][0] <= now and decoder.batch_size < limit:
+            arrival, i = heapq.heappop(queue)
+            r = requests[i]
+            ids[i] = decoder.add(r.prompt_ids, controller(), seed=r.seed, arrival=t0 + arrival)
+        if decoder.rows:
+            step = decoder.step(budget, waiting=sum(1 for a, _ in queue if a <= now))
+            if on_step is not None:
+                on_step(step)
+        elif queue:
+            time.sleep(max(0.0, queue[0][0] - (decoder.clock.now() - t0)))
+    return [decoder.result(ids[i]) for i in range(len(requests))]
+
+
+__all__ = ["BatchStep", "BatchedSpeculativeDecoder", "Request", "RequestResult", "VerificationBudget", "serve"]
