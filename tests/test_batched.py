@@ -1,0 +1,404 @@
+"""The batched decoder (learn2draft.batched): per-row greedy equivalence, rows independent of each other (joins,
+leaves, other depths), no rejected or padded cache slot ever attended to, the verification budget, the request
+stream, bad input; the per-row law by exact enumeration on a tiny model; greedy equivalence on the real target (slow).
+
+Tiny random Llamas in float32 (tests/conftest.py). Where a test compares tokens of a batched row with the same row
+alone, the logits differ only by float rounding of a padded, masked batch (~1e-7 here), far below the margins that
+decide a greedy token or a sampled one for these seeds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_llama
+from helpers_loop import ScheduleController, drafter_for, greedy_reference, noisy_copy
+
+from learn2draft.batched import BatchedSpeculativeDecoder, Request, serve
+from learn2draft.control import FixedDepthController
+from learn2draft.decoding import SpeculativeDecoder
+from learn2draft.models import make_pair
+from learn2draft.sampling import SamplingConfig
+
+GREEDY, T1 = SamplingConfig(temperature=0.0), SamplingConfig(temperature=1.0)
+PROMPTS = [torch.tensor([1, 5, 9, 14, 20, 33, 8, 12]), torch.tensor([1, 7, 7, 3]),
+           torch.tensor([1, 4, 22, 30, 31, 40, 41, 42, 43, 44, 45, 46]), torch.tensor([1, 9, 9, 9, 9, 9])]
+SCHEDULES = [[3, 1, 4, 0, 2], [2, 4], [0, 1], [4, 4, 0]]
+
+
+@pytest.fixture(scope="module")
+def close_pair(tiny_tok):
+    """A tiny target and a close noisy copy as draft: cycles see acceptances and rejections."""
+    target = tiny_llama(len(tiny_tok), 0)
+    return make_pair(target, noisy_copy(target, 0.1, seed=5), tiny_tok, tiny_tok)
+
+
+def drafter_factory(name: str, pair):
+    return lambda: drafter_for(name, pair)
+
+
+def run_rows(pair, drafter: str, sampling, n: int = 20, join_at: int = 2, rows=(0, 1, 2), seeds=None,
+             max_depth: int = 4):
+    """Rows ``rows[:-1]`` start together, the last joins after ``join_at`` steps; returns each row's tokens."""
+    dec = BatchedSpeculativeDecoder(pair, drafter_factory(drafter, pair), sampling, max_new_tokens=n,
+                                    max_depth=max_depth)
+    seeds = seeds or [0] * len(rows)
+    rids = {r: dec.add(PROMPTS[r], ScheduleController(SCHEDULES[r]), seed=seeds[i]) for i, r in enumerate(rows[:-1])}
+    for _ in range(join_at):
+        if dec.rows:
+            dec.step()
+    rids[rows[-1]] = dec.add(PROMPTS[rows[-1]], ScheduleController(SCHEDULES[rows[-1]]), seed=seeds[-1])
+    while dec.rows:
+        dec.step()
+    return {r: dec.result(rid).tokens for r, rid in rids.items()}, dec
+
+
+def alone(pair, drafter: str, sampling, row: int, n: int = 20, seed: int = 0, max_depth: int = 4) -> list[int]:
+    """The row decoded by the batch-1 decoder (today's path) with the same controller and seed."""
+    dec = SpeculativeDecoder(pair, sampling, max_new_tokens=n, max_depth=max_depth, drafter=drafter_for(drafter, pair))
+    return dec.generate(PROMPTS[row], ScheduleController(SCHEDULES[row]), seed=seed).tokens
+
+
+@pytest.mark.parametrize("drafter", ["model", "lookup", "head", "lookup+model"])
+def test_each_row_reproduces_its_greedy_autoregressive_output(close_pair, drafter):
+    got, dec = run_rows(close_pair, drafter, GREEDY)
+    for r, toks in got.items():
+        assert toks == greedy_reference(close_pair.target, PROMPTS[r], 20, close_pair.vocab_size,
+                                        eos=close_pair.eos_token_ids), (drafter, r)
+    steps = dec.steps
+    assert max(s.batch_size for s in steps) == 3 and min(s.batch_size for s in steps) == 1
+    assert {s.tokens_per_row for s in steps} - {1}  # rows were verified at more than one token
+    accepted = sum(c.num_accepted for r in range(3) for c in dec.result(r).cycles)
+    assert accepted > 0  # drafts were accepted, so rows advanced by different amounts
+
+
+@pytest.mark.parametrize("drafter", ["model", "lookup"])
+def test_sampled_rows_equal_the_same_rows_decoded_alone(close_pair, drafter):
+    """At T = 1 each row's tokens are those of the batch-1 decoder with its seed: what the other rows do (their
+    depths, a join mid-stream) never reaches a row's sampling."""
+    seeds = [11, 12, 13]
+    got, _ = run_rows(close_pair, drafter, T1, seeds=seeds)
+    for i, r in enumerate((0, 1, 2)):
+        assert got[r] == alone(close_pair, drafter, T1, r, seed=seeds[i]), (drafter, r)
+
+
+def test_a_join_or_a_leave_changes_no_other_row(close_pair):
+    ref = run_rows(close_pair, "model", GREEDY, rows=(0, 0))[0][0]
+    dec = BatchedSpeculativeDecoder(close_pair, "model", GREEDY, max_new_tokens=20, max_depth=4)
+    a = dec.add(PROMPTS[0], ScheduleController(SCHEDULES[0]))
+    dec.step()
+    b = dec.add(PROMPTS[2], ScheduleController(SCHEDULES[2]))  # a longer prompt: row a is left-padded
+    c = dec.add(PROMPTS[3], ScheduleController(SCHEDULES[3]))
+    dec.step()
+    dec.step()
+    stopped = dec.remove(b)  # the client of b leaves mid-stream
+    assert b not in dec.running and 0 < len(stopped.tokens) < 20
+    while dec.rows:
+        dec.step()
+    assert dec.result(a).tokens == ref
+    assert dec.result(c).tokens == greedy_reference(close_pair.target, PROMPTS[3], 20, close_pair.vocab_size,
+                                                    eos=close_pair.eos_token_ids)
+
+
+def test_no_padded_or_rejected_slot_is_ever_attended_to(close_pair, monkeypatch):
+    """After every step the invalid slots' keys and values are overwritten with 10⁴: were one attended to, the
+    logits would change and with them the tokens. The negative control poisons one valid slot instead."""
+    ref, _ = run_rows(close_pair, "model", GREEDY)
+    tidy = BatchedSpeculativeDecoder._tidy
+
+    def poison(valid_too: bool):
+        def tidied(self):
+            tidy(self)
+            bad = ~self.valid
+            if valid_too:
+                bad = bad.clone()
+                bad[0, int(self.valid[0].nonzero()[0])] = True  # the first valid slot of row 0
+            if self.cache is None:
+                return
+            with torch.inference_mode():
+                for layer in self.cache.layers:
+                    layer.keys[bad[:, None, :, None].expand_as(layer.keys)] = 1e4
+                    layer.values[bad[:, None, :, None].expand_as(layer.values)] = 1e4
+        return tidied
+
+    monkeypatch.setattr(BatchedSpeculativeDecoder, "_tidy", poison(False))
+    got, dec = run_rows(close_pair, "model", GREEDY)
+    assert got == ref
+    holes = [s for s in dec.steps if s.batch_size > 1]
+    assert holes  # there were steps with several rows (and so padding)
+    monkeypatch.setattr(BatchedSpeculativeDecoder, "_tidy", poison(True))
+    assert run_rows(close_pair, "model", GREEDY)[0] != ref
+
+
+def test_the_cache_is_cropped_and_compacted(close_pair):
+    dec = BatchedSpeculativeDecoder(close_pair, "model", GREEDY, max_new_tokens=40, max_depth=8)
+    for r in range(3):
+        dec.add(PROMPTS[r], FixedDepthController(8))
+    widths = []
+    while dec.rows:
+        dec.step()
+        if dec.rows:
+            widths.append((dec.valid.shape[1], int(dec.valid.sum(1).max())))
+    assert all(w < 2 * v + 9 for w, v in widths)  # compaction keeps the slots under twice the longest row + a step
+
+
+def test_a_verification_budget_cuts_drafts_without_changing_greedy_output(close_pair):
+    seen = []
+
+    def budget(margins, load):
+        seen.append((len(margins), load.batch_size))
+        return [len(m) // 2 for m in margins]
+
+    dec = BatchedSpeculativeDecoder(close_pair, "model", GREEDY, max_new_tokens=20, max_depth=6)
+    ids = [dec.add(PROMPTS[r], FixedDepthController(6)) for r in range(3)]
+    while dec.rows:
+        step = dec.step(budget)
+        assert all(c.depth <= 3 for c in step.rows.values())
+    for r, rid in enumerate(ids):
+        assert dec.result(rid).tokens == greedy_reference(close_pair.target, PROMPTS[r], 20, close_pair.vocab_size,
+                                                          eos=close_pair.eos_token_ids)
+    assert seen and all(n == b for n, b in seen)
+    dec = BatchedSpeculativeDecoder(close_pair, "model", GREEDY, max_new_tokens=20, max_depth=6)
+    dec.add(PROMPTS[0], FixedDepthController(6))
+    with pytest.raises(ValueError, match="budget returned 2 counts for 1 rows"):
+        dec.step(lambda m, load: [0, 0])
+
+
+def test_controllers_see_the_load(close_pair):
+    class Recorder(FixedDepthController):
+        def observe_load(self, load):
+            self.loads = [*getattr(self, "loads", []), load]
+
+    ctrls = [Recorder(2), Recorder(2)]
+    dec = BatchedSpeculativeDecoder(close_pair, "lookup", GREEDY, max_new_tokens=8, max_depth=2, max_batch=4)
+    dec.add(PROMPTS[0], ctrls[0])
+    dec.step()
+    dec.add(PROMPTS[1], ctrls[1])
+    dec.step()
+    first, second = ctrls[0].loads
+    assert first.batch_size == 1 and second.batch_size == 2 and second.max_batch == 4
+    assert second.context_lens[1] == PROMPTS[1].numel() + 1 and second.tokens_in_flight == sum(second.context_lens)
+
+
+def test_serve_closed_and_open_loop(close_pair, monkeypatch):
+    reqs = [Request(PROMPTS[r % 4], arrival=0.01 * r, seed=r) for r in range(6)]
+    refs = [greedy_reference(close_pair.target, PROMPTS[r % 4], 12, close_pair.vocab_size,
+                             eos=close_pair.eos_token_ids) for r in range(6)]
+    sizes = []
+    dec = BatchedSpeculativeDecoder(close_pair, "lookup", GREEDY, max_new_tokens=12, max_depth=3)
+    out = serve(dec, reqs, lambda: FixedDepthController(3), concurrency=2, on_step=lambda s: sizes.append(s.batch_size))
+    assert [r.tokens for r in out] == refs and max(sizes) == 2
+    assert all(r.ttft_seconds >= 0 and r.latency_seconds >= r.ttft_seconds for r in out)
+    assert all(len(r.token_times) == len(r.tokens) for r in out)
+    dec = BatchedSpeculativeDecoder(close_pair, "lookup", GREEDY, max_new_tokens=12, max_depth=3, max_batch=3)
+    sizes.clear()
+    out = serve(dec, reqs, lambda: FixedDepthController(3), on_step=lambda s: sizes.append(s.batch_size))
+    assert [r.tokens for r in out] == refs and max(sizes) <= 3
+    assert all(r.arrival - dec.result(0).arrival == pytest.approx(q.arrival, abs=1e-9) for r, q in zip(out, reqs))
+
+
+def test_bad_input(close_pair):
+    for kwargs, match in (({"max_batch": 0}, "max_batch"), ({"max_new_tokens": 0}, "max_new_tokens"),
+                          ({"max_depth": -1}, "max_depth")):
+        with pytest.raises(ValueError, match=match):
+            BatchedSpeculativeDecoder(close_pair, "lookup", **kwargs)
+    with pytest.raises(ValueError, match="nknown"):
+        BatchedSpeculativeDecoder(close_pair, "no-such-drafter")
+    dec = BatchedSpeculativeDecoder(close_pair, "lookup", max_new_tokens=4, max_depth=2, max_batch=1)
+    with pytest.raises(RuntimeError, match="No request is running"):
+        dec.step()
+    dec.add(PROMPTS[0], FixedDepthController(2))
+    with pytest.raises(RuntimeError, match="batch is full"):
+        dec.add(PROMPTS[1], FixedDepthController(2))
+    with pytest.raises(ValueError, match="max_depth"):  # a controller scaled for another max_depth
+        BatchedSpeculativeDecoder(close_pair, "lookup", max_depth=3).add(PROMPTS[0], _Scaled(5))
+    with pytest.raises(KeyError):
+        dec.remove(99)
+    with pytest.raises(ValueError, match="concurrency"):
+        serve(dec, [], lambda: FixedDepthController(2), concurrency=0)
+
+
+class _Scaled(FixedDepthController):
+    def __init__(self, scale):
+        super().__init__(1)
+        self.depth_feature_scale = scale
+
+
+# ------------------------------------------------------------------------------ the per-row law, exactly
+class _Script:
+    """Enumerates the decoder's random choices: the prefill's first token, each draft token and each cycle's
+    (τ, next token) are taken from a script instead of drawn, and the probability of each scripted choice under the exact rule
+    (Leviathan et al. 2023: accept x_i with min(1, p_i(x_i)/q_i(x_i)), else draw the residual
+    norm(max(0, p_i − q_i)); all accepted: the bonus from p_γ) is multiplied into ``weight``. The branches of a
+    step are listed in ``options`` so the enumeration can go on with each of them."""
+
+    wrong = False  # the negative control: a rejection resamples from p itself instead of the residual
+
+    def __init__(self, choices):
+        self.choices, self.weight, self.pos, self.options = list(choices), 1.0, 0, None
+
+    def _take(self, options):
+        if self.pos == len(self.choices):  # an unscripted choice: the enumeration branches here
+            self.options = options
+            raise _Branch
+        choice = self.choices[self.pos]
+        self.pos += 1
+        self.weight *= dict(options)[choice]
+        return choice
+
+    def first(self, p, generator=None):
+        p = p.double()
+        return self._take([(int(t), float(p[t])) for t in torch.nonzero(p > 0).flatten()])
+
+    def sampler(self, p, q, x, generator=None):
+        p, q = p.double(), q.double()
+        options, reach = [], 1.0
+        for i in range(len(x)):
+            a = min(1.0, float(p[i, x[i]] / q[i, x[i]])) if q[i, x[i]] > 0 else 0.0
+            res = p[i].clone() if self.wrong else (p[i] - q[i]).clamp_min(0)
+            if res.sum() > 0:
+                res = res / res.sum()
+                options += [((i, int(t)), reach * (1 - a) * float(res[t])) for t in torch.nonzero(res > 0).flatten()]
+            reach *= a
+        options += [((len(x), int(t)), reach * float(p[len(x), t])) for t in torch.nonzero(p[len(x)] > 0).flatten()]
+        tau, y = self._take([o for o in options if o[1] > 0])
+        return tau, y
+
+
+class _Branch(Exception):
+    pass
+
+
+def _enumerate_row_law(pair, sampling, n_tokens, depths_a, depths_b, drafter="model"):
+    """The exact law of row a's first ``n_tokens`` tokens decoded in a batch beside row b (other depths); row b's
+    own choices are scripted too (its first allowed option), so the enumeration is over row a's branches."""
+    law: dict[tuple, float] = {}
+    stack = [()]
+    while stack:
+        script = stack.pop()
+        sa = _Script(script)
+        dec = BatchedSpeculativeDecoder(pair, drafter, sampling, max_new_tokens=n_tokens, max_depth=3)
+        try:
+            out = _run_scripted(dec, sa, depths_a, depths_b)
+        except _Branch:
+            stack.extend(script + (c,) for c, w in sa.options if w > 0)
+            continue
+        law[tuple(out[:n_tokens])] = law.get(tuple(out[:n_tokens]), 0.0) + sa.weight
+    return law
+
+
+def _run_scripted(dec, script: _Script, depths_a, depths_b):
+    """Run rows a and b in one batch with every draw scripted: the prefill's first token and the model drafter's
+    draft tokens (each weighted by its probability under p, resp. q) and each cycle's (τ, token)."""
+    import learn2draft.decoding as decoding
+    import learn2draft.drafters.model as model_drafter
+
+    b_script = _FirstOption()
+    draw = lambda p, g=None: (script if _Current.row == "a" else b_script).first(p, g)  # noqa: E731
+    saved = decoding.sample_from, model_drafter.sample_from
+    decoding.sample_from = model_drafter.sample_from = draw
+    try:
+        _Current.row = "a"
+        a = dec.add(PROMPTS[0], _RowController(depths_a, "a"))
+        dec.rows[0].sampler = script.sampler
+        _Current.row = "b"
+        dec.add(PROMPTS[1], _RowController(depths_b, "b"))
+        dec.rows[-1].sampler = b_script.sampler
+        while a in dec.running:
+            dec.step()
+        return dec.result(a).tokens
+    finally:
+        decoding.sample_from, model_drafter.sample_from = saved
+
+
+class _RowController(ScheduleController):
+    """A schedule whose decisions also say which row's draws follow (rows draft one after the other)."""
+
+    def __init__(self, schedule, row):
+        super().__init__(schedule)
+        self.row = row
+
+    def continue_drafting(self, features):
+        _Current.row = self.row
+        return super().continue_drafting(features)
+
+
+class _Current:
+    row = "a"
+
+
+class _FirstOption(_Script):
+    """Row b: always its first option with positive probability (deterministic, never branches)."""
+
+    def __init__(self):
+        super().__init__([])
+
+    def _take(self, options):
+        return options[0][0]
+
+
+def _target_law(pair, sampling, prompt, n_tokens) -> dict[tuple, float]:
+    """The target's own law of the first ``n_tokens`` tokens: autoregressive, by enumeration."""
+    law = {}
+
+    @torch.inference_mode()
+    def probs(seq):
+        ids = torch.tensor(seq)
+        logits = pair.target(input_ids=ids[None]).logits[0, -1:, : pair.vocab_size]
+        return sampling.probs(logits, ids, source="target")[0].double()
+
+    def rec(seq, out, w):
+        if len(out) == n_tokens or (out and out[-1] in pair.eos_token_ids):
+            law[tuple(out)] = law.get(tuple(out), 0.0) + w
+            return
+        p = probs(seq)
+        for t in torch.nonzero(p > 0).flatten().tolist():
+            rec(seq + [t], out + [t], w * float(p[t]))
+
+    rec(prompt.tolist(), [], 1.0)
+    return law
+
+
+@pytest.fixture(scope="module")
+def law_pair(tiny_tok):
+    target = tiny_llama(len(tiny_tok), 0)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(0.2)  # flatter: the top-3 tokens all carry real mass
+    return make_pair(target, noisy_copy(target, 0.3, seed=3), tiny_tok, tiny_tok)
+
+
+@pytest.mark.parametrize("depths_a,depths_b", [([2], [0]), ([1, 3], [3])])
+def test_each_rows_law_is_the_targets_exactly_beside_another_row(law_pair, depths_a, depths_b):
+    """Exact enumeration: every branch of row a's choices (first token, then (τ, token) per cycle) is run through
+    the real batched decoder beside row b at other depths and weighted by its exact-rule probability; the law of row
+    a's first 3 tokens equals the target's autoregressive law within 1e-6 (the model's probabilities are float32,
+    each row normalised to ~1e-7; products and sums in float64). Negative control: the same enumeration with the residual replaced by
+    p itself (the wrong rule) is off by more than 1e-3."""
+    sampling = SamplingConfig(temperature=1.0, top_k=3)
+    law = _enumerate_row_law(law_pair, sampling, 3, depths_a, depths_b)
+    ref = _target_law(law_pair, sampling, PROMPTS[0], 3)
+    keys = set(law) | set(ref)
+    err = max(abs(law.get(k, 0.0) - ref.get(k, 0.0)) for k in keys)
+    assert abs(sum(law.values()) - 1.0) < 1e-6 and err < 1e-6, err
+    try:
+        _Script.wrong = True
+        bad = _enumerate_row_law(law_pair, sampling, 3, depths_a, depths_b)
+    finally:
+        _Script.wrong = False
+    assert max(abs(bad.get(k, 0.0) - ref.get(k, 0.0)) for k in set(bad) | set(ref)) > 1e-3
+
+
+# ------------------------------------------------------------------------------ the real target (slow)
+@pytest.mark.slow
+def test_real_rows_reproduce_greedy_autoregressive(default_pair):
+    prompts = ["Reply with just the word yes.", "Write one sentence about the sea.", "Count from one to ten."]
+    ids = [default_pair.encode_prompt(p) for p in prompts]
+    ref = SpeculativeDecoder(default_pair, GREEDY, max_new_tokens=32, max_depth=8)
+    refs = [ref.generate(i, FixedDepthController(0)).tokens for i in ids]
+    for drafter, depths in (("model", [1, 3, 2]), ("lookup", [8, 4, 0])):
+        dec = BatchedSpeculativeDecoder(default_pair, drafter, GREEDY, max_new_tokens=32, max_depth=8)
+        rids = [dec.add(i, FixedDepthController(d)) for i, d in zip(ids, depths)]
+        while dec.rows:
+            dec.step()
+        assert [dec.result(r).tokens for r in rids] == refs, drafter
