@@ -1,7 +1,8 @@
 """learn2draft: RL-trained adaptive drafting for speculative decoding — the engine.
 
 The engine knows nothing about reinforcement learning: model pairs (:mod:`.models`), the exact
-sampler (:mod:`.sampling`), the one draft/verify cycle (:mod:`.decoding`, trees in :mod:`.tree`), the
+sampler (:mod:`.sampling`), the one draft/verify cycle (:mod:`.decoding`, trees in :mod:`.tree`, many requests
+at once with continuous batching in :mod:`.batched`), the
 controller protocol and actions (:mod:`.control`), what a policy sees (:mod:`.state`, :mod:`.features`)
 and timing (:mod:`.timing`).
 """
@@ -11,9 +12,10 @@ from learn2draft._lazy import lazy_exports
 # Exports load on first use (PEP 562), so that ``import learn2draft.<light module>`` — e.g. a
 # command's ``--help`` — does not import torch.
 _EXPORTS = {
+    "learn2draft.batched": ("BatchedSpeculativeDecoder",),
     "learn2draft.control": ("CONTINUE", "STOP", "DraftController", "FixedDepthController", "FixedTreeController"),
     "learn2draft.decoding": ("CycleResult", "DraftAction", "GenerationResult", "SpeculativeDecoder"),
-    "learn2draft.state": ("DraftState",),
+    "learn2draft.state": ("DraftState", "LoadState"),
     "learn2draft.features": ("FEATURE_NAMES", "build_features", "feature_spec"),
     "learn2draft.models": ("ModelLoadError", "ModelPair", "TokenizerMismatchError", "load_pair", "make_pair"),
     "learn2draft.names": ("DEFAULT_DRAFT", "DEFAULT_TARGET"),
@@ -30,7 +32,7 @@ def __dir__() -> list[str]:
 __version__ = "0.1.0"
 
 __all__ = [
-    "CONTINUE", "DEFAULT_DRAFT", "DEFAULT_TARGET", "FEATURE_NAMES", "STOP", "CycleResult", "DraftAction",
+    "BatchedSpeculativeDecoder", "LoadState", "CONTINUE", "DEFAULT_DRAFT", "DEFAULT_TARGET", "FEATURE_NAMES", "STOP", "CycleResult", "DraftAction",
     "DraftController", "DraftState", "FixedDepthController", "FixedTreeController", "GenerationResult",
     "ModelLoadError", "ModelPair", "SamplingConfig", "SpeculativeDecoder", "TokenizerMismatchError",
     "build_features", "feature_spec", "load_pair", "make_pair", "speculative_sample",

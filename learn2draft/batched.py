@@ -24,8 +24,9 @@ columns no row uses are cropped after each step; the cache is compacted (each ro
 moved to the right, in order) when fewer than half its slots are valid. This is the padding design
 Hugging Face uses for batched generation with left padding, with rejected drafts as extra holes.
 
-Prefill runs per request, alone, when it joins (:meth:`BatchedSpeculativeDecoder.add`; its time is
-the request's TTFT): the same one-forward prefill as batch 1.
+Prefill runs when a request joins (its time is the request's TTFT): alone (:meth:`BatchedSpeculativeDecoder.add`,
+the same one-forward prefill as batch 1), or for requests that join together in one left-padded forward
+(:meth:`~BatchedSpeculativeDecoder.add_many`).
 
 Drafting is per row (lookup is per row by nature; the model and head drafters run their forwards
 one row at a time here — batched drafting is not implemented).
@@ -40,6 +41,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from transformers import DynamicCache
 
 from learn2draft.control import DraftController, check_depth_feature_scale
 from learn2draft.decoding import CycleResult, SpeculativeDecoder
@@ -237,6 +239,85 @@ class BatchedSpeculativeDecoder:
         self._controllers[rid] = controller
         return rid
 
+    def add_many(self, prompts: Sequence[torch.Tensor], controllers: Sequence[DraftController],
+                 seeds: Sequence[int] | None = None, arrivals: Sequence[float] | None = None) -> list[int]:
+        """:meth:`add` for requests that join together: one batched prefill forward over the prompts, left-padded
+        to the longest (masked), instead of one forward each — what Hugging Face ``generate()`` does with a batch.
+
+        Args:
+            prompts: int64 (L_i,) each; controllers: one per prompt; seeds: one per prompt (default 0);
+            arrivals: clock readings (default: now).
+
+        Returns:
+            the request ids, in the order of ``prompts``.
+
+        Raises:
+            RuntimeError: the rows would exceed ``max_batch``.
+            ValueError: a bad prompt, mismatched lengths, or a controller scaled for another ``max_depth``.
+        """
+        n = len(prompts)
+        seeds = [0] * n if seeds is None else list(seeds)
+        if len(controllers) != n or len(seeds) != n or (arrivals is not None and len(arrivals) != n):
+            raise ValueError(f"add_many needs one controller, seed and arrival per prompt ({n} prompts).")
+        if len(self.rows) + n > self.max_batch:
+            raise RuntimeError(f"{n} requests do not fit: the batch holds {len(self.rows)} of {self.max_batch} rows.")
+        if n == 1:
+            return [self.add(prompts[0], controllers[0], seeds[0], None if arrivals is None else arrivals[0])]
+        for c in controllers:
+            check_depth_feature_scale(c, self.max_depth)
+        now = self.clock.now()
+        rows = []
+        for prompt, c, seed in zip(prompts, controllers, seeds):
+            row = _Row(self.pair, self.sampling, self.max_new_tokens, self.max_depth, seed=seed,
+                       drafter=self._make_drafter())
+            c.reset()
+            row.start(prompt, seed, prefill=False)
+            rows.append(row)
+        dev = self.pair.device
+        width = max(r.prompt_len for r in rows)
+        ids = torch.zeros(n, width, dtype=torch.long, device=dev)
+        valid = torch.zeros(n, width, dtype=torch.bool, device=dev)
+        for i, r in enumerate(rows):
+            ids[i, width - r.prompt_len :] = r.ids
+            valid[i, width - r.prompt_len :] = True
+        pos = (valid.long().cumsum(1) - 1).clamp_min(0)
+        causal = torch.ones(width, width, dtype=torch.bool, device=dev).tril()
+        allowed = (causal[None] & valid[:, None, :]) | torch.eye(width, dtype=torch.bool, device=dev)[None]
+        dtype = self.pair.target.dtype
+        mask = torch.zeros(n, 1, width, width, dtype=dtype, device=dev).masked_fill_(~allowed[:, None],
+                                                                                      torch.finfo(dtype).min)
+        need_hidden = rows[0].drafter.needs_target_hidden
+        cache = DynamicCache()
+        with torch.inference_mode():
+            out = self.pair.target(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True,
+                                   output_hidden_states=need_hidden)
+        t = self.clock.now()
+        rids, joined = [], []
+        for i, (r, c) in enumerate(zip(rows, controllers)):
+            if need_hidden:
+                r.drafter.observe_target(out.hidden_states[-1][i, width - r.prompt_len :], 0)
+            r._first_token(out.logits[i, -1:, : self.pair.vocab_size])
+            rid = self._next_id
+            self._next_id += 1
+            arrival = now if arrivals is None else float(arrivals[i])
+            self._results[rid] = RequestResult(rid, r.ids[: r.prompt_len].tolist(), r.ids[r.prompt_len :].tolist(),
+                                               [], arrival, t, t, [t] * r.generated)
+            rids.append(rid)
+            if not r.finished:
+                joined.append(i)
+                self._controllers[rid] = c
+        if joined:
+            keep = torch.tensor(joined, dtype=torch.long, device=dev)
+            for layer in cache.layers:
+                layer.keys, layer.values = layer.keys.index_select(0, keep), layer.values.index_select(0, keep)
+            slot_pos = torch.where(valid, pos, torch.full_like(pos, -1))
+            self._absorb(cache, width, valid.index_select(0, keep), slot_pos.index_select(0, keep))
+            for i in joined:
+                rows[i].target_cache = None
+                self.rows.append(rows[i])
+                self._ids.append(rids[i])
+        return rids
+
     def result(self, request_id: int) -> RequestResult:
         """The request's result so far (complete once it is no longer :attr:`running`).
 
@@ -259,21 +340,20 @@ class BatchedSpeculativeDecoder:
         return self._results[request_id]
 
     # ------------------------------------------------------------------- cache
-    def _absorb(self, cache, length: int) -> None:
-        """Append a prefilled row's batch-1 cache (length ``length``) to the batch, left-padding the shorter side."""
+    def _absorb(self, cache, length: int, valid: torch.Tensor | None = None, slot_pos: torch.Tensor | None = None):
+        """Append prefilled rows' cache (n rows, ``length`` slots; ``valid``/``slot_pos`` (n, length), default one
+        row with every slot valid) to the batch, left-padding the shorter side."""
         dev = self.pair.device
+        valid_row = torch.ones(1, length, dtype=torch.bool, device=dev) if valid is None else valid
+        pos_row = torch.arange(length, device=dev)[None] if slot_pos is None else slot_pos
         if self.cache is None or not self.rows:
-            self.cache = cache
-            self.valid = torch.ones(1, length, dtype=torch.bool, device=dev)
-            self.slot_pos = torch.arange(length, device=dev)[None]
+            self.cache, self.valid, self.slot_pos = cache, valid_row, pos_row
             return
         S = self.valid.shape[1]
         width = max(S, length)
         for layer, new in zip(self.cache.layers, cache.layers):
             layer.keys = torch.cat([_left_pad(layer.keys, width), _left_pad(new.keys, width)])
             layer.values = torch.cat([_left_pad(layer.values, width), _left_pad(new.values, width)])
-        valid_row = torch.ones(1, length, dtype=torch.bool, device=dev)
-        pos_row = torch.arange(length, device=dev)[None]
         self.valid = torch.cat([_left_pad(self.valid, width, dim=1), _left_pad(valid_row, width, dim=1)])
         self.slot_pos = torch.cat([_left_pad(self.slot_pos, width, dim=1, value=-1),
                                    _left_pad(pos_row, width, dim=1, value=-1)])
@@ -486,10 +566,14 @@ def serve(decoder: BatchedSpeculativeDecoder, requests: Sequence[Request],
     limit = min(concurrency or decoder.max_batch, decoder.max_batch)
     while queue or decoder.rows:
         now = decoder.clock.now() - t0
-        while queue and queue[0][0] <= now and decoder.batch_size < limit:
-            arrival, i = heapq.heappop(queue)
-            r = requests[i]
-            ids[i] = decoder.add(r.prompt_ids, controller(), seed=r.seed, arrival=t0 + arrival)
+        joining = []
+        while queue and queue[0][0] <= now and decoder.batch_size + len(joining) < limit:
+            joining.append(heapq.heappop(queue))
+        if joining:  # requests joining at one step boundary share one prefill forward
+            reqs = [requests[i] for _, i in joining]
+            rids = decoder.add_many([r.prompt_ids for r in reqs], [controller() for _ in reqs], [r.seed for r in reqs],
+                                    [t0 + a for a, _ in joining])
+            ids.update({i: rid for (_, i), rid in zip(joining, rids)})
         if decoder.rows:
             step = decoder.step(budget, waiting=sum(1 for a, _ in queue if a <= now))
             if on_step is not None:

@@ -228,7 +228,7 @@ class SpeculativeDecoder:
         self._started = False
 
     # ------------------------------------------------------------------ state
-    def start(self, prompt_ids: torch.Tensor, seed: int | None = None) -> None:
+    def start(self, prompt_ids: torch.Tensor, seed: int | None = None, prefill: bool = True) -> None:
         """Reset the state for a new prompt, prefill the target with the whole prompt in one forward
         and emit the first token from its last logits (the prefill is the first verification).
 
@@ -236,8 +236,10 @@ class SpeculativeDecoder:
         ``max_new_tokens`` = 1).
 
         Args:
-            prompt_ids: int64 (L,) or (1, L), L ≥ 1. Batch size 1 only: for several prompts call
-                :meth:`generate` once per prompt (a batched loop is not implemented).
+            prompt_ids: int64 (L,) or (1, L), L ≥ 1. Batch size 1 here: many requests at once are
+                :class:`learn2draft.batched.BatchedSpeculativeDecoder`'s.
+            prefill: False resets the state without the prefill forward (a batched prefill runs it for many rows,
+                then calls :meth:`_first_token` per row).
 
         Raises:
             ValueError: a batch of more than one prompt, a tensor of more than 2 dimensions, a
@@ -263,7 +265,12 @@ class SpeculativeDecoder:
         self._begin_cycle()
         self._started = True
         self.drafter.start(prompt_ids)
-        logits = self._target_forward(self.ids)[-1:]
+        if prefill:
+            self._first_token(self._target_forward(self.ids)[-1:])
+
+    def _first_token(self, logits: torch.Tensor) -> None:
+        """Draw and commit the first token from the prefill's last logits (float (1, V)); a batched prefill
+        (:meth:`learn2draft.batched.BatchedSpeculativeDecoder.add_many`) calls it per row."""
         self._target_row = logits[-1]
         self.target_len = self.prompt_len
         p = self.sampling.probs(logits, self.ids, source="target")

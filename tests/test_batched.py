@@ -9,7 +9,6 @@ decide a greedy token or a sampled one for these seeds.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from conftest import tiny_llama
@@ -141,6 +140,25 @@ def test_the_cache_is_cropped_and_compacted(close_pair):
         if dec.rows:
             widths.append((dec.valid.shape[1], int(dec.valid.sum(1).max())))
     assert all(w < 2 * v + 9 for w, v in widths)  # compaction keeps the slots under twice the longest row + a step
+
+
+@pytest.mark.parametrize("drafter", ["model", "head", "lookup"])
+def test_a_batched_prefill_of_prompts_of_other_lengths_gives_each_rows_greedy_output(close_pair, drafter):
+    dec = BatchedSpeculativeDecoder(close_pair, drafter_factory(drafter, close_pair), GREEDY, max_new_tokens=16,
+                                    max_depth=4)
+    first = dec.add_many(PROMPTS[:3], [ScheduleController(SCHEDULES[r]) for r in range(3)])
+    dec.step()
+    later = dec.add_many([PROMPTS[3]], [ScheduleController(SCHEDULES[3])])
+    while dec.rows:  # the cache invariant: each row attends to exactly the slots of the tokens its target has seen
+        assert [int(v) for v in dec.valid.sum(1)] == [r.target_len for r in dec.rows]
+        assert all(sorted(dec.slot_pos[i][dec.valid[i]].tolist()) == list(range(r.target_len))
+                   for i, r in enumerate(dec.rows))
+        dec.step()
+    for r, rid in enumerate(first + later):
+        assert dec.result(rid).tokens == greedy_reference(close_pair.target, PROMPTS[r], 16, close_pair.vocab_size,
+                                                          eos=close_pair.eos_token_ids), (drafter, r)
+    with pytest.raises(ValueError, match="one controller, seed and arrival per prompt"):
+        dec.add_many(PROMPTS[:2], [FixedDepthController(1)])
 
 
 def test_a_verification_budget_cuts_drafts_without_changing_greedy_output(close_pair):
