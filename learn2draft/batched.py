@@ -290,7 +290,7 @@ class BatchedSpeculativeDecoder:
         cache = DynamicCache()
         with torch.inference_mode():
             out = self.pair.target(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True,
-                                   output_hidden_states=need_hidden)
+                                   output_hidden_states=need_hidden, logits_to_keep=1)  # only the last row is read
         t = self.clock.now()
         rids, joined = [], []
         for i, (r, c) in enumerate(zip(rows, controllers)):
