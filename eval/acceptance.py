@@ -349,8 +349,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eval.acceptance", description=plain_doc(__doc__),
                                 formatter_class=HelpFormatter)
     p.add_argument("--traces", nargs="+", required=True,
-                   help="training chain trace file(s) from python -m eval.record (same models and drafter)")
-    p.add_argument("--heldout", nargs="+", required=True, help="held-out chain trace file(s): other prompts")
+                   help="training chain trace file(s) from python -m eval.record (same models and drafter), "
+                        "comma- or space-separated")
+    p.add_argument("--heldout", nargs="+", required=True,
+                   help="held-out chain trace file(s): other prompts, comma- or space-separated")
     p.add_argument("--sets", default=",".join(ACCEPTANCE_FEATURE_SETS),
                    help="feature sets to report, comma-separated (default: all)")
     p.add_argument("--l2", type=float, default=1e-3, help="L2 penalty of the logistic regressions")
@@ -375,6 +377,9 @@ def _run(args) -> int:
         from learn2draft.cli import check_out_file
 
         check_out_file(args.out, "--out")  # before the work: a folder or an unwritable place fails first
+    # comma-separated as the other tools take them, or space-separated
+    args.traces = [q for a in args.traces for q in a.split(",") if q]
+    args.heldout = [q for a in args.heldout for q in a.split(",") if q]
     train, heldout = load_traces(args.traces), load_traces(args.heldout)
     for w in check_compatible(train, heldout, args.traces, args.heldout, args.allow_mismatch):
         print(w, file=sys.stderr)

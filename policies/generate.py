@@ -45,6 +45,7 @@ from learn2draft.cli import (
     run_cli,
     threads_of,
 )
+from learn2draft.names import HYBRID_DRAFTERS
 
 
 class TextStream:
@@ -123,8 +124,9 @@ def _piece(tokenizer, before: list[int], tokens: list[int]) -> str:
     return tokenizer.decode(before + tokens, skip_special_tokens=True)[len(head):]
 
 
-def describe_cycle(tokenizer, cycle, index: int, before: list[int] | None = None) -> str:
-    """One line for ``--show-cycles``: the depth decided, the accepted draft tokens, and the
+def describe_cycle(tokenizer, cycle, index: int, before: list[int] | None = None, hybrid: bool = False) -> str:
+    """One line for ``--show-cycles``: the depth decided (with ``hybrid``, how many of the drafted tokens came from
+    lookup and how many from the neural drafter), the accepted draft tokens, and the
     corrected token (a draft token was rejected), the bonus token (every draft token was accepted)
     or the target's token (nothing was drafted). ``before``: the tokens generated before this cycle
     (decoded with them, a multi-byte character split across tokens prints whole)."""
@@ -132,7 +134,9 @@ def describe_cycle(tokenizer, cycle, index: int, before: list[int] | None = None
     tau, toks = cycle.num_accepted, cycle.tokens
     accepted, last = toks[:tau], toks[tau:]
     kind = "target" if cycle.depth == 0 else ("bonus" if tau == cycle.depth else "corrected")
-    parts = [f"cycle {index}: depth {cycle.depth}, accepted {tau}"]
+    source = (f" (lookup {cycle.depth - cycle.neural_drafted}, neural {cycle.neural_drafted})"
+              if hybrid and cycle.depth else "")
+    parts = [f"cycle {index}: depth {cycle.depth}{source}, accepted {tau}"]
     if accepted:
         parts.append(f"accepted={_piece(tokenizer, before, accepted)!r}")
     if last:
@@ -300,7 +304,8 @@ def _token_printer(args, pair, stream: TextStream, defer_text: bool, stdout: Tex
                 line = "prefill: target=" + repr(_piece(pair.tokenizer, [], tokens))
             else:
                 cycles_seen[0] += 1
-                line = describe_cycle(pair.tokenizer, cycle, cycles_seen[0], before=stream.ids)
+                line = describe_cycle(pair.tokenizer, cycle, cycles_seen[0], before=stream.ids,
+                                      hybrid=args.drafter in HYBRID_DRAFTERS)
             print(line, file=stderr, flush=True)
         text = stream.put(tokens)
         if not defer_text:

@@ -205,6 +205,10 @@ def test_the_command_writes_its_report_and_refuses_mismatched_traces(tmp_path, c
     assert main(["--traces", str(a), "--heldout", str(b), "--out", str(tmp_path / "r.json")]) == 0
     rep = json.loads((tmp_path / "r.json").read_text())
     assert rep["sets"]["target"]["auc_global"] > 0.95 and "| target |" in capsys.readouterr().out
+    c = held.save(tmp_path / "c")  # comma-separated, as the other tools take several traces
+    assert main(["--traces", f"{a},{c}", "--heldout", str(b), "--out", str(tmp_path / "r2.json")]) == 0
+    assert json.loads((tmp_path / "r2.json").read_text())["traces"] == [str(a), str(c)]
+    capsys.readouterr()
     held.header["drafter"] = {"drafter": "lookup"}
     with pytest.raises(ValueError, match="differ in drafter"):
         check_compatible(train, held, [str(a)], [str(b)])

@@ -170,6 +170,9 @@ def test_describe_cycle_marks_corrected_and_bonus(tok):
     part = CycleResult(ids[:2], 3, 3, 1, 0.0, 0.0, 0.0, False)
     assert "bonus=' c'" in gen.describe_cycle(tok, full, 1)
     assert "accepted=' a'" in gen.describe_cycle(tok, part, 2) and "corrected=' b'" in gen.describe_cycle(tok, part, 2)
+    mixed = CycleResult(ids[:2], 3, 3, 1, 0.0, 0.0, 0.0, False, neural_drafted=2)
+    assert "depth 3 (lookup 1, neural 2), accepted 1" in gen.describe_cycle(tok, mixed, 3, hybrid=True)
+    assert "lookup" not in gen.describe_cycle(tok, mixed, 3)  # a single drafter: no source
 
 
 def test_on_tokens_can_stop_a_generation_early(tiny_pair):
