@@ -14,14 +14,22 @@ vLLM and TensorRT-LLM decide, and it is where the cost of load enters (the batch
 
 Observation: float32 (len(SERVE_FEATURE_NAMES),), every entry in [0, 1]:
 
-* the load — running rows / max_batch, waiting requests / max_batch (capped at 1), tokens in flight (Σ contexts) /
-  (max_batch · context scale), mean and max row context / context scale (the context scale: the longest prompt plus
-  max_new_tokens of the traces; capped at 1);
+* the load — running rows / batch scale, waiting requests / batch scale (capped at 1), tokens in flight
+  (Σ contexts) / (batch scale · context scale), mean and max row context / context scale (the batch scale: the
+  profile's largest batch size, so that envs over other loads on the same profile show the same numbers; the context
+  scale: the longest prompt plus max_new_tokens of the traces; capped at 1);
 * the rows, averaged — the previous cycle's τ / max_depth, its accept fraction τ / depth (1 after depth 0 or before
   the first cycle), the draftable tokens / max_depth, the tokens left / max_new_tokens (draft-side or history only:
   nothing about the acceptance of this step's tokens);
 * this step's costs at the current batch size and context — verification growth ``1 − v(B, 1) / v(B, D + 1)`` and
   drafting ``r / (1 + r)`` with ``r = D · draft_step(B) / v(B, 1)`` (the profile's batched costs).
+
+Episodes (``episode``, as :mod:`envs.spec_decode`'s modes): ``"step"`` (the default, as ``train`` uses ``"cycle"``) —
+one episode = one batch step, ``terminated`` after it; the next :meth:`reset` without a seed continues the same
+stream and starts a new one (a new load drawn) only when it has finished, so that with any discount the return of a
+decision is exactly the scaled tokens/s of its step (the per-step objective); ``"stream"`` — one episode = the whole
+request stream, whose undiscounted return *sums per-step rates* and so favours many short steps (no speculation)
+over fast serving: use it with care.
 
 Reward: :func:`envs.reward.cycle_reward` of the step's aggregate tokens/s (tokens emitted by all rows over the
 step's simulated seconds; the prefills of joining requests are charged to the stream's clock and report but not to
@@ -50,6 +58,7 @@ from learn2draft.replay.serve import Load, NoSpeculation, ServeSimulator, as_loa
 from learn2draft.replay.traces import TraceSet, load_traces
 
 SERVE_ENV_ID = "learn2draft/ServeReplay-v0"
+SERVE_EPISODE_MODES = ("step", "stream")
 SERVE_FEATURE_NAMES = (
     "running_fraction", "waiting_fraction", "tokens_in_flight", "mean_context", "max_context",
     "mean_last_tau", "mean_last_accept_fraction", "mean_draftable", "mean_tokens_left",
@@ -73,10 +82,11 @@ class ServeReplayEnv(gym.Env):
         reward_scale: rewards are step tokens/s / ``reward_scale`` (> 0); None: the traces' plain-decoding rate at
             concurrency 1.
         charge_prefill, batch_context: as :class:`ServeSimulator`.
+        episode: ``"step"`` or ``"stream"`` (see the module docstring).
 
     Raises:
         ValueError: as :class:`ServeSimulator` (a profile without the batch axis names its file and the flag to
-            re-measure it with), an empty ``loads``, or a bad ``reward_scale``.
+            re-measure it with), an empty ``loads``, a bad ``reward_scale`` or ``episode``.
     """
 
     metadata = {"render_modes": []}
@@ -84,8 +94,11 @@ class ServeReplayEnv(gym.Env):
     def __init__(self, traces: TraceSet | str | Path | Sequence[str | Path], profile: LatencyProfile | str | Path,
                  loads: Sequence | None = None, num_requests: int = 16, max_depth: int | None = None,
                  max_new_tokens: int | None = None, max_batch: int | None = None, reward_scale: float | None = None,
-                 charge_prefill: bool = True, batch_context: str = "max"):
+                 charge_prefill: bool = True, batch_context: str = "max", episode: str = "step"):
         super().__init__()
+        if episode not in SERVE_EPISODE_MODES:
+            raise ValueError(f"episode must be one of {SERVE_EPISODE_MODES}, got {episode!r}.")
+        self.episode = episode
         self.traces = traces if isinstance(traces, TraceSet) else load_traces(traces)
         self.profile = profile if isinstance(profile, LatencyProfile) else load_profile(profile)
         if loads is None:
@@ -112,6 +125,7 @@ class ServeReplayEnv(gym.Env):
                                     max_new_tokens=self.max_new_tokens, charge_prefill=False)["tokens_per_s"] or 1.0
         self.reward_scale = check_reward_scale(reward_scale)
         self.context_scale = float(max(p.prompt_len for p in self.traces.prompts) + self.max_new_tokens)
+        self.batch_scale = max(self.profile.max_batch_size, self.max_batch)
         self.observation_space = spaces.Box(0.0, 1.0, shape=(len(SERVE_FEATURE_NAMES),), dtype=np.float32)
         self.action_space = spaces.Discrete(self.max_depth + 1)
         self.sim: ServeSimulator | None = None
@@ -121,7 +135,7 @@ class ServeReplayEnv(gym.Env):
     # ------------------------------------------------------------------ observation
     def _obs(self) -> np.ndarray:
         load, rows = self.sim.observe()
-        D, mb, cs = max(self.max_depth, 1), self.max_batch, self.context_scale
+        D, mb, cs = max(self.max_depth, 1), self.batch_scale, self.context_scale
         ld = rows.last_depth
         laf = np.where(ld > 0, rows.last_tau / np.maximum(ld, 1), 1.0)
         ctx = self.sim.batch_context_of(rows.context)
@@ -140,13 +154,20 @@ class ServeReplayEnv(gym.Env):
     # ------------------------------------------------------------------ gymnasium API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
         """Start a request stream under a load drawn uniformly from ``loads`` (``options={"load_index": k}`` forces
-        one); the simulator's seed (arrivals, T > 0 acceptances) is drawn from ``self.np_random``.
+        one); the simulator's seed (arrivals, T > 0 acceptances) is drawn from ``self.np_random``. In ``"step"``
+        mode a reset without a seed or options continues the current stream while it runs
+        (``options={"new_stream": True}`` forces a new one).
 
         Raises:
             ValueError: ``load_index`` out of range.
         """
         super().reset(seed=seed)
         options = options or {}
+        if (self.episode == "step" and seed is None and not options and self.sim is not None
+                and not self.sim.finished):
+            self._needs_reset = False
+            return self._obs(), {"load": self.loads[self.load_index].label, "load_index": self.load_index,
+                                 "new_stream": False}
         k = options.get("load_index")
         if k is None:
             k = int(self.np_random.integers(len(self.loads)))
@@ -156,7 +177,8 @@ class ServeReplayEnv(gym.Env):
         self.sim = self._sims[self.load_index]
         self.sim.reset(seed=int(self.np_random.integers(2**31)))
         self._needs_reset = False
-        return self._obs(), {"load": self.loads[self.load_index].label, "load_index": self.load_index}
+        return self._obs(), {"load": self.loads[self.load_index].label, "load_index": self.load_index,
+                             "new_stream": True}
 
     def step(self, action) -> tuple[np.ndarray, float, bool, bool, dict]:
         """Run one batch step in which every row drafts and verifies γ = ``action`` tokens (capped per row).
@@ -170,15 +192,41 @@ class ServeReplayEnv(gym.Env):
             raise RuntimeError("The episode has ended (or never started): call reset() first.")
         res = self.sim.step(int(action))
         reward = cycle_reward(res.tokens_per_second, self.reward_scale)
-        terminated = self.sim.finished
+        finished = self.sim.finished
+        terminated = finished or self.episode == "step"
         self._needs_reset = terminated
-        obs = np.zeros(self.observation_space.shape, np.float32) if terminated else self._obs()
+        obs = np.zeros(self.observation_space.shape, np.float32) if finished else self._obs()
         info = {"batch": res.batch, "gamma": int(action), "tokens": res.tokens, "seconds": res.seconds,
                 "prefill_seconds": res.prefill_seconds, "tokens_per_second": res.tokens_per_second,
-                "mean_tau": float(res.taus.mean()), "load": self.loads[self.load_index].label}
-        if terminated:
+                "mean_tau": float(res.taus.mean()), "load": self.loads[self.load_index].label,
+                "stream_finished": finished}
+        if finished:
             info["report"] = self.sim.report()
         return obs, reward, terminated, False, info
 
 
-__all__ = ["SERVE_ENV_ID", "SERVE_FEATURE_NAMES", "ServeReplayEnv"]
+def run_stream(env: ServeReplayEnv, act, seed: int = 0, load_index: int | None = None) -> dict:
+    """Serve one whole request stream of ``env`` with ``act(observation) -> γ`` (e.g. a trained SB3 model's
+    ``lambda o: model.predict(o, deterministic=True)[0]``), in either episode mode.
+
+    Args:
+        seed: the stream's reset seed; ``load_index``: which of the env's loads (default: drawn by the seed).
+
+    Returns:
+        the simulator's report (:meth:`learn2draft.replay.serve.ServeSimulator.report`) with ``actions``: the
+        count of each γ chosen, int list (max_depth + 1,).
+    """
+    options = {} if load_index is None else {"load_index": int(load_index)}
+    obs, _ = env.reset(seed=seed, options=options)
+    counts = np.zeros(env.max_depth + 1, dtype=np.int64)
+    while True:
+        a = int(act(obs))
+        counts[a] += 1
+        obs, _, _, _, info = env.step(a)
+        if info["stream_finished"]:
+            return {**info["report"], "actions": counts.tolist()}
+        if env.episode == "step":
+            obs, _ = env.reset()
+
+
+__all__ = ["SERVE_ENV_ID", "SERVE_EPISODE_MODES", "SERVE_FEATURE_NAMES", "ServeReplayEnv", "run_stream"]

@@ -309,23 +309,34 @@ def test_adaptive_verification_learns_the_margin_and_warms_up_on_whole_blocks():
 
 
 # ------------------------------------------------------------------ the environment
-def test_check_env_passes_and_the_env_is_registered():
-    env = ServeReplayEnv(synthetic_traces(), batched_profile(), loads=[1, 4, Load(rate=30.0)], num_requests=6)
+@pytest.mark.parametrize("episode", ["step", "stream"])
+def test_check_env_passes_and_the_env_is_registered(episode):
+    env = ServeReplayEnv(synthetic_traces(), batched_profile(), loads=[1, 4, Load(rate=30.0)], num_requests=6,
+                         episode=episode)
     check_env(env, skip_render_check=True)
     assert env.action_space.n == D + 1 and env.observation_space.shape == (11,)
-    made = gym.make(SERVE_ENV_ID, traces=synthetic_traces(), profile=batched_profile(), loads=[2], num_requests=4)
+    made = gym.make(SERVE_ENV_ID, traces=synthetic_traces(), profile=batched_profile(), loads=[2], num_requests=4,
+                    episode=episode)
     obs, info = made.reset(seed=0)
     assert info["load"] == "c=2" and made.observation_space.contains(obs)
-    total, done = 0.0, False
-    while not done:
+    total, steps, finished = 0.0, 0, False
+    while not finished:
         obs, r, done, trunc, info = made.step(2)
-        total += r
-    assert info["report"]["requests"] == 4 and total > 0
+        total, steps, finished = total + r, steps + 1, info["stream_finished"]
+        assert done == (finished or episode == "step") and not trunc
+        if done and not finished:
+            obs, info = made.reset()
+            assert not info["new_stream"]  # step episodes continue the stream
+    assert info["report"]["requests"] == 4 and total > 0 and steps == info["report"]["steps"]
+    _, info = made.reset()
+    assert info["new_stream"]
 
 
 def test_env_rewards_are_the_steps_aggregate_rate_over_the_plain_decoding_scale():
     tr, prof = synthetic_traces(), batched_profile()
     env = ServeReplayEnv(tr, prof, loads=[4], num_requests=8)
+    with pytest.raises(ValueError, match="episode must be"):
+        ServeReplayEnv(tr, prof, loads=[4], episode="generation")
     ar = simulate(tr, prof, NoSpeculation(), Load(concurrency=1), len(tr.prompts), charge_prefill=False)
     assert env.reward_scale == pytest.approx(ar["tokens_per_s"])
     env.reset(seed=1)
@@ -354,3 +365,27 @@ def test_compare_baselines_runs_every_method_on_the_same_loads():
     table = [r["tokens_per_s"] for r in out["methods"]["per-batch-size table"]]
     assert table[0] > nospec[0] and table[1] >= nospec[1] * (1 - 1e-9)  # speculates at c = 1, not at c = 8
     assert out["table"][0][2] > 0 and out["table"][-1][2] == 0
+
+
+def test_a_load_aware_policy_trains_in_seconds_and_never_loses_to_plain_decoding():
+    """PPO (SB3, 8,192 steps, seed 0, one thread; ≈ 10 s here) on ServeReplay-v0 over concurrencies 1, 2 and 8 with
+    the steep profile (speculation pays at B = 1 only) learns to speculate alone and not under load: at every level
+    ≥ plain decoding (to 1e-9) and ≥ 0.95 × the best fixed γ of that level (tolerance for an 8k-step policy)."""
+    import torch
+    from stable_baselines3 import PPO
+
+    from envs.serve import run_stream
+
+    torch.set_num_threads(1)
+    tr, prof = synthetic_traces(num_prompts=8), steep_profile()
+    env = ServeReplayEnv(tr, prof, loads=[1, 2, 8], num_requests=8)
+    model = PPO("MlpPolicy", env, n_steps=256, batch_size=64, seed=0, device="cpu")
+    model.learn(8192)
+    for k, c in enumerate((1, 2, 8)):
+        rep = run_stream(env, lambda o: model.predict(o, deterministic=True)[0], seed=1, load_index=k)
+        seed = env.sim.seed
+        fixed = [simulate(tr, prof, FixedGamma(g), Load(concurrency=c), 8, max_batch=8, seed=seed)["tokens_per_s"]
+                 for g in range(D + 1)]
+        assert rep["tokens_per_s"] >= fixed[0] * (1 - 1e-9), (c, rep["actions"], fixed)
+        assert rep["tokens_per_s"] >= 0.95 * max(fixed), (c, rep["actions"], fixed)
+    assert fixed[0] == max(fixed) and rep["actions"][0] == sum(rep["actions"])  # c = 8: never speculates
