@@ -146,7 +146,7 @@ class LatencyProfile:
     source: str = ""
     meta: dict = field(default_factory=dict)
     verify_batch: dict | None = None
-    path: str = ""
+    path: str = field(default="", compare=False)
 
     def __post_init__(self):
         self.validate()

@@ -36,7 +36,8 @@ not charged (``charge_prefill=False``) replays exactly what :func:`envs.replay.r
 
 Reported (:meth:`ServeSimulator.report`): aggregate tokens/s (all generated tokens, each prefill's first included,
 over the simulated time from the first arrival to the last finish), per-request tokens/s (tokens / request
-latency), TTFT (arrival → first token), inter-token latency (per request, (last token − first token time) / (n − 1)),
+latency), TTFT (arrival → first token), inter-token latency (per request of n > 1 tokens, (last token − first token time) /
+(n − 1)),
 request latency (arrival → last token), each as mean, p50 / p90 / p99 over requests; mean τ and mean depth over
 row-cycles, mean batch size over steps.
 
@@ -474,7 +475,7 @@ class ServeSimulator:
         first = np.asarray([r.first_token for r in reqs])
         finish = np.asarray([r.finish for r in reqs])
         latency = finish - arrival
-        itl = np.where(n > 1, (finish - first) / np.maximum(n - 1, 1), 0.0)
+        itl = ((finish - first) / (n - 1))[n > 1]  # requests of one token have no inter-token gap
         per_req = np.where(latency > 0, n / np.where(latency > 0, latency, 1.0), 0.0)
         span = float(finish.max() - arrival.min())
         tokens = float(n.sum())
