@@ -15,11 +15,19 @@ Measures, with device-synchronised clocks (learn2draft.timing.DeviceClock):
   contexts, median over levels 2..--draft-steps + 1 of real tree cycles (the first level, which
   also feeds the committed tokens, is not timed, as for a chain step), stored as the drafter's
   tree_level_seconds with W and k.
+* with --batch-sizes 1,2,4,8,16 (issue 17, replay under load): the batch axis — one target forward over B rows of
+  n new tokens each (B·n batched tokens) after c cached tokens per row, plus the processing of each row's logits,
+  for B in --batch-sizes, n in --tokens and c in --batch-contexts (default: the first of --contexts): the batched
+  KV cache is one prefill of B copies of the context, each timed forward is cropped back (cache.crop) before the
+  next, median of --repeats, sizes interleaved; and one draft step of all B rows per drafter (model: one draft-model
+  forward over B rows with a batched cache; lookup and head: B single-row steps, B × the median step, as they run
+  per row here). Stored as verify_batch and each drafter's batch_step_seconds.
 
 Writes a small JSON profile (learn2draft.replay.latency) with the machine it ran on. Example::
 
     nice -n 19 python -m eval.profile --out learn2draft/replay/profiles/cpu-2core.json --name cpu-2core
     python -m eval.profile --device cuda --drafter model,lookup --out my-gpu.json
+    python -m eval.profile --device cuda --drafter model,lookup --batch-sizes 1,2,4,8,16 --out my-gpu.json
 
 With --random-weights SHAPE the target is a real architecture with random weights (eval.shapes: smollm2-135m,
 llama-3.2-1b, llama-3.1-8b, or a config.json), built on the device: costs depend on shapes, not weights, so these
@@ -99,6 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overhead-prompts", type=int, default=2, help="training prompts generated for the overhead fit")
     p.add_argument("--overhead-tokens", type=int, default=32, help="tokens per generation of the overhead fit")
     p.add_argument("--overhead-depths", default="0,2,4", help="fixed depths of the overhead fit")
+    p.add_argument("--batch-sizes", default=None,
+                   help="also measure the batch axis at these batch sizes, comma-separated (e.g. 1,2,4,8,16): "
+                        "verification of B rows and a draft step of B rows, for replay under load")
+    p.add_argument("--batch-contexts", default=None,
+                   help="context lengths (cached tokens per row) of the batch axis (default: the first of --contexts)")
     p.add_argument("--name", default=None, help="profile name (default: cpu-<cores>core or the GPU's name)")
     p.add_argument("--note", default="", help="free text added to the profile's source, e.g. 'under nice -n 19'")
     add_out_arg(p, "the profile's JSON file (default runs/profiles/<name>.json)")
@@ -159,6 +172,90 @@ def measure_verify(pair, sampling, seq, contexts: list[int], tokens: list[int], 
                     if rep:
                         times[n].append(dt)
             table.append([statistics.median(times[n]) for n in tokens])
+    return table
+
+
+def measure_verify_batched(pair, sampling, seq, contexts: list[int], batch_sizes: list[int], tokens: list[int],
+                           repeats: int) -> list[list[list[float]]]:
+    """Median seconds of one target forward over B rows of n new tokens each after c cached tokens per row, plus
+    ``sampling.probs`` of every row's logits, as float (len(contexts), len(batch_sizes), len(tokens)).
+
+    The batched KV cache is one prefill of B copies of ``seq[:c]``; each timed forward of the (B, n) tokens
+    ``seq[c:c+n]`` (the same in every row) is cropped back to c (``cache.crop(-n)``) before the next. Token counts are
+    interleaved (a rotated order per repeat); one unrecorded warm-up pass per (c, B). Timed with
+    :class:`learn2draft.timing.DeviceClock` (``torch.cuda.synchronize`` on CUDA)."""
+    import torch
+    from transformers import DynamicCache
+
+    from learn2draft.timing import DeviceClock
+
+    clock = DeviceClock(pair.device)
+    V = pair.vocab_size
+    table = []
+    with torch.inference_mode():
+        for c in contexts:
+            per_b = []
+            for B in batch_sizes:
+                cache = DynamicCache()
+                pair.target(input_ids=seq[None, :c].expand(B, c).contiguous(), cache=cache, use_cache=True)
+                times = {n: [] for n in tokens}
+                for rep in range(repeats + 1):
+                    k = rep % len(tokens)
+                    for n in tokens[k:] + tokens[:k]:
+                        ids = seq[None, c:c + n].expand(B, n).contiguous()
+                        t0 = clock.now()
+                        out = pair.target(input_ids=ids, cache=cache, use_cache=True)
+                        for r in range(B):
+                            sampling.probs(out.logits[r, :, :V], seq[: c + 1], seq[c + 1:c + n], source="target")
+                        dt = clock.now() - t0
+                        cache.crop(-n)  # back to c cached tokens per row
+                        if rep:
+                            times[n].append(dt)
+                per_b.append([statistics.median(times[n]) for n in tokens])
+                del cache
+            table.append(per_b)
+    return table
+
+
+def measure_draft_batched(pair, drafter_name: str, sampling, seq, contexts: list[int], batch_sizes: list[int],
+                          steps: int, repeats: int, single_step: list[float]) -> list[list[float]]:
+    """Seconds of one draft step of B rows together, as float (len(contexts), len(batch_sizes)).
+
+    ``model``: median of one draft-model forward over (B, 1) tokens after c cached tokens per row (a batched cache,
+    one prefill of B copies of the context, cropped back after each step) plus ``sampling.probs`` of every row, over
+    ``steps`` × ``repeats`` steps. ``lookup`` and ``head`` run per row here: B × ``single_step`` (the median
+    single-row :meth:`Drafter.propose` of :func:`measure_draft_step` at that context)."""
+    if drafter_name != "model":
+        return [[B * s for B in batch_sizes] for s in single_step]
+    import torch
+    from transformers import DynamicCache
+
+    from learn2draft.timing import DeviceClock
+
+    clock = DeviceClock(pair.device)
+    V = pair.vocab_size
+    table = []
+    with torch.inference_mode():
+        for c in contexts:
+            row = []
+            for B in batch_sizes:
+                cache = DynamicCache()
+                pair.draft(input_ids=seq[None, :c].expand(B, c).contiguous(), cache=cache, use_cache=True)
+                times = []
+                for rep in range(repeats + 1):
+                    for k in range(steps):
+                        ids = seq[None, c + k:c + k + 1].expand(B, 1).contiguous()
+                        t0 = clock.now()
+                        out = pair.draft(input_ids=ids, cache=cache, use_cache=True)
+                        for r in range(B):
+                            sampling.probs(out.logits[r, -1:, :V], seq[: c + k + 1], None, source="draft")
+                        dt = clock.now() - t0
+                        if rep:
+                            times.append(dt)
+                    cache.crop(-steps)  # back to c cached tokens per row
+                row.append(statistics.median(times))
+                del cache
+            table.append(row)
     return table
 
 
@@ -271,15 +368,20 @@ def measure_overheads(pair, drafter_name: str, head, sampling, prompts, max_new_
 def measure_profile(pair, drafters: list[str], head=None, sampling=None, contexts=(128, 512, 1024),
                     tokens=(1, 2, 4, 8, 16, 32, 64), repeats: int = 5, draft_steps: int = 8, overhead_prompts: int = 2,
                     overhead_tokens: int = 32, overhead_depths=(0, 2, 4), name: str = "", note: str = "",
-                    progress=print, tree_width: int | None = None, tree_top_k: int = 4):
+                    progress=print, tree_width: int | None = None, tree_top_k: int = 4,
+                    batch_sizes=None, batch_contexts=None):
     """Measure a :class:`learn2draft.replay.latency.LatencyProfile` for ``pair`` and ``drafters`` on this machine.
+
+    With ``batch_sizes`` (e.g. (1, 2, 4, 8, 16)) the profile also gets the batch axis (``verify_batch`` and each
+    drafter's ``batch_step_seconds``; :func:`measure_verify_batched`, :func:`measure_draft_batched`) at
+    ``batch_contexts`` (default: the first of ``contexts``) and the same ``tokens``.
 
     With ``tree_width`` (W ≥ 1), the drafters that draft trees (model, head) also get ``tree_level_seconds``
     (:func:`measure_tree_level` at W and ``tree_top_k``); others (lookup) keep none.
 
     Raises:
         ValueError: ``tokens`` does not start at 1, a context plus the largest token count exceeds the
-            pair's context window, or ``tree_width`` / ``tree_top_k`` < 1.
+            pair's context window, or ``tree_width`` / ``tree_top_k`` < 1, or a batch size < 1.
     """
     from learn2draft.drafters import make_drafter
     from learn2draft.prompts import load_prompts
@@ -294,9 +396,24 @@ def measure_profile(pair, drafters: list[str], head=None, sampling=None, context
         raise ValueError(f"context {contexts[-1]} + {tokens[-1]} tokens exceeds the pair's window of {pair.max_context}.")
     if tree_width is not None and (tree_width < 1 or tree_top_k < 1):
         raise ValueError(f"--tree-width and --tree-top-k must be ≥ 1, got {tree_width} and {tree_top_k}.")
-    seq = token_stream(pair, contexts[-1] + tokens[-1] + draft_steps + 2)
+    if batch_sizes is not None:
+        batch_sizes = sorted({int(b) for b in batch_sizes})
+        batch_contexts = sorted({int(c) for c in (batch_contexts or contexts[:1])})
+        if not batch_sizes or batch_sizes[0] < 1:
+            raise ValueError(f"--batch-sizes must be integers ≥ 1, got {batch_sizes}.")
+        if pair.max_context and batch_contexts[-1] + max(tokens[-1], draft_steps + 1) > pair.max_context:
+            raise ValueError(f"--batch-contexts {batch_contexts[-1]} + {tokens[-1]} tokens exceeds the pair's window of "
+                             f"{pair.max_context}.")
+    longest = max(contexts[-1], batch_contexts[-1] if batch_sizes is not None else 0)
+    seq = token_stream(pair, longest + tokens[-1] + draft_steps + 2)
     progress(f"verify: contexts {contexts} × tokens {tokens}, {repeats} repeats …")
     verify = measure_verify(pair, sampling, seq, contexts, tokens, repeats)
+    verify_batch = None
+    if batch_sizes is not None:
+        progress(f"batched verify: batch sizes {batch_sizes} × tokens {tokens} at contexts {batch_contexts} …")
+        verify_batch = {"batch_sizes": batch_sizes, "tokens": list(tokens), "contexts": [float(c) for c in batch_contexts],
+                        "seconds": measure_verify_batched(pair, sampling, seq, batch_contexts, batch_sizes, tokens,
+                                                          repeats)}
     costs = {}
     prompts = [pair.encode_prompt(p) for p in load_prompts("train")[:overhead_prompts]]
     for d in drafters:
@@ -310,8 +427,19 @@ def measure_profile(pair, drafters: list[str], head=None, sampling=None, context
             secs = measure_tree_level(pair, dr, sampling, seq, contexts, draft_steps, repeats, tree_width, tree_top_k)
             tree_level = {"contexts": [float(c) for c in contexts], "seconds": secs, "width": int(tree_width),
                           "top_k": int(tree_top_k)}
+        batch_step = None
+        if batch_sizes is not None:
+            progress(f"drafter {d}: batched draft steps (batch sizes {batch_sizes}) …")
+            single = (step if batch_contexts == list(contexts)
+                      else measure_draft_step(pair, dr, sampling, seq, batch_contexts, draft_steps, repeats))
+            batch_step = {"batch_sizes": batch_sizes, "contexts": [float(c) for c in batch_contexts],
+                          "seconds": measure_draft_batched(pair, d, sampling, seq, batch_contexts, batch_sizes,
+                                                           draft_steps, repeats, single),
+                          "how": ("one draft-model forward over the B rows" if d == "model"
+                                  else "B × the single-row step (this drafter runs per row)")}
         costs[d] = DrafterCost(list(contexts), step, ov["step_overhead_seconds"], ov["cycle_overhead_seconds"],
-                               {"config": dr.extra_config(), "loop_measurements": ov["loop_measurements"]}, tree_level)
+                               {"config": dr.extra_config(), "loop_measurements": ov["loop_measurements"]}, tree_level,
+                               batch_step)
     machine = machine_info(str(pair.device))
     machine["dtype"] = str(next(pair.target.parameters()).dtype).replace("torch.", "")
     source = (f"measured by python -m eval.profile on {machine.get('gpu') or machine['cpu']} ({machine['cores']} cores, "
@@ -324,7 +452,10 @@ def measure_profile(pair, drafters: list[str], head=None, sampling=None, context
         meta={"target": pair.target_name, "draft": pair.draft_name, "sampling": sampling.to_dict(),
               "model": "seconds(d, c) = d·(draft_step(c) + step_overhead) + verify(d+1, c) + cycle_overhead"
                        + ("; tree cycle: d·(tree_level(c) + step_overhead) + verify(V+1, c) + cycle_overhead"
-                          if tree_width is not None else "")},
+                          if tree_width is not None else "")
+                       + ("; batched step of B rows: d·draft_step_batched(B, c) + verify_batched(B, d+1, c) + overheads"
+                          if batch_sizes is not None else "")},
+        verify_batch=verify_batch,
     )
 
 
@@ -347,6 +478,12 @@ def _run(args) -> int:
         raise ValueError(f"--drafter {args.drafter!r}: use one or more of {', '.join(DRAFTERS)} joined by commas.")
     contexts, tokens = _ints(args.contexts, "contexts"), _ints(args.tokens, "tokens")
     depths = _ints(args.overhead_depths, "overhead-depths")
+    batch_sizes = _ints(args.batch_sizes, "batch-sizes") if args.batch_sizes is not None else None
+    batch_contexts = _ints(args.batch_contexts, "batch-contexts") if args.batch_contexts is not None else None
+    if batch_contexts is not None and batch_sizes is None:
+        raise ValueError("--batch-contexts applies to the batch axis measured with --batch-sizes: add --batch-sizes.")
+    if batch_sizes is not None and batch_sizes[0] < 1:
+        raise ValueError(f"--batch-sizes {args.batch_sizes!r}: batch sizes must be ≥ 1.")
     if args.repeats < 1 or args.draft_steps < 1 or args.overhead_prompts < 1 or args.overhead_tokens < 2:
         raise ValueError("--repeats, --draft-steps and --overhead-prompts must be ≥ 1 and --overhead-tokens ≥ 2.")
     threads_of(args)  # checked before measuring
@@ -378,7 +515,7 @@ def _run(args) -> int:
                            draft_steps=args.draft_steps, overhead_prompts=args.overhead_prompts,
                            overhead_tokens=args.overhead_tokens, overhead_depths=depths, name=args.name or "",
                            note=args.note, progress=lambda m: print(m, file=sys.stderr), tree_width=args.tree_width,
-                           tree_top_k=args.tree_top_k)
+                           tree_top_k=args.tree_top_k, batch_sizes=batch_sizes, batch_contexts=batch_contexts)
     out = Path(args.out) if args.out else Path("runs") / "profiles" / f"{prof.name}.json"
     prof.meta["measure_seconds"] = round(time.perf_counter() - t0, 1)
     prof.save(out)
@@ -390,6 +527,9 @@ def _run(args) -> int:
                       **({"tree_level_ms": {d: round(1e3 * c.tree_level["seconds"][0], 3)
                                             for d, c in prof.drafters.items() if c.tree_level is not None}}
                          if args.tree_width is not None else {}),
+                      **({"verify_batched_ms_at_1_token": {
+                          int(b): round(1e3 * float(prof.verify_batched(int(b), 1, prof.verify_batch["contexts"][0])), 3)
+                          for b in prof.verify_batch["batch_sizes"]}} if prof.has_batch_axis else {}),
                       "seconds": prof.meta["measure_seconds"]}, indent=2))
     return 0
 

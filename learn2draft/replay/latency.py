@@ -46,6 +46,27 @@ File format (``format: learn2draft-profile``, ``format_version: 1``)::
 (``tree_level_seconds`` is optional and keeps ``format_version`` 1: older files read as before;
 its ``width`` / ``top_k`` say which tree shape it was measured at, null when assumed independent of it.)
 
+Batch axis (optional, issue 17; keeps ``format_version`` 1)
+-----------------------------------------------------------
+For replay under load (:mod:`learn2draft.replay.serve`) a profile may also hold what a *batched* step costs,
+measured by ``python -m eval.profile --batch-sizes 1,2,4,8,16``::
+
+    "verify_batch": {"batch_sizes": [1, 2, 4, 8, 16], "tokens": [1, 2, 4, 8], "contexts": [128],
+                     "seconds": [[[...per token count...] ...per batch size...] ...per context...]},
+    "drafters": {"model": {..., "batch_step_seconds": {"batch_sizes": [1, 2, 4, 8, 16], "contexts": [128],
+                                                       "seconds": [[...per batch size...] ...per context...]}}}
+
+``verify_batch`` seconds[c][b][n]: one target forward over B = batch_sizes[b] rows of n = tokens[n] new tokens each
+(B·n batched tokens) after contexts[c] cached tokens per row, plus the processing of its logits;
+``batch_step_seconds`` seconds[c][b]: one draft step of all B rows together (per row: seconds / B).
+:meth:`LatencyProfile.verify_batched` and :meth:`LatencyProfile.draft_step_batched` read them: linear in the
+batch size between tabulated sizes (more rows than tabulated is an error), linear in tokens over the table made
+monotone (a running maximum along tokens: a median a little below its smaller neighbour is noise), and in context
+like the single-sequence tables. At B = 1 both read the single-sequence tables (:meth:`verify`,
+:meth:`draft_step`), so that batch-1 replay under load is the single-sequence replay exactly. A profile without the
+axis still loads and serves B = 1; asked for B > 1 it raises one error naming its file and the flag to re-measure
+with (:meth:`LatencyProfile.require_batch_axis`).
+
 This module needs numpy only (the machine a profile was measured on is described by
 :func:`eval.profile.machine_info`, which needs torch).
 """
@@ -85,7 +106,9 @@ class DrafterCost:
     """Per-drafter costs (seconds): ``step_contexts`` / ``step_seconds`` tabulate one draft step over context
     lengths; ``step_overhead_seconds`` per draft decision; ``cycle_overhead_seconds`` per cycle;
     ``tree_level`` (optional) one draft-tree level, ``{"contexts": [...], "seconds": [...], "width": W | None,
-    "top_k": k | None}`` (None: the profile has none, tree costs fall back to the step cost)."""
+    "top_k": k | None}`` (None: the profile has none, tree costs fall back to the step cost); ``batch_step``
+    (optional, the batch axis) one draft step of B rows together, ``{"batch_sizes": [...], "contexts": [...],
+    "seconds": [[...per batch size...] ...per context...]}``."""
 
     step_contexts: list[float]
     step_seconds: list[float]
@@ -93,6 +116,7 @@ class DrafterCost:
     cycle_overhead_seconds: float = 0.0
     extra: dict = field(default_factory=dict)
     tree_level: dict | None = None
+    batch_step: dict | None = None  # {"batch_sizes": [...], "contexts": [...], "seconds": [[per B] per context]}
 
 
 @dataclass
@@ -108,6 +132,9 @@ class LatencyProfile:
         machine: the machine the numbers belong to (CPU/GPU model, cores, torch version, device, dtype, …).
         source: how the numbers were obtained (measured with which command, or hand-written from what).
         meta: every other top-level entry of the file (target, draft, notes, raw measurements).
+        verify_batch: the batch axis of verification (see the module docstring), ``{"batch_sizes": [...],
+            "tokens": [...], "contexts": [...], "seconds": (contexts, batch sizes, tokens)}``; None without it.
+        path: the file it was read from ("" when built in Python); named in errors, not written.
     """
 
     name: str
@@ -118,6 +145,8 @@ class LatencyProfile:
     machine: dict = field(default_factory=dict)
     source: str = ""
     meta: dict = field(default_factory=dict)
+    verify_batch: dict | None = None
+    path: str = field(default="", compare=False)
 
     def __post_init__(self):
         self.validate()
@@ -160,8 +189,47 @@ class LatencyProfile:
                     raise ValueError(f"Profile {self.name!r}, drafter {d!r}: tree_level_seconds contexts must be "
                                      "increasing and match its seconds in length.")
                 vals += ty.tolist()
+            if cost.batch_step is not None:
+                vals += self._batch_table(cost.batch_step, f"drafter {d!r} batch_step_seconds", ()).reshape(-1).tolist()
             if not all(math.isfinite(v) and v >= 0 for v in vals):
                 raise ValueError(f"Profile {self.name!r}, drafter {d!r}: costs must be finite seconds ≥ 0.")
+        if self.verify_batch is not None:
+            vb = self._batch_table(self.verify_batch, "verify_batch", ("tokens",))
+            if not np.all(vb > 0):
+                raise ValueError(f"Profile {self.name!r}: verify_batch seconds must be positive finite numbers.")
+            tok = np.asarray(self.verify_batch["tokens"], dtype=np.float64)
+            if tok[0] != 1 or np.any(tok != np.round(tok)):
+                raise ValueError(f"Profile {self.name!r}: verify_batch tokens must be integers starting at 1, got "
+                                 f"{self.verify_batch['tokens']}.")
+
+    def _batch_table(self, table: dict, what: str, inner: tuple[str, ...]) -> np.ndarray:
+        """``table["seconds"]`` as float64 (contexts, batch sizes, *inner axes), after checking its axes.
+
+        Raises:
+            ValueError: a missing axis, axes not increasing (batch sizes: integers ≥ 1), a shape that does not match
+                them, or non-finite seconds.
+        """
+        axes = ("contexts", "batch_sizes", *inner)
+        try:
+            knots = [np.asarray(table[a], dtype=np.float64) for a in axes]
+            secs = np.asarray(table["seconds"], dtype=np.float64)
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"Profile {self.name!r}: {what} must be {{{', '.join(repr(a) + ': [...]' for a in axes)}, "
+                             "'seconds': [...]} (see learn2draft.replay.latency).") from None
+        for a, k in zip(axes, knots):
+            if k.ndim != 1 or k.size == 0 or np.any(np.diff(k) <= 0) or k[0] < (1 if a == "batch_sizes" else 0):
+                raise ValueError(f"Profile {self.name!r}: {what} {a} must be increasing"
+                                 f"{' integers ≥ 1' if a == 'batch_sizes' else ' and ≥ 0'}, got {table[a]}.")
+        b = knots[1]
+        if np.any(b != np.round(b)):
+            raise ValueError(f"Profile {self.name!r}: {what} batch_sizes must be integers, got {table['batch_sizes']}.")
+        shape = tuple(k.size for k in knots)
+        if secs.shape != shape:
+            raise ValueError(f"Profile {self.name!r}: {what} seconds must have shape ({', '.join(axes)}) = {shape}, "
+                             f"got shape {secs.shape}.")
+        if not np.all(np.isfinite(secs)) or np.any(secs < 0):
+            raise ValueError(f"Profile {self.name!r}: {what} seconds must be finite numbers ≥ 0.")
+        return secs
 
     def cost(self, drafter: str) -> DrafterCost:
         """The costs of ``drafter``.
@@ -218,6 +286,110 @@ class LatencyProfile:
         ys = np.asarray(cost.step_seconds, dtype=np.float64)
         lo, hi, w = _ctx_weights(c.reshape(-1), np.asarray(cost.step_contexts, dtype=np.float64))
         return ((1 - w) * ys[lo] + w * ys[hi]).reshape(c.shape)
+
+    # ------------------------------------------------------------------ the batch axis
+    @property
+    def has_batch_axis(self) -> bool:
+        """Whether the profile holds the batch axis of verification (``verify_batch``; see the module docstring)."""
+        return self.verify_batch is not None
+
+    @property
+    def max_batch_size(self) -> int:
+        """The largest batch size the profile tabulates (1 without the batch axis)."""
+        return int(self.verify_batch["batch_sizes"][-1]) if self.verify_batch is not None else 1
+
+    def require_batch_axis(self, batch_size: int, drafter: str | None = None) -> None:
+        """Check that the profile can cost a step of ``batch_size`` rows (and, with ``drafter``, that drafter's
+        batched draft step).
+
+        Raises:
+            ValueError: ``batch_size`` < 1; > 1 on a profile without the batch axis (the message names the profile's
+                file and the flag to re-measure it with); above the largest tabulated batch size.
+        """
+        if batch_size < 1:
+            raise ValueError(f"Batch size must be ≥ 1, got {batch_size}.")
+        if batch_size == 1:
+            return
+        where = f" ({self.path})" if self.path else ""
+        flag = f"`python -m eval.profile --batch-sizes 1,2,4,8,16{' --out ' + self.path if self.path else ''}`"
+        if self.verify_batch is None:
+            raise ValueError(f"Profile {self.name!r}{where} has no batch axis (verification and draft costs per batch "
+                             f"size), needed for a batch of {batch_size} rows: re-measure it with {flag}.")
+        if drafter is not None and self.cost(drafter).batch_step is None:
+            raise ValueError(f"Profile {self.name!r}{where} has no batched draft cost of the {drafter!r} drafter "
+                             f"(batch_step_seconds), needed for a batch of {batch_size} rows: re-measure it with "
+                             f"{flag[:-1]} --drafter {drafter}`.")
+        if batch_size > self.max_batch_size:
+            raise ValueError(f"Profile {self.name!r}{where} tabulates batches of up to {self.max_batch_size} rows, asked "
+                             f"for {batch_size}: lower the concurrency (max_batch) or measure larger sizes with "
+                             f"`python -m eval.profile --batch-sizes ...`.")
+
+    def verify_batched(self, batch_size: int, tokens, context, extrapolate: bool = False) -> np.ndarray:
+        """Seconds of one batched verification forward: ``batch_size`` rows of ``tokens`` new tokens each (rows padded
+        to one length: B·tokens batched tokens) after ``context`` cached tokens per row.
+
+        B = 1 is :meth:`verify` (the single-sequence table), exactly. B > 1 reads ``verify_batch``: linear in B
+        between the tabulated batch sizes, linear in tokens over the table made monotone along tokens (a running
+        maximum), in context as :meth:`verify` (constant below the smallest, the last slope above the largest).
+
+        Args:
+            batch_size: rows B (int ≥ 1); ``tokens``: int or int array (m,) ≥ 1, new tokens per row; ``context``:
+                number or array broadcastable with it.
+            extrapolate: allow token counts above the table (linear along its last two token counts), as
+                :meth:`verify`.
+
+        Returns:
+            float64 array of the broadcast shape (seconds), non-decreasing in ``tokens``.
+
+        Raises:
+            ValueError: B > 1 without the batch axis or above its largest size (:meth:`require_batch_axis`); a token
+                count below 1 or above the table without ``extrapolate``.
+        """
+        B = int(batch_size)
+        self.require_batch_axis(B)
+        if B == 1:
+            return self.verify(tokens, context, extrapolate=extrapolate)
+        vb = self.verify_batch
+        n, c = np.broadcast_arrays(np.asarray(tokens, dtype=np.float64), np.asarray(context, dtype=np.float64))
+        ns = np.asarray(vb["tokens"], dtype=np.float64)
+        if n.size and (n.min() < 1 or (n.max() > ns[-1] and not extrapolate)):
+            raise ValueError(f"Profile {self.name!r} tabulates batched verification of 1..{int(ns[-1])} tokens per row, "
+                             f"asked for {int(n.min())}..{int(n.max())}: use a smaller max_depth or measure larger "
+                             "sizes (python -m eval.profile --tokens).")
+        secs = np.maximum.accumulate(np.asarray(vb["seconds"], dtype=np.float64), axis=2)  # (C, B, N), monotone in n
+        at_b = _along(secs, np.asarray(vb["batch_sizes"], dtype=np.float64), float(B), axis=1)  # (C, N)
+        flat_n, flat_c = n.reshape(-1), c.reshape(-1)
+        by_ctx = []
+        for row in at_b:
+            y = np.interp(flat_n, ns, row)
+            if ns.size > 1:
+                above = flat_n > ns[-1]
+                y[above] = row[-1] + (flat_n[above] - ns[-1]) * (row[-1] - row[-2]) / (ns[-1] - ns[-2])
+            by_ctx.append(y)
+        by_ctx = np.stack(by_ctx)  # (C, m)
+        lo, hi, w = _ctx_weights(flat_c, np.asarray(vb["contexts"], dtype=np.float64))
+        cols = np.arange(flat_n.shape[0])
+        return ((1 - w) * by_ctx[lo, cols] + w * by_ctx[hi, cols]).reshape(n.shape)
+
+    def draft_step_batched(self, drafter: str, batch_size: int, context) -> np.ndarray:
+        """Seconds of one draft step of ``drafter`` for ``batch_size`` rows together at ``context`` committed tokens
+        per row (number or array): :meth:`draft_step` at B = 1, exactly; else ``batch_step_seconds``, linear in B
+        between tabulated sizes and in context as :meth:`draft_step`.
+
+        Raises:
+            ValueError: an unknown drafter; B > 1 without the batch axis, without the drafter's batched step cost, or
+                above the largest tabulated batch size (:meth:`require_batch_axis`).
+        """
+        B = int(batch_size)
+        self.require_batch_axis(B, drafter)
+        if B == 1:
+            return self.draft_step(drafter, context)
+        bs = self.cost(drafter).batch_step
+        at_b = _along(np.asarray(bs["seconds"], dtype=np.float64), np.asarray(bs["batch_sizes"], dtype=np.float64),
+                      float(B), axis=1)  # (C,)
+        c = np.asarray(context, dtype=np.float64)
+        lo, hi, w = _ctx_weights(c.reshape(-1), np.asarray(bs["contexts"], dtype=np.float64))
+        return ((1 - w) * at_b[lo] + w * at_b[hi]).reshape(c.shape)
 
     def has_tree_level(self, drafter: str) -> bool:
         """Whether ``drafter`` has a measured (or stated) ``tree_level_seconds``; if not, :meth:`tree_level` falls
@@ -304,8 +476,10 @@ class LatencyProfile:
                              "step_overhead_seconds": float(v.step_overhead_seconds),
                              "cycle_overhead_seconds": float(v.cycle_overhead_seconds),
                              **({"tree_level_seconds": dict(v.tree_level)} if v.tree_level is not None else {}),
+                             **({"batch_step_seconds": dict(v.batch_step)} if v.batch_step is not None else {}),
                              **v.extra}
                          for k, v in self.drafters.items()},
+            **({"verify_batch": dict(self.verify_batch)} if self.verify_batch is not None else {}),
         }
 
     def save(self, path: str | Path) -> Path:
@@ -339,27 +513,34 @@ class LatencyProfile:
             for k, d in data["drafters"].items():
                 extra = {kk: vv for kk, vv in d.items()
                          if kk not in ("step_seconds", "step_overhead_seconds", "cycle_overhead_seconds",
-                                       "tree_level_seconds")}
+                                       "tree_level_seconds", "batch_step_seconds")}
                 tl = d.get("tree_level_seconds")
                 if tl is not None and not isinstance(tl, dict):
                     raise TypeError("'tree_level_seconds' must be an object")
                 if tl is not None:
                     tl = {**tl, **{key: _numbers(tl[key], f"drafter {k!r} tree_level_seconds {key}", where)
                                    for key in ("contexts", "seconds") if key in tl}}
+                bst = d.get("batch_step_seconds")
+                if bst is not None:
+                    bst = _batch_numbers(bst, f"drafter {k!r} batch_step_seconds", where, ())
                 # Every cost is required: a missing (or misspelt) one would silently be a free operation.
                 step = d["step_seconds"]
                 drafters[k] = DrafterCost(_numbers(step["contexts"], f"drafter {k!r} step_seconds contexts", where),
                                           _numbers(step["seconds"], f"drafter {k!r} step_seconds seconds", where),
                                           *_numbers([d["step_overhead_seconds"], d["cycle_overhead_seconds"]],
                                                     f"drafter {k!r} step/cycle overhead seconds", where),
-                                          extra, tl)
-            known = {"format", "format_version", "name", "source", "machine", "verify", "drafters"}
+                                          extra, tl, bst)
+            vb = data.get("verify_batch")
+            if vb is not None:
+                vb = _batch_numbers(vb, "verify_batch", where, ("tokens",))
+            known = {"format", "format_version", "name", "source", "machine", "verify", "drafters", "verify_batch"}
             return cls(name=str(data.get("name", Path(where).stem)),
                        verify_tokens=[int(x) for x in _numbers(v["tokens"], "verify tokens", where, integer=True)],
                        verify_contexts=_numbers(v["contexts"], "verify contexts", where),
                        verify_seconds=[_numbers(r, f"verify seconds row {i}", where) for i, r in enumerate(v["seconds"])],
                        drafters=drafters, machine=dict(data.get("machine", {})), source=str(data.get("source", "")),
-                       meta={k: val for k, val in data.items() if k not in known})
+                       meta={k: val for k, val in data.items() if k not in known}, verify_batch=vb,
+                       path=where if where != "profile" else "")
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"{where}: malformed profile (missing or wrong entry {e}); see learn2draft.replay.latency for the "
                              "format, or write one with `python -m eval.profile`.") from None
@@ -379,6 +560,43 @@ def _numbers(values, what: str, where: str, integer: bool = False) -> list[float
             kind = "integers" if integer else "numbers"
             raise ValueError(f"{where}: {what} must be {kind} (JSON numbers, not strings), got {x!r}.")
     return [float(x) for x in values]
+
+
+def _batch_numbers(table, what: str, where: str, inner: tuple[str, ...]) -> dict:
+    """A batch-axis table of a profile file (``verify_batch`` or a drafter's ``batch_step_seconds``) with its axes and
+    seconds as JSON numbers only (:func:`_numbers`); the shapes are checked by :meth:`LatencyProfile.validate`.
+
+    Raises:
+        ValueError: not an object, or a missing axis or a non-number (naming ``where`` and ``what``).
+    """
+    if not isinstance(table, dict):
+        raise ValueError(f"{where}: {what} must be an object with contexts, batch_sizes{', tokens' if inner else ''} "
+                         "and seconds.")
+    out = dict(table)
+    for a in ("contexts", "batch_sizes", *inner):
+        out[a] = _numbers(table[a], f"{what} {a}", where, integer=a != "contexts")
+    secs = table["seconds"]
+    if not isinstance(secs, list):
+        raise ValueError(f"{where}: {what} seconds must be a nested list of numbers.")
+    if inner:
+        if not all(isinstance(per_ctx, list) for per_ctx in secs):
+            raise ValueError(f"{where}: {what} seconds must be a list (per context) of lists (per batch size) of "
+                             "numbers (per token count).")
+        out["seconds"] = [[_numbers(r, f"{what} seconds", where) for r in per_ctx] for per_ctx in secs]
+    else:
+        out["seconds"] = [_numbers(r, f"{what} seconds", where) for r in secs]
+    return out
+
+
+def _along(values: np.ndarray, knots: np.ndarray, x: float, axis: int) -> np.ndarray:
+    """``values`` linearly interpolated at ``x`` along ``axis`` over the increasing ``knots`` (``x`` within them)."""
+    v = np.moveaxis(values, axis, 0)
+    if knots.size == 1 or x <= knots[0]:
+        return v[0]
+    hi = int(min(np.searchsorted(knots, x, side="left"), knots.size - 1))
+    lo = hi - 1
+    w = (x - knots[lo]) / (knots[hi] - knots[lo])
+    return (1 - w) * v[lo] + w * v[hi]
 
 
 def load_profile(path: str | Path) -> LatencyProfile:
