@@ -53,17 +53,46 @@ import numpy as np
 from gymnasium import spaces
 
 from envs.reward import check_reward_scale, cycle_reward
+from learn2draft.features import SERVE_FEATURE_NAMES, build_serve_features
 from learn2draft.replay.latency import LatencyProfile, load_profile
 from learn2draft.replay.serve import Load, NoSpeculation, ServeSimulator, as_load, simulate
 from learn2draft.replay.traces import TraceSet, load_traces
 
 SERVE_ENV_ID = "learn2draft/ServeReplay-v0"
 SERVE_EPISODE_MODES = ("step", "stream")
-SERVE_FEATURE_NAMES = (
-    "running_fraction", "waiting_fraction", "tokens_in_flight", "mean_context", "max_context",
-    "mean_last_tau", "mean_last_accept_fraction", "mean_draftable", "mean_tokens_left",
-    "verify_growth", "draft_cost",
-)
+
+
+class ReplayServePolicy:
+    """A load-aware policy ``act(observation) -> γ`` as a :data:`learn2draft.replay.serve.Policy` ``(load, rows) ->
+    depths``: the observation is :func:`learn2draft.features.build_serve_features` of the simulator's load and rows
+    with the profile's batched costs (as the real loop's :class:`policies.controllers.LoadAwarePolicy` builds it), and
+    every row gets the γ chosen.
+
+    Args:
+        act: observation float32 (len(SERVE_FEATURE_NAMES),) → γ in 0..max_depth.
+        profile, drafter: the batched costs (:meth:`LatencyProfile.verify_batched`, ``draft_step_batched``).
+        max_depth, max_new_tokens, batch_scale, context_scale: the features' scales; batch_context: ``"max"`` or
+            ``"mean"`` (the context a step is costed at, as the simulator's).
+    """
+
+    def __init__(self, act, profile: LatencyProfile, drafter: str, max_depth: int, max_new_tokens: int,
+                 batch_scale: int, context_scale: float, batch_context: str = "max"):
+        self.act, self.profile, self.drafter = act, profile, drafter
+        self.max_depth, self.max_new_tokens = int(max_depth), int(max_new_tokens)
+        self.batch_scale, self.context_scale, self.batch_context = int(batch_scale), float(context_scale), batch_context
+
+    def observation(self, load, rows) -> np.ndarray:
+        """float32 (len(SERVE_FEATURE_NAMES),) for the simulator's ``load`` and ``rows`` before a step."""
+        ctx = float(rows.context.max() if self.batch_context == "max" else rows.context.mean())
+        B, D = load.running, self.max_depth
+        return build_serve_features(
+            load.waiting, rows.context, rows.last_tau, rows.last_depth, rows.avail, rows.left,
+            float(self.profile.verify_batched(B, 1, ctx)), float(self.profile.verify_batched(B, D + 1, ctx)),
+            float(self.profile.draft_step_batched(self.drafter, B, ctx)), D, self.max_new_tokens, self.batch_scale,
+            self.context_scale)
+
+    def __call__(self, load, rows) -> np.ndarray:
+        return np.full(len(rows.context), int(self.act(self.observation(load, rows))), dtype=np.int64)
 
 
 class ServeReplayEnv(gym.Env):
@@ -134,22 +163,13 @@ class ServeReplayEnv(gym.Env):
 
     # ------------------------------------------------------------------ observation
     def _obs(self) -> np.ndarray:
-        load, rows = self.sim.observe()
-        D, mb, cs = max(self.max_depth, 1), self.batch_scale, self.context_scale
-        ld = rows.last_depth
-        laf = np.where(ld > 0, rows.last_tau / np.maximum(ld, 1), 1.0)
-        ctx = self.sim.batch_context_of(rows.context)
-        B = load.running
-        v1 = float(self.profile.verify_batched(B, 1, ctx))
-        vd = float(self.profile.verify_batched(B, self.max_depth + 1, ctx))
-        r = self.max_depth * float(self.profile.draft_step_batched(self.drafter, B, ctx)) / v1
-        obs = np.array([
-            B / mb, min(load.waiting / mb, 1.0), min(load.tokens_in_flight / (mb * cs), 1.0),
-            min(load.mean_context / cs, 1.0), min(load.max_context / cs, 1.0),
-            min(float(rows.last_tau.mean()) / D, 1.0), float(laf.mean()), min(float(rows.avail.mean()) / D, 1.0),
-            min(float(rows.left.mean()) / self.max_new_tokens, 1.0), 1.0 - v1 / vd, r / (1.0 + r),
-        ], dtype=np.float32)
-        return np.clip(obs, 0.0, 1.0)
+        return self.policy(lambda obs: 0).observation(*self.sim.observe())
+
+    def policy(self, act) -> ReplayServePolicy:
+        """``act(observation) -> γ`` (e.g. an exported graph's argmax) as a simulator policy on this env's profile,
+        drafter and scales: what :func:`learn2draft.replay.serve.compare_baselines` takes beside the baselines."""
+        return ReplayServePolicy(act, self.profile, self.drafter, self.max_depth, self.max_new_tokens,
+                                 self.batch_scale, self.context_scale, self._kw["batch_context"])
 
     # ------------------------------------------------------------------ gymnasium API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
@@ -229,4 +249,5 @@ def run_stream(env: ServeReplayEnv, act, seed: int = 0, load_index: int | None =
             obs, _ = env.reset()
 
 
-__all__ = ["SERVE_ENV_ID", "SERVE_EPISODE_MODES", "SERVE_FEATURE_NAMES", "ServeReplayEnv", "run_stream"]
+__all__ = ["SERVE_ENV_ID", "SERVE_EPISODE_MODES", "SERVE_FEATURE_NAMES", "ReplayServePolicy", "ServeReplayEnv",
+           "run_stream"]

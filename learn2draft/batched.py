@@ -438,8 +438,15 @@ class BatchedSpeculativeDecoder:
         return out.logits[:, :, : self.pair.vocab_size], hidden, new_valid
 
     def load(self, waiting: int = 0) -> LoadState:
-        """The :class:`learn2draft.state.LoadState` of the running rows (``waiting``: queued requests)."""
-        return LoadState(len(self.rows), self.max_batch, tuple(int(r.ids.numel()) for r in self.rows), waiting)
+        """The :class:`learn2draft.state.LoadState` of the running rows (``waiting``: queued requests); every field is
+        known before the step's drafting."""
+        last = [self._results[rid].cycles[-1] if self._results[rid].cycles else None for rid in self._ids]
+        return LoadState(
+            len(self.rows), self.max_batch, tuple(int(r.ids.numel()) for r in self.rows), waiting,
+            last_taus=tuple(c.num_accepted if c else 0 for c in last), last_depths=tuple(c.depth if c else 0 for c in last),
+            draftable=tuple(_draftable(r) for r in self.rows),
+            tokens_left=tuple(self.max_new_tokens - r.generated for r in self.rows),
+            max_depth=self.max_depth, max_new_tokens=self.max_new_tokens)
 
     def step(self, budget: VerificationBudget | None = None, waiting: int = 0) -> BatchStep:
         """One step for every running row: draft (each row's controller), one batched verification, accept and
@@ -513,7 +520,19 @@ class BatchedSpeculativeDecoder:
         return step
 
 
-def _left_pad(x: torch.Tensor, width: int, dim: int = 2, value: float = 0) -> torch.Tensor:
+def _draftable(row: SpeculativeDecoder) -> int:
+    """The tokens ``row``'s drafter can propose now, at most its depth limit: a lookahead's chain (prompt lookup, the
+    hybrids' lookup), else the depth limit when it has a proposal."""
+    limit = row.depth_limit
+    if limit <= 0:
+        return 0
+    seq = row.ids
+    if hasattr(row.drafter, "lookahead"):
+        return len(row.drafter.lookahead(seq, limit)[0])
+    return limit if row.drafter.can_propose(seq) else 0
+
+
+def _left_pad(def _left_pad(x: torch.Tensor, width: int, dim: int = 2, value: float = 0) -> torch.Tensor:
     """``x`` padded on the left along ``dim`` to ``width`` with ``value``."""
     n = width - x.shape[dim]
     if n <= 0:

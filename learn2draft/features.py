@@ -412,6 +412,74 @@ def build_hybrid_features(lookup_confidences: Sequence[float], max_depth: int, l
 
 # Acceptance features: what predicts "drafted token j is accepted" (issue 16, item 3)
 # --------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------- load-aware (batched) decisions
+SERVE_FEATURE_VERSION = 1
+
+#: The observation of a load-aware policy: one decision per batched step (the γ every running row drafts), read
+#: before any row drafts. The same builder serves the replay env (:class:`envs.serve.ServeReplayEnv`) and the real
+#: batched loop (:class:`policies.batch.LoadAwareController`), so that a policy trained in replay sees the same numbers.
+SERVE_FEATURE_NAMES: tuple[str, ...] = (
+    "running_fraction", "waiting_fraction", "tokens_in_flight", "mean_context", "max_context",
+    "mean_last_tau", "mean_last_accept_fraction", "mean_draftable", "mean_tokens_left",
+    "verify_growth", "draft_cost",
+)
+
+SERVE_FEATURE_DOCS: dict[str, str] = {
+    "running_fraction": "running rows B / batch scale (the profile's largest batch size)",
+    "waiting_fraction": "queued requests / batch scale, capped at 1",
+    "tokens_in_flight": "Σ running rows' context lengths / (batch scale · context scale), capped at 1",
+    "mean_context": "mean context length of the running rows / context scale, capped at 1",
+    "max_context": "longest context of the running rows / context scale, capped at 1",
+    "mean_last_tau": "mean over rows of the previous cycle's accepted length τ / max_depth",
+    "mean_last_accept_fraction": "mean over rows of the previous cycle's τ / depth (1 after depth 0 or before any)",
+    "mean_draftable": "mean over rows of the tokens the drafter can propose now (at most max_depth) / max_depth",
+    "mean_tokens_left": "mean over rows of the tokens left to generate / max_new_tokens",
+    "verify_growth": "1 − v(B, 1) / v(B, max_depth + 1): how much verifying a full chain costs over one token at "
+                     "this batch size and context (the latency profile's batched verification)",
+    "draft_cost": "r / (1 + r) with r = max_depth · draft_step(B) / v(B, 1) (the profile's batched draft step)",
+}
+
+
+def serve_feature_spec(max_depth: int, batch_scale: int, context_scale: float) -> dict:
+    """JSON-serialisable description of a load-aware policy's observation: float32 (len(SERVE_FEATURE_NAMES),) in
+    [0, 1], with the scales it was trained with; its actions are γ = 0..max_depth for every running row."""
+    return {"version": SERVE_FEATURE_VERSION, "kind": "serve", "dtype": "float32",
+            "shape": [len(SERVE_FEATURE_NAMES)], "max_depth": int(max_depth), "actions": int(max_depth) + 1,
+            "batch_scale": int(batch_scale), "context_scale": float(context_scale),
+            "features": [{"name": n, "index": i, "definition": SERVE_FEATURE_DOCS[n]}
+                         for i, n in enumerate(SERVE_FEATURE_NAMES)]}
+
+
+def build_serve_features(waiting: int, context_lens: Sequence[int], last_taus: Sequence[int],
+                         last_depths: Sequence[int], draftable: Sequence[int], tokens_left: Sequence[int],
+                         verify_one: float, verify_full: float, draft_step: float, max_depth: int, max_new_tokens: int,
+                         batch_scale: int, context_scale: float) -> np.ndarray:
+    """Assemble :data:`SERVE_FEATURE_NAMES` (every entry clipped to [0, 1]).
+
+    Args:
+        waiting: queued requests; the per-row sequences (B ≥ 1 rows each): context lengths (tokens), the previous
+            cycle's τ and depth (0 before the first), the tokens the drafter can propose now, the tokens left.
+        verify_one, verify_full: seconds of one batched verification of 1 and of ``max_depth`` + 1 tokens per row
+            at this batch size and context (> 0); draft_step: seconds of one draft step of all rows.
+        max_depth, max_new_tokens: the scales of depths and of tokens left (> 0); batch_scale, context_scale: of
+            rows and of context lengths (> 0).
+
+    Returns:
+        float32 (len(SERVE_FEATURE_NAMES),).
+    """
+    ctx = np.asarray(context_lens, dtype=np.float64)
+    tau, depth = np.asarray(last_taus, dtype=np.float64), np.asarray(last_depths, dtype=np.float64)
+    D, mb, cs = max(int(max_depth), 1), float(batch_scale), float(context_scale)
+    laf = np.where(depth > 0, tau / np.maximum(depth, 1), 1.0)
+    r = D * float(draft_step) / float(verify_one)
+    obs = np.array([
+        len(ctx) / mb, waiting / mb, ctx.sum() / (mb * cs), ctx.mean() / cs, ctx.max() / cs,
+        tau.mean() / D, laf.mean(), np.mean(draftable) / D, np.mean(tokens_left) / max(int(max_new_tokens), 1),
+        1.0 - float(verify_one) / float(verify_full), r / (1.0 + r),
+    ], dtype=np.float32)
+    return np.clip(obs, 0.0, 1.0)
+
+
 ACCEPTANCE_FEATURE_VERSION = 1
 
 ACCEPTANCE_FEATURE_NAMES: tuple[str, ...] = (

@@ -102,12 +102,23 @@ class LoadState:
         max_batch: the decoder's most rows at once (the scale of ``batch_size``).
         context_lens: int (B,) committed tokens of each row (prompt + generated).
         waiting: requests that arrived and wait for a free row (0 for a closed loop).
+        last_taus, last_depths: per row, the previous cycle's accepted length τ and depth (0 before the first).
+        draftable: per row, the tokens its drafter can propose now, at most its depth limit (prompt lookup: the chain
+            its n-gram match continues; a neural drafter: the depth limit).
+        tokens_left: per row, the tokens it may still generate.
+        max_depth, max_new_tokens: the decoder's.
     """
 
     batch_size: int
     max_batch: int
     context_lens: tuple[int, ...]
     waiting: int = 0
+    last_taus: tuple[int, ...] = ()
+    last_depths: tuple[int, ...] = ()
+    draftable: tuple[int, ...] = ()
+    tokens_left: tuple[int, ...] = ()
+    max_depth: int = 0
+    max_new_tokens: int = 0
 
     @property
     def tokens_in_flight(self) -> int:

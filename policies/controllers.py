@@ -236,6 +236,94 @@ class OnnxController(PolicyController):
         return f"OnnxController(path={str(self.path)!r}, max_depth={self.max_depth}{prof})"
 
 
+class LoadAwarePolicy:
+    """A load-aware policy (``python -m train --serve-loads ...``, trained in :class:`envs.serve.ServeReplayEnv`) run in
+    the real batched loop: before each step it reads the step's :class:`learn2draft.state.LoadState`, builds
+    :func:`learn2draft.features.build_serve_features` with the batched costs of the latency profile it was trained on,
+    and its exported graph picks one γ in 0..max_depth for every running row (each row then drafts up to γ, capped by
+    its own depth limit and proposals). One decision per step, shared by the rows.
+
+    Call it (or :meth:`controller`) for a new per-row controller: what
+    :func:`learn2draft.batched.serve` takes as its controller factory.
+
+    Args:
+        path: the ``.onnx`` file (observation float32 (len(SERVE_FEATURE_NAMES),), actions γ = 0..max_depth).
+        max_depth: the policy's ``max_depth`` (the decoder must use the same).
+        profile: the :class:`learn2draft.replay.latency.LatencyProfile` with the batch axis it was trained on.
+        drafter: the drafter whose batched draft step the profile prices.
+        batch_scale, context_scale, max_new_tokens: the scales of its features (``feature_spec.json``).
+        batch_context: ``"max"`` (the longest row's context prices the batched forward, the replay's default) or
+            ``"mean"``.
+
+    Raises:
+        ValueError: as :class:`OnnxController`, or a profile without the batch axis.
+    """
+
+    def __init__(self, path: str | Path, max_depth: int, profile: Any, drafter: str, batch_scale: int,
+                 context_scale: float, max_new_tokens: int, batch_context: str = "max"):
+        from learn2draft.features import SERVE_FEATURE_NAMES
+
+        # the graph only: its actions are γ values here, not STOP/CONTINUE
+        self.graph = OnnxController(path, max_depth, n_features=len(SERVE_FEATURE_NAMES))
+        self.max_depth, self.profile, self.drafter = int(max_depth), profile, drafter
+        self.batch_scale, self.context_scale = int(batch_scale), float(context_scale)
+        self.max_new_tokens, self.batch_context = int(max_new_tokens), batch_context
+        self._decided: tuple[Any, int] = (None, 0)
+        #: the γ of every step decided so far, in order (for reports)
+        self.gammas: list[int] = []
+
+    def features(self, load: Any) -> np.ndarray:
+        """float32 (len(SERVE_FEATURE_NAMES),): the observation of the step whose load is ``load``.
+
+        Raises:
+            ValueError: the profile has no batch axis, or ``load.batch_size`` exceeds it.
+        """
+        from learn2draft.features import build_serve_features
+
+        B, D = load.batch_size, self.max_depth
+        ctx = max(load.context_lens) if self.batch_context == "max" else float(np.mean(load.context_lens))
+        return build_serve_features(
+            load.waiting, load.context_lens, load.last_taus, load.last_depths, load.draftable, load.tokens_left,
+            float(self.profile.verify_batched(B, 1, ctx)), float(self.profile.verify_batched(B, D + 1, ctx)),
+            float(self.profile.draft_step_batched(self.drafter, B, ctx)), D, self.max_new_tokens, self.batch_scale,
+            self.context_scale)
+
+    def gamma(self, load: Any) -> int:
+        """The step's γ (0..max_depth), decided once per load state (every row of the step asks)."""
+        if self._decided[0] is not load:
+            g = int(self.graph.actions(self.features(load))[0])
+            self._decided = (load, g)
+            self.gammas.append(g)
+        return self._decided[1]
+
+    def controller(self) -> DraftController:
+        """A new per-row controller: it drafts while its depth is below the step's γ."""
+        return _StepGammaController(self)
+
+    __call__ = controller
+
+    def __repr__(self) -> str:
+        return f"LoadAwarePolicy(path={str(self.graph.path)!r}, max_depth={self.max_depth}, profile={self.profile.name})"
+
+
+class _StepGammaController(DraftController):
+    """One row of a :class:`LoadAwarePolicy`: the step's γ from :meth:`observe_load`, then CONTINUE while depth < γ."""
+
+    def __init__(self, policy: LoadAwarePolicy):
+        self.policy, self.max_depth, self.gamma = policy, policy.max_depth, 0
+
+    @property
+    def depth_feature_scale(self) -> int:
+        return self.max_depth
+
+    def observe_load(self, load: Any) -> None:
+        self.gamma = self.policy.gamma(load)
+
+    def continue_drafting(self, features: np.ndarray) -> bool:
+        depth = round(float(features[FEATURE_NAMES.index("depth")]) * self.max_depth)
+        return depth < self.gamma
+
+
 class ConfidenceThresholdController(DraftController):
     """Heuristic baseline: keep drafting while the draft's confidence in its last token is high.
 
@@ -395,6 +483,6 @@ class SuffixScoreController(_HybridRule):
 
 __all__ = [
     "CONTINUE", "STOP", "ConfidenceThresholdController", "LookupFirstController", "MatchLengthController",
-    "SingleSourceController", "SuffixScoreController", "OnnxController", "PolicyController",
+    "LoadAwarePolicy", "SingleSourceController", "SuffixScoreController", "OnnxController", "PolicyController",
     "SB3Controller", "saved_max_depth",
 ]
