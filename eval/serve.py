@@ -5,6 +5,7 @@ batching). On the same held-out prompts and seeds, methods interleaved per level
 
 * fixed concurrency ``--concurrency`` (a closed loop: c requests run at once, a finished one is replaced at once);
 * Poisson arrivals ``--arrival-rates`` (requests/s; seeded exponential gaps; an open loop up to ``--max-batch`` rows).
+  Below the machine's capacity every method's aggregate tokens/s is the offered load; the latencies tell them apart.
 
 Methods (``--methods``):
 
@@ -36,6 +37,10 @@ closed-loop client measures them. ``serve.png`` plots
 throughput against concurrency (and arrival rate) per method. The report opens with the header of
 :mod:`eval.header` (machine, precision, sampling, …) and ends with verdict lines for issue 17's goals (PASS / FAIL /
 not measured).
+
+The full sweep (about 25 minutes on 2 CPU cores in bfloat16, alone on the machine; + ~4 with ``--policy``)::
+
+    python -m eval.serve --threads 2 --policy policies/defaults/lookup-bfloat16 --out runs/serve
 """
 
 from __future__ import annotations
@@ -104,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--methods", default="nospec,fixed,table,adaptive,hf",
                    help=f"comma-separated, of {', '.join(METHODS)} (policy is added with --policy)")
     p.add_argument("--concurrency", default="1,2,4,8,16", help="closed-loop concurrency levels")
-    p.add_argument("--arrival-rates", default="0.25,0.5,1",
+    p.add_argument("--arrival-rates", default="0.25,0.5,1,2",
                    help="Poisson arrival rates in requests/s (seeded arrivals), comma-separated; '' for none")
     p.add_argument("--max-batch", type=int, default=None,
                    help="most rows at once under Poisson arrivals (default: the largest --concurrency)")
