@@ -1,0 +1,729 @@
+"""``python -m eval.serve``: speculation under load — the serving benchmark of issue 17.
+
+Many requests share one target forward per step (:class:`learn2draft.batched.BatchedSpeculativeDecoder`, continuous
+batching). On the same held-out prompts and seeds, methods interleaved per level (a rotated order), two sweeps:
+
+* fixed concurrency ``--concurrency`` (a closed loop: c requests run at once, a finished one is replaced at once);
+* Poisson arrivals ``--arrival-rates`` (requests/s; seeded exponential gaps; an open loop up to ``--max-batch`` rows).
+  Below the machine's capacity every method's aggregate tokens/s is the offered load; the latencies tell them apart.
+
+Methods (``--methods``):
+
+* ``nospec`` — no speculation (γ = 0): batched autoregressive decoding;
+* ``fixed`` — the best single fixed γ of ``--gammas``, chosen on the *training* prompts at
+  ``--calibration-concurrency`` (default 1: the γ a user tunes at batch 1);
+* ``table`` — the grid-tuned per-batch-size table (vLLM's ``num_speculative_tokens_per_batch_size``,
+  :class:`policies.batch.BatchSizeTable`): the best γ of 0 ∪ ``--gammas`` at each concurrency level on the training
+  prompts; level c_i's γ covers batch sizes c_{i−1}+1 … c_i (larger ones: the last level's);
+* ``adaptive`` — vLLM's adaptive verification (:class:`policies.batch.AdaptiveVerification`): rows draft up to
+  ``--max-depth`` tokens, an online logistic on the top-2 margin gives each slot a survival probability and each step
+  verifies the global top-B slots against this machine's cost table, measured at start-up (median of
+  ``--cost-repeats`` batched target forwards per (batch size, tokens per row) shape, as vLLM profiles at start-up;
+  :func:`measure_verify_costs`). Its estimator learns while serving: it is warmed on the training prompts at every
+  concurrency level (its 3 warm-up refits verify whole blocks) and keeps learning through the measured levels;
+* ``policy`` — a learned policy (``--policy DIR``, any exported chain policy: :func:`policies.load.load_policy`; a
+  policy with an ``observe_load`` method gets the step's load);
+* ``hf`` — ``hf generate (batched)``: Hugging Face ``target.generate()`` on the same requests, c prompts at a time in
+  one left-padded batch (closed loop only; a static batch waits for its slowest row).
+
+Reported per method and level (``serve.json``, ``serve.md``): aggregate tokens/s (all requests' tokens / from the
+stream's start to the last token), per-request tokens/s, TTFT, inter-token latency (ITL: each request's mean gap,
+(finish − first token) / (tokens − 1), i.e. TPOT; ``itl_gaps``: the pooled gaps between the steps that emitted
+tokens) and request latency at p50 / p90 / p99; the process's peak memory after the method ran; acceptance α
+(accepted / drafted) and τ (accepted per row-step that drafted); ratios to no speculation (tokens/s, and ITL as
+no-spec ITL / method ITL, so ≥ 1 is never slower). TTFT and latency count from a request's arrival under Poisson
+arrivals (queueing included) and, in a closed loop, from when a free row let it in (:func:`admissions`), as a
+closed-loop client measures them. ``serve.png`` plots
+throughput against concurrency (and arrival rate) per method. The report opens with the header of
+:mod:`eval.header` (machine, precision, sampling, …) and ends with verdict lines for issue 17's goals (PASS / FAIL /
+not measured).
+
+The full sweep (about 25 minutes on 2 CPU cores in bfloat16, alone on the machine; + ~4 with ``--policy``)::
+
+    python -m eval.serve --threads 2 --policy policies/defaults/lookup-bfloat16 --out runs/serve
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from learn2draft import cli
+from learn2draft.cli import HelpFormatter, plain_doc, run_cli
+from learn2draft.prompts import PROMPT_SETS
+
+DEFAULT_OUT = "runs/serve"
+METHODS = ("nospec", "fixed", "table", "adaptive", "policy", "hf")
+NOSPEC, HF = "no speculation (γ=0)", "hf generate (batched)"
+TABLE, ADAPTIVE, LEARNED = "per-batch-size table", "adaptive verification (vLLM)", "learned policy"
+
+
+# ----------------------------------------------------------------------------------------------- parsing
+def parse_rates(text: str) -> list[float]:
+    """``"0.5,1,2"`` → [0.5, 1.0, 2.0] requests/s (empty text: no Poisson sweep).
+
+    Raises:
+        ValueError: naming ``--arrival-rates``, for a non-number or a rate ≤ 0.
+    """
+    try:
+        rates = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--arrival-rates {text!r}: use comma-separated requests/s, e.g. 0.5,1,2.") from None
+    if any(not np.isfinite(r) or r <= 0 for r in rates):
+        raise ValueError(f"--arrival-rates {text!r}: every rate must be > 0 requests/s.")
+    return rates
+
+
+def parse_methods(text: str, has_policy: bool) -> list[str]:
+    """The ``--methods`` keys in :data:`METHODS` order (``policy`` is added when ``--policy`` is given).
+
+    Raises:
+        ValueError: an unknown method, none, or ``policy`` without ``--policy``.
+    """
+    keys = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in keys if m not in METHODS]
+    if bad or not keys:
+        raise ValueError(f"--methods {text!r}: unknown method {bad[0]!r}; choose from {', '.join(METHODS)}." if bad
+                         else f"--methods {text!r}: name at least one of {', '.join(METHODS)}.")
+    if "policy" in keys and not has_policy:
+        raise ValueError("--methods policy needs --policy DIR (an exported chain policy).")
+    if has_policy and "policy" not in keys:
+        keys.append("policy")
+    return [m for m in METHODS if m in keys]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m eval.serve", description=plain_doc(__doc__),
+                                formatter_class=HelpFormatter)
+    cli.add_drafter_arg(p, None)
+    p.add_argument("--policy", default=None, help="an exported chain policy (or a training run holding one) for the "
+                                                  "learned row; default: no learned row")
+    cli.add_profile_arg(p)
+    p.add_argument("--methods", default="nospec,fixed,table,adaptive,hf",
+                   help=f"comma-separated, of {', '.join(METHODS)} (policy is added with --policy)")
+    p.add_argument("--concurrency", default="1,2,4,8,16", help="closed-loop concurrency levels")
+    p.add_argument("--arrival-rates", default="0.25,0.5,1,2",
+                   help="Poisson arrival rates in requests/s (seeded arrivals), comma-separated; '' for none")
+    p.add_argument("--max-batch", type=int, default=None,
+                   help="most rows at once under Poisson arrivals (default: the largest --concurrency)")
+    p.add_argument("--num-requests", type=int, default=16,
+                   help="requests per level (the held-out prompts, cycled; the same prompts and seeds for every method)")
+    p.add_argument("--num-train-requests", type=int, default=8,
+                   help="training-split requests per calibration run (at least c at concurrency c)")
+    p.add_argument("--gammas", default="1,2,4,6", help="the fixed-γ grid (the table also tries γ = 0)")
+    p.add_argument("--calibration-concurrency", type=int, default=1,
+                   help="the concurrency level where the best single fixed γ is chosen (one of --concurrency)")
+    p.add_argument("--max-depth", type=int, default=None,
+                   help="tokens every row drafts before adaptive verification cuts (default: the largest of --gammas)")
+    p.add_argument("--refit-every", type=int, default=100,
+                   help="steps between the acceptance estimator's refits (vLLM: 100)")
+    p.add_argument("--cost-repeats", type=int, default=5, help="timed forwards per shape of the cost table (median)")
+    p.add_argument("--prompt-set", default="mixed", choices=list(PROMPT_SETS),
+                   help="shipped prompts (training split for the calibration, held-out split measured)")
+    p.add_argument("--prompts", default=None,
+                   help="measure on these prompts instead (.jsonl / JSON, as eval.benchmark); the calibration still "
+                        "uses the --prompt-set training prompts")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="per request")
+    p.add_argument("--seed", type=int, default=0, help="seeds the requests' sampling and the arrivals")
+    cli.add_out_arg(p, f"the results directory (default: {DEFAULT_OUT}): serve.json, serve.md, serve.png")
+    cli.add_model_args(p)
+    cli.add_sampling_args(p)
+    cli.add_device_args(p)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(build_parser(), _run, argv)
+
+
+@dataclass
+class Settings:
+    """The checked flags (everything that can fail before a model loads)."""
+
+    levels: list[int]
+    rates: list[float]
+    gammas: list[int]
+    methods: list[str]
+    max_batch: int
+    max_depth: int
+    out: Path
+    device: str
+
+
+def check_args(args) -> Settings:
+    """Validate every flag before any model loads.
+
+    Raises:
+        ValueError: one message naming the flag.
+    """
+    from eval.__main__ import parse_ints
+
+    levels = parse_ints(args.concurrency, "--concurrency", "concurrency")
+    rates = parse_rates(args.arrival_rates)
+    gammas = parse_ints(args.gammas, "--gammas", "γ")
+    methods = parse_methods(args.methods, args.policy is not None)
+    for flag, v in (("--num-requests", args.num_requests), ("--num-train-requests", args.num_train_requests),
+                    ("--max-new-tokens", args.max_new_tokens), ("--refit-every", args.refit_every),
+                    ("--cost-repeats", args.cost_repeats)):
+        if v < 1:
+            raise ValueError(f"{flag} must be ≥ 1, got {v}.")
+    if ("fixed" in methods or "table" in methods) and args.calibration_concurrency not in levels:
+        raise ValueError(f"--calibration-concurrency {args.calibration_concurrency} is not one of --concurrency "
+                         f"{args.concurrency}.")
+    max_batch = max(levels) if args.max_batch is None else args.max_batch
+    if max_batch < 1:
+        raise ValueError(f"--max-batch must be ≥ 1, got {max_batch}.")
+    max_depth = max(gammas) if args.max_depth is None else args.max_depth
+    if max_depth < 1:
+        raise ValueError(f"--max-depth must be ≥ 1, got {max_depth}.")
+    if args.policy is not None and not Path(args.policy).is_dir():
+        raise FileNotFoundError(f"--policy {args.policy}: no such directory (an export or a training run).")
+    out = Path(args.out or DEFAULT_OUT).expanduser()
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file: give a directory (serve.json, serve.md and serve.png go there).")
+    sampling = cli.sampling_config(args)  # a bad sampling flag or --seed fails here
+    if "hf" in methods and (sampling.prefix_dependent or sampling.min_p):
+        raise ValueError("--min-p, --repetition-penalty and --presence-penalty: the hf generate (batched) row supports "
+                         "temperature, top-k and top-p only; drop them or leave hf out of --methods.")
+    device = cli.resolve_device(args.device)
+    return Settings(levels, rates, gammas, methods, max_batch, max_depth, out, device)
+
+
+# ----------------------------------------------------------------------------------------------- costs
+def measure_verify_costs(pair, batch_sizes: Sequence[int], tokens_per_row: Sequence[int], context: int,
+                         repeats: int = 5):
+    """This machine's verification cost table: the median seconds of one batched target forward of B rows × k
+    tokens after ``context`` cached tokens per row (a 4D additive mask and per-row positions, as the batched
+    decoder feeds; a float32 softmax over the logits included), per (B, k). Shapes interleaved (a rotated order
+    per repeat); one unrecorded warm-up pass per batch size. As vLLM profiles at start-up (median of 5 per shape).
+
+    Args:
+        batch_sizes, tokens_per_row: int, strictly increasing (≥ 1).
+        context: cached tokens per row (≥ 1), real text (:func:`eval.profile.token_stream`).
+
+    Returns:
+        a :class:`policies.batch.CostTable`.
+    """
+    import torch
+    from transformers import DynamicCache
+
+    from eval.profile import token_stream
+    from learn2draft.timing import DeviceClock
+    from policies.batch import CostTable
+
+    clock = DeviceClock(pair.device)
+    dev, dtype, V = pair.device, pair.target.dtype, pair.vocab_size
+    seq = token_stream(pair, context + max(tokens_per_row)).to(dev)
+    ks = list(tokens_per_row)
+    table = []
+    with torch.inference_mode():
+        for B in batch_sizes:
+            cache = DynamicCache()
+            pair.target(input_ids=seq[None, :context].expand(B, -1), cache=cache, use_cache=True)
+            times: dict[int, list[float]] = {k: [] for k in ks}
+            for rep in range(repeats + 1):
+                r = rep % len(ks)
+                for k in ks[r:] + ks[:r]:
+                    ids = seq[None, context:context + k].expand(B, -1)
+                    pos = torch.arange(context, context + k, device=dev)[None].expand(B, -1)
+                    allowed = torch.ones(k, context + k, dtype=torch.bool, device=dev).tril(context)
+                    mask = torch.zeros(B, 1, k, context + k, dtype=dtype, device=dev).masked_fill_(
+                        ~allowed, torch.finfo(dtype).min)
+                    t0 = clock.now()
+                    out = pair.target(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
+                    torch.softmax(out.logits[:, :, :V].float(), dim=-1)
+                    dt = clock.now() - t0
+                    cache.crop(-k)
+                    if rep:
+                        times[k].append(dt)
+            table.append([statistics.median(times[k]) for k in ks])
+    return CostTable(list(batch_sizes), ks, table)
+
+
+def measure_draft_seconds(pair, drafter, sampling, prompt_ids, max_depth: int, head=None, steps: int = 8) -> float:
+    """Median seconds one row spends drafting up to ``max_depth`` tokens in a step (the batched decoder drafts
+    row by row, so a step of N rows costs N times this): a short batch-1 run of the batched decoder."""
+    from learn2draft.batched import BatchedSpeculativeDecoder
+    from learn2draft.control import FixedDepthController
+
+    dec = BatchedSpeculativeDecoder(pair, drafter, sampling, max_new_tokens=steps * (max_depth + 1) + 1,
+                                    max_depth=max_depth, max_batch=1, head=head)
+    dec.add(prompt_ids, FixedDepthController(max_depth), seed=0)
+    secs = []
+    while dec.rows and len(secs) < steps:
+        step = dec.step()
+        secs += [c.draft_seconds for c in step.rows.values()]
+    return float(statistics.median(secs)) if secs else 0.0
+
+
+# ----------------------------------------------------------------------------------------------- methods
+@dataclass
+class ServeMethod:
+    """A method of the benchmark run through :func:`learn2draft.batched.serve`.
+
+    Attributes:
+        name: its row in the report. ``controller``: builds one controller per request. ``max_depth``: the
+            decoder's (the controller's depth-feature scale). ``budget``: a verification budget with an
+            ``observe(step)`` method (adaptive verification), or None.
+    """
+
+    name: str
+    controller: Callable
+    max_depth: int
+    budget: object | None = None
+
+    def run(self, pair, drafter: str, sampling, max_new_tokens: int, head, requests, concurrency: int | None,
+            max_batch: int) -> dict:
+        from eval.runner import peak_memory_bytes
+        from learn2draft.batched import BatchedSpeculativeDecoder, serve
+
+        if self.max_depth == 0 and drafter == "model" and not pair.has_draft:
+            drafter = "lookup"  # never drafts: no draft model needed
+        dec = BatchedSpeculativeDecoder(pair, drafter, sampling, max_new_tokens=max_new_tokens,
+                                        max_depth=self.max_depth, max_batch=max_batch, head=head)
+        on_step = getattr(self.budget, "observe", None)
+        results = serve(dec, requests, self.controller, concurrency=concurrency, on_step=on_step, budget=self.budget)
+        t0 = results[0].arrival - float(requests[0].arrival) if results else 0.0
+        cycles = [c for r in results for c in r.cycles]
+        drafting = [c for c in cycles if c.depth > 0]
+        rows = []
+        for i, (req, r, admitted) in enumerate(zip(requests, results, admissions(results, t0, concurrency))):
+            latency = r.finish - t0 - admitted
+            rows.append(_request_row(i, req, admitted, len(r.tokens), r.first_token - t0 - admitted, latency,
+                                     len(r.tokens) / latency if latency > 0 else 0.0, r.mean_inter_token_seconds))
+        gaps = [g for r in results for g in r.inter_token_seconds if g > 0]
+        return _summary(rows, max(r.finish for r in results) - t0, gaps, peak_memory_bytes(),
+                        drafted=sum(c.depth for c in cycles), accepted=sum(c.num_accepted for c in cycles),
+                        tau=float(np.mean([c.num_accepted for c in drafting])) if drafting else None,
+                        steps=len(dec.steps), mean_batch=float(np.mean([s.batch_size for s in dec.steps])))
+
+
+def admissions(results, t0: float, concurrency: int | None) -> list[float]:
+    """When each request of a :func:`learn2draft.batched.serve` stream started, in seconds after the stream's start
+    ``t0``: in an open loop its arrival; in a closed loop of concurrency c the first c at 0 and request i ≥ c when the
+    (i − c)-th request finished (serve admits the requests in order, one per freed row, at the next step boundary) —
+    what a closed-loop client measures from (vLLM's ``--max-concurrency`` clients send when a slot frees), while
+    serve records every closed-loop arrival at the start."""
+    if concurrency is None:
+        return [r.arrival - t0 for r in results]
+    finishes = sorted(r.finish - t0 for r in results)
+    c = min(concurrency, len(results))
+    return [0.0] * c + finishes[: len(results) - c]
+
+
+def _request_row(i: int, req, admitted: float, tokens: int, ttft: float, latency: float, tps: float,
+                 tpot: float) -> dict:
+    """One request of the report; times in seconds from its admission (:func:`admissions`)."""
+    return {"request": i, "prompt_index": int(req.prompt_index), "seed": int(req.seed), "arrival": float(req.arrival),
+            "admitted": float(admitted), "tokens": int(tokens), "ttft_seconds": ttft, "latency_seconds": latency,
+            "tokens_per_second": tps, "itl_seconds": tpot}
+
+
+def _pct(values) -> dict:
+    from eval.runner import _percentiles
+
+    out = _percentiles(list(values))
+    out["mean"] = float(np.mean(values)) if len(values) else None
+    return out
+
+
+def _summary(rows: list[dict], makespan: float, gaps: list[float], peak: int, drafted: int = 0, accepted: int = 0,
+             tau: float | None = None, steps: int | None = None, mean_batch: float | None = None) -> dict:
+    """One method at one level: totals, percentiles over requests, acceptance."""
+    total = sum(r["tokens"] for r in rows)
+    return {"requests": rows, "aggregate_tokens": total, "makespan_seconds": makespan,
+            "aggregate_tokens_per_second": total / makespan if makespan > 0 else 0.0,
+            "per_request_tokens_per_second": _pct([r["tokens_per_second"] for r in rows]),
+            "ttft_seconds": _pct([r["ttft_seconds"] for r in rows]),
+            "itl_seconds": _pct([r["itl_seconds"] for r in rows if r["tokens"] > 1]),
+            "itl_gaps_seconds": _pct(gaps), "latency_seconds": _pct([r["latency_seconds"] for r in rows]),
+            "peak_memory_bytes": int(peak), "drafted": int(drafted), "accepted": int(accepted),
+            "alpha": accepted / drafted if drafted else None, "tau": tau, "steps": steps, "mean_batch_size": mean_batch}
+
+
+def run_hf_batched(pair, sampling, max_new_tokens: int, requests, concurrency: int) -> dict:
+    """``target.generate()`` on the requests, ``concurrency`` at a time in one left-padded batch (attention mask
+    zero on the padding), each batch after the previous; every request counts as arrived at the start (as in
+    the closed loop). A row's tokens end at its first EOS (included). Per-step times from a streamer give each
+    request's first and last token."""
+    import torch
+
+    from eval.runner import _TimingStreamer, peak_memory_bytes
+    from learn2draft.timing import DeviceClock
+
+    clock = DeviceClock(pair.device)
+    eos = set(pair.eos_token_ids)
+    kw = dict(max_new_tokens=max_new_tokens, do_sample=not sampling.greedy, eos_token_id=list(pair.eos_token_ids),
+              pad_token_id=pair.eos_token_ids[0])
+    kw.update(dict(temperature=sampling.temperature, top_k=sampling.top_k or None, top_p=sampling.top_p)
+              if not sampling.greedy else dict(temperature=None, top_k=None, top_p=None))
+    rows, gaps = [], []
+    t0 = clock.now()
+    for start in range(0, len(requests), concurrency):
+        chunk = requests[start:start + concurrency]
+        admitted = clock.now() - t0
+        L = max(int(r.prompt_ids.numel()) for r in chunk)
+        ids = torch.full((len(chunk), L), pair.eos_token_ids[0], dtype=torch.long, device=pair.device)
+        mask = torch.zeros(len(chunk), L, dtype=torch.long, device=pair.device)
+        for i, r in enumerate(chunk):
+            n = int(r.prompt_ids.numel())
+            ids[i, L - n:], mask[i, L - n:] = r.prompt_ids.to(pair.device), 1
+        torch.manual_seed(int(chunk[0].seed))
+        streamer = _TimingStreamer(clock)
+        with torch.inference_mode():
+            out = pair.target.generate(ids, attention_mask=mask, streamer=streamer, **kw)
+        end = clock.now()
+        times = streamer.times or [end]
+        for i, r in enumerate(chunk):
+            new = out[i, L:].tolist()
+            n = next((j + 1 for j, t in enumerate(new) if t in eos), len(new))
+            first, finish = times[0] - t0, times[min(n, len(times)) - 1] - t0
+            latency = finish - admitted
+            rows.append(_request_row(start + i, r, admitted, n, first - admitted, latency,
+                                     n / latency if latency > 0 else 0.0, (finish - first) / (n - 1) if n > 1 else 0.0))
+            gaps += [g for g in np.diff(times[:n]) if g > 0]
+    return _summary(rows, max(r["admitted"] + r["latency_seconds"] for r in rows), gaps, peak_memory_bytes())
+
+
+# ----------------------------------------------------------------------------------------------- requests
+@dataclass
+class _Req:
+    """A :class:`learn2draft.batched.Request` plus the prompt it came from (for the report)."""
+
+    prompt_ids: object
+    arrival: float
+    seed: int
+    prompt_index: int
+
+
+def make_requests(prompts: Sequence, n: int, seed: int, repeat: int, arrivals: Sequence[float] | None = None):
+    """``n`` requests over ``prompts`` (int64 (L,) each) cycled, seeds :func:`learn2draft.names.run_seed` (seed,
+    repeat, i), arrival times ``arrivals`` (seconds after the start; None: 0, a closed loop)."""
+    from learn2draft.names import run_seed
+
+    return [_Req(prompts[i % len(prompts)], 0.0 if arrivals is None else float(arrivals[i]),
+                 run_seed(seed, repeat, i), i % len(prompts)) for i in range(n)]
+
+
+def poisson_arrivals(rate: float, n: int, seed: int) -> np.ndarray:
+    """float64 (n,) arrival times (seconds) of a Poisson process of ``rate`` requests/s: cumulative exponential
+    gaps from ``numpy.random.default_rng(seed)``; the first request arrives at 0."""
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate, n)
+    return np.concatenate([[0.0], np.cumsum(gaps[1:])])
+
+
+# ----------------------------------------------------------------------------------------------- the run
+def _run(args) -> int:
+    from eval.__main__ import make_out_dir
+    from eval.header import finish_header, header_lines, run_header
+    from eval.runner import encode_all
+    from learn2draft.cli import load_models, model_names, set_threads, stderr_line
+    from learn2draft.prompts import load_prompt_file_records, load_prompt_records, load_prompts, prompt_set_splits
+
+    s = check_args(args)
+    policy, cfg, head = None, {}, args.head
+    if args.policy:
+        from policies.load import load_policy, policy_drafter, policy_head, run_settings
+
+        policy = load_policy(args.policy, profile=args.profile)
+        trained = policy_drafter(args.policy)
+        args.drafter = args.drafter or trained
+        if trained != args.drafter:
+            raise ValueError(f"The policy in {args.policy} was trained with the {trained!r} drafter, not "
+                             f"{args.drafter!r}: pass --drafter {trained} or a matching --policy.")
+        if "+" in trained:
+            raise ValueError(f"--policy {args.policy}: a hybrid policy; eval.serve runs chain policies.")
+        cfg, head = run_settings(args.policy), head or policy_head(args.policy)
+    args.drafter = args.drafter or "lookup"
+    user_prompts = load_prompt_file_records(args.prompts) if args.prompts else None
+    sampling = cli.sampling_config(args)
+    set_threads(args, cfg.get("threads"))
+    args.target, args.draft = model_names(args, cfg)
+    out = make_out_dir(s.out)
+    pair = load_models(args, args.drafter, device=s.device, progress=stderr_line)
+    train_split, held_split = prompt_set_splits(args.prompt_set)
+    held_records = user_prompts if user_prompts is not None else load_prompt_records(held_split)
+    held = encode_all(pair, [p.text for p in held_records], args.max_new_tokens)
+    train = encode_all(pair, load_prompts(train_split), args.max_new_tokens)
+    header = run_header(args.target, args.draft if pair.has_draft else None, pair, args.dtype, sampling.to_dict(),
+                        str(pair.device), held_records, args.prompts or held_split)
+    run = {"drafter": args.drafter, "policy": args.policy, "methods": s.methods, "concurrency": s.levels,
+           "arrival_rates": s.rates, "max_batch": s.max_batch, "num_requests": args.num_requests,
+           "max_new_tokens": args.max_new_tokens, "gammas": s.gammas, "max_depth": s.max_depth,
+           "calibration_concurrency": args.calibration_concurrency, "seed": args.seed}
+    report = {"header": header, "settings": run}
+    common = dict(pair=pair, drafter=args.drafter, sampling=sampling, max_new_tokens=args.max_new_tokens, head=head)
+
+    # 1. start-up: warm the kernels, measure this machine's costs (adaptive verification's tables)
+    stderr_line("eval.serve: warm-up and cost tables …")
+    from learn2draft.control import FixedDepthController
+
+    nospec = ServeMethod(NOSPEC, lambda: FixedDepthController(0), 0)
+    nospec.run(requests=make_requests(train, 1, args.seed, 2), concurrency=1, max_batch=1, **common)
+    av = None
+    if "adaptive" in s.methods:
+        from policies.batch import AdaptiveVerification
+
+        sizes = sorted({1, *s.levels, s.max_batch})
+        context = int(np.median([int(p.numel()) for p in held])) + args.max_new_tokens // 2
+        costs = measure_verify_costs(pair, sizes, list(range(1, s.max_depth + 2)), context, args.cost_repeats)
+        per_row = measure_draft_seconds(pair, args.drafter, sampling, train[0], s.max_depth, head)
+        av = AdaptiveVerification(s.max_depth, lambda n: per_row * n, costs, refit_every=args.refit_every)
+        report["costs"] = {"verify": costs.to_dict(), "context": context, "draft_seconds_per_row": per_row}
+
+    # 2. calibration on the training prompts: the γ grid per level (fixed, table), the adaptive rule's warm-up
+    calib = _calibrate(s, args, train, common, av)
+    report["calibration"] = calib
+    methods = []
+    if "nospec" in s.methods:
+        methods.append(nospec)
+    if "fixed" in s.methods:
+        g = calib["best_fixed_gamma"]
+        methods.append(ServeMethod(f"fixed γ={g} (best at c={args.calibration_concurrency})",
+                                   lambda g=g: FixedDepthController(g), g))
+    if "table" in s.methods:
+        from policies.batch import BatchSizeTable
+
+        table = calib["table"]
+        depth = BatchSizeTable(table).max_depth
+        methods.append(ServeMethod(TABLE, lambda: BatchSizeTable(table), depth))
+    if av is not None:
+        methods.append(ServeMethod(ADAPTIVE, lambda: FixedDepthController(s.max_depth), s.max_depth, av))
+    if policy is not None:
+        from eval.runner import decoder_max_depth
+
+        methods.append(ServeMethod(LEARNED, lambda: policy, decoder_max_depth(policy)))
+
+    # 3. the measured sweeps, methods interleaved (rotated) per level
+    levels = [("concurrency", c) for c in s.levels] + [("arrival_rate", r) for r in s.rates]
+    report["levels"] = []
+    for li, (kind, value) in enumerate(levels):
+        arrivals = None if kind == "concurrency" else poisson_arrivals(value, args.num_requests, args.seed + 7919 * li)
+        reqs = make_requests(held, args.num_requests, args.seed, 0, arrivals)
+        rows = list(methods) + ([HF] if "hf" in s.methods and kind == "concurrency" else [])
+        k = li % len(rows)
+        order = rows[k:] + rows[:k]
+        res = {}
+        for m in order:
+            if m == HF:
+                res[HF] = run_hf_batched(pair, sampling, args.max_new_tokens, reqs, value)
+            else:
+                res[m.name] = m.run(requests=reqs, concurrency=value if kind == "concurrency" else None,
+                                    max_batch=value if kind == "concurrency" else s.max_batch, **common)
+            name = m if m == HF else m.name
+            stderr_line(f"eval.serve: {kind} {value}: {name}: {res[name]['aggregate_tokens_per_second']:.1f} tok/s")
+        _ratios(res)
+        report["levels"].append({"kind": kind, "value": value, "order": [m if m == HF else m.name for m in order],
+                                 "methods": {n: res[n] for n in [m if m == HF else m.name for m in rows]}})
+    if av is not None:
+        report["adaptive"] = {"refits": av.estimator.refits, "weights": av.estimator.weights.tolist(),
+                              "biases": av.estimator.biases.tolist(),
+                              "rejected_slopes": av.estimator.rejected_slopes}
+    report["roles"] = {"no_spec": NOSPEC if "nospec" in s.methods else None,
+                       "fixed": next((m.name for m in methods if m.name.startswith("fixed")), None),
+                       "table": TABLE if "table" in s.methods else None,
+                       "adaptive": ADAPTIVE if av is not None else None,
+                       "learned": LEARNED if policy is not None else None, "hf": HF if "hf" in s.methods else None}
+    report["verdicts"] = serve_verdicts(report)
+    finish_header(header)
+    md = [*header_lines(header), *_markdown(report)]
+    _write(report, md, out)
+    return 0
+
+
+def _calibrate(s: Settings, args, train, common: dict, av) -> dict:
+    """The training-split runs: aggregate tokens/s of γ ∈ 0 ∪ ``gammas`` at every concurrency level (for the fixed
+    γ and the table) and the adaptive rule's warm-up (its estimator learns; tokens/s recorded)."""
+    from learn2draft.cli import stderr_line
+    from learn2draft.control import FixedDepthController
+
+    out: dict = {"grid": {}, "adaptive_tokens_per_second": {}}
+    need_grid = "fixed" in s.methods or "table" in s.methods
+    for c in s.levels:
+        reqs = make_requests(train, max(args.num_train_requests, c), args.seed, 1)
+        row = {}
+        gammas = ([0] if "table" in s.methods else []) + s.gammas if need_grid else []
+        for g in gammas:
+            m = ServeMethod(f"γ={g}", lambda g=g: FixedDepthController(g), g)
+            row[g] = m.run(requests=reqs, concurrency=c, max_batch=c, **common)["aggregate_tokens_per_second"]
+            stderr_line(f"eval.serve: calibration c={c} γ={g}: {row[g]:.1f} tok/s")
+        out["grid"][str(c)] = {str(g): v for g, v in row.items()}
+        if av is not None:
+            m = ServeMethod(ADAPTIVE, lambda: FixedDepthController(s.max_depth), s.max_depth, av)
+            v = m.run(requests=reqs, concurrency=c, max_batch=c, **common)["aggregate_tokens_per_second"]
+            out["adaptive_tokens_per_second"][str(c)] = v
+    if need_grid:
+        cal = out["grid"][str(args.calibration_concurrency)]
+        out["best_fixed_gamma"] = max(s.gammas, key=lambda g: cal[str(g)])
+        best = {c: max(out["grid"][str(c)], key=lambda g: out["grid"][str(c)][g]) for c in s.levels}
+        out["table"] = [[prev + 1, c, int(best[c])] for prev, c in zip([0, *s.levels], s.levels)]
+    if av is not None:
+        out["adaptive_refits_after_warmup"] = av.estimator.refits
+    return out
+
+
+def _ratios(res: dict) -> None:
+    """Add ``ratio_to_no_spec`` to every method of a level: tokens/s over no-spec's, ITL p50/p99 as no-spec's over
+    the method's (≥ 1: not slower)."""
+    base = res.get(NOSPEC)
+    for m in res.values():
+        if base is None:
+            m["ratio_to_no_spec"] = None
+            continue
+        r = {"tokens_per_second": _div(m["aggregate_tokens_per_second"], base["aggregate_tokens_per_second"])}
+        for q in ("p50", "p99"):
+            r[f"itl_{q}"] = _div(base["itl_seconds"][q], m["itl_seconds"][q])
+        m["ratio_to_no_spec"] = r
+
+
+def _div(a, b):
+    return a / b if a is not None and b else None
+
+
+# ----------------------------------------------------------------------------------------------- verdicts
+def serve_verdicts(report: dict) -> list[dict]:
+    """Issue 17's goals judged on the measured levels, as :func:`eval.verdicts.verdict_lines` entries (``claim``,
+    ``temperature`` None, ``threshold``, ``measured``, ``verdict`` PASS / FAIL / not measured, ``against``).
+
+    * learned ≥ 1.00× no speculation at every level (the smallest of the tokens/s and ITL p50 / p99 ratios);
+    * learned ≥ 1.10× the best single fixed γ, geometric mean over the concurrency sweep;
+    * learned ≥ 1.00× the per-batch-size table and ≥ 1.00× adaptive verification at every level (tokens/s);
+    * no speculation at concurrency 8 ≥ 0.95× hf generate (batched) on the same prompts (tokens/s).
+    """
+    from eval.verdicts import FAIL, NOT_MEASURED, PASS
+
+    roles, levels = report["roles"], report["levels"]
+
+    def tps(level, role):
+        name = roles.get(role)
+        m = level["methods"].get(name) if name else None
+        return m["aggregate_tokens_per_second"] if m else None
+
+    def entry(claim, threshold, measured, against):
+        verdict = NOT_MEASURED if measured is None else PASS if measured >= threshold else FAIL
+        return {"claim": claim, "temperature": None, "threshold": threshold, "measured": measured,
+                "verdict": verdict, "against": against if measured is not None else ""}
+
+    def worst(role, base, with_itl=False):
+        vals = []
+        for lv in levels:
+            a, b = tps(lv, role), tps(lv, base)
+            if a is None or b is None:
+                return None, ""
+            r = [a / b]
+            if with_itl:
+                m, n = lv["methods"][roles[role]], lv["methods"][roles[base]]
+                r += [_div(n["itl_seconds"][q], m["itl_seconds"][q]) or 0.0 for q in ("p50", "p99")]
+            vals.append((min(r), f"{lv['kind']} {lv['value']}"))
+        return min(vals) if vals else (None, "")
+
+    out = []
+    v, at = worst("learned", "no_spec", with_itl=True)
+    out.append(entry("learned ≥ 1.00× no speculation at every level (tok/s, ITL p50/p99)", 1.00, v,
+                     f"{roles.get('no_spec')}, worst at {at}"))
+    conc = [lv for lv in levels if lv["kind"] == "concurrency"]
+    ratios = [(tps(lv, "learned"), tps(lv, "fixed")) for lv in conc]
+    g = (float(np.exp(np.mean([np.log(a / b) for a, b in ratios])))
+         if ratios and all(a and b for a, b in ratios) else None)
+    out.append(entry("learned ≥ 1.10× best fixed γ (geomean over concurrency)", 1.10, g, str(roles.get("fixed"))))
+    for role, label in (("table", "per-batch-size table"), ("adaptive", "adaptive verification")):
+        v, at = worst("learned", role)
+        out.append(entry(f"learned ≥ 1.00× {label} at every level", 1.00, v, f"{roles.get(role)}, worst at {at}"))
+    b8 = next((lv for lv in conc if lv["value"] == 8), None)
+    a, b = (tps(b8, "no_spec"), tps(b8, "hf")) if b8 else (None, None)
+    out.append(entry("no speculation at B=8 ≥ 0.95× hf generate (batched)", 0.95, _div(a, b) if a else None, HF))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- report
+def _ms(x) -> str:
+    return "–" if x is None else f"{1e3 * x:.0f}"
+
+
+def _num(x) -> str:
+    return "–" if x is None else f"{x:.2f}"
+
+
+def _markdown(report: dict) -> list[str]:
+    from eval.verdicts import verdict_lines
+
+    st, cal = report["settings"], report["calibration"]
+    md = [f"Drafter: {st['drafter']}; {st['num_requests']} requests per level, {st['max_new_tokens']} new tokens; "
+          f"methods interleaved per level (rotated order).", ""]
+    if "best_fixed_gamma" in cal:
+        md += [f"Best single fixed γ (training prompts, concurrency {st['calibration_concurrency']}): "
+               f"{cal['best_fixed_gamma']}; grid-tuned table (vLLM format): {cal['table']}.", ""]
+    if "costs" in report:
+        c = report["costs"]
+        md += [f"Cost table (this machine, context {c['context']}): batch sizes {c['verify']['batch_sizes']}, "
+               f"tokens per row {c['verify']['tokens_per_row']}; drafting {1e3 * c['draft_seconds_per_row']:.2f} ms "
+               "per row.", ""]
+    for lv in report["levels"]:
+        md += [f"### {lv['kind'].replace('_', ' ')} {lv['value']}" + (" requests/s" if lv["kind"] == "arrival_rate"
+                                                                         else ""), "",
+               "| method | tok/s | × no-spec | req tok/s p50 | TTFT ms p50/p90/p99 | ITL ms p50/p90/p99 | "
+               "latency s p50/p99 | α | τ | peak MB |",
+               "|---|---|---|---|---|---|---|---|---|---|"]
+        for name, m in lv["methods"].items():
+            r = (m.get("ratio_to_no_spec") or {}).get("tokens_per_second")
+            t, i, lat = m["ttft_seconds"], m["itl_seconds"], m["latency_seconds"]
+            md.append(f"| {name} | {m['aggregate_tokens_per_second']:.1f} | {'–' if r is None else f'{r:.2f}'} | "
+                      f"{m['per_request_tokens_per_second']['p50']:.1f} | {_ms(t['p50'])}/{_ms(t['p90'])}/"
+                      f"{_ms(t['p99'])} | {_ms(i['p50'])}/{_ms(i['p90'])}/{_ms(i['p99'])} | {lat['p50']:.2f}/"
+                      f"{lat['p99']:.2f} | {_num(m['alpha'])} | {_num(m['tau'])} | "
+                      f"{m['peak_memory_bytes'] / 2**20:.0f} |")
+        md.append("")
+    md += ["## Verdicts (issue 17's goals; aggregate tokens/s ratios on held-out prompts)", "", "```",
+           *verdict_lines(report["verdicts"]), "```", ""]
+    return md
+
+
+def plot_serve(report: dict, path: Path) -> None:
+    """Aggregate tokens/s against concurrency (and against the arrival rate, when measured), one line per method;
+    saved as PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = [k for k in ("concurrency", "arrival_rate") if any(lv["kind"] == k for lv in report["levels"])]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(6.5 * len(kinds), 4.5), squeeze=False)
+    for ax, kind in zip(axes[0], kinds):
+        lvs = [lv for lv in report["levels"] if lv["kind"] == kind]
+        names = list(dict.fromkeys(n for lv in lvs for n in lv["methods"]))
+        for n in names:
+            pts = [(lv["value"], lv["methods"][n]["aggregate_tokens_per_second"]) for lv in lvs if n in lv["methods"]]
+            ax.plot(*zip(*pts), marker="o", label=n, ls="--" if n == HF else "-")
+        if kind == "concurrency":
+            ax.set_xscale("log", base=2)
+            ax.set_xticks([lv["value"] for lv in lvs], [str(lv["value"]) for lv in lvs])
+        ax.set_xlabel("concurrency (closed loop)" if kind == "concurrency" else "arrival rate (requests/s, Poisson)")
+        ax.set_ylabel("aggregate tokens/s")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    h = report["header"]
+    fig.suptitle(f"{h['models']['target']['name']}, {h['precision']}, drafter {report['settings']['drafter']}",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _write(report: dict, md: list[str], out: Path) -> None:
+    text = "\n".join(md)
+    (out / "serve.md").write_text(text + "\n")
+    (out / "serve.json").write_text(json.dumps(report, indent=2))
+    plot_serve(report, out / "serve.png")
+    print("\n" + text)
+    print(f"Wrote {out / 'serve.md'}, {out / 'serve.json'} and {out / 'serve.png'}.")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,444 @@
+"""The two hand-written rules engines use to speculate under load, as baselines for a load-aware policy (issue 17):
+
+* :class:`BatchSizeTable` — a fixed γ per batch-size range, read from the step's load: vLLM's
+  ``num_speculative_tokens_per_batch_size: [[start_bs, end_bs, K], …]`` (PR #32374), TensorRT-LLM's
+  ``draft_len_schedule``. A per-row :class:`learn2draft.control.DraftController`.
+* :class:`AdaptiveVerification` — vLLM's adaptive verification (``enable_adaptive_verification``, PRs #47808 and
+  #52228) as a verification budget of :meth:`learn2draft.batched.BatchedSpeculativeDecoder.step`: every row drafts
+  up to ``max_depth`` with a fixed controller, then the budget keeps the global top-B drafted slots by survival
+  probability, B chosen against this machine's measured costs (:class:`CostTable`). Its acceptance model is
+  :class:`OnlineAcceptanceEstimator`, an online per-position logistic on the draft's top-2 margin.
+
+Both read only the draft side and the load (never a drafted token's verification outcome before it is verified),
+so the output law is unchanged. Numpy only: no torch import.
+
+How :mod:`eval.serve` wires the budget (and how a user does)::
+
+    av = AdaptiveVerification(max_depth, draft_cost, verify_cost)
+    serve(decoder, requests, lambda: FixedDepthController(max_depth), budget=av, on_step=av.observe)
+
+``av(margins, load)`` is called by the step after drafting and remembers the margins and the counts it returned;
+``av.observe(step)`` (the ``on_step`` hook) reads each row's accepted length τ from the step's
+:class:`~learn2draft.decoding.CycleResult` and turns it into labels for the estimator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from learn2draft.control import DraftController
+from learn2draft.features import FEATURE_NAMES
+
+_DEPTH = FEATURE_NAMES.index("depth")
+
+
+# --------------------------------------------------------------------------------------------- per batch size
+def parse_batch_size_table(table: Any) -> list[tuple[int, int, int]]:
+    """A batch-size table as sorted ``(start_bs, end_bs, γ)`` ranges (both ends inclusive).
+
+    Args:
+        table: vLLM's list format ``[[start_bs, end_bs, K], …]``; or a mapping ``{(start, end): γ}``, ``{bs: γ}``
+            (one batch size) or ``{"start-end": γ}`` / ``{"bs": γ}`` (string keys, as JSON writes them).
+
+    Returns:
+        the ranges sorted by ``start_bs``; they start at batch size 1 and leave no gap and no overlap.
+
+    Raises:
+        ValueError: one message naming the first bad entry: not three integers, start < 1, end < start, γ < 0, the
+            first range not starting at 1, overlapping ranges, a gap between ranges, or an empty table.
+    """
+    hint = "write it as [[start_bs, end_bs, K], …] (both ends inclusive), e.g. [[1, 4, 4], [5, 8, 2], [9, 64, 0]]"
+    if isinstance(table, Mapping):
+        entries = []
+        for key, k in table.items():
+            if isinstance(key, str):
+                parts = key.split("-")
+                try:
+                    rng = [int(p) for p in parts]
+                except ValueError:
+                    raise ValueError(f"Batch-size table key {key!r} is not a batch size or a range 'start-end': "
+                                     f"{hint}.") from None
+                if len(rng) not in (1, 2):
+                    raise ValueError(f"Batch-size table key {key!r} is not a batch size or a range 'start-end': "
+                                     f"{hint}.")
+            elif isinstance(key, tuple):
+                rng = list(key)
+            else:
+                rng = [key]
+            entries.append([rng[0], rng[-1], k])
+    elif isinstance(table, (list, tuple)):
+        entries = [list(e) if isinstance(e, (list, tuple)) else e for e in table]
+    else:
+        raise ValueError(f"A batch-size table must be a list or a mapping, got {type(table).__name__}: {hint}.")
+    if not entries:
+        raise ValueError(f"The batch-size table is empty: {hint}.")
+    ranges = []
+    for e in entries:
+        ok = (isinstance(e, list) and len(e) == 3
+              and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in e))
+        if not ok:
+            raise ValueError(f"Batch-size table entry {e!r} is not three integers [start_bs, end_bs, K]: {hint}.")
+        s, t, k = (int(v) for v in e)
+        if s < 1 or t < s or k < 0:
+            raise ValueError(f"Batch-size table entry {[s, t, k]}: need 1 ≤ start_bs ≤ end_bs and K ≥ 0: {hint}.")
+        ranges.append((s, t, k))
+    ranges.sort()
+    if ranges[0][0] != 1:
+        raise ValueError(f"The batch-size table starts at batch size {ranges[0][0]}, not 1: batch sizes "
+                         f"1..{ranges[0][0] - 1} have no γ; {hint}.")
+    for (s0, t0, _), (s1, t1, _) in zip(ranges, ranges[1:]):
+        if s1 <= t0:
+            raise ValueError(f"Batch-size table ranges [{s0}, {t0}] and [{s1}, {t1}] overlap: {hint}.")
+        if s1 > t0 + 1:
+            raise ValueError(f"Batch-size table ranges [{s0}, {t0}] and [{s1}, {t1}] leave batch sizes "
+                             f"{t0 + 1}..{s1 - 1} without a γ: {hint}.")
+    return ranges
+
+
+class BatchSizeTable(DraftController):
+    """A fixed γ per batch-size range: vLLM's ``num_speculative_tokens_per_batch_size`` as a per-row controller.
+
+    Before each step the batched decoder calls :meth:`observe_load` with the step's
+    :class:`learn2draft.state.LoadState`; the row then drafts the γ of the range holding ``load.batch_size``
+    (a batch larger than the last range's end uses the last range's γ). Before any load is seen, γ is batch size
+    1's. The depth drafted so far is read from the ``depth`` feature (depth / max_depth, as the rules of
+    :mod:`policies.controllers` read it), so build the decoder with ``max_depth`` = this controller's.
+
+    Args:
+        table: see :func:`parse_batch_size_table` (vLLM's ``[[start_bs, end_bs, K], …]`` or a mapping).
+        max_depth: the decoder's ``max_depth`` (the scale of the depth feature); default the table's largest γ.
+
+    Raises:
+        ValueError: a bad table (:func:`parse_batch_size_table`) or ``max_depth`` below the largest γ.
+    """
+
+    def __init__(self, table: Any, max_depth: int | None = None):
+        self.ranges = parse_batch_size_table(table)
+        top = max(k for _, _, k in self.ranges)
+        if max_depth is not None and (not isinstance(max_depth, int) or max_depth < top):
+            raise ValueError(f"max_depth must be an integer ≥ the table's largest γ ({top}), got {max_depth!r}.")
+        self.max_depth = self.depth_feature_scale = int(top if max_depth is None else max_depth)
+        self.gamma = self.gamma_for(1)
+
+    def gamma_for(self, batch_size: int) -> int:
+        """The γ of the range holding ``batch_size`` (≥ 1; beyond the last range: the last γ)."""
+        for s, t, k in self.ranges:
+            if s <= batch_size <= t:
+                return k
+        return self.ranges[-1][2]
+
+    def as_vllm(self) -> list[list[int]]:
+        """The table in vLLM's ``num_speculative_tokens_per_batch_size`` format."""
+        return [[s, t, k] for s, t, k in self.ranges]
+
+    def observe_load(self, load) -> None:
+        """Read the step's :class:`~learn2draft.state.LoadState` (its ``batch_size``) before the row drafts."""
+        self.gamma = self.gamma_for(int(load.batch_size))
+
+    def continue_drafting(self, features: np.ndarray) -> bool:
+        depth = round(float(features[_DEPTH]) * max(self.max_depth, 1))
+        return depth < self.gamma
+
+    def __repr__(self) -> str:
+        return f"BatchSizeTable({self.as_vllm()})"
+
+
+# --------------------------------------------------------------------------------------------- acceptance
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.clip(z, -40.0, 40.0)))
+
+
+def fit_logistic(x: np.ndarray, y: np.ndarray, w: float = 0.0, b: float = 0.0, l2: float = 1e-3,
+                 iterations: int = 25, tol: float = 1e-8) -> tuple[float, float]:
+    """Newton-IRLS fit of ``P(y = 1 | x) = sigmoid(w·x + b)`` (a ridge ``l2``·(w² + b²) on the 2×2 Hessian).
+
+    Args:
+        x: float (n,) the feature (the draft's top-2 margin); y: (n,) labels in {0, 1}.
+        w, b: the starting coefficients (the previous round's fit).
+        iterations: the most Newton steps; stops earlier when a step moves both coefficients by < ``tol``.
+
+    Returns:
+        ``(w, b)`` floats; the start when the Hessian is singular or a step is not finite.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    X = np.stack([x, np.ones_like(x)], axis=1)  # design row [margin, 1], as vLLM's estimator
+    theta = np.array([w, b], dtype=np.float64)
+    for _ in range(iterations):
+        p = _sigmoid(X @ theta)
+        grad = X.T @ (y - p) - l2 * theta
+        H = (X * (p * (1 - p))[:, None]).T @ X + l2 * np.eye(2)
+        try:
+            step = np.linalg.solve(H, grad)
+        except np.linalg.LinAlgError:
+            break
+        if not np.all(np.isfinite(step)):
+            break
+        theta = theta + step
+        if np.max(np.abs(step)) < tol:
+            break
+    return float(theta[0]), float(theta[1])
+
+
+class OnlineAcceptanceEstimator:
+    """Per-position acceptance probabilities p_k = sigmoid(w_k·margin + b_k), learned while serving.
+
+    vLLM's ``OnlineAcceptanceEstimator`` (``vllm/v1/worker/gpu/spec_decode/acceptance_estimator.py``): one logistic
+    per draft position k (the conditional probability that the k-th drafted token is accepted given the earlier
+    ones were) on the draft's top-2 margin; labels are the accepted positions (1) and the first rejected one (0),
+    later positions have none. Observations accumulate over a *round*; every ``refit_every`` steps each position
+    with ≥ ``min_observations`` in the round is refitted by Newton-IRLS from its current coefficients
+    (:func:`fit_logistic`; vLLM takes one damped Newton step from sufficient statistics on the GPU, here the
+    round's observations are on the host and are fitted to convergence), a negative slope is rejected (a more
+    decisive draft cannot be less likely accepted) and replaced by the position's mean acceptance in the round
+    (w_k = 0, b_k = logit(mean)), and the round starts clean. For the first ``warmup_refits`` refits
+    :attr:`needs_full_verification` is True: callers verify whole blocks so the labels are not censored by the
+    budget's own trimming.
+
+    Args:
+        num_positions: K, the deepest draft position (the decoder's ``max_depth``, ≥ 1).
+        refit_every: steps per round (vLLM: 100). ``warmup_refits``: vLLM: 3. ``min_observations``: vLLM: 50.
+        l2: ridge of the 2×2 solve (vLLM: 1e-3). ``initial_bias``: b_k before any fit, with w_k = 0
+            (vLLM: 1.5, a uniform acceptance of 0.82).
+
+    Raises:
+        ValueError: an argument out of range.
+    """
+
+    def __init__(self, num_positions: int, refit_every: int = 100, warmup_refits: int = 3,
+                 min_observations: int = 50, l2: float = 1e-3, initial_bias: float = 1.5):
+        for name, v, lo in (("num_positions", num_positions, 1), ("refit_every", refit_every, 1),
+                            ("warmup_refits", warmup_refits, 0), ("min_observations", min_observations, 1)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+                raise ValueError(f"{name} must be an integer ≥ {lo}, got {v!r}.")
+        if not l2 > 0:
+            raise ValueError(f"l2 must be > 0, got {l2!r}.")
+        self.num_positions, self.refit_every = int(num_positions), int(refit_every)
+        self.warmup_refits, self.min_observations, self.l2 = int(warmup_refits), int(min_observations), float(l2)
+        self.weights = np.zeros(self.num_positions)
+        self.biases = np.full(self.num_positions, float(initial_bias))
+        self.refits = 0
+        self.rejected_slopes = 0  # refits of a position whose slope came out negative (the mean was used)
+        self._steps_since_refit = 0
+        self._x: list[list[float]] = [[] for _ in range(self.num_positions)]
+        self._y: list[list[float]] = [[] for _ in range(self.num_positions)]
+
+    @property
+    def needs_full_verification(self) -> bool:
+        """Whether callers must still verify whole draft blocks (the warm-up refits are not done)."""
+        return self.refits < self.warmup_refits
+
+    def predict(self, margins: np.ndarray) -> np.ndarray:
+        """float64 (k,) p_0..p_{k−1} for the drafted tokens' margins float (k,), k ≤ K (deeper positions use the
+        last position's coefficients)."""
+        m = np.asarray(margins, dtype=np.float64)
+        pos = np.minimum(np.arange(m.size), self.num_positions - 1)
+        return _sigmoid(self.weights[pos] * m + self.biases[pos])
+
+    def add(self, margins: np.ndarray, accepted: int, verified: int, censored: bool = False) -> None:
+        """Record one row's outcome: of its ``verified`` drafted tokens (margins float (≥ verified,)), the first
+        ``accepted`` were accepted — labels 1 at positions < accepted, 0 at position ``accepted`` if it was
+        verified; later positions get none. ``censored``: the row stopped for another reason (EOS,
+        ``max_new_tokens``), so the rejection is not known: only the accepted positions are labelled."""
+        m = np.asarray(margins, dtype=np.float64)
+        last = min(int(accepted) + (0 if censored else 1), int(verified), self.num_positions, m.size)
+        for k in range(last):
+            self._x[k].append(float(m[k]))
+            self._y[k].append(1.0 if k < accepted else 0.0)
+
+    def end_step(self) -> bool:
+        """Count a step; refit at the end of a round. Returns whether it refitted."""
+        self._steps_since_refit += 1
+        if self._steps_since_refit < self.refit_every:
+            return False
+        self.refit()
+        return True
+
+    def refit(self) -> None:
+        """Refit every position with ≥ ``min_observations`` in this round; start a new round."""
+        for k in range(self.num_positions):
+            if len(self._y[k]) < self.min_observations:
+                continue
+            x, y = np.asarray(self._x[k]), np.asarray(self._y[k])
+            w, b = fit_logistic(x, y, self.weights[k], self.biases[k], self.l2)
+            if not (np.isfinite(w) and np.isfinite(b)) or w < 0:
+                self.rejected_slopes += int(w < 0)
+                mean = float(np.clip(y.mean(), 1e-3, 1 - 1e-3))
+                w, b = 0.0, float(np.log(mean / (1 - mean)))
+            self.weights[k], self.biases[k] = w, b
+        self._x = [[] for _ in range(self.num_positions)]
+        self._y = [[] for _ in range(self.num_positions)]
+        self._steps_since_refit = 0
+        self.refits += 1
+
+    def observations(self) -> list[int]:
+        """Observations per position in the current round."""
+        return [len(y) for y in self._y]
+
+
+# --------------------------------------------------------------------------------------------- costs
+class CostTable:
+    """Seconds of one batched target verification forward, by batch size and tokens per row, from a measured grid.
+
+    Args:
+        batch_sizes: int (nb,) strictly increasing batch sizes measured (≥ 1).
+        tokens_per_row: int (nk,) strictly increasing tokens per row measured (≥ 1: the last committed token plus
+            the drafted ones).
+        seconds: float (nb, nk) median seconds of each shape. Forced monotone (non-decreasing along both axes, a
+            running maximum, as vLLM forces its start-up tables) so that more work never looks cheaper.
+
+    Calling it: ``table(n_rows, tokens)`` with ``tokens`` the total fed (n_rows × tokens per row, padding
+    included): bilinear interpolation; outside the grid, the nearest edge.
+
+    Raises:
+        ValueError: shapes that do not match, an axis not strictly increasing or below 1, a negative or
+            non-finite time.
+    """
+
+    def __init__(self, batch_sizes: Sequence[int], tokens_per_row: Sequence[int], seconds: Any):
+        self.batch_sizes = np.asarray(batch_sizes, dtype=np.float64)
+        self.tokens_per_row = np.asarray(tokens_per_row, dtype=np.float64)
+        s = np.asarray(seconds, dtype=np.float64)
+        for name, ax in (("batch_sizes", self.batch_sizes), ("tokens_per_row", self.tokens_per_row)):
+            if ax.ndim != 1 or ax.size == 0 or ax.min() < 1 or np.any(np.diff(ax) <= 0):
+                raise ValueError(f"{name} must be a non-empty strictly increasing list of numbers ≥ 1, got "
+                                 f"{ax.tolist()}.")
+        if s.shape != (self.batch_sizes.size, self.tokens_per_row.size):
+            raise ValueError(f"seconds must have shape (len(batch_sizes), len(tokens_per_row)) = "
+                             f"({self.batch_sizes.size}, {self.tokens_per_row.size}), got {s.shape}.")
+        if not np.all(np.isfinite(s)) or s.min() < 0:
+            raise ValueError("seconds must be finite and ≥ 0.")
+        self.seconds = np.maximum.accumulate(np.maximum.accumulate(s, axis=0), axis=1)
+
+    def __call__(self, n_rows: int, tokens: int) -> float:
+        """Seconds of a forward over ``n_rows`` rows and ``tokens`` tokens in all (tokens / n_rows per row)."""
+        per_row = tokens / max(n_rows, 1)
+        by_k = np.array([np.interp(per_row, self.tokens_per_row, row) for row in self.seconds])
+        return float(np.interp(n_rows, self.batch_sizes, by_k))
+
+    def to_dict(self) -> dict:
+        return {"batch_sizes": self.batch_sizes.astype(int).tolist(),
+                "tokens_per_row": self.tokens_per_row.astype(int).tolist(), "seconds": self.seconds.tolist()}
+
+
+# --------------------------------------------------------------------------------------------- the budget
+def choose_budget(survival: Sequence[np.ndarray], draft_seconds: float,
+                  verify_cost: Callable[[int, int], float]) -> tuple[list[int], int]:
+    """vLLM's global top-B rule: keep the B drafted slots of highest survival across all rows,
+    B* = argmax_B (N + Σ_{j<B} S_sorted[j]) / (draft_seconds + verify_cost(N, tokens(B))).
+
+    Survival decreases along a row (a product of probabilities), so the top B slots are a prefix of every row.
+    ``tokens(B)`` is what the batched forward of :mod:`learn2draft.batched` feeds: every row padded to the longest,
+    N × (1 + the longest kept draft) — vLLM's ragged batches feed N + B instead.
+
+    Args:
+        survival: per row, float (γ_i,) S(r, k) = Π_{i≤k} p_i (non-increasing).
+        draft_seconds: the drafting cost of the step (the same for every B: the rows have drafted).
+        verify_cost: ``(n_rows, tokens) -> seconds`` of the verification forward.
+
+    Returns:
+        ``(counts, B)``: per row the drafted tokens to verify, and their total B. Ties keep the smallest B.
+    """
+    N = len(survival)
+    slots = [(-float(s), r, k) for r, row in enumerate(survival) for k, s in enumerate(np.asarray(row))]
+    slots.sort()
+    counts = [0] * N
+    longest = 0
+    expected = float(N)
+    best = (expected / (draft_seconds + verify_cost(N, N)), 0)
+    for B, (neg_s, r, k) in enumerate(slots, start=1):
+        counts[r] = max(counts[r], k + 1)
+        longest = max(longest, counts[r])
+        expected -= neg_s
+        value = expected / (draft_seconds + verify_cost(N, N * (1 + longest)))
+        if value > best[0]:
+            best = (value, B)
+    keep = [0] * N
+    for _, r, k in slots[: best[1]]:
+        keep[r] = max(keep[r], k + 1)
+    return keep, best[1]
+
+
+class AdaptiveVerification:
+    """vLLM's adaptive verification as a verification budget of the batched decoder.
+
+    Each step (``budget(margins, load)``): every row's drafted tokens get p_k from the
+    :class:`OnlineAcceptanceEstimator`, their survival S(r, k) = Π_{i≤k} p_i, and the step verifies the global
+    top-B slots with B from :func:`choose_budget` against ``draft_cost(N)`` + ``verify_cost(N, tokens)`` (this
+    machine's costs, measured at start-up). While the estimator warms up, every drafted token is verified.
+    :meth:`observe` (after the step) turns the rows' accepted lengths into the estimator's labels.
+
+    Args:
+        max_depth: the deepest draft position (the decoder's ``max_depth``, ≥ 1).
+        draft_cost: ``n_rows -> seconds`` of drafting ``max_depth`` tokens for that many rows.
+        verify_cost: ``(n_rows, tokens) -> seconds`` of one verification forward (a :class:`CostTable`).
+        estimator: the acceptance model (default: a new :class:`OnlineAcceptanceEstimator` of ``max_depth``
+            positions with vLLM's settings; ``**estimator_kw`` are passed to it).
+
+    Attributes:
+        history: per step, ``(n_rows, drafted, verified)`` (for reports).
+
+    Raises:
+        ValueError: ``max_depth`` < 1, or the estimator's arguments (:class:`OnlineAcceptanceEstimator`).
+    """
+
+    def __init__(self, max_depth: int, draft_cost: Callable[[int], float], verify_cost: Callable[[int, int], float],
+                 estimator: OnlineAcceptanceEstimator | None = None, **estimator_kw):
+        if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1:
+            raise ValueError(f"max_depth must be an integer ≥ 1, got {max_depth!r}.")
+        self.max_depth = max_depth
+        self.draft_cost, self.verify_cost = draft_cost, verify_cost
+        self.estimator = estimator or OnlineAcceptanceEstimator(max_depth, **estimator_kw)
+        self.history: list[tuple[int, int, int]] = []
+        self._last: tuple[list[np.ndarray], list[int]] | None = None
+
+    def counts(self, margins: Sequence[np.ndarray]) -> list[int]:
+        """Per row, the drafted tokens to verify (every one while the estimator warms up)."""
+        margins = [np.asarray(m, dtype=np.float64) for m in margins]
+        if self.estimator.needs_full_verification:
+            return [int(m.size) for m in margins]
+        survival = [np.cumprod(self.estimator.predict(m)) for m in margins]
+        keep, _ = choose_budget(survival, float(self.draft_cost(len(margins))), self.verify_cost)
+        return keep
+
+    def __call__(self, margins: list[np.ndarray], load=None) -> list[int]:
+        """The budget hook of :meth:`learn2draft.batched.BatchedSpeculativeDecoder.step`: ``margins`` per row
+        float64 (γ_i,), ``load`` the step's :class:`~learn2draft.state.LoadState` (unused: the rows are the load).
+        Remembers the margins and the counts for :meth:`observe`."""
+        keep = self.counts(margins)
+        self._last = ([np.asarray(m, dtype=np.float64) for m in margins], keep)
+        self.history.append((len(margins), int(sum(np.asarray(m).size for m in margins)), int(sum(keep))))
+        return keep
+
+    def observe(self, step, margins: Sequence[np.ndarray] | None = None) -> None:
+        """Learn from a finished step (the ``on_step`` hook of :func:`learn2draft.batched.serve`).
+
+        Args:
+            step: the :class:`learn2draft.batched.BatchStep`; its ``rows`` (in batch order) hold each row's
+                ``num_accepted`` τ, ``verify_size`` and ``finished``.
+            margins: per row, the drafted tokens' margins; default those of the last budget call.
+
+        Raises:
+            ValueError: the step has another number of rows than the margins.
+        """
+        rows = list(step.rows.values())
+        if margins is None:
+            if self._last is None:
+                return
+            margins = self._last[0]
+        if len(margins) != len(rows):
+            raise ValueError(f"observe: the step has {len(rows)} rows but {len(margins)} margin arrays were given.")
+        for m, res in zip(margins, rows):
+            self.estimator.add(m, res.num_accepted, res.verify_size, censored=bool(res.finished))
+        self.estimator.end_step()
+        self._last = None
+
+    def __repr__(self) -> str:
+        return f"AdaptiveVerification(max_depth={self.max_depth})"
+
+
+__all__ = ["AdaptiveVerification", "BatchSizeTable", "CostTable", "OnlineAcceptanceEstimator", "choose_budget",
+           "fit_logistic", "parse_batch_size_table"]

@@ -1,0 +1,171 @@
+"""policies.batch on synthetic data (no models): the per-batch-size table, the online acceptance logistic and
+vLLM's adaptive-verification budget."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from learn2draft.features import FEATURE_NAMES
+from learn2draft.state import LoadState
+from policies.batch import (
+    AdaptiveVerification,
+    BatchSizeTable,
+    CostTable,
+    OnlineAcceptanceEstimator,
+    choose_budget,
+    fit_logistic,
+    parse_batch_size_table,
+)
+
+DEPTH = FEATURE_NAMES.index("depth")
+
+
+def _drafted(ctrl, max_depth: int) -> int:
+    """Tokens the controller drafts in one cycle of a decoder with ``max_depth`` (the decoder's depth rule)."""
+    f = np.zeros(len(FEATURE_NAMES), dtype=np.float32)
+    d = 0
+    while d < min(ctrl.max_depth, max_depth):
+        f[DEPTH] = d / max_depth
+        if not ctrl.continue_drafting(f):
+            break
+        d += 1
+    return d
+
+
+def _load(b: int) -> LoadState:
+    return LoadState(b, 64, tuple([10] * b))
+
+
+def test_batch_size_table_reads_the_range_of_the_load():
+    t = BatchSizeTable([[1, 2, 5], [3, 8, 3], [9, 16, 1], [17, 512, 0]])
+    assert t.max_depth == t.depth_feature_scale == 5
+    got = {}
+    for b in (1, 2, 3, 8, 9, 16, 17, 512, 1000):
+        t.observe_load(_load(b))
+        got[b] = _drafted(t, t.max_depth)
+    assert got == {1: 5, 2: 5, 3: 3, 8: 3, 9: 1, 16: 1, 17: 0, 512: 0, 1000: 0}
+    assert t.as_vllm() == [[1, 2, 5], [3, 8, 3], [9, 16, 1], [17, 512, 0]]
+
+
+def test_batch_size_table_accepts_mappings_and_a_larger_depth_scale():
+    a = BatchSizeTable({"1-4": 4, "5-8": 2, "9": 0})
+    b = BatchSizeTable({(1, 4): 4, (5, 8): 2, 9: 0}, max_depth=8)
+    assert a.as_vllm() == b.as_vllm() == [[1, 4, 4], [5, 8, 2], [9, 9, 0]]
+    b.observe_load(_load(3))
+    assert b.depth_feature_scale == 8 and _drafted(b, 8) == 4
+    assert BatchSizeTable([[1, 1, 3]]).gamma == 3  # before any load: batch size 1
+
+
+@pytest.mark.parametrize("table, words", [
+    ([[1, 4, 2], [4, 8, 1]], "overlap"),
+    ([[1, 4, 2], [6, 8, 1]], "5..5 without a γ"),
+    ([[2, 4, 2]], "not 1"),
+    ([[1, 4, -1]], "K ≥ 0"),
+    ([[4, 1, 2]], "start_bs ≤ end_bs"),
+    ([[1, 4]], "not three integers"),
+    ([[1, 4, 2.5]], "not three integers"),
+    ([], "empty"),
+    ({"a-b": 1}, "not a batch size"),
+    ("1-4:2", "must be a list or a mapping"),
+])
+def test_bad_batch_size_tables_are_one_clear_error(table, words):
+    with pytest.raises(ValueError, match="num_speculative|start_bs, end_bs, K") as e:
+        parse_batch_size_table(table)
+    assert words in str(e.value)
+
+
+def test_a_depth_scale_below_the_table_is_refused():
+    with pytest.raises(ValueError, match="largest γ"):
+        BatchSizeTable([[1, 8, 4]], max_depth=3)
+
+
+def test_the_logistic_recovers_known_weights():
+    """Seeded sample, 4,000 observations: the fit is within 0.25 of the true slope and intercept (their
+    standard errors here are ≈ 0.09 and 0.05, so 0.25 is > 2.5 σ), and a wrong fit (the start) fails the check."""
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 1, 4000)
+    w_true, b_true = 3.0, -1.0
+    y = (rng.uniform(size=x.size) < 1 / (1 + np.exp(-(w_true * x + b_true)))).astype(float)
+    w, b = fit_logistic(x, y)
+    assert abs(w - w_true) < 0.25 and abs(b - b_true) < 0.25, (w, b)
+    w0, b0 = fit_logistic(x, y, iterations=0)
+    assert abs(w0 - w_true) > 0.25  # the tolerance can fail
+
+
+def test_the_online_estimator_refits_per_position_after_its_rounds():
+    """Position 0 follows sigmoid(4m − 1), position 1 a constant 0.3 with a negative-slope sample (rejected:
+    the mean is used); refits every 10 steps, 3 warm-up refits; a position with too few observations is kept."""
+    rng = np.random.default_rng(1)
+    est = OnlineAcceptanceEstimator(3, refit_every=10, warmup_refits=3, min_observations=50)
+    for step in range(40):
+        assert est.needs_full_verification == (step < 30)
+        for _ in range(40):
+            m = rng.uniform(0, 1, 3)
+            a0 = rng.uniform() < 1 / (1 + np.exp(-(4 * m[0] - 1)))
+            a1 = rng.uniform() < 0.3 * (1.5 - m[1])  # accepted less often at a larger margin: a negative slope
+            accepted = 0 if not a0 else 1 if not a1 else 2
+            est.add(m, accepted, verified=2)  # position 2 is never verified: no labels
+        est.end_step()
+    assert est.refits == 4 and est.rejected_slopes >= 1
+    assert abs(est.weights[0] - 4) < 1.0 and abs(est.biases[0] + 1) < 0.5
+    assert est.weights[1] == 0 and 0.15 < 1 / (1 + np.exp(-est.biases[1])) < 0.45
+    assert est.weights[2] == 0 and est.biases[2] == 1.5  # no observations: the initial coefficients
+    assert est.observations() == [0, 0, 0]
+
+
+def test_censored_rows_label_only_their_accepted_positions():
+    est = OnlineAcceptanceEstimator(4)
+    est.add(np.array([0.9, 0.8, 0.1, 0.5]), accepted=2, verified=4)
+    est.add(np.array([0.9, 0.8, 0.1, 0.5]), accepted=1, verified=4, censored=True)
+    assert est.observations() == [2, 1, 1, 0]  # row 1: 1, 1, 0 at positions 0-2; row 2: 1 at 0
+
+
+def _cost(per_token: float, fixed: float = 0.01):
+    return lambda n, tokens: fixed + per_token * tokens
+
+
+def test_the_budget_verifies_everything_when_verification_is_free_and_nothing_when_it_dominates():
+    survival = [np.cumprod([0.9, 0.8, 0.7]), np.cumprod([0.6, 0.5]), np.array([])]
+    keep, B = choose_budget(survival, 0.0, _cost(0.0))
+    assert keep == [3, 2, 0] and B == 5
+    keep, B = choose_budget(survival, 0.0, _cost(10.0))
+    assert keep == [0, 0, 0] and B == 0
+
+
+def test_the_budget_takes_global_top_slots():
+    """Padding makes the longest row the cost: a row's low-survival tail that would lengthen every row is dropped
+    ((2 + 3.56) / 1.12 = 4.97 beats 5.74 / 1.16 = 4.95), but a tail within the longest row's length is free."""
+    cost = lambda n, t: 1.0 + 0.02 * t  # noqa: E731
+    keep, B = choose_budget([np.cumprod([0.95, 0.95, 0.2, 0.9]), np.cumprod([0.9, 0.9])], 0.0, cost)
+    assert keep == [2, 2] and B == 4
+    keep, B = choose_budget([np.cumprod([0.95, 0.95, 0.2, 0.9]), np.cumprod([0.9, 0.9, 0.9, 0.9])], 0.0, cost)
+    assert keep == [4, 4] and B == 8
+
+
+def test_adaptive_verification_warms_up_then_cuts_and_learns_from_steps():
+    from types import SimpleNamespace
+
+    av = AdaptiveVerification(4, draft_cost=lambda n: 0.001 * n, verify_cost=_cost(1.0), refit_every=2,
+                              warmup_refits=1, min_observations=1)
+    margins = [np.array([0.9, 0.9, 0.9, 0.9]), np.array([0.5, 0.5])]
+    assert av(margins, _load(2)) == [4, 2]  # warm-up: whole blocks
+    rows = {0: SimpleNamespace(num_accepted=4, verify_size=4, finished=False),
+            1: SimpleNamespace(num_accepted=0, verify_size=2, finished=False)}
+    for _ in range(2):
+        av(margins, _load(2))
+        av.observe(SimpleNamespace(rows=rows))
+    assert not av.estimator.needs_full_verification
+    assert av(margins, _load(2)) == [0, 0]  # each token costs a second: nothing pays
+    with pytest.raises(ValueError, match="2 rows but 1 margin"):
+        av.observe(SimpleNamespace(rows=rows), margins=[margins[0]])
+
+
+def test_cost_table_interpolates_and_is_forced_monotone():
+    t = CostTable([1, 4], [1, 3], [[1.0, 3.0], [2.0, 2.5]])  # 2.5 < 3.0: forced up to 3.0
+    assert t(1, 1) == 1.0 and t(4, 12) == 3.0
+    assert t(1, 2) == pytest.approx(2.0) and t(16, 64) == 3.0  # outside: the edge
+    with pytest.raises(ValueError, match="strictly increasing"):
+        CostTable([2, 1], [1], [[1.0], [1.0]])
+    with pytest.raises(ValueError, match="shape"):
+        CostTable([1], [1, 2], [[1.0]])

@@ -1,0 +1,171 @@
+"""``python -m eval.serve`` on the tiny random models (no downloads): end to end in seconds, consistent numbers, and
+bad input refused before any model loads."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from eval.serve import main as serve_main
+from eval.serve import measure_verify_costs, poisson_arrivals
+
+
+def _prompts(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    rows = [{"prompt": "w1 w2 w3 w1 w2 w3", "category": "copy"}, {"prompt": "w4 w5 w6"},
+            {"prompt": "w7 w8 w7 w8 w7"}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def _tiny(tiny_model_dirs, tmp_path, *extra):
+    return ["--target", tiny_model_dirs[0], "--draft", tiny_model_dirs[1], "--prompts", str(_prompts(tmp_path)),
+            "--device", "cpu", "--dtype", "float32", "--max-new-tokens", "6", "--num-requests", "4",
+            "--num-train-requests", "2", "--gammas", "1,2", "--cost-repeats", "1", "--refit-every", "2", *extra]
+
+
+def test_serve_runs_end_to_end_with_consistent_numbers(tiny_model_dirs, tmp_path):
+    out = tmp_path / "serve"
+    argv = _tiny(tiny_model_dirs, tmp_path, "--concurrency", "1,2", "--calibration-concurrency", "2",
+                 "--arrival-rates", "50", "--out", str(out))
+    assert serve_main(argv) == 0
+    rep = json.loads((out / "serve.json").read_text())
+    assert [(lv["kind"], lv["value"]) for lv in rep["levels"]] == [("concurrency", 1), ("concurrency", 2),
+                                                                   ("arrival_rate", 50.0)]
+    cal = rep["calibration"]
+    assert cal["best_fixed_gamma"] in (1, 2) and set(cal["grid"]) == {"1", "2"}
+    assert cal["table"][0][:2] == [1, 1] and cal["table"][1][:2] == [2, 2]  # one range per level, no gap
+    assert cal["best_fixed_gamma"] == max((1, 2), key=lambda g: cal["grid"]["2"][str(g)])  # chosen at c = 2
+    for lv in rep["levels"]:
+        names = set(lv["methods"])
+        expect = {"no speculation (γ=0)", f"fixed γ={cal['best_fixed_gamma']} (best at c=2)", "per-batch-size table",
+                  "adaptive verification (vLLM)"} | ({"hf generate (batched)"} if lv["kind"] == "concurrency" else set())
+        assert names == expect and sorted(lv["order"]) == sorted(names)
+        prompts = None
+        for name, m in lv["methods"].items():
+            reqs = m["requests"]
+            assert m["aggregate_tokens"] == sum(r["tokens"] for r in reqs) > 0
+            assert m["aggregate_tokens_per_second"] == pytest.approx(m["aggregate_tokens"] / m["makespan_seconds"])
+            assert all(1 <= r["tokens"] <= 6 for r in reqs)
+            assert max(r["admitted"] + r["latency_seconds"] for r in reqs) == pytest.approx(m["makespan_seconds"])
+            assert all(r["admitted"] >= r["arrival"] - 1e-9 for r in reqs)  # float rounding of clock - start
+            ran = [(r["prompt_index"], r["seed"], r["arrival"]) for r in reqs]
+            assert prompts is None or ran == prompts, name  # every method ran the same prompts, seeds, arrivals
+            prompts = ran
+            assert m["ttft_seconds"]["p50"] <= m["latency_seconds"]["p50"]
+            assert m["alpha"] is None or 0 <= m["alpha"] <= 1
+        nospec = lv["methods"]["no speculation (γ=0)"]
+        assert nospec["drafted"] == 0 and nospec["ratio_to_no_spec"]["tokens_per_second"] == pytest.approx(1.0)
+    c2 = rep["levels"][1]["methods"]
+    # greedy: the batched no-spec decoder and batched HF generate emit the same number of tokens per request
+    assert [r["tokens"] for r in c2["no speculation (γ=0)"]["requests"]] == \
+        [r["tokens"] for r in c2["hf generate (batched)"]["requests"]]
+    arrivals = [r["arrival"] for r in rep["levels"][2]["methods"]["no speculation (γ=0)"]["requests"]]
+    assert arrivals[0] == 0 and all(np.diff(arrivals) > 0)
+    assert rep["adaptive"]["refits"] >= 1  # refit every 2 steps: the estimator learned while serving
+    cost = rep["costs"]["verify"]
+    assert cost["batch_sizes"] == [1, 2] and cost["tokens_per_row"] == [1, 2, 3]
+    assert rep["header"]["precision"] == "float32" and rep["header"]["sampling"]["temperature"] == 0
+    verdicts = {v["claim"]: v["verdict"] for v in rep["verdicts"]}
+    assert verdicts["learned ≥ 1.10× best fixed γ (geomean over concurrency)"] == "not measured"  # no --policy
+    assert verdicts["no speculation at B=8 ≥ 0.95× hf generate (batched)"] == "not measured"  # no c = 8
+    md = (out / "serve.md").read_text()
+    assert md.startswith("## Run") and "### concurrency 2" in md and "## Verdicts" in md
+    assert (out / "serve.png").stat().st_size > 0
+
+
+def test_serve_with_a_learned_policy(tiny_model_dirs, tmp_path):
+    """--policy (the shipped lookup policy) adds the learned row, and its verdicts are judged (PASS or FAIL)."""
+    from policies.layout import default_policy_dir
+
+    out = tmp_path / "serve"
+    argv = _tiny(tiny_model_dirs, tmp_path, "--concurrency", "1", "--arrival-rates", "", "--methods", "nospec,fixed",
+                 "--policy", str(default_policy_dir("lookup", "float32")), "--out", str(out))
+    assert serve_main(argv) == 0
+    rep = json.loads((out / "serve.json").read_text())
+    names = set(rep["levels"][0]["methods"])
+    assert "learned policy" in names and "no speculation (γ=0)" in names and len(names) == 3
+    learned = rep["levels"][0]["methods"]["learned policy"]
+    assert learned["aggregate_tokens"] == sum(r["tokens"] for r in learned["requests"])
+    verdicts = {v["claim"]: v["verdict"] for v in rep["verdicts"]}
+    assert verdicts["learned ≥ 1.00× no speculation at every level (tok/s, ITL p50/p99)"] in ("PASS", "FAIL")
+    assert verdicts["learned ≥ 1.10× best fixed γ (geomean over concurrency)"] in ("PASS", "FAIL")
+    assert verdicts["learned ≥ 1.00× adaptive verification at every level"] == "not measured"
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--concurrency", "0"], "--concurrency '0': need at least one concurrency ≥ 1"),
+    (["--concurrency", "a,b"], "--concurrency 'a,b'"),
+    (["--methods", "nospec,bogus"], "unknown method 'bogus'"),
+    (["--methods", "policy"], "needs --policy"),
+    (["--arrival-rates", "0"], "--arrival-rates '0'"),
+    (["--calibration-concurrency", "3"], "--calibration-concurrency 3 is not one of"),
+    (["--num-requests", "0"], "--num-requests must be ≥ 1"),
+    (["--policy", "no/such/dir"], "--policy no/such/dir: no such directory"),
+    (["--temperature", "-1"], "temperature"),
+])
+def test_bad_input_fails_before_any_model_loads(flags, words, tmp_path, monkeypatch, capsys):
+    import learn2draft.models
+
+    monkeypatch.setattr(learn2draft.models, "load_pair", lambda *a, **k: pytest.fail("models loaded"))
+    assert serve_main([*flags, "--device", "cpu", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_an_out_that_is_a_file_fails_before_any_model_loads(tmp_path, monkeypatch, capsys):
+    import learn2draft.models
+
+    monkeypatch.setattr(learn2draft.models, "load_pair", lambda *a, **k: pytest.fail("models loaded"))
+    f = tmp_path / "report.json"
+    f.write_text("{}")
+    assert serve_main(["--device", "cpu", "--out", str(f)]) == 2
+    assert "is a file: give a directory" in capsys.readouterr().err
+
+
+def test_the_cost_table_is_measured_per_shape(tiny_pair):
+    t = measure_verify_costs(tiny_pair, [1, 4], [1, 3], context=8, repeats=2)
+    assert t.seconds.shape == (2, 2) and np.all(t.seconds > 0)
+    assert np.all(np.diff(t.seconds, axis=0) >= 0) and np.all(np.diff(t.seconds, axis=1) >= 0)  # forced monotone
+
+
+def test_poisson_arrivals_are_seeded_with_the_right_rate():
+    """10,000 gaps at 2 requests/s: mean gap within 3% of 0.5 s (its standard error is 1%)."""
+    a = poisson_arrivals(2.0, 10_000, seed=3)
+    assert a[0] == 0 and np.all(np.diff(a) > 0) and np.array_equal(a, poisson_arrivals(2.0, 10_000, seed=3))
+    assert abs(np.mean(np.diff(a)) - 0.5) < 0.015
+
+
+def test_the_baselines_drive_the_batched_decoder(tiny_pair):
+    """In the real batched decoder: the table's γ follows the batch size (2 rows → its [2, 4] range's γ), and
+    adaptive verification past its warm-up with verification priced out verifies nothing — the greedy tokens are
+    those of no speculation (a budget cut reads the draft side only)."""
+    import torch
+
+    from learn2draft.batched import BatchedSpeculativeDecoder, Request, serve
+    from learn2draft.control import FixedDepthController
+    from policies.batch import AdaptiveVerification, BatchSizeTable
+
+    prompts = [torch.tensor([3, 4, 5, 3, 4, 5, 3, 4]), torch.tensor([6, 7, 6, 7, 6, 7]), torch.tensor([8, 9, 10])]
+    reqs = [Request(p, seed=i) for i, p in enumerate(prompts)]
+    table = lambda: BatchSizeTable([[1, 1, 0], [2, 4, 3]])  # noqa: E731
+    dec = BatchedSpeculativeDecoder(tiny_pair, "model", max_new_tokens=8, max_depth=3, max_batch=2)
+    serve(dec, reqs, table, concurrency=2)
+    by_size = {b: [c.depth for s in dec.steps if s.batch_size == b for c in s.rows.values()] for b in (1, 2)}
+    assert by_size[1] and by_size[2] and set(by_size[1]) == {0}  # the third request runs alone: γ(1) = 0
+    assert max(by_size[2]) == 3 and [c.depth for c in dec.steps[0].rows.values()] == [3, 3]  # γ(2) = 3 (less only
+    # where max_new_tokens ends a row)
+
+    def run(budget):
+        d = BatchedSpeculativeDecoder(tiny_pair, "model", max_new_tokens=8, max_depth=3, max_batch=2)
+        res = serve(d, reqs, lambda: FixedDepthController(3 if budget else 0), concurrency=2,
+                    on_step=getattr(budget, "observe", None), budget=budget)
+        return [r.tokens for r in res], d
+
+    av = AdaptiveVerification(3, lambda n: 0.0, lambda n, t: float(t) ** 3, warmup_refits=0)
+    cut, d = run(av)
+    assert all(c.depth == 0 for s in d.steps for c in s.rows.values()) and av.history
+    assert any(drafted > 0 for _, drafted, _ in av.history) and all(kept == 0 for *_, kept in av.history)
+    assert cut == run(None)[0]
