@@ -181,7 +181,9 @@ def measure_verify_batched(pair, sampling, seq, contexts: list[int], batch_sizes
     ``sampling.probs`` of every row's logits, as float (len(contexts), len(batch_sizes), len(tokens)).
 
     The batched KV cache is one prefill of B copies of ``seq[:c]``; each timed forward of the (B, n) tokens
-    ``seq[c:c+n]`` (the same in every row) is cropped back to c (``cache.crop(-n)``) before the next. Token counts are
+    ``seq[c:c+n]`` (the same in every row; per-row positions and a 4D additive mask, as
+    :class:`learn2draft.batched.BatchedSpeculativeDecoder` feeds them) is cropped back to c (``cache.crop(-n)``)
+    before the next. Token counts are
     interleaved (a rotated order per repeat); one unrecorded warm-up pass per (c, B). Timed with
     :class:`learn2draft.timing.DeviceClock` (``torch.cuda.synchronize`` on CUDA)."""
     import torch
@@ -190,7 +192,7 @@ def measure_verify_batched(pair, sampling, seq, contexts: list[int], batch_sizes
     from learn2draft.timing import DeviceClock
 
     clock = DeviceClock(pair.device)
-    V = pair.vocab_size
+    V, dtype = pair.vocab_size, pair.target.dtype
     table = []
     with torch.inference_mode():
         for c in contexts:
@@ -203,8 +205,14 @@ def measure_verify_batched(pair, sampling, seq, contexts: list[int], batch_sizes
                     k = rep % len(tokens)
                     for n in tokens[k:] + tokens[:k]:
                         ids = seq[None, c:c + n].expand(B, n).contiguous()
+                        # what the batched decoder feeds: per-row positions and a 4D additive mask
+                        pos = torch.arange(c, c + n, device=ids.device)[None].expand(B, n)
+                        allowed = torch.ones(n, c + n, dtype=torch.bool, device=ids.device).tril(c)
+                        mask = torch.zeros(B, 1, n, c + n, dtype=dtype, device=ids.device).masked_fill_(
+                            ~allowed, torch.finfo(dtype).min)
                         t0 = clock.now()
-                        out = pair.target(input_ids=ids, cache=cache, use_cache=True)
+                        out = pair.target(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
+                                          use_cache=True)
                         for r in range(B):
                             sampling.probs(out.logits[r, :, :V], seq[: c + 1], seq[c + 1:c + n], source="target")
                         dt = clock.now() - t0

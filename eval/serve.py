@@ -13,13 +13,13 @@ Methods (``--methods``):
 * ``fixed`` — the best single fixed γ of ``--gammas``, chosen on the *training* prompts at
   ``--calibration-concurrency`` (default 1: the γ a user tunes at batch 1);
 * ``table`` — the grid-tuned per-batch-size table (vLLM's ``num_speculative_tokens_per_batch_size``,
-  :class:`policies.batch.BatchSizeTable`): the best γ of 0 ∪ ``--gammas`` at each concurrency level on the training
+  :class:`learn2draft.budget.BatchSizeTable`): the best γ of 0 ∪ ``--gammas`` at each concurrency level on the training
   prompts; level c_i's γ covers batch sizes c_{i−1}+1 … c_i (larger ones: the last level's);
-* ``adaptive`` — vLLM's adaptive verification (:class:`policies.batch.AdaptiveVerification`): rows draft up to
+* ``adaptive`` — vLLM's adaptive verification (:class:`learn2draft.budget.AdaptiveVerification`): rows draft up to
   ``--max-depth`` tokens, an online logistic on the top-2 margin gives each slot a survival probability and each step
-  verifies the global top-B slots against this machine's cost table, measured at start-up (median of
-  ``--cost-repeats`` batched target forwards per (batch size, tokens per row) shape, as vLLM profiles at start-up;
-  :func:`measure_verify_costs`). Its estimator learns while serving: it is warmed on the training prompts at every
+  verifies the global top-B slots against this machine's costs: ``--profile`` with the batch axis, else a latency
+  profile measured at start-up (median of ``--cost-repeats`` batched target forwards per (batch size, tokens per row)
+  shape, as vLLM profiles at start-up; :func:`batched_costs`). Its estimator learns while serving: it is warmed on the training prompts at every
   concurrency level (its 3 warm-up refits verify whole blocks) and keeps learning through the measured levels;
 * ``policy`` — a learned policy (``--policy DIR``, any exported chain policy: :func:`policies.load.load_policy`; a
   policy with an ``observe_load`` method gets the step's load);
@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -197,70 +196,25 @@ def check_args(args) -> Settings:
 
 
 # ----------------------------------------------------------------------------------------------- costs
-def measure_verify_costs(pair, batch_sizes: Sequence[int], tokens_per_row: Sequence[int], context: int,
-                         repeats: int = 5):
-    """This machine's verification cost table: the median seconds of one batched target forward of B rows × k
-    tokens after ``context`` cached tokens per row (a 4D additive mask and per-row positions, as the batched
-    decoder feeds; a float32 softmax over the logits included), per (B, k). Shapes interleaved (a rotated order
-    per repeat); one unrecorded warm-up pass per batch size. As vLLM profiles at start-up (median of 5 per shape).
+def batched_costs(pair, args, s, sampling, head, context: int, sizes: Sequence[int]):
+    """The latency profile that prices adaptive verification's steps: ``--profile`` when it has the batch axis for
+    the drafter, else measured now on this machine (:func:`eval.profile.measure_profile` with the batch axis at
+    ``context``, median of ``--cost-repeats`` per shape; as vLLM profiles its cost tables at start-up)."""
+    from eval.profile import measure_profile
+    from learn2draft.cli import stderr_line
 
-    Args:
-        batch_sizes, tokens_per_row: int, strictly increasing (≥ 1).
-        context: cached tokens per row (≥ 1), real text (:func:`eval.profile.token_stream`).
+    if args.profile:
+        from learn2draft.replay.latency import load_profile
 
-    Returns:
-        a :class:`policies.batch.CostTable`.
-    """
-    import torch
-    from transformers import DynamicCache
-
-    from eval.profile import token_stream
-    from learn2draft.timing import DeviceClock
-    from policies.batch import CostTable
-
-    clock = DeviceClock(pair.device)
-    dev, dtype, V = pair.device, pair.target.dtype, pair.vocab_size
-    seq = token_stream(pair, context + max(tokens_per_row)).to(dev)
-    ks = list(tokens_per_row)
-    table = []
-    with torch.inference_mode():
-        for B in batch_sizes:
-            cache = DynamicCache()
-            pair.target(input_ids=seq[None, :context].expand(B, -1), cache=cache, use_cache=True)
-            times: dict[int, list[float]] = {k: [] for k in ks}
-            for rep in range(repeats + 1):
-                r = rep % len(ks)
-                for k in ks[r:] + ks[:r]:
-                    ids = seq[None, context:context + k].expand(B, -1)
-                    pos = torch.arange(context, context + k, device=dev)[None].expand(B, -1)
-                    allowed = torch.ones(k, context + k, dtype=torch.bool, device=dev).tril(context)
-                    mask = torch.zeros(B, 1, k, context + k, dtype=dtype, device=dev).masked_fill_(
-                        ~allowed, torch.finfo(dtype).min)
-                    t0 = clock.now()
-                    out = pair.target(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
-                    torch.softmax(out.logits[:, :, :V].float(), dim=-1)
-                    dt = clock.now() - t0
-                    cache.crop(-k)
-                    if rep:
-                        times[k].append(dt)
-            table.append([statistics.median(times[k]) for k in ks])
-    return CostTable(list(batch_sizes), ks, table)
-
-
-def measure_draft_seconds(pair, drafter, sampling, prompt_ids, max_depth: int, head=None, steps: int = 8) -> float:
-    """Median seconds one row spends drafting up to ``max_depth`` tokens in a step (the batched decoder drafts
-    row by row, so a step of N rows costs N times this): a short batch-1 run of the batched decoder."""
-    from learn2draft.batched import BatchedSpeculativeDecoder
-    from learn2draft.control import FixedDepthController
-
-    dec = BatchedSpeculativeDecoder(pair, drafter, sampling, max_new_tokens=steps * (max_depth + 1) + 1,
-                                    max_depth=max_depth, max_batch=1, head=head)
-    dec.add(prompt_ids, FixedDepthController(max_depth), seed=0)
-    secs = []
-    while dec.rows and len(secs) < steps:
-        step = dec.step()
-        secs += [c.draft_seconds for c in step.rows.values()]
-    return float(statistics.median(secs)) if secs else 0.0
+        prof = load_profile(args.profile)
+        if prof.has_batch_axis and max(sizes) <= prof.max_batch_size:
+            prof.require_batch_axis(max(sizes), args.drafter)
+            return prof
+        stderr_line(f"eval.serve: --profile {args.profile} has no batch axis up to {max(sizes)} rows: measuring one")
+    return measure_profile(pair, [args.drafter], head=head, sampling=sampling, contexts=(context,),
+                           tokens=tuple(range(1, s.max_depth + 2)), repeats=args.cost_repeats, draft_steps=4,
+                           overhead_prompts=1, overhead_tokens=16, overhead_depths=(0, 2), name="eval.serve start-up",
+                           progress=stderr_line, batch_sizes=sorted(set(sizes)), batch_contexts=(context,))
 
 
 # ----------------------------------------------------------------------------------------------- methods
@@ -469,14 +423,14 @@ def _run(args) -> int:
     nospec.run(requests=make_requests(train, 1, args.seed, 2), concurrency=1, max_batch=1, **common)
     av = None
     if "adaptive" in s.methods:
-        from policies.batch import AdaptiveVerification
+        from learn2draft.budget import AdaptiveVerification, profile_step_cost
 
         sizes = sorted({1, *s.levels, s.max_batch})
         context = int(np.median([int(p.numel()) for p in held])) + args.max_new_tokens // 2
-        costs = measure_verify_costs(pair, sizes, list(range(1, s.max_depth + 2)), context, args.cost_repeats)
-        per_row = measure_draft_seconds(pair, args.drafter, sampling, train[0], s.max_depth, head)
-        av = AdaptiveVerification(s.max_depth, lambda n: per_row * n, costs, refit_every=args.refit_every)
-        report["costs"] = {"verify": costs.to_dict(), "context": context, "draft_seconds_per_row": per_row}
+        prof = batched_costs(pair, args, s, sampling, head, context, sizes)
+        av = AdaptiveVerification(s.max_depth, cost=profile_step_cost(prof, args.drafter, s.max_depth),
+                                  refit_every=args.refit_every)
+        report["costs"] = {"profile": prof.to_dict(), "context": context}
 
     # 2. calibration on the training prompts: the γ grid per level (fixed, table), the adaptive rule's warm-up
     calib = _calibrate(s, args, train, common, av)
@@ -489,7 +443,7 @@ def _run(args) -> int:
         methods.append(ServeMethod(f"fixed γ={g} (best at c={args.calibration_concurrency})",
                                    lambda g=g: FixedDepthController(g), g))
     if "table" in s.methods:
-        from policies.batch import BatchSizeTable
+        from learn2draft.budget import BatchSizeTable
 
         table = calib["table"]
         depth = BatchSizeTable(table).max_depth
@@ -662,9 +616,9 @@ def _markdown(report: dict) -> list[str]:
                f"{cal['best_fixed_gamma']}; grid-tuned table (vLLM format): {cal['table']}.", ""]
     if "costs" in report:
         c = report["costs"]
-        md += [f"Cost table (this machine, context {c['context']}): batch sizes {c['verify']['batch_sizes']}, "
-               f"tokens per row {c['verify']['tokens_per_row']}; drafting {1e3 * c['draft_seconds_per_row']:.2f} ms "
-               "per row.", ""]
+        vb = c["profile"]["verify_batch"]
+        md += [f"Adaptive verification's costs: latency profile {c['profile']['name']!r} (context {c['context']}): "
+               f"batch sizes {vb['batch_sizes']}, tokens per row {vb['tokens']}.", ""]
     for lv in report["levels"]:
         md += [f"### {lv['kind'].replace('_', ' ')} {lv['value']}" + (" requests/s" if lv["kind"] == "arrival_rate"
                                                                          else ""), "",

@@ -532,7 +532,7 @@ def _draftable(row: SpeculativeDecoder) -> int:
     return limit if row.drafter.can_propose(seq) else 0
 
 
-def _left_pad(def _left_pad(x: torch.Tensor, width: int, dim: int = 2, value: float = 0) -> torch.Tensor:
+def _left_pad(x: torch.Tensor, width: int, dim: int = 2, value: float = 0) -> torch.Tensor:
     """``x`` padded on the left along ``dim`` to ``width`` with ``value``."""
     n = width - x.shape[dim]
     if n <= 0:

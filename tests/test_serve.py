@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from eval.serve import main as serve_main
-from eval.serve import measure_verify_costs, poisson_arrivals
+from eval.serve import poisson_arrivals
 
 
 def _prompts(tmp_path):
@@ -65,8 +65,8 @@ def test_serve_runs_end_to_end_with_consistent_numbers(tiny_model_dirs, tmp_path
     arrivals = [r["arrival"] for r in rep["levels"][2]["methods"]["no speculation (γ=0)"]["requests"]]
     assert arrivals[0] == 0 and all(np.diff(arrivals) > 0)
     assert rep["adaptive"]["refits"] >= 1  # refit every 2 steps: the estimator learned while serving
-    cost = rep["costs"]["verify"]
-    assert cost["batch_sizes"] == [1, 2] and cost["tokens_per_row"] == [1, 2, 3]
+    cost = rep["costs"]["profile"]["verify_batch"]  # measured at start-up: the batch axis of a latency profile
+    assert cost["batch_sizes"] == [1, 2] and cost["tokens"] == [1, 2, 3]
     assert rep["header"]["precision"] == "float32" and rep["header"]["sampling"]["temperature"] == 0
     verdicts = {v["claim"]: v["verdict"] for v in rep["verdicts"]}
     assert verdicts["learned ≥ 1.10× best fixed γ (geomean over concurrency)"] == "not measured"  # no --policy
@@ -125,12 +125,6 @@ def test_an_out_that_is_a_file_fails_before_any_model_loads(tmp_path, monkeypatc
     assert "is a file: give a directory" in capsys.readouterr().err
 
 
-def test_the_cost_table_is_measured_per_shape(tiny_pair):
-    t = measure_verify_costs(tiny_pair, [1, 4], [1, 3], context=8, repeats=2)
-    assert t.seconds.shape == (2, 2) and np.all(t.seconds > 0)
-    assert np.all(np.diff(t.seconds, axis=0) >= 0) and np.all(np.diff(t.seconds, axis=1) >= 0)  # forced monotone
-
-
 def test_poisson_arrivals_are_seeded_with_the_right_rate():
     """10,000 gaps at 2 requests/s: mean gap within 3% of 0.5 s (its standard error is 1%)."""
     a = poisson_arrivals(2.0, 10_000, seed=3)
@@ -145,8 +139,8 @@ def test_the_baselines_drive_the_batched_decoder(tiny_pair):
     import torch
 
     from learn2draft.batched import BatchedSpeculativeDecoder, Request, serve
+    from learn2draft.budget import AdaptiveVerification, BatchSizeTable
     from learn2draft.control import FixedDepthController
-    from policies.batch import AdaptiveVerification, BatchSizeTable
 
     prompts = [torch.tensor([3, 4, 5, 3, 4, 5, 3, 4]), torch.tensor([6, 7, 6, 7, 6, 7]), torch.tensor([8, 9, 10])]
     reqs = [Request(p, seed=i) for i, p in enumerate(prompts)]
@@ -164,7 +158,8 @@ def test_the_baselines_drive_the_batched_decoder(tiny_pair):
                     on_step=getattr(budget, "observe", None), budget=budget)
         return [r.tokens for r in res], d
 
-    av = AdaptiveVerification(3, lambda n: 0.0, lambda n, t: float(t) ** 3, warmup_refits=0)
+    av = AdaptiveVerification(3, cost=lambda load, longest: float(load.batch_size * (1 + longest)) ** 3,
+                              warmup_refits=0)
     cut, d = run(av)
     assert all(c.depth == 0 for s in d.steps for c in s.rows.values()) and av.history
     assert any(drafted > 0 for _, drafted, _ in av.history) and all(kept == 0 for *_, kept in av.history)

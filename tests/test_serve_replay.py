@@ -14,13 +14,13 @@ from helpers_loop import drafter_for
 from envs import SERVE_ENV_ID, ServeReplayEnv, SpecDecodeReplayEnv
 from envs.replay import replay_controller
 from learn2draft import FixedDepthController
+from learn2draft.budget import BatchSizeTable
 from learn2draft.replay.latency import DrafterCost, LatencyProfile, load_profile
 from learn2draft.replay.serve import (
-    AdaptiveVerification,
-    BatchSizeTable,
     FixedGamma,
     Load,
     NoSpeculation,
+    ReplayAdaptiveVerification,
     ServeSimulator,
     compare_baselines,
     simulate,
@@ -260,9 +260,10 @@ def steep_profile() -> LatencyProfile:
 
 def test_the_per_batch_size_grid_picks_no_speculation_where_verification_is_expensive():
     table, rates = tune_batch_size_table(synthetic_traces(), steep_profile(), [1, 4, 8], num_requests=8)
-    assert table.gamma(1) > 0 and table.gamma(4) == 0 and table.gamma(8) == 0 and table.gamma(16) == 0
-    assert table.to_vllm() == [[1, 3, table.gamma(1)], [4, 7, 0], [8, 16, 0]]
-    assert rates[1][table.gamma(1)] == max(rates[1].values()) and rates[8][0] == max(rates[8].values())
+    g = table.gamma_for
+    assert g(1) > 0 and g(4) == 0 and g(8) == 0 and g(16) == 0
+    assert table.to_vllm() == [[1, 3, g(1)], [4, 7, 0], [8, 16, 0]]
+    assert rates[1][g(1)] == max(rates[1].values()) and rates[8][0] == max(rates[8].values())
     # The table as a policy: γ follows the running batch size.
     steps = []
     simulate(synthetic_traces(), steep_profile(), table, Load(concurrency=8), 16, steps=steps)
@@ -272,40 +273,42 @@ def test_the_per_batch_size_grid_picks_no_speculation_where_verification_is_expe
     assert all(s.depths.max() > 0 for s in steps if s.batch == 2 and s.depths.size and min(s.emitted) > 0)
     assert sum(int(s.depths.sum()) for s in steps) > 0
     with pytest.raises(ValueError, match="overlap"):
-        BatchSizeTable([(1, 4, 2), (4, 8, 1)])
+        BatchSizeTable([(1, 4, 2), (4, 8, 1)])  # learn2draft.budget's, the one the real loop runs
 
 
 def test_adaptive_verification_verifies_no_slot_when_drafting_cannot_pay():
     tr = synthetic_traces(accept=0.9)
     costly = batched_profile(draft=lambda B: 1.0)  # one draft step costs 100 verifications
-    rule = AdaptiveVerification(warmup_refits=0)
+    rule = ReplayAdaptiveVerification(warmup_refits=0)
     steps = []
     rep = simulate(tr, costly, rule, Load(concurrency=4), 8, steps=steps)
     assert rule.last_budget == 0 and all((s.depths == 0).all() for s in steps) and rep["mean_tau"] == 0
     # Negative control: cheap drafting, flat verification and high acceptance: the rule verifies slots.
     cheap = batched_profile(verify=lambda B, n, c: 0.010 + 1e-5 * n, draft=lambda B: 1e-4)
-    rule2 = AdaptiveVerification(warmup_refits=0)
+    rule2 = ReplayAdaptiveVerification(warmup_refits=0)
     steps = []
     simulate(tr, cheap, rule2, Load(concurrency=4), 8, steps=steps)
-    assert sum(int(s.depths.sum()) for s in steps) > 0 and rule2.uses_margin
+    assert sum(int(s.depths.sum()) for s in steps) > 0
 
 
 def test_adaptive_verification_learns_the_margin_and_warms_up_on_whole_blocks():
     tr = synthetic_traces(num_prompts=8, accept=0.6)
     prof = batched_profile()
-    rule = AdaptiveVerification(refit_every=10, warmup_refits=2, min_observations=20)
+    rule = ReplayAdaptiveVerification(refit_every=10, warmup_refits=2, min_observations=20)
     steps = []
     simulate(tr, prof, rule, Load(concurrency=4), 16, steps=steps)
-    assert rule.refits >= 2 and rule.w[0] > 1.0  # margins ≈ 0.8 accepted vs ≈ 0.2 rejected: a positive slope
+    est = rule.rule.estimator
+    assert est.refits >= 2 and est.weights[0] > 1.0  # margins ≈ 0.8 accepted vs ≈ 0.2 rejected: a positive slope
     # While warming up, every row verifies its whole block.
     sim = ServeSimulator(tr, prof, Load(concurrency=4), 8)
-    warm = AdaptiveVerification(sim, refit_every=10, warmup_refits=2)
+    warm = ReplayAdaptiveVerification(refit_every=10, warmup_refits=2).bind(sim)
     load, rows = sim.observe()
     assert warm.warming_up and np.array_equal(warm(load, rows), rows.avail) and rows.avail.max() == D
-    # Lookup traces without margins: the per-position acceptance rate stands in for the logistic.
-    rule_lookup = AdaptiveVerification(refit_every=10, warmup_refits=1)
+    # Lookup traces without margins (NaN, read as 0): each position's logistic is its mean acceptance.
+    rule_lookup = ReplayAdaptiveVerification(refit_every=10, warmup_refits=1, min_observations=20)
     simulate(synthetic_traces(margins=False, drafter="lookup"), prof, rule_lookup, Load(concurrency=2), 8)
-    assert not rule_lookup.uses_margin and 0.4 < rule_lookup._acc[0] / rule_lookup._seen[0] < 0.9
+    est = rule_lookup.rule.estimator
+    assert est.refits >= 1 and 0.4 < float(est.predict(np.zeros(1))[0]) < 0.9
 
 
 # ------------------------------------------------------------------ the environment

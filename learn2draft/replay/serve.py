@@ -41,10 +41,11 @@ latency), TTFT (arrival → first token), inter-token latency (per request of n 
 request latency (arrival → last token), each as mean, p50 / p90 / p99 over requests; mean τ and mean depth over
 row-cycles, mean batch size over steps.
 
-Baselines (policies): :class:`NoSpeculation` (γ = 0), :class:`FixedGamma`, :class:`BatchSizeTable` (a γ per range of
-batch sizes, vLLM's ``num_speculative_tokens_per_batch_size``) with :func:`tune_batch_size_table` (the best γ per
-batch size by grid in this replay), and :class:`AdaptiveVerification` (vLLM's adaptive-verification rule: per-slot
-survival from an online per-position logistic on the draft's top-2 margin, the global top-B slots);
+Baselines (policies): :class:`NoSpeculation` (γ = 0), :class:`FixedGamma`, :class:`learn2draft.budget.BatchSizeTable`
+(a γ per range of batch sizes, vLLM's ``num_speculative_tokens_per_batch_size``) with :func:`tune_batch_size_table`
+(the best γ per batch size by grid in this replay), and :class:`ReplayAdaptiveVerification` (vLLM's
+adaptive-verification rule, :class:`learn2draft.budget.AdaptiveVerification`: per-slot survival from an online
+per-position logistic on the draft's top-2 margin, the global top-B slots);
 :func:`compare_baselines` runs them all over a set of loads.
 """
 
@@ -57,6 +58,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from learn2draft.budget import BatchSizeTable
 from learn2draft.replay.latency import LatencyProfile
 from learn2draft.replay.outcome import ChainReplay, chain_replay
 from learn2draft.replay.traces import TraceSet
@@ -508,7 +510,7 @@ def simulate(traces: TraceSet, profile: LatencyProfile, policy: Policy, load, nu
     """Serve ``num_requests`` requests under ``load`` with ``policy`` and return :meth:`ServeSimulator.report`.
 
     ``policy(load, rows)`` returns the depths (int (B,), or one int for all rows); a policy with a ``bind(simulator)``
-    method is bound to the run's simulator first (:class:`AdaptiveVerification` weighs its costs), one with
+    method is bound to the run's simulator first (:class:`ReplayAdaptiveVerification` weighs its costs), one with
     ``reset()`` is reset, and one with ``update(load, rows, result)`` is told every step's outcome
     (:class:`StepResult`) after it.
 
@@ -573,56 +575,13 @@ class FixedGamma:
         return f"FixedGamma({self.gamma})"
 
 
-class BatchSizeTable:
-    """A γ per range of batch sizes, as vLLM's ``num_speculative_tokens_per_batch_size``
-    (``[[start_bs, end_bs, K], …]``, inclusive ranges); batch sizes no range covers get ``default``.
-
-    Args:
-        table: ``[(start_bs, end_bs, γ), …]`` with 1 ≤ start ≤ end, non-overlapping.
-        default: γ outside every range (vLLM falls back to no speculation; 0 here).
-
-    Raises:
-        ValueError: a malformed or overlapping range, or a negative γ.
-    """
-
-    def __init__(self, table: Sequence[Sequence[int]], default: int = 0):
-        rows = [tuple(int(x) for x in r) for r in table]
-        for r in rows:
-            if len(r) != 3 or r[0] < 1 or r[1] < r[0] or r[2] < 0:
-                raise ValueError(f"Each entry is (start_bs, end_bs, γ) with 1 ≤ start_bs ≤ end_bs and γ ≥ 0, got {r}.")
-        rows.sort()
-        for a, b in zip(rows, rows[1:]):
-            if b[0] <= a[1]:
-                raise ValueError(f"Batch-size ranges {a[:2]} and {b[:2]} overlap.")
-        if default < 0:
-            raise ValueError(f"default γ must be ≥ 0, got {default}.")
-        self.table, self.default = rows, int(default)
-
-    def gamma(self, batch: int) -> int:
-        """γ at ``batch`` running rows."""
-        for lo, hi, g in self.table:
-            if lo <= batch <= hi:
-                return g
-        return self.default
-
-    def __call__(self, load: LoadFeatures, rows: RowFeatures) -> np.ndarray:
-        return np.full(load.running, self.gamma(load.running), dtype=np.int64)
-
-    def to_vllm(self) -> list[list[int]]:
-        """The table in vLLM's ``num_speculative_tokens_per_batch_size`` form, ``[[start_bs, end_bs, K], …]``."""
-        return [list(r) for r in self.table]
-
-    def __repr__(self) -> str:
-        return f"BatchSizeTable({self.to_vllm()})"
-
-
 def tune_batch_size_table(traces: TraceSet, profile: LatencyProfile, batch_sizes: Sequence[int],
                           gammas: Sequence[int] | None = None, num_requests: int | None = None,
                           max_batch: int | None = None, **kwargs) -> tuple[BatchSizeTable, dict]:
     """Grid-tune a :class:`BatchSizeTable` in replay, as vLLM users tune it by hand: for every batch size b of
     ``batch_sizes``, serve a closed loop at concurrency b with every fixed γ of ``gammas`` and keep the γ of the
-    highest aggregate tokens/s (ties: the smaller γ); b covers the batch sizes from b to the next one − 1 (the last
-    up to ``max_batch``, default the profile's largest batch size).
+    highest aggregate tokens/s (ties: the smaller γ); b covers the batch sizes from b to the next one − 1 (the first
+    from batch size 1, the last up to ``max_batch``, default the profile's largest batch size).
 
     Args:
         gammas: the grid (default 0..max_depth); ``num_requests``: per run (default 4 × b, at least the traces'
@@ -647,158 +606,66 @@ def tune_batch_size_table(traces: TraceSet, profile: LatencyProfile, batch_sizes
         rates[b] = {g: simulate(traces, profile, FixedGamma(g), Load(concurrency=b), n, max_batch=b,
                                 **kwargs)["tokens_per_s"] for g in grid}
         best = max(grid, key=lambda g: (rates[b][g], -g))
-        table.append((b, bs[k + 1] - 1 if k + 1 < len(bs) else top, best))
+        table.append((1 if k == 0 else b, bs[k + 1] - 1 if k + 1 < len(bs) else top, best))
     return BatchSizeTable(table), rates
 
 
-def _sigmoid(x):
-    return 1.0 / (1.0 + np.exp(-np.clip(x, -40.0, 40.0)))
+class ReplayAdaptiveVerification:
+    """:class:`learn2draft.budget.AdaptiveVerification` (vLLM's rule, the one the real loop runs) as a policy of the
+    simulator: the drafted slots' margins come from the traces (``draft_margin``; NaN — traces recorded without it —
+    reads as 0, so each position's logistic reduces to its mean acceptance), the step's cost from the simulator
+    (:meth:`ServeSimulator.step_seconds_by_depth`: the batched draft cost times the deepest row's slots and the padded
+    batched verification, from the profile), and every step's τ are its labels.
 
-
-class AdaptiveVerification:
-    """vLLM's adaptive-verification rule (``enable_adaptive_verification``, PRs #47808 / #52228), on replay.
-
-    Per drafted slot (row i, position k = 1..K) a survival probability ``S(i, k) = Π_{j ≤ k} p(i, j)`` with the
-    per-position acceptance probability ``p(i, j) = sigmoid(w_j · margin(i, j) + b_j)`` — an online logistic per
-    position on the draft's top-2 margin (here the margin of probabilities the traces store, ``draft_margin``; vLLM
-    uses the logit margin), refitted by Newton–IRLS every ``refit_every`` steps on the censored labels seen so far
-    (accepted slots, and the first rejected one per row); a refit whose slope is negative is rejected. For the first
-    ``warmup_refits`` refits every row verifies its whole block (labels uncensored by the rule's own trimming). For
-    traces without margins (lookup traces recorded before them, or where the drafter has none), ``p(i, j)`` is the
-    running acceptance rate of position j (Laplace-smoothed), said by :attr:`uses_margin` False.
-
-    Each step then verifies the global top-B slots across rows (each row's slots in order: S decreases along a row),
-    with B maximising
-
-        (rows + Σ_{b < B} S_sorted[b]) / (step seconds of the batch, drafting and verifying the chosen slots)
-
-    where the step seconds are the simulator's (:meth:`ServeSimulator.step_seconds`: the batched draft cost times the
-    deepest row's slots, and the padded batched verification, from the profile), B = 0 included (no drafting).
     Departures from vLLM, stated: vLLM drafts all K slots before choosing (the drafting of unchosen slots is charged
     here only up to the deepest chosen one, which favours the rule) and costs verification over the ragged total
     T + B tokens, where this replay's batch pads rows to the longest.
 
     Args:
-        simulator: the :class:`ServeSimulator` whose costs the rule weighs (:func:`simulate` binds its own,
-            :meth:`bind`).
-        refit_every: steps between refits (100 in vLLM); ``warmup_refits``: full-block refits first (3 in vLLM).
-        min_observations: labels needed for a refit (50 in vLLM).
+        refit_every, warmup_refits, min_observations: the estimator's (vLLM: 100, 3, 50; a short replayed stream
+            may never leave vLLM's 300-step warm-up: size them to the run).
     """
 
-    def __init__(self, simulator: ServeSimulator | None = None, refit_every: int = 100, warmup_refits: int = 3,
-                 min_observations: int = 50):
-        if refit_every < 1 or warmup_refits < 0 or min_observations < 1:
-            raise ValueError("refit_every and min_observations must be ≥ 1 and warmup_refits ≥ 0.")
-        self.refit_every, self.warmup_refits, self.min_observations = refit_every, warmup_refits, min_observations
-        self.sim = simulator
+    def __init__(self, refit_every: int = 100, warmup_refits: int = 3, min_observations: int = 50):
+        from learn2draft.budget import OnlineAcceptanceEstimator
+
+        OnlineAcceptanceEstimator(1, refit_every, warmup_refits, min_observations)  # checks the arguments now
+        self.kw = {"refit_every": refit_every, "warmup_refits": warmup_refits, "min_observations": min_observations}
+        self.sim: ServeSimulator | None = None
+        self.rule = None
         self.last_budget = 0
-        self.reset()
 
-    def bind(self, simulator: ServeSimulator) -> AdaptiveVerification:
-        """Weigh ``simulator``'s costs; returns self."""
+    def bind(self, simulator: ServeSimulator) -> ReplayAdaptiveVerification:
+        """Weigh ``simulator``'s costs (a fresh rule of its ``max_depth``); returns self."""
+        from learn2draft.budget import AdaptiveVerification
+
         self.sim = simulator
+        self.rule = AdaptiveVerification(max(simulator.max_depth, 1), **self.kw)
         return self
-
-    def reset(self) -> None:
-        """Forget the fitted coefficients and observations (a fresh engine)."""
-        D = self.sim.max_depth if self.sim is not None else 0
-        self.w = np.full(D, 0.5)
-        self.b = np.full(D, -0.2)
-        self._x: list[list[float]] = [[] for _ in range(D)]
-        self._y: list[list[float]] = [[] for _ in range(D)]
-        self._acc = np.ones(D)  # Laplace: (accepted + 1) / (seen + 2)
-        self._seen = np.full(D, 2.0)
-        self.refits = 0
-        self._steps = 0
-        self.uses_margin = bool(self.sim.traces.has_acceptance_features) if self.sim is not None else False
 
     @property
     def warming_up(self) -> bool:
-        """Still in the full-block warm-up (fewer than ``warmup_refits`` refits done)."""
-        return self.refits < self.warmup_refits
+        return self.rule is None or self.rule.warming_up
 
-    def acceptance(self, rows: RowFeatures) -> np.ndarray:
-        """float64 (B, D): the estimated acceptance probability of every slot (0 past each row's ``avail``)."""
-        B, D = rows.draft_margin.shape
-        if self.uses_margin:
-            m = np.nan_to_num(rows.draft_margin, nan=0.0)
-            p = _sigmoid(self.w[None, :] * m + self.b[None, :])
-        else:
-            p = np.broadcast_to(self._acc / self._seen, (B, D)).copy()
-        p[np.arange(D)[None, :] >= rows.avail[:, None]] = 0.0
-        return p
+    def _margins(self, rows: RowFeatures) -> list[np.ndarray]:
+        return [rows.draft_margin[i, : int(a)] for i, a in enumerate(rows.avail)]
 
     def __call__(self, load: LoadFeatures, rows: RowFeatures) -> np.ndarray:
         if self.sim is None:
-            raise ValueError("AdaptiveVerification needs the simulator whose costs it weighs: "
-                             "AdaptiveVerification(simulator) or .bind(simulator).")
-        if len(self.w) != self.sim.max_depth:
-            self.reset()
-        B = load.running
-        if self.warming_up:
-            self.last_budget = int(rows.avail.sum())
-            return rows.avail.copy()
-        surv = np.cumprod(self.acceptance(rows), axis=1)  # (B, D): S(i, k)
-        order = np.argsort(-surv, axis=None, kind="stable")
-        flat = surv.reshape(-1)[order]
-        valid = flat > 0
-        order, flat = order[valid], flat[valid]
-        seconds = self.sim.step_seconds_by_depth(rows)  # (D+1,): the step's cost at each deepest row depth
-        depth = np.zeros(B, dtype=np.int64)
-        best, best_rate, best_depth = 0, -1.0, depth.copy()
-        gain, dmax = float(B), 0
-        for k in range(order.size + 1):
-            if k:
-                i, j = divmod(int(order[k - 1]), surv.shape[1])
-                depth[i] = max(depth[i], j + 1)
-                dmax = max(dmax, j + 1)
-                gain += float(flat[k - 1])
-            rate = gain / float(seconds[dmax])
-            if rate > best_rate:
-                best, best_rate, best_depth = k, rate, depth.copy()
-        self.last_budget = best
-        return best_depth
+            raise ValueError("ReplayAdaptiveVerification needs the simulator whose costs it weighs: .bind(simulator) "
+                             "(simulate() binds it).")
+        seconds = self.sim.step_seconds_by_depth(rows)
+        keep = np.asarray(self.rule.counts(self._margins(rows), lambda longest: float(seconds[longest])),
+                          dtype=np.int64)
+        self.last_budget = int(keep.sum())
+        return keep
 
     def update(self, load: LoadFeatures, rows: RowFeatures, result: StepResult) -> None:
-        """Fold the step's graded slots into the estimator (censored labels: slot j < τ accepted; slot τ rejected
-        when τ < depth; later slots unlabelled) and refit every ``refit_every`` steps."""
-        for i in range(result.batch):
-            d, tau = int(result.depths[i]), int(result.taus[i])
-            for j in range(min(d, tau + 1)):
-                y = 1.0 if j < tau else 0.0
-                self._acc[j] += y
-                self._seen[j] += 1
-                m = rows.draft_margin[i, j]
-                if np.isfinite(m):
-                    self._x[j].append(float(m))
-                    self._y[j].append(y)
-        self._steps += 1
-        if self._steps % self.refit_every == 0:
-            self._refit()
-
-    def _refit(self) -> None:
-        """Newton–IRLS per position on the stored (margin, label) pairs (L2 1e-3, 25 iterations at most); a
-        position with fewer than ``min_observations`` labels or a negative fitted slope keeps its coefficients."""
-        for j in range(len(self.w)):
-            x, y = np.asarray(self._x[j]), np.asarray(self._y[j])
-            if x.size < self.min_observations:
-                continue
-            X = np.stack([x, np.ones_like(x)], axis=1)
-            beta = np.array([self.w[j], self.b[j]])
-            for _ in range(25):
-                p = _sigmoid(X @ beta)
-                g = X.T @ (y - p) - 1e-3 * beta
-                H = (X * (p * (1 - p))[:, None]).T @ X + 1e-3 * np.eye(2)
-                stepv = np.linalg.solve(H, g)
-                beta = beta + stepv
-                if np.abs(stepv).max() < 1e-8:
-                    break
-            if np.all(np.isfinite(beta)) and beta[0] >= 0:
-                self.w[j], self.b[j] = beta
-        self.refits += 1
+        """The step's graded slots as labels: slot j < τ accepted, slot τ rejected when τ < depth."""
+        self.rule.learn(self._margins(rows), result.taus, result.depths)
 
     def __repr__(self) -> str:
-        return f"AdaptiveVerification(refit_every={self.refit_every}, warmup_refits={self.warmup_refits})"
+        return f"ReplayAdaptiveVerification({self.kw})"
 
 
 def compare_baselines(traces: TraceSet, profile: LatencyProfile, loads: Sequence, num_requests: int,
@@ -811,7 +678,7 @@ def compare_baselines(traces: TraceSet, profile: LatencyProfile, loads: Sequence
       of aggregate tokens/s over ``loads``;
     * ``per-batch-size table`` — :func:`tune_batch_size_table` at ``table_batch_sizes`` (default: the concurrencies
       of ``loads``, else 1, 2, 4, 8, 16 up to the profile's largest batch size);
-    * ``adaptive verification`` — :class:`AdaptiveVerification` (vLLM's defaults: refits every 100 steps, 3 warm-up
+    * ``adaptive verification`` — :class:`ReplayAdaptiveVerification` (vLLM's defaults: refits every 100 steps, 3 warm-up
       refits);
     * every policy of ``policies`` (``{name: policy}``, e.g. a learned one).
 
@@ -841,13 +708,14 @@ def compare_baselines(traces: TraceSet, profile: LatencyProfile, loads: Sequence
                                                                     num_requests, **kwargs),
                f"best fixed γ={best}": fixed[best],
                "per-batch-size table": sweep(traces, profile, table, loads, num_requests, **kwargs),
-               "adaptive verification": sweep(traces, profile, AdaptiveVerification(), loads, num_requests, **kwargs)}
+               "adaptive verification": sweep(traces, profile, ReplayAdaptiveVerification(), loads, num_requests,
+                                              **kwargs)}
     for name, pol in (policies or {}).items():
         methods[name] = sweep(traces, profile, pol, loads, num_requests, **kwargs)
     return {"loads": [x.label for x in loads], "methods": methods, "best_gamma": best, "fixed": rates,
             "table": table.to_vllm()}
 
 
-__all__ = ["BATCH_CONTEXTS", "AdaptiveVerification", "BatchSizeTable", "FixedGamma", "Load", "LoadFeatures",
+__all__ = ["BATCH_CONTEXTS", "ReplayAdaptiveVerification", "FixedGamma", "Load", "LoadFeatures",
            "NoSpeculation", "Policy", "RowFeatures", "ServeSimulator", "StepResult", "as_load", "compare_baselines", "simulate",
            "sweep", "tune_batch_size_table"]

@@ -1,22 +1,22 @@
-"""policies.batch on synthetic data (no models): the per-batch-size table, the online acceptance logistic and
-vLLM's adaptive-verification budget."""
+"""learn2draft.budget on synthetic data (no models): the per-batch-size table, the online acceptance logistic,
+vLLM's adaptive-verification budget and its pricing by a latency profile."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from learn2draft.features import FEATURE_NAMES
-from learn2draft.state import LoadState
-from policies.batch import (
+from learn2draft.budget import (
     AdaptiveVerification,
     BatchSizeTable,
-    CostTable,
     OnlineAcceptanceEstimator,
     choose_budget,
     fit_logistic,
     parse_batch_size_table,
+    profile_step_cost,
 )
+from learn2draft.features import FEATURE_NAMES
+from learn2draft.state import LoadState
 
 DEPTH = FEATURE_NAMES.index("depth")
 
@@ -45,13 +45,13 @@ def test_batch_size_table_reads_the_range_of_the_load():
         t.observe_load(_load(b))
         got[b] = _drafted(t, t.max_depth)
     assert got == {1: 5, 2: 5, 3: 3, 8: 3, 9: 1, 16: 1, 17: 0, 512: 0, 1000: 0}
-    assert t.as_vllm() == [[1, 2, 5], [3, 8, 3], [9, 16, 1], [17, 512, 0]]
+    assert t.to_vllm() == [[1, 2, 5], [3, 8, 3], [9, 16, 1], [17, 512, 0]]
 
 
 def test_batch_size_table_accepts_mappings_and_a_larger_depth_scale():
     a = BatchSizeTable({"1-4": 4, "5-8": 2, "9": 0})
     b = BatchSizeTable({(1, 4): 4, (5, 8): 2, 9: 0}, max_depth=8)
-    assert a.as_vllm() == b.as_vllm() == [[1, 4, 4], [5, 8, 2], [9, 9, 0]]
+    assert a.to_vllm() == b.to_vllm() == [[1, 4, 4], [5, 8, 2], [9, 9, 0]]
     b.observe_load(_load(3))
     assert b.depth_feature_scale == 8 and _drafted(b, 8) == 4
     assert BatchSizeTable([[1, 1, 3]]).gamma == 3  # before any load: batch size 1
@@ -121,33 +121,34 @@ def test_censored_rows_label_only_their_accepted_positions():
     assert est.observations() == [2, 1, 1, 0]  # row 1: 1, 1, 0 at positions 0-2; row 2: 1 at 0
 
 
-def _cost(per_token: float, fixed: float = 0.01):
-    return lambda n, tokens: fixed + per_token * tokens
+def _cost(n_rows: int, per_token: float, fixed: float = 0.01):
+    """``longest -> seconds`` of a step of ``n_rows`` rows padded to the longest kept draft."""
+    return lambda longest: fixed + per_token * n_rows * (1 + longest)
 
 
 def test_the_budget_verifies_everything_when_verification_is_free_and_nothing_when_it_dominates():
     survival = [np.cumprod([0.9, 0.8, 0.7]), np.cumprod([0.6, 0.5]), np.array([])]
-    keep, B = choose_budget(survival, 0.0, _cost(0.0))
+    keep, B = choose_budget(survival, _cost(3, 0.0))
     assert keep == [3, 2, 0] and B == 5
-    keep, B = choose_budget(survival, 0.0, _cost(10.0))
+    keep, B = choose_budget(survival, _cost(3, 10.0))
     assert keep == [0, 0, 0] and B == 0
 
 
 def test_the_budget_takes_global_top_slots():
     """Padding makes the longest row the cost: a row's low-survival tail that would lengthen every row is dropped
     ((2 + 3.56) / 1.12 = 4.97 beats 5.74 / 1.16 = 4.95), but a tail within the longest row's length is free."""
-    cost = lambda n, t: 1.0 + 0.02 * t  # noqa: E731
-    keep, B = choose_budget([np.cumprod([0.95, 0.95, 0.2, 0.9]), np.cumprod([0.9, 0.9])], 0.0, cost)
+    cost = lambda longest: 1.0 + 0.02 * 2 * (1 + longest)  # noqa: E731  (2 rows)
+    keep, B = choose_budget([np.cumprod([0.95, 0.95, 0.2, 0.9]), np.cumprod([0.9, 0.9])], cost)
     assert keep == [2, 2] and B == 4
-    keep, B = choose_budget([np.cumprod([0.95, 0.95, 0.2, 0.9]), np.cumprod([0.9, 0.9, 0.9, 0.9])], 0.0, cost)
+    keep, B = choose_budget([np.cumprod([0.95, 0.95, 0.2, 0.9]), np.cumprod([0.9, 0.9, 0.9, 0.9])], cost)
     assert keep == [4, 4] and B == 8
 
 
 def test_adaptive_verification_warms_up_then_cuts_and_learns_from_steps():
     from types import SimpleNamespace
 
-    av = AdaptiveVerification(4, draft_cost=lambda n: 0.001 * n, verify_cost=_cost(1.0), refit_every=2,
-                              warmup_refits=1, min_observations=1)
+    av = AdaptiveVerification(4, cost=lambda load, longest: 0.001 * load.batch_size + _cost(load.batch_size, 1.0)(longest),
+                              refit_every=2, warmup_refits=1, min_observations=1)
     margins = [np.array([0.9, 0.9, 0.9, 0.9]), np.array([0.5, 0.5])]
     assert av(margins, _load(2)) == [4, 2]  # warm-up: whole blocks
     rows = {0: SimpleNamespace(num_accepted=4, verify_size=4, finished=False),
@@ -161,11 +162,13 @@ def test_adaptive_verification_warms_up_then_cuts_and_learns_from_steps():
         av.observe(SimpleNamespace(rows=rows), margins=[margins[0]])
 
 
-def test_cost_table_interpolates_and_is_forced_monotone():
-    t = CostTable([1, 4], [1, 3], [[1.0, 3.0], [2.0, 2.5]])  # 2.5 < 3.0: forced up to 3.0
-    assert t(1, 1) == 1.0 and t(4, 12) == 3.0
-    assert t(1, 2) == pytest.approx(2.0) and t(16, 64) == 3.0  # outside: the edge
-    with pytest.raises(ValueError, match="strictly increasing"):
-        CostTable([2, 1], [1], [[1.0], [1.0]])
-    with pytest.raises(ValueError, match="shape"):
-        CostTable([1], [1, 2], [[1.0]])
+def test_a_profile_prices_the_step_padded_to_the_longest_draft():
+    from test_serve_replay import batched_profile
+
+    prof = batched_profile(verify=lambda B, n, c: 0.01 * B * n, draft=lambda B: 0.001 * B)
+    load = LoadState(2, 4, (100, 128))
+    drafted_first = profile_step_cost(prof, "lookup", 4)  # the rows drafted 4 tokens before the choice
+    assert drafted_first(load, 1) == pytest.approx(4 * 0.002 + 0.01 * 2 * 2)
+    assert profile_step_cost(prof, "lookup", 4, drafted_before=False)(load, 1) == pytest.approx(0.002 + 0.04)
+    with pytest.raises(ValueError, match="needs the step's cost"):
+        AdaptiveVerification(2)([np.zeros(1)], load)

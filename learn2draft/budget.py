@@ -1,20 +1,23 @@
-"""The two hand-written rules engines use to speculate under load, as baselines for a load-aware policy (issue 17):
+"""Speculation under load: the hand-written rules engines use, one implementation for the real batched loop
+(:mod:`learn2draft.batched`), the request-stream replay (:mod:`learn2draft.replay.serve`) and reports (issue 17).
 
 * :class:`BatchSizeTable` — a fixed γ per batch-size range, read from the step's load: vLLM's
-  ``num_speculative_tokens_per_batch_size: [[start_bs, end_bs, K], …]`` (PR #32374), TensorRT-LLM's
-  ``draft_len_schedule``. A per-row :class:`learn2draft.control.DraftController`.
+  ``num_speculative_tokens_per_batch_size`` (PR #32374: ``[[start_bs, end_bs, K], …]`` or ``{"1-16": 3, …}``),
+  TensorRT-LLM's ``draft_len_schedule``. A per-row :class:`learn2draft.control.DraftController` of the batched
+  decoder (it reads ``observe_load``), and a policy ``(load, rows) -> depths`` of the replay simulator.
 * :class:`AdaptiveVerification` — vLLM's adaptive verification (``enable_adaptive_verification``, PRs #47808 and
-  #52228) as a verification budget of :meth:`learn2draft.batched.BatchedSpeculativeDecoder.step`: every row drafts
-  up to ``max_depth`` with a fixed controller, then the budget keeps the global top-B drafted slots by survival
-  probability, B chosen against this machine's measured costs (:class:`CostTable`). Its acceptance model is
-  :class:`OnlineAcceptanceEstimator`, an online per-position logistic on the draft's top-2 margin.
+  #52228): every row drafts up to ``max_depth``, then the global top-B drafted slots by survival probability are
+  verified, B chosen against the step's cost (:func:`choose_budget`); its acceptance model is
+  :class:`OnlineAcceptanceEstimator`, an online per-position logistic on the draft's top-2 margin. In the real loop
+  it is a verification budget of :meth:`learn2draft.batched.BatchedSpeculativeDecoder.step` priced by a latency
+  profile (:func:`profile_step_cost`); the replay wraps the same object with the simulator's costs.
 
 Both read only the draft side and the load (never a drafted token's verification outcome before it is verified),
 so the output law is unchanged. Numpy only: no torch import.
 
-How :mod:`eval.serve` wires the budget (and how a user does)::
+How a user (and :mod:`eval.serve`) wires the budget::
 
-    av = AdaptiveVerification(max_depth, draft_cost, verify_cost)
+    av = AdaptiveVerification(max_depth, cost=profile_step_cost(profile, "lookup", max_depth))
     serve(decoder, requests, lambda: FixedDepthController(max_depth), budget=av, on_step=av.observe)
 
 ``av(margins, load)`` is called by the step after drafting and remembers the margins and the counts it returned;
@@ -130,9 +133,14 @@ class BatchSizeTable(DraftController):
                 return k
         return self.ranges[-1][2]
 
-    def as_vllm(self) -> list[list[int]]:
-        """The table in vLLM's ``num_speculative_tokens_per_batch_size`` format."""
+    def to_vllm(self) -> list[list[int]]:
+        """The table in vLLM's ``num_speculative_tokens_per_batch_size`` list format ``[[start_bs, end_bs, K], …]``."""
         return [[s, t, k] for s, t, k in self.ranges]
+
+    def __call__(self, load, rows) -> np.ndarray:
+        """The replay simulator's face (:data:`learn2draft.replay.serve.Policy`): this table's γ at
+        ``load.running`` rows, for every row; int64 (B,)."""
+        return np.full(int(load.running), self.gamma_for(int(load.running)), dtype=np.int64)
 
     def observe_load(self, load) -> None:
         """Read the step's :class:`~learn2draft.state.LoadState` (its ``batch_size``) before the row drafts."""
@@ -143,7 +151,7 @@ class BatchSizeTable(DraftController):
         return depth < self.gamma
 
     def __repr__(self) -> str:
-        return f"BatchSizeTable({self.as_vllm()})"
+        return f"BatchSizeTable({self.to_vllm()})"
 
 
 # --------------------------------------------------------------------------------------------- acceptance
@@ -280,80 +288,63 @@ class OnlineAcceptanceEstimator:
 
 
 # --------------------------------------------------------------------------------------------- costs
-class CostTable:
-    """Seconds of one batched target verification forward, by batch size and tokens per row, from a measured grid.
+def profile_step_cost(profile: Any, drafter: str, max_depth: int, batch_context: str = "max",
+                      drafted_before: bool = True) -> Callable[[Any, int], float]:
+    """The seconds of one batched step as a latency profile prices it, for :class:`AdaptiveVerification`.
 
     Args:
-        batch_sizes: int (nb,) strictly increasing batch sizes measured (≥ 1).
-        tokens_per_row: int (nk,) strictly increasing tokens per row measured (≥ 1: the last committed token plus
-            the drafted ones).
-        seconds: float (nb, nk) median seconds of each shape. Forced monotone (non-decreasing along both axes, a
-            running maximum, as vLLM forces its start-up tables) so that more work never looks cheaper.
+        profile: a :class:`learn2draft.replay.latency.LatencyProfile` with the batch axis (``python -m eval.profile
+            --batch-sizes 1,2,4,8,16``).
+        drafter: the drafter whose batched draft step it prices.
+        max_depth: the tokens every row drafts before the budget chooses.
+        batch_context: ``"max"`` (the longest row's context prices the step, as the replay) or ``"mean"``.
+        drafted_before: the rows drafted ``max_depth`` tokens before the choice (the real loop: that cost is the
+            same for every B); False charges drafting only up to the longest verified draft.
 
-    Calling it: ``table(n_rows, tokens)`` with ``tokens`` the total fed (n_rows × tokens per row, padding
-    included): bilinear interpolation; outside the grid, the nearest edge.
+    Returns:
+        ``cost(load, longest) -> seconds``: ``load`` a :class:`learn2draft.state.LoadState`, ``longest`` the longest
+        verified draft; the verification is padded to it (B rows × (longest + 1) tokens, as the batched decoder feeds).
 
     Raises:
-        ValueError: shapes that do not match, an axis not strictly increasing or below 1, a negative or
-            non-finite time.
+        ValueError: (when called) the profile lacks the batch axis or the batch size.
     """
+    def cost(load, longest: int) -> float:
+        B = int(load.batch_size)
+        ctx = max(load.context_lens) if batch_context == "max" else float(np.mean(load.context_lens))
+        drafted = max_depth if drafted_before else longest
+        return float(drafted * profile.draft_step_batched(drafter, B, ctx) + profile.verify_batched(B, longest + 1, ctx))
 
-    def __init__(self, batch_sizes: Sequence[int], tokens_per_row: Sequence[int], seconds: Any):
-        self.batch_sizes = np.asarray(batch_sizes, dtype=np.float64)
-        self.tokens_per_row = np.asarray(tokens_per_row, dtype=np.float64)
-        s = np.asarray(seconds, dtype=np.float64)
-        for name, ax in (("batch_sizes", self.batch_sizes), ("tokens_per_row", self.tokens_per_row)):
-            if ax.ndim != 1 or ax.size == 0 or ax.min() < 1 or np.any(np.diff(ax) <= 0):
-                raise ValueError(f"{name} must be a non-empty strictly increasing list of numbers ≥ 1, got "
-                                 f"{ax.tolist()}.")
-        if s.shape != (self.batch_sizes.size, self.tokens_per_row.size):
-            raise ValueError(f"seconds must have shape (len(batch_sizes), len(tokens_per_row)) = "
-                             f"({self.batch_sizes.size}, {self.tokens_per_row.size}), got {s.shape}.")
-        if not np.all(np.isfinite(s)) or s.min() < 0:
-            raise ValueError("seconds must be finite and ≥ 0.")
-        self.seconds = np.maximum.accumulate(np.maximum.accumulate(s, axis=0), axis=1)
-
-    def __call__(self, n_rows: int, tokens: int) -> float:
-        """Seconds of a forward over ``n_rows`` rows and ``tokens`` tokens in all (tokens / n_rows per row)."""
-        per_row = tokens / max(n_rows, 1)
-        by_k = np.array([np.interp(per_row, self.tokens_per_row, row) for row in self.seconds])
-        return float(np.interp(n_rows, self.batch_sizes, by_k))
-
-    def to_dict(self) -> dict:
-        return {"batch_sizes": self.batch_sizes.astype(int).tolist(),
-                "tokens_per_row": self.tokens_per_row.astype(int).tolist(), "seconds": self.seconds.tolist()}
+    return cost
 
 
 # --------------------------------------------------------------------------------------------- the budget
-def choose_budget(survival: Sequence[np.ndarray], draft_seconds: float,
-                  verify_cost: Callable[[int, int], float]) -> tuple[list[int], int]:
+def choose_budget(survival: Sequence[np.ndarray], step_seconds: Callable[[int], float]) -> tuple[list[int], int]:
     """vLLM's global top-B rule: keep the B drafted slots of highest survival across all rows,
-    B* = argmax_B (N + Σ_{j<B} S_sorted[j]) / (draft_seconds + verify_cost(N, tokens(B))).
+    B* = argmax_B (N + Σ_{j<B} S_sorted[j]) / step_seconds(the longest kept draft).
 
-    Survival decreases along a row (a product of probabilities), so the top B slots are a prefix of every row.
-    ``tokens(B)`` is what the batched forward of :mod:`learn2draft.batched` feeds: every row padded to the longest,
-    N × (1 + the longest kept draft) — vLLM's ragged batches feed N + B instead.
+    Survival decreases along a row (a product of probabilities), so the top B slots are a prefix of every row. The
+    step's cost is a function of the longest kept draft because the batched forward of :mod:`learn2draft.batched`
+    pads every row to it (N × (1 + longest) tokens; vLLM's ragged batches feed N + B instead).
 
     Args:
         survival: per row, float (γ_i,) S(r, k) = Π_{i≤k} p_i (non-increasing).
-        draft_seconds: the drafting cost of the step (the same for every B: the rows have drafted).
-        verify_cost: ``(n_rows, tokens) -> seconds`` of the verification forward.
+        step_seconds: ``longest -> seconds`` of the step when the longest verified draft is ``longest`` (0: none).
 
     Returns:
         ``(counts, B)``: per row the drafted tokens to verify, and their total B. Ties keep the smallest B.
     """
     N = len(survival)
-    slots = [(-float(s), r, k) for r, row in enumerate(survival) for k, s in enumerate(np.asarray(row))]
+    slots = [(-float(s), r, k) for r, row in enumerate(survival) for k, s in enumerate(np.asarray(row)) if s > 0]
     slots.sort()
     counts = [0] * N
     longest = 0
     expected = float(N)
-    best = (expected / (draft_seconds + verify_cost(N, N)), 0)
+    best = (expected / step_seconds(0), 0)
     for B, (neg_s, r, k) in enumerate(slots, start=1):
         counts[r] = max(counts[r], k + 1)
         longest = max(longest, counts[r])
         expected -= neg_s
-        value = expected / (draft_seconds + verify_cost(N, N * (1 + longest)))
+        value = expected / step_seconds(longest)
         if value > best[0]:
             best = (value, B)
     keep = [0] * N
@@ -363,18 +354,21 @@ def choose_budget(survival: Sequence[np.ndarray], draft_seconds: float,
 
 
 class AdaptiveVerification:
-    """vLLM's adaptive verification as a verification budget of the batched decoder.
+    """vLLM's adaptive verification: per drafted slot a survival probability, the global top-B slots verified.
 
-    Each step (``budget(margins, load)``): every row's drafted tokens get p_k from the
-    :class:`OnlineAcceptanceEstimator`, their survival S(r, k) = Π_{i≤k} p_i, and the step verifies the global
-    top-B slots with B from :func:`choose_budget` against ``draft_cost(N)`` + ``verify_cost(N, tokens)`` (this
-    machine's costs, measured at start-up). While the estimator warms up, every drafted token is verified.
-    :meth:`observe` (after the step) turns the rows' accepted lengths into the estimator's labels.
+    Each step: every row's drafted tokens get p_k from the :class:`OnlineAcceptanceEstimator`, their survival
+    S(r, k) = Π_{i≤k} p_i, and the step verifies the global top-B slots with B from :func:`choose_budget` against the
+    step's cost. While the estimator warms up, every drafted token is verified. After the step the rows' accepted
+    lengths become the estimator's labels (:meth:`learn`; the real loop's :meth:`observe`).
+
+    Faces: the real loop's verification budget (``av(margins, load)`` then ``av.observe(step)``, priced by ``cost``);
+    the replay's (:class:`learn2draft.replay.serve.ServeSimulator` costs: :meth:`counts` with its step seconds, then
+    :meth:`learn`).
 
     Args:
         max_depth: the deepest draft position (the decoder's ``max_depth``, ≥ 1).
-        draft_cost: ``n_rows -> seconds`` of drafting ``max_depth`` tokens for that many rows.
-        verify_cost: ``(n_rows, tokens) -> seconds`` of one verification forward (a :class:`CostTable`).
+        cost: ``(load, longest) -> seconds`` of a step at that load whose longest verified draft is ``longest``
+            (:func:`profile_step_cost`); needed for the real loop's ``av(margins, load)`` only.
         estimator: the acceptance model (default: a new :class:`OnlineAcceptanceEstimator` of ``max_depth``
             positions with vLLM's settings; ``**estimator_kw`` are passed to it).
 
@@ -385,32 +379,59 @@ class AdaptiveVerification:
         ValueError: ``max_depth`` < 1, or the estimator's arguments (:class:`OnlineAcceptanceEstimator`).
     """
 
-    def __init__(self, max_depth: int, draft_cost: Callable[[int], float], verify_cost: Callable[[int, int], float],
+    def __init__(self, max_depth: int, cost: Callable[[Any, int], float] | None = None,
                  estimator: OnlineAcceptanceEstimator | None = None, **estimator_kw):
-        if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1:
+        if isinstance(max_depth, bool) or not isinstance(max_depth, (int, np.integer)) or max_depth < 1:
             raise ValueError(f"max_depth must be an integer ≥ 1, got {max_depth!r}.")
-        self.max_depth = max_depth
-        self.draft_cost, self.verify_cost = draft_cost, verify_cost
-        self.estimator = estimator or OnlineAcceptanceEstimator(max_depth, **estimator_kw)
+        self.max_depth = int(max_depth)
+        self.cost = cost
+        self.estimator = estimator or OnlineAcceptanceEstimator(self.max_depth, **estimator_kw)
         self.history: list[tuple[int, int, int]] = []
         self._last: tuple[list[np.ndarray], list[int]] | None = None
 
-    def counts(self, margins: Sequence[np.ndarray]) -> list[int]:
-        """Per row, the drafted tokens to verify (every one while the estimator warms up)."""
-        margins = [np.asarray(m, dtype=np.float64) for m in margins]
-        if self.estimator.needs_full_verification:
-            return [int(m.size) for m in margins]
-        survival = [np.cumprod(self.estimator.predict(m)) for m in margins]
-        keep, _ = choose_budget(survival, float(self.draft_cost(len(margins))), self.verify_cost)
+    @property
+    def warming_up(self) -> bool:
+        """Whether whole blocks are still verified (the estimator's warm-up refits are not done)."""
+        return self.estimator.needs_full_verification
+
+    def counts(self, margins: Sequence[np.ndarray], step_seconds: Callable[[int], float]) -> list[int]:
+        """Per row, the drafted tokens to verify (every one while the estimator warms up).
+
+        Args:
+            margins: per row, float (γ_i,) the drafted tokens' top-2 margins (NaN: unknown, read as 0).
+            step_seconds: ``longest -> seconds`` of the step (:func:`choose_budget`).
+        """
+        margins = [np.nan_to_num(np.asarray(m, dtype=np.float64), nan=0.0) for m in margins]
+        if self.warming_up:
+            keep = [int(m.size) for m in margins]
+        else:
+            keep, _ = choose_budget([np.cumprod(self.estimator.predict(m)) for m in margins], step_seconds)
+        self.history.append((len(margins), int(sum(m.size for m in margins)), int(sum(keep))))
         return keep
 
-    def __call__(self, margins: list[np.ndarray], load=None) -> list[int]:
+    def learn(self, margins: Sequence[np.ndarray], accepted: Sequence[int], verified: Sequence[int],
+              censored: Sequence[bool] | None = None) -> None:
+        """Fold one step's rows into the estimator (:meth:`OnlineAcceptanceEstimator.add` per row, then its
+        ``end_step``): per row its margins, accepted length τ, verified tokens and whether it stopped for another
+        reason (EOS, the token limit: no rejection label)."""
+        censored = [False] * len(margins) if censored is None else censored
+        for m, a, v, c in zip(margins, accepted, verified, censored):
+            self.estimator.add(np.nan_to_num(np.asarray(m, dtype=np.float64), nan=0.0), int(a), int(v), bool(c))
+        self.estimator.end_step()
+
+    def __call__(self, margins: list[np.ndarray], load) -> list[int]:
         """The budget hook of :meth:`learn2draft.batched.BatchedSpeculativeDecoder.step`: ``margins`` per row
-        float64 (γ_i,), ``load`` the step's :class:`~learn2draft.state.LoadState` (unused: the rows are the load).
-        Remembers the margins and the counts for :meth:`observe`."""
-        keep = self.counts(margins)
+        float64 (γ_i,), ``load`` the step's :class:`~learn2draft.state.LoadState` (priced by ``cost``). Remembers the
+        margins for :meth:`observe`.
+
+        Raises:
+            ValueError: no ``cost`` was given.
+        """
+        if self.cost is None:
+            raise ValueError("AdaptiveVerification needs the step's cost in the real loop: "
+                             "AdaptiveVerification(max_depth, cost=profile_step_cost(profile, drafter, max_depth)).")
+        keep = self.counts(margins, lambda longest: self.cost(load, longest))
         self._last = ([np.asarray(m, dtype=np.float64) for m in margins], keep)
-        self.history.append((len(margins), int(sum(np.asarray(m).size for m in margins)), int(sum(keep))))
         return keep
 
     def observe(self, step, margins: Sequence[np.ndarray] | None = None) -> None:
@@ -431,14 +452,12 @@ class AdaptiveVerification:
             margins = self._last[0]
         if len(margins) != len(rows):
             raise ValueError(f"observe: the step has {len(rows)} rows but {len(margins)} margin arrays were given.")
-        for m, res in zip(margins, rows):
-            self.estimator.add(m, res.num_accepted, res.verify_size, censored=bool(res.finished))
-        self.estimator.end_step()
+        self.learn(margins, [r.num_accepted for r in rows], [r.verify_size for r in rows], [r.finished for r in rows])
         self._last = None
 
     def __repr__(self) -> str:
         return f"AdaptiveVerification(max_depth={self.max_depth})"
 
 
-__all__ = ["AdaptiveVerification", "BatchSizeTable", "CostTable", "OnlineAcceptanceEstimator", "choose_budget",
-           "fit_logistic", "parse_batch_size_table"]
+__all__ = ["AdaptiveVerification", "BatchSizeTable", "OnlineAcceptanceEstimator", "choose_budget", "fit_logistic",
+           "parse_batch_size_table", "profile_step_cost"]
