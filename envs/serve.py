@@ -161,6 +161,16 @@ class ServeReplayEnv(gym.Env):
         self.load_index = 0
         self._needs_reset = True
 
+    @property
+    def vocab_size(self) -> int:
+        """The target's vocabulary size recorded in the traces (0 when they hold none)."""
+        return int(self.traces.header.get("vocab_size") or 0)
+
+    @property
+    def profiles(self) -> list[LatencyProfile]:
+        """``[profile]``: the one latency profile (as the other replay envs list theirs)."""
+        return [self.profile]
+
     # ------------------------------------------------------------------ observation
     def _obs(self) -> np.ndarray:
         return self.policy(lambda obs: 0).observation(*self.sim.observe())

@@ -21,8 +21,9 @@ Methods (``--methods``):
   profile measured at start-up (median of ``--cost-repeats`` batched target forwards per (batch size, tokens per row)
   shape, as vLLM profiles at start-up; :func:`batched_costs`). Its estimator learns while serving: it is warmed on the training prompts at every
   concurrency level (its 3 warm-up refits verify whole blocks) and keeps learning through the measured levels;
-* ``policy`` — a learned policy (``--policy DIR``, any exported chain policy: :func:`policies.load.load_policy`; a
-  policy with an ``observe_load`` method gets the step's load);
+* ``policy`` — a learned policy (``--policy DIR``): a load-aware one (``python -m train --serve-loads``:
+  :func:`policies.load.load_serve_policy`, one γ per step for every row from the step's load and the latency profile
+  it was trained with) or any exported chain policy (:func:`policies.load.load_policy`, per row);
 * ``hf`` — ``hf generate (batched)``: Hugging Face ``target.generate()`` on the same requests, c prompts at a time in
   one left-padded batch (closed loop only; a static batch waits for its slowest row).
 
@@ -384,9 +385,13 @@ def _run(args) -> int:
     s = check_args(args)
     policy, cfg, head = None, {}, args.head
     if args.policy:
-        from policies.load import load_policy, policy_drafter, policy_head, run_settings
+        from policies.layout import FEATURE_SPEC_FILE, read_json, resolve_export_dir
+        from policies.load import load_policy, load_serve_policy, policy_drafter, policy_head, run_settings
 
-        policy = load_policy(args.policy, profile=args.profile)
+        spec = read_json(resolve_export_dir(args.policy) / FEATURE_SPEC_FILE)
+        # a load-aware policy (one γ per step from the load, --serve-loads) or a chain policy (per row)
+        policy = (load_serve_policy(args.policy, profile=args.profile) if spec.get("kind") == "serve"
+                  else load_policy(args.policy, profile=args.profile))
         trained = policy_drafter(args.policy)
         args.drafter = args.drafter or trained
         if trained != args.drafter:
@@ -452,8 +457,12 @@ def _run(args) -> int:
         methods.append(ServeMethod(ADAPTIVE, lambda: FixedDepthController(s.max_depth), s.max_depth, av))
     if policy is not None:
         from eval.runner import decoder_max_depth
+        from policies.controllers import LoadAwarePolicy
 
-        methods.append(ServeMethod(LEARNED, lambda: policy, decoder_max_depth(policy)))
+        if isinstance(policy, LoadAwarePolicy):  # one controller per request, the step's γ shared
+            methods.append(ServeMethod(LEARNED, policy, policy.max_depth))
+        else:
+            methods.append(ServeMethod(LEARNED, lambda: policy, decoder_max_depth(policy)))
 
     # 3. the measured sweeps, methods interleaved (rotated) per level
     levels = [("concurrency", c) for c in s.levels] + [("arrival_rate", r) for r in s.rates]

@@ -12,8 +12,8 @@ from learn2draft._lazy import lazy_exports
 
 _EXPORTS = {
     "policies.controllers": ("CONTINUE", "STOP", "ConfidenceThresholdController", "MatchLengthController",
-                             "OnnxController", "PolicyController", "SB3Controller"),
-    "policies.load": ("load_policy", "load_tree_policy"),
+                             "LoadAwarePolicy", "OnnxController", "PolicyController", "SB3Controller"),
+    "policies.load": ("load_policy", "load_serve_policy", "load_tree_policy"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __getattr__ = lazy_exports(__name__, _WHERE)
@@ -24,6 +24,6 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "CONTINUE", "STOP", "ConfidenceThresholdController", "MatchLengthController", "OnnxController", "PolicyController",
-    "SB3Controller", "load_policy", "load_tree_policy",
+    "CONTINUE", "STOP", "ConfidenceThresholdController", "LoadAwarePolicy", "MatchLengthController", "OnnxController",
+    "PolicyController", "SB3Controller", "load_policy", "load_serve_policy", "load_tree_policy",
 ]

@@ -42,11 +42,13 @@ from learn2draft.features import (
     FEATURE_NAMES,
     HYBRID_FEATURE_NAMES,
     PROFILE_FEATURE_NAMES,
+    SERVE_FEATURE_NAMES,
     SIZE_FEATURE_NAMES,
     engine_feature_spec,
     feature_spec,
     hybrid_feature_spec,
     profile_feature_spec,
+    serve_feature_spec,
     size_feature_spec,
 )
 from policies.check import logit_ties
@@ -109,13 +111,14 @@ def export_onnx(model: Any, path: str | Path, opset: int = OPSET) -> Path:
     obs_space, act_space = model.observation_space, model.action_space
     n = len(FEATURE_NAMES)
     widths = (n, n + len(PROFILE_FEATURE_NAMES), n + len(HYBRID_FEATURE_NAMES), len(ENGINE_FEATURE_NAMES),
-              len(SIZE_FEATURE_NAMES))
+              len(SIZE_FEATURE_NAMES), len(SERVE_FEATURE_NAMES))
     if not (isinstance(obs_space, spaces.Box) and len(obs_space.shape) == 1 and obs_space.shape[0] in widths):
         raise ValueError(f"Expected a Box observation space of shape ({n},) (the loop's features), "
                          f"({n + len(PROFILE_FEATURE_NAMES)},) (those and the profile features), "
                          f"({n + len(HYBRID_FEATURE_NAMES)},) (those and a hybrid drafter's), "
-                         f"({len(ENGINE_FEATURE_NAMES)},) (engine-visible features) or ({len(SIZE_FEATURE_NAMES)},) "
-                         f"(a tree's verification-size features), got {obs_space}.")
+                         f"({len(ENGINE_FEATURE_NAMES)},) (engine-visible features), ({len(SIZE_FEATURE_NAMES)},) "
+                         f"(a tree's verification-size features) or ({len(SERVE_FEATURE_NAMES)},) (a load-aware "
+                         f"policy's), got {obs_space}.")
     if not isinstance(act_space, spaces.Discrete):
         raise ValueError(f"Expected a Discrete action space, got {act_space}.")
     path = Path(path)
@@ -258,6 +261,7 @@ def export_policy(
     seed: int = 0,
     verify_sizes: tuple[int, ...] | None = None,
     vocab_size: int | None = None,
+    serve: dict | None = None,
 ) -> ExportResult:
     """Export ``model`` to ``out_dir`` (``policy.onnx``, ``feature_spec.json``, ``policy_config.json``,
     ``export_check.json``, ``parity.json``) and check it.
@@ -276,6 +280,9 @@ def export_policy(
             action (required there; listed in ``policy_config.json`` as ``verify_sizes`` and ``actions``).
         vocab_size: the target's vocabulary size V the policy was trained with, recorded in ``feature_spec.json``
             (``last_entropy`` is divided by ln V); None records none.
+        serve: for a load-aware policy (:class:`envs.serve.ServeReplayEnv`: observation
+            :data:`learn2draft.features.SERVE_FEATURE_NAMES`, actions γ = 0..max_depth), ``{"serve": {"batch_scale",
+            "context_scale", …}}`` as recorded in ``policy_config.json``: its feature scales.
 
     Returns:
         :class:`ExportResult`.
@@ -283,9 +290,14 @@ def export_policy(
     Raises:
         ExportCheckError: onnxruntime disagrees with the PyTorch policy on any observation
             (the files stay on disk for inspection, with the check result).
-        ValueError: a size policy without ``verify_sizes``, or with as many sizes as it has actions.
+        ValueError: a size policy without ``verify_sizes``, or with as many sizes as it has actions; a load-aware
+            policy without ``serve``.
     """
     n_features = model.observation_space.shape[0]
+    load_aware = n_features == len(SERVE_FEATURE_NAMES) and model.action_space.n == max_depth + 1
+    if load_aware and not serve:
+        raise ValueError("A load-aware policy (serve features, one γ per step) needs serve={'serve': {'batch_scale': "
+                         "…, 'context_scale': …}}: its feature scales.")
     size = n_features == len(SIZE_FEATURE_NAMES)
     if size and (verify_sizes is None or len(verify_sizes) != model.action_space.n):
         raise ValueError(f"A verification-size policy ({model.action_space.n} actions) needs verify_sizes, one V per "
@@ -297,6 +309,8 @@ def export_policy(
     conditioned = n_features == len(FEATURE_NAMES) + len(PROFILE_FEATURE_NAMES)
     # a hybrid drafter's policy: the loop's and the hybrid features, three actions (STOP, lookup, neural)
     hybrid = n_features == len(FEATURE_NAMES) + len(HYBRID_FEATURE_NAMES) and model.action_space.n == 3
+    if load_aware:
+        return _export_load_aware(model, out, onnx_path, max_depth, config, observations, n_random, seed, serve)
     names = (ENGINE_FEATURE_NAMES if engine else SIZE_FEATURE_NAMES if size
              else (*FEATURE_NAMES, *PROFILE_FEATURE_NAMES) if conditioned
              else (*FEATURE_NAMES, *HYBRID_FEATURE_NAMES) if hybrid else FEATURE_NAMES)
@@ -339,6 +353,36 @@ def export_policy(
             f"max |Δlogit| {check['max_abs_logit_diff']:.2e}); "
             f"see {out / CHECK_FILE}."
         )
+    return ExportResult(out, onnx_path, check)
+
+
+def _export_load_aware(model: Any, out: Path, onnx_path: Path, max_depth: int, config: dict | None,
+                       observations: np.ndarray | None, n_random: int, seed: int, serve: dict) -> ExportResult:
+    """:func:`export_policy` for a load-aware policy: the serve feature spec (with its scales), γ actions, the
+    check and the parity vectors (see :func:`export_policy`)."""
+    sc = serve["serve"]
+    spec = serve_feature_spec(max_depth, sc["batch_scale"], sc["context_scale"])
+    (out / FEATURE_SPEC_FILE).write_text(json.dumps(spec, indent=2))
+    policy_config = {
+        "format": "learn2draft-policy/1", "features": "serve", "max_depth": int(max_depth),
+        "actions": {str(k): f"γ = {k}: every running row drafts up to {k} tokens this step" for k in range(max_depth + 1)},
+        "onnx": {"file": ONNX_FILE, "input": "obs", "outputs": ["action", "logits"], "opset": OPSET},
+        **(config or {}),
+    }
+    (out / POLICY_CONFIG_FILE).write_text(json.dumps(policy_config, indent=2, default=str))
+    n_features = len(SERVE_FEATURE_NAMES)
+    parts = [np.random.default_rng(seed).random((n_random, n_features), dtype=np.float32)]
+    if observations is not None and len(observations):
+        parts.insert(0, np.asarray(observations, dtype=np.float32).reshape(-1, n_features))
+    obs = np.concatenate(parts)
+    check = check_onnx(model, onnx_path, obs)
+    check["recorded"], check["random"] = int(obs.shape[0] - n_random), int(n_random)
+    (out / CHECK_FILE).write_text(json.dumps(check, indent=2))
+    write_parity(model, out, parts[0] if len(parts) == 2 and len(parts[0]) >= 128 else obs,
+                 feature_names=SERVE_FEATURE_NAMES)
+    if check["agreement"] < 1.0:
+        raise ExportCheckError(f"ONNX export disagrees with the PyTorch policy on {check['disagreements']} of "
+                               f"{check['n']} observations; see {out / CHECK_FILE}.")
     return ExportResult(out, onnx_path, check)
 
 

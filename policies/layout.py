@@ -30,6 +30,8 @@ FEATURE_SPEC_FILE = "feature_spec.json"
 POLICY_CONFIG_FILE = "policy_config.json"
 CHECK_FILE = "export_check.json"
 PARITY_FILE = "parity.json"
+#: A load-aware export's latency profile (with the batch axis): the costs it prices each step with.
+SERVE_PROFILE_FILE = "profile.json"
 #: The files every export holds (``export_check.json`` aside: not needed to run or check it).
 EXPORT_FILES = (ONNX_FILE, FEATURE_SPEC_FILE, POLICY_CONFIG_FILE, PARITY_FILE)
 #: A training run's ``config.json`` (beside its export folder).
@@ -172,6 +174,7 @@ def default_tree_policy_dir(drafter: str = "head") -> Path:
 
 
 __all__ = ["CHECK_FILE", "DEFAULT_POLICIES_DIR", "DEFAULT_TREE_SUFFIX", "DEPTH_DIR", "EXPORT_FILES", "FEATURE_SPEC_FILE",
-           "ONNX_FILE", "PARITY_FILE", "POLICY_CONFIG_FILE", "RUN_CONFIG_FILE", "SIZE_DIR", "TREE_FILE", "TREE_FORMAT",
+           "ONNX_FILE", "PARITY_FILE", "POLICY_CONFIG_FILE", "RUN_CONFIG_FILE", "SERVE_PROFILE_FILE", "SIZE_DIR", "TREE_FILE",
+           "TREE_FORMAT",
            "config_problems", "default_policy_dir", "default_tree_policy_dir", "export_drafter", "read_json",
            "resolve_export_dir", "tree_root"]

@@ -76,6 +76,10 @@ def load_policy(directory: str | Path, intra_op_num_threads: int = 1, profile=No
     if names == list(SIZE_FEATURE_NAMES):
         raise ValueError(f"{d} is a draft tree's verification-size policy: load it with "
                          "policies.load.load_tree_policy (its training run or the folder above it).")
+    if spec.get("kind") == "serve":
+        raise ValueError(f"{d} is a load-aware policy (one γ per batched step, trained with --serve-loads): load it "
+                         "with policies.load.load_serve_policy and run it in the batched decoder "
+                         "(python -m eval.serve --policy DIR).")
     if spec.get("kind") == "engine":
         raise ValueError(f"{d} reads engine-visible features only (trained with --features engine, for vLLM): run it "
                          "with policies.vllm.LearnedDraftLengthPolicy (in this project's loop: "
@@ -114,6 +118,54 @@ def load_policy(directory: str | Path, intra_op_num_threads: int = 1, profile=No
     ctrl.profile_name = prof.name if conditioned else None
     ctrl.trained_dtype = (cfg.get("training") or {}).get("dtype") or cfg.get("dtype")  # the precision it learned
     return ctrl
+
+
+def load_serve_policy(directory: str | Path, profile=None, intra_op_num_threads: int = 1):
+    """Load a load-aware policy export (``python -m train --serve-loads …``; or its training run) as a
+    :class:`policies.controllers.LoadAwarePolicy` for :class:`learn2draft.batched.BatchedSpeculativeDecoder`: call it
+    for one controller per request (what :func:`learn2draft.batched.serve` takes).
+
+    Args:
+        profile: the latency profile (with the batch axis) that prices each step's features; default the one it was
+            trained on (``profile.json`` in the export). Another machine's profile changes what the policy sees.
+
+    Raises:
+        FileNotFoundError: a file of the export is missing.
+        ValueError: not a load-aware export, a feature specification of another version, or a profile without
+            the batch axis.
+    """
+    from learn2draft.features import SERVE_FEATURE_NAMES, SERVE_FEATURE_VERSION
+    from learn2draft.replay.latency import LatencyProfile, load_profile
+    from policies.controllers import LoadAwarePolicy
+    from policies.layout import SERVE_PROFILE_FILE
+
+    d = resolve_export_dir(directory)
+    for name in (ONNX_FILE, FEATURE_SPEC_FILE, POLICY_CONFIG_FILE):
+        if not (d / name).is_file():
+            raise FileNotFoundError(f"{d / name} is missing: is {d} a policy export directory (see policies.export)?")
+    cfg, spec = read_json(d / POLICY_CONFIG_FILE), read_json(d / FEATURE_SPEC_FILE)
+    names = [f.get("name") if isinstance(f, dict) else f for f in spec.get("features", [])]
+    if spec.get("kind") != "serve":
+        raise ValueError(f"{d} is not a load-aware policy (its feature_spec.json kind is {spec.get('kind')!r}): load it "
+                         "with policies.load.load_policy; load-aware policies are trained with python -m train "
+                         "--serve-loads.")
+    if spec.get("version") != SERVE_FEATURE_VERSION or names != list(SERVE_FEATURE_NAMES):
+        raise ValueError(f"{d / FEATURE_SPEC_FILE} describes serve features version {spec.get('version')} {names}, but "
+                         f"this learn2draft builds version {SERVE_FEATURE_VERSION} {list(SERVE_FEATURE_NAMES)}: "
+                         "retrain or use a matching version.")
+    if profile is None:
+        if not (d / SERVE_PROFILE_FILE).is_file():
+            raise FileNotFoundError(f"{d / SERVE_PROFILE_FILE} is missing: pass the latency profile it was trained "
+                                    "with (profile=... / --profile).")
+        profile = d / SERVE_PROFILE_FILE
+    prof = profile if isinstance(profile, LatencyProfile) else load_profile(profile)
+    serve = cfg.get("serve") or {}
+    policy = LoadAwarePolicy(d / ONNX_FILE, int(cfg["max_depth"]), prof, serve.get("drafter") or cfg.get("drafter"),
+                             int(spec["batch_scale"]), float(spec["context_scale"]),
+                             int(serve.get("max_new_tokens") or cfg.get("max_new_tokens")),
+                             serve.get("batch_context", "max"))
+    policy.trained_dtype = (cfg.get("training") or {}).get("dtype") or cfg.get("dtype")
+    return policy
 
 
 def load_tree_policy(run_or_dir: str | Path, intra_op_num_threads: int = 1) -> TreePolicyController:
@@ -211,4 +263,4 @@ def policy_head(directory: str | Path) -> str | None:
     return read_json(resolve_export_dir(directory) / POLICY_CONFIG_FILE).get("head")
 
 
-__all__ = ["load_policy", "load_tree_policy", "policy_drafter", "policy_head", "run_settings", "tree_settings"]
+__all__ = ["load_policy", "load_serve_policy", "load_tree_policy", "policy_drafter", "policy_head", "run_settings", "tree_settings"]

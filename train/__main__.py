@@ -118,6 +118,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "lookup+model / lookup+head on HybridReplay-v0); models, drafter, sampling and --max-new-tokens "
                         "come from them; --max-depth is kept when the traces hold it (lowered to theirs otherwise)")
     cli.add_profile_arg(g)
+    g.add_argument("--serve-loads", default=None, metavar="LEVELS",
+                   help="with --replay and --profile: train a load-aware policy (one γ per batched step for every "
+                        "running row) on learn2draft/ServeReplay-v0, episodes drawn at these closed-loop concurrency "
+                        "levels (e.g. 1,2,4,8); the profile needs the batch axis (python -m eval.profile --batch-sizes "
+                        "1,2,4,8,16); run the export with python -m eval.serve --policy RUN")
+    g.add_argument("--serve-requests", type=int, default=d.serve_requests,
+                   help="with --serve-loads: requests per simulated stream")
     g = p.add_argument_group("draft trees (Learning to Draft: a depth policy and a verification-size policy)")
     g.add_argument("--tree", action="store_true",
                    help="draft EAGLE-2 trees (--drafter model or head) and train the --policies, alternating as LTD "
@@ -168,7 +175,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         threads=given_or_default("threads"), prompt_split=args.prompt_split, prompts=args.prompts, drafter=args.drafter, head=args.head, features=args.features,
         warmup_prompts=args.warmup_prompts, eval_prompts=args.eval_prompts,
         eval_gammas=None if args.eval_gammas is None else tuple(args.eval_gammas),
-        replay=args.replay, profile=args.profile,
+        replay=args.replay, profile=args.profile, serve_loads=args.serve_loads, serve_requests=args.serve_requests,
         tree=args.tree, policies=tuple(args.policies), rounds=args.rounds, tree_width=given_or_default("tree_width"),
         tree_top_k=given_or_default("tree_top_k"), verify_sizes=tuple(args.verify_sizes), verify_size=args.verify_size,
         tree_depth=args.tree_depth, size_timesteps=args.size_timesteps,

@@ -40,13 +40,21 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv
 
+from envs.serve import SERVE_ENV_ID
 from eval.oracle import oracle_report
 from learn2draft.decoding import FixedDepthController
 from learn2draft.drafters import make_drafter
-from learn2draft.features import engine_feature_spec, feature_spec, hybrid_feature_spec, profile_feature_spec
+from learn2draft.features import (
+    engine_feature_spec,
+    feature_spec,
+    hybrid_feature_spec,
+    profile_feature_spec,
+    serve_feature_spec,
+)
 from learn2draft.models import ModelPair
 from learn2draft.names import HELDOUT_SEED_OFFSET, HYBRID_DRAFTERS
 from policies.export import export_policy
+from policies.layout import SERVE_PROFILE_FILE
 from policies.load import load_policy
 from train import callbacks, phases
 from train.callbacks import CycleStatsCallback, SignalStop
@@ -127,6 +135,12 @@ def apply_replay_settings(cfg: TrainConfig, given: Collection[str] | None = None
                              f"deeper traces (python -m eval.record --max-depth {cfg.max_depth}).")
         cfg.max_depth = traces.max_depth  # the default, deeper than the traces: as deep as they go
     cfg.validate()
+    if cfg.serve_loads:  # a load-aware policy: one γ per batched step of a simulated request stream
+        from envs.serve import ServeReplayEnv
+        from train.config import serve_loads
+
+        return ServeReplayEnv(traces, profiles[0], loads=serve_loads(cfg.serve_loads), num_requests=cfg.serve_requests,
+                              max_depth=cfg.max_depth, max_new_tokens=cfg.max_new_tokens, episode="step")
     if hybrid:
         return HybridReplayEnv((look, neural), profiles[0], max_new_tokens=cfg.max_new_tokens, max_depth=cfg.max_depth,
                                episode=cfg.episode)
@@ -203,6 +217,30 @@ def _hybrid_evaluation(env, policy_dir: Path, cfg: TrainConfig) -> dict:
     return evaluation
 
 
+def _serve_export(env) -> dict:
+    """What a load-aware export records beside the usual settings: its scales, loads and the batched context rule."""
+    return {"serve": {"batch_scale": int(env.batch_scale), "context_scale": float(env.context_scale),
+                      "loads": [x.label for x in env.loads], "num_requests": env.num_requests,
+                      "batch_context": env._kw["batch_context"], "drafter": env.drafter,
+                      "profile": env.profile.name, "max_new_tokens": env.max_new_tokens}}
+
+
+def _serve_evaluation(env, policy_dir: Path) -> dict:
+    """The final check of a load-aware run in replay (in-sample): the learned policy against no speculation, the best
+    fixed γ, the grid-tuned per-batch-size table and vLLM's adaptive verification at every training load
+    (:func:`learn2draft.replay.serve.compare_baselines`, the same requests and seeds)."""
+    from learn2draft.replay.serve import compare_baselines
+    from policies.load import load_serve_policy
+
+    graph = load_serve_policy(policy_dir).graph
+    learned = env.policy(lambda obs: int(graph.actions(obs)[0]))
+    res = compare_baselines(env.traces, env.profile, env.loads, env.num_requests, max_depth=env.max_depth,
+                            max_new_tokens=env.max_new_tokens, policies={"learned": learned})
+    rates = {name: [r["tokens_per_s"] for r in reps] for name, reps in res["methods"].items()}
+    return {"source": f"serve replay of the training traces (in-sample) with profile {env.profile.name}",
+            "loads": res["loads"], "tokens_per_s": rates, "best_gamma": res["best_gamma"], "table": res["table"]}
+
+
 # --------------------------------------------------------------------------- the chain run, phase by phase
 def _chain_env(pair: ModelPair | None, cfg: TrainConfig, prompts) -> tuple:
     """The training environment and its prompts: :class:`envs.replay.SpecDecodeReplayEnv` with ``cfg.replay``
@@ -211,15 +249,19 @@ def _chain_env(pair: ModelPair | None, cfg: TrainConfig, prompts) -> tuple:
 
     if cfg.replay:  # recorded traces and a latency profile: no model runs
         env = apply_replay_settings(cfg)
-        return env, [None] * len(env.prompt_indices)
+        n = len(env.traces.prompts) if cfg.serve_loads else len(env.prompt_indices)
+        return env, [None] * n
     prompts = phases.training_prompts(cfg, prompts)
     env = SpecDecodeEnv(pair, prompts, cfg.sampling(), max_new_tokens=cfg.max_new_tokens, max_depth=cfg.max_depth,
                         episode=cfg.episode, drafter=make_drafter(cfg.drafter, pair, head=cfg.head))
     return env, prompts
 
 
-def _feature_spec(cfg: TrainConfig) -> dict:
-    """The ``feature_spec.json`` of the run's observation (``cfg.features``: full, engine or profile)."""
+def _feature_spec(cfg: TrainConfig, env=None) -> dict:
+    """The ``feature_spec.json`` of the run's observation (``cfg.features``: full, engine or profile; a load-aware run:
+    the serve features with ``env``'s scales)."""
+    if cfg.serve_loads:
+        return serve_feature_spec(env.max_depth, env.batch_scale, env.context_scale)
     if cfg.features == "engine":
         return engine_feature_spec(cfg.max_depth)
     if cfg.drafter in HYBRID_DRAFTERS:
@@ -233,6 +275,10 @@ def _chain_reference(pair: ModelPair | None, cfg: TrainConfig, env, saved: dict 
     :func:`train.phases.reference_rate` on the real loop."""
     if saved is not None:
         return saved["autoregressive_warmup"], saved["reward_scale_used"]
+    if cfg.serve_loads:
+        ar = {"tokens_per_s": env.reward_scale, "source": f"replay of plain decoding at concurrency 1 with profile "
+                                                           f"{env.profile.name}"}
+        return ar, cfg.reward_scale or env.reward_scale
     if cfg.replay:
         ar = {"cycle_tokens_per_s": env.autoregressive_rate(0), "source": f"replay with profile {env.profiles[0].name}"
               + ("" if len(env.profiles) == 1 else " (the others' rewards are relative to their own autoregressive rates)")}
@@ -259,6 +305,8 @@ def _chain_check(pair: ModelPair | None, cfg: TrainConfig, env, policy_dir: Path
     """The final check: in replay :func:`_replay_evaluation`, else the exported policy (driven through vLLM's
     protocol for ``features="engine"``, as the engine would) against the fixed depths of ``cfg.fixed_gammas()``
     on held-out prompts (:func:`train.phases.quick_check`)."""
+    if cfg.serve_loads:
+        return _serve_evaluation(env, policy_dir)
     if cfg.replay:
         return _hybrid_evaluation(env, policy_dir, cfg) if cfg.drafter in HYBRID_DRAFTERS else \
             _replay_evaluation(env, policy_dir, cfg)
@@ -322,7 +370,8 @@ def train_chain(pair: ModelPair | None, cfg: TrainConfig, out: Path, saved: dict
     env.reward_scale = float(reward_scale)
 
     vocab_size = pair.vocab_size if pair is not None else env.vocab_size
-    config = phases.run_config(cfg, pair, reward_scale, ar, len(prompts), vocab_size, REPLAY_ENV_ID if cfg.replay else ENV_ID,
+    env_id = SERVE_ENV_ID if cfg.serve_loads else REPLAY_ENV_ID if cfg.replay else ENV_ID
+    config = phases.run_config(cfg, pair, reward_scale, ar, len(prompts), vocab_size, env_id,
                                extra={"replay_source": _replay_source(env, cfg)} if cfg.replay else None, saved=saved)
     if not config["wandb_run_id"]:
         from wandb.sdk.lib.runid import generate_id
@@ -339,7 +388,7 @@ def train_chain(pair: ModelPair | None, cfg: TrainConfig, out: Path, saved: dict
     if checkpoint is not None:
         config["resumed"][-1]["from_timesteps"] = checkpoint[1]
     replacement.begin()  # from here on ``out`` belongs to the new run
-    phases.write_run_start(out, config, _feature_spec(cfg))
+    phases.write_run_start(out, config, _feature_spec(cfg, env))
 
     wandb_run = callbacks.init_wandb(cfg, out, config)
     try:
@@ -360,10 +409,14 @@ def train_chain(pair: ModelPair | None, cfg: TrainConfig, out: Path, saved: dict
         model.save(str(out / "model.zip"))
         replacement.commit()
 
-        trained_on = {"env": REPLAY_ENV_ID, **config["replay_source"]} if cfg.replay else {"env": ENV_ID}
+        trained_on = {"env": env_id, **config["replay_source"]} if cfg.replay else {"env": ENV_ID}
+        serve = _serve_export(env) if cfg.serve_loads else None
         export = export_policy(model, out / "policy", cfg.max_depth, vocab_size=vocab_size,
-                               config={**phases.export_config(cfg, config, reward_scale), "trained_on": trained_on},
-                               observations=model.rollout_buffer.observations, seed=cfg.seed)
+                               config={**phases.export_config(cfg, config, reward_scale), "trained_on": trained_on,
+                                       **(serve or {})},
+                               observations=model.rollout_buffer.observations, seed=cfg.seed, serve=serve)
+        if serve is not None:  # the policy prices its steps with the profile it learned on: it travels with it
+            env.profile.save(out / "policy" / SERVE_PROFILE_FILE)
         evaluation = (_chain_check(pair, cfg, env, out / "policy", eval_prompts)
                       if cfg.eval_prompts and not interrupted else None)
         metrics = {

@@ -30,6 +30,19 @@ TREE_ENV_IDS = ("learn2draft/TreeDepth-v0", "learn2draft/TreeSize-v0")
 TREE_POLICIES = ("depth", "size")
 
 
+def _loads_ok(text: str) -> bool:
+    """Whether ``text`` is concurrency levels (integers ≥ 1) joined by commas."""
+    try:
+        return all(int(x) >= 1 for x in str(text).split(",")) and bool(str(text).strip())
+    except ValueError:
+        return False
+
+
+def serve_loads(text: str) -> list[int]:
+    """The concurrency levels of ``--serve-loads`` (checked by :meth:`TrainConfig.validate`)."""
+    return [int(x) for x in str(text).split(",")]
+
+
 @dataclass
 class TrainConfig:
     """All settings of a training run (saved as ``config.json``).
@@ -69,6 +82,11 @@ class TrainConfig:
     ``"profile"`` (replay only: the loop's features and the hardware-profile features of
     :func:`learn2draft.features.profile_features`, so that one policy serves every profile it was trained on;
     load the export with ``load_policy(dir, profile=...)``).
+
+    Load-aware (replay only): ``serve_loads`` (closed-loop concurrency levels joined by commas, e.g. ``"1,2,4,8"``)
+    trains one γ per batched step for every running row on ``learn2draft/ServeReplay-v0``
+    (:class:`envs.serve.ServeReplayEnv`, ``serve_requests`` requests per stream) from chain traces and a profile with
+    the batch axis; the export runs with :func:`policies.load.load_serve_policy` (``python -m eval.serve --policy``).
 
     Replay (no model runs): ``replay`` (trace files written by ``python -m eval.record``, several joined by
     commas) and ``profile`` (a latency profile file or a shipped name, :func:`learn2draft.replay.latency.load_profile`;
@@ -134,6 +152,8 @@ class TrainConfig:
     eval_gammas: tuple[int, ...] | None = None
     replay: str | None = None
     profile: str | None = None
+    serve_loads: str | None = None
+    serve_requests: int = 16
     tree: bool = False
     policies: tuple[str, ...] = TREE_POLICIES
     rounds: int = 2
@@ -192,6 +212,15 @@ class TrainConfig:
              f"--drafter {self.drafter} trains in replay: record lookup and {self.drafter.split('+')[-1]} traces on the "
              f"same prompts (python -m eval.record --drafter lookup / --drafter {self.drafter.split('+')[-1]} "
              "--temperature 0) and pass --replay LOOKUP.npz,NEURAL.npz --profile P (features full, no --tree)."),
+            (self.serve_loads is None or (self.replay and self.drafter not in HYBRID_DRAFTERS
+                                          and self.features == "full" and not self.tree),
+             "--serve-loads trains a load-aware policy in replay (learn2draft/ServeReplay-v0): pass chain traces of one "
+             "drafter and a latency profile with the batch axis: --replay TRACES --profile P (measured with "
+             "python -m eval.profile --batch-sizes 1,2,4,8,16); not with a hybrid drafter, --features or --tree."),
+            (self.serve_loads is None or _loads_ok(self.serve_loads),
+             f"--serve-loads must be concurrency levels ≥ 1 joined by commas (e.g. 1,2,4,8), got {self.serve_loads!r}."),
+            (isinstance(self.serve_requests, int) and self.serve_requests >= 1,
+             f"--serve-requests must be an integer ≥ 1, got {self.serve_requests!r}."),
             (all(sp in SPLITS for sp in self.prompt_split.split(",")),
              f"prompt_split must be one or more of {', '.join(SPLITS)} joined by commas, got {self.prompt_split!r}."),
         ]

@@ -1,0 +1,107 @@
+"""The load-aware policy end to end: ``python -m train --serve-loads`` in replay, its export, and the same policy in
+the real batched decoder — the real loop's features equal the replay's for the same state, one γ per step for every
+row, bad inputs refused before work."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from test_serve_replay import D, batched_profile, synthetic_traces
+
+from learn2draft.features import FEATURE_VERSION, SERVE_FEATURE_NAMES
+from learn2draft.state import LoadState
+
+
+@pytest.fixture(scope="module")
+def serve_run(tmp_path_factory):
+    """A load-aware policy trained in replay on synthetic traces and a profile where verification is cheap at batch
+    1 and expensive at batch 4+ (so the best γ depends on the load)."""
+    import train
+    from train.config import TrainConfig
+
+    root = tmp_path_factory.mktemp("serve")
+    tr = synthetic_traces(accept=0.8, drafter="lookup")
+    tr.header.update(format="learn2draft-trace", format_version=1, structure="chain", feature_version=FEATURE_VERSION,
+                     sampling={"temperature": 0.0, "top_k": 0, "top_p": 1.0})
+    traces = tr.save(root / "t.npz")
+    prof = batched_profile(verify=lambda B, n, c: 0.010 + 0.0005 * (n - 1) if B == 1 else 0.010 + 0.004 * (B * n - 1),
+                           draft=lambda B: 0.0005 * B).save(root / "p.json")
+    cfg = TrainConfig(out=str(root / "run"), timesteps=256, n_steps=64, batch_size=32, n_epochs=2, net_arch=(16, 16),
+                      wandb_mode="disabled", progress_bar=False, checkpoint_every=0, replay=str(traces),
+                      profile=str(prof), serve_loads="1,4", serve_requests=6, drafter="lookup")
+    metrics = train.run(None, cfg)
+    return root, metrics
+
+
+def test_train_exports_a_load_aware_policy_with_its_profile_and_a_replay_check(serve_run):
+    from policies.load import load_policy, load_serve_policy
+
+    root, m = serve_run
+    pol = root / "run" / "policy"
+    spec = json.loads((pol / "feature_spec.json").read_text())
+    assert spec["kind"] == "serve" and [f["name"] for f in spec["features"]] == list(SERVE_FEATURE_NAMES)
+    assert spec["actions"] == D + 1 and spec["batch_scale"] >= 4 and (pol / "profile.json").is_file()
+    assert m["export_check"]["agreement"] == 1.0 and json.loads((root / "run" / "config.json").read_text())[
+        "env_id"] == "learn2draft/ServeReplay-v0"
+    ev = m["evaluation"]
+    assert ev["loads"] == ["c=1", "c=4"] and {"learned", "no speculation", "per-batch-size table",
+                                              "adaptive verification"} <= set(ev["tokens_per_s"])
+    assert all(len(v) == 2 and all(x > 0 for x in v) for v in ev["tokens_per_s"].values())
+    policy = load_serve_policy(root / "run")
+    assert policy.max_depth == D and policy.profile.has_batch_axis
+    with pytest.raises(ValueError, match="load-aware policy"):
+        load_policy(root / "run")  # a chain tool refuses it with the loader to use
+
+
+def test_the_real_loop_sees_the_replays_features_for_the_same_state(serve_run):
+    """LoadAwarePolicy (real loop) and ReplayServePolicy (replay) build the observation from the same numbers."""
+    from envs.serve import ReplayServePolicy
+    from learn2draft.replay.serve import LoadFeatures, RowFeatures
+    from policies.load import load_serve_policy
+
+    root, _ = serve_run
+    real = load_serve_policy(root / "run")
+    replay = ReplayServePolicy(lambda o: 0, real.profile, real.drafter, real.max_depth, real.max_new_tokens,
+                               real.batch_scale, real.context_scale)
+    ctx, tau, depth, avail, left = [20, 31, 25], [2, 0, 1], [3, 2, 0], [3, 0, 2], [10, 4, 7]
+    load = LoadState(3, 8, tuple(ctx), 1, tuple(tau), tuple(depth), tuple(avail), tuple(left), D, real.max_new_tokens)
+    a = np.asarray(ctx)
+    lf = LoadFeatures(3, 1, int(a.sum()), float(a.mean()), int(a.max()), 8, D, 0, 0.0)
+    rows = RowFeatures(np.arange(3), np.arange(3), a, a - 10, np.asarray(left), np.asarray(avail), np.asarray(tau),
+                       np.asarray(depth), np.full((3, D), np.nan), np.zeros((3, D)))
+    np.testing.assert_array_equal(real.features(load), replay.observation(lf, rows))
+    assert real.features(load).shape == (len(SERVE_FEATURE_NAMES),)
+
+
+def test_the_load_aware_policy_drives_the_batched_decoder(serve_run, tiny_pair):
+    """One γ per step, decided once from the step's load and shared by its rows; greedy output stays the target's."""
+    from helpers_loop import greedy_reference
+
+    from learn2draft.batched import BatchedSpeculativeDecoder, Request, serve
+    from policies.load import load_serve_policy
+
+    root, _ = serve_run
+    policy = load_serve_policy(root / "run")
+    prompts = [torch.tensor([3, 4, 5, 3, 4, 5, 3, 4]), torch.tensor([6, 7, 6, 7, 6, 7]), torch.tensor([8, 9, 10, 8, 9])]
+    dec = BatchedSpeculativeDecoder(tiny_pair, "lookup", max_new_tokens=10, max_depth=policy.max_depth, max_batch=3)
+    out = serve(dec, [Request(p) for p in prompts], policy, concurrency=3)
+    assert len(policy.gammas) == len(dec.steps)  # one decision per step
+    for step, g in zip(dec.steps, policy.gammas):
+        assert all(c.depth <= g for c in step.rows.values())
+    for p, r in zip(prompts, out):
+        assert r.tokens == greedy_reference(tiny_pair.target, p, 10, tiny_pair.vocab_size, eos=tiny_pair.eos_token_ids)
+
+
+def test_serve_loads_bad_input_is_refused_before_work():
+    from train.config import TrainConfig
+
+    for kwargs, match in (({"serve_loads": "1,4"}, "--serve-loads trains a load-aware policy in replay"),
+                          ({"serve_loads": "1,x", "replay": "t.npz", "profile": "p.json"}, "concurrency levels"),
+                          ({"serve_loads": "0", "replay": "t.npz", "profile": "p.json"}, "concurrency levels"),
+                          ({"serve_loads": "2", "replay": "t.npz", "profile": "p.json", "serve_requests": 0},
+                           "--serve-requests")):
+        with pytest.raises(ValueError, match=match):
+            TrainConfig(**kwargs).validate()
