@@ -472,10 +472,11 @@ class BatchedSpeculativeDecoder:
         if not self.rows:
             raise RuntimeError("No request is running: add() one first.")
         t_start = self.clock.now()
-        load = self.load(waiting)
-        for rid, row in zip(self._ids, self.rows):
-            ctrl = self._controllers[rid]
-            if hasattr(ctrl, "observe_load"):
+        ctrls = [self._controllers[rid] for rid in self._ids]
+        # the load state only when something reads it (it runs a lookahead per row)
+        load = self.load(waiting) if budget is not None or any(hasattr(c, "observe_load") for c in ctrls) else None
+        for ctrl, row in zip(ctrls, self.rows):
+            if load is not None and hasattr(ctrl, "observe_load"):
                 ctrl.observe_load(load)
             row.draft(ctrl)
         if budget is not None:
