@@ -48,6 +48,23 @@ def cycle_reward(tokens_per_second: float, reward_scale: float, relative_speed: 
     return float(tokens_per_second / (reward_scale * relative_speed))
 
 
+def gain_reward(tokens: int, seconds: float, plain_seconds: float, batch: int) -> float:
+    """A batched step's reward for a load-aware policy: its tokens beyond those plain decoding emits in the same
+    seconds, per row — ``(tokens − batch · seconds / plain_seconds) / batch``, i.e. the step's duration times its
+    tokens/s gain over plain decoding at this batch size and context, in tokens per row (0 for plain decoding itself).
+
+    Summed over a stream this is Σ tokens − λ·Σ seconds with λ plain decoding's rate (Dinkelbach's form of a ratio
+    objective): positive exactly when the stream's aggregate tokens/s beats plain decoding's, where a mean of per-step
+    tokens/s (:func:`cycle_reward`) over-weights short steps and was seen to pick speculation that loses at
+    concurrency 16.
+
+    Args:
+        tokens: emitted by all rows this step; seconds: the step's (> 0); plain_seconds: the same batch's step without
+            drafting (> 0); batch: rows B ≥ 1.
+    """
+    return float((tokens - batch * seconds / plain_seconds) / batch)
+
+
 def relative_speeds(autoregressive_rates: Sequence[float]) -> list[float]:
     """Per profile k, ``ar_k / ar_0`` (1.0 for every profile when ``ar_0`` is not > 0).
 
@@ -69,4 +86,4 @@ def autoregressive_scale(reward_scale: float | None, autoregressive_rate: float)
     return reward_scale or autoregressive_rate or 1.0
 
 
-__all__ = ["autoregressive_scale", "check_reward_scale", "cycle_reward", "relative_speeds"]
+__all__ = ["autoregressive_scale", "check_reward_scale", "cycle_reward", "gain_reward", "relative_speeds"]

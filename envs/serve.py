@@ -31,11 +31,14 @@ decision is exactly the scaled tokens/s of its step (the per-step objective); ``
 request stream, whose undiscounted return *sums per-step rates* and so favours many short steps (no speculation)
 over fast serving: use it with care.
 
-Reward: :func:`envs.reward.cycle_reward` of the step's aggregate tokens/s (tokens emitted by all rows over the
-step's simulated seconds; the prefills of joining requests are charged to the stream's clock and report but not to
-the step's reward: no action changes them). The default ``reward_scale`` is the traces' plain-decoding rate at
-concurrency 1 (the replay's autoregressive rate), so a reward of 1.0 at B = 1 means "as fast as plain decoding" and
-rewards grow with the batch as throughput does.
+Reward (``reward``): ``"gain"`` (the default) — :func:`envs.reward.gain_reward`, the step's measured tokens/s gain
+over plain decoding at the same batch size and context, weighted by the step's seconds, per row: the tokens it emits
+beyond those plain decoding would in the same time (0 for γ = 0), which sums over a stream to the aggregate
+throughput's gain (a mean of per-step tokens/s over-weights short steps: trained on it, a policy drafted at
+concurrency 16 where that loses to plain decoding); ``"rate"`` — :func:`envs.reward.cycle_reward` of the step's
+aggregate tokens/s over ``reward_scale`` (Learning to Draft's per-cycle reward). The prefills of joining requests are
+charged to the stream's clock and report but not to the step's reward: no action changes them. The default
+``reward_scale`` is the traces' plain-decoding rate at concurrency 1 (the replay's autoregressive rate).
 
 Rewards are deterministic for a seed (Poisson arrivals and T > 0 acceptances come from the seeded simulator), so the
 environment is registered as deterministic and passes gymnasium's ``check_env``.
@@ -52,7 +55,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from envs.reward import check_reward_scale, cycle_reward
+from envs.reward import check_reward_scale, cycle_reward, gain_reward
 from learn2draft.features import SERVE_FEATURE_NAMES, build_serve_features
 from learn2draft.replay.latency import LatencyProfile, load_profile
 from learn2draft.replay.serve import Load, NoSpeculation, ServeSimulator, as_load, simulate
@@ -104,7 +107,10 @@ class ServeReplayEnv(gym.Env):
             row can run (``python -m eval.profile --batch-sizes 1,2,4,8,16``).
         loads: the loads an episode is drawn from (uniformly at reset): concurrencies (ints) or
             :class:`learn2draft.replay.serve.Load` s; default 1, 2, 4, 8 up to the profile's largest batch size.
-        num_requests: requests per episode (≥ 1).
+        num_requests: requests per episode (≥ 1); with ``balance``, × the concurrency of a closed-loop load.
+        balance: give a closed-loop load of concurrency c a stream of ``num_requests`` × c requests, so that every load
+            contributes about as many batch steps (decisions) to training: with equal streams, a stream at c = 16
+            takes 1/16 of the steps of one at c = 1 and its decisions were seen too rarely to be learnt.
         max_depth, max_new_tokens: as the simulator's (default: the traces').
         max_batch: the simulator's largest batch (default: the largest concurrency of ``loads``, or the profile's
             largest batch size when a load is Poisson).
@@ -112,6 +118,8 @@ class ServeReplayEnv(gym.Env):
             concurrency 1.
         charge_prefill, batch_context: as :class:`ServeSimulator`.
         episode: ``"step"`` or ``"stream"`` (see the module docstring).
+        reward: ``"gain"`` (default, :func:`envs.reward.gain_reward`: the step's tokens beyond plain decoding's in
+            the same seconds, per row) or ``"rate"`` (:func:`envs.reward.cycle_reward` of the step's tokens/s).
 
     Raises:
         ValueError: as :class:`ServeSimulator` (a profile without the batch axis names its file and the flag to
@@ -123,8 +131,12 @@ class ServeReplayEnv(gym.Env):
     def __init__(self, traces: TraceSet | str | Path | Sequence[str | Path], profile: LatencyProfile | str | Path,
                  loads: Sequence | None = None, num_requests: int = 16, max_depth: int | None = None,
                  max_new_tokens: int | None = None, max_batch: int | None = None, reward_scale: float | None = None,
-                 charge_prefill: bool = True, batch_context: str = "max", episode: str = "step"):
+                 charge_prefill: bool = True, batch_context: str = "max", episode: str = "step",
+                 reward: str = "gain", balance: bool = False):
         super().__init__()
+        if reward not in ("gain", "rate"):
+            raise ValueError(f"reward must be 'gain' or 'rate', got {reward!r}.")
+        self.reward = reward
         if episode not in SERVE_EPISODE_MODES:
             raise ValueError(f"episode must be one of {SERVE_EPISODE_MODES}, got {episode!r}.")
         self.episode = episode
@@ -144,7 +156,9 @@ class ServeReplayEnv(gym.Env):
                     "charge_prefill": charge_prefill, "batch_context": batch_context}
         self.num_requests = num_requests
         # One simulator per load, built (and checked) now; each reset restarts one with a new seed.
-        self._sims = [ServeSimulator(self.traces, self.profile, x, num_requests, **self._kw) for x in self.loads]
+        self._sims = [ServeSimulator(self.traces, self.profile, x,
+                                     num_requests * ((x.concurrency or 1) if balance else 1), **self._kw)
+                      for x in self.loads]
         sim = self._sims[0]
         self.max_depth, self.max_new_tokens, self.max_batch = sim.max_depth, sim.max_new_tokens, sim.max_batch
         self.drafter = sim.drafter
@@ -220,8 +234,11 @@ class ServeReplayEnv(gym.Env):
             raise ValueError(f"Invalid action {action!r}: the γ of this step, an integer in 0..{self.max_depth}.")
         if self._needs_reset:
             raise RuntimeError("The episode has ended (or never started): call reset() first.")
+        load, rows = self.sim.observe()
+        plain = float(sum(self.sim.step_seconds(load.running, 0, self.sim.batch_context_of(rows.context))))
         res = self.sim.step(int(action))
-        reward = cycle_reward(res.tokens_per_second, self.reward_scale)
+        reward = (gain_reward(res.tokens, res.seconds, plain, res.batch) if self.reward == "gain"
+                  else cycle_reward(res.tokens_per_second, self.reward_scale))
         finished = self.sim.finished
         terminated = finished or self.episode == "step"
         self._needs_reset = terminated
@@ -259,5 +276,29 @@ def run_stream(env: ServeReplayEnv, act, seed: int = 0, load_index: int | None =
             obs, _ = env.reset()
 
 
-__all__ = ["SERVE_ENV_ID", "SERVE_EPISODE_MODES", "SERVE_FEATURE_NAMES", "ReplayServePolicy", "ServeReplayEnv",
+def batch_gammas(env: ServeReplayEnv, act, seed: int = 0) -> dict[int, int]:
+    """The γ ``act`` chooses most often at each closed-loop concurrency c of ``env``'s loads, over the steps of a
+    stream at c that run c rows (ties: the smaller γ): what a per-batch-size schedule keeps of a load-aware policy
+    (:func:`policies.vllm.vllm_schedule`)."""
+    out = {}
+    for k, load in enumerate(env.loads):
+        if load.concurrency is None:
+            continue
+        c = int(load.concurrency)
+        counts = np.zeros(env.max_depth + 1, dtype=np.int64)
+        obs, _ = env.reset(seed=seed, options={"load_index": k})
+        while True:
+            a = int(act(obs))
+            obs, _, _, _, info = env.step(a)
+            if info["batch"] == c:
+                counts[a] += 1
+            if info["stream_finished"]:
+                break
+            if env.episode == "step":
+                obs, _ = env.reset()
+        out[c] = int(np.argmax(counts)) if counts.any() else 0
+    return out
+
+
+__all__ = ["SERVE_ENV_ID", "batch_gammas", "SERVE_EPISODE_MODES", "SERVE_FEATURE_NAMES", "ReplayServePolicy", "ServeReplayEnv",
            "run_stream"]

@@ -32,6 +32,8 @@ CHECK_FILE = "export_check.json"
 PARITY_FILE = "parity.json"
 #: A load-aware export's latency profile (with the batch axis): the costs it prices each step with.
 SERVE_PROFILE_FILE = "profile.json"
+#: A load-aware export's per-batch-size schedule for vLLM (``speculative_config`` entries, :mod:`policies.vllm`).
+VLLM_SCHEDULE_FILE = "vllm_schedule.json"
 #: The files every export holds (``export_check.json`` aside: not needed to run or check it).
 EXPORT_FILES = (ONNX_FILE, FEATURE_SPEC_FILE, POLICY_CONFIG_FILE, PARITY_FILE)
 #: A training run's ``config.json`` (beside its export folder).
@@ -174,7 +176,8 @@ def default_tree_policy_dir(drafter: str = "head") -> Path:
 
 
 __all__ = ["CHECK_FILE", "DEFAULT_POLICIES_DIR", "DEFAULT_TREE_SUFFIX", "DEPTH_DIR", "EXPORT_FILES", "FEATURE_SPEC_FILE",
-           "ONNX_FILE", "PARITY_FILE", "POLICY_CONFIG_FILE", "RUN_CONFIG_FILE", "SERVE_PROFILE_FILE", "SIZE_DIR", "TREE_FILE",
+           "ONNX_FILE", "PARITY_FILE", "POLICY_CONFIG_FILE", "RUN_CONFIG_FILE", "SERVE_PROFILE_FILE", "SIZE_DIR",
+           "VLLM_SCHEDULE_FILE", "TREE_FILE",
            "TREE_FORMAT",
            "config_problems", "default_policy_dir", "default_tree_policy_dir", "export_drafter", "read_json",
            "resolve_export_dir", "tree_root"]

@@ -23,6 +23,12 @@ with the exported ONNX graph run by onnxruntime on the same features, and the ad
 through the protocol by :class:`ProtocolController` in this project's own decoding loop. Untested:
 vLLM's proposer calling it (import path, ``step`` semantics of the merged version, CUDA graphs).
 
+A load-aware policy (``python -m train --serve-loads``) maps onto vLLM's per-batch-size schedule
+(``speculative_config["num_speculative_tokens_per_batch_size"]``, PR #32374): the γ it chooses most often at each
+batch size in replay becomes the schedule (:func:`vllm_schedule`, written by the run as
+``policy/vllm_schedule.json``), read by vLLM as :func:`vllm_scheduled_k` emulates. What the schedule cannot carry is
+the policy's reaction to anything but the batch size (contexts, drafted matches, queue).
+
 Example (inside vLLM's proposer, where it builds its policy)::
 
     from policies.vllm import LearnedDraftLengthPolicy
@@ -232,4 +238,52 @@ class ProtocolController(DraftController):
         return f"ProtocolController({self.policy!r})"
 
 
-__all__ = ["LearnedDraftLengthPolicy", "ProtocolController", "load_mlp"]
+# ------------------------------------------------------------------ a load-aware policy as vLLM's per-batch-size schedule
+def vllm_scheduled_k(schedule, batch_size: int, num_speculative_tokens: int) -> int:
+    """The K vLLM speculates at ``batch_size`` under ``num_speculative_tokens_per_batch_size`` = ``schedule``, as the
+    merged PR #32374 documents it: range keys ``"start-end"`` (or ``"bs"``) are inclusive; a batch size in no range
+    inherits the K of the closest range below it (past the last range: the last K); the scheduled K is clamped to
+    ``min(num_speculative_tokens, K)``. Below every range (which the PR leaves unsaid, and which
+    :func:`vllm_schedule` never writes) this returns ``num_speculative_tokens``.
+
+    Args:
+        schedule: ``{"start-end": K, …}`` (JSON's form) or vLLM's list form ``[[start, end, K], …]``.
+
+    Raises:
+        ValueError: a malformed key or K (the message names it).
+    """
+    rows = []
+    items = schedule.items() if isinstance(schedule, dict) else ((f"{a}-{b}", k) for a, b, k in schedule)
+    for key, k in items:
+        parts = str(key).split("-")
+        try:
+            lo, hi, k = int(parts[0]), int(parts[-1]), int(k)
+        except ValueError:
+            raise ValueError(f"num_speculative_tokens_per_batch_size key {key!r}: expected 'start-end' or 'bs' with an "
+                             f"integer K, got K={k!r}.") from None
+        if len(parts) > 2 or lo < 1 or hi < lo or k < 0:
+            raise ValueError(f"num_speculative_tokens_per_batch_size entry {key!r}: {k!r} is not a range 1 ≤ start ≤ "
+                             "end with K ≥ 0.")
+        rows.append((lo, hi, k))
+    below = [k for lo, _, k in sorted(rows) if lo <= batch_size]
+    return min(int(num_speculative_tokens), below[-1]) if below else int(num_speculative_tokens)
+
+
+def vllm_schedule(gammas_by_batch: dict[int, int]) -> dict[str, int]:
+    """``num_speculative_tokens_per_batch_size`` (vLLM's JSON form, ``{"start-end": K}``) from a γ per measured batch
+    size: level b_i covers b_{i−1}+1 … b_i (the first from 1; larger batches inherit the last, as vLLM does).
+
+    Raises:
+        ValueError: no batch size, or one below 1.
+    """
+    sizes = sorted(int(b) for b in gammas_by_batch)
+    if not sizes or sizes[0] < 1:
+        raise ValueError(f"gammas_by_batch needs batch sizes ≥ 1, got {sizes}.")
+    out, prev = {}, 0
+    for b in sizes:
+        out[f"{prev + 1}-{b}"] = int(gammas_by_batch[b])
+        prev = b
+    return out
+
+
+__all__ = ["LearnedDraftLengthPolicy", "ProtocolController", "load_mlp", "vllm_schedule", "vllm_scheduled_k"]

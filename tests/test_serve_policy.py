@@ -105,3 +105,35 @@ def test_serve_loads_bad_input_is_refused_before_work():
                            "--serve-requests")):
         with pytest.raises(ValueError, match=match):
             TrainConfig(**kwargs).validate()
+
+
+def test_vllms_schedule_semantics_as_documented():
+    """PR #32374's example: inclusive ranges, gaps inherit the previous K, past the last range the last K, clamped to
+    num_speculative_tokens."""
+    from policies.vllm import vllm_schedule, vllm_scheduled_k
+
+    doc = {"1-16": 3, "64-128": 2, "256-4096": 0}
+    got = {b: vllm_scheduled_k(doc, b, 3) for b in (1, 16, 17, 63, 64, 128, 200, 256, 5000)}
+    assert got == {1: 3, 16: 3, 17: 3, 63: 3, 64: 2, 128: 2, 200: 2, 256: 0, 5000: 0}
+    assert vllm_scheduled_k({"1-8": 6}, 4, num_speculative_tokens=4) == 4  # clamped to the start-up maximum
+    assert vllm_scheduled_k([[1, 4, 2], [5, 8, 0]], 6, 8) == 0  # vLLM's list form too
+    assert vllm_schedule({1: 6, 4: 3, 16: 0}) == {"1-1": 6, "2-4": 3, "5-16": 0}
+    with pytest.raises(ValueError, match="not a range"):
+        vllm_scheduled_k({"4-2": 1}, 3, 4)
+
+
+def test_the_run_exports_a_vllm_schedule_that_vllm_reads_back_as_the_policys_gammas(serve_run):
+    from envs.serve import ServeReplayEnv, batch_gammas
+    from policies.load import load_serve_policy
+    from policies.vllm import vllm_scheduled_k
+
+    root, m = serve_run
+    sched = json.loads((root / "run" / "policy" / "vllm_schedule.json").read_text())
+    assert sched["num_speculative_tokens"] == D and m["evaluation"]["vllm_schedule"] == sched[
+        "num_speculative_tokens_per_batch_size"]
+    graph = load_serve_policy(root / "run").graph
+    env = ServeReplayEnv(str(root / "t.npz"), str(root / "p.json"), loads=[1, 4], num_requests=6, max_depth=D,
+                         balance=True)
+    gammas = batch_gammas(env, lambda o: int(graph.actions(o)[0]))
+    per_b = {b: vllm_scheduled_k(sched["num_speculative_tokens_per_batch_size"], b, D) for b in range(1, 9)}
+    assert per_b[1] == gammas[1] and all(per_b[b] == gammas[4] for b in range(2, 9))

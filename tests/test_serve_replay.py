@@ -337,7 +337,7 @@ def test_check_env_passes_and_the_env_is_registered(episode):
 
 def test_env_rewards_are_the_steps_aggregate_rate_over_the_plain_decoding_scale():
     tr, prof = synthetic_traces(), batched_profile()
-    env = ServeReplayEnv(tr, prof, loads=[4], num_requests=8)
+    env = ServeReplayEnv(tr, prof, loads=[4], num_requests=8, reward="rate")
     with pytest.raises(ValueError, match="episode must be"):
         ServeReplayEnv(tr, prof, loads=[4], episode="generation")
     ar = simulate(tr, prof, NoSpeculation(), Load(concurrency=1), len(tr.prompts), charge_prefill=False)
@@ -349,6 +349,22 @@ def test_env_rewards_are_the_steps_aggregate_rate_over_the_plain_decoding_scale(
     assert r == pytest.approx(4 / (prof.verify_batched(4, 1, info_ctx(env)) + 5e-4) / env.reward_scale, rel=1e-9)
     with pytest.raises(ValueError, match="Invalid action"):
         env.step(D + 1)
+    with pytest.raises(ValueError, match="reward must be"):
+        ServeReplayEnv(tr, prof, loads=[4], reward="tokens")
+
+
+def test_the_gain_reward_is_tokens_beyond_plain_decoding_in_the_same_time():
+    """Plain decoding scores 0; a step scores its tokens minus those plain decoding emits in its seconds, per row."""
+    tr, prof = synthetic_traces(accept=0.9), batched_profile()
+    env = ServeReplayEnv(tr, prof, loads=[4], num_requests=8)  # reward="gain", the default
+    env.reset(seed=1)
+    _, r0, _, _, info0 = env.step(0)
+    assert r0 == pytest.approx(0.0, abs=1e-12)
+    env.reset()  # "step" episodes: the same stream goes on
+    _, r, _, _, info = env.step(3)
+    plain = info0["seconds"]  # the same batch and (nearly the same) context without drafting
+    expected = (info["tokens"] - info["batch"] * info["seconds"] / plain) / info["batch"]
+    assert r == pytest.approx(expected, rel=1e-2) and r > 0  # high acceptance: speculation gains tokens
 
 
 def info_ctx(env) -> float:

@@ -54,7 +54,7 @@ from learn2draft.features import (
 from learn2draft.models import ModelPair
 from learn2draft.names import HELDOUT_SEED_OFFSET, HYBRID_DRAFTERS
 from policies.export import export_policy
-from policies.layout import SERVE_PROFILE_FILE
+from policies.layout import SERVE_PROFILE_FILE, VLLM_SCHEDULE_FILE
 from policies.load import load_policy
 from train import callbacks, phases
 from train.callbacks import CycleStatsCallback, SignalStop
@@ -140,7 +140,8 @@ def apply_replay_settings(cfg: TrainConfig, given: Collection[str] | None = None
         from train.config import serve_loads
 
         return ServeReplayEnv(traces, profiles[0], loads=serve_loads(cfg.serve_loads), num_requests=cfg.serve_requests,
-                              max_depth=cfg.max_depth, max_new_tokens=cfg.max_new_tokens, episode="step")
+                              max_depth=cfg.max_depth, max_new_tokens=cfg.max_new_tokens, episode="step",
+                              balance=True)
     if hybrid:
         return HybridReplayEnv((look, neural), profiles[0], max_new_tokens=cfg.max_new_tokens, max_depth=cfg.max_depth,
                                episode=cfg.episode)
@@ -229,16 +230,28 @@ def _serve_evaluation(env, policy_dir: Path) -> dict:
     """The final check of a load-aware run in replay (in-sample): the learned policy against no speculation, the best
     fixed γ, the grid-tuned per-batch-size table and vLLM's adaptive verification at every training load
     (:func:`learn2draft.replay.serve.compare_baselines`, the same requests and seeds)."""
+    import json
+
+    from envs.serve import batch_gammas
     from learn2draft.replay.serve import compare_baselines
     from policies.load import load_serve_policy
+    from policies.vllm import vllm_schedule
 
     graph = load_serve_policy(policy_dir).graph
-    learned = env.policy(lambda obs: int(graph.actions(obs)[0]))
+    act = lambda obs: int(graph.actions(obs)[0])  # noqa: E731
+    learned = env.policy(act)
+    # the export to vLLM: the γ the policy picks most at each batch size, as num_speculative_tokens_per_batch_size
+    gammas = batch_gammas(env, act)
+    schedule = {"num_speculative_tokens": int(env.max_depth), "num_speculative_tokens_per_batch_size":
+                vllm_schedule(gammas), "derived_from": f"the policy's most frequent γ at each concurrency in replay "
+                                                       f"(profile {env.profile.name})"}
+    (policy_dir / VLLM_SCHEDULE_FILE).write_text(json.dumps(schedule, indent=2))
     res = compare_baselines(env.traces, env.profile, env.loads, env.num_requests, max_depth=env.max_depth,
                             max_new_tokens=env.max_new_tokens, policies={"learned": learned})
     rates = {name: [r["tokens_per_s"] for r in reps] for name, reps in res["methods"].items()}
     return {"source": f"serve replay of the training traces (in-sample) with profile {env.profile.name}",
-            "loads": res["loads"], "tokens_per_s": rates, "best_gamma": res["best_gamma"], "table": res["table"]}
+            "loads": res["loads"], "tokens_per_s": rates, "best_gamma": res["best_gamma"], "table": res["table"],
+            "vllm_schedule": schedule["num_speculative_tokens_per_batch_size"]}
 
 
 # --------------------------------------------------------------------------- the chain run, phase by phase
