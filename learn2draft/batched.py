@@ -62,6 +62,9 @@ class _Row(SpeculativeDecoder):
     """One request of a batch: :class:`SpeculativeDecoder`'s per-row state and cycle, with the target's cache kept by
     the batch after the prefill. Rolling back records the row's valid prefix instead of cropping a cache."""
 
+    def _next_features(self) -> None:
+        return None  # a batch row's controller builds its own observation when it decides (no env reads it here)
+
     def _rollback(self, plan: Any, committed_before: int, accepted: int) -> None:
         valid = committed_before + accepted
         self.target_len = min(self.target_len, valid)  # the batch masks the row's slots at positions ≥ this

@@ -521,11 +521,15 @@ class SpeculativeDecoder:
         draft_s, other_s = self._cycle_draft, self._cycle_other
         timing = {"draft": draft_s, "select_mask": t1 - t0, "forward": t2 - t1, "sample": t3 - t2, "gather": t4 - t3}
         self._begin_cycle()
-        feats = self.features()
+        feats = self._next_features()
         other_s += (t1 - t0) + (t4 - t2) + (self.clock.now() - t4)
         timing["cycle"] = draft_s + (t2 - t1) + other_s
         self._record_timing(timing)
         return CycleResult(emitted, depth, verified, tau, draft_s, t2 - t1, other_s, self.finished, feats, neural)
+
+    def _next_features(self) -> np.ndarray | None:
+        """The next decision's observation for the :class:`CycleResult` (the environments read it)."""
+        return self.features()
 
     def _draft_q(self, p: torch.Tensor) -> torch.Tensor:
         """float (γ, V): the draft distributions, with a point mass for deterministic proposals."""
