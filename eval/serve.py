@@ -489,11 +489,6 @@ def _run(args) -> int:
         _ratios(res)
         report["levels"].append({"kind": kind, "value": value, "order": [m if m == HF else m.name for m in order],
                                  "methods": {n: res[n] for n in [m if m == HF else m.name for m in rows]}})
-    if args.sim_traces:
-        prof = prof if av is not None else batched_costs(pair, args, s, sampling, head, int(np.median(
-            [int(p.numel()) for p in held])) + args.max_new_tokens // 2, sorted({1, *s.levels, s.max_batch}))
-        report["sim_vs_real"] = sim_vs_real(report, args.sim_traces, prof, s, args, policy,
-                                            calib.get("table"), calib.get("best_fixed_gamma"))
     if "nospec" in s.methods and "hf" in s.methods:  # the goal's own setting: the same 8 prompts in one batch
         report["same_batch"] = same_batch(nospec, pair, sampling, held, args, common)
     if av is not None:
@@ -505,6 +500,11 @@ def _run(args) -> int:
                        "table": TABLE if "table" in s.methods else None,
                        "adaptive": ADAPTIVE if av is not None else None,
                        "learned": LEARNED if policy is not None else None, "hf": HF if "hf" in s.methods else None}
+    if args.sim_traces:
+        prof = prof if av is not None else batched_costs(pair, args, s, sampling, head, int(np.median(
+            [int(p.numel()) for p in held])) + args.max_new_tokens // 2, sorted({1, *s.levels, s.max_batch}))
+        report["sim_vs_real"] = sim_vs_real(report, args.sim_traces, prof, s, args, policy,
+                                            calib.get("table"), calib.get("best_fixed_gamma"))
     report["verdicts"] = serve_verdicts(report)
     finish_header(header)
     md = [*header_lines(header), *_markdown(report)]

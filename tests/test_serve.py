@@ -27,11 +27,19 @@ def _tiny(tiny_model_dirs, tmp_path, *extra):
 
 
 def test_serve_runs_end_to_end_with_consistent_numbers(tiny_model_dirs, tmp_path):
+    from test_serve_replay import synthetic_traces
+
     out = tmp_path / "serve"
+    tr = synthetic_traces(drafter="lookup")  # any chain traces run the sim-vs-real path (their numbers are not the run's)
+    tr.header.update(format="learn2draft-trace", format_version=1, structure="chain", feature_version=2,
+                     sampling={"temperature": 0.0, "top_k": 0, "top_p": 1.0})
+    traces = tr.save(tmp_path / "sim.npz")
     argv = _tiny(tiny_model_dirs, tmp_path, "--concurrency", "1,2", "--calibration-concurrency", "2",
-                 "--arrival-rates", "50", "--out", str(out))
+                 "--arrival-rates", "50", "--sim-traces", str(traces), "--out", str(out))
     assert serve_main(argv) == 0
     rep = json.loads((out / "serve.json").read_text())
+    assert list(rep["sim_vs_real"]) == ["concurrency 1", "concurrency 2"]
+    assert "replay against the measurement" in (out / "serve.md").read_text()
     assert [(lv["kind"], lv["value"]) for lv in rep["levels"]] == [("concurrency", 1), ("concurrency", 2),
                                                                    ("arrival_rate", 50.0)]
     cal = rep["calibration"]

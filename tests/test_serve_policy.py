@@ -137,3 +137,21 @@ def test_the_run_exports_a_vllm_schedule_that_vllm_reads_back_as_the_policys_gam
     gammas = batch_gammas(env, lambda o: int(graph.actions(o)[0]))
     per_b = {b: vllm_scheduled_k(sched["num_speculative_tokens_per_batch_size"], b, D) for b in range(1, 9)}
     assert per_b[1] == gammas[1] and all(per_b[b] == gammas[4] for b in range(2, 9))
+
+
+def test_eval_serve_runs_a_load_aware_policy_and_replays_it(serve_run, tiny_model_dirs, tmp_path):
+    from eval.serve import main as serve_main
+
+    root, _ = serve_run
+    prompts = tmp_path / "p.json"
+    prompts.write_text(json.dumps(["a b c a b c a b", "d e d e d e", "f g h f g h"]))
+    out = tmp_path / "serve"
+    argv = ["--target", tiny_model_dirs[0], "--draft", tiny_model_dirs[1], "--prompts", str(prompts), "--device", "cpu",
+            "--dtype", "float32", "--max-new-tokens", "6", "--num-requests", "3", "--num-train-requests", "2",
+            "--gammas", "1,2", "--methods", "nospec,fixed", "--concurrency", "1,2", "--calibration-concurrency", "1",
+            "--arrival-rates", "", "--max-depth", str(D), "--policy", str(root / "run"),
+            "--sim-traces", str(root / "t.npz"), "--out", str(out)]
+    assert serve_main(argv) == 0
+    rep = json.loads((out / "serve.json").read_text())
+    assert all("learned policy" in lv["methods"] for lv in rep["levels"])
+    assert "learned policy" in rep["sim_vs_real"]["concurrency 2"]
