@@ -35,7 +35,6 @@ cost ratio. Ratios are measured side by side in one process (never asserted in t
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -412,13 +411,10 @@ def _hybrid_methods(args, pair, sampling, best: dict[str, int], policy, head) ->
 
 
 def _write_report(report: dict, md: list[str], out: Path) -> None:
-    """Write the report: benchmark.md, benchmark.json and benchmark.png, and print it."""
-    text = "\n".join(md)
-    (out / "benchmark.md").write_text(text + "\n")
-    (out / "benchmark.json").write_text(json.dumps(report, indent=2))
-    plot_benchmark(report, out / "benchmark.png")
-    print("\n" + text)
-    print(f"Wrote {out / 'benchmark.md'}, {out / 'benchmark.json'} and {out / 'benchmark.png'}.")
+    """Write the report (benchmark.md, benchmark.json, benchmark.png) and print it (:func:`eval.header.write_report`)."""
+    from eval.header import write_report
+
+    write_report(out, "benchmark", report, md, plot_benchmark)
 
 
 def plot_benchmark(report: dict, path: Path) -> None:

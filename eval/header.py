@@ -173,3 +173,18 @@ def sampling_text(s) -> str:
     if s.get("temperature") == 0:
         return "greedy (temperature 0)"
     return ", ".join(f"{k}={v}" for k, v in s.items())
+
+
+def write_report(out, name: str, report: dict, md: list[str], plot) -> None:
+    """Write a report into ``out``: ``NAME.md`` (``md`` joined), ``NAME.json`` (``report``) and ``NAME.png``
+    (``plot(report, path)``), print the markdown and where the files went (``eval.benchmark``, ``eval.serve``)."""
+    import json
+    from pathlib import Path
+
+    out = Path(out)
+    text = "\n".join(md)
+    (out / f"{name}.md").write_text(text + "\n")
+    (out / f"{name}.json").write_text(json.dumps(report, indent=2))
+    plot(report, out / f"{name}.png")
+    print("\n" + text)
+    print(f"Wrote {out / f'{name}.md'}, {out / f'{name}.json'} and {out / f'{name}.png'}.")

@@ -47,7 +47,6 @@ The full sweep (about 25 minutes on 2 CPU cores in bfloat16, alone on the machin
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -773,12 +772,10 @@ def plot_serve(report: dict, path: Path) -> None:
 
 
 def _write(report: dict, md: list[str], out: Path) -> None:
-    text = "\n".join(md)
-    (out / "serve.md").write_text(text + "\n")
-    (out / "serve.json").write_text(json.dumps(report, indent=2))
-    plot_serve(report, out / "serve.png")
-    print("\n" + text)
-    print(f"Wrote {out / 'serve.md'}, {out / 'serve.json'} and {out / 'serve.png'}.")
+    """Write the report (serve.md, serve.json, serve.png) and print it (:func:`eval.header.write_report`)."""
+    from eval.header import write_report
+
+    write_report(out, "serve", report, md, plot_serve)
 
 
 if __name__ == "__main__":

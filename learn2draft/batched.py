@@ -44,7 +44,7 @@ import torch
 from transformers import DynamicCache
 
 from learn2draft.control import DraftController, check_depth_feature_scale
-from learn2draft.decoding import CycleResult, SpeculativeDecoder
+from learn2draft.decoding import CycleResult, SpeculativeDecoder, check_decoder_settings
 from learn2draft.drafters import make_drafter
 from learn2draft.drafters.base import Drafter
 from learn2draft.models import ModelPair
@@ -166,10 +166,7 @@ class BatchedSpeculativeDecoder:
                  max_depth: int = DECODER_MAX_DEPTH, max_batch: int = 64, head: str | None = None):
         if not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be an integer ≥ 1, got {max_batch!r}.")
-        if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
-            raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}.")
-        if max_depth < 0:
-            raise ValueError(f"max_depth must be ≥ 0, got {max_depth}.")
+        check_decoder_settings(max_new_tokens, max_depth)
         self.pair = pair
         self.sampling = sampling or SamplingConfig()
         self.max_new_tokens = max_new_tokens

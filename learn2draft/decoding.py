@@ -169,6 +169,18 @@ class GenerationResult:
         return (self.wall_seconds - self.ttft_seconds) / (n - 1) if n > 1 else 0.0
 
 
+def check_decoder_settings(max_new_tokens: int, max_depth: int) -> None:
+    """The checks every decoder makes of its settings.
+
+    Raises:
+        ValueError: ``max_new_tokens`` is not a positive integer, or ``max_depth`` < 0.
+    """
+    if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}.")
+    if max_depth < 0:
+        raise ValueError(f"max_depth must be ≥ 0, got {max_depth}.")
+
+
 class SpeculativeDecoder:
     """Speculative decoding of one sequence (batch size 1): a target (from a :class:`ModelPair`)
     and a :class:`~learn2draft.drafters.Drafter`. This class is THE cycle: a chain here, a draft
@@ -206,10 +218,7 @@ class SpeculativeDecoder:
         sampler: Sampler = speculative_sample,
         drafter: Drafter | None = None,
     ):
-        if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
-            raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}.")
-        if max_depth < 0:
-            raise ValueError(f"max_depth must be ≥ 0, got {max_depth}.")
+        check_decoder_settings(max_new_tokens, max_depth)
         self.pair = pair
         self.sampling = sampling or SamplingConfig()
         self.max_new_tokens = max_new_tokens
