@@ -181,8 +181,17 @@ def check_args(args) -> Settings:
         raise ValueError(f"--calibration-concurrency {args.calibration_concurrency} is not one of --concurrency "
                          f"{args.concurrency}.")
     max_batch = max(levels) if args.max_batch is None else args.max_batch
-    if max_batch < 1:
-        raise ValueError(f"--max-batch must be ≥ 1, got {max_batch}.")
+    if max_batch < max(levels):
+        raise ValueError(f"--max-batch {max_batch} is below the largest --concurrency {max(levels)}: a closed loop of "
+                         "concurrency c needs c rows; raise --max-batch or drop the level.")
+    if args.sim_traces:
+        from learn2draft.replay.traces import load_traces
+
+        load_traces(args.sim_traces)  # a missing or damaged file fails now, not after the measurement
+    if args.profile:
+        from learn2draft.replay.latency import load_profile
+
+        load_profile(args.profile)
     max_depth = max(gammas) if args.max_depth is None else args.max_depth
     if max_depth < 1:
         raise ValueError(f"--max-depth must be ≥ 1, got {max_depth}.")
@@ -419,6 +428,7 @@ def _run(args) -> int:
     run = {"drafter": args.drafter, "policy": args.policy, "methods": s.methods, "concurrency": s.levels,
            "arrival_rates": s.rates, "max_batch": s.max_batch, "num_requests": args.num_requests,
            "max_new_tokens": args.max_new_tokens, "gammas": s.gammas, "max_depth": s.max_depth,
+           "learned_max_depth": getattr(policy, "max_depth", None) if policy is not None else None,
            "calibration_concurrency": args.calibration_concurrency, "seed": args.seed}
     report = {"header": header, "settings": run}
     common = dict(pair=pair, drafter=args.drafter, sampling=sampling, max_new_tokens=args.max_new_tokens, head=head)
@@ -698,7 +708,9 @@ def _markdown(report: dict) -> list[str]:
 
     st, cal = report["settings"], report["calibration"]
     md = [f"Drafter: {st['drafter']}; {st['num_requests']} requests per level, {st['max_new_tokens']} new tokens; "
-          f"methods interleaved per level (rotated order).", ""]
+          f"methods interleaved per level (rotated order); adaptive verification drafts up to {st['max_depth']}"
+          + (f", the learned policy up to its own max_depth {st['learned_max_depth']}"
+             if st.get("learned_max_depth") else "") + ".", ""]
     if "best_fixed_gamma" in cal:
         md += [f"Best single fixed γ (training prompts, concurrency {st['calibration_concurrency']}): "
                f"{cal['best_fixed_gamma']}; grid-tuned table (vLLM format): {cal['table']}.", ""]

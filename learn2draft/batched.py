@@ -560,7 +560,9 @@ def serve(decoder: BatchedSpeculativeDecoder, requests: Sequence[Request],
     """Run a request stream through ``decoder`` with continuous batching.
 
     With ``concurrency`` c (a closed loop, as a fixed-concurrency load generator): c requests run at once and a
-    finished request is replaced by the next one at once (arrivals ignored). Without it (an open loop, e.g. Poisson
+    finished request is replaced by the next one at once (arrivals ignored; every request's ``arrival`` is the
+    stream's start, so its TTFT and latency include the wait for a free row, as a client that sent them all at once
+    measures them; ``eval.serve.admissions`` gives when each was let in). Without it (an open loop, e.g. Poisson
     arrivals): a request joins at the first step boundary after its ``arrival`` (seconds after the start), up to the
     decoder's ``max_batch``; while nothing runs the loop waits (sleeps) for the next arrival.
 

@@ -139,6 +139,8 @@ def load_serve_policy(directory: str | Path, profile=None, intra_op_num_threads:
     from policies.controllers import LoadAwarePolicy
     from policies.layout import SERVE_PROFILE_FILE
 
+    if not Path(directory).is_dir():
+        raise FileNotFoundError(f"No policy directory {directory} (a load-aware export or its training run).")
     d = resolve_export_dir(directory)
     for name in (ONNX_FILE, FEATURE_SPEC_FILE, POLICY_CONFIG_FILE):
         if not (d / name).is_file():
@@ -159,6 +161,7 @@ def load_serve_policy(directory: str | Path, profile=None, intra_op_num_threads:
                                     "with (profile=... / --profile).")
         profile = d / SERVE_PROFILE_FILE
     prof = profile if isinstance(profile, LatencyProfile) else load_profile(profile)
+    prof.require_batch_axis(2)  # a profile without the batch axis cannot price a batched step
     serve = cfg.get("serve") or {}
     policy = LoadAwarePolicy(d / ONNX_FILE, int(cfg["max_depth"]), prof, serve.get("drafter") or cfg.get("drafter"),
                              int(spec["batch_scale"]), float(spec["context_scale"]),

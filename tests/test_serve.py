@@ -115,6 +115,10 @@ def test_serve_with_a_learned_policy(tiny_model_dirs, tmp_path):
     (["--num-requests", "0"], "--num-requests must be ≥ 1"),
     (["--policy", "no/such/dir"], "--policy no/such/dir: no such directory"),
     (["--temperature", "-1"], "temperature"),
+    (["--concurrency", "4", "--calibration-concurrency", "4", "--max-batch", "2"],
+     "--max-batch 2 is below the largest --concurrency 4"),
+    (["--sim-traces", "no/such.npz"], "No trace file"),
+    (["--profile", "no/such.json"], "no/such.json"),
 ])
 def test_bad_input_fails_before_any_model_loads(flags, words, tmp_path, monkeypatch, capsys):
     import learn2draft.models

@@ -155,3 +155,26 @@ def test_eval_serve_runs_a_load_aware_policy_and_replays_it(serve_run, tiny_mode
     rep = json.loads((out / "serve.json").read_text())
     assert all("learned policy" in lv["methods"] for lv in rep["levels"])
     assert "learned policy" in rep["sim_vs_real"]["concurrency 2"]
+
+
+def test_the_wandb_summary_of_a_serve_run_has_each_methods_rate_per_load(serve_run, monkeypatch):
+    from types import SimpleNamespace
+
+    import wandb
+
+    from train.chain import _log_summary
+    from train.config import TrainConfig
+
+    class Run:
+        def __init__(self):
+            self.summary, self.artifacts = {}, []
+
+        def log_artifact(self, art):
+            self.artifacts.append(art)
+
+    monkeypatch.setattr(wandb, "Artifact", lambda *a, **k: SimpleNamespace(add_dir=lambda d: None))
+    root, m = serve_run
+    run = Run()
+    _log_summary(run, m, root / "run", TrainConfig(serve_loads="1,4", replay="t.npz", profile="p.json"))
+    assert run.summary["eval/learned/c=4/tokens_per_s"] == m["evaluation"]["tokens_per_s"]["learned"][1]
+    assert run.artifacts and run.summary["timesteps"] == m["timesteps"]

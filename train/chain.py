@@ -226,26 +226,35 @@ def _serve_export(env) -> dict:
                       "profile": env.profile.name, "max_new_tokens": env.max_new_tokens}}
 
 
+def _write_vllm_schedule(env, policy_dir: Path) -> None:
+    """The export to vLLM (``policy/vllm_schedule.json``, written with every export, an interrupted run's too): the γ
+    the policy picks most at each concurrency in replay, as ``num_speculative_tokens_per_batch_size``."""
+    import json
+
+    from envs.serve import batch_gammas
+    from policies.load import load_serve_policy
+    from policies.vllm import vllm_schedule
+
+    graph = load_serve_policy(policy_dir).graph
+    gammas = batch_gammas(env, lambda obs: int(graph.actions(obs)[0]))
+    schedule = {"num_speculative_tokens": int(env.max_depth), "num_speculative_tokens_per_batch_size":
+                vllm_schedule(gammas), "derived_from": f"the policy's most frequent γ at each concurrency in replay "
+                                                       f"(profile {env.profile.name})"}
+    (policy_dir / VLLM_SCHEDULE_FILE).write_text(json.dumps(schedule, indent=2))
+
+
 def _serve_evaluation(env, policy_dir: Path) -> dict:
     """The final check of a load-aware run in replay (in-sample): the learned policy against no speculation, the best
     fixed γ, the grid-tuned per-batch-size table and vLLM's adaptive verification at every training load
     (:func:`learn2draft.replay.serve.compare_baselines`, the same requests and seeds)."""
     import json
 
-    from envs.serve import batch_gammas
     from learn2draft.replay.serve import compare_baselines
     from policies.load import load_serve_policy
-    from policies.vllm import vllm_schedule
 
     graph = load_serve_policy(policy_dir).graph
-    act = lambda obs: int(graph.actions(obs)[0])  # noqa: E731
-    learned = env.policy(act)
-    # the export to vLLM: the γ the policy picks most at each batch size, as num_speculative_tokens_per_batch_size
-    gammas = batch_gammas(env, act)
-    schedule = {"num_speculative_tokens": int(env.max_depth), "num_speculative_tokens_per_batch_size":
-                vllm_schedule(gammas), "derived_from": f"the policy's most frequent γ at each concurrency in replay "
-                                                       f"(profile {env.profile.name})"}
-    (policy_dir / VLLM_SCHEDULE_FILE).write_text(json.dumps(schedule, indent=2))
+    learned = env.policy(lambda obs: int(graph.actions(obs)[0]))
+    schedule = json.loads((policy_dir / VLLM_SCHEDULE_FILE).read_text())
     res = compare_baselines(env.traces, env.profile, env.loads, env.num_requests, max_depth=env.max_depth,
                             max_new_tokens=env.max_new_tokens, policies={"learned": learned})
     rates = {name: [r["tokens_per_s"] for r in reps] for name, reps in res["methods"].items()}
@@ -356,9 +365,15 @@ def _log_summary(wandb_run, metrics: dict, out: Path, cfg: TrainConfig) -> None:
     import wandb
 
     wandb_run.summary.update({k: v for k, v in metrics.items() if isinstance(v, (int, float))})
-    for name, row in (metrics["evaluation"] or {}).items():
-        if isinstance(row, dict):
-            wandb_run.summary[f"eval/{name}/tokens_per_s"] = row["tokens_per_s"]
+    ev = metrics["evaluation"] or {}
+    if cfg.serve_loads:  # a load-aware run: tokens/s per method and load
+        for name, rates in (ev.get("tokens_per_s") or {}).items():
+            for load, rate in zip(ev.get("loads", []), rates):
+                wandb_run.summary[f"eval/{name}/{load}/tokens_per_s"] = rate
+    else:
+        for name, row in ev.items():
+            if isinstance(row, dict) and isinstance(row.get("tokens_per_s"), (int, float)):
+                wandb_run.summary[f"eval/{name}/tokens_per_s"] = row["tokens_per_s"]
     art = wandb.Artifact(re.sub(r"[^A-Za-z0-9_.-]", "-", f"policy-{out.name}"), type="policy",
                          metadata={"max_depth": cfg.max_depth})
     art.add_dir(str(out / "policy"))
@@ -430,6 +445,7 @@ def train_chain(pair: ModelPair | None, cfg: TrainConfig, out: Path, saved: dict
                                observations=model.rollout_buffer.observations, seed=cfg.seed, serve=serve)
         if serve is not None:  # the policy prices its steps with the profile it learned on: it travels with it
             env.profile.save(out / "policy" / SERVE_PROFILE_FILE)
+            _write_vllm_schedule(env, out / "policy")
         evaluation = (_chain_check(pair, cfg, env, out / "policy", eval_prompts)
                       if cfg.eval_prompts and not interrupted else None)
         metrics = {
