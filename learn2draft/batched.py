@@ -220,16 +220,8 @@ class BatchedSpeculativeDecoder:
             raise RuntimeError(f"The batch is full ({self.max_batch} rows): step() until a request finishes.")
         check_depth_feature_scale(controller, self.max_depth)
         now = self.clock.now()
-        arrival = now if arrival is None else float(arrival)
-        row = _Row(self.pair, self.sampling, self.max_new_tokens, self.max_depth, seed=seed,
-                   drafter=self._make_drafter())
-        controller.reset()
-        row.start(prompt_ids, seed)
-        t = self.clock.now()
-        rid = self._next_id
-        self._next_id += 1
-        self._results[rid] = RequestResult(rid, row.ids[: row.prompt_len].tolist(), row.ids[row.prompt_len :].tolist(),
-                                           [], arrival, t, t, [t] * row.generated)
+        row = self._new_row(prompt_ids, controller, seed, prefill=True)
+        rid = self._record(row, now if arrival is None else float(arrival), self.clock.now())
         if row.finished:  # EOS first, or max_new_tokens = 1: never joins
             return rid
         self._absorb(row.target_cache, row.target_len)
@@ -266,13 +258,7 @@ class BatchedSpeculativeDecoder:
         for c in controllers:
             check_depth_feature_scale(c, self.max_depth)
         now = self.clock.now()
-        rows = []
-        for prompt, c, seed in zip(prompts, controllers, seeds):
-            row = _Row(self.pair, self.sampling, self.max_new_tokens, self.max_depth, seed=seed,
-                       drafter=self._make_drafter())
-            c.reset()
-            row.start(prompt, seed, prefill=False)
-            rows.append(row)
+        rows = [self._new_row(prompt, c, seed, prefill=False) for prompt, c, seed in zip(prompts, controllers, seeds)]
         dev = self.pair.device
         width = max(r.prompt_len for r in rows)
         ids = torch.zeros(n, width, dtype=torch.long, device=dev)
@@ -297,11 +283,7 @@ class BatchedSpeculativeDecoder:
             if need_hidden:
                 r.drafter.observe_target(out.hidden_states[-1][i, width - r.prompt_len :], 0)
             r._first_token(out.logits[i, -1:, : self.pair.vocab_size])
-            rid = self._next_id
-            self._next_id += 1
-            arrival = now if arrivals is None else float(arrivals[i])
-            self._results[rid] = RequestResult(rid, r.ids[: r.prompt_len].tolist(), r.ids[r.prompt_len :].tolist(),
-                                               [], arrival, t, t, [t] * r.generated)
+            rid = self._record(r, now if arrivals is None else float(arrivals[i]), t)
             rids.append(rid)
             if not r.finished:
                 joined.append(i)
@@ -317,6 +299,24 @@ class BatchedSpeculativeDecoder:
                 self.rows.append(rows[i])
                 self._ids.append(rids[i])
         return rids
+
+    def _new_row(self, prompt_ids: torch.Tensor, controller: DraftController, seed: int, prefill: bool) -> _Row:
+        """A new row with its own drafter, started on ``prompt_ids`` (its prefill forward run when ``prefill``); the
+        controller is reset."""
+        row = _Row(self.pair, self.sampling, self.max_new_tokens, self.max_depth, seed=seed,
+                   drafter=self._make_drafter())
+        controller.reset()
+        row.start(prompt_ids, seed, prefill=prefill)
+        return row
+
+    def _record(self, row: _Row, arrival: float, first_token: float) -> int:
+        """Open the :class:`RequestResult` of a prefilled row (its first token committed at ``first_token``); returns
+        its request id."""
+        rid = self._next_id
+        self._next_id += 1
+        self._results[rid] = RequestResult(rid, row.ids[: row.prompt_len].tolist(), row.ids[row.prompt_len :].tolist(),
+                                           [], arrival, first_token, first_token, [first_token] * row.generated)
+        return rid
 
     def result(self, request_id: int) -> RequestResult:
         """The request's result so far (complete once it is no longer :attr:`running`).
@@ -413,12 +413,11 @@ class BatchedSpeculativeDecoder:
 
     # -------------------------------------------------------------------- step
     @torch.inference_mode()
-    def _batched_forward(self, tokens: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    def _batched_forward(self, tokens: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Feed row i's ``tokens[i]`` (int64 (k_i,)) after its cached slots in one target forward.
 
         Returns:
-            logits float (B, k, V), the last hidden states (B, k, H) when a drafter reads them (else None), and
-            ``new_valid`` bool (B, k).
+            logits float (B, k, V) and the last hidden states (B, k, H) when a drafter reads them (else None).
         """
         dev = self.pair.device
         B, k = len(tokens), max(int(t.numel()) for t in tokens)
@@ -435,7 +434,7 @@ class BatchedSpeculativeDecoder:
         self.valid = torch.cat([self.valid, new_valid], dim=1)
         self.slot_pos = torch.cat([self.slot_pos, torch.where(new_valid, pos, torch.full_like(pos, -1))], dim=1)
         hidden = out.hidden_states[-1] if need_hidden else None
-        return out.logits[:, :, : self.pair.vocab_size], hidden, new_valid
+        return out.logits[:, :, : self.pair.vocab_size], hidden
 
     def load(self, waiting: int = 0) -> LoadState:
         """The :class:`learn2draft.state.LoadState` of the running rows (``waiting``: queued requests); every field is
@@ -489,7 +488,7 @@ class BatchedSpeculativeDecoder:
         plans = [row._prepare_verification(None) for row in self.rows]
         tokens = [row._verification_tokens(plan) for row, plan in zip(self.rows, plans)]
         t1 = self.clock.now()
-        logits, hidden, _ = self._batched_forward(tokens)
+        logits, hidden = self._batched_forward(tokens)
         t2 = self.clock.now()
         results: dict[int, CycleResult] = {}
         done = []
