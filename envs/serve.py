@@ -86,13 +86,9 @@ class ReplayServePolicy:
 
     def observation(self, load, rows) -> np.ndarray:
         """float32 (len(SERVE_FEATURE_NAMES),) for the simulator's ``load`` and ``rows`` before a step."""
-        ctx = float(rows.context.max() if self.batch_context == "max" else rows.context.mean())
-        B, D = load.running, self.max_depth
-        return build_serve_features(
-            load.waiting, rows.context, rows.last_tau, rows.last_depth, rows.avail, rows.left,
-            float(self.profile.verify_batched(B, 1, ctx)), float(self.profile.verify_batched(B, D + 1, ctx)),
-            float(self.profile.draft_step_batched(self.drafter, B, ctx)), D, self.max_new_tokens, self.batch_scale,
-            self.context_scale)
+        return build_serve_features(load.waiting, rows.context, rows.last_tau, rows.last_depth, rows.avail, rows.left,
+                                    self.profile, self.drafter, self.max_depth, self.max_new_tokens, self.batch_scale,
+                                    self.context_scale, self.batch_context)
 
     def __call__(self, load, rows) -> np.ndarray:
         return np.full(len(rows.context), int(self.act(self.observation(load, rows))), dtype=np.int64)

@@ -417,7 +417,7 @@ SERVE_FEATURE_VERSION = 1
 
 #: The observation of a load-aware policy: one decision per batched step (the γ every running row drafts), read
 #: before any row drafts. The same builder serves the replay env (:class:`envs.serve.ServeReplayEnv`) and the real
-#: batched loop (:class:`policies.batch.LoadAwareController`), so that a policy trained in replay sees the same numbers.
+#: batched loop (:class:`policies.controllers.LoadAwarePolicy`), so that a policy trained in replay sees the same numbers.
 SERVE_FEATURE_NAMES: tuple[str, ...] = (
     "running_fraction", "waiting_fraction", "tokens_in_flight", "mean_context", "max_context",
     "mean_last_tau", "mean_last_accept_fraction", "mean_draftable", "mean_tokens_left",
@@ -452,21 +452,31 @@ def serve_feature_spec(max_depth: int, batch_scale: int, context_scale: float) -
 
 def build_serve_features(waiting: int, context_lens: Sequence[int], last_taus: Sequence[int],
                          last_depths: Sequence[int], draftable: Sequence[int], tokens_left: Sequence[int],
-                         verify_one: float, verify_full: float, draft_step: float, max_depth: int, max_new_tokens: int,
-                         batch_scale: int, context_scale: float) -> np.ndarray:
-    """Assemble :data:`SERVE_FEATURE_NAMES` (every entry clipped to [0, 1]).
+                         profile, drafter: str, max_depth: int, max_new_tokens: int, batch_scale: int,
+                         context_scale: float, batch_context: str = "max") -> np.ndarray:
+    """Assemble :data:`SERVE_FEATURE_NAMES` (every entry clipped to [0, 1]); the one builder of the replay env and the
+    real batched loop.
 
     Args:
         waiting: queued requests; the per-row sequences (B ≥ 1 rows each): context lengths (tokens), the previous
             cycle's τ and depth (0 before the first), the tokens the drafter can propose now, the tokens left.
-        verify_one, verify_full: seconds of one batched verification of 1 and of ``max_depth`` + 1 tokens per row
-            at this batch size and context (> 0); draft_step: seconds of one draft step of all rows.
+        profile: the :class:`learn2draft.replay.latency.LatencyProfile` (with the batch axis) that prices the step:
+            one batched verification of 1 and of ``max_depth`` + 1 tokens per row and one draft step of all rows of
+            ``drafter``, at B rows and the rows' longest (``batch_context="max"``) or mean context.
         max_depth, max_new_tokens: the scales of depths and of tokens left (> 0); batch_scale, context_scale: of
             rows and of context lengths (> 0).
 
     Returns:
         float32 (len(SERVE_FEATURE_NAMES),).
+
+    Raises:
+        ValueError: the profile cannot price B rows (no batch axis, or B beyond it).
     """
+    B = len(context_lens)
+    c = float(max(context_lens) if batch_context == "max" else np.mean(context_lens))
+    verify_one = float(profile.verify_batched(B, 1, c))
+    verify_full = float(profile.verify_batched(B, int(max_depth) + 1, c))
+    draft_step = float(profile.draft_step_batched(drafter, B, c))
     ctx = np.asarray(context_lens, dtype=np.float64)
     tau, depth = np.asarray(last_taus, dtype=np.float64), np.asarray(last_depths, dtype=np.float64)
     D, mb, cs = max(int(max_depth), 1), float(batch_scale), float(context_scale)

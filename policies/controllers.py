@@ -280,13 +280,9 @@ class LoadAwarePolicy:
         """
         from learn2draft.features import build_serve_features
 
-        B, D = load.batch_size, self.max_depth
-        ctx = max(load.context_lens) if self.batch_context == "max" else float(np.mean(load.context_lens))
-        return build_serve_features(
-            load.waiting, load.context_lens, load.last_taus, load.last_depths, load.draftable, load.tokens_left,
-            float(self.profile.verify_batched(B, 1, ctx)), float(self.profile.verify_batched(B, D + 1, ctx)),
-            float(self.profile.draft_step_batched(self.drafter, B, ctx)), D, self.max_new_tokens, self.batch_scale,
-            self.context_scale)
+        return build_serve_features(load.waiting, load.context_lens, load.last_taus, load.last_depths, load.draftable,
+                                    load.tokens_left, self.profile, self.drafter, self.max_depth, self.max_new_tokens,
+                                    self.batch_scale, self.context_scale, self.batch_context)
 
     def gamma(self, load: Any) -> int:
         """The step's γ (0..max_depth), decided once per load state (every row of the step asks)."""
