@@ -165,9 +165,11 @@ class ServeReplayEnv(gym.Env):
         self.reward_scale = check_reward_scale(reward_scale)
         self.context_scale = float(max(p.prompt_len for p in self.traces.prompts) + self.max_new_tokens)
         self.batch_scale = max(self.profile.max_batch_size, self.max_batch)
+        self._observer = self.policy(lambda obs: 0)  # builds the observation (its act is never called)
         self.observation_space = spaces.Box(0.0, 1.0, shape=(len(SERVE_FEATURE_NAMES),), dtype=np.float32)
         self.action_space = spaces.Discrete(self.max_depth + 1)
         self.sim: ServeSimulator | None = None
+        self._observed: tuple | None = None  # ((simulator, step), (load, rows)): one observe() per simulated step
         self.load_index = 0
         self._needs_reset = True
 
@@ -182,8 +184,16 @@ class ServeReplayEnv(gym.Env):
         return [self.profile]
 
     # ------------------------------------------------------------------ observation
+    def _observe(self):
+        """The simulator's (load, rows) before its next step, read once per step (the observation and the gain
+        reward's plain-decoding cost both need them)."""
+        key = (id(self.sim), self.sim.steps)
+        if self._observed is None or self._observed[0] != key:
+            self._observed = (key, self.sim.observe())
+        return self._observed[1]
+
     def _obs(self) -> np.ndarray:
-        return self.policy(lambda obs: 0).observation(*self.sim.observe())
+        return self._observer.observation(*self._observe())
 
     def policy(self, act) -> ReplayServePolicy:
         """``act(observation) -> γ`` (e.g. an exported graph's argmax) as a simulator policy on this env's profile,
@@ -216,6 +226,7 @@ class ServeReplayEnv(gym.Env):
         self.load_index = int(k)
         self.sim = self._sims[self.load_index]
         self.sim.reset(seed=int(self.np_random.integers(2**31)))
+        self._observed = None  # a new stream: its step 0 is not the last one's
         self._needs_reset = False
         return self._obs(), {"load": self.loads[self.load_index].label, "load_index": self.load_index,
                              "new_stream": True}
@@ -230,7 +241,7 @@ class ServeReplayEnv(gym.Env):
             raise ValueError(f"Invalid action {action!r}: the γ of this step, an integer in 0..{self.max_depth}.")
         if self._needs_reset:
             raise RuntimeError("The episode has ended (or never started): call reset() first.")
-        load, rows = self.sim.observe()
+        load, rows = self._observe()
         plain = float(sum(self.sim.step_seconds(load.running, 0, self.sim.batch_context_of(rows.context))))
         res = self.sim.step(int(action))
         reward = (gain_reward(res.tokens, res.seconds, plain, res.batch) if self.reward == "gain"
