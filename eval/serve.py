@@ -113,7 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=int, default=None,
                    help="most rows at once under Poisson arrivals (default: the largest --concurrency)")
     p.add_argument("--num-requests", type=int, default=16,
-                   help="requests per level (the held-out prompts, cycled; the same prompts and seeds for every method)")
+                   help="requests per level, at least (the held-out prompts, cycled; the same prompts and seeds for "
+                        "every method)")
+    p.add_argument("--requests-per-slot", type=int, default=4,
+                   help="a closed loop of concurrency c serves max(--num-requests, this × c) requests, so that the "
+                        "batch stays full and refills (0: --num-requests at every level)")
     p.add_argument("--num-train-requests", type=int, default=8,
                    help="training-split requests per calibration run (at least c at concurrency c)")
     p.add_argument("--gammas", default="1,2,4,6", help="the fixed-γ grid (the table also tries γ = 0)")
@@ -172,6 +176,8 @@ def check_args(args) -> Settings:
     rates = parse_rates(args.arrival_rates)
     gammas = parse_ints(args.gammas, "--gammas", "γ")
     methods = parse_methods(args.methods, args.policy is not None)
+    if args.requests_per_slot < 0:
+        raise ValueError(f"--requests-per-slot must be ≥ 0, got {args.requests_per_slot}.")
     for flag, v in (("--num-requests", args.num_requests), ("--num-train-requests", args.num_train_requests),
                     ("--max-new-tokens", args.max_new_tokens), ("--refit-every", args.refit_every),
                     ("--cost-repeats", args.cost_repeats)):
@@ -427,6 +433,7 @@ def _run(args) -> int:
                         str(pair.device), held_records, args.prompts or held_split)
     run = {"drafter": args.drafter, "policy": args.policy, "methods": s.methods, "concurrency": s.levels,
            "arrival_rates": s.rates, "max_batch": s.max_batch, "num_requests": args.num_requests,
+           "requests_per_slot": args.requests_per_slot,
            "max_new_tokens": args.max_new_tokens, "gammas": s.gammas, "max_depth": s.max_depth,
            "learned_max_depth": getattr(policy, "max_depth", None) if policy is not None else None,
            "calibration_concurrency": args.calibration_concurrency, "seed": args.seed}
@@ -481,8 +488,9 @@ def _run(args) -> int:
     levels = [("concurrency", c) for c in s.levels] + [("arrival_rate", r) for r in s.rates]
     report["levels"] = []
     for li, (kind, value) in enumerate(levels):
-        arrivals = None if kind == "concurrency" else poisson_arrivals(value, args.num_requests, args.seed + 7919 * li)
-        reqs = make_requests(held, args.num_requests, args.seed, 0, arrivals)
+        n = level_requests(kind, value, args)
+        arrivals = None if kind == "concurrency" else poisson_arrivals(value, n, args.seed + 7919 * li)
+        reqs = make_requests(held, n, args.seed, 0, arrivals)
         rows = list(methods) + ([HF] if "hf" in s.methods and kind == "concurrency" else [])
         k = li % len(rows)
         order = rows[k:] + rows[:k]
@@ -496,7 +504,8 @@ def _run(args) -> int:
             name = m if m == HF else m.name
             stderr_line(f"eval.serve: {kind} {value}: {name}: {res[name]['aggregate_tokens_per_second']:.1f} tok/s")
         _ratios(res)
-        report["levels"].append({"kind": kind, "value": value, "order": [m if m == HF else m.name for m in order],
+        report["levels"].append({"kind": kind, "value": value, "num_requests": n,
+                                 "order": [m if m == HF else m.name for m in order],
                                  "methods": {n: res[n] for n in [m if m == HF else m.name for m in rows]}})
     if "nospec" in s.methods and "hf" in s.methods:  # the goal's own setting: the same 8 prompts in one batch
         report["same_batch"] = same_batch(nospec, pair, sampling, held, args, common)
@@ -519,6 +528,15 @@ def _run(args) -> int:
     md = [*header_lines(header), *_markdown(report)]
     _write(report, md, out)
     return 0
+
+
+def level_requests(kind: str, value, args) -> int:
+    """Requests measured at a level: :func:`learn2draft.replay.serve.requests_for` (at concurrency c, at least
+    ``--requests-per-slot`` × c; under Poisson arrivals ``--num-requests``)."""
+    from learn2draft.replay.serve import Load, requests_for
+
+    load = Load(concurrency=int(value)) if kind == "concurrency" else Load(rate=float(value))
+    return requests_for(load, args.num_requests, args.requests_per_slot)
 
 
 def sim_vs_real(report: dict, traces_path: str, profile, s, args, policy, table, best_gamma) -> dict:
@@ -553,7 +571,7 @@ def sim_vs_real(report: dict, traces_path: str, profile, s, args, policy, table,
         for name, pol in pols.items():
             if name is None or name not in lv["methods"]:
                 continue
-            sim = simulate(traces, profile, pol, Load(concurrency=c), args.num_requests, max_batch=c,
+            sim = simulate(traces, profile, pol, Load(concurrency=c), level_requests("concurrency", c, args), max_batch=c,
                            max_depth=s.max_depth, max_new_tokens=args.max_new_tokens)["tokens_per_s"]
             real = lv["methods"][name]["aggregate_tokens_per_second"]
             row[name] = {"sim": sim, "real": real, "error": sim / real - 1 if real else None}
@@ -707,7 +725,10 @@ def _markdown(report: dict) -> list[str]:
     from eval.verdicts import verdict_lines
 
     st, cal = report["settings"], report["calibration"]
-    md = [f"Drafter: {st['drafter']}; {st['num_requests']} requests per level, {st['max_new_tokens']} new tokens; "
+    per = st.get("requests_per_slot", 0)
+    counts = (f"at least {st['num_requests']} requests per level ({per} × c at concurrency c)" if per
+              else f"{st['num_requests']} requests per level")
+    md = [f"Drafter: {st['drafter']}; {counts}, {st['max_new_tokens']} new tokens; "
           f"methods interleaved per level (rotated order); adaptive verification drafts up to {st['max_depth']}"
           + (f", the learned policy up to its own max_depth {st['learned_max_depth']}"
              if st.get("learned_max_depth") else "") + ".", ""]
@@ -721,7 +742,8 @@ def _markdown(report: dict) -> list[str]:
                f"batch sizes {vb['batch_sizes']}, tokens per row {vb['tokens']}.", ""]
     for lv in report["levels"]:
         md += [f"### {lv['kind'].replace('_', ' ')} {lv['value']}" + (" requests/s" if lv["kind"] == "arrival_rate"
-                                                                         else ""), "",
+                                                                         else "")
+               + (f" ({lv['num_requests']} requests)" if lv.get("num_requests") else ""), "",
                "| method | tok/s | × no-spec | req tok/s p50 | TTFT ms p50/p90/p99 | ITL ms p50/p90/p99 | "
                "latency s p50/p99 | α | τ | peak MB |",
                "|---|---|---|---|---|---|---|---|---|---|"]

@@ -35,9 +35,12 @@ def test_serve_runs_end_to_end_with_consistent_numbers(tiny_model_dirs, tmp_path
                      sampling={"temperature": 0.0, "top_k": 0, "top_p": 1.0})
     traces = tr.save(tmp_path / "sim.npz")
     argv = _tiny(tiny_model_dirs, tmp_path, "--concurrency", "1,2", "--calibration-concurrency", "2",
-                 "--arrival-rates", "50", "--sim-traces", str(traces), "--out", str(out))
+                 "--arrival-rates", "50", "--sim-traces", str(traces), "--requests-per-slot", "3", "--out", str(out))
     assert serve_main(argv) == 0
     rep = json.loads((out / "serve.json").read_text())
+    # at concurrency c at least 3 × c requests (c = 2: 6 > --num-requests 4); Poisson: --num-requests
+    assert [lv["num_requests"] for lv in rep["levels"]] == [4, 6, 4]
+    assert all(len(m["requests"]) == lv["num_requests"] for lv in rep["levels"] for m in lv["methods"].values())
     assert list(rep["sim_vs_real"]) == ["concurrency 1", "concurrency 2"]
     assert "replay against the measurement" in (out / "serve.md").read_text()
     assert [(lv["kind"], lv["value"]) for lv in rep["levels"]] == [("concurrency", 1), ("concurrency", 2),
@@ -113,6 +116,7 @@ def test_serve_with_a_learned_policy(tiny_model_dirs, tmp_path):
     (["--arrival-rates", "0"], "--arrival-rates '0'"),
     (["--calibration-concurrency", "3"], "--calibration-concurrency 3 is not one of"),
     (["--num-requests", "0"], "--num-requests must be ≥ 1"),
+    (["--requests-per-slot", "-1"], "--requests-per-slot must be ≥ 0"),
     (["--policy", "no/such/dir"], "--policy no/such/dir: no such directory"),
     (["--temperature", "-1"], "temperature"),
     (["--concurrency", "4", "--calibration-concurrency", "4", "--max-batch", "2"],
@@ -199,7 +203,7 @@ def test_sim_vs_real_replays_each_closed_loop_level_beside_its_measurement():
                                                            for n in roles.values()}} for c in (1, 4)]
     levels.append({"kind": "arrival_rate", "value": 2.0, "methods": {}})
     rep = {"roles": roles, "levels": levels}
-    args = SimpleNamespace(drafter="lookup", num_requests=6, max_new_tokens=None)
+    args = SimpleNamespace(drafter="lookup", num_requests=6, requests_per_slot=0, max_new_tokens=None)
     out = sim_vs_real(rep, str(path), batched_profile(), SimpleNamespace(max_depth=D), args, None,
                       [[1, 1, 2], [2, 8, 0]], 2)
     assert list(out) == ["concurrency 1", "concurrency 4"] and set(out["concurrency 4"]) == set(roles.values())

@@ -379,7 +379,7 @@ def test_compare_baselines_runs_every_method_on_the_same_loads():
     names = list(out["methods"])
     assert names == ["no speculation", f"best fixed γ={out['best_gamma']}", "per-batch-size table",
                      "adaptive verification", "γ=1"]
-    assert out["methods"]["γ=1"] == [simulate(tr, steep_profile(), FixedGamma(1), x, 8) for x in (1, 8)]
+    assert out["methods"]["γ=1"] == [simulate(tr, steep_profile(), FixedGamma(1), x, n) for x, n in ((1, 8), (8, 32))]
     nospec = [r["tokens_per_s"] for r in out["methods"]["no speculation"]]
     table = [r["tokens_per_s"] for r in out["methods"]["per-batch-size table"]]
     assert table[0] > nospec[0] and table[1] >= nospec[1] * (1 - 1e-9)  # speculates at c = 1, not at c = 8
@@ -408,3 +408,20 @@ def test_a_load_aware_policy_trains_in_seconds_and_never_loses_to_plain_decoding
         assert rep["tokens_per_s"] >= fixed[0] * (1 - 1e-9), (c, rep["actions"], fixed)
         assert rep["tokens_per_s"] >= 0.95 * max(fixed), (c, rep["actions"], fixed)
     assert fixed[0] == max(fixed) and rep["actions"][0] == sum(rep["actions"])  # c = 8: never speculates
+
+
+def test_a_closed_loop_serves_enough_requests_to_keep_its_batch_full():
+    from learn2draft.replay.serve import requests_for
+
+    assert requests_for(16, 12) == 64 and requests_for(2, 12) == 12  # at least 4 × c (REQUESTS_PER_SLOT)
+    assert requests_for(Load(rate=2.0), 12) == 12 and requests_for(16, 12, requests_per_slot=0) == 12
+    with pytest.raises(ValueError, match="requests_per_slot"):
+        requests_for(4, 12, requests_per_slot=-1)
+    # one wave (N ≤ c) never fills a batch of c; with 4 × c requests the batch runs full for most steps
+    tr, prof = synthetic_traces(), steep_profile()
+    steps: list = []
+    simulate(tr, prof, NoSpeculation(), Load(concurrency=8), requests_for(8, 4), steps=steps, max_batch=8)
+    full = sum(1 for s in steps if s.batch == 8)
+    assert full / len(steps) > 0.5
+    reps = sweep(tr, prof, NoSpeculation(), [1, 8], 4)
+    assert [r["requests"] for r in reps] == [4, 32]

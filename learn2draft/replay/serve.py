@@ -538,11 +538,32 @@ def simulate(traces: TraceSet, profile: LatencyProfile, policy: Policy, load, nu
     return sim.report()
 
 
+#: A closed loop at concurrency c serves at least this many requests per row (``requests_for``): with fewer, the
+#: stream is one wave that ends with its slowest request (a batch that only shrinks), not a load of c.
+REQUESTS_PER_SLOT = 4
+
+
+def requests_for(load, num_requests: int, requests_per_slot: int = REQUESTS_PER_SLOT) -> int:
+    """The requests a stream under ``load`` serves: ``max(num_requests, requests_per_slot × c)`` for a closed loop of
+    concurrency c (as vLLM's serving benchmark sends many more prompts than ``--max-concurrency``, so that the batch
+    stays full and a refill follows every finished request), ``num_requests`` for Poisson arrivals.
+
+    Raises:
+        ValueError: ``num_requests`` < 1 or ``requests_per_slot`` < 0.
+    """
+    if int(num_requests) < 1 or int(requests_per_slot) < 0:
+        raise ValueError(f"num_requests must be ≥ 1 and requests_per_slot ≥ 0, got {num_requests} and "
+                         f"{requests_per_slot}.")
+    c = as_load(load).concurrency
+    return int(num_requests) if c is None else max(int(num_requests), int(requests_per_slot) * int(c))
+
+
 def sweep(traces: TraceSet, profile: LatencyProfile, policy: Policy, loads: Sequence, num_requests: int,
-          **kwargs) -> list[dict]:
-    """:func:`simulate` at every load of ``loads`` (concurrency levels as ints, or :class:`Load` s); one report each,
-    in order."""
-    return [simulate(traces, profile, policy, load, num_requests, **kwargs) for load in loads]
+          requests_per_slot: int = REQUESTS_PER_SLOT, **kwargs) -> list[dict]:
+    """:func:`simulate` at every load of ``loads`` (concurrency levels as ints, or :class:`Load` s), each with
+    :func:`requests_for` requests; one report each, in order."""
+    return [simulate(traces, profile, policy, load, requests_for(load, num_requests, requests_per_slot), **kwargs)
+            for load in loads]
 
 
 # --------------------------------------------------------------------------- baseline policies
@@ -577,15 +598,17 @@ class FixedGamma:
 
 def tune_batch_size_table(traces: TraceSet, profile: LatencyProfile, batch_sizes: Sequence[int],
                           gammas: Sequence[int] | None = None, num_requests: int | None = None,
-                          max_batch: int | None = None, **kwargs) -> tuple[BatchSizeTable, dict]:
+                          max_batch: int | None = None, requests_per_slot: int = REQUESTS_PER_SLOT,
+                          **kwargs) -> tuple[BatchSizeTable, dict]:
     """Grid-tune a :class:`BatchSizeTable` in replay, as vLLM users tune it by hand: for every batch size b of
     ``batch_sizes``, serve a closed loop at concurrency b with every fixed γ of ``gammas`` and keep the γ of the
     highest aggregate tokens/s (ties: the smaller γ); b covers the batch sizes from b to the next one − 1 (the first
     from batch size 1, the last up to ``max_batch``, default the profile's largest batch size).
 
     Args:
-        gammas: the grid (default 0..max_depth); ``num_requests``: per run (default 4 × b, at least the traces'
-            prompt count); ``kwargs``: as :func:`simulate` (``max_depth``, ``seed``, ``charge_prefill``, …).
+        gammas: the grid (default 0..max_depth); ``num_requests``, ``requests_per_slot``: each run at concurrency b
+            serves :func:`requests_for` requests (``num_requests`` default: the traces' prompt count);
+            ``kwargs``: as :func:`simulate` (``max_depth``, ``seed``, ``charge_prefill``, …).
 
     Returns:
         (the table, ``{b: {γ: tokens/s}}`` the grid's rates).
@@ -602,7 +625,7 @@ def tune_batch_size_table(traces: TraceSet, profile: LatencyProfile, batch_sizes
     rates: dict[int, dict[int, float]] = {}
     table = []
     for k, b in enumerate(bs):
-        n = num_requests or max(4 * b, len(traces.prompts))
+        n = requests_for(b, num_requests or len(traces.prompts), requests_per_slot)
         rates[b] = {g: simulate(traces, profile, FixedGamma(g), Load(concurrency=b), n, max_batch=b,
                                 **kwargs)["tokens_per_s"] for g in grid}
         best = max(grid, key=lambda g: (rates[b][g], -g))
@@ -670,7 +693,8 @@ class ReplayAdaptiveVerification:
 
 def compare_baselines(traces: TraceSet, profile: LatencyProfile, loads: Sequence, num_requests: int,
                       gammas: Sequence[int] | None = None, table_batch_sizes: Sequence[int] | None = None,
-                      policies: dict[str, Policy] | None = None, **kwargs) -> dict:
+                      policies: dict[str, Policy] | None = None, requests_per_slot: int = REQUESTS_PER_SLOT,
+                      **kwargs) -> dict:
     """Every baseline of issue 17 at every load, on the same requests and seeds (``kwargs`` as :func:`simulate`):
 
     * ``no speculation`` — :class:`NoSpeculation`;
@@ -682,7 +706,8 @@ def compare_baselines(traces: TraceSet, profile: LatencyProfile, loads: Sequence
       refits);
     * every policy of ``policies`` (``{name: policy}``, e.g. a learned one).
 
-    The grids are tuned on the same requests they are scored on (in-sample: the baselines' best case).
+    The grids are tuned on the same requests they are scored on (in-sample: the baselines' best case). A closed loop
+    of concurrency c serves :func:`requests_for` requests (at least ``requests_per_slot`` × c).
 
     Returns:
         ``{"loads": [labels], "methods": {name: [report per load]}, "best_gamma": γ, "fixed": {γ: [tokens/s per
@@ -696,26 +721,26 @@ def compare_baselines(traces: TraceSet, profile: LatencyProfile, loads: Sequence
         raise ValueError("loads is empty: give concurrency levels or Poisson rates.")
     D = traces.max_depth if kwargs.get("max_depth") is None else int(kwargs["max_depth"])
     grid = list(range(D + 1)) if gammas is None else sorted({int(g) for g in gammas})
-    fixed = {g: sweep(traces, profile, FixedGamma(g), loads, num_requests, **kwargs) for g in grid}
+    kw = dict(kwargs, requests_per_slot=requests_per_slot)
+    fixed = {g: sweep(traces, profile, FixedGamma(g), loads, num_requests, **kw) for g in grid}
     rates = {g: [r["tokens_per_s"] for r in reps] for g, reps in fixed.items()}
     best = max(grid, key=lambda g: (float(np.exp(np.mean(np.log(np.maximum(rates[g], 1e-300))))), -g))
     if table_batch_sizes is None:
         table_batch_sizes = sorted({x.concurrency for x in loads if x.concurrency is not None}) or [
             b for b in (1, 2, 4, 8, 16) if b <= profile.max_batch_size]
-    tune_kw = {k: v for k, v in kwargs.items() if k != "max_batch"}
+    tune_kw = {k: v for k, v in kw.items() if k != "max_batch"}
     table, _ = tune_batch_size_table(traces, profile, table_batch_sizes, grid, num_requests, **tune_kw)
     methods = {"no speculation": fixed[0] if 0 in fixed else sweep(traces, profile, NoSpeculation(), loads,
-                                                                    num_requests, **kwargs),
+                                                                    num_requests, **kw),
                f"best fixed γ={best}": fixed[best],
-               "per-batch-size table": sweep(traces, profile, table, loads, num_requests, **kwargs),
-               "adaptive verification": sweep(traces, profile, ReplayAdaptiveVerification(), loads, num_requests,
-                                              **kwargs)}
+               "per-batch-size table": sweep(traces, profile, table, loads, num_requests, **kw),
+               "adaptive verification": sweep(traces, profile, ReplayAdaptiveVerification(), loads, num_requests, **kw)}
     for name, pol in (policies or {}).items():
-        methods[name] = sweep(traces, profile, pol, loads, num_requests, **kwargs)
+        methods[name] = sweep(traces, profile, pol, loads, num_requests, **kw)
     return {"loads": [x.label for x in loads], "methods": methods, "best_gamma": best, "fixed": rates,
             "table": table.to_vllm()}
 
 
 __all__ = ["BATCH_CONTEXTS", "ReplayAdaptiveVerification", "FixedGamma", "Load", "LoadFeatures",
-           "NoSpeculation", "Policy", "RowFeatures", "ServeSimulator", "StepResult", "as_load", "compare_baselines", "simulate",
+           "NoSpeculation", "Policy", "REQUESTS_PER_SLOT", "RowFeatures", "ServeSimulator", "StepResult", "as_load", "compare_baselines", "requests_for", "simulate",
            "sweep", "tune_batch_size_table"]
