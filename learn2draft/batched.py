@@ -490,13 +490,15 @@ class BatchedSpeculativeDecoder:
         t1 = self.clock.now()
         logits, hidden = self._batched_forward(tokens)
         t2 = self.clock.now()
+        # every row's target probabilities in one call when no processor reads a row's prefix (else row by row)
+        probs = None if self.sampling.prefix_dependent else self.sampling.probs_rows(logits, source="target")
         results: dict[int, CycleResult] = {}
         done = []
         for i, (rid, row, plan, toks) in enumerate(zip(self._ids, self.rows, plans, tokens)):
             k = int(toks.numel())
             if hidden is not None:
                 row.drafter.observe_target(hidden[i, :k], row.target_len)
-            p = row._verification_probs(plan, logits[i, :k])
+            p = row._verification_probs(plan, logits[i, :k], None if probs is None else probs[i, :k])
             res = row._finish_verification(plan, p, t0, t1, t2)
             results[rid] = res
             now = self.clock.now()

@@ -457,10 +457,12 @@ class SpeculativeDecoder:
         probabilities after the same processing as the draft's."""
         return self._verification_probs(plan, self._target_forward(self._verification_tokens(plan)))
 
-    def _verification_probs(self, plan: Any, logits: torch.Tensor) -> torch.Tensor:
+    def _verification_probs(self, plan: Any, logits: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tensor:
         """The target's probabilities from the verification forward's logits (float (n ≥ γ+1, V), its rows for
         :meth:`_verification_tokens`); the target has then seen the whole chain. A batched decoder
-        (:class:`learn2draft.batched.BatchedSpeculativeDecoder`) runs the forward for many rows and calls this per row.
+        (:class:`learn2draft.batched.BatchedSpeculativeDecoder`) runs the forward for many rows and calls this per row,
+        with ``probs`` (float32 (n, V), the same rows already processed by
+        :meth:`~learn2draft.sampling.SamplingConfig.probs_rows` for the whole batch) when no processor reads the prefix.
 
         Returns:
             float (γ+1, V), after the same processing as the draft's.
@@ -468,6 +470,8 @@ class SpeculativeDecoder:
         logits = logits[-(self.depth + 1) :]
         self._verify_logits = logits
         self.target_len = plan.numel()
+        if probs is not None:
+            return probs[-(self.depth + 1) :]
         return self.sampling.probs(logits, self.ids, plan[self.ids.numel() :], source="target")
 
     def _accept(self, plan: Any, p: torch.Tensor) -> tuple[list[int], int]:

@@ -176,12 +176,7 @@ class SamplingConfig:
         Raises:
             ValueError: NaN or infinite logits.
         """
-        logits = logits.float()
-        if not bool(torch.isfinite(logits.sum(dim=-1)).all()):  # one pass: any NaN or ±inf makes a row sum non-finite
-            raise ValueError(
-                f"The {source} returned NaN or infinite logits; check the {source}'s weights and dtype "
-                "(float16 on CPU often overflows: use float32 or bfloat16)."
-            )
+        _check_finite(logits, source)
         procs = self.processors()
         n = logits.shape[0]
         if n > 1 and (new_tokens is None or new_tokens.numel() < n - 1):
@@ -190,18 +185,63 @@ class SamplingConfig:
                 f"{n} rows of logits need at least {n - 1} new_tokens (row i follows prefix + new_tokens[:i]), got {got}."
             )
         if self.prefix_dependent:
+            logits = logits.float()
             rows = []
             for i in range(n):
                 ids = prefix if i == 0 else torch.cat([prefix, new_tokens[:i]])
                 rows.append(procs(ids.unsqueeze(0), logits[i : i + 1].clone()))
-            scores = torch.cat(rows)
-        else:
-            dummy = prefix[-1:].expand(n, 1) if prefix.numel() else torch.zeros(n, 1, dtype=torch.long, device=logits.device)
-            scores = procs(dummy, logits) if len(procs) else logits
+            return self._normalise(torch.cat(rows))
+        return self._row_probs(logits, procs)
+
+    def probs_rows(self, logits: torch.Tensor, source: str = "model") -> torch.Tensor:
+        """:meth:`probs` of many rows at once when no processor reads the prefix (temperature, top-k, top-p, min-p
+        and greedy work row by row): one call for a batch's verification logits instead of one per row.
+
+        Args:
+            logits: float (..., V), any leading shape (e.g. (B, k, V) of a batched verification).
+            source: which model gave ``logits``, named in the error.
+
+        Returns:
+            float32 (..., V): each row exactly what :meth:`probs` gives for it.
+
+        Raises:
+            ValueError: NaN or infinite logits; a repetition or presence penalty (:attr:`prefix_dependent`: call
+                :meth:`probs` per row with its prefix).
+        """
+        if self.prefix_dependent:
+            raise ValueError("A repetition or presence penalty reads each row's prefix: call probs() per row.")
+        shape = logits.shape
+        flat = logits.reshape(-1, shape[-1])
+        _check_finite(flat, source)
+        return self._row_probs(flat, self.processors()).reshape(shape)
+
+    def _row_probs(self, logits: torch.Tensor, procs) -> torch.Tensor:
+        """float32 (n, V) from (n, V) logits of any float dtype, processors that act on each row alone. Without a
+        processor (greedy, or T = 1 without truncation) the raw logits are read directly: the argmax of a bf16 row is
+        that of its exact float32 copy, and the softmax casts to float32 first, so no float32 copy is made."""
+        if not len(procs):
+            return self._normalise(logits)
+        dummy = torch.zeros(logits.shape[0], 1, dtype=torch.long, device=logits.device)  # no processor reads it
+        return self._normalise(procs(dummy, logits.float()))
+
+    def _normalise(self, scores: torch.Tensor) -> torch.Tensor:
+        """The processed scores (n, V) as the float32 distributions sampled from: one-hot on the argmax when greedy,
+        else their softmax (computed in float32)."""
         if self.greedy:
-            out = torch.zeros_like(scores)
-            return out.scatter_(1, scores.argmax(dim=-1, keepdim=True), 1.0)
-        return torch.softmax(scores, dim=-1)
+            out = torch.zeros(scores.shape, dtype=torch.float32, device=scores.device)
+            # max(dim).indices: the first maximal index, as argmax (both documented so), but ~2× faster on a CPU
+            return out.scatter_(1, scores.max(dim=-1, keepdim=True).indices, 1.0)
+        return torch.softmax(scores, dim=-1, dtype=torch.float32)
+
+
+def _check_finite(logits: torch.Tensor, source: str) -> None:
+    """Raise ValueError when a row of ``logits`` (n, V) holds NaN or ±inf: one pass, a float32-accumulated row sum
+    (any NaN or inf makes it non-finite), without a float32 copy of the logits."""
+    if not bool(torch.isfinite(logits.sum(dim=-1, dtype=torch.float32)).all()):
+        raise ValueError(
+            f"The {source} returned NaN or infinite logits; check the {source}'s weights and dtype "
+            "(float16 on CPU often overflows: use float32 or bfloat16)."
+        )
 
 
 def sample_from(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:

@@ -93,6 +93,26 @@ def test_row_i_equals_single_row_with_longer_prefix(cfg):
         torch.testing.assert_close(multi[i : i + 1], single, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: repr(c.to_dict()))
+def test_probs_rows_of_a_batch_equal_each_rows_probs(cfg):
+    """The batched decoder processes a whole verification (B, k, V) in one probs_rows call: each row must be exactly
+    what probs gives for it; a prefix-dependent config is refused (it needs each row's prefix)."""
+    rows = torch.stack([case(s)[0][:3] for s in range(4)])  # (B=4, k=3, V)
+    if cfg.prefix_dependent:
+        with pytest.raises(ValueError, match="prefix"):
+            cfg.probs_rows(rows)
+        return
+    got = cfg.probs_rows(rows)
+    assert got.shape == rows.shape and got.dtype == torch.float32
+    for b in range(4):
+        prefix, new = case(b)[1], case(b)[2]
+        torch.testing.assert_close(got[b], cfg.probs(rows[b], prefix, new), rtol=0, atol=0)
+    bad = rows.clone()
+    bad[2, 1, 0] = float("nan")
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        cfg.probs_rows(bad, source="target")
+
+
 def test_penalties_really_depend_on_the_drafted_tokens():
     """A row after a drafted token penalises that token (the test above would pass if the
     penalty ignored ``new_tokens``, as long as it did so consistently; this one would not)."""
@@ -353,3 +373,18 @@ def test_top_k_breaks_ties_by_lowest_id_identically_in_p_and_q():
     for seed in range(3):
         g = torch.Generator().manual_seed(seed)
         assert speculative_sample(p[:2], p[:1], torch.tensor([0]), generator=g) == (1, 0)
+
+
+def test_greedy_probs_of_bf16_logits_are_the_float32_ones_and_ties_go_to_the_first_maximum():
+    """Greedy reads bf16 logits without a float32 copy: the one-hot is that of their exact float32 copy, a tie goes to
+    the lowest id (torch.argmax's rule) in probs and probs_rows alike, and the result is float32."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randint(0, 4, (6, 50), generator=g).to(torch.bfloat16)  # many tied maxima per row
+    cfg = SamplingConfig()
+    got = cfg.probs(logits, torch.arange(3), torch.arange(5))
+    assert got.dtype == torch.float32
+    assert torch.equal(got.argmax(-1), logits.float().argmax(-1)) and torch.equal(got.sum(-1), torch.ones(6))
+    torch.testing.assert_close(got, cfg.probs(logits.float(), torch.arange(3), torch.arange(5)), rtol=0, atol=0)
+    torch.testing.assert_close(cfg.probs_rows(logits.reshape(2, 3, 50)).reshape(6, 50), got, rtol=0, atol=0)
+    soft = SamplingConfig(temperature=1.0)
+    torch.testing.assert_close(soft.probs_rows(logits[None]), torch.softmax(logits.float(), -1)[None], rtol=0, atol=0)
