@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from learn2draft.control import DraftController, check_depth_feature_scale
+from learn2draft.control import DraftController, check_depth_feature_scale, keeps_drafting
 from learn2draft.decoding import CycleResult, SpeculativeDecoder, check_decoder_settings
 from learn2draft.drafters import make_drafter
 from learn2draft.drafters.base import Drafter
@@ -61,6 +61,10 @@ VerificationBudget = Callable[[list[np.ndarray], LoadState], Sequence[int]]
 class _Row(SpeculativeDecoder):
     """One request of a batch: :class:`SpeculativeDecoder`'s per-row state and cycle, with the target's cache kept by
     the batch after the prefill. Rolling back records the row's valid prefix instead of cropping a cache."""
+
+    def charge_draft(self, seconds: float) -> None:
+        """Add ``seconds`` (a share of a batched draft forward) to this cycle's draft seconds."""
+        self._cycle_draft += seconds
 
     def _next_features(self) -> None:
         return None  # a batch row's controller builds its own observation when it decides (no env reads it here)
@@ -149,8 +153,10 @@ class BatchedSpeculativeDecoder:
     Args:
         pair: the models; ``pair.target`` verifies every row in one forward per step.
         drafter: a drafter name for :func:`learn2draft.drafters.make_drafter` (``"model"``, ``"head"``, ``"lookup"``,
-            a hybrid), or a callable returning a new :class:`~learn2draft.drafters.Drafter` per row (drafters hold
-            per-sequence state: never share one between rows).
+            a hybrid; each row's drafter is :meth:`~learn2draft.drafters.Drafter.spawn`-ed from one, over the same
+            weights), or a callable returning a new :class:`~learn2draft.drafters.Drafter` per row (drafters hold
+            per-sequence state: never share one between rows; share the weights, e.g. with ``spawn``, so that the
+            model and head drafters' forwards batch).
         sampling: the settings of every row (greedy by default).
         max_new_tokens: per request (> 0).
         max_depth: the most tokens a row drafts in one step (≥ 0).
@@ -172,9 +178,10 @@ class BatchedSpeculativeDecoder:
         self.max_new_tokens = max_new_tokens
         self.max_depth = max_depth
         self.max_batch = max_batch
-        self._make_drafter = (drafter if callable(drafter)
-                              else lambda: make_drafter(drafter, pair, head))
-        self._make_drafter()  # an unknown name / a missing draft model fails here, before any request
+        # a name: one drafter built here (an unknown name / a missing draft model fails before any request), and each
+        # row's spawned from it, over the same weights, so that the model and head rows' forwards batch
+        self._make_drafter = drafter if callable(drafter) else make_drafter(drafter, pair, head).spawn
+        self._make_drafter()
         self.clock = DeviceClock(pair.device)
         self.rows: list[_Row] = []
         self._ids: list[int] = []  # request id of each row, in batch order
@@ -447,6 +454,45 @@ class BatchedSpeculativeDecoder:
             tokens_left=tuple(self.max_new_tokens - r.generated for r in self.rows),
             max_depth=self.max_depth, max_new_tokens=self.max_new_tokens)
 
+    def _draft(self, ctrls: list[DraftController]) -> None:
+        """The drafting half of a step, depth by depth (lockstep) for every row with its own controller ``ctrls[i]``.
+
+        At each depth, the rows that :func:`learn2draft.control.keeps_drafting` (the one depth rule) lets draft
+        without the controller's answer are the candidates. With a batched drafter (``Drafter.batched``: model,
+        head) and two or more candidates, their forwards run as ONE :meth:`~learn2draft.drafters.Drafter.prepare_batch`
+        call (per drafter type), whose seconds are split equally over the candidates' draft seconds; then, row by
+        row, the controller decides (:meth:`~learn2draft.decoding.SpeculativeDecoder.wants_draft`) and a row that
+        continues draws its token from its own prepared logits with its own generator
+        (:meth:`~learn2draft.decoding.SpeculativeDecoder.draft_step`). The forward comes before the decision, the
+        draw after it, so the decision still precedes the draw (the law), a row's draws are those it makes alone, in
+        the same order, and a row that stops has only fed one more token to its drafter (rolled back after
+        verification). A single candidate decides first and proposes alone (batch-1 cost). Other drafters (lookup,
+        the hybrids) decide and propose per row."""
+        rows = self.rows
+        active = list(range(len(rows)))
+        while active:
+            cand = [i for i in active if rows[i].drafter.batched
+                    and keeps_drafting(ctrls[i], rows[i].depth, rows[i].can_draft, lambda: True)]
+            if len(cand) < 2:
+                cand = []
+            prepared: dict[int, Any] = {}
+            by_type: dict[type, list[int]] = {}
+            for i in cand:
+                by_type.setdefault(type(rows[i].drafter), []).append(i)
+            for kind, idx in by_type.items():
+                t0 = self.clock.now()
+                out = kind.prepare_batch([rows[i].drafter for i in idx], [rows[i]._seq() for i in idx])
+                share = (self.clock.now() - t0) / len(idx)
+                for i, p in zip(idx, out):
+                    rows[i].charge_draft(share)
+                    prepared[i] = p
+            nxt = []
+            for i in active:  # a non-candidate's rule says no without asking its controller
+                if rows[i].wants_draft(ctrls[i]):
+                    rows[i].draft_step(prepared.get(i))
+                    nxt.append(i)
+            active = nxt
+
     def step(self, budget: VerificationBudget | None = None, waiting: int = 0) -> BatchStep:
         """One step for every running row: draft (each row's controller), one batched verification, accept and
         commit per row; finished rows leave the batch.
@@ -474,10 +520,11 @@ class BatchedSpeculativeDecoder:
         ctrls = [self._controllers[rid] for rid in self._ids]
         # the load state only when something reads it (it runs a lookahead per row)
         load = self.load(waiting) if budget is not None or any(hasattr(c, "observe_load") for c in ctrls) else None
-        for ctrl, row in zip(ctrls, self.rows):
-            if load is not None and hasattr(ctrl, "observe_load"):
-                ctrl.observe_load(load)
-            row.draft(ctrl)
+        if load is not None:
+            for ctrl in ctrls:
+                if hasattr(ctrl, "observe_load"):
+                    ctrl.observe_load(load)
+        self._draft(ctrls)
         if budget is not None:
             keep = list(budget([np.asarray(r.margins, dtype=np.float64) for r in self.rows], load))
             if len(keep) != len(self.rows):

@@ -132,6 +132,12 @@ class HybridDrafter(Drafter):
         self._lookahead = (n, toks, confs, len(toks) < k)  # exhausted: the chain ended before k tokens
         return toks, confs
 
+    def spawn(self) -> HybridDrafter:
+        """A new hybrid of spawned sources (the neural drafter's weights shared). Its proposals are made per row
+        (``batched`` is False): the source is chosen by the controller's answer, which comes after a batched
+        forward would have run."""
+        return HybridDrafter(self.lookup.spawn(), self.neural.spawn())
+
     def extra_config(self) -> dict:
         return {"drafter": self.name, "lookup": self.lookup.extra_config(), "neural": self.neural.extra_config()}
 
