@@ -4,8 +4,9 @@ Each request is a *row* with its own committed sequence, drafter, controller, sa
 accepted length τ; rows join (after their prefill) and leave (at EOS or ``max_new_tokens``) between
 steps, as in vLLM's and SGLang's schedulers. One step:
 
-1. every running row drafts with its own controller — the one drafting loop,
-   :meth:`learn2draft.decoding.SpeculativeDecoder.draft` of the row;
+1. every running row drafts with its own controller and the one depth rule
+   (:meth:`learn2draft.decoding.SpeculativeDecoder.wants_draft`), depth by depth for all rows at once
+   (:meth:`BatchedSpeculativeDecoder._draft`; below);
 2. **one** target forward verifies all rows: row i feeds its last committed token and its γ_i drafted
    tokens; rows are padded on the right to the longest, k = max_i(γ_i + 1) tokens each (a row with
    γ_i = 0 is plain decoding, so B rows at γ = 0 is batched autoregressive decoding);
@@ -28,8 +29,20 @@ Prefill runs when a request joins (its time is the request's TTFT): alone (:meth
 the same one-forward prefill as batch 1), or for requests that join together in one left-padded forward
 (:meth:`~BatchedSpeculativeDecoder.add_many`).
 
-Drafting is per row (lookup is per row by nature; the model and head drafters run their forwards
-one row at a time here — batched drafting is not implemented).
+Drafting is lockstep: at each depth, the rows the depth rule lets draft without asking their controller
+(below their controller's and the decoder's depth limit) are fed in ONE drafter forward when the drafter is
+batched (the model and head drafters, :meth:`learn2draft.drafters.Drafter.prepare_batch`: each row's own KV
+cache gathered into a left-padded batch, its new tokens right-padded, a 4D mask and per-row ``position_ids``, the
+new entries appended to each row's cache); then each row's controller decides and a row that continues draws its
+token from its own logits with its own generator (:meth:`~learn2draft.decoding.SpeculativeDecoder.draft_step`).
+The decision still precedes the draw, and a row's draws are those it makes alone, in the same order, so at a fixed
+seed a row's tokens are those of the row decoded alone (up to float rounding of the padded batch). The batched
+forward's seconds are split equally over the rows it fed (their ``draft_seconds``). A row that says STOP at a depth
+below its controller's ``max_depth`` was fed one token for nothing (rolled back after verification); a lone
+candidate decides first and proposes alone. A hybrid's rows decide first (the source follows the controller's
+answer), then the rows drafting with its neural drafter share one forward; prompt lookup proposes per row. Drafter
+forwards per step: max_i γ_i (+1 when every row stops below its
+controller's limit) instead of Σ_i γ_i. Trees are not batched (the batch runs chains).
 """
 
 from __future__ import annotations
@@ -466,32 +479,46 @@ class BatchedSpeculativeDecoder:
         (:meth:`~learn2draft.decoding.SpeculativeDecoder.draft_step`). The forward comes before the decision, the
         draw after it, so the decision still precedes the draw (the law), a row's draws are those it makes alone, in
         the same order, and a row that stops has only fed one more token to its drafter (rolled back after
-        verification). A single candidate decides first and proposes alone (batch-1 cost). Other drafters (lookup,
-        the hybrids) decide and propose per row."""
+        verification). A single candidate decides first and proposes alone (batch-1 cost). A hybrid's forward
+        depends on the source its controller chooses: its rows decide first, then those drafting with a batched
+        neural drafter run one forward. Prompt lookup decides and proposes per row."""
         rows = self.rows
         active = list(range(len(rows)))
         while active:
-            cand = [i for i in active if rows[i].drafter.batched
+            cand = [i for i in active if rows[i].drafter.batched and not rows[i]._hybrid
                     and keeps_drafting(ctrls[i], rows[i].depth, rows[i].can_draft, lambda: True)]
-            if len(cand) < 2:
-                cand = []
-            prepared: dict[int, Any] = {}
-            by_type: dict[type, list[int]] = {}
-            for i in cand:
-                by_type.setdefault(type(rows[i].drafter), []).append(i)
-            for kind, idx in by_type.items():
-                t0 = self.clock.now()
-                out = kind.prepare_batch([rows[i].drafter for i in idx], [rows[i]._seq() for i in idx])
-                share = (self.clock.now() - t0) / len(idx)
-                for i, p in zip(idx, out):
-                    rows[i].charge_draft(share)
-                    prepared[i] = p
-            nxt = []
+            prepared = self._prepare_drafts(cand)
+            nxt, chosen = [], []
             for i in active:  # a non-candidate's rule says no without asking its controller
                 if rows[i].wants_draft(ctrls[i]):
-                    rows[i].draft_step(prepared.get(i))
+                    if i in prepared or not (rows[i]._hybrid and rows[i].drafter.batched):
+                        rows[i].draft_step(prepared.get(i))
+                    else:
+                        chosen.append(i)  # a hybrid whose source is chosen: batched below
                     nxt.append(i)
+            prepared = self._prepare_drafts(chosen)
+            for i in chosen:
+                rows[i].draft_step(prepared.get(i))
             active = nxt
+
+    def _prepare_drafts(self, idx: list[int]) -> dict[int, Any]:
+        """One :meth:`~learn2draft.drafters.Drafter.prepare_batch` call per drafter type over rows ``idx`` (none for
+        fewer than two rows: a lone row proposes alone); each row is charged an equal share of its call's seconds.
+        Returns row index → what its :meth:`~learn2draft.decoding.SpeculativeDecoder.draft_step` draws from."""
+        if len(idx) < 2:
+            return {}
+        by_type: dict[type, list[int]] = {}
+        for i in idx:
+            by_type.setdefault(type(self.rows[i].drafter), []).append(i)
+        prepared: dict[int, Any] = {}
+        for kind, group in by_type.items():
+            t0 = self.clock.now()
+            out = kind.prepare_batch([self.rows[i].drafter for i in group], [self.rows[i]._seq() for i in group])
+            share = (self.clock.now() - t0) / len(group)
+            for i, p in zip(group, out):
+                self.rows[i].charge_draft(share)
+                prepared[i] = p
+        return prepared
 
     def step(self, budget: VerificationBudget | None = None, waiting: int = 0) -> BatchStep:
         """One step for every running row: draft (each row's controller), one batched verification, accept and

@@ -16,10 +16,12 @@ from conftest import tiny_llama
 from helpers_loop import ScheduleController, greedy_reference, noisy_copy, tiny_head_drafter
 
 from learn2draft.batched import BatchedSpeculativeDecoder
-from learn2draft.control import FixedDepthController
+from learn2draft.control import CONTINUE_LOOKUP, CONTINUE_NEURAL, FixedDepthController
 from learn2draft.decoding import SpeculativeDecoder
 from learn2draft.drafters.base import Drafter
 from learn2draft.drafters.head import HeadDrafter
+from learn2draft.drafters.hybrid import HybridDrafter
+from learn2draft.drafters.lookup import LookupDrafter
 from learn2draft.drafters.model import ModelDrafter
 from learn2draft.models import make_pair
 from learn2draft.sampling import SamplingConfig
@@ -37,7 +39,22 @@ def close_pair(tiny_tok):
 
 
 def prototype(name: str, pair) -> Drafter:
+    """One drafter of ``name`` (model, head, lookup+model, lookup+head) whose :meth:`spawn` gives each row's."""
+    if name.startswith("lookup+"):
+        return HybridDrafter(LookupDrafter(), prototype(name.split("+")[1], pair))
     return tiny_head_drafter(pair) if name == "head" else ModelDrafter(pair.draft, pair.vocab_size)
+
+
+class SourceController(FixedDepthController):
+    """γ tokens a cycle; on a hybrid drafter, the sources of its answers cycle through ``sources``."""
+
+    def __init__(self, gamma: int, sources=(CONTINUE_NEURAL,)):
+        super().__init__(gamma)
+        self.sources, self.asked = list(sources), 0
+
+    def continue_drafting(self, features):
+        self.asked += 1
+        return self.sources[(self.asked - 1) % len(self.sources)]
 
 
 # ------------------------------------------------------------------ (a) the batched propose, against each row alone
@@ -99,15 +116,16 @@ def test_propose_batch_checks_its_rows(close_pair):
 
 
 # ---------------------------------------------------------------------- (b) greedy rows through the decoder
-@pytest.mark.parametrize("name", ["model", "head"])
+@pytest.mark.parametrize("name", ["model", "head", "lookup+model", "lookup+head"])
 def test_rows_at_other_depths_with_a_join_and_a_leave_keep_their_greedy_output(close_pair, name):
     """B = 3 rows with fixed γ = 1, 3 and a schedule (0..4 per cycle); a fourth row joins after two steps and row
     1's client leaves after four: every finished row's tokens are the target's greedy tokens, the leaver's a
-    prefix of them."""
+    prefix of them. On a hybrid, rows 0 and 1 switch sources token by token, row 3 drafts with the neural one."""
     pair = close_pair
     dec = BatchedSpeculativeDecoder(pair, prototype(name, pair).spawn, GREEDY, max_new_tokens=20, max_depth=4)
-    ctrls = [FixedDepthController(1), FixedDepthController(3), ScheduleController([3, 0, 4, 1]),
-             FixedDepthController(2)]
+    mixed = (CONTINUE_NEURAL, CONTINUE_LOOKUP)
+    ctrls = [SourceController(1, mixed), SourceController(3, mixed[::-1]), ScheduleController([3, 0, 4, 1]),
+             SourceController(2)]
     rids = [dec.add(PROMPTS[i], ctrls[i]) for i in range(3)]
     for _ in range(2):
         dec.step()
@@ -124,25 +142,28 @@ def test_rows_at_other_depths_with_a_join_and_a_leave_keep_their_greedy_output(c
             assert 0 < len(left.tokens) < 20 and toks == ref[: len(toks)], (name, i)
         else:
             assert toks == ref, (name, i)
-    depths = {c.depth for rid in rids for c in dec.result(rid).cycles}
-    assert {1, 3} <= depths  # rows really drafted at other depths
+    cycles = [c for rid in rids for c in dec.result(rid).cycles]
+    assert {1, 3} <= {c.depth for c in cycles}  # rows really drafted at other depths
+    if name.startswith("lookup+"):  # and both sources drafted
+        assert 0 < sum(c.neural_drafted for c in cycles) < sum(c.depth for c in cycles)
 
 
 # ------------------------------------------------------------- (c) one drafter forward per draft position
-@pytest.mark.parametrize("name", ["model", "head"])
+@pytest.mark.parametrize("name", ["model", "head", "lookup+model", "lookup+head"])
 def test_one_drafter_forward_per_draft_position(close_pair, name):
     """Counting the draft module's forwards (a forward hook): each step runs max_i γ_i of them (one per draft
-    position, whatever the batch), not Σ_i γ_i as drafting per row would. FixedDepthController's max_depth is its
-    γ, so no row is fed past its last token."""
+    position, whatever the batch), not Σ_i γ_i as drafting per row would. A fixed γ's max_depth is γ, so no row is
+    fed past its last token; a hybrid's rows always choose the neural drafter here."""
     pair = close_pair
     proto = prototype(name, pair)
-    module = proto.head if name == "head" else proto.model
+    neural = proto.neural if isinstance(proto, HybridDrafter) else proto
+    module = neural.head if isinstance(neural, HeadDrafter) else neural.model
     calls = []
     hook = module.register_forward_hook(lambda *a: calls.append(1))
     try:
         dec = BatchedSpeculativeDecoder(pair, proto.spawn, GREEDY, max_new_tokens=16, max_depth=4)
         for i, g in enumerate((1, 3, 2)):
-            dec.add(PROMPTS[i], FixedDepthController(g))
+            dec.add(PROMPTS[i], SourceController(g))
         per_step, per_row = [], 0
         for _ in range(4):
             before = len(calls)
@@ -197,3 +218,7 @@ def test_spawned_drafters_share_weights_and_not_state(close_pair):
         assert type(a) is type(proto) and a.batched
         assert (a.head is b.head) if isinstance(a, HeadDrafter) else (a.model is b.model)
         assert a.cache is not b.cache
+    h = prototype("lookup+model", close_pair)
+    a, b = h.spawn(), h.spawn()
+    assert a.batched and a.neural.model is b.neural.model and a.lookup is not b.lookup and a.neural is not b.neural
+    assert not LookupDrafter().batched and LookupDrafter(3, 1).spawn().extra_config()["max_ngram"] == 3
