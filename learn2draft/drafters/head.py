@@ -484,8 +484,9 @@ class HeadDrafter(Drafter):
                     d._absorb_segment(seg, d._forward(seg[0], seg[1], seg[2]))
                     continue
                 _batched_head_forward(ds[0].head, segs)
-            for i, d in zip(group, ds):
-                out[i] = d.head.logits(d.last_g).float()
+            logits = ds[0].head.logits(torch.stack([d.last_g for d in ds])).float()  # one LM-head product
+            for j, i in enumerate(group):
+                out[i] = logits[j]
         return out
 
     def spawn(self) -> HeadDrafter:

@@ -121,10 +121,12 @@ class ModelDrafter(Drafter):
             cache = cache if cache is not None else DynamicCache()
             pos = torch.tensor(lengths, device=dev)[:, None] + torch.arange(T, device=dev)[None]
             mask = batch_attention_mask(lengths, past, new, model.dtype, dev)
-            res = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
+            keep = sorted(set(n - 1 for n in new))  # the LM head only at the rows' last real positions
+            res = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True,
+                        logits_to_keep=torch.tensor(keep, device=dev))
             append_new_entries(cache, [d.cache for d in ds], past, new)
-            last = torch.tensor(new, device=dev) - 1
-            logits = res.logits[torch.arange(len(ds), device=dev), last, : ds[0].vocab_size]
+            col = torch.tensor([keep.index(n - 1) for n in new], device=dev)
+            logits = res.logits[torch.arange(len(ds), device=dev), col, : ds[0].vocab_size]
             for j, (i, d) in enumerate(zip(group, ds)):
                 d.cache_len = int(seqs[i].numel())
                 out[i] = logits[j]
