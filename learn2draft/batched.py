@@ -41,8 +41,9 @@ forward's seconds are split equally over the rows it fed (their ``draft_seconds`
 below its controller's ``max_depth`` was fed one token for nothing (rolled back after verification); a lone
 candidate decides first and proposes alone. A hybrid's rows decide first (the source follows the controller's
 answer), then the rows drafting with its neural drafter share one forward; prompt lookup proposes per row. Drafter
-forwards per step: max_i γ_i (+1 when every row stops below its
-controller's limit) instead of Σ_i γ_i. Trees are not batched (the batch runs chains).
+forwards per step: max_i γ_i (+1 when the last rows stop below their controller's ``max_depth``) instead of
+Σ_i γ_i; only rows whose drafters share one module batch (a drafter name spawns every row's from one drafter).
+Trees are not batched (the batch runs chains).
 """
 
 from __future__ import annotations

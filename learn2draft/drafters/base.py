@@ -21,6 +21,12 @@ Draft trees (:class:`learn2draft.tree.TreeSpeculativeDecoder`): a drafter with
 ``supports_tree = True`` (model, head) also implements :meth:`Drafter.propose_topk`, which expands
 the frontier of a :class:`learn2draft.tree.DraftTree` with each node's top-k children (deterministic
 candidates, no q needed); :meth:`Drafter.rollback` then also forgets every tree entry.
+
+Many rows (:class:`learn2draft.batched.BatchedSpeculativeDecoder`): a drafter with ``batched = True`` (model,
+head, a hybrid over one) splits :meth:`Drafter.propose` into :meth:`Drafter.prepare` (the forward) and
+:meth:`Drafter.finish` (the draw), and :meth:`Drafter.prepare_batch` runs one forward for many rows, each row's
+own cache gathered into a padded batch (:func:`pad_caches`, :func:`batch_attention_mask`,
+:func:`append_new_entries`); :meth:`Drafter.propose_batch` is the two together.
 """
 
 from __future__ import annotations
@@ -123,7 +129,7 @@ class Drafter(ABC):
         drawn, so a controller may still decide STOP after it (the rejected sequence is rolled back as usual).
 
         Raises:
-            NotImplementedError: the drafter has no split forward (``batched`` is False: lookup, the hybrids).
+            NotImplementedError: the drafter has no split forward (``batched`` is False: lookup, a hybrid over one).
         """
         raise NotImplementedError(f"The {self.name!r} drafter has no batched forward: call propose().")
 
@@ -141,7 +147,8 @@ class Drafter(ABC):
     def prepare_batch(cls, drafters: Sequence[Drafter], seqs: Sequence[torch.Tensor]) -> list[Any]:
         """:meth:`prepare` for many rows, each drafter with its own state and ``seqs[i]`` (int64 (n_i,)); the model
         and head drafters override it with one forward over all rows that share their weights (a group of drafters
-        over other weights gets its own forward). Default: one :meth:`prepare` per row.
+        over other weights gets its own forward), the hybrids with one forward of their neural drafter for the rows whose
+        selected source it is. Default: one :meth:`prepare` per row.
 
         Returns:
             one prepared object per row, for :meth:`finish` of that row's drafter.
@@ -320,7 +327,7 @@ def _check_rows(drafters: Sequence, seqs: Sequence, generators: Sequence | None 
         raise ValueError(f"One drafter and sequence per row: got {len(drafters)} drafters, {len(seqs)} sequences{n}.")
 
 
-def pad_caches(caches: Sequence[DynamicCache], lengths: Sequence[int], device) -> tuple[DynamicCache | None, int]:
+def pad_caches(caches: Sequence[DynamicCache], lengths: Sequence[int]) -> tuple[DynamicCache | None, int]:
     """The rows' own KV caches gathered into one batch, left-padded to the longest: layer l holds keys/values
     (B, kv_heads, S, head_dim) with row i's ``lengths[i]`` entries in the last ``lengths[i]`` slots (zeros before
     them, to be masked). Rows with an empty cache contribute only padding. The rows' caches are not modified.
@@ -328,7 +335,6 @@ def pad_caches(caches: Sequence[DynamicCache], lengths: Sequence[int], device) -
     Args:
         caches: one :class:`transformers.DynamicCache` per row, ``lengths[i]`` entries each (its sequence length).
         lengths: the entries of each row (int ≥ 0).
-        device: where the batch lives.
 
     Returns:
         (the batch cache, or None when every row is empty; S = max(lengths)).

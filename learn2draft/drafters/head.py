@@ -556,7 +556,7 @@ def _batched_head_forward(head: DraftHead, segs: list) -> None:
     toks = torch.zeros(len(ds), T, dtype=torch.long, device=dev)
     for j, (_, seg) in enumerate(segs):
         feats[j, : new[j]], toks[j, : new[j]] = seg[0], seg[1]
-    cache, past = pad_caches([d.cache for d in ds], lengths, dev)
+    cache, past = pad_caches([d.cache for d in ds], lengths)
     cache = cache if cache is not None else DynamicCache()
     pos = torch.tensor(lengths, device=dev)[:, None] + torch.arange(T, device=dev)[None]
     mask = batch_attention_mask(lengths, past, new, torch.bool, dev)

@@ -117,7 +117,7 @@ class ModelDrafter(Drafter):
             ids = torch.zeros(len(ds), T, dtype=torch.long, device=dev)
             for j, (i, n) in enumerate(zip(group, lengths)):
                 ids[j, : new[j]] = seqs[i][n:]
-            cache, past = pad_caches([d.cache for d in ds], lengths, dev)
+            cache, past = pad_caches([d.cache for d in ds], lengths)
             cache = cache if cache is not None else DynamicCache()
             pos = torch.tensor(lengths, device=dev)[:, None] + torch.arange(T, device=dev)[None]
             mask = batch_attention_mask(lengths, past, new, model.dtype, dev)
