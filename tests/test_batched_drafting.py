@@ -109,6 +109,36 @@ def test_batched_propose_equals_each_rows_own(close_pair, name, sampling):
     assert compared == sum(map(sum, depths))
 
 
+@pytest.mark.parametrize("name", ["model", "head"])
+def test_batched_propose_of_rows_catching_up_on_tokens_another_source_drafted(close_pair, name):
+    """As in a hybrid: row 0 first proposes after two tokens it did not draft (lookup's), while row 1 is one draft
+    step in. The head then feeds row 0's true-feature positions and two predicted ones, one round each, beside row
+    1's one predicted position (a round mixing true and predicted positions); each row's q equals its own."""
+    proto = prototype(name, close_pair)
+    H = close_pair.target.config.hidden_size
+    gen = torch.Generator().manual_seed(3)
+    pairs = []
+    for i in range(2):
+        hidden = torch.randn(PROMPTS[i].numel(), H, generator=gen)
+        ds = (proto.spawn(), proto.spawn())
+        for d in ds:
+            d.start(PROMPTS[i])
+            d.observe_target(hidden, 0)
+        pairs.append(ds)
+    seqs = [torch.cat([PROMPTS[0], torch.tensor([10, 31, 32])]), torch.cat([PROMPTS[1], torch.tensor([11])])]
+    first = [d.propose(seqs[1], GREEDY, None) for d in pairs[1]]  # row 1's first draft step, in both copies
+    assert first[0].token == first[1].token
+    seqs[1] = torch.cat([seqs[1], torch.tensor([first[0].token])])
+    for _ in range(2):
+        own = [pairs[i][0].propose(seqs[i], T1, torch.Generator().manual_seed(i)) for i in range(2)]
+        got = type(proto).propose_batch([pairs[i][1] for i in range(2)], seqs, T1,
+                                        [torch.Generator().manual_seed(i) for i in range(2)])
+        for i, (a, b) in enumerate(zip(own, got)):
+            assert a.token == b.token, i
+            torch.testing.assert_close(b.probs, a.probs, atol=1e-5, rtol=0)
+            seqs[i] = torch.cat([seqs[i], torch.tensor([a.token])])
+
+
 def test_propose_batch_checks_its_rows(close_pair):
     proto = prototype("model", close_pair)
     with pytest.raises(ValueError, match="One drafter and sequence per row"):
