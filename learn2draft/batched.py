@@ -4,8 +4,9 @@ Each request is a *row* with its own committed sequence, drafter, controller, sa
 accepted length τ; rows join (after their prefill) and leave (at EOS or ``max_new_tokens``) between
 steps, as in vLLM's and SGLang's schedulers. One step:
 
-1. every running row drafts with its own controller — the one drafting loop,
-   :meth:`learn2draft.decoding.SpeculativeDecoder.draft` of the row;
+1. every running row drafts with its own controller and the one depth rule
+   (:meth:`learn2draft.decoding.SpeculativeDecoder.wants_draft`), depth by depth for all rows at once
+   (:meth:`BatchedSpeculativeDecoder._draft`; below);
 2. **one** target forward verifies all rows: row i feeds its last committed token and its γ_i drafted
    tokens; rows are padded on the right to the longest, k = max_i(γ_i + 1) tokens each (a row with
    γ_i = 0 is plain decoding, so B rows at γ = 0 is batched autoregressive decoding);
@@ -28,8 +29,21 @@ Prefill runs when a request joins (its time is the request's TTFT): alone (:meth
 the same one-forward prefill as batch 1), or for requests that join together in one left-padded forward
 (:meth:`~BatchedSpeculativeDecoder.add_many`).
 
-Drafting is per row (lookup is per row by nature; the model and head drafters run their forwards
-one row at a time here — batched drafting is not implemented).
+Drafting is lockstep: at each depth, the rows the depth rule lets draft without asking their controller
+(below their controller's and the decoder's depth limit) are fed in ONE drafter forward when the drafter is
+batched (the model and head drafters, :meth:`learn2draft.drafters.Drafter.prepare_batch`: each row's own KV
+cache gathered into a left-padded batch, its new tokens right-padded, a 4D mask and per-row ``position_ids``, the
+new entries appended to each row's cache); then each row's controller decides and a row that continues draws its
+token from its own logits with its own generator (:meth:`~learn2draft.decoding.SpeculativeDecoder.draft_step`).
+The decision still precedes the draw, and a row's draws are those it makes alone, in the same order, so at a fixed
+seed a row's tokens are those of the row decoded alone (up to float rounding of the padded batch). The batched
+forward's seconds are split equally over the rows it fed (their ``draft_seconds``). A row that says STOP at a depth
+below its controller's ``max_depth`` was fed one token for nothing (rolled back after verification); a lone
+candidate decides first and proposes alone. A hybrid's rows decide first (the source follows the controller's
+answer), then the rows drafting with its neural drafter share one forward; prompt lookup proposes per row. Drafter
+forwards per step: max_i γ_i (+1 when the last rows stop below their controller's ``max_depth``) instead of
+Σ_i γ_i; only rows whose drafters share one module batch (a drafter name spawns every row's from one drafter).
+Trees are not batched (the batch runs chains).
 """
 
 from __future__ import annotations
@@ -43,7 +57,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from learn2draft.control import DraftController, check_depth_feature_scale
+from learn2draft.control import DraftController, check_depth_feature_scale, keeps_drafting
 from learn2draft.decoding import CycleResult, SpeculativeDecoder, check_decoder_settings
 from learn2draft.drafters import make_drafter
 from learn2draft.drafters.base import Drafter
@@ -61,6 +75,10 @@ VerificationBudget = Callable[[list[np.ndarray], LoadState], Sequence[int]]
 class _Row(SpeculativeDecoder):
     """One request of a batch: :class:`SpeculativeDecoder`'s per-row state and cycle, with the target's cache kept by
     the batch after the prefill. Rolling back records the row's valid prefix instead of cropping a cache."""
+
+    def charge_draft(self, seconds: float) -> None:
+        """Add ``seconds`` (a share of a batched draft forward) to this cycle's draft seconds."""
+        self._cycle_draft += seconds
 
     def _next_features(self) -> None:
         return None  # a batch row's controller builds its own observation when it decides (no env reads it here)
@@ -149,8 +167,10 @@ class BatchedSpeculativeDecoder:
     Args:
         pair: the models; ``pair.target`` verifies every row in one forward per step.
         drafter: a drafter name for :func:`learn2draft.drafters.make_drafter` (``"model"``, ``"head"``, ``"lookup"``,
-            a hybrid), or a callable returning a new :class:`~learn2draft.drafters.Drafter` per row (drafters hold
-            per-sequence state: never share one between rows).
+            a hybrid; each row's drafter is :meth:`~learn2draft.drafters.Drafter.spawn`-ed from one, over the same
+            weights), or a callable returning a new :class:`~learn2draft.drafters.Drafter` per row (drafters hold
+            per-sequence state: never share one between rows; share the weights, e.g. with ``spawn``, so that the
+            model and head drafters' forwards batch).
         sampling: the settings of every row (greedy by default).
         max_new_tokens: per request (> 0).
         max_depth: the most tokens a row drafts in one step (≥ 0).
@@ -172,9 +192,10 @@ class BatchedSpeculativeDecoder:
         self.max_new_tokens = max_new_tokens
         self.max_depth = max_depth
         self.max_batch = max_batch
-        self._make_drafter = (drafter if callable(drafter)
-                              else lambda: make_drafter(drafter, pair, head))
-        self._make_drafter()  # an unknown name / a missing draft model fails here, before any request
+        # a name: one drafter built here (an unknown name / a missing draft model fails before any request), and each
+        # row's spawned from it, over the same weights, so that the model and head rows' forwards batch
+        self._make_drafter = drafter if callable(drafter) else make_drafter(drafter, pair, head).spawn
+        self._make_drafter()
         self.clock = DeviceClock(pair.device)
         self.rows: list[_Row] = []
         self._ids: list[int] = []  # request id of each row, in batch order
@@ -447,6 +468,59 @@ class BatchedSpeculativeDecoder:
             tokens_left=tuple(self.max_new_tokens - r.generated for r in self.rows),
             max_depth=self.max_depth, max_new_tokens=self.max_new_tokens)
 
+    def _draft(self, ctrls: list[DraftController]) -> None:
+        """The drafting half of a step, depth by depth (lockstep) for every row with its own controller ``ctrls[i]``.
+
+        At each depth, the rows that :func:`learn2draft.control.keeps_drafting` (the one depth rule) lets draft
+        without the controller's answer are the candidates. With a batched drafter (``Drafter.batched``: model,
+        head) and two or more candidates, their forwards run as ONE :meth:`~learn2draft.drafters.Drafter.prepare_batch`
+        call (per drafter type), whose seconds are split equally over the candidates' draft seconds; then, row by
+        row, the controller decides (:meth:`~learn2draft.decoding.SpeculativeDecoder.wants_draft`) and a row that
+        continues draws its token from its own prepared logits with its own generator
+        (:meth:`~learn2draft.decoding.SpeculativeDecoder.draft_step`). The forward comes before the decision, the
+        draw after it, so the decision still precedes the draw (the law), a row's draws are those it makes alone, in
+        the same order, and a row that stops has only fed one more token to its drafter (rolled back after
+        verification). A single candidate decides first and proposes alone (batch-1 cost). A hybrid's forward
+        depends on the source its controller chooses: its rows decide first, then those drafting with a batched
+        neural drafter run one forward. Prompt lookup decides and proposes per row."""
+        rows = self.rows
+        active = list(range(len(rows)))
+        while active:
+            cand = [i for i in active if rows[i].drafter.batched and not rows[i]._hybrid
+                    and keeps_drafting(ctrls[i], rows[i].depth, rows[i].can_draft, lambda: True)]
+            prepared = self._prepare_drafts(cand)
+            nxt, chosen = [], []
+            for i in active:  # a non-candidate's rule says no without asking its controller
+                if rows[i].wants_draft(ctrls[i]):
+                    if i in prepared or not (rows[i]._hybrid and rows[i].drafter.batched):
+                        rows[i].draft_step(prepared.get(i))
+                    else:
+                        chosen.append(i)  # a hybrid whose source is chosen: batched below
+                    nxt.append(i)
+            prepared = self._prepare_drafts(chosen)
+            for i in chosen:
+                rows[i].draft_step(prepared.get(i))
+            active = nxt
+
+    def _prepare_drafts(self, idx: list[int]) -> dict[int, Any]:
+        """One :meth:`~learn2draft.drafters.Drafter.prepare_batch` call per drafter type over rows ``idx`` (none for
+        fewer than two rows: a lone row proposes alone); each row is charged an equal share of its call's seconds.
+        Returns row index → what its :meth:`~learn2draft.decoding.SpeculativeDecoder.draft_step` draws from."""
+        if len(idx) < 2:
+            return {}
+        by_type: dict[type, list[int]] = {}
+        for i in idx:
+            by_type.setdefault(type(self.rows[i].drafter), []).append(i)
+        prepared: dict[int, Any] = {}
+        for kind, group in by_type.items():
+            t0 = self.clock.now()
+            out = kind.prepare_batch([self.rows[i].drafter for i in group], [self.rows[i]._seq() for i in group])
+            share = (self.clock.now() - t0) / len(group)
+            for i, p in zip(group, out):
+                self.rows[i].charge_draft(share)
+                prepared[i] = p
+        return prepared
+
     def step(self, budget: VerificationBudget | None = None, waiting: int = 0) -> BatchStep:
         """One step for every running row: draft (each row's controller), one batched verification, accept and
         commit per row; finished rows leave the batch.
@@ -474,10 +548,11 @@ class BatchedSpeculativeDecoder:
         ctrls = [self._controllers[rid] for rid in self._ids]
         # the load state only when something reads it (it runs a lookahead per row)
         load = self.load(waiting) if budget is not None or any(hasattr(c, "observe_load") for c in ctrls) else None
-        for ctrl, row in zip(ctrls, self.rows):
-            if load is not None and hasattr(ctrl, "observe_load"):
-                ctrl.observe_load(load)
-            row.draft(ctrl)
+        if load is not None:
+            for ctrl in ctrls:
+                if hasattr(ctrl, "observe_load"):
+                    ctrl.observe_load(load)
+        self._draft(ctrls)
         if budget is not None:
             keep = list(budget([np.asarray(r.margins, dtype=np.float64) for r in self.rows], load))
             if len(keep) != len(self.rows):

@@ -392,8 +392,15 @@ class SpeculativeDecoder:
         """int64 (L + generated + γ,): committed + this cycle's drafted chain (a view of the token buffer)."""
         return self._buf[: self._n + len(self.drafted)]
 
-    def draft_step(self) -> Any:
-        """Draft one token with the drafter.
+    def draft_step(self, prepared: Any = None) -> Any:
+        """Draft one token with the drafter and record it (the one copy of a drafted token's bookkeeping).
+
+        Args:
+            prepared: None: the drafter proposes (:meth:`~learn2draft.drafters.Drafter.propose`). Else what a
+                batched forward already computed for this row (:meth:`~learn2draft.drafters.Drafter.prepare_batch`,
+                run by :class:`learn2draft.batched.BatchedSpeculativeDecoder`): the drafter only draws from it
+                (:meth:`~learn2draft.drafters.Drafter.finish`, the same draw as ``propose``); the forward's
+                seconds are charged by the caller.
 
         Returns:
             the drafter's :class:`learn2draft.drafters.base.DraftProposal`.
@@ -406,7 +413,9 @@ class SpeculativeDecoder:
         if self.depth >= self.depth_limit:
             raise RuntimeError(f"Depth limit {self.depth_limit} reached: call verify().")
         t0 = self.clock.now()
-        prop = self.drafter.propose(self._seq(), self.sampling, self.generator)
+        seq = self._seq()
+        prop = (self.drafter.propose(seq, self.sampling, self.generator) if prepared is None
+                else self.drafter.finish(prepared, seq, self.sampling, self.generator))
         if self._hybrid:
             self.drafted_sources.append(self.drafter.last_source)
         self._buf[self._n + len(self.drafted)] = prop.token
@@ -641,9 +650,15 @@ class SpeculativeDecoder:
         """The drafting half of a cycle: draft while the controller says CONTINUE, up to the decoder's and
         the controller's ``max_depth`` and while the drafter has proposals. The first ``min_depth`` steps
         are drafted without asking (a size decision needs a tree). Decision times are charged to the cycle."""
-        while keeps_drafting(controller, self.depth, self.can_draft, lambda: self._choose(self.decide(controller)),
-                             min_depth):
+        while self.wants_draft(controller, min_depth):
             self.draft_step()
+
+    def wants_draft(self, controller: DraftController, min_depth: int = 0) -> bool:
+        """Whether the cycle drafts one more token now: :func:`learn2draft.control.keeps_drafting` (the one depth
+        rule) on this decoder's depth and :meth:`can_draft`, asking ``controller`` (its time charged to the cycle)
+        only when the rule needs its answer; a hybrid's CONTINUE selects its source."""
+        return keeps_drafting(controller, self.depth, self.can_draft, lambda: self._choose(self.decide(controller)),
+                              min_depth)
 
     def run_cycle(self, controller: DraftController) -> CycleResult:
         """One whole cycle under ``controller``: :meth:`draft`, then the size decision when the controller

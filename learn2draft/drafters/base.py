@@ -21,15 +21,24 @@ Draft trees (:class:`learn2draft.tree.TreeSpeculativeDecoder`): a drafter with
 ``supports_tree = True`` (model, head) also implements :meth:`Drafter.propose_topk`, which expands
 the frontier of a :class:`learn2draft.tree.DraftTree` with each node's top-k children (deterministic
 candidates, no q needed); :meth:`Drafter.rollback` then also forgets every tree entry.
+
+Many rows (:class:`learn2draft.batched.BatchedSpeculativeDecoder`): a drafter with ``batched = True`` (model,
+head, a hybrid over one) splits :meth:`Drafter.propose` into :meth:`Drafter.prepare` (the forward) and
+:meth:`Drafter.finish` (the draw), and :meth:`Drafter.prepare_batch` runs one forward for many rows, each row's
+own cache gathered into a padded batch (:func:`pad_caches`, :func:`batch_attention_mask`,
+:func:`append_new_entries`); :meth:`Drafter.propose_batch` is the two together.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
+from transformers import DynamicCache
 
 from learn2draft.sampling import SamplingConfig
 
@@ -73,9 +82,17 @@ class Drafter(ABC):
         name: ``"model"``, ``"head"`` or ``"lookup"``.
         needs_target_hidden: the decoder asks the target for its last hidden states and passes them on.
         deterministic: proposals carry no q (point masses).
+        batched: :meth:`propose` is :meth:`prepare` (the forward) then :meth:`finish` (the draw), and
+            :meth:`prepare_batch` runs one forward for many rows (the model and head drafters).
+
+    Many rows (:class:`learn2draft.batched.BatchedSpeculativeDecoder`): :meth:`propose_batch` proposes for B rows at
+    once, each with its own drafter (its own state) and generator; :meth:`spawn` gives a new row a drafter over the
+    same weights.
     """
 
     name: str = "drafter"
+    #: :meth:`prepare` / :meth:`finish` split :meth:`propose`, and :meth:`prepare_batch` runs one forward for many rows
+    batched: bool = False
     needs_target_hidden: bool = False
     deterministic: bool = False
     supports_tree: bool = False
@@ -104,6 +121,70 @@ class Drafter(ABC):
     def rollback(self, length: int) -> None:
         """Forget everything past the first ``length`` tokens of the sequence (the committed,
         verified prefix), and every draft-tree entry (drafters that draft trees)."""
+
+    # ------------------------------------------------------------- many rows at once
+    def prepare(self, seq: torch.Tensor) -> Any:
+        """The forward half of :meth:`propose` (drafters with ``batched = True``): feed what ``seq`` (int64 (n,))
+        adds to the drafter's state and return what :meth:`finish` draws from (the raw draft logits). Nothing is
+        drawn, so a controller may still decide STOP after it (the rejected sequence is rolled back as usual).
+
+        Raises:
+            NotImplementedError: the drafter has no split forward (``batched`` is False: lookup, a hybrid over one).
+        """
+        raise NotImplementedError(f"The {self.name!r} drafter has no batched forward: call propose().")
+
+    def finish(self, prepared: Any, seq: torch.Tensor, sampling: SamplingConfig,
+               generator: torch.Generator | None) -> DraftProposal:
+        """The drawing half of :meth:`propose`: ``propose(seq, ...) == finish(prepare(seq), seq, ...)``, the same
+        draws from ``generator`` in the same order.
+
+        Raises:
+            NotImplementedError: the drafter has no split forward (``batched`` is False).
+        """
+        raise NotImplementedError(f"The {self.name!r} drafter has no batched forward: call propose().")
+
+    @classmethod
+    def prepare_batch(cls, drafters: Sequence[Drafter], seqs: Sequence[torch.Tensor]) -> list[Any]:
+        """:meth:`prepare` for many rows, each drafter with its own state and ``seqs[i]`` (int64 (n_i,)); the model
+        and head drafters override it with one forward over all rows that share their weights (a group of drafters
+        over other weights gets its own forward), the hybrids with one forward of their neural drafter for the rows whose
+        selected source it is. Default: one :meth:`prepare` per row.
+
+        Returns:
+            one prepared object per row, for :meth:`finish` of that row's drafter.
+
+        Raises:
+            ValueError: ``drafters`` and ``seqs`` differ in length.
+            NotImplementedError: the drafters have no split forward.
+        """
+        _check_rows(drafters, seqs)
+        return [d.prepare(s) for d, s in zip(drafters, seqs)]
+
+    @classmethod
+    def propose_batch(cls, drafters: Sequence[Drafter], seqs: Sequence[torch.Tensor], sampling: SamplingConfig,
+                      generators: Sequence[torch.Generator | None]) -> list[DraftProposal]:
+        """:meth:`propose` for many rows: row i's proposal equals ``drafters[i].propose(seqs[i], sampling,
+        generators[i])`` (up to float rounding of a padded batch), its draws from its own generator. With
+        ``batched`` drafters one :meth:`prepare_batch` forward, then one :meth:`finish` per row; else one
+        :meth:`propose` per row (lookup, the hybrids).
+
+        Raises:
+            ValueError: the lists differ in length.
+        """
+        _check_rows(drafters, seqs, generators)
+        if drafters and all(d.batched for d in drafters):
+            prepared = type(drafters[0]).prepare_batch(drafters, seqs)
+            return [d.finish(p, s, sampling, g) for d, p, s, g in zip(drafters, prepared, seqs, generators)]
+        return [d.propose(s, sampling, g) for d, s, g in zip(drafters, seqs, generators)]
+
+    def spawn(self) -> Drafter:
+        """A new drafter of the same kind over the same weights (shared, not copied), started on nothing: what a
+        batch needs for each new row, so that the rows' forwards can be batched (they share one module).
+
+        Raises:
+            NotImplementedError: the drafter cannot be spawned (build one per row instead).
+        """
+        raise NotImplementedError(f"The {self.name!r} drafter cannot spawn a new one: build one per row.")
 
     def propose_topk(self, seq: torch.Tensor, tree, nodes: list[int], k: int, sampling: SamplingConfig) -> TopKProposal:
         """Draft trees: the top-``k`` children of each node in ``nodes`` (EAGLE-2 expansion).
@@ -240,6 +321,83 @@ def tree_slot_mask(ancestor_slots: list[list[int]], base: int, total: int, dtype
     return torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, torch.finfo(dtype).min)
 
 
+def _check_rows(drafters: Sequence, seqs: Sequence, generators: Sequence | None = None) -> None:
+    if len(drafters) != len(seqs) or (generators is not None and len(generators) != len(seqs)):
+        n = "" if generators is None else f", {len(generators)} generators"
+        raise ValueError(f"One drafter and sequence per row: got {len(drafters)} drafters, {len(seqs)} sequences{n}.")
+
+
+def pad_caches(caches: Sequence[DynamicCache], lengths: Sequence[int]) -> tuple[DynamicCache | None, int]:
+    """The rows' own KV caches gathered into one batch, left-padded to the longest: layer l holds keys/values
+    (B, kv_heads, S, head_dim) with row i's ``lengths[i]`` entries in the last ``lengths[i]`` slots (zeros before
+    them, to be masked). Rows with an empty cache contribute only padding. The rows' caches are not modified.
+
+    Args:
+        caches: one :class:`transformers.DynamicCache` per row, ``lengths[i]`` entries each (its sequence length).
+        lengths: the entries of each row (int ≥ 0).
+
+    Returns:
+        (the batch cache, or None when every row is empty; S = max(lengths)).
+    """
+    S = max(lengths) if lengths else 0
+    if S == 0:
+        return None, 0
+    ref = next(c for c, n in zip(caches, lengths) if n > 0)
+    data = []
+    for idx, layer in enumerate(ref.layers):
+        _, heads, _, dim = layer.keys.shape
+        keys = layer.keys.new_zeros(len(caches), heads, S, dim)
+        values = layer.values.new_zeros(len(caches), heads, S, layer.values.shape[3])
+        for i, (c, n) in enumerate(zip(caches, lengths)):
+            if n > 0:
+                keys[i, :, S - n :] = c.layers[idx].keys[0]
+                values[i, :, S - n :] = c.layers[idx].values[0]
+        data.append((keys, values))
+    return DynamicCache(ddp_cache_data=data), S
+
+
+def append_new_entries(batch: DynamicCache, caches: Sequence[DynamicCache], past: int, new: Sequence[int]) -> None:
+    """Append to each row's own cache the entries a batched forward added after ``past`` padded slots: row i gets
+    ``batch``'s slots ``past .. past + new[i] − 1`` (its real tokens; the padding queries' entries are dropped)."""
+    for idx, layer in enumerate(batch.layers):
+        for i, (c, n) in enumerate(zip(caches, new)):
+            if n > 0:
+                c.update(layer.keys[i : i + 1, :, past : past + n], layer.values[i : i + 1, :, past : past + n], idx)
+
+
+def batch_attention_mask(lengths: Sequence[int], past: int, new: Sequence[int], dtype: torch.dtype,
+                         device=None) -> torch.Tensor:
+    """The 4D mask of a batched drafter forward over :func:`pad_caches`' batch: row i's query j (of T = max(new)
+    right-padded new tokens) attends to the row's ``lengths[i]`` cached slots (the last of the ``past``), and to
+    its new tokens 0..j; a padding query (j ≥ new[i]) sees itself only (its output is never read).
+
+    Args:
+        dtype: ``torch.bool`` (True = attend) or a float dtype (additive: 0 / ``finfo.min``).
+
+    Returns:
+        (B, 1, T, past + T) of ``dtype``.
+    """
+    B, T = len(new), max(new)
+    cached = torch.arange(past, device=device)[None] >= (past - torch.tensor(list(lengths), device=device))[:, None]
+    real = torch.arange(T, device=device)[None] < torch.tensor(list(new), device=device)[:, None]  # (B, T)
+    eye = torch.eye(T, dtype=torch.bool, device=device)[None]
+    causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()[None]
+    mask = torch.cat([cached[:, None, :].expand(B, T, past) & real[:, :, None],
+                      (causal & real[:, None, :] & real[:, :, None]) | eye], dim=2)[:, None]
+    if dtype == torch.bool:
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, torch.finfo(dtype).min)
+
+
+def group_by_module(drafters: Sequence, module) -> list[list[int]]:
+    """Row indices of ``drafters`` grouped by the module ``module(drafter)`` they run (by identity), in first-seen
+    order: one batched forward per group."""
+    groups: dict[int, list[int]] = {}
+    for i, d in enumerate(drafters):
+        groups.setdefault(id(module(d)), []).append(i)
+    return list(groups.values())
+
+
 def raw_distribution_stats(logits: torch.Tensor) -> tuple[float, float, float]:
     """Max probability, entropy (nats) and top-2 margin (max − second probability) of softmax(``logits``) for
     float (V,) raw logits (V ≥ 1; the margin is the max probability when V = 1). The three cross to the host in
@@ -252,5 +410,6 @@ def raw_distribution_stats(logits: torch.Tensor) -> tuple[float, float, float]:
     return conf, ent, margin
 
 
-__all__ = ["NUM_DRAFTER_FEATURES", "DraftProposal", "Drafter", "TopKProposal", "draft_log_probs",
-           "raw_distribution_stats", "topk_proposal", "tree_slot_mask"]
+__all__ = ["NUM_DRAFTER_FEATURES", "DraftProposal", "Drafter", "TopKProposal", "append_new_entries",
+           "batch_attention_mask", "draft_log_probs", "group_by_module", "pad_caches", "raw_distribution_stats",
+           "topk_proposal", "tree_slot_mask"]

@@ -37,6 +37,11 @@ from learn2draft.drafters.base import (
     Drafter,
     DraftProposal,
     TopKProposal,
+    _check_rows,
+    append_new_entries,
+    batch_attention_mask,
+    group_by_module,
+    pad_caches,
     raw_distribution_stats,
     topk_proposal,
     tree_slot_mask,
@@ -287,6 +292,10 @@ class HeadDrafter(Drafter):
     slots, itself). Its output predicts f's children. Tree entries count as predicted entries
     (``spec_len``), so :meth:`rollback` drops them.
 
+    Many rows (:meth:`prepare_batch`): drafters sharing one head module (:meth:`spawn`) feed their pending
+    positions in one forward per round; each keeps its own features, outputs and cache (gathered into a padded
+    batch for the call, appended to after it).
+
     Args:
         head: a :class:`DraftHead` attached to the target (:meth:`DraftHead.attach_target`).
         vocab_size: V, the target's real vocabulary; proposals are (V,) distributions, zero outside ``d2t``.
@@ -298,6 +307,7 @@ class HeadDrafter(Drafter):
     name = "head"
     needs_target_hidden = True
     supports_tree = True
+    batched = True
 
     def __init__(self, head: DraftHead, vocab_size: int, head_dir: str = ""):
         if head.lm_rows.numel() == 0:
@@ -348,6 +358,49 @@ class HeadDrafter(Drafter):
         mask = causal_mask(T, first, self.device) if T > 1 else None
         return self.head(feats[None], tokens[None], pos, attention_mask=mask, cache=self.cache)[0]
 
+    def _begin_predict(self, seq: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Check ``seq`` and bring the state to a prefix of it; returns (``seq`` on the head's device, the end: the
+        head is fed positions < n − 1, whose last output predicts the token after ``seq``)."""
+        n = seq.numel()
+        if not self.can_propose(seq):
+            raise RuntimeError("The head drafter needs the target's features of the prompt (call observe_target) "
+                               "and a sequence of ≥ 2 tokens.")
+        seq = seq.to(self.device)
+        end = n - 1
+        if self.cache_len + self.spec_len > end:  # a shorter sequence than last time without a rollback: rebuild
+            self.rollback(end)
+        if self.spec_len == 0 and min(self.feats.shape[0], end) <= self.cache_len and self.last_g is None \
+                and self.cache_len > 0:
+            self.cache.crop(-1)  # the output at the last cached position was not kept: recompute it
+            self.cache_len -= 1
+        return seq, end
+
+    def _next_segment(self, seq: torch.Tensor, end: int) -> tuple[torch.Tensor, torch.Tensor, int, bool] | None:
+        """The next positions to feed before the head's output at ``end`` − 1 is known: (features (T, H), tokens
+        (T,), first position, True for true target features), or None when it is known. First the pending
+        positions with true features (cache_len .. min(n_f, end) − 1, one segment), then one position at a time
+        with the head's previous output as the feature (EAGLE's drafting rule)."""
+        if self.spec_len == 0:
+            true_end = min(self.feats.shape[0], end)
+            if true_end > self.cache_len:
+                return (self.feats[self.cache_len:true_end], seq[self.cache_len + 1:true_end + 1], self.cache_len,
+                        True)
+        done = self.cache_len + self.spec_len
+        if done >= end:
+            return None
+        if self.last_g is None:
+            raise RuntimeError("The head drafter has no feature to continue from.")
+        return self.last_g[None], seq[done + 1:done + 2], done, False
+
+    def _absorb_segment(self, segment: tuple[torch.Tensor, torch.Tensor, int, bool], g: torch.Tensor) -> None:
+        """Record that ``segment`` was fed and gave the outputs ``g`` (T, H)."""
+        _, tokens, first, true = segment
+        self.last_g = g[-1]
+        if true:
+            self.cache_len, self.true_g = first + tokens.numel(), g[-1]
+        else:
+            self.spec_len += 1
+
     @torch.inference_mode()
     def predict(self, seq: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits float32 (K,) for the token after ``seq`` (int64 (n,), n ≥ 2).
@@ -355,48 +408,90 @@ class HeadDrafter(Drafter):
         Raises:
             RuntimeError: no target features observed yet.
         """
-        n = seq.numel()
-        if not self.can_propose(seq):
-            raise RuntimeError("The head drafter needs the target's features of the prompt (call observe_target) "
-                               "and a sequence of ≥ 2 tokens.")
-        seq = seq.to(self.device)
-        end = n - 1  # feed positions < end; the output at end − 1 predicts seq[n]
-        done = self.cache_len + self.spec_len
-        if done > end:  # a shorter sequence than last time without a rollback: rebuild from true features
-            self.rollback(end)
-            done = self.cache_len + self.spec_len
-        if self.spec_len == 0:
-            true_end = min(self.feats.shape[0], end)
-            if true_end <= self.cache_len and self.last_g is None and self.cache_len > 0:
-                self.cache.crop(-1)  # the output at the last cached position was not kept: recompute it
-                self.cache_len -= 1
-            if true_end > self.cache_len:
-                g = self._forward(self.feats[self.cache_len:true_end], seq[self.cache_len + 1:true_end + 1],
-                                  self.cache_len)
-                self.cache_len = true_end
-                self.last_g = self.true_g = g[-1]
-            done = self.cache_len
-        while done < end:  # positions without a true feature: the head's own previous prediction
-            if self.last_g is None:
-                raise RuntimeError("The head drafter has no feature to continue from.")
-            g = self._forward(self.last_g[None], seq[done + 1:done + 2], done)
-            self.last_g = g[-1]
-            self.spec_len += 1
-            done += 1
+        seq, end = self._begin_predict(seq)
+        while (seg := self._next_segment(seq, end)) is not None:
+            self._absorb_segment(seg, self._forward(seg[0], seg[1], seg[2]))
         return self.head.logits(self.last_g).float()
 
     def propose(self, seq: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None) -> DraftProposal:
+        return self.finish(self.prepare(seq), seq, sampling, generator)
+
+    def prepare(self, seq: torch.Tensor) -> torch.Tensor:
+        """:meth:`predict` (after dropping a draft tree left without a rollback): draft-vocabulary logits float32
+        (K,) after ``seq``."""
         if self.tree_g:  # a draft tree was left without a rollback: its entries are not on this sequence
             self.rollback(seq.numel())
-        logits = self.predict(seq)
-        row = torch.full((self.vocab_size,), self.masked_logit, device=logits.device)
-        row[self.head.d2t] = logits
+        return self.predict(seq)
+
+    def finish(self, prepared: torch.Tensor, seq: torch.Tensor, sampling: SamplingConfig,
+               generator: torch.Generator | None) -> DraftProposal:
+        """Draw the token from q = ``sampling.probs`` of the (V,) row holding ``prepared`` (K,) at ``d2t`` and
+        :attr:`masked_logit` elsewhere (one draw from ``generator``).
+
+        Raises:
+            ValueError: NaN or infinite head logits.
+        """
+        row = torch.full((self.vocab_size,), self.masked_logit, device=prepared.device)
+        row[self.head.d2t] = prepared
         try:
             q = sampling.probs(row[None], seq)[0]
         except ValueError as e:
             raise ValueError(f"The draft head: {e}") from None
         token = sample_from(q, generator)
-        return DraftProposal(token, q, *raw_distribution_stats(logits))
+        return DraftProposal(token, q, *raw_distribution_stats(prepared))
+
+    @classmethod
+    @torch.inference_mode()
+    def prepare_batch(cls, drafters, seqs) -> list[torch.Tensor]:
+        """:meth:`prepare` for many rows: one head forward per round for the rows sharing a head module (one group
+        for :meth:`spawn`-ed drafters).
+
+        A round feeds each row's next segment (:meth:`_next_segment`: the true-feature positions at the first draft
+        step of a cycle, T_i ≥ 1 of them; one predicted position after): the rows' caches (cache_len_i + spec_len_i
+        entries) left-padded into one batch (:func:`~learn2draft.drafters.base.pad_caches`), features (B, T, H) and
+        tokens (B, T) right-padded to T = max T_i at positions first_i + j, with a bool 4D mask
+        (:func:`~learn2draft.drafters.base.batch_attention_mask`); the new entries are appended to each row's
+        cache. A chain drafted by the head alone needs one round; a row catching up on tokens another source
+        drafted (a hybrid) takes more, each round batched. Row i gets what its own :meth:`prepare` would, up to
+        float rounding.
+
+        Returns:
+            per row, draft-vocabulary logits float32 (K,).
+
+        Raises:
+            ValueError: ``drafters`` and ``seqs`` differ in length.
+            RuntimeError: a row has no target features yet (see :meth:`predict`).
+        """
+        _check_rows(drafters, seqs)
+        out: list[torch.Tensor | None] = [None] * len(drafters)
+        for group in group_by_module(drafters, lambda d: d.head):
+            if len(group) == 1:
+                out[group[0]] = drafters[group[0]].prepare(seqs[group[0]])
+                continue
+            ds = [drafters[i] for i in group]
+            begun = []
+            for d, i in zip(ds, group):
+                if d.tree_g:
+                    d.rollback(seqs[i].numel())
+                begun.append(d._begin_predict(seqs[i]))
+            while True:
+                segs = [(d, d._next_segment(sq, end)) for d, (sq, end) in zip(ds, begun)]
+                segs = [(d, seg) for d, seg in segs if seg is not None]
+                if not segs:
+                    break
+                if len(segs) == 1:
+                    d, seg = segs[0]
+                    d._absorb_segment(seg, d._forward(seg[0], seg[1], seg[2]))
+                    continue
+                _batched_head_forward(ds[0].head, segs)
+            logits = ds[0].head.logits(torch.stack([d.last_g for d in ds])).float()  # one LM-head product
+            for j, i in enumerate(group):
+                out[i] = logits[j]
+        return out
+
+    def spawn(self) -> HeadDrafter:
+        """A new drafter over the same head module (shared), with no features and an empty cache."""
+        return HeadDrafter(self.head, self.vocab_size, head_dir=self.head_dir)
 
     @torch.inference_mode()
     def propose_topk(self, seq: torch.Tensor, tree, nodes: list[int], k: int, sampling: SamplingConfig) -> TopKProposal:
@@ -447,6 +542,28 @@ class HeadDrafter(Drafter):
 
     def extra_config(self) -> dict:
         return {"drafter": self.name, "head": self.head_dir, "draft_vocab_size": self.head.draft_vocab_size}
+
+
+def _batched_head_forward(head: DraftHead, segs: list) -> None:
+    """Feed each (drafter, segment) pair's segment in one forward of ``head`` over the drafters' padded caches and
+    record the outputs in each drafter (see :meth:`HeadDrafter.prepare_batch`)."""
+    ds = [d for d, _ in segs]
+    dev = ds[0].device
+    lengths = [seg[2] for _, seg in segs]  # a segment starts right after the row's cached entries
+    new = [int(seg[1].numel()) for _, seg in segs]
+    T, H = max(new), head.config.hidden_size
+    feats = torch.zeros(len(ds), T, H, dtype=ds[0].dtype, device=dev)
+    toks = torch.zeros(len(ds), T, dtype=torch.long, device=dev)
+    for j, (_, seg) in enumerate(segs):
+        feats[j, : new[j]], toks[j, : new[j]] = seg[0], seg[1]
+    cache, past = pad_caches([d.cache for d in ds], lengths)
+    cache = cache if cache is not None else DynamicCache()
+    pos = torch.tensor(lengths, device=dev)[:, None] + torch.arange(T, device=dev)[None]
+    mask = batch_attention_mask(lengths, past, new, torch.bool, dev)
+    g = head(feats, toks, pos, attention_mask=mask, cache=cache)
+    append_new_entries(cache, [d.cache for d in ds], past, new)
+    for j, (d, seg) in enumerate(segs):
+        d._absorb_segment(seg, g[j, : new[j]])
 
 
 def load_head_drafter(pair, path: str | Path | None = None, dtype: torch.dtype | None = None) -> HeadDrafter:

@@ -21,10 +21,12 @@ tokens itself. After verification both are rolled back to the committed length.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
-from learn2draft.drafters.base import Drafter, DraftProposal
+from learn2draft.drafters.base import Drafter, DraftProposal, _check_rows
 from learn2draft.drafters.lookup import LookupDrafter
 from learn2draft.sampling import SamplingConfig
 
@@ -38,6 +40,9 @@ class HybridDrafter(Drafter):
     Args:
         lookup: the :class:`LookupDrafter` (model-free, deterministic proposals).
         neural: a :class:`learn2draft.drafters.model.ModelDrafter` or :class:`learn2draft.drafters.head.HeadDrafter`.
+
+    Many rows (:meth:`prepare_batch`, ``batched`` when the neural drafter is): the source of each row is chosen
+    first (the controller's answer), then the rows drafting with the neural drafter run one forward of it.
 
     Attributes:
         name: ``"lookup+model"`` or ``"lookup+head"``.
@@ -60,6 +65,7 @@ class HybridDrafter(Drafter):
         self.sources = ("lookup", neural.name)
         self.name = f"lookup+{neural.name}"
         self.needs_target_hidden = neural.needs_target_hidden
+        self.batched = neural.batched  # the neural proposals of many rows batch (once their sources are chosen)
         self.selected = LOOKUP_SOURCE
         self.last_source = LOOKUP_SOURCE  # the source of the last proposal (read by the decoder after each one)
         self._lookahead: tuple[int, list[int], list[float], bool] | None = None
@@ -97,11 +103,61 @@ class HybridDrafter(Drafter):
         Raises:
             RuntimeError: neither source has a proposal.
         """
+        src = self._source(seq)
+        self.last_source = src
+        return self.parts[src].propose(seq, sampling, generator)
+
+    def _source(self, seq: torch.Tensor) -> int:
+        """The source of the next proposal: the selected one if it has a proposal, else the other.
+
+        Raises:
+            RuntimeError: neither source has a proposal.
+        """
         src = self.selected if self.parts[self.selected].can_propose(seq) else 1 - self.selected
         if not self.parts[src].can_propose(seq):
             raise RuntimeError("Neither source of the hybrid drafter has a proposal (check can_propose() first).")
+        return src
+
+    def prepare(self, seq: torch.Tensor) -> tuple[int, Any]:
+        """The source of the next proposal (after :meth:`select`) and, for the neural one, its
+        :meth:`~learn2draft.drafters.Drafter.prepare` (the forward); lookup prepares nothing.
+
+        Raises:
+            NotImplementedError: the neural drafter has no split forward.
+            RuntimeError: neither source has a proposal.
+        """
+        src = self._source(seq)
+        return src, (self.neural.prepare(seq) if src == NEURAL_SOURCE else None)
+
+    def finish(self, prepared: tuple[int, Any], seq: torch.Tensor, sampling: SamplingConfig,
+               generator: torch.Generator | None) -> DraftProposal:
+        """The proposal of the source :meth:`prepare` chose: lookup's, or the neural drafter's draw."""
+        src, inner = prepared
         self.last_source = src
-        return self.parts[src].propose(seq, sampling, generator)
+        if src == NEURAL_SOURCE:
+            return self.neural.finish(inner, seq, sampling, generator)
+        return self.lookup.propose(seq, sampling, generator)
+
+    @classmethod
+    def prepare_batch(cls, drafters, seqs) -> list[tuple[int, Any]]:
+        """:meth:`prepare` for many rows, their sources already selected: the rows whose source is the neural
+        drafter run one :meth:`~learn2draft.drafters.Drafter.prepare_batch` forward of it (per neural drafter type).
+
+        Raises:
+            ValueError: ``drafters`` and ``seqs`` differ in length.
+            RuntimeError: a row has no proposal from either source.
+        """
+        _check_rows(drafters, seqs)
+        srcs = [d._source(s) for d, s in zip(drafters, seqs)]
+        out: list[tuple[int, Any]] = [(src, None) for src in srcs]
+        by_type: dict[type, list[int]] = {}
+        for i, src in enumerate(srcs):
+            if src == NEURAL_SOURCE:
+                by_type.setdefault(type(drafters[i].neural), []).append(i)
+        for kind, idx in by_type.items():
+            for i, p in zip(idx, kind.prepare_batch([drafters[i].neural for i in idx], [seqs[i] for i in idx])):
+                out[i] = (NEURAL_SOURCE, p)
+        return out
 
     def rollback(self, length: int) -> None:
         self.lookup.rollback(length)
@@ -131,6 +187,12 @@ class HybridDrafter(Drafter):
         toks, confs = self.lookup.lookahead(seq, k)
         self._lookahead = (n, toks, confs, len(toks) < k)  # exhausted: the chain ended before k tokens
         return toks, confs
+
+    def spawn(self) -> HybridDrafter:
+        """A new hybrid of spawned sources (the neural drafter's weights shared). Its proposals are made per row
+        (``batched`` is False): the source is chosen by the controller's answer, which comes after a batched
+        forward would have run."""
+        return HybridDrafter(self.lookup.spawn(), self.neural.spawn())
 
     def extra_config(self) -> dict:
         return {"drafter": self.name, "lookup": self.lookup.extra_config(), "neural": self.neural.extra_config()}

@@ -136,6 +136,10 @@ class LookupDrafter(Drafter):
             out[1] = min(m[2], MATCH_COUNT_SCALE) / MATCH_COUNT_SCALE
         return out
 
+    def spawn(self) -> LookupDrafter:
+        """A new prompt lookup with the same n-gram sizes, started on nothing."""
+        return LookupDrafter(self.max_ngram, self.min_ngram)
+
     def extra_config(self) -> dict:
         return {"drafter": self.name, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram}
 

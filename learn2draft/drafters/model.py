@@ -9,6 +9,11 @@ from learn2draft.drafters.base import (
     Drafter,
     DraftProposal,
     TopKProposal,
+    _check_rows,
+    append_new_entries,
+    batch_attention_mask,
+    group_by_module,
+    pad_caches,
     raw_distribution_stats,
     topk_proposal,
     tree_slot_mask,
@@ -28,6 +33,9 @@ class ModelDrafter(Drafter):
     mask (each attends to the committed tokens, its ancestors' slots and itself) at positions
     n − 1 + depth. Those entries sit after the committed ones and :meth:`rollback` crops them all.
 
+    Many rows (:meth:`prepare_batch`): drafters that share one model (:meth:`spawn`) run one forward for all rows;
+    each keeps its own cache, gathered into a padded batch for the call and appended to after it.
+
     Args:
         model: the draft model (e.g. :attr:`learn2draft.ModelPair.draft`), in eval mode.
         vocab_size: V, the real vocabulary size; logits are sliced to ``[:, :V]`` (padded rows masked).
@@ -38,6 +46,7 @@ class ModelDrafter(Drafter):
 
     name = "model"
     supports_tree = True
+    batched = True
 
     def __init__(self, model: PreTrainedModel, vocab_size: int):
         self.model = model
@@ -55,15 +64,77 @@ class ModelDrafter(Drafter):
             self.cache.crop(-fed)
         self.tree_slots = {}
 
-    @torch.inference_mode()
     def propose(self, seq: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None) -> DraftProposal:
+        return self.finish(self.prepare(seq), seq, sampling, generator)
+
+    @torch.inference_mode()
+    def prepare(self, seq: torch.Tensor) -> torch.Tensor:
+        """Feed ``seq[cache_len:]`` (int64, ≥ 1 token) to the draft's cache; returns the raw logits float (V,) after
+        ``seq``, in the model's dtype."""
         self._drop_tree()
         out = self.model(input_ids=seq[self.cache_len :].unsqueeze(0), cache=self.cache, use_cache=True)
         self.cache_len = seq.numel()
-        logits = out.logits[0, -1:, : self.vocab_size]
-        q = sampling.probs(logits, seq, source="draft")[0]
+        return out.logits[0, -1, : self.vocab_size]
+
+    def finish(self, prepared: torch.Tensor, seq: torch.Tensor, sampling: SamplingConfig,
+               generator: torch.Generator | None) -> DraftProposal:
+        """Draw the token from q = ``sampling.probs(prepared, seq)`` (one draw from ``generator``)."""
+        q = sampling.probs(prepared[None], seq, source="draft")[0]
         token = sample_from(q, generator)
-        return DraftProposal(token, q, *raw_distribution_stats(logits[0]))
+        return DraftProposal(token, q, *raw_distribution_stats(prepared))
+
+    @classmethod
+    @torch.inference_mode()
+    def prepare_batch(cls, drafters, seqs) -> list[torch.Tensor]:
+        """One draft forward per group of rows sharing a model (one for a batch of :meth:`spawn`-ed drafters).
+
+        Row i feeds its ``seqs[i][cache_len_i:]`` (n_i ≥ 1 tokens: the tokens committed since its last cycle at the
+        first draft step, one token after): its cache (cache_len_i entries) is left-padded into one batch
+        (:func:`~learn2draft.drafters.base.pad_caches`), the new tokens right-padded to T = max n_i at positions
+        cache_len_i + j, with a 4D additive mask in the model's dtype
+        (:func:`~learn2draft.drafters.base.batch_attention_mask`); the rows' new entries are appended to their own
+        caches. Row i gets what its own :meth:`prepare` would, up to float rounding.
+
+        Returns:
+            per row, the raw logits float (V,) after ``seqs[i]``, in the model's dtype.
+
+        Raises:
+            ValueError: ``drafters`` and ``seqs`` differ in length.
+        """
+        _check_rows(drafters, seqs)
+        out: list[torch.Tensor | None] = [None] * len(drafters)
+        for group in group_by_module(drafters, lambda d: d.model):
+            if len(group) == 1:
+                out[group[0]] = drafters[group[0]].prepare(seqs[group[0]])
+                continue
+            ds = [drafters[i] for i in group]
+            for d in ds:
+                d._drop_tree()
+            model, dev = ds[0].model, seqs[group[0]].device
+            lengths = [d.cache_len for d in ds]
+            new = [int(seqs[i].numel()) - n for i, n in zip(group, lengths)]
+            T = max(new)
+            ids = torch.zeros(len(ds), T, dtype=torch.long, device=dev)
+            for j, (i, n) in enumerate(zip(group, lengths)):
+                ids[j, : new[j]] = seqs[i][n:]
+            cache, past = pad_caches([d.cache for d in ds], lengths)
+            cache = cache if cache is not None else DynamicCache()
+            pos = torch.tensor(lengths, device=dev)[:, None] + torch.arange(T, device=dev)[None]
+            mask = batch_attention_mask(lengths, past, new, model.dtype, dev)
+            keep = sorted(set(n - 1 for n in new))  # the LM head only at the rows' last real positions
+            res = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True,
+                        logits_to_keep=torch.tensor(keep, device=dev))
+            append_new_entries(cache, [d.cache for d in ds], past, new)
+            col = torch.tensor([keep.index(n - 1) for n in new], device=dev)
+            logits = res.logits[torch.arange(len(ds), device=dev), col, : ds[0].vocab_size]
+            for j, (i, d) in enumerate(zip(group, ds)):
+                d.cache_len = int(seqs[i].numel())
+                out[i] = logits[j]
+        return out
+
+    def spawn(self) -> ModelDrafter:
+        """A new drafter over the same draft model (shared), with an empty cache."""
+        return ModelDrafter(self.model, self.vocab_size)
 
     @torch.inference_mode()
     def propose_topk(self, seq: torch.Tensor, tree, nodes: list[int], k: int, sampling: SamplingConfig) -> TopKProposal:
