@@ -119,7 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a closed loop of concurrency c serves max(--num-requests, this × c) requests, so that the "
                         "batch stays full and refills (0: --num-requests at every level)")
     p.add_argument("--num-train-requests", type=int, default=8,
-                   help="training-split requests per calibration run (at least c at concurrency c)")
+                   help="training-split requests per calibration run (at concurrency c at least --requests-per-slot "
+                        "× c, as the measured levels)")
     p.add_argument("--gammas", default="1,2,4,6", help="the fixed-γ grid (the table also tries γ = 0)")
     p.add_argument("--calibration-concurrency", type=int, default=1,
                    help="the concurrency level where the best single fixed γ is chosen (one of --concurrency)")
@@ -616,7 +617,10 @@ def _calibrate(s: Settings, args, train, common: dict, av) -> dict:
     out: dict = {"grid": {}, "adaptive_tokens_per_second": {}}
     need_grid = "fixed" in s.methods or "table" in s.methods
     for c in s.levels:
-        reqs = make_requests(train, max(args.num_train_requests, c), args.seed, 1)
+        from learn2draft.replay.serve import requests_for
+
+        # as the measured levels: at least --requests-per-slot × c, so that the grid is tuned on a full batch
+        reqs = make_requests(train, requests_for(c, args.num_train_requests, args.requests_per_slot), args.seed, 1)
         row = {}
         gammas = ([0] if "table" in s.methods else []) + s.gammas if need_grid else []
         for g in gammas:
