@@ -176,6 +176,9 @@ class BatchedSpeculativeDecoder:
         max_depth: the most tokens a row drafts in one step (≥ 0).
         max_batch: the most rows at once (≥ 1); :meth:`add` beyond it raises.
         head: the head directory for the ``"head"`` drafters (None: the shipped head).
+        batched_drafting: run the model and head drafters' forwards for all rows of a draft position at once (the
+            default); False drafts row by row (the same tokens; for measuring what batching gains,
+            ``eval/scripts/batched_drafting_bench.py``).
 
     Raises:
         ValueError: ``max_new_tokens`` ≤ 0, ``max_depth`` < 0, ``max_batch`` < 1, or an unknown drafter name.
@@ -183,7 +186,8 @@ class BatchedSpeculativeDecoder:
 
     def __init__(self, pair: ModelPair, drafter: str | Callable[[], Drafter] = "lookup",
                  sampling: SamplingConfig | None = None, max_new_tokens: int = 128,
-                 max_depth: int = DECODER_MAX_DEPTH, max_batch: int = 64, head: str | None = None):
+                 max_depth: int = DECODER_MAX_DEPTH, max_batch: int = 64, head: str | None = None,
+                 batched_drafting: bool = True):
         if not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be an integer ≥ 1, got {max_batch!r}.")
         check_decoder_settings(max_new_tokens, max_depth)
@@ -192,6 +196,7 @@ class BatchedSpeculativeDecoder:
         self.max_new_tokens = max_new_tokens
         self.max_depth = max_depth
         self.max_batch = max_batch
+        self.batched_drafting = bool(batched_drafting)
         # a name: one drafter built here (an unknown name / a missing draft model fails before any request), and each
         # row's spawned from it, over the same weights, so that the model and head rows' forwards batch
         self._make_drafter = drafter if callable(drafter) else make_drafter(drafter, pair, head).spawn
@@ -506,7 +511,7 @@ class BatchedSpeculativeDecoder:
         """One :meth:`~learn2draft.drafters.Drafter.prepare_batch` call per drafter type over rows ``idx`` (none for
         fewer than two rows: a lone row proposes alone); each row is charged an equal share of its call's seconds.
         Returns row index → what its :meth:`~learn2draft.decoding.SpeculativeDecoder.draft_step` draws from."""
-        if len(idx) < 2:
+        if len(idx) < 2 or not self.batched_drafting:
             return {}
         by_type: dict[type, list[int]] = {}
         for i in idx:

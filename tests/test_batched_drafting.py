@@ -180,10 +180,11 @@ def test_rows_at_other_depths_with_a_join_and_a_leave_keep_their_greedy_output(c
 
 # ------------------------------------------------------------- (c) one drafter forward per draft position
 @pytest.mark.parametrize("name", ["model", "head", "lookup+model", "lookup+head"])
-def test_one_drafter_forward_per_draft_position(close_pair, name):
+@pytest.mark.parametrize("batched", [True, False])
+def test_one_drafter_forward_per_draft_position(close_pair, name, batched):
     """Counting the draft module's forwards (a forward hook): each step runs max_i γ_i of them (one per draft
-    position, whatever the batch), not Σ_i γ_i as drafting per row would. A fixed γ's max_depth is γ, so no row is
-    fed past its last token; a hybrid's rows always choose the neural drafter here."""
+    position, whatever the batch), not Σ_i γ_i as drafting per row (``batched_drafting=False``) does. A fixed γ's
+    max_depth is γ, so no row is fed past its last token; a hybrid's rows always choose the neural drafter here."""
     pair = close_pair
     proto = prototype(name, pair)
     neural = proto.neural if isinstance(proto, HybridDrafter) else proto
@@ -191,19 +192,24 @@ def test_one_drafter_forward_per_draft_position(close_pair, name):
     calls = []
     hook = module.register_forward_hook(lambda *a: calls.append(1))
     try:
-        dec = BatchedSpeculativeDecoder(pair, proto.spawn, GREEDY, max_new_tokens=16, max_depth=4)
+        dec = BatchedSpeculativeDecoder(pair, proto.spawn, GREEDY, max_new_tokens=16, max_depth=4,
+                                        batched_drafting=batched)
         for i, g in enumerate((1, 3, 2)):
             dec.add(PROMPTS[i], SourceController(g))
         per_step, per_row = [], 0
         for _ in range(4):
             before = len(calls)
             step = dec.step()
-            per_step.append((len(calls) - before, max(c.depth for c in step.rows.values())))
+            per_step.append((len(calls) - before, max(c.depth for c in step.rows.values()),
+                             sum(c.depth for c in step.rows.values())))
             per_row += sum(c.depth for c in step.rows.values())
     finally:
         hook.remove()
-    assert all(n == m for n, m in per_step), per_step
-    assert sum(n for n, _ in per_step) < per_row  # per-row drafting would have run per_row forwards
+    if batched:
+        assert all(n == m for n, m, _ in per_step), per_step
+        assert sum(n for n, _, _ in per_step) < per_row  # per-row drafting would have run per_row forwards
+    else:
+        assert all(n == total for n, _, total in per_step), per_step
 
 
 def test_a_row_that_stops_after_the_batched_forward_draws_nothing(close_pair):
