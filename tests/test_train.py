@@ -358,6 +358,34 @@ def test_resume_continues_a_killed_run_from_its_last_checkpoint(tiny_pair, tmp_p
     assert m2["resumed_from_timesteps"] == 128 and m2["timesteps"] == 192
 
 
+def test_a_checkpoint_is_written_whole_or_not_at_all_and_a_truncated_one_is_passed_over(tiny_pair, tmp_path):
+    """A kill while a checkpoint is written must not cost the run its resume: save_model writes beside the file and
+    renames it (a save that fails half-way leaves the previous file and no .zip), and latest_checkpoint passes over a
+    truncated ppo_*_steps.zip (what an in-place write killed half-way leaves) for the newest whole one."""
+    from train.outdir import latest_checkpoint
+    from train.phases import save_model
+
+    out = tmp_path / "run"
+    train.run(tiny_pair, tiny_config(out, eval_prompts=0), prompts=PROMPTS)
+    ckpts = out / "checkpoints"
+    assert latest_checkpoint(out) == (ckpts / "ppo_128_steps.zip", 128)
+
+    class Dies:  # a model whose save is killed after writing part of the archive
+        def save(self, f):
+            f.write(b"PK\x03\x04 half an archive")
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        save_model(Dies(), ckpts / "ppo_192_steps.zip")
+    assert not (ckpts / "ppo_192_steps.zip").exists() and latest_checkpoint(out)[1] == 128
+    (ckpts / "ppo_256_steps.zip").write_bytes(b"PK\x03\x04 truncated")  # an older run's in-place write, killed
+    assert latest_checkpoint(out) == (ckpts / "ppo_128_steps.zip", 128)
+    (ckpts / "ppo_256_steps.zip").unlink()
+    # the left-over .partial is the run's own file: --resume continues from 128
+    m = train.run(tiny_pair, dataclasses.replace(TrainConfig.from_run(out), timesteps=192), prompts=PROMPTS)
+    assert m["resumed_from_timesteps"] == 128 and m["timesteps"] == 192
+
+
 def test_cli_resume_refuses_changed_settings(tmp_path, capsys):
     out = fake_run(tmp_path / "run", interrupted=None)
     cfg = TrainConfig(out=str(out))

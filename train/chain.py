@@ -433,8 +433,8 @@ def train_chain(pair: ModelPair | None, cfg: TrainConfig, out: Path, saved: dict
                                    reset_num_timesteps=checkpoint is None)
         train_seconds = time.perf_counter() - t_train
         if interrupted:  # keep what was learnt: checkpoint it (for --resume) and export it below
-            model.save(str(out / "checkpoints" / f"ppo_{model.num_timesteps}_steps.zip"))
-        model.save(str(out / "model.zip"))
+            phases.save_model(model, out / "checkpoints" / f"ppo_{model.num_timesteps}_steps.zip")
+        phases.save_model(model, out / "model.zip")
         replacement.commit()
 
         trained_on = {"env": env_id, **config["replay_source"]} if cfg.replay else {"env": ENV_ID}

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import zipfile
 from fnmatch import fnmatchcase
 from pathlib import Path
 
@@ -29,6 +30,8 @@ RUN_ITEMS = (*RESULT_FILES, "feature_spec.json", "checkpoints", "logs", "eval",
 RUN_OWN_FILES = (
     *(f"{d}/{name}" for d in ("policy", "size_policy") for name in (*EXPORT_FILES, CHECK_FILE)),
     "checkpoints/ppo_*_steps.zip", "checkpoints/*/ppo_*_steps.zip",
+    # a checkpoint being written when the run was killed (train.phases.save_model renames it once whole)
+    "checkpoints/.ppo_*_steps.zip.partial", "checkpoints/*/.ppo_*_steps.zip.partial",
     "logs/progress*.csv", "logs/*/progress*.csv",
     "eval/results.md", "eval/results.json", "eval/results.png",
 )
@@ -49,11 +52,12 @@ def foreign_files(out: str | Path) -> list[str]:
 
 
 def latest_checkpoint(out: Path) -> tuple[Path, int] | None:
-    """The newest ``checkpoints/ppo_<steps>_steps.zip`` of the run in ``out`` and its step count."""
+    """The newest whole ``checkpoints/ppo_<steps>_steps.zip`` of the run in ``out`` and its step count; a file that
+    is not a zip archive (truncated by a kill while an older version wrote it in place) is passed over."""
     found = []
     for p in (Path(out) / "checkpoints").glob("ppo_*_steps.zip"):
         m = re.fullmatch(r"ppo_(\d+)_steps\.zip", p.name)
-        if m:
+        if m and zipfile.is_zipfile(p):
             found.append((int(m.group(1)), p))
     if not found:
         return None

@@ -15,6 +15,7 @@ goes through them:
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -194,9 +195,30 @@ def set_logger(model: PPO, log_dir: Path, wandb_run: Any, suffix: str = "", verb
     return wandb_format
 
 
+def save_model(model, path: str | Path) -> None:
+    """``model.save`` (stable-baselines3) to ``path`` whole or not at all: written beside it as ``.<name>.partial``,
+    then renamed, so that a run killed while it writes keeps its previous checkpoint and never leaves a truncated
+    ``.zip`` that ``--resume`` would fail on."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.partial")
+    with open(tmp, "wb") as f:
+        model.save(f)
+    os.replace(tmp, path)
+
+
+class AtomicCheckpointCallback(CheckpointCallback):
+    """SB3's :class:`CheckpointCallback` (model only) whose checkpoints are written by :func:`save_model`."""
+
+    def _on_step(self) -> bool:
+        if self.n_calls % self.save_freq == 0:
+            save_model(self.model, self._checkpoint_path(extension="zip"))
+        return True
+
+
 def checkpoint_callback(cfg: TrainConfig, directory: Path, prefix: str, num_envs: int = 1) -> CheckpointCallback:
-    """Checkpoints every ``cfg.checkpoint_every`` timesteps (SB3 counts calls = vector-env steps, hence ``num_envs``)."""
-    return CheckpointCallback(max(1, cfg.checkpoint_every // num_envs), str(directory), name_prefix=prefix)
+    """Checkpoints every ``cfg.checkpoint_every`` timesteps (SB3 counts calls = vector-env steps, hence ``num_envs``),
+    each written whole or not at all (:class:`AtomicCheckpointCallback`)."""
+    return AtomicCheckpointCallback(max(1, cfg.checkpoint_every // num_envs), str(directory), name_prefix=prefix)
 
 
 def learn(model: PPO, cfg: TrainConfig, callbacks: list, steps: int, stop, reset_num_timesteps: bool = False) -> bool:
@@ -266,6 +288,6 @@ def write_metrics(out: Path, metrics: dict) -> None:
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str))
 
 
-__all__ = ["checkpoint_callback", "decoder_method", "episode_reward_mean", "eval_prompt_ids", "export_config", "learn",
+__all__ = ["AtomicCheckpointCallback", "checkpoint_callback", "decoder_method", "episode_reward_mean", "eval_prompt_ids", "export_config", "learn", "save_model",
            "measure_rate", "new_ppo", "quick_check", "rate_summary", "reference_rate", "run_config", "seed_and_threads",
            "set_logger", "training_prompts", "warmup_prompt_ids", "write_metrics", "write_run_start"]

@@ -163,9 +163,9 @@ def _save_and_export(models: dict, cfg: TrainConfig, out: Path, config: dict, re
     """Save ``model.zip`` (depth) / ``size_model.zip`` (size), commit the replacement of an earlier run, export
     ``policy/`` and ``size_policy/`` and write ``tree.json``. Returns the export checks per policy."""
     if "depth" in models:
-        models["depth"].save(str(out / "model.zip"))
+        phases.save_model(models["depth"], out / "model.zip")
     if "size" in models:
-        models["size"].save(str(out / "size_model.zip"))
+        phases.save_model(models["size"], out / "size_model.zip")
     replacement.commit()
     trained = [p for p in ("depth", "size") if p in models]
     tree = tree_settings(cfg, trained, config)
