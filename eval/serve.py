@@ -39,9 +39,9 @@ throughput against concurrency (and arrival rate) per method. The report opens w
 :mod:`eval.header` (machine, precision, sampling, …) and ends with verdict lines for issue 17's goals (PASS / FAIL /
 not measured).
 
-The full sweep (about 25 minutes on 2 CPU cores in bfloat16, alone on the machine; + ~4 with ``--policy``)::
+The full sweep (about 30 minutes on 2 CPU cores in bfloat16, alone on the machine, with ``--policy``)::
 
-    python -m eval.serve --threads 2 --policy policies/defaults/lookup-bfloat16 --out runs/serve
+    python -m eval.serve --threads 2 --policy policies/defaults/lookup-serve-bfloat16 --out runs/serve
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def parse_methods(text: str, has_policy: bool) -> list[str]:
         raise ValueError(f"--methods {text!r}: unknown method {bad[0]!r}; choose from {', '.join(METHODS)}." if bad
                          else f"--methods {text!r}: name at least one of {', '.join(METHODS)}.")
     if "policy" in keys and not has_policy:
-        raise ValueError("--methods policy needs --policy DIR (an exported chain policy).")
+        raise ValueError("--methods policy needs --policy DIR (an exported load-aware or chain policy).")
     if has_policy and "policy" not in keys:
         keys.append("policy")
     return [m for m in METHODS if m in keys]
@@ -102,8 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eval.serve", description=plain_doc(__doc__),
                                 formatter_class=HelpFormatter)
     cli.add_drafter_arg(p, None)
-    p.add_argument("--policy", default=None, help="an exported chain policy (or a training run holding one) for the "
-                                                  "learned row; default: no learned row")
+    p.add_argument("--policy", default=None, help="an exported load-aware policy (python -m train --serve-loads, e.g. "
+                                                  "policies/defaults/lookup-serve-bfloat16) or chain policy, or a "
+                                                  "training run holding one, for the learned row; default: none")
     cli.add_profile_arg(p)
     p.add_argument("--methods", default="nospec,fixed,table,adaptive,hf",
                    help=f"comma-separated, of {', '.join(METHODS)} (policy is added with --policy)")
@@ -412,12 +413,13 @@ def _run(args) -> int:
         policy = (load_serve_policy(args.policy, profile=args.profile) if spec.get("kind") == "serve"
                   else load_policy(args.policy, profile=args.profile))
         trained = policy_drafter(args.policy)
+        if "+" in trained:  # before the drafter check: no --drafter makes a hybrid policy run here
+            raise ValueError(f"--policy {args.policy}: a hybrid ({trained}) policy; eval.serve runs load-aware and "
+                             "chain policies (python -m eval.benchmark runs hybrid ones).")
         args.drafter = args.drafter or trained
         if trained != args.drafter:
             raise ValueError(f"The policy in {args.policy} was trained with the {trained!r} drafter, not "
                              f"{args.drafter!r}: pass --drafter {trained} or a matching --policy.")
-        if "+" in trained:
-            raise ValueError(f"--policy {args.policy}: a hybrid policy; eval.serve runs chain policies.")
         cfg, head = run_settings(args.policy), head or policy_head(args.policy)
     args.drafter = args.drafter or "lookup"
     user_prompts = load_prompt_file_records(args.prompts) if args.prompts else None

@@ -114,10 +114,20 @@ def evaluate_claims(runs: Mapping[str, dict], roles: Mapping[str, str | Sequence
     return out
 
 
+def _shown(measured: float, threshold: float) -> str:
+    """``measured`` to 3 decimals, with more where 3 would round it onto the other side of ``threshold`` (a FAIL at
+    0.9495 must not read 0.950 against ≥ 0.95)."""
+    for digits in (3, 4, 5, 6):
+        text = f"{measured:.{digits}f}"
+        if (float(text) >= threshold) == (measured >= threshold):
+            return text
+    return f"{measured:.6f}"
+
+
 def verdict_lines(verdicts: Sequence[dict]) -> list[str]:
     """:func:`evaluate_claims`'s verdicts as aligned lines ``CLAIM  threshold  measured  PASS/FAIL``."""
     rows = [(v["claim"] + ("" if v["temperature"] is None else f" (T={v['temperature']})"),
-             f"≥ {v['threshold']:.2f}×", "–" if v["measured"] is None else f"{v['measured']:.3f}×",
+             f"≥ {v['threshold']:.2f}×", "–" if v["measured"] is None else f"{_shown(v['measured'], v['threshold'])}×",
              v["verdict"] + (f" (vs {v['against']})" if v["against"] else "")) for v in verdicts]
     if not rows:
         return []

@@ -267,13 +267,15 @@ class BatchedSpeculativeDecoder:
             arrivals: clock readings (default: now).
 
         Returns:
-            the request ids, in the order of ``prompts``.
+            the request ids, in the order of ``prompts`` (none for no prompts).
 
         Raises:
             RuntimeError: the rows would exceed ``max_batch``.
             ValueError: a bad prompt, mismatched lengths, or a controller scaled for another ``max_depth``.
         """
         n = len(prompts)
+        if n == 0:
+            return []
         seeds = [0] * n if seeds is None else list(seeds)
         if len(controllers) != n or len(seeds) != n or (arrivals is not None and len(arrivals) != n):
             raise ValueError(f"add_many needs one controller, seed and arrival per prompt ({n} prompts).")
@@ -356,6 +358,9 @@ class BatchedSpeculativeDecoder:
 
     def remove(self, request_id: int) -> RequestResult:
         """Stop a running request (e.g. the client left) and drop its row; the other rows are not touched.
+
+        Returns:
+            the request's :class:`RequestResult` (its tokens so far).
 
         Raises:
             KeyError: the request is not running.

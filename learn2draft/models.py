@@ -65,9 +65,9 @@ def check_prompt_ids(prompt_ids, vocab_size: int | None = None) -> torch.Tensor:
         raise ValueError(f"prompt_ids must have shape (L,) or (1, L), got {tuple(t.shape)}.")
     if t.dim() == 2 and t.shape[0] != 1:
         raise ValueError(
-            f"prompt_ids has batch size {t.shape[0]} (shape {tuple(t.shape)}): speculative decoding here runs one "
-            "sequence at a time. Call generate() once per prompt, e.g. "
-            "[decoder.generate(ids[None], controller) for ids in batch] (with any padding removed).")
+            f"prompt_ids has batch size {t.shape[0]} (shape {tuple(t.shape)}): pass one sequence per prompt (any "
+            "padding removed): SpeculativeDecoder.generate(ids, controller) once per prompt, or "
+            "BatchedSpeculativeDecoder.add_many([ids, ...], controllers) to decode many prompts in one batch.")
     t = t.reshape(-1).to(torch.long)
     if vocab_size is not None:
         lo, hi = int(t.min()), int(t.max())

@@ -226,6 +226,9 @@ def test_bad_input(close_pair):
     dec = BatchedSpeculativeDecoder(close_pair, "lookup", max_new_tokens=4, max_depth=2, max_batch=1)
     with pytest.raises(RuntimeError, match="No request is running"):
         dec.step()
+    assert dec.add_many([], []) == [] and not dec.rows  # nothing joins
+    with pytest.raises(ValueError, match="add_many"):  # a (2, L) batch of prompts: one sequence per prompt
+        dec.add(torch.stack([PROMPTS[0], PROMPTS[0]]), FixedDepthController(2))
     dec.add(PROMPTS[0], FixedDepthController(2))
     with pytest.raises(RuntimeError, match="batch is full"):
         dec.add(PROMPTS[1], FixedDepthController(2))

@@ -277,3 +277,12 @@ def test_verdicts_pass_fail_and_not_measured():
     assert not any("PASS" in ln and "–" in ln.split("≥")[1] for ln in lines[1:])  # not measured is never PASS
     with pytest.raises(ValueError, match="scope"):
         evaluate_claims(runs, roles, [Claim("x", "learned", "generate", 1.0, scope="some")])
+
+
+def test_a_verdict_never_shows_a_failing_ratio_rounded_onto_its_threshold():
+    from eval.verdicts import FAIL, PASS, verdict_lines
+
+    rows = [{"claim": "x", "temperature": None, "threshold": 0.95, "measured": m, "verdict": v, "against": ""}
+            for m, v in ((0.9495, FAIL), (0.95, PASS), (0.9581, PASS))]
+    shown = [ln.split()[3] for ln in verdict_lines(rows)[1:]]  # claim, ≥, threshold, measured
+    assert shown == ["0.9495×", "0.950×", "0.958×"]

@@ -117,6 +117,7 @@ def test_serve_with_a_learned_policy(tiny_model_dirs, tmp_path):
     (["--calibration-concurrency", "3"], "--calibration-concurrency 3 is not one of"),
     (["--num-requests", "0"], "--num-requests must be ≥ 1"),
     (["--requests-per-slot", "-1"], "--requests-per-slot must be ≥ 0"),
+    (["--policy", "policies/defaults/lookup+model-bfloat16", "--drafter", "lookup"], "a hybrid (lookup+model) policy"),
     (["--policy", "no/such/dir"], "--policy no/such/dir: no such directory"),
     (["--temperature", "-1"], "temperature"),
     (["--concurrency", "4", "--calibration-concurrency", "4", "--max-batch", "2"],

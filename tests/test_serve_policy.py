@@ -95,6 +95,33 @@ def test_the_load_aware_policy_drives_the_batched_decoder(serve_run, tiny_pair):
         assert r.tokens == greedy_reference(tiny_pair.target, p, 10, tiny_pair.vocab_size, eos=tiny_pair.eos_token_ids)
 
 
+def test_a_killed_load_aware_run_resumes_from_its_checkpoint(tmp_path):
+    """A --serve-loads run killed after a checkpoint (no model, no metrics yet) is an interrupted training run that
+    --resume continues (its config.json names the ServeReplay env)."""
+    import dataclasses
+
+    import train
+    from train.config import TrainConfig, read_run_config
+
+    tr = synthetic_traces(accept=0.8, drafter="lookup")
+    tr.header.update(format="learn2draft-trace", format_version=1, structure="chain", feature_version=FEATURE_VERSION,
+                     sampling={"temperature": 0.0, "top_k": 0, "top_p": 1.0})
+    traces = tr.save(tmp_path / "t.npz")
+    prof = batched_profile().save(tmp_path / "p.json")
+    out = tmp_path / "run"
+    cfg = TrainConfig(out=str(out), timesteps=128, n_steps=64, batch_size=32, n_epochs=1, net_arch=(8,),
+                      wandb_mode="disabled", progress_bar=False, checkpoint_every=64, replay=str(traces),
+                      profile=str(prof), serve_loads="1,4", serve_requests=4, drafter="lookup")
+    train.run(None, cfg)
+    assert read_run_config(out)["env_id"] == "learn2draft/ServeReplay-v0"
+    for name in ("model.zip", "metrics.json", "checkpoints/ppo_128_steps.zip"):  # what a kill after 64 steps leaves
+        (out / name).unlink()
+    with pytest.raises(FileExistsError, match="interrupted run .*64 timesteps.*--resume"):
+        train.run(None, cfg)
+    m = train.run(None, dataclasses.replace(TrainConfig.from_run(out), timesteps=128))
+    assert m["resumed_from_timesteps"] == 64 and m["timesteps"] == 128 and not m["interrupted"]
+
+
 def test_serve_loads_bad_input_is_refused_before_work():
     from train.config import TrainConfig
 

@@ -309,12 +309,16 @@ class TrainConfig:
 
 
 def read_run_config(out: Path) -> dict | None:
-    """``out/config.json`` if :func:`run` wrote it (it names :data:`ENV_ID` or :data:`REPLAY_ENV_ID`), else None."""
+    """``out/config.json`` if :func:`run` wrote it (it names the environment a run trains on: :data:`ENV_ID`,
+    :data:`REPLAY_ENV_ID`, a load-aware run's ``envs.serve.SERVE_ENV_ID`` or a tree run's), else None."""
+    from envs.serve import SERVE_ENV_ID
+
     try:
         saved = json.loads((Path(out) / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    return saved if isinstance(saved, dict) and saved.get("env_id") in (ENV_ID, REPLAY_ENV_ID, *TREE_ENV_IDS) else None
+    known = (ENV_ID, REPLAY_ENV_ID, SERVE_ENV_ID, *TREE_ENV_IDS)
+    return saved if isinstance(saved, dict) and saved.get("env_id") in known else None
 
 
 def default_out_dir() -> str:

@@ -129,7 +129,8 @@ class Drafter(ABC):
         drawn, so a controller may still decide STOP after it (the rejected sequence is rolled back as usual).
 
         Raises:
-            NotImplementedError: the drafter has no split forward (``batched`` is False: lookup, a hybrid over one).
+            NotImplementedError: the drafter has no split forward (``batched`` is False: lookup, a hybrid over
+                lookup alone).
         """
         raise NotImplementedError(f"The {self.name!r} drafter has no batched forward: call propose().")
 
@@ -166,7 +167,8 @@ class Drafter(ABC):
         """:meth:`propose` for many rows: row i's proposal equals ``drafters[i].propose(seqs[i], sampling,
         generators[i])`` (up to float rounding of a padded batch), its draws from its own generator. With
         ``batched`` drafters one :meth:`prepare_batch` forward, then one :meth:`finish` per row; else one
-        :meth:`propose` per row (lookup, the hybrids).
+        :meth:`propose` per row (lookup; a hybrid, whose rows choose their source first, batches in the batched
+        decoder instead).
 
         Raises:
             ValueError: the lists differ in length.

@@ -189,9 +189,9 @@ class HybridDrafter(Drafter):
         return toks, confs
 
     def spawn(self) -> HybridDrafter:
-        """A new hybrid of spawned sources (the neural drafter's weights shared). Its proposals are made per row
-        (``batched`` is False): the source is chosen by the controller's answer, which comes after a batched
-        forward would have run."""
+        """A new hybrid of spawned sources (the neural drafter's weights shared): ``batched`` as the neural drafter's.
+        A batch first lets each row's controller choose its source, then the rows that chose the neural drafter share
+        one forward (:meth:`prepare_batch`); lookup proposes per row."""
         return HybridDrafter(self.lookup.spawn(), self.neural.spawn())
 
     def extra_config(self) -> dict:

@@ -311,14 +311,21 @@ class LatencyProfile:
         if batch_size == 1:
             return
         where = f" ({self.path})" if self.path else ""
-        flag = f"`python -m eval.profile --batch-sizes 1,2,4,8,16{' --out ' + self.path if self.path else ''}`"
+        # a shipped profile is not overwritten in the package: measure into runs/ and pass that file
+        shipped = bool(self.path) and Path(self.path).resolve().parent == SHIPPED_PROFILES_DIR
+        out = f"runs/{self.name}-batched.json" if shipped or not self.path else self.path
+        then = f" and pass --profile {out}" if out != self.path else ""
+
+        def flag(extra: str = "") -> str:
+            return f"`python -m eval.profile --batch-sizes 1,2,4,8,16{extra} --out {out}`{then}"
+
         if self.verify_batch is None:
             raise ValueError(f"Profile {self.name!r}{where} has no batch axis (verification and draft costs per batch "
-                             f"size), needed for a batch of {batch_size} rows: re-measure it with {flag}.")
+                             f"size), needed for a batch of {batch_size} rows: re-measure it with {flag()}.")
         if drafter is not None and self.cost(drafter).batch_step is None:
             raise ValueError(f"Profile {self.name!r}{where} has no batched draft cost of the {drafter!r} drafter "
                              f"(batch_step_seconds), needed for a batch of {batch_size} rows: re-measure it with "
-                             f"{flag[:-1]} --drafter {drafter}`.")
+                             f"{flag(' --drafter ' + drafter)}.")
         if batch_size > self.max_batch_size:
             raise ValueError(f"Profile {self.name!r}{where} tabulates batches of up to {self.max_batch_size} rows, asked "
                              f"for {batch_size}: lower the concurrency (max_batch) or measure larger sizes with "
