@@ -653,6 +653,7 @@ def serve(decoder: BatchedSpeculativeDecoder, requests: Sequence[Request],
     decoder's ``max_batch``; while nothing runs the loop waits (sleeps) for the next arrival.
 
     Args:
+        concurrency: the closed loop's c, capped at the decoder's ``max_batch`` (None: an open loop).
         controller: builds one controller per request (controllers keep per-sequence state).
         on_step: called after every step.
         budget: the verification budget of every step (:meth:`BatchedSpeculativeDecoder.step`).
