@@ -266,7 +266,10 @@ def test_cli_end_to_end_with_local_model_dirs(tiny_model_dirs, tmp_path, capsys)
 def fake_run(out: Path, interrupted: bool | None = False) -> Path:
     """A directory shaped like a finished (or interrupted: no / an interrupted metrics.json) training run."""
     (out / "checkpoints").mkdir(parents=True)
-    (out / "checkpoints" / "ppo_64_steps.zip").write_text("old")
+    import zipfile
+
+    with zipfile.ZipFile(out / "checkpoints" / "ppo_64_steps.zip", "w") as z:  # a whole archive (truncated ones are skipped)
+        z.writestr("data", "old")
     (out / "eval").mkdir()
     (out / "config.json").write_text(json.dumps({"env_id": "learn2draft/SpecDecode-v0", "timesteps": 64}))
     (out / "model.zip").write_text("old model")
