@@ -112,6 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "verification of B rows and a draft step of B rows, for replay under load")
     p.add_argument("--batch-contexts", default=None,
                    help="context lengths (cached tokens per row) of the batch axis (default: the first of --contexts)")
+    p.add_argument("--batch-overhead-depths", default="0,4,8",
+                   help="with --batch-sizes: the fixed γ of the closed loops that measure the real batched loop's "
+                        "seconds beyond the tables (batch_overhead_seconds)")
+    p.add_argument("--batch-overhead-tokens", type=int, default=32,
+                   help="with --batch-sizes: tokens per request of those loops")
+    p.add_argument("--batch-overhead-requests", type=int, default=2,
+                   help="with --batch-sizes: requests per row of those loops (B × this many at batch size B); 0 skips "
+                        "them (the replay then charges the tables' terms only)")
     p.add_argument("--name", default=None, help="profile name (default: cpu-<cores>core or the GPU's name)")
     p.add_argument("--note", default="", help="free text added to the profile's source, e.g. 'under nice -n 19'")
     add_out_arg(p, "the profile's JSON file (default runs/profiles/<name>.json)")
@@ -373,16 +381,101 @@ def measure_overheads(pair, drafter_name: str, head, sampling, prompts, max_new_
             "loop_measurements": by_depth}
 
 
+def measure_batch_overheads(pair, drafter_name: str, head, sampling, prompts, profile, batch_sizes: list[int],
+                            depths: list[int], max_new_tokens: int, requests_per_slot: int = 2) -> dict:
+    """What the real batched loop costs beyond ``profile``'s tables: the drafter's ``batch_overhead_seconds``
+    (:mod:`learn2draft.replay.latency`).
+
+    For every batch size B ≥ 2 of ``batch_sizes`` and every fixed γ of ``depths`` (rotated order per B), a closed
+    loop of concurrency B (:func:`learn2draft.batched.serve`, ``requests_per_slot`` × B requests over ``prompts``,
+    seeds 0, 1, …, ``max_new_tokens`` each) runs on ``pair``. Every step of exactly b rows of a tabulated size
+    (the loop's ramp-down gives the smaller ones too) with longest draft d = tokens per row − 1 gives the residual
+    ``step seconds − profile.step_batched(drafter, b, d, c)`` (c: the rows' longest context after the step, as the
+    replay's ``batch_context="max"``; the profile without this entry); per b, ``cycle_seconds + step_seconds · d`` is
+    fitted to them by least squares (a constant only when every step had one d). ``join_seconds[B]``: (the loop's
+    wall seconds − Σ its step seconds − Σ the prefills the replay charges, ``verify(prompt_len, 0)``) / requests.
+    One unrecorded warm-up loop first. Timed with the decoder's :class:`learn2draft.timing.DeviceClock`.
+
+    Returns:
+        ``{"batch_sizes", "cycle_seconds", "step_seconds", "join_seconds", "steps" (fitted steps per size),
+        "how"}``, or None when ``batch_sizes`` has no size ≥ 2.
+    """
+    import numpy as np
+
+    from learn2draft.batched import BatchedSpeculativeDecoder, Request, serve
+    from learn2draft.decoding import FixedDepthController
+
+    sizes = [int(b) for b in batch_sizes if int(b) >= 2]
+    if not sizes:
+        return None
+    dmax = max(max(depths), 1)
+    ids = [pair.encode_prompt(p) if isinstance(p, str) else p for p in prompts]
+
+    def run(B: int, d: int, record: bool):
+        dec = BatchedSpeculativeDecoder(pair, drafter=drafter_name, sampling=sampling, max_new_tokens=max_new_tokens,
+                                        max_depth=dmax, max_batch=B, head=head)
+        reqs = [Request(ids[i % len(ids)], 0.0, i) for i in range(requests_per_slot * B)]
+        steps = []
+
+        def on_step(step):
+            ctx = max((r.target_len for r in dec.rows), default=0)
+            steps.append((step.batch_size, step.tokens_per_row - 1, step.seconds, ctx))
+
+        t0 = dec.clock.now()
+        serve(dec, reqs, lambda: FixedDepthController(d), concurrency=B, on_step=on_step if record else None)
+        wall = dec.clock.now() - t0
+        return steps, wall, reqs
+
+    run(sizes[0], min(2, dmax), record=False)  # warm-up
+    residuals: dict[int, list[tuple[int, float]]] = {b: [] for b in sizes}
+    joins: dict[int, float] = {}
+    for i, B in enumerate(sizes):
+        per_join = []
+        for k in range(len(depths)):
+            d = depths[(i + k) % len(depths)]
+            steps, wall, reqs = run(B, d, record=True)
+            for b, dd, secs, ctx in steps:
+                if b in residuals:
+                    residuals[b].append((dd, secs - sum(profile.step_batched(drafter_name, b, dd, float(ctx)))))
+            prefills = sum(float(profile.verify(max(int(r.prompt_ids.numel()), 1), 0.0, extrapolate=True))
+                           for r in reqs)
+            per_join.append((wall - sum(s[2] for s in steps) - prefills) / len(reqs))
+        joins[B] = float(np.mean(per_join))
+    cycle, step, counts = [], [], []
+    for b in sizes:
+        arr = np.asarray(residuals[b], dtype=np.float64).reshape(-1, 2)
+        counts.append(int(len(arr)))
+        if len(arr) == 0:
+            cycle.append(0.0)
+            step.append(0.0)
+        elif len(np.unique(arr[:, 0])) < 2:
+            cycle.append(float(arr[:, 1].mean()))
+            step.append(0.0)
+        else:
+            (a, bb), *_ = np.linalg.lstsq(np.stack([np.ones(len(arr)), arr[:, 0]], axis=1), arr[:, 1], rcond=None)
+            cycle.append(float(a))
+            step.append(float(bb))
+    return {"batch_sizes": sizes, "cycle_seconds": cycle, "step_seconds": step,
+            "join_seconds": [joins[b] for b in sizes], "steps": counts,
+            "how": (f"learn2draft.batched.serve closed loops at fixed γ {list(depths)}, {requests_per_slot} × B requests "
+                    f"of {max_new_tokens} tokens: real step seconds − the tables' step, least squares a + b·d per B; "
+                    "joins: seconds outside steps − verify(prompt_len, 0), per request")}
+
+
 def measure_profile(pair, drafters: list[str], head=None, sampling=None, contexts=(128, 512, 1024),
                     tokens=(1, 2, 4, 8, 16, 32, 64), repeats: int = 5, draft_steps: int = 8, overhead_prompts: int = 2,
                     overhead_tokens: int = 32, overhead_depths=(0, 2, 4), name: str = "", note: str = "",
                     progress=print, tree_width: int | None = None, tree_top_k: int = 4,
-                    batch_sizes=None, batch_contexts=None):
+                    batch_sizes=None, batch_contexts=None, batch_overhead_depths=(0, 4, 8),
+                    batch_overhead_tokens: int = 32, batch_overhead_requests: int = 2):
     """Measure a :class:`learn2draft.replay.latency.LatencyProfile` for ``pair`` and ``drafters`` on this machine.
 
     With ``batch_sizes`` (e.g. (1, 2, 4, 8, 16)) the profile also gets the batch axis (``verify_batch`` and each
     drafter's ``batch_step_seconds``; :func:`measure_verify_batched`, :func:`measure_draft_batched`) at
-    ``batch_contexts`` (default: the first of ``contexts``) and the same ``tokens``.
+    ``batch_contexts`` (default: the first of ``contexts``) and the same ``tokens``, and, unless
+    ``batch_overhead_requests`` is 0, each drafter's ``batch_overhead_seconds``: the real batched loop's seconds beyond
+    those tables (:func:`measure_batch_overheads` at fixed γ ``batch_overhead_depths``, ``batch_overhead_requests`` × B
+    requests of ``batch_overhead_tokens`` tokens; γ above the tabulated tokens − 1 are dropped).
 
     With ``tree_width`` (W ≥ 1), the drafters that draft trees (model, head) also get ``tree_level_seconds``
     (:func:`measure_tree_level` at W and ``tree_top_k``); others (lookup) keep none.
@@ -454,7 +547,7 @@ def measure_profile(pair, drafters: list[str], head=None, sampling=None, context
               f"torch {machine['torch']}, {machine['torch_threads']} thread(s), device {machine['device']}, "
               f"{machine['dtype']}), nice {machine.get('nice', '?')}, 1-min load average {machine.get('load_average_1m', '?')} "
               f"at the end; medians of {repeats} runs" + (f"; {note}" if note else ""))
-    return LatencyProfile(
+    prof = LatencyProfile(
         name=name or default_name(machine), verify_tokens=list(tokens), verify_contexts=[float(c) for c in contexts],
         verify_seconds=verify, drafters=costs, machine=machine, source=source,
         meta={"target": pair.target_name, "draft": pair.draft_name, "sampling": sampling.to_dict(),
@@ -465,6 +558,17 @@ def measure_profile(pair, drafters: list[str], head=None, sampling=None, context
                           if batch_sizes is not None else "")},
         verify_batch=verify_batch,
     )
+    if batch_sizes is not None and batch_overhead_requests > 0 and any(b >= 2 for b in batch_sizes):
+        ov_depths = sorted({int(d) for d in batch_overhead_depths if 0 <= int(d) <= tokens[-1] - 1})
+        ov_prompts = [pair.encode_prompt(p) for p in load_prompts("mixed_train")]
+        for d in drafters:
+            progress(f"drafter {d}: the batched loop's overheads (closed loops at batch sizes "
+                     f"{[b for b in batch_sizes if b >= 2]}, γ {ov_depths}) …")
+            prof.drafters[d].batch_overhead = measure_batch_overheads(
+                pair, d, head, sampling, ov_prompts, prof, batch_sizes, ov_depths or [0], batch_overhead_tokens,
+                batch_overhead_requests)
+        prof.validate()
+    return prof
 
 
 def default_name(machine: dict) -> str:
@@ -494,6 +598,10 @@ def _run(args) -> int:
         raise ValueError(f"--batch-sizes {args.batch_sizes!r}: batch sizes must be ≥ 1.")
     if args.repeats < 1 or args.draft_steps < 1 or args.overhead_prompts < 1 or args.overhead_tokens < 2:
         raise ValueError("--repeats, --draft-steps and --overhead-prompts must be ≥ 1 and --overhead-tokens ≥ 2.")
+    ov_depths = _ints(args.batch_overhead_depths, "batch-overhead-depths")
+    if ov_depths[0] < 0 or args.batch_overhead_tokens < 2 or args.batch_overhead_requests < 0:
+        raise ValueError("--batch-overhead-depths must be ≥ 0, --batch-overhead-tokens ≥ 2 and "
+                         "--batch-overhead-requests ≥ 0.")
     threads_of(args)  # checked before measuring
     if args.tree_top_k is not None and args.tree_width is None:
         raise ValueError("--tree-top-k applies to the tree level measured with --tree-width W: add --tree-width.")
@@ -523,7 +631,9 @@ def _run(args) -> int:
                            draft_steps=args.draft_steps, overhead_prompts=args.overhead_prompts,
                            overhead_tokens=args.overhead_tokens, overhead_depths=depths, name=args.name or "",
                            note=args.note, progress=lambda m: print(m, file=sys.stderr), tree_width=args.tree_width,
-                           tree_top_k=args.tree_top_k, batch_sizes=batch_sizes, batch_contexts=batch_contexts)
+                           tree_top_k=args.tree_top_k, batch_sizes=batch_sizes, batch_contexts=batch_contexts,
+                           batch_overhead_depths=ov_depths, batch_overhead_tokens=args.batch_overhead_tokens,
+                           batch_overhead_requests=args.batch_overhead_requests)
     out = Path(args.out) if args.out else Path("runs") / "profiles" / f"{prof.name}.json"
     prof.meta["measure_seconds"] = round(time.perf_counter() - t0, 1)
     prof.save(out)
@@ -538,6 +648,12 @@ def _run(args) -> int:
                       **({"verify_batched_ms_at_1_token": {
                           int(b): round(1e3 * float(prof.verify_batched(int(b), 1, prof.verify_batch["contexts"][0])), 3)
                           for b in prof.verify_batch["batch_sizes"]}} if prof.has_batch_axis else {}),
+                      **({"batch_overhead_ms": {d: {f"B={b}": [round(1e3 * c.batch_overhead[k][i], 2) for k in
+                                                               ("cycle_seconds", "step_seconds", "join_seconds")]
+                                                    for i, b in enumerate(c.batch_overhead["batch_sizes"])}
+                                                for d, c in prof.drafters.items() if c.batch_overhead is not None},
+                          "batch_overhead_terms": "cycle, per drafted token, per join (ms)"}
+                         if any(c.batch_overhead is not None for c in prof.drafters.values()) else {}),
                       "seconds": prof.meta["measure_seconds"]}, indent=2))
     return 0
 

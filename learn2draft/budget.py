@@ -303,7 +303,9 @@ def profile_step_cost(profile: Any, drafter: str, max_depth: int, batch_context:
 
     Returns:
         ``cost(load, longest) -> seconds``: ``load`` a :class:`learn2draft.state.LoadState`, ``longest`` the longest
-        verified draft; the verification is padded to it (B rows × (longest + 1) tokens, as the batched decoder feeds).
+        verified draft; the verification is padded to it (B rows × (longest + 1) tokens, as the batched decoder feeds),
+        plus the real loop's per-step seconds beyond the tables (:meth:`LatencyProfile.batch_overhead`, 0 for a profile
+        without them).
 
     Raises:
         ValueError: (when called) the profile lacks the batch axis or the batch size.
@@ -312,7 +314,8 @@ def profile_step_cost(profile: Any, drafter: str, max_depth: int, batch_context:
         B = int(load.batch_size)
         ctx = max(load.context_lens) if batch_context == "max" else float(np.mean(load.context_lens))
         drafted = max_depth if drafted_before else longest
-        return float(drafted * profile.draft_step_batched(drafter, B, ctx) + profile.verify_batched(B, longest + 1, ctx))
+        return float(drafted * profile.draft_step_batched(drafter, B, ctx) + profile.verify_batched(B, longest + 1, ctx)
+                     + profile.batch_overhead(drafter, B, longest))
 
     return cost
 

@@ -157,7 +157,7 @@ def test_eval_profile_measures_the_batch_axis(tiny_model_dirs, tmp_path, capsys)
     assert profile_main(["--target", target, "--draft", draft, "--drafter", "lookup,model", "--contexts", "8,16",
                          "--tokens", "1,2,4", "--repeats", "1", "--draft-steps", "2", "--overhead-prompts", "1",
                          "--overhead-tokens", "6", "--device", "cpu", "--batch-sizes", "1,2,4",
-                         "--out", str(out)]) == 0
+                         "--batch-overhead-depths", "0,2,9", "--batch-overhead-tokens", "6", "--out", str(out)]) == 0
     summary = json.loads(capsys.readouterr().out)
     p = load_profile(out)
     assert p.has_batch_axis and p.verify_batch["batch_sizes"] == [1, 2, 4] and p.verify_batch["contexts"] == [8.0]
@@ -166,8 +166,71 @@ def test_eval_profile_measures_the_batch_axis(tiny_model_dirs, tmp_path, capsys)
         assert np.asarray(p.cost(d).batch_step["seconds"]).shape == (1, 3)
         assert float(p.draft_step_batched(d, 4, 8.0)) > 0
     assert set(summary["verify_batched_ms_at_1_token"]) == {"1", "2", "4"}
+    # The real batched loop's seconds beyond the tables: fitted per batch size ≥ 2 from real closed-loop steps
+    # (γ = 9 exceeds the 4-token table and is dropped: the loops ran at γ 0 and 2).
+    for d in ("lookup", "model"):
+        bo = p.cost(d).batch_overhead
+        assert bo["batch_sizes"] == [2, 4] and all(n > 0 for n in bo["steps"]) and "γ [0, 2]" in bo["how"]
+        assert all(np.isfinite(bo[k]).all() for k in ("cycle_seconds", "step_seconds", "join_seconds"))
+        assert p.batch_overhead(d, 1, 2) == 0.0 and p.join_overhead(d, 1) == 0.0
+        assert p.batch_overhead(d, 4, 2) == pytest.approx(bo["cycle_seconds"][1] + 2 * bo["step_seconds"][1])
+    assert set(summary["batch_overhead_ms"]["model"]) == {"B=2", "B=4"}
     assert profile_main(["--batch-contexts", "8", "--drafter", "lookup"]) == 2
     assert "--batch-sizes" in capsys.readouterr().err
+    for bad in (["--batch-overhead-requests", "-1"], ["--batch-overhead-tokens", "1"],
+                ["--batch-overhead-depths", "x"]):
+        assert profile_main(["--drafter", "lookup", "--batch-sizes", "1,2", *bad]) == 2
+        assert "--batch-overhead" in capsys.readouterr().err
+
+
+def test_the_batched_loops_overheads_enter_every_batched_cost(tmp_path):
+    """A drafter's batch_overhead_seconds: read back from its file, linear in B from 0 at B = 1, added to the
+    simulator's step and join costs, to the adaptive-verification cost table; B = 1 untouched; bad entries refused."""
+    from learn2draft.budget import profile_step_cost
+    from learn2draft.state import LoadState
+
+    plain = batched_profile()
+    prof = batched_profile()
+    prof.drafters["model"].batch_overhead = {"batch_sizes": [2, 4, 16], "cycle_seconds": [0.001, 0.004, 0.010],
+                                             "step_seconds": [0.0005, 0.001, -0.002],
+                                             "join_seconds": [0.002, 0.003, 0.008]}
+    prof.validate()
+    back = load_profile(prof.save(tmp_path / "p.json"))
+    assert back.to_dict() == prof.to_dict() and back.cost("model").batch_overhead == prof.cost("model").batch_overhead
+    assert back.batch_overhead("model", 1, 3) == 0.0 and back.batch_overhead("lookup", 4, 3) == 0.0
+    assert back.batch_overhead("model", 4, 3) == pytest.approx(0.004 + 3 * 0.001)
+    assert back.batch_overhead("model", 3, 2) == pytest.approx(0.0025 + 2 * 0.00075)  # halfway between 2 and 4
+    assert back.join_overhead("model", 10) == pytest.approx(0.0055) and back.join_overhead("model", 1) == 0.0
+    for B, d, c in ((1, 3, 10.0), (2, 0, 0.0), (4, 3, 64.0), (16, 4, 32.0)):
+        base, extra = plain.step_batched("model", B, d, c), back.step_batched("model", B, d, c)
+        assert extra[:2] == base[:2]
+        assert extra[2] == pytest.approx(max(base[2] + back.batch_overhead("model", B, d), -base[0]))
+    # A negative overhead never makes a step cheaper than its verification.
+    neg = batched_profile()
+    neg.drafters["model"].batch_overhead = {"batch_sizes": [2], "cycle_seconds": [-1.0], "step_seconds": [0.0],
+                                            "join_seconds": [-1.0]}
+    draft, verify, other = neg.step_batched("model", 2, 3, 0.0)
+    assert draft + verify + other == pytest.approx(verify)
+    # The simulator charges them: the same stream costs more by exactly the overheads of its steps and joins.
+    tr = synthetic_traces(4)
+    steps_plain, steps_over = [], []
+    r0 = simulate(tr, plain, FixedGamma(3), Load(concurrency=4), 8, steps=steps_plain)
+    r1 = simulate(tr, back, FixedGamma(3), Load(concurrency=4), 8, steps=steps_over)
+    assert [s.taus.tolist() for s in steps_plain] == [s.taus.tolist() for s in steps_over]
+    extra_steps = sum(back.batch_overhead("model", s.batch, int(s.depths.max())) for s in steps_plain if s.batch > 1)
+    assert r1["step_seconds"] - r0["step_seconds"] == pytest.approx(extra_steps, rel=1e-9)
+    assert r1["prefill_seconds"] > r0["prefill_seconds"]
+    # … and so does the adaptive-verification rule's cost table.
+    load = LoadState(batch_size=4, max_batch=4, context_lens=(10, 20, 30, 40))
+    assert profile_step_cost(back, "model", 4)(load, 2) == pytest.approx(
+        profile_step_cost(plain, "model", 4)(load, 2) + back.batch_overhead("model", 4, 2))
+    for damage, match in (({"batch_sizes": [1, 2]}, "integers ≥ 2"), ({"step_seconds": [0.0]}, "3 finite numbers"),
+                          ({"join_seconds": ["0.1", 0, 0]}, "JSON numbers")):
+        data = back.to_dict()
+        data["drafters"]["model"]["batch_overhead_seconds"].update(damage)
+        (tmp_path / "bad.json").write_text(json.dumps(data))
+        with pytest.raises(ValueError, match=match):
+            load_profile(tmp_path / "bad.json")
 
 
 # ------------------------------------------------------------------ the simulator

@@ -59,6 +59,20 @@ measured by ``python -m eval.profile --batch-sizes 1,2,4,8,16``::
 ``verify_batch`` seconds[c][b][n]: one target forward over B = batch_sizes[b] rows of n = tokens[n] new tokens each
 (B·n batched tokens) after contexts[c] cached tokens per row, plus the processing of its logits;
 ``batch_step_seconds`` seconds[c][b]: one draft step of all B rows together (per row: seconds / B).
+
+A drafter may also hold what the real batched loop costs beyond these tables (optional, measured by
+``python -m eval.profile --batch-sizes ...`` running :func:`learn2draft.batched.serve` at fixed γ)::
+
+    "batch_overhead_seconds": {"batch_sizes": [2, 4, 8, 16], "cycle_seconds": [...], "step_seconds": [...],
+                               "join_seconds": [...]}
+
+per batch size B (≥ 2) the least-squares fit ``real step seconds − (the table terms) ≈ cycle_seconds[B] +
+step_seconds[B] · d`` over the loop's steps of B rows whose longest draft is d (the per-row work a padded forward
+does not show: each row's acceptance, rollback and proposals, masks and cache bookkeeping), and ``join_seconds[B]``:
+per request joining a closed loop of concurrency B, the loop's seconds outside its steps minus the prefill the replay
+charges (``verify(prompt_len, 0)``). Signed (the tables may also over-estimate). :meth:`LatencyProfile.batch_overhead`
+and :meth:`LatencyProfile.join_overhead` read them, linear in B from 0 at B = 1 (the single-sequence tables and
+overheads are the B = 1 step) to the tabulated sizes, constant above the largest; without the entry both are 0.
 :meth:`LatencyProfile.verify_batched` and :meth:`LatencyProfile.draft_step_batched` read them: linear in the
 batch size between tabulated sizes (more rows than tabulated is an error), linear in tokens over the table made
 monotone (a running maximum along tokens: a median a little below its smaller neighbour is noise), and in context
@@ -85,6 +99,8 @@ PROFILE_FORMAT_VERSION = 1
 #: Where the shipped profiles live (package data of the engine, ``learn2draft/replay/profiles``): ``cpu-2core.json``
 #: (measured) and ``gpu-like.json``.
 SHIPPED_PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
+#: The terms of a drafter's ``batch_overhead_seconds`` (module docstring), one number per batch size each.
+BATCH_OVERHEAD_TERMS = ("cycle_seconds", "step_seconds", "join_seconds")
 
 
 def _ctx_weights(x: np.ndarray, xs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -108,7 +124,9 @@ class DrafterCost:
     ``tree_level`` (optional) one draft-tree level, ``{"contexts": [...], "seconds": [...], "width": W | None,
     "top_k": k | None}`` (None: the profile has none, tree costs fall back to the step cost); ``batch_step``
     (optional, the batch axis) one draft step of B rows together, ``{"batch_sizes": [...], "contexts": [...],
-    "seconds": [[...per batch size...] ...per context...]}``."""
+    "seconds": [[...per batch size...] ...per context...]}``; ``batch_overhead`` (optional) the real batched loop's
+    per-step and per-join seconds beyond the tables, ``{"batch_sizes": [...], "cycle_seconds": [...],
+    "step_seconds": [...], "join_seconds": [...]}`` (see the module docstring)."""
 
     step_contexts: list[float]
     step_seconds: list[float]
@@ -117,6 +135,7 @@ class DrafterCost:
     extra: dict = field(default_factory=dict)
     tree_level: dict | None = None
     batch_step: dict | None = None  # {"batch_sizes": [...], "contexts": [...], "seconds": [[per B] per context]}
+    batch_overhead: dict | None = None  # {"batch_sizes": [...], "cycle_seconds": [...], "step_seconds": [...], "join_seconds": [...]}
 
 
 @dataclass
@@ -193,6 +212,8 @@ class LatencyProfile:
                 vals += self._batch_table(cost.batch_step, f"drafter {d!r} batch_step_seconds", ()).reshape(-1).tolist()
             if not all(math.isfinite(v) and v >= 0 for v in vals):
                 raise ValueError(f"Profile {self.name!r}, drafter {d!r}: costs must be finite seconds ≥ 0.")
+            if cost.batch_overhead is not None:
+                self._check_batch_overhead(d, cost.batch_overhead)
         if self.verify_batch is not None:
             vb = self._batch_table(self.verify_batch, "verify_batch", ("tokens",))
             if not np.all(vb > 0):
@@ -201,6 +222,22 @@ class LatencyProfile:
             if tok[0] != 1 or np.any(tok != np.round(tok)):
                 raise ValueError(f"Profile {self.name!r}: verify_batch tokens must be integers starting at 1, got "
                                  f"{self.verify_batch['tokens']}.")
+
+    def _check_batch_overhead(self, drafter: str, table: dict) -> None:
+        """Raise ValueError unless ``table`` is a drafter's ``batch_overhead_seconds`` (module docstring): increasing
+        integer batch sizes ≥ 2 and, for each of its three terms, one finite (signed) number of seconds per size."""
+        what = f"Profile {self.name!r}, drafter {drafter!r}: batch_overhead_seconds"
+        try:
+            b = np.asarray(table["batch_sizes"], dtype=np.float64)
+            terms = [np.asarray(table[k], dtype=np.float64) for k in BATCH_OVERHEAD_TERMS]
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{what} must be {{'batch_sizes': [...], " + ", ".join(f"{k!r}: [...]" for k in
+                                                                              BATCH_OVERHEAD_TERMS) + "}.") from None
+        if b.ndim != 1 or b.size == 0 or np.any(np.diff(b) <= 0) or b[0] < 2 or np.any(b != np.round(b)):
+            raise ValueError(f"{what} batch_sizes must be increasing integers ≥ 2, got {table['batch_sizes']}.")
+        for k, t in zip(BATCH_OVERHEAD_TERMS, terms):
+            if t.shape != b.shape or not np.all(np.isfinite(t)):
+                raise ValueError(f"{what} {k} must be {b.size} finite numbers of seconds (one per batch size).")
 
     def _batch_table(self, table: dict, what: str, inner: tuple[str, ...]) -> np.ndarray:
         """``table["seconds"]`` as float64 (contexts, batch sizes, *inner axes), after checking its axes.
@@ -288,6 +325,54 @@ class LatencyProfile:
         return ((1 - w) * ys[lo] + w * ys[hi]).reshape(c.shape)
 
     # ------------------------------------------------------------------ the batch axis
+    def _overhead_term(self, drafter: str, term: str, batch_size: int) -> float:
+        bo = self.cost(drafter).batch_overhead
+        if bo is None or int(batch_size) <= 1:
+            return 0.0
+        return float(np.interp(float(batch_size), [1.0, *map(float, bo["batch_sizes"])], [0.0, *map(float, bo[term])]))
+
+    def batch_overhead(self, drafter: str, batch_size: int, depth: int) -> float:
+        """Seconds the real batched loop spends in a step of ``batch_size`` rows whose longest draft is ``depth``
+        tokens beyond the table terms (``cycle_seconds[B] + step_seconds[B] · depth`` of the drafter's
+        ``batch_overhead_seconds``, module docstring); linear in B from 0 at B = 1, constant above the largest size;
+        0 without the entry. Signed.
+
+        Raises:
+            ValueError: an unknown drafter.
+        """
+        return (self._overhead_term(drafter, "cycle_seconds", batch_size)
+                + int(depth) * self._overhead_term(drafter, "step_seconds", batch_size))
+
+    def join_overhead(self, drafter: str, batch_size: int) -> float:
+        """Seconds a request joining a batch of ``batch_size`` rows (itself included) costs the real loop beyond the
+        prefill the replay charges (``join_seconds`` of the drafter's ``batch_overhead_seconds``; interpolated as
+        :meth:`batch_overhead`; 0 without it). Signed.
+
+        Raises:
+            ValueError: an unknown drafter.
+        """
+        return self._overhead_term(drafter, "join_seconds", batch_size)
+
+    def step_batched(self, drafter: str, batch_size: int, depth: int, context: float) -> tuple[float, float, float]:
+        """(draft, verify, other) seconds of one batched step of ``batch_size`` rows padded to the longest draft
+        ``depth`` at batch context ``context`` — the one formula of :mod:`learn2draft.replay.serve`::
+
+            draft = d · draft_step_batched(B, c);  verify = verify_batched(B, d + 1, c)
+            other = cycle_overhead + d · step_overhead + batch_overhead(B, d)   (at least −draft: a step costs at
+                                                                                  least its verification)
+
+        (the single-sequence overheads once per step, not per row).
+
+        Raises:
+            ValueError: as :meth:`verify_batched` and :meth:`draft_step_batched`.
+        """
+        d = int(depth)
+        cost = self.cost(drafter)
+        draft = d * float(self.draft_step_batched(drafter, batch_size, context)) if d else 0.0
+        verify = float(self.verify_batched(batch_size, d + 1, context))
+        other = cost.cycle_overhead_seconds + d * cost.step_overhead_seconds + self.batch_overhead(drafter, batch_size, d)
+        return draft, verify, max(other, -draft)
+
     @property
     def has_batch_axis(self) -> bool:
         """Whether the profile holds the batch axis of verification (``verify_batch``; see the module docstring)."""
@@ -484,6 +569,8 @@ class LatencyProfile:
                              "cycle_overhead_seconds": float(v.cycle_overhead_seconds),
                              **({"tree_level_seconds": dict(v.tree_level)} if v.tree_level is not None else {}),
                              **({"batch_step_seconds": dict(v.batch_step)} if v.batch_step is not None else {}),
+                             **({"batch_overhead_seconds": dict(v.batch_overhead)}
+                                if v.batch_overhead is not None else {}),
                              **v.extra}
                          for k, v in self.drafters.items()},
             **({"verify_batch": dict(self.verify_batch)} if self.verify_batch is not None else {}),
@@ -520,7 +607,7 @@ class LatencyProfile:
             for k, d in data["drafters"].items():
                 extra = {kk: vv for kk, vv in d.items()
                          if kk not in ("step_seconds", "step_overhead_seconds", "cycle_overhead_seconds",
-                                       "tree_level_seconds", "batch_step_seconds")}
+                                       "tree_level_seconds", "batch_step_seconds", "batch_overhead_seconds")}
                 tl = d.get("tree_level_seconds")
                 if tl is not None and not isinstance(tl, dict):
                     raise TypeError("'tree_level_seconds' must be an object")
@@ -530,13 +617,20 @@ class LatencyProfile:
                 bst = d.get("batch_step_seconds")
                 if bst is not None:
                     bst = _batch_numbers(bst, f"drafter {k!r} batch_step_seconds", where, ())
+                bov = d.get("batch_overhead_seconds")
+                if bov is not None:
+                    if not isinstance(bov, dict):
+                        raise TypeError("'batch_overhead_seconds' must be an object")
+                    bov = {**bov, **{key: _numbers(bov[key], f"drafter {k!r} batch_overhead_seconds {key}", where,
+                                                   integer=key == "batch_sizes")
+                                     for key in ("batch_sizes", *BATCH_OVERHEAD_TERMS)}}
                 # Every cost is required: a missing (or misspelt) one would silently be a free operation.
                 step = d["step_seconds"]
                 drafters[k] = DrafterCost(_numbers(step["contexts"], f"drafter {k!r} step_seconds contexts", where),
                                           _numbers(step["seconds"], f"drafter {k!r} step_seconds seconds", where),
                                           *_numbers([d["step_overhead_seconds"], d["cycle_overhead_seconds"]],
                                                     f"drafter {k!r} step/cycle overhead seconds", where),
-                                          extra, tl, bst)
+                                          extra, tl, bst, bov)
             vb = data.get("verify_batch")
             if vb is not None:
                 vb = _batch_numbers(vb, "verify_batch", where, ("tokens",))

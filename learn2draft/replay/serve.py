@@ -14,7 +14,8 @@ One simulated **step** of the running rows (B of them):
 1. joins: every waiting request that has arrived joins while fewer than ``max_batch`` rows run; each costs one
    prefill, charged serially before the step (every row waits for it), which emits the request's first token.
    The prefill's cost is the profile's verification of the whole prompt after no cached token,
-   ``verify(prompt_len, 0)`` extrapolated linearly along tokens past the table (:meth:`LatencyProfile.verify`);
+   ``verify(prompt_len, 0)`` extrapolated linearly along tokens past the table (:meth:`LatencyProfile.verify`),
+   plus what joining a batch of B rows costs the real loop beyond it (:meth:`LatencyProfile.join_overhead`);
    the draft model's prefill is not charged (the single-sequence replay charges none either);
 2. depths: the policy returns a depth per row (``policy(load, rows) -> int (B,)``, :class:`LoadFeatures`,
    :class:`RowFeatures`), capped per row at what the row can draft (its recorded chain, ``max_depth`` and its
@@ -22,9 +23,12 @@ One simulated **step** of the running rows (B of them):
 3. cost: rows are padded to the longest: with d = the largest depth,
 
        seconds = d · (draft_step_batched(B, c) + step_overhead) + verify_batched(B, d + 1, c) + cycle_overhead
+                 + batch_overhead(B, d)
 
-   (:meth:`LatencyProfile.draft_step_batched`, :meth:`LatencyProfile.verify_batched`; the overheads are the
-   profile's single-sequence fit, charged once per step, not per row) at the batch context c — by default the
+   (:meth:`LatencyProfile.step_batched`: :meth:`LatencyProfile.draft_step_batched`,
+   :meth:`LatencyProfile.verify_batched`; the overheads are the profile's single-sequence fit, charged once per step,
+   not per row, and the real batched loop's per-step seconds beyond the tables, :meth:`LatencyProfile.batch_overhead`,
+   0 for a profile without them) at the batch context c — by default the
    longest row's context (``batch_context="max"``, as a padded batch attends over the longest; ``"mean"`` for
    per-row positions);
 4. outcome: each row advances by its own τ + 1 (:meth:`learn2draft.replay.outcome.ChainReplay.cycle`, the one
@@ -308,7 +312,8 @@ class ServeSimulator:
     def _prefill_cost(self, prompt_len: int) -> float:
         if not self.charge_prefill:
             return 0.0
-        return float(self.profile.verify(max(prompt_len, 1), 0.0, extrapolate=True))
+        prefill = float(self.profile.verify(max(prompt_len, 1), 0.0, extrapolate=True))
+        return max(prefill + self.profile.join_overhead(self.drafter, len(self.running) + 1), 0.0)
 
     def _join(self, req: _Request) -> None:
         """Prefill ``req`` (serially, at the current clock): it emits its first token and joins (or, with one token
@@ -380,11 +385,7 @@ class ServeSimulator:
     def step_seconds(self, batch: int, max_depth: int, context: float) -> tuple[float, float, float]:
         """(draft, verify, other) seconds of a step of ``batch`` rows padded to ``max_depth`` drafted tokens at the
         batch context ``context`` (the formula of the module docstring)."""
-        cost = self.profile.cost(self.drafter)
-        draft = max_depth * float(self.profile.draft_step_batched(self.drafter, batch, context)) if max_depth else 0.0
-        verify = float(self.profile.verify_batched(batch, max_depth + 1, context))
-        other = cost.cycle_overhead_seconds + max_depth * cost.step_overhead_seconds
-        return draft, verify, other
+        return self.profile.step_batched(self.drafter, batch, max_depth, context)
 
     def step(self, depths) -> StepResult:
         """One batch step with per-row ``depths`` (int (B,) in the order of :meth:`observe`'s rows, or one int for
