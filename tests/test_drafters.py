@@ -104,6 +104,38 @@ def test_lookup_rollback_forgets_rejected_tokens():
     assert d.lookup(other)[0] == 6
 
 
+def test_lookup_after_a_lookahead_matches_a_fresh_search():
+    """The batched decoder's load state runs a lookahead per row before drafting; the matches it kept must be what a
+    fresh search finds, along the chain, after a rollback into it, and after a different bonus token."""
+    rng = np.random.default_rng(0)
+    base = rng.integers(0, 6, size=60).tolist()
+    for trial in range(30):
+        n = int(rng.integers(8, 50))
+        seq = t(base[:n])
+        d, fresh = LookupDrafter(min_ngram=1), LookupDrafter(min_ngram=1)
+        d.start(seq[:5])
+        fresh.start(seq[:5])
+        toks, confs = d.lookahead(seq, 6)
+        # drafting along the chain: the same matches as a drafter that never looked ahead
+        cur = seq
+        for j in range(len(toks)):
+            assert d.lookup(cur) == fresh.lookup(cur), (trial, j)
+            cur = torch.cat([cur, t([toks[j]])])
+        # verification accepted τ of them and drew a bonus token (sometimes the chain's own next token)
+        tau = int(rng.integers(0, len(toks) + 1))
+        d.rollback(n + tau)
+        fresh.rollback(n + tau)
+        bonus = toks[tau] if tau < len(toks) and trial % 2 else int(rng.integers(0, 6))
+        after = torch.cat([seq, t(toks[:tau] + [bonus])])
+        assert d.lookup(after) == fresh.lookup(after), trial
+        assert d.lookahead(after, 4) == fresh.lookahead(after, 4)
+        # a rollback below the lookahead's start drops what it kept
+        d.rollback(n - 2)
+        fresh.rollback(n - 2)
+        other = torch.cat([seq[: n - 2], t([5, 5, 5])])
+        assert d.lookup(other) == fresh.lookup(other)
+
+
 def test_bad_ngram_sizes_and_unknown_drafter(tiny_pair):
     with pytest.raises(ValueError, match="min_ngram"):
         LookupDrafter(max_ngram=1, min_ngram=2)

@@ -53,10 +53,11 @@ class LookupDrafter(Drafter):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self._tokens = np.zeros(0, dtype=np.int64)
         self._match: tuple[int, tuple[int, int, int, float, float] | None] | None = None  # (length, match) cache
+        self._ahead: tuple[int, np.ndarray, list] | None = None  # the last lookahead: (length, its tokens, its matches)
 
     def start(self, prompt_ids: torch.Tensor) -> None:
         self._tokens = np.asarray(prompt_ids.reshape(-1).tolist(), dtype=np.int64)
-        self._match = None
+        self._match = self._ahead = None
 
     def _sync(self, seq: torch.Tensor) -> np.ndarray:
         n = seq.numel()
@@ -72,9 +73,22 @@ class LookupDrafter(Drafter):
         n = seq.numel()
         if self._match is not None and self._match[0] == n:
             return self._match[1]
-        found = self._find(self._sync(seq))
+        t = self._sync(seq)
+        ahead = self._ahead_match(t) if self._ahead is not None else None
+        found = self._find(t) if ahead is None else ahead[0]
         self._match = (n, found)
         return found
+
+    def _ahead_match(self, t: np.ndarray):
+        """``(match,)`` (the match may be None) for the token after ``t`` when the last :meth:`lookahead` computed it:
+        ``t`` is its sequence extended by a prefix of its proposed tokens (the drafter's tokens before the
+        lookahead's start are unchanged since: :meth:`rollback` below it drops the cache), so the match is the same
+        computation; else None."""
+        n0, toks, matches = self._ahead
+        i = t.size - n0
+        if not 0 <= i < len(matches) or not np.array_equal(t[n0:], toks[:i]):
+            return None
+        return (matches[i],)
 
     def _find(self, t: np.ndarray) -> tuple[int, int, int, float, float] | None:
         """The match for the token after ``t`` (int64 (n,)): as :meth:`lookup`, without its cache."""
@@ -100,18 +114,21 @@ class LookupDrafter(Drafter):
 
     def lookahead(self, seq: torch.Tensor, k: int) -> tuple[list[int], list[float]]:
         """The chain this drafter would propose after ``seq`` (int64 (n,)) if every token were accepted, up to ``k``
-        tokens: (tokens, confidences). Deterministic; leaves the drafter's state as it was."""
+        tokens: (tokens, confidences). Deterministic; the drafter proposes the same afterwards (its matches are kept,
+        so that drafting along the chain does not search again)."""
         n = seq.numel()
         t = np.empty(n + max(int(k), 0), dtype=np.int64)
         t[:n] = self._sync(seq)
-        toks, confs = [], []
+        toks, confs, matches = [], [], []
         for i in range(max(int(k), 0)):
             m = self._find(t[: n + i])
+            matches.append(m)
             if m is None:
                 break
             t[n + i] = m[0]
             toks.append(m[0])
             confs.append(m[3])
+        self._ahead = (n, np.asarray(toks, dtype=np.int64), matches)  # the drafting that follows reuses the matches
         return toks, confs
 
     def can_propose(self, seq: torch.Tensor) -> bool:
@@ -127,6 +144,8 @@ class LookupDrafter(Drafter):
         if self._tokens.size > length:
             self._tokens = self._tokens[:length]
         self._match = None
+        if self._ahead is not None and length < self._ahead[0]:
+            self._ahead = None
 
     def features(self, seq: torch.Tensor) -> np.ndarray:
         m = self.lookup(seq)
