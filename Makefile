@@ -2,7 +2,7 @@
 #   make demo   set up, then on the embedded default pair: record lookup and draft-model traces, measure this
 #               machine's latency profile, train the hybrid drafter's policy in replay, benchmark it per category
 #               against each drafter's best fixed γ, the hand rules and generate(), and check the output law
-#   make test   set up, run the test suite
+#   make test   set up, run the test suite on TEST_WORKERS pytest-xdist processes (TEST_WORKERS=0: one process)
 PY      ?= python3
 VENV    ?= .venv
 BIN      = $(VENV)/bin
@@ -12,6 +12,10 @@ RUN     ?= runs/default
 DATA    ?= runs/demo-data
 # torch threads of the demo's commands (each command's own default is 1, the fastest beside other jobs on 2 cores)
 THREADS ?= 2
+# pytest-xdist processes of `make test` (each runs torch on one thread: tests/conftest.py), one per core of the
+# 2-core CI machine; 0 runs the suite in this process. --dist loadfile: each test file runs whole on one worker, so a
+# module's fixtures (a tiny training run, the local Ray cluster) are built once.
+TEST_WORKERS ?= 2
 
 .PHONY: setup demo train eval benchmark test clean
 
@@ -48,7 +52,8 @@ benchmark: setup
 	$(BIN)/python -m eval.benchmark --policy $(RUN)
 
 test: setup
-	WANDB_MODE=disabled HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -rs --durations=15 tests
+	WANDB_MODE=disabled HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -rs --durations=15 \
+		-n $(TEST_WORKERS) --dist loadfile tests
 
 clean:
 	rm -rf $(VENV) runs wandb .pytest_cache
