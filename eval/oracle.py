@@ -253,7 +253,7 @@ def tree_oracle_report(traces, profile, max_depth: int | None = None, max_new_to
     most = int(max(r.verified.max() for r in data)) + 1
     if most > profile.verify_tokens[-1]:
         notes.append(f"verifications of up to {most} tokens: beyond the profile's table ({profile.verify_tokens[-1]}), "
-                     "extrapolated linearly from its last two token counts")
+                     "extrapolated linearly with the slope of its upper half")
     ar = methods["autoregressive (d=0)"]["tokens_per_s"]
     return {"methods": methods, "best_fixed": best, "grid": grid, "notes": notes, "prompts": len(data),
             "tokens": int(tokens), "deterministic": True, "structure": "tree",

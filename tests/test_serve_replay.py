@@ -205,6 +205,11 @@ def test_the_batched_loops_overheads_enter_every_batched_cost(tmp_path):
         base, extra = plain.step_batched("model", B, d, c), back.step_batched("model", B, d, c)
         assert extra[:2] == base[:2]
         assert extra[2] == pytest.approx(max(base[2] + back.batch_overhead("model", B, d), -base[0]))
+    # A prefill past the table is priced with the upper half's slope of the monotone table: a last median below its
+    # neighbour (noise) does not price a long prompt below nothing.
+    dip = batched_profile(verify=lambda B, n, c: 0.05 + 0.002 * n - (0.01 if n == 8 else 0.0))
+    assert dip.verify(80, 0.0, extrapolate=True) == pytest.approx(0.058 + 72 * (0.058 - 0.054) / (8 - 2))  # 2..8
+    assert batched_profile().verify(80, 0.0, extrapolate=True) == pytest.approx(0.010 + 0.001 * 79)
     # A negative overhead never makes a step cheaper than its verification.
     neg = batched_profile()
     neg.drafters["model"].batch_overhead = {"batch_sizes": [2], "cycle_seconds": [-1.0], "step_seconds": [0.0],

@@ -180,7 +180,7 @@ def test_profile_tree_level_round_trip_and_fallback(tmp_path):
     # d·(tree_level + step overhead) + verify(V + 1) + cycle overhead, by hand
     assert back.tree_cycle_seconds("head", 20.0, 3, 5) == pytest.approx(
         3 * (TREE_LEVEL + STEP_OV) + V1 + V_TOK * 5 + V_CTX * 20 + CYCLE_OV)
-    # past the table (8 tokens): linear along its last two token counts
+    # past the table (8 tokens): linear with the slope of its upper half
     assert back.verify(12, 0.0, extrapolate=True) == pytest.approx(V1 + V_TOK * 11)
     with pytest.raises(ValueError, match="tabulates verification"):
         back.verify(12, 0.0)

@@ -285,8 +285,11 @@ class LatencyProfile:
 
         Args:
             tokens: int or int array (m,), ≥ 1; ``context``: number or array broadcastable with it.
-            extrapolate: allow token counts above the table, extended linearly along its last two token counts
-                (a tree verifying V = 64 nodes sends 65 tokens; a 1..64 table then needs one step past its end).
+            extrapolate: allow token counts above the table, extended linearly with the slope of its upper half
+                (from the middle token count to the last, over the table made monotone along tokens: a last median
+                a little below its neighbour is noise, and a negative slope would price a long prompt's prefill
+                below nothing); a tree verifying V = 64 nodes sends 65 tokens, a 1..64 table then needs one step
+                past its end, and the replay under load prices a prefill of the whole prompt so.
 
         Returns:
             float64 array of the broadcast shape.
@@ -303,14 +306,7 @@ class LatencyProfile:
         ns = np.asarray(self.verify_tokens, dtype=np.float64)
         flat_n, flat_c = n.reshape(-1), c.reshape(-1)
 
-        def along_tokens(row):
-            y = np.interp(flat_n, ns, row)
-            if ns.size > 1:
-                above = flat_n > ns[-1]
-                y[above] = row[-1] + (flat_n[above] - ns[-1]) * (row[-1] - row[-2]) / (ns[-1] - ns[-2])
-            return y
-
-        by_ctx = np.stack([along_tokens(row) for row in s])  # (C, m): interpolated in tokens
+        by_ctx = np.stack([_along_tokens(row, ns, flat_n) for row in s])  # (C, m): interpolated in tokens
         lo, hi, w = _ctx_weights(flat_c, np.asarray(self.verify_contexts, dtype=np.float64))
         cols = np.arange(flat_n.shape[0])
         out = (1 - w) * by_ctx[lo, cols] + w * by_ctx[hi, cols]
@@ -427,7 +423,7 @@ class LatencyProfile:
         Args:
             batch_size: rows B (int ≥ 1); ``tokens``: int or int array (m,) ≥ 1, new tokens per row; ``context``:
                 number or array broadcastable with it.
-            extrapolate: allow token counts above the table (linear along its last two token counts), as
+            extrapolate: allow token counts above the table (linear with the slope of its upper half), as
                 :meth:`verify`.
 
         Returns:
@@ -451,14 +447,7 @@ class LatencyProfile:
         secs = np.maximum.accumulate(np.asarray(vb["seconds"], dtype=np.float64), axis=2)  # (C, B, N), monotone in n
         at_b = _along(secs, np.asarray(vb["batch_sizes"], dtype=np.float64), float(B), axis=1)  # (C, N)
         flat_n, flat_c = n.reshape(-1), c.reshape(-1)
-        by_ctx = []
-        for row in at_b:
-            y = np.interp(flat_n, ns, row)
-            if ns.size > 1:
-                above = flat_n > ns[-1]
-                y[above] = row[-1] + (flat_n[above] - ns[-1]) * (row[-1] - row[-2]) / (ns[-1] - ns[-2])
-            by_ctx.append(y)
-        by_ctx = np.stack(by_ctx)  # (C, m)
+        by_ctx = np.stack([_along_tokens(row, ns, flat_n) for row in at_b])  # (C, m)
         lo, hi, w = _ctx_weights(flat_c, np.asarray(vb["contexts"], dtype=np.float64))
         cols = np.arange(flat_n.shape[0])
         return ((1 - w) * by_ctx[lo, cols] + w * by_ctx[hi, cols]).reshape(n.shape)
@@ -687,6 +676,18 @@ def _batch_numbers(table, what: str, where: str, inner: tuple[str, ...]) -> dict
     else:
         out["seconds"] = [_numbers(r, f"{what} seconds", where) for r in secs]
     return out
+
+
+def _along_tokens(row: np.ndarray, ns: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Seconds ``row`` (float (N,), tabulated at token counts ``ns``) at token counts ``n`` (float (m,)): linear
+    between them; above the last, linear with the slope of the table's upper half (middle token count to the last)
+    over the table made monotone (a running maximum), so never below the last value."""
+    y = np.interp(n, ns, row)
+    above = n > ns[-1]
+    if ns.size > 1 and above.any():
+        mono, mid = np.maximum.accumulate(row), (ns.size - 1) // 2
+        y[above] = mono[-1] + (n[above] - ns[-1]) * (mono[-1] - mono[mid]) / (ns[-1] - ns[mid])
+    return y
 
 
 def _along(values: np.ndarray, knots: np.ndarray, x: float, axis: int) -> np.ndarray:

@@ -14,7 +14,8 @@ One simulated **step** of the running rows (B of them):
 1. joins: every waiting request that has arrived joins while fewer than ``max_batch`` rows run; each costs one
    prefill, charged serially before the step (every row waits for it), which emits the request's first token.
    The prefill's cost is the profile's verification of the whole prompt after no cached token,
-   ``verify(prompt_len, 0)`` extrapolated linearly along tokens past the table (:meth:`LatencyProfile.verify`),
+   ``verify(prompt_len, 0)`` extrapolated linearly along tokens past the table (:meth:`LatencyProfile.verify`: the
+   slope of the table's upper half),
    plus what joining a batch of B rows costs the real loop beyond it (:meth:`LatencyProfile.join_overhead`);
    the draft model's prefill is not charged (the single-sequence replay charges none either);
 2. depths: the policy returns a depth per row (``policy(load, rows) -> int (B,)``, :class:`LoadFeatures`,
