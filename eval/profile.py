@@ -55,6 +55,10 @@ from learn2draft.cli import (
 )
 from learn2draft.names import DRAFTERS
 
+#: Prompt lengths (tokens) of the prefill table measured with the batch axis (replay under load charges a prefill per
+#: request that joins).
+PREFILL_TOKENS = (8, 32, 64, 128, 256)
+
 
 def machine_info(device: str = "cpu") -> dict:
     """The machine a measurement ran on: CPU model, cores, load average, nice level, torch version and threads,
@@ -233,6 +237,32 @@ def measure_verify_batched(pair, sampling, seq, contexts: list[int], batch_sizes
     return table
 
 
+def measure_prefill(pair, sampling, seq, lengths: list[int], repeats: int) -> list[float]:
+    """Median seconds of a prefill of n = ``lengths`` tokens (``seq[:n]``, one target forward after no cached token
+    with ``logits_to_keep=1``, as :meth:`learn2draft.batched.BatchedSpeculativeDecoder.add_many` runs it, and the
+    first token's probabilities), as float (len(lengths),); lengths interleaved (a rotated order per repeat), one
+    unrecorded warm-up pass. Timed with :class:`learn2draft.timing.DeviceClock`."""
+    import torch
+    from transformers import DynamicCache
+
+    from learn2draft.timing import DeviceClock
+
+    clock = DeviceClock(pair.device)
+    V = pair.vocab_size
+    times = {n: [] for n in lengths}
+    with torch.inference_mode():
+        for rep in range(repeats + 1):
+            k = rep % len(lengths)
+            for n in lengths[k:] + lengths[:k]:
+                t0 = clock.now()
+                out = pair.target(input_ids=seq[None, :n], cache=DynamicCache(), use_cache=True, logits_to_keep=1)
+                sampling.probs(out.logits[0, -1:, :V], seq[:n], None, source="target")
+                dt = clock.now() - t0
+                if rep:
+                    times[n].append(dt)
+    return [statistics.median(times[n]) for n in lengths]
+
+
 def measure_draft_batched(pair, drafter_name: str, sampling, seq, contexts: list[int], batch_sizes: list[int],
                           steps: int, repeats: int, single_step: list[float]) -> list[list[float]]:
     """Seconds of one draft step of B rows together, as float (len(contexts), len(batch_sizes)).
@@ -393,7 +423,7 @@ def measure_batch_overheads(pair, drafter_name: str, head, sampling, prompts, pr
     ``step seconds − profile.step_batched(drafter, b, d, c)`` (c: the rows' longest context after the step, as the
     replay's ``batch_context="max"``; the profile without this entry); per b, ``cycle_seconds + step_seconds · d`` is
     fitted to them by least squares (a constant only when every step had one d). ``join_seconds[B]``: (the loop's
-    wall seconds − Σ its step seconds − Σ the prefills the replay charges, ``verify(prompt_len, 0)``) / requests.
+    wall seconds − Σ its step seconds − Σ the prefills the replay charges, ``profile.prefill_seconds``) / requests.
     One unrecorded warm-up loop first. Timed with the decoder's :class:`learn2draft.timing.DeviceClock`.
 
     Returns:
@@ -437,8 +467,7 @@ def measure_batch_overheads(pair, drafter_name: str, head, sampling, prompts, pr
             for b, dd, secs, ctx in steps:
                 if b in residuals:
                     residuals[b].append((dd, secs - sum(profile.step_batched(drafter_name, b, dd, float(ctx)))))
-            prefills = sum(float(profile.verify(max(int(r.prompt_ids.numel()), 1), 0.0, extrapolate=True))
-                           for r in reqs)
+            prefills = sum(profile.prefill_seconds(max(int(r.prompt_ids.numel()), 1)) for r in reqs)
             per_join.append((wall - sum(s[2] for s in steps) - prefills) / len(reqs))
         joins[B] = float(np.mean(per_join))
     cycle, step, counts = [], [], []
@@ -459,7 +488,7 @@ def measure_batch_overheads(pair, drafter_name: str, head, sampling, prompts, pr
             "join_seconds": [joins[b] for b in sizes], "steps": counts,
             "how": (f"learn2draft.batched.serve closed loops at fixed γ {list(depths)}, {requests_per_slot} × B requests "
                     f"of {max_new_tokens} tokens: real step seconds − the tables' step, least squares a + b·d per B; "
-                    "joins: seconds outside steps − verify(prompt_len, 0), per request")}
+                    "joins: seconds outside steps − prefill_seconds(prompt_len), per request")}
 
 
 def measure_profile(pair, drafters: list[str], head=None, sampling=None, contexts=(128, 512, 1024),
@@ -472,7 +501,8 @@ def measure_profile(pair, drafters: list[str], head=None, sampling=None, context
 
     With ``batch_sizes`` (e.g. (1, 2, 4, 8, 16)) the profile also gets the batch axis (``verify_batch`` and each
     drafter's ``batch_step_seconds``; :func:`measure_verify_batched`, :func:`measure_draft_batched`) at
-    ``batch_contexts`` (default: the first of ``contexts``) and the same ``tokens``, and, unless
+    ``batch_contexts`` (default: the first of ``contexts``) and the same ``tokens``, the prefill of prompts of
+    :data:`PREFILL_TOKENS` tokens (:func:`measure_prefill`), and, unless
     ``batch_overhead_requests`` is 0, each drafter's ``batch_overhead_seconds``: the real batched loop's seconds beyond
     those tables (:func:`measure_batch_overheads` at fixed γ ``batch_overhead_depths``, ``batch_overhead_requests`` × B
     requests of ``batch_overhead_tokens`` tokens; γ above the tabulated tokens − 1 are dropped).
@@ -558,6 +588,12 @@ def measure_profile(pair, drafters: list[str], head=None, sampling=None, context
                           if batch_sizes is not None else "")},
         verify_batch=verify_batch,
     )
+    if batch_sizes is not None:
+        lengths = [n for n in PREFILL_TOKENS if not pair.max_context or n <= pair.max_context]
+        progress(f"prefill: prompts of {lengths} tokens …")
+        prof.prefill = {"tokens": lengths, "seconds": measure_prefill(pair, sampling, token_stream(pair, lengths[-1]),
+                                                                       lengths, repeats)}
+        prof.validate()
     if batch_sizes is not None and batch_overhead_requests > 0 and any(b >= 2 for b in batch_sizes):
         ov_depths = sorted({int(d) for d in batch_overhead_depths if 0 <= int(d) <= tokens[-1] - 1})
         ov_prompts = [pair.encode_prompt(p) for p in load_prompts("mixed_train")]
@@ -654,6 +690,9 @@ def _run(args) -> int:
                                                 for d, c in prof.drafters.items() if c.batch_overhead is not None},
                           "batch_overhead_terms": "cycle, per drafted token, per join (ms)"}
                          if any(c.batch_overhead is not None for c in prof.drafters.values()) else {}),
+                      **({"prefill_ms": {int(n): round(1e3 * v, 2) for n, v in zip(prof.prefill["tokens"],
+                                                                             prof.prefill["seconds"])}}
+                         if prof.prefill is not None else {}),
                       "seconds": prof.meta["measure_seconds"]}, indent=2))
     return 0
 

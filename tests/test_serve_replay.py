@@ -175,6 +175,8 @@ def test_eval_profile_measures_the_batch_axis(tiny_model_dirs, tmp_path, capsys)
         assert p.batch_overhead(d, 1, 2) == 0.0 and p.join_overhead(d, 1) == 0.0
         assert p.batch_overhead(d, 4, 2) == pytest.approx(bo["cycle_seconds"][1] + 2 * bo["step_seconds"][1])
     assert set(summary["batch_overhead_ms"]["model"]) == {"B=2", "B=4"}
+    assert p.prefill["tokens"][0] == 8 and len(p.prefill["seconds"]) == len(summary["prefill_ms"]) >= 2
+    assert p.prefill_seconds(8) == pytest.approx(p.prefill["seconds"][0])
     assert profile_main(["--batch-contexts", "8", "--drafter", "lookup"]) == 2
     assert "--batch-sizes" in capsys.readouterr().err
     for bad in (["--batch-overhead-requests", "-1"], ["--batch-overhead-tokens", "1"],
@@ -210,6 +212,20 @@ def test_the_batched_loops_overheads_enter_every_batched_cost(tmp_path):
     dip = batched_profile(verify=lambda B, n, c: 0.05 + 0.002 * n - (0.01 if n == 8 else 0.0))
     assert dip.verify(80, 0.0, extrapolate=True) == pytest.approx(0.058 + 72 * (0.058 - 0.054) / (8 - 2))  # 2..8
     assert batched_profile().verify(80, 0.0, extrapolate=True) == pytest.approx(0.010 + 0.001 * 79)
+    # A measured prefill table prices joins instead: linear between lengths, the last two's slope above them.
+    pre = batched_profile()
+    pre.prefill = {"tokens": [8, 32, 64], "seconds": [0.02, 0.05, 0.09]}
+    pre.validate()
+    again = load_profile(pre.save(tmp_path / "pre.json"))
+    assert again.prefill == pre.prefill
+    assert again.prefill_seconds(48) == pytest.approx(0.07) and again.prefill_seconds(96) == pytest.approx(0.13)
+    assert again.prefill_seconds(3) == pytest.approx(0.02)
+    one = simulate(synthetic_traces(2), again, FixedGamma(0), Load(concurrency=1), 2)
+    assert one["prefill_seconds"] == pytest.approx(sum(again.prefill_seconds(p.prompt_len)
+                                                       for p in synthetic_traces(2).prompts))
+    pre.prefill = {"tokens": [8, 4], "seconds": [0.1, 0.2]}
+    with pytest.raises(ValueError, match="prefill tokens must be increasing"):
+        pre.validate()
     # A negative overhead never makes a step cheaper than its verification.
     neg = batched_profile()
     neg.drafters["model"].batch_overhead = {"batch_sizes": [2], "cycle_seconds": [-1.0], "step_seconds": [0.0],

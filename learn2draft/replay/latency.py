@@ -70,7 +70,11 @@ per batch size B (≥ 2) the least-squares fit ``real step seconds − (the tabl
 step_seconds[B] · d`` over the loop's steps of B rows whose longest draft is d (the per-row work a padded forward
 does not show: each row's acceptance, rollback and proposals, masks and cache bookkeeping), and ``join_seconds[B]``:
 per request joining a closed loop of concurrency B, the loop's seconds outside its steps minus the prefill the replay
-charges (``verify(prompt_len, 0)``). Signed (the tables may also over-estimate). :meth:`LatencyProfile.batch_overhead`
+charges (:meth:`LatencyProfile.prefill_seconds`).
+
+A profile may also hold the prefill itself (optional, measured with the batch axis): ``"prefill": {"tokens": [16, 32,
+..., 256], "seconds": [...]}``, one target forward over a prompt of n tokens and its first token's probabilities
+(without it, a prefill is priced as the verification of the whole prompt, extrapolated past the verify table). Signed (the tables may also over-estimate). :meth:`LatencyProfile.batch_overhead`
 and :meth:`LatencyProfile.join_overhead` read them, linear in B from 0 at B = 1 (the single-sequence tables and
 overheads are the B = 1 step) to the tabulated sizes, constant above the largest; without the entry both are 0.
 :meth:`LatencyProfile.verify_batched` and :meth:`LatencyProfile.draft_step_batched` read them: linear in the
@@ -153,6 +157,8 @@ class LatencyProfile:
         meta: every other top-level entry of the file (target, draft, notes, raw measurements).
         verify_batch: the batch axis of verification (see the module docstring), ``{"batch_sizes": [...],
             "tokens": [...], "contexts": [...], "seconds": (contexts, batch sizes, tokens)}``; None without it.
+        prefill: ``{"tokens": [...], "seconds": [...]}``, one target forward over a prompt of n tokens after no cached
+            token and the first token's probabilities (:meth:`prefill_seconds`); None without it.
         path: the file it was read from ("" when built in Python); named in errors, not written.
     """
 
@@ -165,6 +171,7 @@ class LatencyProfile:
     source: str = ""
     meta: dict = field(default_factory=dict)
     verify_batch: dict | None = None
+    prefill: dict | None = None
     path: str = field(default="", compare=False)
 
     def __post_init__(self):
@@ -214,6 +221,16 @@ class LatencyProfile:
                 raise ValueError(f"Profile {self.name!r}, drafter {d!r}: costs must be finite seconds ≥ 0.")
             if cost.batch_overhead is not None:
                 self._check_batch_overhead(d, cost.batch_overhead)
+        if self.prefill is not None:
+            try:
+                pt = np.asarray(self.prefill["tokens"], dtype=np.float64)
+                ps = np.asarray(self.prefill["seconds"], dtype=np.float64)
+            except (KeyError, TypeError, ValueError):
+                raise ValueError(f"Profile {self.name!r}: prefill must be {{'tokens': [...], 'seconds': [...]}}.") from None
+            if pt.ndim != 1 or pt.size == 0 or pt.shape != ps.shape or pt[0] < 1 or np.any(np.diff(pt) <= 0) \
+                    or np.any(pt != np.round(pt)) or not np.all(np.isfinite(ps) & (ps > 0)):
+                raise ValueError(f"Profile {self.name!r}: prefill tokens must be increasing integers ≥ 1 with one "
+                                 "positive number of seconds each.")
         if self.verify_batch is not None:
             vb = self._batch_table(self.verify_batch, "verify_batch", ("tokens",))
             if not np.all(vb > 0):
@@ -311,6 +328,26 @@ class LatencyProfile:
         cols = np.arange(flat_n.shape[0])
         out = (1 - w) * by_ctx[lo, cols] + w * by_ctx[hi, cols]
         return out.reshape(n.shape)
+
+    def prefill_seconds(self, tokens: int) -> float:
+        """Seconds of the prefill of a prompt of ``tokens`` tokens (one target forward after no cached token and the
+        first token's draw): the ``prefill`` table (linear between its lengths, the first value below them, the
+        slope of its last two lengths over the monotone table above them); without it, :meth:`verify` of the
+        whole prompt after no context, extrapolated past its table.
+
+        Raises:
+            ValueError: ``tokens`` < 1.
+        """
+        n = int(tokens)
+        if n < 1:
+            raise ValueError(f"A prompt has at least 1 token, got {tokens!r}.")
+        if self.prefill is None:
+            return float(self.verify(n, 0.0, extrapolate=True))
+        ns = np.asarray(self.prefill["tokens"], dtype=np.float64)
+        ys = np.maximum.accumulate(np.asarray(self.prefill["seconds"], dtype=np.float64))
+        if n <= ns[-1] or ns.size == 1:
+            return float(np.interp(float(n), ns, ys))
+        return float(ys[-1] + (n - ns[-1]) * (ys[-1] - ys[-2]) / (ns[-1] - ns[-2]))
 
     def draft_step(self, drafter: str, context) -> np.ndarray:
         """Seconds of one draft step of ``drafter`` at ``context`` committed tokens (number or array)."""
@@ -563,6 +600,7 @@ class LatencyProfile:
                              **v.extra}
                          for k, v in self.drafters.items()},
             **({"verify_batch": dict(self.verify_batch)} if self.verify_batch is not None else {}),
+            **({"prefill": dict(self.prefill)} if self.prefill is not None else {}),
         }
 
     def save(self, path: str | Path) -> Path:
@@ -623,13 +661,20 @@ class LatencyProfile:
             vb = data.get("verify_batch")
             if vb is not None:
                 vb = _batch_numbers(vb, "verify_batch", where, ("tokens",))
-            known = {"format", "format_version", "name", "source", "machine", "verify", "drafters", "verify_batch"}
+            pf = data.get("prefill")
+            if pf is not None:
+                if not isinstance(pf, dict):
+                    raise TypeError("'prefill' must be an object")
+                pf = {**pf, "tokens": _numbers(pf["tokens"], "prefill tokens", where, integer=True),
+                      "seconds": _numbers(pf["seconds"], "prefill seconds", where)}
+            known = {"format", "format_version", "name", "source", "machine", "verify", "drafters", "verify_batch",
+                     "prefill"}
             return cls(name=str(data.get("name", Path(where).stem)),
                        verify_tokens=[int(x) for x in _numbers(v["tokens"], "verify tokens", where, integer=True)],
                        verify_contexts=_numbers(v["contexts"], "verify contexts", where),
                        verify_seconds=[_numbers(r, f"verify seconds row {i}", where) for i, r in enumerate(v["seconds"])],
                        drafters=drafters, machine=dict(data.get("machine", {})), source=str(data.get("source", "")),
-                       meta={k: val for k, val in data.items() if k not in known}, verify_batch=vb,
+                       meta={k: val for k, val in data.items() if k not in known}, verify_batch=vb, prefill=pf,
                        path=where if where != "profile" else "")
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"{where}: malformed profile (missing or wrong entry {e}); see learn2draft.replay.latency for the "

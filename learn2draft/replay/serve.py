@@ -13,9 +13,8 @@ One simulated **step** of the running rows (B of them):
 
 1. joins: every waiting request that has arrived joins while fewer than ``max_batch`` rows run; each costs one
    prefill, charged serially before the step (every row waits for it), which emits the request's first token.
-   The prefill's cost is the profile's verification of the whole prompt after no cached token,
-   ``verify(prompt_len, 0)`` extrapolated linearly along tokens past the table (:meth:`LatencyProfile.verify`: the
-   slope of the table's upper half),
+   The prefill's cost is the profile's (:meth:`LatencyProfile.prefill_seconds`: its measured prefill table, or the
+   verification of the whole prompt after no cached token, extrapolated past the verify table),
    plus what joining a batch of B rows costs the real loop beyond it (:meth:`LatencyProfile.join_overhead`);
    the draft model's prefill is not charged (the single-sequence replay charges none either);
 2. depths: the policy returns a depth per row (``policy(load, rows) -> int (B,)``, :class:`LoadFeatures`,
@@ -313,7 +312,7 @@ class ServeSimulator:
     def _prefill_cost(self, prompt_len: int) -> float:
         if not self.charge_prefill:
             return 0.0
-        prefill = float(self.profile.verify(max(prompt_len, 1), 0.0, extrapolate=True))
+        prefill = self.profile.prefill_seconds(max(prompt_len, 1))
         return max(prefill + self.profile.join_overhead(self.drafter, len(self.running) + 1), 0.0)
 
     def _join(self, req: _Request) -> None:
