@@ -596,6 +596,10 @@ def measure_profile(pair, drafters: list[str], head=None, sampling=None, context
         prof.validate()
     if batch_sizes is not None and batch_overhead_requests > 0 and any(b >= 2 for b in batch_sizes):
         ov_depths = sorted({int(d) for d in batch_overhead_depths if 0 <= int(d) <= tokens[-1] - 1})
+        dropped = sorted({int(d) for d in batch_overhead_depths} - set(ov_depths))
+        if dropped:
+            progress(f"warning: --batch-overhead-depths {dropped} exceed the {tokens[-1]}-token table (--tokens): "
+                     f"measuring γ {ov_depths or [0]} only")
         ov_prompts = [pair.encode_prompt(p) for p in load_prompts("mixed_train")]
         for d in drafters:
             progress(f"drafter {d}: the batched loop's overheads (closed loops at batch sizes "

@@ -314,8 +314,9 @@ def profile_step_cost(profile: Any, drafter: str, max_depth: int, batch_context:
         B = int(load.batch_size)
         ctx = max(load.context_lens) if batch_context == "max" else float(np.mean(load.context_lens))
         drafted = max_depth if drafted_before else longest
-        return float(drafted * profile.draft_step_batched(drafter, B, ctx) + profile.verify_batched(B, longest + 1, ctx)
-                     + profile.batch_overhead(drafter, B, longest))
+        verify = float(profile.verify_batched(B, longest + 1, ctx))
+        draft = drafted * float(profile.draft_step_batched(drafter, B, ctx))
+        return max(draft + verify + profile.batch_overhead(drafter, B, longest), verify)  # at least its verification
 
     return cost
 

@@ -245,13 +245,22 @@ def test_the_batched_loops_overheads_enter_every_batched_cost(tmp_path):
     load = LoadState(batch_size=4, max_batch=4, context_lens=(10, 20, 30, 40))
     assert profile_step_cost(back, "model", 4)(load, 2) == pytest.approx(
         profile_step_cost(plain, "model", 4)(load, 2) + back.batch_overhead("model", 4, 2))
-    for damage, match in (({"batch_sizes": [1, 2]}, "integers ≥ 2"), ({"step_seconds": [0.0]}, "3 finite numbers"),
+    for damage, match in (({"batch_sizes": [1, 2]}, "integers ≥ 2"), ({"step_seconds": [0.0]}, "per batch size \\(3\\)"),
                           ({"join_seconds": ["0.1", 0, 0]}, "JSON numbers")):
         data = back.to_dict()
         data["drafters"]["model"]["batch_overhead_seconds"].update(damage)
         (tmp_path / "bad.json").write_text(json.dumps(data))
-        with pytest.raises(ValueError, match=match):
+        with pytest.raises(ValueError, match=match) as e:
             load_profile(tmp_path / "bad.json")
+        assert str(tmp_path / "bad.json") in str(e.value)
+    data = back.to_dict()
+    del data["drafters"]["model"]["batch_overhead_seconds"]["step_seconds"]
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="drafter 'model' batch_overhead_seconds lacks step_seconds"):
+        load_profile(tmp_path / "bad.json")
+    # The cost table of adaptive verification is never below the step's verification either.
+    assert profile_step_cost(neg, "model", 4)(LoadState(batch_size=2, max_batch=2, context_lens=(5, 6)), 1) == \
+        pytest.approx(float(neg.verify_batched(2, 2, 6.0)))
 
 
 # ------------------------------------------------------------------ the simulator

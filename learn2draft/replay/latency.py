@@ -72,8 +72,8 @@ does not show: each row's acceptance, rollback and proposals, masks and cache bo
 per request joining a closed loop of concurrency B, the loop's seconds outside its steps minus the prefill the replay
 charges (:meth:`LatencyProfile.prefill_seconds`).
 
-A profile may also hold the prefill itself (optional, measured with the batch axis): ``"prefill": {"tokens": [16, 32,
-..., 256], "seconds": [...]}``, one target forward over a prompt of n tokens and its first token's probabilities
+A profile may also hold the prefill itself (optional, measured with the batch axis): ``"prefill": {"tokens": [8, 32,
+64, 128, 256], "seconds": [...]}``, one target forward over a prompt of n tokens and its first token's probabilities
 (without it, a prefill is priced as the verification of the whole prompt, extrapolated past the verify table). Signed (the tables may also over-estimate). :meth:`LatencyProfile.batch_overhead`
 and :meth:`LatencyProfile.join_overhead` read them, linear in B from 0 at B = 1 (the single-sequence tables and
 overheads are the B = 1 step) to the tabulated sizes, constant above the largest; without the entry both are 0.
@@ -254,7 +254,7 @@ class LatencyProfile:
             raise ValueError(f"{what} batch_sizes must be increasing integers ≥ 2, got {table['batch_sizes']}.")
         for k, t in zip(BATCH_OVERHEAD_TERMS, terms):
             if t.shape != b.shape or not np.all(np.isfinite(t)):
-                raise ValueError(f"{what} {k} must be {b.size} finite numbers of seconds (one per batch size).")
+                raise ValueError(f"{what} {k} must hold one finite number of seconds per batch size ({b.size}).")
 
     def _batch_table(self, table: dict, what: str, inner: tuple[str, ...]) -> np.ndarray:
         """``table["seconds"]`` as float64 (contexts, batch sizes, *inner axes), after checking its axes.
@@ -302,10 +302,10 @@ class LatencyProfile:
 
         Args:
             tokens: int or int array (m,), ≥ 1; ``context``: number or array broadcastable with it.
-            extrapolate: allow token counts above the table, extended linearly with the slope of its upper half
-                (from the middle token count to the last, over the table made monotone along tokens: a last median
-                a little below its neighbour is noise, and a negative slope would price a long prompt's prefill
-                below nothing); a tree verifying V = 64 nodes sends 65 tokens, a 1..64 table then needs one step
+            extrapolate: allow token counts above the table, extended linearly with the steeper of the slope of its
+                last two token counts and that of its upper half (from the middle token count to the last, over the
+                table made monotone along tokens: a last median a little below its neighbour is noise, and a
+                negative slope would price a long prompt's prefill below nothing); a tree verifying V = 64 nodes sends 65 tokens, a 1..64 table then needs one step
                 past its end, and the replay under load prices a prefill of the whole prompt so.
 
         Returns:
@@ -460,11 +460,12 @@ class LatencyProfile:
         Args:
             batch_size: rows B (int ≥ 1); ``tokens``: int or int array (m,) ≥ 1, new tokens per row; ``context``:
                 number or array broadcastable with it.
-            extrapolate: allow token counts above the table (linear with the slope of its upper half), as
+            extrapolate: allow token counts above the table (linear, as
                 :meth:`verify`.
 
         Returns:
-            float64 array of the broadcast shape (seconds), non-decreasing in ``tokens``.
+            float64 array of the broadcast shape (seconds), non-decreasing in ``tokens`` for B > 1 (B = 1 is the
+            single-sequence table as measured).
 
         Raises:
             ValueError: B > 1 without the batch axis or above its largest size (:meth:`require_batch_axis`); a token
@@ -648,6 +649,10 @@ class LatencyProfile:
                 if bov is not None:
                     if not isinstance(bov, dict):
                         raise TypeError("'batch_overhead_seconds' must be an object")
+                    missing = [key for key in ("batch_sizes", *BATCH_OVERHEAD_TERMS) if key not in bov]
+                    if missing:
+                        raise ValueError(f"{where}: drafter {k!r} batch_overhead_seconds lacks {', '.join(missing)} "
+                                         "(see learn2draft.replay.latency).")
                     bov = {**bov, **{key: _numbers(bov[key], f"drafter {k!r} batch_overhead_seconds {key}", where,
                                                    integer=key == "batch_sizes")
                                      for key in ("batch_sizes", *BATCH_OVERHEAD_TERMS)}}
@@ -665,17 +670,28 @@ class LatencyProfile:
             if pf is not None:
                 if not isinstance(pf, dict):
                     raise TypeError("'prefill' must be an object")
+                if "tokens" not in pf or "seconds" not in pf:
+                    raise ValueError(f"{where}: prefill must be {{'tokens': [...], 'seconds': [...]}}.")
                 pf = {**pf, "tokens": _numbers(pf["tokens"], "prefill tokens", where, integer=True),
                       "seconds": _numbers(pf["seconds"], "prefill seconds", where)}
             known = {"format", "format_version", "name", "source", "machine", "verify", "drafters", "verify_batch",
                      "prefill"}
-            return cls(name=str(data.get("name", Path(where).stem)),
+            kwargs = dict(name=str(data.get("name", Path(where).stem)),
                        verify_tokens=[int(x) for x in _numbers(v["tokens"], "verify tokens", where, integer=True)],
                        verify_contexts=_numbers(v["contexts"], "verify contexts", where),
                        verify_seconds=[_numbers(r, f"verify seconds row {i}", where) for i, r in enumerate(v["seconds"])],
                        drafters=drafters, machine=dict(data.get("machine", {})), source=str(data.get("source", "")),
                        meta={k: val for k, val in data.items() if k not in known}, verify_batch=vb, prefill=pf,
                        path=where if where != "profile" else "")
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{where}: malformed profile (missing or wrong entry {e}); see learn2draft.replay.latency for the "
+                             "format, or write one with `python -m eval.profile`.") from None
+        try:
+            return cls(**kwargs)
+        except ValueError as e:
+            if where != "profile" and not str(e).startswith(where):
+                raise ValueError(f"{where}: {e}") from None
+            raise
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"{where}: malformed profile (missing or wrong entry {e}); see learn2draft.replay.latency for the "
                              "format, or write one with `python -m eval.profile`.") from None
@@ -725,13 +741,15 @@ def _batch_numbers(table, what: str, where: str, inner: tuple[str, ...]) -> dict
 
 def _along_tokens(row: np.ndarray, ns: np.ndarray, n: np.ndarray) -> np.ndarray:
     """Seconds ``row`` (float (N,), tabulated at token counts ``ns``) at token counts ``n`` (float (m,)): linear
-    between them; above the last, linear with the slope of the table's upper half (middle token count to the last)
-    over the table made monotone (a running maximum), so never below the last value."""
+    between them; above the last, linear from the monotone table's last value (a running maximum) with the steeper
+    of two slopes, the last two token counts' (the rule of earlier versions) and the upper half's of the monotone
+    table (middle token count to the last), so never below the last value even where the last median dips."""
     y = np.interp(n, ns, row)
     above = n > ns[-1]
     if ns.size > 1 and above.any():
         mono, mid = np.maximum.accumulate(row), (ns.size - 1) // 2
-        y[above] = mono[-1] + (n[above] - ns[-1]) * (mono[-1] - mono[mid]) / (ns[-1] - ns[mid])
+        slope = max((mono[-1] - mono[mid]) / (ns[-1] - ns[mid]), (row[-1] - row[-2]) / (ns[-1] - ns[-2]))
+        y[above] = mono[-1] + (n[above] - ns[-1]) * slope
     return y
 
 
