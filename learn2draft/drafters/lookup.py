@@ -74,7 +74,7 @@ class LookupDrafter(Drafter):
         if self._match is not None and self._match[0] == n:
             return self._match[1]
         t = self._sync(seq)
-        ahead = self._ahead_match(t) if self._ahead is not None else None
+        ahead = self._ahead_match(t)
         found = self._find(t) if ahead is None else ahead[0]
         self._match = (n, found)
         return found
@@ -84,6 +84,8 @@ class LookupDrafter(Drafter):
         ``t`` is its sequence extended by a prefix of its proposed tokens (the drafter's tokens before the
         lookahead's start are unchanged since: :meth:`rollback` below it drops the cache), so the match is the same
         computation; else None."""
+        if self._ahead is None:
+            return None
         n0, toks, matches = self._ahead
         i = t.size - n0
         if not 0 <= i < len(matches) or not np.array_equal(t[n0:], toks[:i]):

@@ -70,13 +70,14 @@ per batch size B (≥ 2) the least-squares fit ``real step seconds − (the tabl
 step_seconds[B] · d`` over the loop's steps of B rows whose longest draft is d (the per-row work a padded forward
 does not show: each row's acceptance, rollback and proposals, masks and cache bookkeeping), and ``join_seconds[B]``:
 per request joining a closed loop of concurrency B, the loop's seconds outside its steps minus the prefill the replay
-charges (:meth:`LatencyProfile.prefill_seconds`).
+charges (:meth:`LatencyProfile.prefill_seconds`). Signed (the tables may also over-estimate).
+:meth:`LatencyProfile.batch_overhead` and :meth:`LatencyProfile.join_overhead` read them, linear in B from 0 at B = 1
+(the single-sequence tables and overheads are the B = 1 step) to the tabulated sizes, constant above the largest;
+without the entry both are 0.
 
 A profile may also hold the prefill itself (optional, measured with the batch axis): ``"prefill": {"tokens": [8, 32,
 64, 128, 256], "seconds": [...]}``, one target forward over a prompt of n tokens and its first token's probabilities
-(without it, a prefill is priced as the verification of the whole prompt, extrapolated past the verify table). Signed (the tables may also over-estimate). :meth:`LatencyProfile.batch_overhead`
-and :meth:`LatencyProfile.join_overhead` read them, linear in B from 0 at B = 1 (the single-sequence tables and
-overheads are the B = 1 step) to the tabulated sizes, constant above the largest; without the entry both are 0.
+(without it, a prefill is priced as the verification of the whole prompt, extrapolated past the verify table).
 :meth:`LatencyProfile.verify_batched` and :meth:`LatencyProfile.draft_step_batched` read them: linear in the
 batch size between tabulated sizes (more rows than tabulated is an error), linear in tokens over the table made
 monotone (a running maximum along tokens: a median a little below its smaller neighbour is noise), and in context
@@ -305,8 +306,9 @@ class LatencyProfile:
             extrapolate: allow token counts above the table, extended linearly with the steeper of the slope of its
                 last two token counts and that of its upper half (from the middle token count to the last, over the
                 table made monotone along tokens: a last median a little below its neighbour is noise, and a
-                negative slope would price a long prompt's prefill below nothing); a tree verifying V = 64 nodes sends 65 tokens, a 1..64 table then needs one step
-                past its end, and the replay under load prices a prefill of the whole prompt so.
+                negative slope would price a long prompt's prefill below nothing); a tree verifying V = 64 nodes
+                sends 65 tokens, a 1..64 table then needs one step past its end, and the replay under load prices a
+                prefill of the whole prompt so when the profile has no prefill table.
 
         Returns:
             float64 array of the broadcast shape.
@@ -460,8 +462,7 @@ class LatencyProfile:
         Args:
             batch_size: rows B (int ≥ 1); ``tokens``: int or int array (m,) ≥ 1, new tokens per row; ``context``:
                 number or array broadcastable with it.
-            extrapolate: allow token counts above the table (linear, as
-                :meth:`verify`.
+            extrapolate: allow token counts above the table (linear, as :meth:`verify`).
 
         Returns:
             float64 array of the broadcast shape (seconds), non-decreasing in ``tokens`` for B > 1 (B = 1 is the
@@ -676,19 +677,14 @@ class LatencyProfile:
                       "seconds": _numbers(pf["seconds"], "prefill seconds", where)}
             known = {"format", "format_version", "name", "source", "machine", "verify", "drafters", "verify_batch",
                      "prefill"}
-            kwargs = dict(name=str(data.get("name", Path(where).stem)),
+            return cls(name=str(data.get("name", Path(where).stem)),
                        verify_tokens=[int(x) for x in _numbers(v["tokens"], "verify tokens", where, integer=True)],
                        verify_contexts=_numbers(v["contexts"], "verify contexts", where),
                        verify_seconds=[_numbers(r, f"verify seconds row {i}", where) for i, r in enumerate(v["seconds"])],
                        drafters=drafters, machine=dict(data.get("machine", {})), source=str(data.get("source", "")),
                        meta={k: val for k, val in data.items() if k not in known}, verify_batch=vb, prefill=pf,
                        path=where if where != "profile" else "")
-        except (KeyError, TypeError, AttributeError) as e:
-            raise ValueError(f"{where}: malformed profile (missing or wrong entry {e}); see learn2draft.replay.latency for the "
-                             "format, or write one with `python -m eval.profile`.") from None
-        try:
-            return cls(**kwargs)
-        except ValueError as e:
+        except ValueError as e:  # validate()'s messages name the profile; name the file too
             if where != "profile" and not str(e).startswith(where):
                 raise ValueError(f"{where}: {e}") from None
             raise
