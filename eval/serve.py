@@ -24,6 +24,10 @@ Methods (``--methods``):
 * ``policy`` — a learned policy (``--policy DIR``): a load-aware one (``python -m train --serve-loads``:
   :func:`policies.load.load_serve_policy`, one γ per step for every row from the step's load and the latency profile
   it was trained with) or any exported chain policy (:func:`policies.load.load_policy`, per row);
+* ``guard`` — the load-aware policy behind :class:`policies.controllers.SpeculationGuard`: per batch size, the
+  measured tokens/s of the policy's speculating steps against steps without speculation, plain decoding where
+  speculation measures slower (probed now and then). One guard serves every level in order, learning as it serves
+  (nothing is warmed on the training prompts);
 * ``hf`` — ``hf generate (batched)``: Hugging Face ``target.generate()`` on the same requests, c prompts at a time in
   one left-padded batch (closed loop only; a static batch waits for its slowest row).
 
@@ -59,9 +63,10 @@ from learn2draft.cli import HelpFormatter, plain_doc, run_cli
 from learn2draft.prompts import PROMPT_SETS
 
 DEFAULT_OUT = "runs/serve"
-METHODS = ("nospec", "fixed", "table", "adaptive", "policy", "hf")
+METHODS = ("nospec", "fixed", "table", "adaptive", "policy", "guard", "hf")
 NOSPEC, HF = "no speculation (γ=0)", "hf generate (batched)"
 TABLE, ADAPTIVE, LEARNED = "per-batch-size table", "adaptive verification (vLLM)", "learned policy"
+GUARDED = "learned + speed guard"
 
 
 # ----------------------------------------------------------------------------------------------- parsing
@@ -81,20 +86,22 @@ def parse_rates(text: str) -> list[float]:
 
 
 def parse_methods(text: str, has_policy: bool) -> list[str]:
-    """The ``--methods`` keys in :data:`METHODS` order (``policy`` is added when ``--policy`` is given).
+    """The ``--methods`` keys in :data:`METHODS` order. With ``--policy``, the learned rows ``policy`` and ``guard``
+    are both added unless ``--methods`` names one of them (then only the named ones run).
 
     Raises:
-        ValueError: an unknown method, none, or ``policy`` without ``--policy``.
+        ValueError: an unknown method, none, or ``policy`` / ``guard`` without ``--policy``.
     """
     keys = [m.strip() for m in text.split(",") if m.strip()]
     bad = [m for m in keys if m not in METHODS]
     if bad or not keys:
         raise ValueError(f"--methods {text!r}: unknown method {bad[0]!r}; choose from {', '.join(METHODS)}." if bad
                          else f"--methods {text!r}: name at least one of {', '.join(METHODS)}.")
-    if "policy" in keys and not has_policy:
-        raise ValueError("--methods policy needs --policy DIR (an exported load-aware or chain policy).")
-    if has_policy and "policy" not in keys:
-        keys.append("policy")
+    for k in ("policy", "guard"):
+        if k in keys and not has_policy:
+            raise ValueError(f"--methods {k} needs --policy DIR (an exported load-aware or chain policy).")
+    if has_policy and "policy" not in keys and "guard" not in keys:
+        keys += ["policy", "guard"]
     return [m for m in METHODS if m in keys]
 
 
@@ -107,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "training run holding one, for the learned row; default: none")
     cli.add_profile_arg(p)
     p.add_argument("--methods", default="nospec,fixed,table,adaptive,hf",
-                   help=f"comma-separated, of {', '.join(METHODS)} (policy is added with --policy)")
+                   help=f"comma-separated, of {', '.join(METHODS)} (with --policy: policy and guard are added "
+                        "unless named)")
     p.add_argument("--concurrency", default="1,2,4,8,16", help="closed-loop concurrency levels")
     p.add_argument("--arrival-rates", default="0.25,0.5,1,2",
                    help="Poisson arrival rates in requests/s (seeded arrivals), comma-separated; '' for none")
@@ -403,7 +411,7 @@ def _run(args) -> int:
     from learn2draft.prompts import load_prompt_file_records, load_prompt_records, load_prompts, prompt_set_splits
 
     s = check_args(args)
-    policy, cfg, head = None, {}, args.head
+    policy, guard, cfg, head = None, None, {}, args.head
     if args.policy:
         from policies.layout import FEATURE_SPEC_FILE, read_json, resolve_export_dir
         from policies.load import load_policy, load_serve_policy, policy_drafter, policy_head, run_settings
@@ -412,6 +420,11 @@ def _run(args) -> int:
         # a load-aware policy (one γ per step from the load, --serve-loads) or a chain policy (per row)
         policy = (load_serve_policy(args.policy, profile=args.profile) if spec.get("kind") == "serve"
                   else load_policy(args.policy, profile=args.profile))
+        if "guard" in s.methods and spec.get("kind") != "serve":
+            if "guard" in [m.strip() for m in args.methods.split(",")]:
+                raise ValueError(f"--methods guard: the policy in {args.policy} is a chain policy (per row); the "
+                                 "speed guard wraps a load-aware one (python -m train --serve-loads).")
+            s.methods.remove("guard")  # added by default: a chain policy has no step γ to guard
         trained = policy_drafter(args.policy)
         if "+" in trained:  # before the drafter check: no --drafter makes a hybrid policy run here
             raise ValueError(f"--policy {args.policy}: a hybrid ({trained}) policy; eval.serve runs load-aware and "
@@ -483,8 +496,14 @@ def _run(args) -> int:
         from policies.controllers import LoadAwarePolicy
 
         if isinstance(policy, LoadAwarePolicy):  # one controller per request, the step's γ shared
-            methods.append(ServeMethod(LEARNED, policy, policy.max_depth))
-        else:
+            if "policy" in s.methods:
+                methods.append(ServeMethod(LEARNED, policy, policy.max_depth))
+            if "guard" in s.methods:
+                from policies.controllers import SpeculationGuard
+
+                guard = SpeculationGuard(policy)
+                methods.append(ServeMethod(GUARDED, guard, policy.max_depth))
+        elif "policy" in s.methods:
             methods.append(ServeMethod(LEARNED, lambda: policy, decoder_max_depth(policy)))
 
     # 3. the measured sweeps, methods interleaved (rotated) per level
@@ -520,7 +539,10 @@ def _run(args) -> int:
                        "fixed": next((m.name for m in methods if m.name.startswith("fixed")), None),
                        "table": TABLE if "table" in s.methods else None,
                        "adaptive": ADAPTIVE if av is not None else None,
-                       "learned": LEARNED if policy is not None else None, "hf": HF if "hf" in s.methods else None}
+                       "learned": LEARNED if any(m.name == LEARNED for m in methods) else None,
+                       "guarded": GUARDED if guard is not None else None, "hf": HF if "hf" in s.methods else None}
+    if guard is not None:
+        report["guard"] = {"settings": repr(guard), "batch_sizes": {str(b): v for b, v in guard.summary().items()}}
     if args.sim_traces:
         prof = prof if av is not None else batched_costs(pair, args, s, sampling, head, int(np.median(
             [int(p.numel()) for p in held])) + args.max_new_tokens // 2, sorted({1, *s.levels, s.max_batch}))
@@ -670,6 +692,7 @@ def serve_verdicts(report: dict) -> list[dict]:
     * learned ≥ 1.00× no speculation at every level (the smallest of the tokens/s and ITL p50 / p99 ratios);
     * learned ≥ 1.10× the best single fixed γ, geometric mean over the concurrency sweep;
     * learned ≥ 1.00× the per-batch-size table and ≥ 1.00× adaptive verification at every level (tokens/s);
+    * the same four for the learned policy behind the speed guard, when that row ran;
     * no speculation ≥ 0.95× hf generate (batched) on the same 8 prompts in one batch (:func:`same_batch`).
     """
     from eval.verdicts import FAIL, NOT_MEASURED, PASS
@@ -700,17 +723,20 @@ def serve_verdicts(report: dict) -> list[dict]:
         return min(vals) if vals else (None, "")
 
     out = []
-    v, at = worst("learned", "no_spec", with_itl=True)
-    out.append(entry("learned ≥ 1.00× no speculation at every level (tok/s, ITL p50/p99)", 1.00, v,
-                     f"{roles.get('no_spec')}, worst at {at}"))
     conc = [lv for lv in levels if lv["kind"] == "concurrency"]
-    ratios = [(tps(lv, "learned"), tps(lv, "fixed")) for lv in conc]
-    g = (float(np.exp(np.mean([np.log(a / b) for a, b in ratios])))
-         if ratios and all(a and b for a, b in ratios) else None)
-    out.append(entry("learned ≥ 1.10× best fixed γ (geomean over concurrency)", 1.10, g, str(roles.get("fixed"))))
-    for role, label in (("table", "per-batch-size table"), ("adaptive", "adaptive verification")):
-        v, at = worst("learned", role)
-        out.append(entry(f"learned ≥ 1.00× {label} at every level", 1.00, v, f"{roles.get(role)}, worst at {at}"))
+    for who, label in (("learned", "learned"), ("guarded", "learned + guard")):
+        if who == "guarded" and not roles.get(who):
+            continue  # a run without the guard row keeps the verdicts it always had
+        v, at = worst(who, "no_spec", with_itl=True)
+        out.append(entry(f"{label} ≥ 1.00× no speculation at every level (tok/s, ITL p50/p99)", 1.00, v,
+                         f"{roles.get('no_spec')}, worst at {at}"))
+        ratios = [(tps(lv, who), tps(lv, "fixed")) for lv in conc]
+        g = (float(np.exp(np.mean([np.log(a / b) for a, b in ratios])))
+             if ratios and all(a and b for a, b in ratios) else None)
+        out.append(entry(f"{label} ≥ 1.10× best fixed γ (geomean over concurrency)", 1.10, g, str(roles.get("fixed"))))
+        for role, name in (("table", "per-batch-size table"), ("adaptive", "adaptive verification")):
+            v, at = worst(who, role)
+            out.append(entry(f"{label} ≥ 1.00× {name} at every level", 1.00, v, f"{roles.get(role)}, worst at {at}"))
     sb = report.get("same_batch")
     out.append(entry(f"no speculation at B={sb['batch'] if sb else 8} ≥ 0.95× hf generate (batched)", 0.95,
                      sb["ratio"] if sb else None,
@@ -769,6 +795,16 @@ def _markdown(report: dict) -> list[str]:
         for level, row in report["sim_vs_real"].items():
             md.append(f"| {level} | " + " | ".join(f"{v['sim']:.1f} vs {v['real']:.1f} ({100 * v['error']:+.0f}%)"
                                                   for v in row.values()) + " |")
+        md.append("")
+    if report.get("guard"):
+        md += [f"### the speed guard ({report['guard']['settings']}), after the last level", "",
+               "| batch size | policy tok/s (steps) | plain tok/s (steps) | winner | policy's γ > 0 steps run plain |",
+               "|---|---|---|---|---|"]
+        for b, v in report["guard"]["batch_sizes"].items():
+            cell = {a: (f"{x['tokens_per_second']:.1f} ({x['steps']})" if x["tokens_per_second"] else "–")
+                    for a, x in v["arms"].items()}
+            md.append(f"| {b} | {cell.get('policy', '–')} | {cell.get('plain', '–')} | {v['winner']} | "
+                      f"{v['overruled']} of {v['policy_speculated']} |")
         md.append("")
     if report.get("same_batch"):
         sb = report["same_batch"]

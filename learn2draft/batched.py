@@ -468,15 +468,18 @@ class BatchedSpeculativeDecoder:
         return out.logits[:, :, : self.pair.vocab_size], hidden
 
     def load(self, waiting: int = 0) -> LoadState:
-        """The :class:`learn2draft.state.LoadState` of the running rows (``waiting``: queued requests); every field is
-        known before the step's drafting."""
+        """The :class:`learn2draft.state.LoadState` of the running rows (``waiting``: queued requests) and the
+        previous step's measured tokens and seconds; every field is known before the step's drafting."""
         last = [self._results[rid].cycles[-1] if self._results[rid].cycles else None for rid in self._ids]
         return LoadState(
             len(self.rows), self.max_batch, tuple(int(r.ids.numel()) for r in self.rows), waiting,
             last_taus=tuple(c.num_accepted if c else 0 for c in last), last_depths=tuple(c.depth if c else 0 for c in last),
             draftable=tuple(_draftable(r) for r in self.rows),
             tokens_left=tuple(self.max_new_tokens - r.generated for r in self.rows),
-            max_depth=self.max_depth, max_new_tokens=self.max_new_tokens)
+            max_depth=self.max_depth, max_new_tokens=self.max_new_tokens,
+            **({} if not self.steps else dict(last_step_batch=self.steps[-1].batch_size,
+                                              last_step_tokens=self.steps[-1].tokens,
+                                              last_step_seconds=self.steps[-1].seconds)))
 
     def _draft(self, ctrls: list[DraftController]) -> None:
         """The drafting half of a step, depth by depth (lockstep) for every row with its own controller ``ctrls[i]``.

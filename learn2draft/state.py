@@ -107,6 +107,10 @@ class LoadState:
             its n-gram match continues; a neural drafter: the depth limit).
         tokens_left: per row, the tokens it may still generate.
         max_depth, max_new_tokens: the decoder's.
+        last_step_batch, last_step_tokens, last_step_seconds: the previous batched step's rows, the tokens all its
+            rows committed and its wall-clock seconds (drafting + the one forward + acceptance; a join's prefill is
+            not in it); 0 before the first step. What an online check of measured tokens/s reads
+            (:class:`policies.controllers.SpeculationGuard`).
     """
 
     batch_size: int
@@ -119,6 +123,9 @@ class LoadState:
     tokens_left: tuple[int, ...] = ()
     max_depth: int = 0
     max_new_tokens: int = 0
+    last_step_batch: int = 0
+    last_step_tokens: int = 0
+    last_step_seconds: float = 0.0
 
     @property
     def tokens_in_flight(self) -> int:

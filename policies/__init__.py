@@ -12,7 +12,7 @@ from learn2draft._lazy import lazy_exports
 
 _EXPORTS = {
     "policies.controllers": ("CONTINUE", "STOP", "ConfidenceThresholdController", "MatchLengthController",
-                             "LoadAwarePolicy", "OnnxController", "PolicyController", "SB3Controller"),
+                             "LoadAwarePolicy", "OnnxController", "PolicyController", "SB3Controller", "SpeculationGuard"),
     "policies.load": ("load_policy", "load_serve_policy", "load_tree_policy"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
@@ -25,5 +25,5 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "CONTINUE", "STOP", "ConfidenceThresholdController", "LoadAwarePolicy", "MatchLengthController", "OnnxController",
-    "PolicyController", "SB3Controller", "load_policy", "load_serve_policy", "load_tree_policy",
+    "PolicyController", "SB3Controller", "SpeculationGuard", "load_policy", "load_serve_policy", "load_tree_policy",
 ]

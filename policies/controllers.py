@@ -303,7 +303,8 @@ class LoadAwarePolicy:
 
 
 class _StepGammaController(DraftController):
-    """One row of a :class:`LoadAwarePolicy`: the step's γ from :meth:`observe_load`, then CONTINUE while depth < γ."""
+    """One row of a step policy (:class:`LoadAwarePolicy`, :class:`SpeculationGuard`): the step's γ from
+    :meth:`observe_load`, then CONTINUE while depth < γ."""
 
     def __init__(self, policy: LoadAwarePolicy):
         self.policy, self.max_depth, self.gamma = policy, policy.max_depth, 0
@@ -318,6 +319,165 @@ class _StepGammaController(DraftController):
     def continue_drafting(self, features: np.ndarray) -> bool:
         depth = round(float(features[FEATURE_NAMES.index("depth")]) * self.max_depth)
         return depth < self.gamma
+
+
+class SpeculationGuard:
+    """A step policy (one γ per batched step: a :class:`LoadAwarePolicy`, or any object with ``gamma(load)`` and
+    ``max_depth``) behind an online check of measured tokens/s, per batch size: it runs the policy's speculation only
+    where speculation measures faster than plain decoding (γ = 0) at this batch size on this machine now.
+
+    Why (issue 17): a load-aware policy is trained in replay on a latency profile; on a machine that has slowed since,
+    or where a batched step costs more than the profile holds (padding to the longest row, per-row work), it
+    speculates where plain decoding is faster — measured on a 2-core CPU in bf16: 0.81–0.89× no speculation at
+    concurrency 16. The check compares Learning to Draft's reward itself, measured wall-clock tokens/s.
+
+    How: for each batch size B it keeps two arms, *policy* (the steps at B where the policy's γ > 0 was run) and
+    *plain* (steps at B run with γ = 0, the policy's own γ = 0 included), each an exponential moving average
+    (weight ``smoothing``) of the steps' committed tokens and of their seconds, read from the next step's
+    :class:`learn2draft.state.LoadState` (``last_step_*``); an arm's rate is its tokens / seconds. The winner at B is
+    the faster arm; before both arms are measured at B it is *plain* when the nearest smaller batch size with both
+    arms measured has plain as its winner (a batched verification feeds B × (γ + 1) tokens, so speculation's relative
+    cost grows with B: the premise of vLLM's ``num_speculative_tokens_per_batch_size``), else *policy*. A step whose
+    policy γ > 0 runs the winner's γ, except during a probe: ``probe_steps`` consecutive steps of the other arm after
+    every ``interval`` steps of the winner at B; the interval starts at ``explore_every``, doubles (up to
+    ``max_explore_every``) while a probe leaves the winner unchanged and falls back to ``explore_every`` when the
+    winner changes, so the check follows a machine whose speed drifts and a load whose best move changes, at a
+    probing cost that shrinks while nothing changes.
+
+    The decision reads only measured past steps and the load, before any row drafts: the output law is unchanged,
+    whatever it decides (each row's tokens still come from the exact sampler). Keep one guard for a whole stream:
+    its measurements carry over between :func:`learn2draft.batched.serve` calls (a new decoder's first step
+    teaches it nothing about the last decoder's).
+
+    Call it (or :meth:`controller`) for a new per-row controller, as a :class:`LoadAwarePolicy`::
+
+        guard = SpeculationGuard(load_serve_policy("policies/defaults/lookup-serve-bfloat16"))
+        serve(decoder, requests, guard, concurrency=8)
+
+    Args:
+        policy: the guarded step policy.
+        explore_every, max_explore_every: the probing interval's start and cap, in steps at one batch size
+            (1 ≤ explore_every ≤ max_explore_every).
+        probe_steps: steps of the other arm per probe (≥ 1).
+        smoothing: the moving averages' weight of a new step, in (0, 1].
+
+    Attributes:
+        decisions: per step decided, ``(batch_size, policy_gamma, gamma, arm)`` with arm ``"policy"`` or ``"plain"``
+            (the arm the step's measurement counts for).
+
+    Raises:
+        ValueError: a setting out of range, or a ``policy`` without ``gamma`` and ``max_depth``.
+    """
+
+    POLICY, PLAIN = "policy", "plain"
+
+    def __init__(self, policy: Any, explore_every: int = 16, max_explore_every: int = 128, probe_steps: int = 2,
+                 smoothing: float = 0.25):
+        if not (hasattr(policy, "gamma") and hasattr(policy, "max_depth")):
+            raise ValueError(f"SpeculationGuard needs a step policy with gamma(load) and max_depth, got {policy!r}.")
+        if not (isinstance(explore_every, int) and isinstance(max_explore_every, int)
+                and 1 <= explore_every <= max_explore_every):
+            raise ValueError(f"explore_every ({explore_every!r}) and max_explore_every ({max_explore_every!r}) must be "
+                             "integers with 1 ≤ explore_every ≤ max_explore_every.")
+        if not isinstance(probe_steps, int) or probe_steps < 1:
+            raise ValueError(f"probe_steps must be an integer ≥ 1, got {probe_steps!r}.")
+        if not 0.0 < float(smoothing) <= 1.0:
+            raise ValueError(f"smoothing must be in (0, 1], got {smoothing!r}.")
+        self.policy, self.max_depth = policy, int(policy.max_depth)
+        self.explore_every, self.max_explore_every = explore_every, max_explore_every
+        self.probe_steps, self.smoothing = probe_steps, float(smoothing)
+        self._stats: dict[int, dict[str, list[float]]] = {}  # B → arm → [tokens EMA, seconds EMA, steps]
+        self._sched: dict[int, dict[str, Any]] = {}  # B → the probing schedule at B
+        self._pending: tuple[int, str] | None = None  # (B, arm) of the step decided last, awaiting its measurement
+        self._decided: tuple[Any, int] = (None, 0)
+        self.decisions: list[tuple[int, int, int, str]] = []
+
+    # ------------------------------------------------------------------ measurements
+    def _learn(self, load: Any) -> None:
+        """Count the previous step's measured tokens and seconds (``load.last_step_*``) for the arm it ran."""
+        pending, self._pending = self._pending, None
+        if pending is None or int(getattr(load, "last_step_batch", 0)) != pending[0]:
+            return  # a new decoder, or a step this guard did not decide
+        seconds = float(load.last_step_seconds)
+        if seconds <= 0:
+            return
+        B, arm = pending
+        stat = self._stats.setdefault(B, {}).get(arm)
+        if stat is None:
+            self._stats[B][arm] = [float(load.last_step_tokens), seconds, 1]
+        else:
+            a = self.smoothing
+            stat[0] = (1 - a) * stat[0] + a * float(load.last_step_tokens)
+            stat[1] = (1 - a) * stat[1] + a * seconds
+            stat[2] += 1
+
+    def rate(self, batch_size: int, arm: str) -> float | None:
+        """The measured tokens/s of ``arm`` (``"policy"`` or ``"plain"``) at ``batch_size`` rows (None: not yet
+        measured)."""
+        stat = self._stats.get(int(batch_size), {}).get(arm)
+        return stat[0] / stat[1] if stat else None
+
+    def winner(self, batch_size: int) -> str:
+        """The arm the guard runs at ``batch_size`` outside probes (see the class docstring)."""
+        p, q = self.rate(batch_size, self.POLICY), self.rate(batch_size, self.PLAIN)
+        if p is not None and q is not None:
+            return self.PLAIN if q > p else self.POLICY
+        below = [b for b in self._stats if b < batch_size and len(self._stats[b]) == 2]
+        return self.winner(max(below)) if below else self.POLICY
+
+    # ------------------------------------------------------------------ decisions
+    def _choose(self, B: int) -> str:
+        s = self._sched.setdefault(B, {"left": self.explore_every, "interval": self.explore_every, "probe_left": 0,
+                                       "probe_arm": None, "probed": False, "last": None})
+        if s["probe_left"] > 0:
+            s["probe_left"] -= 1
+            return s["probe_arm"]
+        w = self.winner(B)
+        if s["probed"]:  # the probe's steps are measured now: back off while it changed nothing
+            s["interval"] = (self.explore_every if w != s["last"]
+                             else min(2 * s["interval"], self.max_explore_every))
+            s["left"], s["probed"] = s["interval"], False
+        s["last"] = w
+        if s["left"] <= 0:  # `interval` steps of the winner since the last probe: probe the other arm
+            s["probe_arm"] = self.PLAIN if w == self.POLICY else self.POLICY
+            s["probe_left"], s["probed"] = self.probe_steps - 1, True
+            return s["probe_arm"]
+        s["left"] -= 1
+        return w
+
+    def gamma(self, load: Any) -> int:
+        """The step's γ (0..max_depth), decided once per load state (every row of the step asks)."""
+        if self._decided[0] is load:
+            return self._decided[1]
+        self._learn(load)
+        g_policy = int(self.policy.gamma(load))
+        B = int(load.batch_size)
+        arm = self.PLAIN if g_policy <= 0 else self._choose(B)
+        g = g_policy if arm == self.POLICY else 0
+        self._pending, self._decided = (B, arm), (load, g)
+        self.decisions.append((B, g_policy, g, arm))
+        return g
+
+    def controller(self) -> DraftController:
+        """A new per-row controller: it drafts while its depth is below the step's γ."""
+        return _StepGammaController(self)
+
+    __call__ = controller
+
+    def summary(self) -> dict:
+        """Per batch size measured: each arm's tokens/s and steps, the winner, the steps where the policy chose
+        γ > 0 and how many of them the guard ran plain (for reports)."""
+        out = {}
+        for B in sorted(self._stats):
+            arms = {a: {"tokens_per_second": self.rate(B, a), "steps": int(v[2])} for a, v in self._stats[B].items()}
+            decided = [d for d in self.decisions if d[0] == B and d[1] > 0]
+            out[B] = {"arms": arms, "winner": self.winner(B),
+                      "policy_speculated": len(decided), "overruled": sum(1 for d in decided if d[2] == 0)}
+        return out
+
+    def __repr__(self) -> str:
+        return (f"SpeculationGuard({self.policy!r}, explore_every={self.explore_every}, "
+                f"max_explore_every={self.max_explore_every}, probe_steps={self.probe_steps})")
 
 
 class ConfidenceThresholdController(DraftController):
@@ -479,6 +639,6 @@ class SuffixScoreController(_HybridRule):
 
 __all__ = [
     "CONTINUE", "STOP", "ConfidenceThresholdController", "LookupFirstController", "MatchLengthController",
-    "LoadAwarePolicy", "SingleSourceController", "SuffixScoreController", "OnnxController", "PolicyController",
-    "SB3Controller", "saved_max_depth",
+    "LoadAwarePolicy", "SingleSourceController", "SpeculationGuard", "SuffixScoreController", "OnnxController",
+    "PolicyController", "SB3Controller", "saved_max_depth",
 ]

@@ -113,6 +113,8 @@ def test_serve_with_a_learned_policy(tiny_model_dirs, tmp_path):
     (["--concurrency", "a,b"], "--concurrency 'a,b'"),
     (["--methods", "nospec,bogus"], "unknown method 'bogus'"),
     (["--methods", "policy"], "needs --policy"),
+    (["--methods", "guard"], "--methods guard needs --policy"),
+    (["--methods", "nospec,guard", "--policy", "policies/defaults/lookup"], "the speed guard wraps a load-aware one"),
     (["--arrival-rates", "0"], "--arrival-rates '0'"),
     (["--calibration-concurrency", "3"], "--calibration-concurrency 3 is not one of"),
     (["--num-requests", "0"], "--num-requests must be ≥ 1"),

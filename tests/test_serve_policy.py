@@ -182,6 +182,23 @@ def test_eval_serve_runs_a_load_aware_policy_and_replays_it(serve_run, tiny_mode
     rep = json.loads((out / "serve.json").read_text())
     assert all("learned policy" in lv["methods"] for lv in rep["levels"])
     assert "learned policy" in rep["sim_vs_real"]["concurrency 2"]
+    # with --policy both learned rows run: the policy alone and behind the speed guard, each judged by the goals
+    assert all("learned + speed guard" in lv["methods"] for lv in rep["levels"])
+    assert rep["roles"]["guarded"] == "learned + speed guard" and rep["guard"]["batch_sizes"]
+    claims = [v["claim"] for v in rep["verdicts"]]
+    assert sum(c.startswith("learned + guard ≥") for c in claims) == 4 and sum(
+        c.startswith("learned ≥") for c in claims) == 4
+    assert "the speed guard" in (out / "serve.md").read_text()
+
+
+def test_eval_serve_methods_name_the_learned_rows(serve_run):
+    from eval.serve import parse_methods
+
+    assert parse_methods("nospec", True) == ["nospec", "policy", "guard"]
+    assert parse_methods("nospec,guard", True) == ["nospec", "guard"]
+    assert parse_methods("policy,nospec", True) == ["nospec", "policy"]
+    with pytest.raises(ValueError, match="--methods guard needs --policy"):
+        parse_methods("nospec,guard", False)
 
 
 def test_the_wandb_summary_of_a_serve_run_has_each_methods_rate_per_load(serve_run, monkeypatch):

@@ -1,0 +1,126 @@
+"""SpeculationGuard: a step policy behind an online check of measured tokens/s per batch size (issue 17: never
+slower than plain decoding at any load). Driven here by synthetic step costs (deterministic) and, end to end, by the
+real batched decoder on the tiny model (its greedy output stays the target's; the load state carries each step's
+measured tokens and seconds)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from learn2draft.state import LoadState
+from policies.controllers import SpeculationGuard
+
+
+class FixedStepPolicy:
+    """A step policy that always asks for the same γ."""
+
+    def __init__(self, gamma: int, max_depth: int = 4):
+        self.g, self.max_depth = gamma, max_depth
+
+    def gamma(self, load) -> int:
+        return self.g
+
+
+def drive(guard, batch_size: int, steps: int, rate_policy, rate_plain, first: bool = True) -> list[int]:
+    """Run ``steps`` synthetic steps at ``batch_size`` rows: a speculating step commits 2 tokens per row at
+    ``rate_policy(i)`` tokens/s, a plain one 1 per row at ``rate_plain(i)``. Returns the γ of every step."""
+    out, last = [], (0, 0, 0.0) if first else guard._last_synthetic
+    for i in range(steps):
+        load = LoadState(batch_size, 16, tuple([50] * batch_size), last_step_batch=last[0], last_step_tokens=last[1],
+                         last_step_seconds=last[2])
+        g = guard.gamma(load)
+        assert guard.gamma(load) == g  # one decision per load state, whichever row asks
+        tokens = batch_size * (2 if g > 0 else 1)
+        last = (batch_size, tokens, tokens / (rate_policy(i) if g > 0 else rate_plain(i)))
+        out.append(g)
+    guard._last_synthetic = last
+    return out
+
+
+def test_where_speculation_measures_slower_the_guard_decodes_plainly_and_keeps_probing():
+    """Speculation at half plain decoding's tokens/s: after ``explore_every`` steps and one probe, plain decoding
+    runs (≥ 90% of 400 steps; the probes are ≤ 2 steps per interval, the interval doubling to its cap)."""
+    guard = SpeculationGuard(FixedStepPolicy(3), explore_every=16, max_explore_every=64, probe_steps=2)
+    gammas = drive(guard, 16, 400, lambda i: 50.0, lambda i: 100.0)
+    assert gammas[:16] == [3] * 16  # trusted until the first probe
+    assert gammas[16:18] == [0, 0]  # the probe
+    assert sum(g == 0 for g in gammas) >= 0.9 * 400
+    spec_after = [i for i, g in enumerate(gammas) if g > 0 and i >= 18]
+    assert 2 <= len(spec_after) <= 14  # re-probed now and then, less often as nothing changes
+    assert guard.winner(16) == "plain"
+    s = guard.summary()[16]
+    assert s["arms"]["plain"]["tokens_per_second"] == pytest.approx(100.0)
+    assert s["arms"]["policy"]["tokens_per_second"] == pytest.approx(50.0)
+    assert s["overruled"] == sum(g == 0 for g in gammas)
+
+
+def test_where_speculation_measures_faster_the_guard_follows_the_policy():
+    guard = SpeculationGuard(FixedStepPolicy(4), explore_every=16, max_explore_every=128, probe_steps=2)
+    gammas = drive(guard, 1, 300, lambda i: 30.0, lambda i: 15.0)
+    assert sum(g == 4 for g in gammas) >= 0.95 * 300
+    assert guard.winner(1) == "policy"
+
+
+def test_the_guard_follows_a_machine_whose_speed_drifts():
+    """Speculation faster for 200 steps, then slower: within one capped interval the guard switches, and the
+    last 100 steps run plain decoding at least 90% of the time."""
+    guard = SpeculationGuard(FixedStepPolicy(2), explore_every=8, max_explore_every=32, probe_steps=2)
+    gammas = drive(guard, 4, 400, lambda i: 40.0 if i < 200 else 10.0, lambda i: 20.0)
+    assert sum(g > 0 for g in gammas[:200]) >= 0.9 * 200
+    assert sum(g == 0 for g in gammas[300:]) >= 0.9 * 100
+
+
+def test_the_policys_own_plain_steps_are_never_overruled_and_count_as_plain():
+    guard = SpeculationGuard(FixedStepPolicy(0), explore_every=1, max_explore_every=1, probe_steps=1)
+    assert drive(guard, 8, 50, lambda i: 1e6, lambda i: 1.0) == [0] * 50
+    assert guard.rate(8, "plain") == pytest.approx(1.0) and guard.rate(8, "policy") is None
+
+
+def test_an_unmeasured_batch_size_inherits_a_smaller_ones_plain_verdict():
+    """Speculation's relative cost grows with the batch: before B = 8 is measured, the guard starts it plain when
+    B = 4 measured plain faster; B = 2 (smaller) still starts with the policy."""
+    guard = SpeculationGuard(FixedStepPolicy(3), explore_every=4, max_explore_every=8, probe_steps=1)
+    drive(guard, 4, 40, lambda i: 10.0, lambda i: 20.0)
+    assert guard.winner(4) == "plain" and guard.winner(8) == "plain" and guard.winner(2) == "policy"
+    assert drive(guard, 8, 3, lambda i: 10.0, lambda i: 20.0, first=False) == [0, 0, 0]
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="gamma"):
+        SpeculationGuard(object())
+    for kw in ({"explore_every": 0}, {"explore_every": 8, "max_explore_every": 4}, {"probe_steps": 0},
+               {"smoothing": 0.0}, {"smoothing": 1.5}):
+        with pytest.raises(ValueError):
+            SpeculationGuard(FixedStepPolicy(2), **kw)
+
+
+def test_the_real_loop_gives_the_guard_each_steps_measurement_and_keeps_the_greedy_output(tiny_pair):
+    """In the batched decoder: every step's load state carries the previous step's batch size, tokens and seconds;
+    the guard decides one γ per step, every row drafts at most it, and each row's greedy output equals the target's
+    own (the guard reads only the past)."""
+    from helpers_loop import greedy_reference
+
+    from learn2draft.batched import BatchedSpeculativeDecoder, Request, serve
+
+    seen = []
+
+    class Recording(FixedStepPolicy):
+        def gamma(self, load):
+            seen.append((load.last_step_batch, load.last_step_tokens, load.last_step_seconds))
+            return self.g
+
+    guard = SpeculationGuard(Recording(3), explore_every=2, max_explore_every=4, probe_steps=1)
+    prompts = [torch.tensor([3, 4, 5, 3, 4, 5, 3, 4]), torch.tensor([6, 7, 6, 7, 6, 7]), torch.tensor([8, 9, 10, 8, 9]),
+               torch.tensor([5, 6, 5, 6, 5])]
+    dec = BatchedSpeculativeDecoder(tiny_pair, "lookup", max_new_tokens=12, max_depth=4, max_batch=2)
+    out = serve(dec, [Request(p, seed=i) for i, p in enumerate(prompts)], guard, concurrency=2)
+    assert len(guard.decisions) == len(dec.steps) == len(seen)
+    assert seen[0] == (0, 0, 0.0)
+    for prev, now in zip(dec.steps, seen[1:]):
+        assert now == (prev.batch_size, prev.tokens, prev.seconds)
+    for step, (B, _, g, _) in zip(dec.steps, guard.decisions):
+        assert step.batch_size == B and all(c.depth <= g for c in step.rows.values())
+    assert {g for _, _, g, _ in guard.decisions} == {0, 3}  # probes ran both arms
+    for p, r in zip(prompts, out):
+        assert r.tokens == greedy_reference(tiny_pair.target, p, 12, tiny_pair.vocab_size, eos=tiny_pair.eos_token_ids)
