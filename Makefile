@@ -12,6 +12,9 @@ RUN     ?= runs/default
 DATA    ?= runs/demo-data
 # torch threads of the demo's commands (each command's own default is 1, the fastest beside other jobs on 2 cores)
 THREADS ?= 2
+# precision of the demo's commands: auto = the one this machine computes fastest (learn2draft.models.fastest_dtype);
+# `make demo DTYPE=float32` forces fp32 (the table of an fp32-only machine)
+DTYPE   ?= auto
 # pytest-xdist processes of `make test` (each runs torch on one thread: tests/conftest.py), one per core of the
 # 2-core CI machine; 0 runs the suite in this process. --dist loadfile: each test file runs whole on one worker, so a
 # module's fixtures (a tiny training run, the local Ray cluster) are built once.
@@ -31,16 +34,16 @@ $(VENV)/.installed: pyproject.toml
 
 demo: setup
 	$(BIN)/python -m eval.record --drafter lookup --prompt-split mixed_train --max-depth 16 --max-new-tokens 64 \
-		--threads $(THREADS) --out $(DATA)/lookup.npz --overwrite
+		--threads $(THREADS) --dtype $(DTYPE) --out $(DATA)/lookup.npz --overwrite
 	$(BIN)/python -m eval.record --drafter model --prompt-split mixed_train --max-depth 1 --max-new-tokens 64 \
-		--threads $(THREADS) --out $(DATA)/model.npz --overwrite
+		--threads $(THREADS) --dtype $(DTYPE) --out $(DATA)/model.npz --overwrite
 	$(BIN)/python -m eval.profile --drafter lookup,model --contexts 128,512 --repeats 3 --name this-machine \
-		--threads $(THREADS) --out $(DATA)/profile.json
+		--threads $(THREADS) --dtype $(DTYPE) --out $(DATA)/profile.json
 	$(BIN)/python -m train --replay $(DATA)/lookup.npz,$(DATA)/model.npz --profile $(DATA)/profile.json \
-		--max-depth 16 --timesteps 32768 --threads $(THREADS) --out $(RUN) --overwrite
+		--max-depth 16 --timesteps 32768 --threads $(THREADS) --dtype $(DTYPE) --out $(RUN) --overwrite
 	$(BIN)/python -m eval.benchmark --policy $(RUN) --prompt-set mixed --num-prompts 24 --repeats 1 \
-		--temperatures 0 --gammas 1,2,4,16 --threads $(THREADS) --out $(RUN)/benchmark
-	$(BIN)/python -m eval --policy $(RUN) --law-check --skip-speed --threads $(THREADS)
+		--temperatures 0 --gammas 1,2,4,16 --threads $(THREADS) --dtype $(DTYPE) --out $(RUN)/benchmark
+	$(BIN)/python -m eval --policy $(RUN) --law-check --skip-speed --threads $(THREADS) --dtype $(DTYPE)
 
 train: setup
 	$(BIN)/python -m train --out $(RUN)

@@ -82,7 +82,9 @@ def load_average() -> list[float] | None:
 
 def hardware(device: str) -> dict:
     """:func:`eval.profile.machine_info` of ``device`` plus the CPU's bf16 units as torch sees them (``amx``,
-    ``avx512_bf16``: what :func:`learn2draft.models.fastest_dtype` reads) and torch's interop threads."""
+    ``avx512_bf16``: what :func:`learn2draft.models.fastest_dtype` reads; on a CPU with neither,
+    ``bf16_matmul_speedup``, the measurement ``--dtype auto`` decides by: :func:`learn2draft.models.bf16_matmul_timing`)
+    and torch's interop threads."""
     import torch
 
     from eval.profile import machine_info
@@ -91,6 +93,10 @@ def hardware(device: str) -> dict:
     for key, probe in (("amx", "_is_amx_tile_supported"), ("avx512_bf16", "_is_avx512_bf16_supported")):
         fn = getattr(torch.cpu, probe, None)
         info[key] = bool(fn()) if fn is not None else None
+    if torch.device(device).type == "cpu" and not (info["amx"] or info["avx512_bf16"]):
+        from learn2draft.models import bf16_matmul_timing
+
+        info["bf16_matmul_speedup"] = bf16_matmul_timing()["speedup"]  # what --dtype auto decided from
     info["torch_interop_threads"] = torch.get_num_interop_threads()
     return info
 
@@ -136,8 +142,10 @@ def finish_header(header: dict) -> dict:
 def header_lines(header: dict) -> list[str]:
     """The header as Markdown lines, at the top of ``results.md`` and ``benchmark.md``."""
     hw = header["hardware"]
+    measured = (f"; bf16 matmuls measured {hw['bf16_matmul_speedup']:.2f}× fp32's speed"
+                if hw.get("bf16_matmul_speedup") else "")
     machine = (hw["gpu"] if "gpu" in hw else f"{hw['cpu']}, {hw['cores']} cores") + \
-        f" (AMX: {_yes(hw.get('amx'))}, AVX512-BF16: {_yes(hw.get('avx512_bf16'))}); {hw.get('platform', '')}"
+        f" (AMX: {_yes(hw.get('amx'))}, AVX512-BF16: {_yes(hw.get('avx512_bf16'))}{measured}); {hw.get('platform', '')}"
     libs = ", ".join(f"{k} {v}" for k, v in header["libraries"].items() if v)
     models = "; ".join(f"{role} {m['name']} ({m['revision']})" for role, m in header["models"].items())
     load = header["load_average"]

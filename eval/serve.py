@@ -462,6 +462,11 @@ def _run(args) -> int:
 
     nospec = ServeMethod(NOSPEC, lambda: FixedDepthController(0), 0)
     nospec.run(requests=make_requests(train, 1, args.seed, 2), concurrency=1, max_batch=1, **common)
+    # and the verification shapes of speculation (1 … max_depth + 1 tokens): a kernel's first call at a new shape
+    # (oneDNN builds its primitive) is slow, and would be charged to whichever method speculates first — e.g. the
+    # first measured steps of the speed guard, which compares speculating steps against plain ones
+    ServeMethod("warm-up", lambda: FixedDepthController(s.max_depth), s.max_depth).run(
+        requests=make_requests(train, 2, args.seed, 2), concurrency=1, max_batch=1, **common)
     av = None
     if "adaptive" in s.methods:
         from learn2draft.budget import AdaptiveVerification, profile_step_cost

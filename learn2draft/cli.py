@@ -240,8 +240,9 @@ def add_device_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                         "one, else 1: stable timings on a shared CPU, as python -m train uses)")
     g.add_argument("--dtype", type=_dtype_name, default="auto", metavar="{auto,float32,bfloat16,float16}",
                    help="dtype of the models' weights and activations: auto = the precision this machine computes "
-                        "fastest (bfloat16 on a CUDA GPU with bf16 and on a CPU with AMX or AVX512-BF16, else "
-                        "float32); logits, sampling and the exact sampler always run in float32")
+                        "fastest (bfloat16 on a CUDA GPU with bf16, on a CPU with AMX or AVX512-BF16, and on other "
+                        "CPUs where a one-second start-up measurement finds bf16 matmuls faster; else float32); "
+                        "logits, sampling and the exact sampler always run in float32")
     return g
 
 

@@ -386,15 +386,63 @@ class _DropGGUFDtypeWarning(logging.Filter):
         return "GGUF checkpoint with its weights packed is fastest in float32" not in record.getMessage()
 
 
-def fastest_dtype(device: str | torch.device = "cpu") -> str:
-    """The dtype this machine computes a small transformer's forward fastest in: ``"bfloat16"`` on a CUDA
-    device with bf16 (compute capability ≥ 8.0) and on a CPU with AMX tiles or AVX512-BF16 (oneDNN then runs
-    bf16 matmuls natively), else ``"float32"`` (on other CPUs bf16 matmuls are emulated and slower).
+#: bf16 must be at least this much faster than fp32 in :func:`bf16_matmul_timing` for ``auto`` to pick it on a CPU
+#: without bf16 units (a margin against timing noise; the machines measured differ by 1.3–1.7×).
+BF16_MIN_SPEEDUP = 1.10
 
-    Measured on a 2-core Intel Xeon with AMX (SmolLM2-135M, context 256, 2 threads): one token costs the same
-    in both (40.7 ms), but verifying 8 tokens costs 1.13× one in bf16 against 2.00× in fp32 (ECOSYSTEM notes
-    of this project; re-measure with ``python -m eval.profile --dtype D``). Logits, sampling and the exact
-    sampler always run in float32 (:meth:`learn2draft.sampling.SamplingConfig.probs`), whatever this returns.
+
+@functools.lru_cache(maxsize=None)
+def bf16_matmul_timing(hidden: int = 1024, layers: int = 3, rows: tuple[int, ...] = (1, 9), repeats: int = 5) -> dict:
+    """Time what a small language model's forward is made of on this CPU, in float32 and in bfloat16: ``layers``
+    MLP blocks of ``hidden`` → 4·``hidden`` → ``hidden`` linear layers (96 MiB of fp32 weights by default: beyond a
+    CPU's last-level cache, as a model's weights are), applied to ``rows`` tokens (1: a decode step; 9: verifying
+    8 drafted tokens). The two precisions are interleaved, each shape's time is the minimum of ``repeats``; torch's
+    current thread count is used. Measured once per process (about 1 s on 2 CPU cores).
+
+    Returns:
+        ``{"float32": {n: seconds}, "bfloat16": {n: seconds}, "speedup": Σ_n fp32 seconds / Σ_n bf16 seconds}``
+        (speedup > 1: bf16 is faster).
+    """
+    import time
+
+    gen = torch.Generator().manual_seed(0)
+    # nn.Linear's layout and call (F.linear, weight (out, in)): a plain bf16 ``x @ w`` takes another, far slower
+    # kernel on CPUs without bf16 units (measured 13–20× fp32's time on a Zen 3 EPYC), which a model never runs
+    weights = {torch.float32: [(torch.randn(4 * hidden, hidden, generator=gen) * 0.02,
+                                torch.randn(hidden, 4 * hidden, generator=gen) * 0.02) for _ in range(layers)]}
+    weights[torch.bfloat16] = [(a.to(torch.bfloat16), b.to(torch.bfloat16)) for a, b in weights[torch.float32]]
+    best = {dt: {n: float("inf") for n in rows} for dt in weights}
+    with torch.inference_mode():
+        for rep in range(repeats + 1):  # the first round warms the kernels up and is not counted
+            for dt in ((torch.float32, torch.bfloat16) if rep % 2 == 0 else (torch.bfloat16, torch.float32)):
+                for n in rows:
+                    x = torch.randn(n, hidden, generator=gen).to(dt)
+                    t0 = time.perf_counter()
+                    for a, b in weights[dt]:
+                        x = torch.nn.functional.linear(torch.nn.functional.silu(torch.nn.functional.linear(x, a)), b)
+                    dt_s = time.perf_counter() - t0
+                    if rep:
+                        best[dt][n] = min(best[dt][n], dt_s)
+    out = {"float32": best[torch.float32], "bfloat16": best[torch.bfloat16]}
+    out["speedup"] = sum(out["float32"].values()) / max(sum(out["bfloat16"].values()), 1e-12)
+    return out
+
+
+def fastest_dtype(device: str | torch.device = "cpu") -> str:
+    """The dtype this machine computes a small transformer's forward fastest in (what ``--dtype auto`` means).
+
+    * CUDA: ``"bfloat16"`` with bf16 (compute capability ≥ 8.0), else ``"float32"``.
+    * A CPU with AMX tiles or AVX512-BF16: ``"bfloat16"`` (oneDNN runs bf16 matmuls natively). Measured on a 2-core
+      Intel Xeon with AMX (SmolLM2-135M, context 256, 2 threads): one token costs the same in both (40.7 ms), but
+      verifying 8 tokens costs 1.13× one in bf16 against 2.00× in fp32.
+    * Any other CPU: measured (:func:`bf16_matmul_timing`): ``"bfloat16"`` when bf16 matmuls at decode and
+      verification shapes are at least :data:`BF16_MIN_SPEEDUP` × faster than fp32, else ``"float32"``. Without
+      bf16 units a bf16 matmul converts on the fly, yet it moves half the bytes: on a 2-core AMD EPYC (Zen 3, AVX2
+      only; SmolLM2-135M, 2 threads, 48 tokens on 4 prompts, 4 interleaved runs each) plain decoding ran at 8.9–11.8
+      tok/s in bf16 against 7.2–7.8 in fp32, and prompt lookup at γ = 4 at 11.0–12.2 against 7.9–9.5.
+
+    Logits, sampling and the exact sampler always run in float32 (:meth:`learn2draft.sampling.SamplingConfig.probs`),
+    whatever this returns; re-measure a model's own costs with ``python -m eval.profile --dtype D``.
     """
     dev = torch.device(device)
     if dev.type == "cuda":
@@ -402,7 +450,9 @@ def fastest_dtype(device: str | torch.device = "cpu") -> str:
     if dev.type == "cpu":
         amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
         avx512_bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
-        return "bfloat16" if (amx or avx512_bf16) else "float32"
+        if amx or avx512_bf16:
+            return "bfloat16"
+        return "bfloat16" if bf16_matmul_timing()["speedup"] >= BF16_MIN_SPEEDUP else "float32"
     return "float32"
 
 

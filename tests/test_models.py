@@ -259,3 +259,28 @@ def test_a_pair_without_a_draft_serves_the_lookup_and_head_drafters(tiny_model_d
         SpeculativeDecoder(pair)  # the decoder's default drafter is the model drafter
     both = models.load_pair(*tiny_model_dirs)  # an explicit draft loads as before
     assert both.has_draft and both.draft is both.draft_model and both.draft_name == tiny_model_dirs[1]
+
+
+def test_auto_precision_on_a_cpu_without_bf16_units_follows_the_measurement(monkeypatch):
+    """With AMX or AVX512-BF16 ``auto`` is bf16 without measuring; without them it is bf16 only where bf16 matmuls
+    measured at least BF16_MIN_SPEEDUP× faster than fp32."""
+    import learn2draft.models as M
+
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    monkeypatch.setattr(M, "bf16_matmul_timing", lambda: {"speedup": M.BF16_MIN_SPEEDUP + 0.3})
+    assert M.fastest_dtype("cpu") == "bfloat16" and M.resolve_dtype("auto", "cpu") == "bfloat16"
+    monkeypatch.setattr(M, "bf16_matmul_timing", lambda: {"speedup": M.BF16_MIN_SPEEDUP - 0.05})
+    assert M.fastest_dtype("cpu") == "float32"
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True, raising=False)
+    monkeypatch.setattr(M, "bf16_matmul_timing", lambda: pytest.fail("measured although the CPU has bf16 units"))
+    assert M.fastest_dtype("cpu") == "bfloat16"
+
+
+def test_the_bf16_matmul_timing_times_both_precisions_at_every_shape():
+    from learn2draft.models import bf16_matmul_timing
+
+    t = bf16_matmul_timing.__wrapped__(hidden=64, layers=2, rows=(1, 3), repeats=2)  # uncached, small
+    assert set(t["float32"]) == set(t["bfloat16"]) == {1, 3}
+    assert all(0 < v < 1 for d in ("float32", "bfloat16") for v in t[d].values())
+    assert t["speedup"] == pytest.approx(sum(t["float32"].values()) / sum(t["bfloat16"].values()))
