@@ -375,11 +375,11 @@ class SpeculationGuard:
                  smoothing: float = 0.25):
         if not (hasattr(policy, "gamma") and hasattr(policy, "max_depth")):
             raise ValueError(f"SpeculationGuard needs a step policy with gamma(load) and max_depth, got {policy!r}.")
-        if not (isinstance(explore_every, int) and isinstance(max_explore_every, int)
+        if not (all(isinstance(v, int) and not isinstance(v, bool) for v in (explore_every, max_explore_every))
                 and 1 <= explore_every <= max_explore_every):
             raise ValueError(f"explore_every ({explore_every!r}) and max_explore_every ({max_explore_every!r}) must be "
                              "integers with 1 ≤ explore_every ≤ max_explore_every.")
-        if not isinstance(probe_steps, int) or probe_steps < 1:
+        if not isinstance(probe_steps, int) or isinstance(probe_steps, bool) or probe_steps < 1:
             raise ValueError(f"probe_steps must be an integer ≥ 1, got {probe_steps!r}.")
         if not 0.0 < float(smoothing) <= 1.0:
             raise ValueError(f"smoothing must be in (0, 1], got {smoothing!r}.")

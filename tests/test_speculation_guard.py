@@ -90,7 +90,7 @@ def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="gamma"):
         SpeculationGuard(object())
     for kw in ({"explore_every": 0}, {"explore_every": 8, "max_explore_every": 4}, {"probe_steps": 0},
-               {"smoothing": 0.0}, {"smoothing": 1.5}):
+               {"smoothing": 0.0}, {"smoothing": 1.5}, {"explore_every": True}, {"probe_steps": 2.0}):
         with pytest.raises(ValueError):
             SpeculationGuard(FixedStepPolicy(2), **kw)
 
