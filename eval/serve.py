@@ -720,11 +720,12 @@ def serve_verdicts(report: dict) -> list[dict]:
             a, b = tps(lv, role), tps(lv, base)
             if a is None or b is None:
                 return None, ""
-            r = [a / b]
+            r = [(a / b, "tok/s")]
             if with_itl:
                 m, n = lv["methods"][roles[role]], lv["methods"][roles[base]]
-                r += [_div(n["itl_seconds"][q], m["itl_seconds"][q]) or 0.0 for q in ("p50", "p99")]
-            vals.append((min(r), f"{lv['kind']} {lv['value']}"))
+                r += [(_div(n["itl_seconds"][q], m["itl_seconds"][q]) or 0.0, f"ITL {q}") for q in ("p50", "p99")]
+            v, what = min(r)
+            vals.append((v, f"{lv['kind']} {lv['value']}" + (f" ({what})" if with_itl else "")))
         return min(vals) if vals else (None, "")
 
     out = []

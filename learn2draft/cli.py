@@ -349,7 +349,7 @@ def load_models(args: argparse.Namespace, drafters, settings: dict | None = None
     if not need_draft and not any(needs_draft_model(d) for d in names):
         draft = None
     device = device or resolve_device(getattr(args, "device", None))
-    args.dtype = models.resolve_dtype(args.dtype, device)  # what ran is what results record
+    args.dtype = models.resolve_dtype(args.dtype, device, getattr(args, "threads", None))  # what ran is recorded
     if progress is not None:
         progress(f"Loading target={target}" + (f" draft={draft}" if draft else "") + f" on {device} ({args.dtype}) …")
     return models.load_pair(target, draft, device=device, dtype=models.parse_dtype(args.dtype, device))
@@ -361,7 +361,8 @@ def resolved_dtype(args: argparse.Namespace) -> str:
     models load."""
     from learn2draft.models import resolve_dtype
 
-    return resolve_dtype(getattr(args, "dtype", "auto"), resolve_device(getattr(args, "device", None), check=False))
+    return resolve_dtype(getattr(args, "dtype", "auto"), resolve_device(getattr(args, "device", None), check=False),
+                         getattr(args, "threads", None))
 
 
 # --------------------------------------------------------------------------- progress

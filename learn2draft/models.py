@@ -387,56 +387,74 @@ class _DropGGUFDtypeWarning(logging.Filter):
 
 
 #: bf16 must be at least this much faster than fp32 in :func:`bf16_matmul_timing` for ``auto`` to pick it on a CPU
-#: without bf16 units (a margin against timing noise; the machines measured differ by 1.3–1.7×).
-BF16_MIN_SPEEDUP = 1.10
+#: without bf16 units (a small margin against timing noise: on 2 threads a Zen 3 EPYC measured 1.09–1.68×).
+BF16_MIN_SPEEDUP = 1.05
 
 
-@functools.lru_cache(maxsize=None)
-def bf16_matmul_timing(hidden: int = 1024, layers: int = 3, rows: tuple[int, ...] = (1, 9), repeats: int = 5) -> dict:
+_BF16_TIMINGS: dict[tuple, dict] = {}
+
+
+def bf16_matmul_timing(hidden: int = 1024, layers: int = 3, rows: tuple[int, ...] = (1, 9), repeats: int = 5,
+                       threads: int | None = None) -> dict:
     """Time what a small language model's forward is made of on this CPU, in float32 and in bfloat16: ``layers``
     MLP blocks of ``hidden`` → 4·``hidden`` → ``hidden`` linear layers (96 MiB of fp32 weights by default: beyond a
     CPU's last-level cache, as a model's weights are), applied to ``rows`` tokens (1: a decode step; 9: verifying
-    8 drafted tokens). The two precisions are interleaved, each shape's time is the minimum of ``repeats``; torch's
-    current thread count is used. Measured once per process (about 1 s on 2 CPU cores).
+    8 drafted tokens). The two precisions are interleaved, each shape's time is the minimum of ``repeats``, on
+    ``threads`` torch threads (None: torch's current setting; restored afterwards): the answer depends on them — on
+    a 2-core Zen 3 EPYC bf16 measured 1.26–1.46× fp32's speed on 2 threads and 0.68–0.76× on 1. Measured once per
+    process and setting (about 1 s on 2 CPU cores); every call returns a fresh copy.
 
     Returns:
-        ``{"float32": {n: seconds}, "bfloat16": {n: seconds}, "speedup": Σ_n fp32 seconds / Σ_n bf16 seconds}``
-        (speedup > 1: bf16 is faster).
+        ``{"float32": {n: seconds}, "bfloat16": {n: seconds}, "speedup": Σ_n fp32 seconds / Σ_n bf16 seconds,
+        "threads": the thread count measured on}`` (speedup > 1: bf16 is faster).
     """
+    import copy
     import time
 
-    gen = torch.Generator().manual_seed(0)
-    # nn.Linear's layout and call (F.linear, weight (out, in)): a plain bf16 ``x @ w`` takes another, far slower
-    # kernel on CPUs without bf16 units (measured 13–20× fp32's time on a Zen 3 EPYC), which a model never runs
-    weights = {torch.float32: [(torch.randn(4 * hidden, hidden, generator=gen) * 0.02,
-                                torch.randn(hidden, 4 * hidden, generator=gen) * 0.02) for _ in range(layers)]}
-    weights[torch.bfloat16] = [(a.to(torch.bfloat16), b.to(torch.bfloat16)) for a, b in weights[torch.float32]]
-    best = {dt: {n: float("inf") for n in rows} for dt in weights}
-    with torch.inference_mode():
-        for rep in range(repeats + 1):  # the first round warms the kernels up and is not counted
-            for dt in ((torch.float32, torch.bfloat16) if rep % 2 == 0 else (torch.bfloat16, torch.float32)):
-                for n in rows:
-                    x = torch.randn(n, hidden, generator=gen).to(dt)
-                    t0 = time.perf_counter()
-                    for a, b in weights[dt]:
-                        x = torch.nn.functional.linear(torch.nn.functional.silu(torch.nn.functional.linear(x, a)), b)
-                    dt_s = time.perf_counter() - t0
-                    if rep:
-                        best[dt][n] = min(best[dt][n], dt_s)
-    out = {"float32": best[torch.float32], "bfloat16": best[torch.bfloat16]}
-    out["speedup"] = sum(out["float32"].values()) / max(sum(out["bfloat16"].values()), 1e-12)
-    return out
+    threads = int(threads or torch.get_num_threads())
+    key = (threads, int(hidden), int(layers), tuple(int(n) for n in rows), int(repeats))
+    if key not in _BF16_TIMINGS:
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            gen = torch.Generator().manual_seed(0)
+            # nn.Linear's layout and call (F.linear, weight (out, in)): a plain bf16 ``x @ w`` takes another, far
+            # slower kernel on CPUs without bf16 units (measured 13–20× fp32's time on a Zen 3 EPYC), which a model
+            # never runs
+            lin = torch.nn.functional.linear
+            weights = {torch.float32: [(torch.randn(4 * hidden, hidden, generator=gen) * 0.02,
+                                        torch.randn(hidden, 4 * hidden, generator=gen) * 0.02) for _ in range(layers)]}
+            weights[torch.bfloat16] = [(a.to(torch.bfloat16), b.to(torch.bfloat16)) for a, b in weights[torch.float32]]
+            best = {dt: {n: float("inf") for n in key[3]} for dt in weights}
+            with torch.inference_mode():
+                for rep in range(repeats + 1):  # the first round warms the kernels up and is not counted
+                    for dt in ((torch.float32, torch.bfloat16) if rep % 2 == 0 else (torch.bfloat16, torch.float32)):
+                        for n in key[3]:
+                            x = torch.randn(n, hidden, generator=gen).to(dt)
+                            t0 = time.perf_counter()
+                            for a, b in weights[dt]:
+                                x = lin(torch.nn.functional.silu(lin(x, a)), b)
+                            seconds = time.perf_counter() - t0
+                            if rep:
+                                best[dt][n] = min(best[dt][n], seconds)
+        finally:
+            torch.set_num_threads(before)
+        out = {"float32": best[torch.float32], "bfloat16": best[torch.bfloat16], "threads": threads}
+        out["speedup"] = sum(out["float32"].values()) / max(sum(out["bfloat16"].values()), 1e-12)
+        _BF16_TIMINGS[key] = out
+    return copy.deepcopy(_BF16_TIMINGS[key])
 
 
-def fastest_dtype(device: str | torch.device = "cpu") -> str:
+def fastest_dtype(device: str | torch.device = "cpu", threads: int | None = None) -> str:
     """The dtype this machine computes a small transformer's forward fastest in (what ``--dtype auto`` means).
 
     * CUDA: ``"bfloat16"`` with bf16 (compute capability ≥ 8.0), else ``"float32"``.
     * A CPU with AMX tiles or AVX512-BF16: ``"bfloat16"`` (oneDNN runs bf16 matmuls natively). Measured on a 2-core
       Intel Xeon with AMX (SmolLM2-135M, context 256, 2 threads): one token costs the same in both (40.7 ms), but
       verifying 8 tokens costs 1.13× one in bf16 against 2.00× in fp32.
-    * Any other CPU: measured (:func:`bf16_matmul_timing`): ``"bfloat16"`` when bf16 matmuls at decode and
-      verification shapes are at least :data:`BF16_MIN_SPEEDUP` × faster than fp32, else ``"float32"``. Without
+    * Any other CPU: measured on ``threads`` torch threads (None: the current setting; pass the run's own, the answer
+      depends on it) by :func:`bf16_matmul_timing`: ``"bfloat16"`` when bf16 matmuls at decode and verification
+      shapes are at least :data:`BF16_MIN_SPEEDUP` × faster than fp32, else ``"float32"``. Without
       bf16 units a bf16 matmul converts on the fly, yet it moves half the bytes: on a 2-core AMD EPYC (Zen 3, AVX2
       only; SmolLM2-135M, 2 threads, 48 tokens on 4 prompts, 4 interleaved runs each) plain decoding ran at 8.9–11.8
       tok/s in bf16 against 7.2–7.8 in fp32, and prompt lookup at γ = 4 at 11.0–12.2 against 7.9–9.5.
@@ -452,19 +470,20 @@ def fastest_dtype(device: str | torch.device = "cpu") -> str:
         avx512_bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
         if amx or avx512_bf16:
             return "bfloat16"
-        return "bfloat16" if bf16_matmul_timing()["speedup"] >= BF16_MIN_SPEEDUP else "float32"
+        return "bfloat16" if bf16_matmul_timing(threads=threads)["speedup"] >= BF16_MIN_SPEEDUP else "float32"
     return "float32"
 
 
-def resolve_dtype(name: str, device: str | torch.device = "cpu") -> str:
-    """The canonical dtype name of ``--dtype``: ``"auto"`` → :func:`fastest_dtype` of ``device``; a name or alias
+def resolve_dtype(name: str, device: str | torch.device = "cpu", threads: int | None = None) -> str:
+    """The canonical dtype name of ``--dtype``: ``"auto"`` → :func:`fastest_dtype` of ``device`` on ``threads``
+    torch threads (the run's; None: the current setting); a name or alias
     of :data:`learn2draft.names.DTYPE_NAMES` → its canonical name.
 
     Raises:
         ValueError: an unknown name.
     """
     if name == "auto":
-        return fastest_dtype(device)
+        return fastest_dtype(device, threads)
     if name not in DTYPE_NAMES or DTYPE_NAMES[name] == "auto":
         raise ValueError(f"Unknown dtype {name!r}: use auto, float32, bfloat16 or float16.")
     return DTYPE_NAMES[name]

@@ -373,15 +373,18 @@ class SpeculationGuard:
 
     def __init__(self, policy: Any, explore_every: int = 16, max_explore_every: int = 128, probe_steps: int = 2,
                  smoothing: float = 0.25):
-        if not (hasattr(policy, "gamma") and hasattr(policy, "max_depth")):
-            raise ValueError(f"SpeculationGuard needs a step policy with gamma(load) and max_depth, got {policy!r}.")
+        depth = getattr(policy, "max_depth", None)
+        if not hasattr(policy, "gamma") or isinstance(depth, bool) or not isinstance(depth, (int, np.integer)) \
+                or depth < 1:
+            raise ValueError(f"SpeculationGuard needs a step policy with gamma(load) and an integer max_depth ≥ 1, got "
+                             f"{policy!r}.")
         if not (all(isinstance(v, int) and not isinstance(v, bool) for v in (explore_every, max_explore_every))
                 and 1 <= explore_every <= max_explore_every):
             raise ValueError(f"explore_every ({explore_every!r}) and max_explore_every ({max_explore_every!r}) must be "
                              "integers with 1 ≤ explore_every ≤ max_explore_every.")
         if not isinstance(probe_steps, int) or isinstance(probe_steps, bool) or probe_steps < 1:
             raise ValueError(f"probe_steps must be an integer ≥ 1, got {probe_steps!r}.")
-        if not 0.0 < float(smoothing) <= 1.0:
+        if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0.0 < smoothing <= 1.0:
             raise ValueError(f"smoothing must be in (0, 1], got {smoothing!r}.")
         self.policy, self.max_depth = policy, int(policy.max_depth)
         self.explore_every, self.max_explore_every = explore_every, max_explore_every

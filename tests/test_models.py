@@ -268,19 +268,25 @@ def test_auto_precision_on_a_cpu_without_bf16_units_follows_the_measurement(monk
 
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
-    monkeypatch.setattr(M, "bf16_matmul_timing", lambda: {"speedup": M.BF16_MIN_SPEEDUP + 0.3})
-    assert M.fastest_dtype("cpu") == "bfloat16" and M.resolve_dtype("auto", "cpu") == "bfloat16"
-    monkeypatch.setattr(M, "bf16_matmul_timing", lambda: {"speedup": M.BF16_MIN_SPEEDUP - 0.05})
+    seen = []
+    monkeypatch.setattr(M, "bf16_matmul_timing", lambda threads=None: seen.append(threads) or {"speedup": 1.3})
+    assert M.fastest_dtype("cpu") == "bfloat16" and M.resolve_dtype("auto", "cpu", threads=3) == "bfloat16"
+    assert seen == [None, 3]  # measured on the run's own thread count when it is given
+    monkeypatch.setattr(M, "bf16_matmul_timing", lambda threads=None: {"speedup": M.BF16_MIN_SPEEDUP - 0.05})
     assert M.fastest_dtype("cpu") == "float32"
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True, raising=False)
-    monkeypatch.setattr(M, "bf16_matmul_timing", lambda: pytest.fail("measured although the CPU has bf16 units"))
+    monkeypatch.setattr(M, "bf16_matmul_timing", lambda threads=None: pytest.fail("measured with bf16 units"))
     assert M.fastest_dtype("cpu") == "bfloat16"
 
 
 def test_the_bf16_matmul_timing_times_both_precisions_at_every_shape():
     from learn2draft.models import bf16_matmul_timing
 
-    t = bf16_matmul_timing.__wrapped__(hidden=64, layers=2, rows=(1, 3), repeats=2)  # uncached, small
+    before = torch.get_num_threads()
+    t = bf16_matmul_timing(hidden=64, layers=2, rows=[1, 3], repeats=2, threads=1)  # small
+    assert torch.get_num_threads() == before and t["threads"] == 1  # measured on 1 thread, the setting restored
+    t["speedup"] = -1.0  # a caller's change does not reach the next caller
+    t = bf16_matmul_timing(hidden=64, layers=2, rows=(1, 3), repeats=2, threads=1)
     assert set(t["float32"]) == set(t["bfloat16"]) == {1, 3}
     assert all(0 < v < 1 for d in ("float32", "bfloat16") for v in t[d].values())
     assert t["speedup"] == pytest.approx(sum(t["float32"].values()) / sum(t["bfloat16"].values()))

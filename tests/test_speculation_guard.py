@@ -89,8 +89,11 @@ def test_an_unmeasured_batch_size_inherits_a_smaller_ones_plain_verdict():
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="gamma"):
         SpeculationGuard(object())
+    with pytest.raises(ValueError, match="max_depth ≥ 1"):
+        SpeculationGuard(FixedStepPolicy(2, max_depth=-3))
     for kw in ({"explore_every": 0}, {"explore_every": 8, "max_explore_every": 4}, {"probe_steps": 0},
-               {"smoothing": 0.0}, {"smoothing": 1.5}, {"explore_every": True}, {"probe_steps": 2.0}):
+               {"smoothing": 0.0}, {"smoothing": 1.5}, {"explore_every": True}, {"probe_steps": 2.0},
+               {"smoothing": True}, {"smoothing": "0.5"}, {"smoothing": None}):
         with pytest.raises(ValueError):
             SpeculationGuard(FixedStepPolicy(2), **kw)
 
