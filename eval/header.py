@@ -88,14 +88,12 @@ def hardware(device: str) -> dict:
     import torch
 
     from eval.profile import machine_info
+    from learn2draft.models import bf16_matmul_timing, cpu_bf16_units
 
     info = machine_info(device)
-    for key, probe in (("amx", "_is_amx_tile_supported"), ("avx512_bf16", "_is_avx512_bf16_supported")):
-        fn = getattr(torch.cpu, probe, None)
-        info[key] = bool(fn()) if fn is not None else None
-    if torch.device(device).type == "cpu" and not (info["amx"] or info["avx512_bf16"]):
-        from learn2draft.models import bf16_matmul_timing
-
+    units = cpu_bf16_units()
+    info.update(units)
+    if torch.device(device).type == "cpu" and not any(units.values()):
         info["bf16_matmul_speedup"] = bf16_matmul_timing()["speedup"]  # what --dtype auto decided from
     info["torch_interop_threads"] = torch.get_num_interop_threads()
     return info

@@ -401,7 +401,7 @@ def bf16_matmul_timing(hidden: int = 1024, layers: int = 3, rows: tuple[int, ...
     CPU's last-level cache, as a model's weights are), applied to ``rows`` tokens (1: a decode step; 9: verifying
     8 drafted tokens). The two precisions are interleaved, each shape's time is the minimum of ``repeats``, on
     ``threads`` torch threads (None: torch's current setting; restored afterwards): the answer depends on them — on
-    a 2-core Zen 3 EPYC bf16 measured 1.26–1.46× fp32's speed on 2 threads and 0.68–0.76× on 1. Measured once per
+    a 2-core Zen 3 EPYC bf16 measured 1.09–1.68× fp32's speed on 2 threads and 0.68–0.76× on 1. Measured once per
     process and setting (about 1 s on 2 CPU cores); every call returns a fresh copy.
 
     Returns:
@@ -445,6 +445,16 @@ def bf16_matmul_timing(hidden: int = 1024, layers: int = 3, rows: tuple[int, ...
     return copy.deepcopy(_BF16_TIMINGS[key])
 
 
+def cpu_bf16_units() -> dict[str, bool | None]:
+    """The CPU's bf16 units as torch sees them: ``{"amx": …, "avx512_bf16": …}`` (None where this torch cannot
+    tell); what :func:`fastest_dtype` and the report headers read."""
+    out = {}
+    for key, probe in (("amx", "_is_amx_tile_supported"), ("avx512_bf16", "_is_avx512_bf16_supported")):
+        fn = getattr(torch.cpu, probe, None)
+        out[key] = bool(fn()) if fn is not None else None
+    return out
+
+
 def fastest_dtype(device: str | torch.device = "cpu", threads: int | None = None) -> str:
     """The dtype this machine computes a small transformer's forward fastest in (what ``--dtype auto`` means).
 
@@ -466,9 +476,7 @@ def fastest_dtype(device: str | torch.device = "cpu", threads: int | None = None
     if dev.type == "cuda":
         return "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
     if dev.type == "cpu":
-        amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
-        avx512_bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
-        if amx or avx512_bf16:
+        if any(cpu_bf16_units().values()):
             return "bfloat16"
         return "bfloat16" if bf16_matmul_timing(threads=threads)["speedup"] >= BF16_MIN_SPEEDUP else "float32"
     return "float32"
