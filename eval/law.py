@@ -294,49 +294,106 @@ def goodness_of_fit_test(sample: Sequence[int], probs: np.ndarray, min_expected:
             "bins": len(obs), "n": n, "impossible": int(impossible)}
 
 
-class _PrefillMemo:
-    """Wraps a causal LM so that a forward on an *empty* cache with an input seen before is replayed
-    (the same logits; the same keys/values copied into the cache) instead of recomputed.
+class _ForwardMemo:
+    """Wraps a causal LM so that a forward seen before, on a cache built by the same forwards, is replayed
+    (the same logits and hidden state; the same keys/values appended to the cache) instead of recomputed.
 
-    The law check restarts the decoder on one prompt hundreds of times; the prompt's prefill (the
-    target's and the draft's first forward) is identical each time and is most of the cost of a
-    short draw. Replaying a deterministic computation does not change what is sampled. Every other
-    call, and any cache without ``layers[i].keys/values`` (DynamicCache), goes straight to the model.
+    The law check restarts the decoder on one prompt hundreds of times and keeps only the first few tokens, so
+    the same forwards recur: the prompt's prefill in every draw, and, since a short sampled continuation takes
+    few distinct values, most later forwards too (the reference arm's second-token forward, the draft's steps
+    and the verification forwards along frequent drafts). Replaying a deterministic computation does not change
+    what is sampled.
+
+    A forward is identified by its input ids, its ``output_hidden_states`` flag and the *history* of the cache it
+    extends: the list of forwards (their input ids) that wrote the cache's first ``cache.get_seq_length()``
+    entries, with the cut inside the last one after a crop (``DynamicCache.crop``). So a hit replays exactly the
+    computation a recomputation would do, on the same cache contents. A call with any other tensor argument
+    (an attention mask, positions: trees, batched rows), or on a cache without ``layers[i].keys/values``, goes
+    straight to the model and makes the cache's history unique, so nothing after it is replayed.
+
+    Memory: each entry keeps its logits ((1, n, V) in the model's dtype), hidden state and keys/values; new
+    entries stop being stored past ``max_bytes`` (the replayed ones still serve).
     """
 
-    def __init__(self, model):
+    _HISTORY = "_law_memo_history"  # attribute on the cache: list of (ids tuple, tokens kept)
+
+    def __init__(self, model, max_bytes: int = 1 << 30):
         self.model = model
         self._memo: dict[tuple, tuple] = {}
+        self._bytes = 0
+        self._max_bytes = max_bytes
+        self.hits = 0
+        self.misses = 0
 
     def __getattr__(self, name):
-        if name == "model":  # not set yet (copy / unpickle): do not recurse
+        if name in ("model", "_memo"):  # not set yet (copy / unpickle): do not recurse
             raise AttributeError(name)
         return getattr(self.model, name)
 
+    def _history(self, cache) -> list:
+        """The forwards that wrote the cache's current entries, cut to its length."""
+        hist = getattr(cache, self._HISTORY, None)
+        if hist is None:
+            hist = []
+            setattr(cache, self._HISTORY, hist)
+        length, kept = cache.get_seq_length(), 0
+        for i, (ids, n) in enumerate(hist):
+            if kept + n > length:  # cropped inside this forward's entries: keep its first ones
+                del hist[i:]
+                if length > kept:
+                    hist.append((ids, length - kept))
+                break
+            kept += n
+        if sum(n for _, n in hist) != length:  # written by something not seen here: nothing is replayed on it
+            hist[:] = [(object(), length)]
+        return hist
+
     def __call__(self, input_ids=None, cache=None, **kwargs):
-        if cache is None or cache.get_seq_length() != 0 or input_ids is None or input_ids.shape[0] != 1:
+        layers = getattr(cache, "layers", None)
+        plain = (input_ids is not None and input_ids.shape[0] == 1 and layers is not None
+                 and all(hasattr(la, "keys") and hasattr(la, "values") for la in layers)
+                 and set(kwargs) <= {"use_cache", "output_hidden_states"})
+        if cache is None:
             return self.model(input_ids=input_ids, cache=cache, **kwargs)
-        hidden = bool(kwargs.get("output_hidden_states"))
-        key = (hidden, *input_ids.reshape(-1).tolist())
-        hit = self._memo.get(key)
-        if hit is None:
+        hist = self._history(cache) if layers is not None else None
+        if not plain or not kwargs.get("use_cache", True):
             out = self.model(input_ids=input_ids, cache=cache, **kwargs)
-            layers = getattr(cache, "layers", None)
-            if layers and all(hasattr(layer, "keys") and hasattr(layer, "values") for layer in layers):
-                last = out.hidden_states[-1].clone() if hidden else None
-                self._memo[key] = (out.logits.clone(), [(la.keys.clone(), la.values.clone()) for la in layers], last)
+            grown = cache.get_seq_length() - sum(n for _, n in hist) if hist is not None else 0
+            if grown:
+                hist.append((object(), grown))
             return out
+        hidden = bool(kwargs.get("output_hidden_states"))
+        ids = tuple(input_ids.reshape(-1).tolist())
+        key = (hidden, tuple(hist), ids)
+        hit = self._memo.get(key)
+        start = cache.get_seq_length()
+        if hit is None:
+            self.misses += 1
+            out = self.model(input_ids=input_ids, cache=cache, **kwargs)
+            grown = cache.get_seq_length() - start
+            if grown == len(ids) and self._bytes < self._max_bytes:
+                last = out.hidden_states[-1].clone() if hidden else None
+                kv = [(la.keys[..., start:, :].clone(), la.values[..., start:, :].clone()) for la in cache.layers]
+                entry = (out.logits.clone(), kv, last)
+                self._memo[key] = entry
+                self._bytes += sum(t.numel() * t.element_size() for t in (entry[0], *(x for p in kv for x in p),
+                                                                          *(() if last is None else (last,))))
+            if grown:
+                hist.append((ids if grown == len(ids) else object(), grown))
+            return out
+        self.hits += 1
         logits, kv, last = hit
         for i, (k, v) in enumerate(kv):
             cache.update(k.clone(), v.clone(), i)
+        hist.append((ids, len(ids)))
         return SimpleNamespace(logits=logits.clone(), hidden_states=None if last is None else (last.clone(),))
 
 
 def _memo_pair(pair: ModelPair) -> ModelPair:
-    target = _PrefillMemo(pair.target)
+    target = _ForwardMemo(pair.target)
     draft = pair.draft_model  # None for a pair without one (head and lookup drafters)
     if draft is not None:
-        draft = target if draft is pair.target else _PrefillMemo(draft)
+        draft = target if draft is pair.target else _ForwardMemo(draft)
     return dataclasses.replace(pair, target=target, draft_model=draft)
 
 
@@ -481,9 +538,10 @@ def law_check(pair: ModelPair, controllers: dict[str, DraftController], prompts:
     these sample sizes and bins (``p_min``; e.g. 10 draws, or 0 degrees of freedom), the verdict is
     INCONCLUSIVE and ``passed`` is False.
 
-    The prompt's prefill is computed once and replayed for every draw (:class:`_PrefillMemo`;
-    it returns exactly what recomputation would), so a draw costs about ``num_tokens`` target
-    forwards plus the draft's steps.
+    A forward already computed on the same cache history (the prompt's prefill in every draw, and
+    the later forwards of frequent continuations) is replayed, not recomputed (:class:`_ForwardMemo`;
+    it returns exactly what recomputation would), so a draw costs at most about ``num_tokens`` target
+    forwards plus the draft's steps, and far less where draws repeat.
 
     Cost: ``num_samples × (1 + len(controllers)) × len(prompts)`` short generations.
 

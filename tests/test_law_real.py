@@ -26,9 +26,11 @@ import torch
 from conftest import tiny_llama
 from helpers_loop import ConfidencePolicy, bias_token, noisy_copy
 from scipy.stats import chi2, ncx2
+from transformers import DynamicCache
 
 from eval.law import (
     ENDED,
+    _ForwardMemo,
     _memo_pair,
     first_token_probs,
     format_law_table,
@@ -88,14 +90,61 @@ def tiny_law_pair(tiny_tok):
     return make_pair(target, draft, tiny_tok, tiny_tok)
 
 
-def test_prefill_memo_changes_nothing(tiny_law_pair):
+def test_forward_memo_changes_nothing(tiny_law_pair):
     cfg = SamplingConfig(temperature=1.0)
     seeds = list(range(40))
     for ctrl in (FixedDepthController(0), FixedDepthController(3)):
+        memo_pair = _memo_pair(tiny_law_pair)
         plain, _ = sample_first_tokens(tiny_law_pair, PROMPT, ctrl, cfg, 4, seeds)
-        memo, _ = sample_first_tokens(_memo_pair(tiny_law_pair), PROMPT, ctrl, cfg, 4, seeds)
-        assert np.array_equal(plain, memo)
+        memo, _ = sample_first_tokens(memo_pair, PROMPT, ctrl, cfg, 4, seeds)
+        again, _ = sample_first_tokens(memo_pair, PROMPT, ctrl, cfg, 4, seeds)
+        assert np.array_equal(plain, memo) and np.array_equal(plain, again)
         assert len({tuple(r) for r in plain}) > 10
+        # the second pass is replayed whole: the memo serves forwards beyond the prefill
+        target = memo_pair.target
+        assert target.hits > len(seeds) and target.misses < target.hits
+
+
+def _run_script(model, script):
+    """Forwards ("f", ids) and crops ("c", n) on one fresh cache; the logits of each forward and the cache's keys."""
+    cache, logits = DynamicCache(), []
+    with torch.inference_mode():
+        for op, arg in script:
+            if op == "f":
+                logits.append(model(input_ids=torch.tensor([arg]), cache=cache, use_cache=True).logits)
+            elif op == "m":  # a forward with an attention mask: not replayable
+                n = cache.get_seq_length() + len(arg)
+                logits.append(model(input_ids=torch.tensor([arg]), attention_mask=torch.ones(1, n, dtype=torch.long),
+                                    cache=cache, use_cache=True).logits)
+            else:
+                cache.crop(-arg)
+    return logits, [layer.keys for layer in cache.layers]
+
+
+def test_forward_memo_replays_only_the_same_cache_history(tiny_law_pair):
+    """A forward is replayed only on a cache written by the same forwards (cut at the same place): the
+    logits and the cache's keys equal the plain model's bit for bit, and a different cut, chunking or an
+    unreplayable forward (an attention mask) makes it compute."""
+    model = tiny_law_pair.target
+    memo = _ForwardMemo(model)
+    p = PROMPT.tolist()
+    scripts = [
+        [("f", p), ("f", [4, 5, 6]), ("c", 1), ("f", [7])],  # keeps 4, 5 of the 3-token forward
+        [("f", p), ("f", [4, 5, 6]), ("c", 2), ("f", [5, 7])],  # keeps 4: same tokens as above, other history
+        [("f", p), ("f", [4]), ("f", [5]), ("f", [7])],  # same tokens as the first, other chunking
+        [("f", p), ("m", [4, 5]), ("f", [7])],  # after a masked forward nothing is replayed
+    ]
+    # computed forwards (the masked one not counted), on the first run of each script after the ones before it,
+    # and on its second run
+    expected_misses = [(3, 0), (1, 0), (3, 0), (1, 1)]
+    for script, misses in zip(scripts, expected_misses):
+        want = _run_script(model, script)
+        for run in range(2):
+            before = memo.misses
+            got = _run_script(memo, script)
+            assert all(torch.equal(a, b) for a, b in zip(got[0], want[0]))
+            assert all(torch.equal(a, b) for a, b in zip(got[1], want[1]))
+            assert memo.misses - before == misses[run], (script, run)
 
 
 def test_first_tokens_stop_at_eos(tiny_tok):
