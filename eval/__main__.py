@@ -297,7 +297,8 @@ def _measure_speed(args, pair, policy, head, drafter: str, trees: _Trees, user_p
     held = (user_prompts if user_prompts is not None else load_prompt_records(held_split))[: args.num_heldout_prompts]
     held_ids = encode_all(pair, [p.text for p in held], max_new)
     header = run_header(results["target"], results["draft"] if pair.has_draft else None, pair, results["dtype"],
-                        sampling.to_dict(), str(pair.device), held, args.prompts or held_split)
+                        sampling.to_dict(), str(pair.device), held, args.prompts or held_split,
+                        cli.forward_rows_of(args))
     res = compare(pair, policy, train_ids, held_ids, sampling, max_new, gammas, args.repeats, args.seed,
                   drafter=drafter, head=head, tree=trees.shape, tree_grid=trees.grid, tree_policy=trees.controller,
                   groups=prompt_groupings(held))

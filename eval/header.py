@@ -80,11 +80,11 @@ def load_average() -> list[float] | None:
         return None
 
 
-def hardware(device: str) -> dict:
+def hardware(device: str, forward_rows: tuple[int, ...] = (1, 9)) -> dict:
     """:func:`eval.profile.machine_info` of ``device`` plus the CPU's bf16 units as torch sees them (``amx``,
     ``avx512_bf16``: what :func:`learn2draft.models.fastest_dtype` reads; on a CPU with neither,
-    ``bf16_matmul_speedup``, the measurement ``--dtype auto`` decides by: :func:`learn2draft.models.bf16_matmul_timing`)
-    and torch's interop threads."""
+    ``bf16_matmul_speedup``, the measurement ``--dtype auto`` decides by: :func:`learn2draft.models.bf16_matmul_timing`
+    at the run's forward widths ``forward_rows``, recorded as ``bf16_matmul_rows``) and torch's interop threads."""
     import torch
 
     from eval.profile import machine_info
@@ -94,13 +94,15 @@ def hardware(device: str) -> dict:
     units = cpu_bf16_units()
     info.update(units)
     if torch.device(device).type == "cpu" and not any(units.values()):
-        info["bf16_matmul_speedup"] = bf16_matmul_timing()["speedup"]  # what --dtype auto decided from
+        rows = tuple(int(n) for n in forward_rows)
+        info["bf16_matmul_speedup"] = bf16_matmul_timing(rows=rows)["speedup"]  # what --dtype auto decided from
+        info["bf16_matmul_rows"] = list(rows)
     info["torch_interop_threads"] = torch.get_num_interop_threads()
     return info
 
 
 def run_header(target: str, draft: str | None, pair, dtype: str, sampling, device: str, prompts: Sequence,
-               prompt_source: str) -> dict:
+               prompt_source: str, forward_rows: tuple[int, ...] = (1, 9)) -> dict:
     """The header of a report, measured at the start of the run (its load average included: call
     :func:`finish_header` at the end).
 
@@ -111,6 +113,8 @@ def run_header(target: str, draft: str | None, pair, dtype: str, sampling, devic
         sampling: the sampling settings: one :meth:`learn2draft.sampling.SamplingConfig.to_dict`, or a dict of them
             per temperature.
         prompts: the measured :class:`learn2draft.prompts.Prompt` records; ``prompt_source``: where they came from.
+        forward_rows: the run's target forward widths (:func:`learn2draft.cli.forward_rows_of`), where the bf16
+            speed-up of a CPU without bf16 units is measured (:func:`hardware`).
 
     Returns:
         a JSON-serialisable dict: ``models``, ``libraries``, ``precision``, ``sampling``, ``hardware``, ``threads``,
@@ -125,7 +129,7 @@ def run_header(target: str, draft: str | None, pair, dtype: str, sampling, devic
     if draft is not None:
         models["draft"] = {"name": str(draft), "revision": model_revision(draft, getattr(pair, "draft_model", None))}
     return {"models": models, "libraries": _versions(), "precision": dtype, "sampling": sampling,
-            "hardware": hardware(device), "threads": torch.get_num_threads(),
+            "hardware": hardware(device, forward_rows), "threads": torch.get_num_threads(),
             "load_average": {"before": load_average(), "after": None},
             "prompts": {"source": prompt_source, **prompt_distribution(prompts)}}
 

@@ -14,7 +14,15 @@ import os
 import re
 import sys
 
-from learn2draft.names import DEFAULT_DRAFT, DEFAULT_TARGET, DRAFTERS, DTYPE_NAMES, HYBRID_DRAFTERS, needs_draft_model
+from learn2draft.names import (
+    DEFAULT_DRAFT,
+    DEFAULT_MAX_DEPTH,
+    DEFAULT_TARGET,
+    DRAFTERS,
+    DTYPE_NAMES,
+    HYBRID_DRAFTERS,
+    needs_draft_model,
+)
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -349,7 +357,8 @@ def load_models(args: argparse.Namespace, drafters, settings: dict | None = None
     if not need_draft and not any(needs_draft_model(d) for d in names):
         draft = None
     device = device or resolve_device(getattr(args, "device", None))
-    args.dtype = models.resolve_dtype(args.dtype, device, getattr(args, "threads", None))  # what ran is recorded
+    # what ran is recorded
+    args.dtype = models.resolve_dtype(args.dtype, device, getattr(args, "threads", None), forward_rows_of(args))
     if progress is not None:
         progress(f"Loading target={target}" + (f" draft={draft}" if draft else "") + f" on {device} ({args.dtype}) …")
     return models.load_pair(target, draft, device=device, dtype=models.parse_dtype(args.dtype, device))
@@ -362,7 +371,35 @@ def resolved_dtype(args: argparse.Namespace) -> str:
     from learn2draft.models import resolve_dtype
 
     return resolve_dtype(getattr(args, "dtype", "auto"), resolve_device(getattr(args, "device", None), check=False),
-                         getattr(args, "threads", None))
+                         getattr(args, "threads", None), forward_rows_of(args))
+
+
+def _largest_int(value) -> int | None:
+    """The largest of an int or a comma-separated list of ints (a flag's value); None when absent or unreadable."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    try:
+        ints = [int(v) for v in str(value).split(",") if v.strip()]
+    except ValueError:
+        return None  # the command's own check names the flag
+    return max(ints) if ints else None
+
+
+def forward_rows_of(args: argparse.Namespace) -> tuple[int, int]:
+    """The target forward widths of a command, what ``--dtype auto`` is measured at
+    (:func:`learn2draft.models.forward_rows`): its largest batch — ``--max-batch``, else the largest of
+    ``--concurrency``, ``--batch-sizes`` or ``--serve-loads``, else 1 — and ``--max-depth`` (default
+    :data:`learn2draft.names.DEFAULT_MAX_DEPTH`)."""
+    from learn2draft.models import forward_rows
+
+    batch = _largest_int(getattr(args, "max_batch", None))
+    if batch is None:
+        batch = max((b for b in (_largest_int(getattr(args, name, None)) for name in ("concurrency", "batch_sizes", "serve_loads"))
+                     if b is not None), default=1)
+    depth = _largest_int(getattr(args, "max_depth", None))
+    return forward_rows(batch, DEFAULT_MAX_DEPTH if depth is None else depth)
 
 
 # --------------------------------------------------------------------------- progress

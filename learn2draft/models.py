@@ -455,7 +455,16 @@ def cpu_bf16_units() -> dict[str, bool | None]:
     return out
 
 
-def fastest_dtype(device: str | torch.device = "cpu", threads: int | None = None) -> str:
+def forward_rows(batch: int = 1, max_depth: int = 8) -> tuple[int, int]:
+    """The tokens one target forward carries in a run of ``batch`` sequences drafting up to ``max_depth`` tokens:
+    ``(batch, batch · (max_depth + 1))``, a decode step and a full verification (what :func:`fastest_dtype`
+    times). A batched step feeds every row the longest chain (:class:`learn2draft.batched.BatchedSpeculativeDecoder`)."""
+    batch, max_depth = max(int(batch), 1), max(int(max_depth), 0)
+    return batch, batch * (max_depth + 1)
+
+
+def fastest_dtype(device: str | torch.device = "cpu", threads: int | None = None,
+                  rows: tuple[int, ...] = (1, 9)) -> str:
     """The dtype this machine computes a small transformer's forward fastest in (what ``--dtype auto`` means).
 
     * CUDA: ``"bfloat16"`` with bf16 (compute capability ≥ 8.0), else ``"float32"``.
@@ -463,11 +472,15 @@ def fastest_dtype(device: str | torch.device = "cpu", threads: int | None = None
       Intel Xeon with AMX (SmolLM2-135M, context 256, 2 threads): one token costs the same in both (40.7 ms), but
       verifying 8 tokens costs 1.13× one in bf16 against 2.00× in fp32.
     * Any other CPU: measured on ``threads`` torch threads (None: the current setting; pass the run's own, the answer
-      depends on it) by :func:`bf16_matmul_timing`: ``"bfloat16"`` when bf16 matmuls at decode and verification
-      shapes are at least :data:`BF16_MIN_SPEEDUP` × faster than fp32, else ``"float32"``. Without
-      bf16 units a bf16 matmul converts on the fly, yet it moves half the bytes: on a 2-core AMD EPYC (Zen 3, AVX2
-      only; SmolLM2-135M, 2 threads, 48 tokens on 4 prompts, 4 interleaved runs each) plain decoding ran at 8.9–11.8
-      tok/s in bf16 against 7.2–7.8 in fp32, and prompt lookup at γ = 4 at 11.0–12.2 against 7.9–9.5.
+      depends on it) by :func:`bf16_matmul_timing` at the run's own forward widths ``rows`` (tokens per target
+      forward: :func:`forward_rows` of its batch size and depth; default one sequence at depth 8):
+      ``"bfloat16"`` when bf16 matmuls over those shapes are at least :data:`BF16_MIN_SPEEDUP` × faster than fp32,
+      else ``"float32"``. Without bf16 units a bf16 matmul converts on the fly: it moves half the bytes, which wins
+      for a one-token decode step, and computes slower, which loses as the rows grow. On a 2-core AMD EPYC (Zen 3,
+      AVX2 only; SmolLM2-135M, context 192, 2 threads, min of 3 interleaved,
+      ``eval/scripts/dtype_forward_bench.py``) a target forward over 1 token took 70 ms in fp32 and 39 ms in bf16,
+      over 9 tokens 160 and 184 ms, over 16 rows × 1 token 164 and 357 ms, over 16 × 9 611 and 2564 ms: a run
+      decided on single-sequence shapes served a batch of 16 in bf16 at a quarter of fp32's speed.
 
     Logits, sampling and the exact sampler always run in float32 (:meth:`learn2draft.sampling.SamplingConfig.probs`),
     whatever this returns; re-measure a model's own costs with ``python -m eval.profile --dtype D``.
@@ -478,20 +491,22 @@ def fastest_dtype(device: str | torch.device = "cpu", threads: int | None = None
     if dev.type == "cpu":
         if any(cpu_bf16_units().values()):
             return "bfloat16"
-        return "bfloat16" if bf16_matmul_timing(threads=threads)["speedup"] >= BF16_MIN_SPEEDUP else "float32"
+        speedup = bf16_matmul_timing(threads=threads, rows=tuple(rows))["speedup"]
+        return "bfloat16" if speedup >= BF16_MIN_SPEEDUP else "float32"
     return "float32"
 
 
-def resolve_dtype(name: str, device: str | torch.device = "cpu", threads: int | None = None) -> str:
+def resolve_dtype(name: str, device: str | torch.device = "cpu", threads: int | None = None,
+                  rows: tuple[int, ...] = (1, 9)) -> str:
     """The canonical dtype name of ``--dtype``: ``"auto"`` → :func:`fastest_dtype` of ``device`` on ``threads``
-    torch threads (the run's; None: the current setting); a name or alias
-    of :data:`learn2draft.names.DTYPE_NAMES` → its canonical name.
+    torch threads (the run's; None: the current setting) at the run's forward widths ``rows`` (:func:`forward_rows`);
+    a name or alias of :data:`learn2draft.names.DTYPE_NAMES` → its canonical name.
 
     Raises:
         ValueError: an unknown name.
     """
     if name == "auto":
-        return fastest_dtype(device, threads)
+        return fastest_dtype(device, threads, rows)
     if name not in DTYPE_NAMES or DTYPE_NAMES[name] == "auto":
         raise ValueError(f"Unknown dtype {name!r}: use auto, float32, bfloat16 or float16.")
     return DTYPE_NAMES[name]

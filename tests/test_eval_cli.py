@@ -156,12 +156,15 @@ def test_one_table_renderer_for_eval_and_benchmark(tiny_run, tmp_path):
            "methods": methods, "grid_train": grid, "grid_heldout": grid, "policy": "policy", "verdicts": {}}
     assert holds_only(format_markdown(res), methods_table(methods, AR))  # python -m eval's results.md
     out = tmp_path / "bench"
-    assert bench_main(["--policy", str(tiny_run), "--temperatures", "0", "--num-prompts", "1", "--repeats", "1",
-                       "--max-new-tokens", "4", "--gammas", "1", "--device", "cpu", "--out", str(out)]) == 0
-    from learn2draft.models import fastest_dtype
+    argv = ["--policy", str(tiny_run), "--temperatures", "0", "--num-prompts", "1", "--repeats", "1",
+            "--max-new-tokens", "4", "--gammas", "1", "--device", "cpu", "--out", str(out)]
+    assert bench_main(argv) == 0
+    from eval.benchmark import build_parser as bench_parser
+    from learn2draft.cli import resolved_dtype
 
     report = json.loads((out / "benchmark.json").read_text())
-    assert report["dtype"] == fastest_dtype("cpu")  # --dtype auto, resolved and recorded for every method
+    # --dtype auto, resolved at the run's forward widths and recorded for every method
+    assert report["dtype"] == resolved_dtype(bench_parser().parse_args(argv))
     measured = report["runs"]["0.0"]["methods"]
     assert holds_only((out / "benchmark.md").read_text(), methods_table(measured, PLAIN))
     summary = {"a": {**row, "ratio_to_ref": {"mean": 1.2, "min": 1.1, "max": 1.3}}}

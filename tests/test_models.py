@@ -263,20 +263,45 @@ def test_a_pair_without_a_draft_serves_the_lookup_and_head_drafters(tiny_model_d
 
 def test_auto_precision_on_a_cpu_without_bf16_units_follows_the_measurement(monkeypatch):
     """With AMX or AVX512-BF16 ``auto`` is bf16 without measuring; without them it is bf16 only where bf16 matmuls
-    measured at least BF16_MIN_SPEEDUP× faster than fp32."""
+    measured at least BF16_MIN_SPEEDUP× faster than fp32, at the run's own forward widths."""
     import learn2draft.models as M
 
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
     seen = []
-    monkeypatch.setattr(M, "bf16_matmul_timing", lambda threads=None: seen.append(threads) or {"speedup": 1.3})
+    monkeypatch.setattr(M, "bf16_matmul_timing",
+                        lambda threads=None, rows=(1, 9): seen.append((threads, rows)) or {"speedup": 1.3})
     assert M.fastest_dtype("cpu") == "bfloat16" and M.resolve_dtype("auto", "cpu", threads=3) == "bfloat16"
-    assert seen == [None, 3]  # measured on the run's own thread count when it is given
-    monkeypatch.setattr(M, "bf16_matmul_timing", lambda threads=None: {"speedup": M.BF16_MIN_SPEEDUP - 0.05})
+    assert seen == [(None, (1, 9)), (3, (1, 9))]  # measured on the run's own thread count when it is given
+    monkeypatch.setattr(M, "bf16_matmul_timing",
+                        lambda threads=None, rows=(1, 9): {"speedup": M.BF16_MIN_SPEEDUP - 0.05})
     assert M.fastest_dtype("cpu") == "float32"
+    # as measured on a Zen 3 EPYC: bf16 wins one sequence's decode step and loses wide (batched) forwards
+    monkeypatch.setattr(M, "bf16_matmul_timing",
+                        lambda threads=None, rows=(1, 9): {"speedup": 1.5 if max(rows) <= 9 else 0.3})
+    assert M.resolve_dtype("auto", "cpu", 2, M.forward_rows(1, 8)) == "bfloat16"
+    assert M.resolve_dtype("auto", "cpu", 2, M.forward_rows(16, 8)) == "float32"
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True, raising=False)
-    monkeypatch.setattr(M, "bf16_matmul_timing", lambda threads=None: pytest.fail("measured with bf16 units"))
+    monkeypatch.setattr(M, "bf16_matmul_timing", lambda threads=None, rows=(1, 9): pytest.fail("measured with bf16 units"))
     assert M.fastest_dtype("cpu") == "bfloat16"
+
+
+def test_auto_precision_is_measured_at_each_commands_forward_widths():
+    """A command's batch (--max-batch, else the largest --concurrency, --batch-sizes or --serve-loads) and
+    --max-depth give the widths ``auto`` is timed at: a decode step and a full verification of the batch."""
+    from argparse import Namespace
+
+    from learn2draft.cli import forward_rows_of
+    from learn2draft.models import forward_rows
+    from learn2draft.names import DEFAULT_MAX_DEPTH
+
+    assert forward_rows(16, 8) == (16, 144) and forward_rows(1, 0) == (1, 1)
+    assert forward_rows_of(Namespace()) == (1, DEFAULT_MAX_DEPTH + 1)
+    assert forward_rows_of(Namespace(concurrency="1,2,16,4", max_batch=None, max_depth=None)) == forward_rows(16, 8)
+    assert forward_rows_of(Namespace(concurrency="1,2", max_batch=6, max_depth=4)) == (6, 30)
+    assert forward_rows_of(Namespace(batch_sizes="1,8", max_depth=16)) == (8, 136)
+    assert forward_rows_of(Namespace(serve_loads="1,4", max_depth=8)) == (4, 36)
+    assert forward_rows_of(Namespace(concurrency="1,x", max_depth=3)) == (1, 4)  # the command's own check says why
 
 
 def test_the_bf16_matmul_timing_times_both_precisions_at_every_shape():

@@ -150,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """Map parsed arguments to a :class:`TrainConfig` (not yet validated)."""
-    from learn2draft.cli import resolve_device
+    from learn2draft.cli import forward_rows_of, resolve_device
     from learn2draft.models import resolve_dtype
 
     d = TrainConfig()
@@ -162,8 +162,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     mode = _WANDB_ALIASES.get(args.wandb_mode, args.wandb_mode)
     return TrainConfig(
         target=args.target or d.target, draft=args.draft or d.draft,
-        device=resolve_device(args.device, check=False), dtype=resolve_dtype(args.dtype, resolve_device(args.device, check=False),
-                                                                         args.threads or d.threads),
+        device=resolve_device(args.device, check=False),
+        dtype=resolve_dtype(args.dtype, resolve_device(args.device, check=False), args.threads or d.threads,
+                            forward_rows_of(args)),
         **{k: getattr(args, k) for k in cli.SAMPLING_DEFAULTS},
         max_new_tokens=args.max_new_tokens, max_depth=args.max_depth,
         timesteps=args.timesteps, n_steps=args.n_steps, batch_size=args.batch_size, n_epochs=args.n_epochs,
