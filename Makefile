@@ -12,9 +12,13 @@ RUN     ?= runs/default
 DATA    ?= runs/demo-data
 # torch threads of the demo's commands (each command's own default is 1, the fastest beside other jobs on 2 cores)
 THREADS ?= 2
-# precision of the demo's commands: auto = the one this machine computes fastest (learn2draft.models.fastest_dtype);
+# precision of the demo's commands: auto = the one this machine computes fastest at the demo's forward widths (one
+# sequence, depth up to 16: learn2draft.models.fastest_dtype), resolved once so that every command runs in the same one;
 # `make demo DTYPE=float32` forces fp32 (the table of an fp32-only machine)
 DTYPE   ?= auto
+RESOLVE_DTYPE = $(BIN)/python -c 'from learn2draft.cli import resolve_device; from learn2draft.models import \
+	forward_rows, resolve_dtype; print(resolve_dtype("$(DTYPE)", resolve_device(None, check=False), $(THREADS), \
+	forward_rows(1, 16)))'
 # pytest-xdist processes of `make test` (each runs torch on one thread: tests/conftest.py), one per core of the
 # 2-core CI machine; 0 runs the suite in this process. --dist loadfile: each test file runs whole on one worker, so a
 # module's fixtures (a tiny training run, the local Ray cluster) are built once.
@@ -33,17 +37,20 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: setup
+	$(eval DEMO_DTYPE := $(shell $(RESOLVE_DTYPE)))
+	$(if $(DEMO_DTYPE),,$(error make demo: DTYPE=$(DTYPE) did not resolve to a precision: use auto, float32 or bfloat16))
+	@echo "make demo: precision $(DEMO_DTYPE) (DTYPE=$(DTYPE)), $(THREADS) torch threads"
 	$(BIN)/python -m eval.record --drafter lookup --prompt-split mixed_train --max-depth 16 --max-new-tokens 64 \
-		--threads $(THREADS) --dtype $(DTYPE) --out $(DATA)/lookup.npz --overwrite
+		--threads $(THREADS) --dtype $(DEMO_DTYPE) --out $(DATA)/lookup.npz --overwrite
 	$(BIN)/python -m eval.record --drafter model --prompt-split mixed_train --max-depth 1 --max-new-tokens 64 \
-		--threads $(THREADS) --dtype $(DTYPE) --out $(DATA)/model.npz --overwrite
+		--threads $(THREADS) --dtype $(DEMO_DTYPE) --out $(DATA)/model.npz --overwrite
 	$(BIN)/python -m eval.profile --drafter lookup,model --contexts 128,512 --repeats 3 --name this-machine \
-		--threads $(THREADS) --dtype $(DTYPE) --out $(DATA)/profile.json
+		--threads $(THREADS) --dtype $(DEMO_DTYPE) --out $(DATA)/profile.json
 	$(BIN)/python -m train --replay $(DATA)/lookup.npz,$(DATA)/model.npz --profile $(DATA)/profile.json \
-		--max-depth 16 --timesteps 32768 --threads $(THREADS) --dtype $(DTYPE) --out $(RUN) --overwrite
+		--max-depth 16 --timesteps 32768 --threads $(THREADS) --dtype $(DEMO_DTYPE) --out $(RUN) --overwrite
 	$(BIN)/python -m eval.benchmark --policy $(RUN) --prompt-set mixed --num-prompts 24 --repeats 1 \
-		--temperatures 0 --gammas 1,2,4,16 --threads $(THREADS) --dtype $(DTYPE) --out $(RUN)/benchmark
-	$(BIN)/python -m eval --policy $(RUN) --law-check --skip-speed --threads $(THREADS) --dtype $(DTYPE)
+		--temperatures 0 --gammas 1,2,4,16 --threads $(THREADS) --dtype $(DEMO_DTYPE) --out $(RUN)/benchmark
+	$(BIN)/python -m eval --policy $(RUN) --law-check --skip-speed --threads $(THREADS) --dtype $(DEMO_DTYPE)
 
 train: setup
 	$(BIN)/python -m train --out $(RUN)
