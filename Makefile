@@ -37,8 +37,8 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: setup
-	$(eval DEMO_DTYPE := $(shell $(RESOLVE_DTYPE)))
-	$(if $(DEMO_DTYPE),,$(error make demo: DTYPE=$(DTYPE) did not resolve to a precision: use auto, float32 or bfloat16))
+	$(eval DEMO_DTYPE := $(shell $(RESOLVE_DTYPE) 2>/dev/null))
+	$(if $(DEMO_DTYPE),,$(error make demo: DTYPE=$(DTYPE) did not resolve to a precision: use auto, float32, bfloat16 or float16))
 	@echo "make demo: precision $(DEMO_DTYPE) (DTYPE=$(DTYPE)), $(THREADS) torch threads"
 	$(BIN)/python -m eval.record --drafter lookup --prompt-split mixed_train --max-depth 16 --max-new-tokens 64 \
 		--threads $(THREADS) --dtype $(DEMO_DTYPE) --out $(DATA)/lookup.npz --overwrite

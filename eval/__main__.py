@@ -172,7 +172,8 @@ def _run(args) -> int:
     out = make_out_dir(_out_path(args, policy_dir, drafter))
 
     t0 = time.perf_counter()
-    pair = load_models(args, drafter, cfg, device=device, progress=stderr_line)
+    pair = load_models(args, drafter, cfg, device=device, progress=stderr_line,
+                       max_depth=max([getattr(policy, "max_depth", 0) or 0, *gammas]))
     results = _results_header(args, cfg, device, drafter, policy_dir, policy, trees)
     if not args.skip_speed:
         _measure_speed(args, pair, policy, head, drafter, trees, user_prompts, sampling, gammas, max_new, results,
@@ -298,7 +299,7 @@ def _measure_speed(args, pair, policy, head, drafter: str, trees: _Trees, user_p
     held_ids = encode_all(pair, [p.text for p in held], max_new)
     header = run_header(results["target"], results["draft"] if pair.has_draft else None, pair, results["dtype"],
                         sampling.to_dict(), str(pair.device), held, args.prompts or held_split,
-                        cli.forward_rows_of(args))
+                        args.forward_rows)
     res = compare(pair, policy, train_ids, held_ids, sampling, max_new, gammas, args.repeats, args.seed,
                   drafter=drafter, head=head, tree=trees.shape, tree_grid=trees.grid, tree_policy=trees.controller,
                   groups=prompt_groupings(held))

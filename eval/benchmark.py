@@ -190,7 +190,7 @@ def _run(args) -> int:
     held = encode_all(pair, [p.text for p in held_records], args.max_new_tokens)
     train = encode_all(pair, load_prompts(train_split)[: args.num_prompts], args.max_new_tokens)
     header = run_header(args.target, args.draft, pair, args.dtype, {str(T): samplings[T].to_dict() for T in temps},
-                        str(pair.device), held_records, args.prompts or held_split, cli.forward_rows_of(args))
+                        str(pair.device), held_records, args.prompts or held_split, args.forward_rows)
     report, md = _report_header(args, pair, device, policy_dir, policy, held, trees)
     report["header"] = header
     groups = prompt_groupings(held_records)

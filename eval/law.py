@@ -309,16 +309,19 @@ class _ForwardMemo:
     entries, with the cut inside the last one after a crop (``DynamicCache.crop``). So a hit replays exactly the
     computation a recomputation would do, on the same cache contents. A call with any other tensor argument
     (an attention mask, positions: trees, batched rows), or on a cache without ``layers[i].keys/values``, goes
-    straight to the model and makes the cache's history unique, so nothing after it is replayed.
+    straight to the model and makes the cache's history unique, so nothing after it is replayed. So does a write
+    to the cache between two calls that is not a crop: ``torch.cat`` gives new storage, and an in-place edit changes
+    the sums of the first layer's keys per position; both are stamped after each call and compared at the next.
 
     Memory: each entry keeps its logits ((1, n, V) in the model's dtype), hidden state and keys/values; new
     entries stop being stored past ``max_bytes`` (the replayed ones still serve).
     """
 
     _HISTORY = "_law_memo_history"  # attribute on the cache: list of (ids tuple, tokens kept)
+    _STAMP = "_law_memo_stamp"  # attribute on the cache: _stamp() after our last call
 
     def __init__(self, model, max_bytes: int = 1 << 30):
-        self.model = model
+        self._wrapped = model
         self._memo: dict[tuple, tuple] = {}
         self._bytes = 0
         self._max_bytes = max_bytes
@@ -326,9 +329,29 @@ class _ForwardMemo:
         self.misses = 0
 
     def __getattr__(self, name):
-        if name in ("model", "_memo"):  # not set yet (copy / unpickle): do not recurse
+        if name in ("_wrapped", "_memo"):  # not set yet (copy / unpickle): do not recurse
             raise AttributeError(name)
-        return getattr(self.model, name)
+        return getattr(self._wrapped, name)
+
+    @staticmethod
+    def _stamp(cache):
+        """The first layer's keys: their storage and each position's sum (inference tensors keep no version)."""
+        layers = getattr(cache, "layers", None) or ()
+        keys = getattr(layers[0], "keys", None) if layers else None
+        if not isinstance(keys, torch.Tensor) or keys.numel() == 0:
+            return None
+        return keys.untyped_storage().data_ptr(), keys.double().sum(dim=(0, 1, 3))
+
+    def _unseen_write(self, cache) -> bool:
+        """Whether the cache changed since our last call other than by a crop (same storage, same first entries)."""
+        before = getattr(cache, self._STAMP, None)
+        if before is None:
+            return False
+        now = self._stamp(cache)
+        if now is None:
+            return False  # emptied: nothing left to replay on
+        return now[0] != before[0] or now[1].numel() > before[1].numel() or not torch.equal(
+            now[1], before[1][: now[1].numel()])
 
     def _history(self, cache) -> list:
         """The forwards that wrote the cache's current entries, cut to its length."""
@@ -344,20 +367,26 @@ class _ForwardMemo:
                     hist.append((ids, length - kept))
                 break
             kept += n
-        if sum(n for _, n in hist) != length:  # written by something not seen here: nothing is replayed on it
-            hist[:] = [(object(), length)]
+        if self._unseen_write(cache) or sum(n for _, n in hist) != length:  # written by something not seen here: nothing is replayed
+            hist[:] = [(object(), length)] if length else []
         return hist
 
     def __call__(self, input_ids=None, cache=None, **kwargs):
+        out = self._forward(input_ids, cache, **kwargs)
+        if cache is not None and getattr(cache, "layers", None) is not None:
+            setattr(cache, self._STAMP, self._stamp(cache))
+        return out
+
+    def _forward(self, input_ids, cache, **kwargs):
         layers = getattr(cache, "layers", None)
         plain = (input_ids is not None and input_ids.shape[0] == 1 and layers is not None
                  and all(hasattr(la, "keys") and hasattr(la, "values") for la in layers)
                  and set(kwargs) <= {"use_cache", "output_hidden_states"})
         if cache is None:
-            return self.model(input_ids=input_ids, cache=cache, **kwargs)
+            return self._wrapped(input_ids=input_ids, cache=cache, **kwargs)
         hist = self._history(cache) if layers is not None else None
         if not plain or not kwargs.get("use_cache", True):
-            out = self.model(input_ids=input_ids, cache=cache, **kwargs)
+            out = self._wrapped(input_ids=input_ids, cache=cache, **kwargs)
             grown = cache.get_seq_length() - sum(n for _, n in hist) if hist is not None else 0
             if grown:
                 hist.append((object(), grown))
@@ -369,7 +398,7 @@ class _ForwardMemo:
         start = cache.get_seq_length()
         if hit is None:
             self.misses += 1
-            out = self.model(input_ids=input_ids, cache=cache, **kwargs)
+            out = self._wrapped(input_ids=input_ids, cache=cache, **kwargs)
             grown = cache.get_seq_length() - start
             if grown == len(ids) and self._bytes < self._max_bytes:
                 last = out.hidden_states[-1].clone() if hidden else None

@@ -446,7 +446,7 @@ def _run(args) -> int:
     held = encode_all(pair, [p.text for p in held_records], args.max_new_tokens)
     train = encode_all(pair, load_prompts(train_split), args.max_new_tokens)
     header = run_header(args.target, args.draft if pair.has_draft else None, pair, args.dtype, sampling.to_dict(),
-                        str(pair.device), held_records, args.prompts or held_split, cli.forward_rows_of(args))
+                        str(pair.device), held_records, args.prompts or held_split, args.forward_rows)
     run = {"drafter": args.drafter, "policy": args.policy, "methods": s.methods, "concurrency": s.levels,
            "arrival_rates": s.rates, "max_batch": s.max_batch, "num_requests": args.num_requests,
            "requests_per_slot": args.requests_per_slot,

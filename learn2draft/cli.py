@@ -249,7 +249,8 @@ def add_device_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     g.add_argument("--dtype", type=_dtype_name, default="auto", metavar="{auto,float32,bfloat16,float16}",
                    help="dtype of the models' weights and activations: auto = the precision this machine computes "
                         "fastest (bfloat16 on a CUDA GPU with bf16, on a CPU with AMX or AVX512-BF16, and on other "
-                        "CPUs where a one-second start-up measurement finds bf16 matmuls faster; else float32); "
+                        "CPUs where a start-up measurement at this command's batch and depth finds bf16 matmuls "
+                        "faster; else float32); "
                         "logits, sampling and the exact sampler always run in float32")
     return g
 
@@ -332,11 +333,13 @@ def model_names(args: argparse.Namespace, settings: dict | None = None) -> tuple
 
 
 def load_models(args: argparse.Namespace, drafters, settings: dict | None = None, need_draft: bool = False,
-                device: str | None = None, progress=None):
+                device: str | None = None, progress=None, max_depth: int | None = None):
     """Load the :class:`~learn2draft.models.ModelPair` the parsed flags ask for: the models of
     :func:`model_names`, on ``device`` (default: :func:`resolve_device` of ``--device``) with ``--dtype``; the
     draft model only when ``drafters`` (one name or several) includes ``"model"``, or with ``need_draft``
-    (Hugging Face assisted generation). ``progress``: called with one line saying what loads. A ``--head`` given
+    (Hugging Face assisted generation). ``progress``: called with one line saying what loads. ``max_depth``: the
+    deepest draft the run makes beyond its flags (its policy's), for ``--dtype auto`` (:func:`forward_rows_of`).
+    A ``--head`` given
     with the ``head`` drafter is checked first (:func:`learn2draft.drafters.head.check_head_dir`: a damaged head is
     one error before the slow loading).
 
@@ -357,49 +360,57 @@ def load_models(args: argparse.Namespace, drafters, settings: dict | None = None
     if not need_draft and not any(needs_draft_model(d) for d in names):
         draft = None
     device = device or resolve_device(getattr(args, "device", None))
-    # what ran is recorded
-    args.dtype = models.resolve_dtype(args.dtype, device, getattr(args, "threads", None), forward_rows_of(args))
+    # what ran is recorded: the precision, and the forward widths an ``auto`` was measured at (for the report header)
+    args.forward_rows = forward_rows_of(args, max_depth)
+    args.dtype = models.resolve_dtype(args.dtype, device, getattr(args, "threads", None), args.forward_rows)
     if progress is not None:
         progress(f"Loading target={target}" + (f" draft={draft}" if draft else "") + f" on {device} ({args.dtype}) …")
     return models.load_pair(target, draft, device=device, dtype=models.parse_dtype(args.dtype, device))
 
 
-def resolved_dtype(args: argparse.Namespace) -> str:
+def resolved_dtype(args: argparse.Namespace, max_depth: int | None = None) -> str:
     """The canonical precision ``--dtype`` asks for on ``--device`` (``auto`` resolved:
-    :func:`learn2draft.models.resolve_dtype`), e.g. to pick the shipped policy of that precision before the
-    models load."""
+    :func:`learn2draft.models.resolve_dtype` at :func:`forward_rows_of` ``(args, max_depth)``), e.g. to pick the
+    shipped policy of that precision before the models load."""
     from learn2draft.models import resolve_dtype
 
     return resolve_dtype(getattr(args, "dtype", "auto"), resolve_device(getattr(args, "device", None), check=False),
-                         getattr(args, "threads", None), forward_rows_of(args))
+                         getattr(args, "threads", None), forward_rows_of(args, max_depth))
 
 
 def _largest_int(value) -> int | None:
-    """The largest of an int or a comma-separated list of ints (a flag's value); None when absent or unreadable."""
+    """The largest of an int, a comma-separated list of ints or a range ``a-b`` (a flag's value); None when absent or
+    unreadable (the command's own check names the flag)."""
     if value is None or isinstance(value, bool):
         return None
     if isinstance(value, int):
         return value
+    if isinstance(value, (list, tuple)):
+        return max((v for v in (_largest_int(x) for x in value) if v is not None), default=None)
     try:
-        ints = [int(v) for v in str(value).split(",") if v.strip()]
+        ints = [int(v) for v in re.split(r"[,-]", str(value)) if v.strip()]
     except ValueError:
-        return None  # the command's own check names the flag
+        return None
     return max(ints) if ints else None
 
 
-def forward_rows_of(args: argparse.Namespace) -> tuple[int, int]:
+def forward_rows_of(args: argparse.Namespace, max_depth: int | None = None) -> tuple[int, int]:
     """The target forward widths of a command, what ``--dtype auto`` is measured at
     (:func:`learn2draft.models.forward_rows`): its largest batch — ``--max-batch``, else the largest of
-    ``--concurrency``, ``--batch-sizes`` or ``--serve-loads``, else 1 — and ``--max-depth`` (default
-    :data:`learn2draft.names.DEFAULT_MAX_DEPTH`)."""
+    ``--concurrency``, ``--batch-sizes`` or ``--serve-loads``, else 1 — and its deepest draft: the largest of
+    ``max_depth`` (what the caller knows, e.g. its policy's), ``--max-depth``, the ``--gammas`` grid and the tree
+    ``--verify-sizes``, else :data:`learn2draft.names.DEFAULT_MAX_DEPTH`."""
     from learn2draft.models import forward_rows
 
     batch = _largest_int(getattr(args, "max_batch", None))
     if batch is None:
-        batch = max((b for b in (_largest_int(getattr(args, name, None)) for name in ("concurrency", "batch_sizes", "serve_loads"))
+        batch = max((b for b in (_largest_int(getattr(args, name, None)) for name in ("concurrency", "batch_sizes",
+                                                                                      "serve_loads"))
                      if b is not None), default=1)
-    depth = _largest_int(getattr(args, "max_depth", None))
-    return forward_rows(batch, DEFAULT_MAX_DEPTH if depth is None else depth)
+    depths = [d for d in (_largest_int(max_depth), *(_largest_int(getattr(args, name, None))
+                                                     for name in ("max_depth", "gammas", "verify_sizes")))
+              if d is not None]
+    return forward_rows(batch, max(depths) if depths else DEFAULT_MAX_DEPTH)
 
 
 # --------------------------------------------------------------------------- progress

@@ -478,9 +478,10 @@ def fastest_dtype(device: str | torch.device = "cpu", threads: int | None = None
       else ``"float32"``. Without bf16 units a bf16 matmul converts on the fly: it moves half the bytes, which wins
       for a one-token decode step, and computes slower, which loses as the rows grow. On a 2-core AMD EPYC (Zen 3,
       AVX2 only; SmolLM2-135M, context 192, 2 threads, min of 3 interleaved,
-      ``eval/scripts/dtype_forward_bench.py``) a target forward over 1 token took 70 ms in fp32 and 39 ms in bf16,
-      over 9 tokens 160 and 184 ms, over 16 rows × 1 token 164 and 357 ms, over 16 × 9 611 and 2564 ms: a run
-      decided on single-sequence shapes served a batch of 16 in bf16 at a quarter of fp32's speed.
+      ``eval/scripts/dtype_forward_bench.py``, 2026-12-03) a target forward over 1 token took 94.5 ms in fp32 and
+      59.3 ms in bf16, over 9 tokens 192.9 and 222.0 ms, over 16 rows × 1 token 215.2 and 427.5 ms, over 16 × 9
+      596.1 and 2651.9 ms: a run decided on single-sequence shapes served a batch of 16 in bf16 at a quarter of
+      fp32's speed.
 
     Logits, sampling and the exact sampler always run in float32 (:meth:`learn2draft.sampling.SamplingConfig.probs`),
     whatever this returns; re-measure a model's own costs with ``python -m eval.profile --dtype D``.

@@ -221,7 +221,7 @@ def _run(args) -> int:
     controller, max_depth, settings, head = _resolve_controller(args)
     target = _check_model_names(args, settings, head)
 
-    pair = load_models(args, args.drafter, settings, device=device)
+    pair = load_models(args, args.drafter, settings, device=device, max_depth=max_depth)
     drafter = make_drafter(args.drafter, pair, head=head)
     ids = pair.encode_prompt(prompt, chat=not args.no_chat, max_new_tokens=args.max_new_tokens)
     decoder = SpeculativeDecoder(pair, sampling, max_new_tokens=args.max_new_tokens, max_depth=max_depth,

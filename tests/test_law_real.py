@@ -90,19 +90,23 @@ def tiny_law_pair(tiny_tok):
     return make_pair(target, draft, tiny_tok, tiny_tok)
 
 
-def test_forward_memo_changes_nothing(tiny_law_pair):
+@pytest.mark.parametrize("arm", ["γ=0", "γ=3", "lookup γ=3", "tree"])
+def test_forward_memo_changes_nothing(tiny_law_pair, arm):
+    """The same draws with and without the memo, on a second pass too, for a chain with the model drafter, prompt
+    lookup and a draft tree (its masked forwards are never replayed)."""
     cfg = SamplingConfig(temperature=1.0)
     seeds = list(range(40))
-    for ctrl in (FixedDepthController(0), FixedDepthController(3)):
-        memo_pair = _memo_pair(tiny_law_pair)
-        plain, _ = sample_first_tokens(tiny_law_pair, PROMPT, ctrl, cfg, 4, seeds)
-        memo, _ = sample_first_tokens(memo_pair, PROMPT, ctrl, cfg, 4, seeds)
-        again, _ = sample_first_tokens(memo_pair, PROMPT, ctrl, cfg, 4, seeds)
-        assert np.array_equal(plain, memo) and np.array_equal(plain, again)
-        assert len({tuple(r) for r in plain}) > 10
-        # the second pass is replayed whole: the memo serves forwards beyond the prefill
-        target = memo_pair.target
-        assert target.hits > len(seeds) and target.misses < target.hits
+    ctrl = {"γ=0": FixedDepthController(0), "tree": FixedTreeController(2, 4)}.get(arm, FixedDepthController(3))
+    kw = {"drafter": "lookup"} if arm.startswith("lookup") else {"tree": TreeShape(2, 2)} if arm == "tree" else {}
+    memo_pair = _memo_pair(tiny_law_pair)
+    plain, _ = sample_first_tokens(tiny_law_pair, PROMPT, ctrl, cfg, 4, seeds, **kw)
+    memo, _ = sample_first_tokens(memo_pair, PROMPT, ctrl, cfg, 4, seeds, **kw)
+    again, _ = sample_first_tokens(memo_pair, PROMPT, ctrl, cfg, 4, seeds, **kw)
+    assert np.array_equal(plain, memo) and np.array_equal(plain, again)
+    assert len({tuple(r) for r in plain}) > 10
+    # the second pass is served by the memo: beyond the prefill for chains, at least the prefill for trees
+    target = memo_pair.target
+    assert target.hits >= len(seeds) and (arm == "tree" or target.misses < target.hits)
 
 
 def _run_script(model, script):
@@ -116,6 +120,12 @@ def _run_script(model, script):
                 n = cache.get_seq_length() + len(arg)
                 logits.append(model(input_ids=torch.tensor([arg]), attention_mask=torch.ones(1, n, dtype=torch.long),
                                     cache=cache, use_cache=True).logits)
+            elif op == "u":  # a forward the memo does not see (the unwrapped model)
+                logits.append(getattr(model, "_wrapped", model)(input_ids=torch.tensor([arg]), cache=cache,
+                                                                 use_cache=True).logits)
+            elif op == "e":  # an in-place edit of the cache's entries
+                for layer in cache.layers:
+                    layer.keys.mul_(arg)
             else:
                 cache.crop(-arg)
     return logits, [layer.keys for layer in cache.layers]
@@ -133,10 +143,12 @@ def test_forward_memo_replays_only_the_same_cache_history(tiny_law_pair):
         [("f", p), ("f", [4, 5, 6]), ("c", 2), ("f", [5, 7])],  # keeps 4: same tokens as above, other history
         [("f", p), ("f", [4]), ("f", [5]), ("f", [7])],  # same tokens as the first, other chunking
         [("f", p), ("m", [4, 5]), ("f", [7])],  # after a masked forward nothing is replayed
+        [("f", p), ("f", [4]), ("c", 1), ("u", [5]), ("f", [7])],  # nor after a forward the memo did not see,
+        [("f", p), ("f", [4]), ("e", 0.5), ("f", [7])],  # nor after an in-place edit, though the lengths agree
     ]
-    # computed forwards (the masked one not counted), on the first run of each script after the ones before it,
-    # and on its second run
-    expected_misses = [(3, 0), (1, 0), (3, 0), (1, 1)]
+    # computed forwards (the masked and unseen ones not counted), on the first run of each script after the ones
+    # before it, and on its second run
+    expected_misses = [(3, 0), (1, 0), (3, 0), (1, 1), (1, 1), (1, 1)]
     for script, misses in zip(scripts, expected_misses):
         want = _run_script(model, script)
         for run in range(2):

@@ -287,8 +287,9 @@ def test_auto_precision_on_a_cpu_without_bf16_units_follows_the_measurement(monk
 
 
 def test_auto_precision_is_measured_at_each_commands_forward_widths():
-    """A command's batch (--max-batch, else the largest --concurrency, --batch-sizes or --serve-loads) and
-    --max-depth give the widths ``auto`` is timed at: a decode step and a full verification of the batch."""
+    """A command's batch (--max-batch, else the largest --concurrency, --batch-sizes or --serve-loads) and deepest
+    draft (its policy's, --max-depth, --gammas, --verify-sizes) give the widths ``auto`` is timed at: a decode step
+    and a full verification of the batch."""
     from argparse import Namespace
 
     from learn2draft.cli import forward_rows_of
@@ -298,6 +299,10 @@ def test_auto_precision_is_measured_at_each_commands_forward_widths():
     assert forward_rows(16, 8) == (16, 144) and forward_rows(1, 0) == (1, 1)
     assert forward_rows_of(Namespace()) == (1, DEFAULT_MAX_DEPTH + 1)
     assert forward_rows_of(Namespace(concurrency="1,2,16,4", max_batch=None, max_depth=None)) == forward_rows(16, 8)
+    # eval.serve without --max-depth drafts up to the largest of --gammas; ranges count by their end
+    assert forward_rows_of(Namespace(concurrency="1-16", max_depth=None, gammas="1,2,4,12")) == (16, 16 * 13)
+    assert forward_rows_of(Namespace(gammas="1-12", verify_sizes=None), max_depth=16) == (1, 17)  # the policy's
+    assert forward_rows_of(Namespace(gammas=[1, 2], verify_sizes="4,16")) == (1, 17)
     assert forward_rows_of(Namespace(concurrency="1,2", max_batch=6, max_depth=4)) == (6, 30)
     assert forward_rows_of(Namespace(batch_sizes="1,8", max_depth=16)) == (8, 136)
     assert forward_rows_of(Namespace(serve_loads="1,4", max_depth=8)) == (4, 36)

@@ -25,9 +25,13 @@ def main() -> None:
     a = ap.parse_args()
     try:
         shapes = [tuple(int(v) for v in s.lower().split("x")) for s in a.shapes.split(",")]
-        assert all(len(s) == 2 and min(s) >= 1 for s in shapes)
-    except (ValueError, AssertionError):
-        raise SystemExit(f"--shapes {a.shapes!r}: give BxN pairs of positive ints, e.g. 1x1,16x9") from None
+    except ValueError:
+        shapes = []
+    if not shapes or not all(len(s) == 2 and min(s) >= 1 for s in shapes):
+        ap.error(f"--shapes {a.shapes!r}: give BxN pairs of positive ints, e.g. 1x1,16x9")
+    for flag, value in (("--context", a.context), ("--repeats", a.repeats), ("--threads", a.threads)):
+        if value < 1:
+            ap.error(f"{flag} must be ≥ 1, got {value}")
     torch.set_num_threads(a.threads)
     from transformers import DynamicCache
 
