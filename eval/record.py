@@ -49,9 +49,11 @@ from learn2draft.cli import (
     add_out_arg,
     add_sampling_args,
     add_tree_shape_args,
+    forward_rows_of,
     plain_doc,
     run_cli,
 )
+from learn2draft.models import resolve_dtype
 from learn2draft.names import DEFAULT_MAX_DEPTH, DEFAULT_TREE_TOP_K, DEFAULT_TREE_WIDTH, DEFAULT_VERIFY_SIZES
 from learn2draft.prompts import SPLITS
 
@@ -166,6 +168,9 @@ def _run(args) -> int:
               "command": "python -m eval.record " + " ".join(sys.argv[1:])}
     args.sampling = sampling
     args.verify_sizes = verify_sizes if args.tree else None
+    # --dtype auto resolved once, here: every Ray worker records in the same precision (each resolving its own could
+    # split the traces where bf16 and fp32 measure close)
+    args.dtype = resolve_dtype(args.dtype, device, threads_of(args), forward_rows_of(args))
     if args.workers > 1 or args.address:
         traces = record_with_ray(args, prompts, header, args.workers, args.address)
     else:
