@@ -53,7 +53,6 @@ from learn2draft.cli import (
     plain_doc,
     run_cli,
 )
-from learn2draft.models import resolve_dtype
 from learn2draft.names import DEFAULT_MAX_DEPTH, DEFAULT_TREE_TOP_K, DEFAULT_TREE_WIDTH, DEFAULT_VERIFY_SIZES
 from learn2draft.prompts import SPLITS
 
@@ -105,6 +104,7 @@ def _run(args) -> int:
     from eval.distributed import record_shard, record_with_ray
     from eval.profile import machine_info
     from learn2draft.cli import resolve_device, sampling_config, threads_of
+    from learn2draft.models import resolve_dtype
     from learn2draft.prompts import load_prompt_file, load_prompts
     from learn2draft.replay.traces import check_writable
 
