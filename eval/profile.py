@@ -658,13 +658,15 @@ def _run(args) -> int:
     t0 = time.perf_counter()
     if args.random_weights:
         from eval.shapes import random_pair
+        from learn2draft.cli import resolved_dtype
         from learn2draft.models import parse_dtype
         from learn2draft.names import DEFAULT_DRAFT
 
         if args.target:
             raise ValueError("--random-weights builds the target from an architecture: drop --target.")
-        pair = random_pair(args.random_weights, drafters, device, parse_dtype(args.dtype), draft=args.draft or DEFAULT_DRAFT,
-                           progress=stderr_line)
+        # auto on --device, at this run's threads and widths (as load_models resolves it), not on the CPU
+        pair = random_pair(args.random_weights, drafters, device, parse_dtype(resolved_dtype(args), device),
+                           draft=args.draft or DEFAULT_DRAFT, progress=stderr_line)
     else:
         pair = load_models(args, drafters, device=device, progress=stderr_line)
     prof = measure_profile(pair, drafters, head=args.head, contexts=contexts, tokens=tokens, repeats=args.repeats,

@@ -57,7 +57,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from learn2draft.control import DraftController, check_depth_feature_scale, keeps_drafting
+from learn2draft.control import DraftController, check_depth_feature_scale, keeps_drafting, warn_precision_mismatch
 from learn2draft.decoding import CycleResult, SpeculativeDecoder, check_decoder_settings
 from learn2draft.drafters import make_drafter
 from learn2draft.drafters.base import Drafter
@@ -245,6 +245,7 @@ class BatchedSpeculativeDecoder:
         if len(self.rows) >= self.max_batch:
             raise RuntimeError(f"The batch is full ({self.max_batch} rows): step() until a request finishes.")
         check_depth_feature_scale(controller, self.max_depth)
+        warn_precision_mismatch(controller, self.pair.target.dtype)  # once per policy, not per request
         now = self.clock.now()
         row = self._new_row(prompt_ids, controller, seed, prefill=True)
         rid = self._record(row, now if arrival is None else float(arrival), self.clock.now())
@@ -285,6 +286,7 @@ class BatchedSpeculativeDecoder:
             return [self.add(prompts[0], controllers[0], seeds[0], None if arrivals is None else arrivals[0])]
         for c in controllers:
             check_depth_feature_scale(c, self.max_depth)
+            warn_precision_mismatch(c, self.pair.target.dtype)
         now = self.clock.now()
         rows = [self._new_row(prompt, c, seed, prefill=False) for prompt, c, seed in zip(prompts, controllers, seeds)]
         dev = self.pair.device

@@ -370,12 +370,19 @@ def load_models(args: argparse.Namespace, drafters, settings: dict | None = None
 
 def resolved_dtype(args: argparse.Namespace, max_depth: int | None = None) -> str:
     """The canonical precision ``--dtype`` asks for on ``--device`` (``auto`` resolved:
-    :func:`learn2draft.models.resolve_dtype` at :func:`forward_rows_of` ``(args, max_depth)``), e.g. to pick the
-    shipped policy of that precision before the models load."""
+    :func:`learn2draft.models.resolve_dtype` at :func:`forward_rows_of` ``(args, max_depth)``, on ``--threads``
+    torch threads, else the current setting), e.g. to pick the shipped policy of that precision before the models
+    load.
+
+    The answer is written back to ``args.dtype``: ``auto`` is measured once per command, and the policy picked for a
+    precision, the models (:func:`load_models`) and the report header all get that one precision, even where the
+    command sets its thread count (from the policy's training run) between the two calls."""
     from learn2draft.models import resolve_dtype
 
-    return resolve_dtype(getattr(args, "dtype", "auto"), resolve_device(getattr(args, "device", None), check=False),
-                         getattr(args, "threads", None), forward_rows_of(args, max_depth))
+    args.dtype = resolve_dtype(getattr(args, "dtype", "auto"),
+                               resolve_device(getattr(args, "device", None), check=False),
+                               getattr(args, "threads", None), forward_rows_of(args, max_depth))
+    return args.dtype
 
 
 def _largest_int(value) -> int | None:

@@ -19,6 +19,7 @@ The gymnasium environments (:mod:`envs`) use the same two actions (``Discrete(2)
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
@@ -134,6 +135,22 @@ def precision_mismatch(controller: Any, dtype: str) -> str | None:
             "--replay with traces and a latency profile measured in it).")
 
 
+def warn_precision_mismatch(controller: Any, dtype: Any, stacklevel: int = 3) -> None:
+    """Warn (:class:`PrecisionMismatchWarning`) when ``controller`` was trained in another precision than ``dtype``
+    (a ``torch.dtype`` or its name), once per policy: the per-row controllers of one step policy
+    (:class:`policies.controllers.LoadAwarePolicy`, :class:`policies.controllers.SpeculationGuard`) name it as their
+    ``step_policy``, and the warning is counted on that, so a stream of requests warns once, not once per request.
+    Called by :meth:`learn2draft.decoding.SpeculativeDecoder.generate` and by the batched decoder's ``add``."""
+    mismatch = precision_mismatch(controller, str(dtype).replace("torch.", ""))
+    owner = getattr(controller, "step_policy", None) or controller
+    if mismatch and not getattr(owner, "_precision_warned", False):
+        warnings.warn(mismatch, PrecisionMismatchWarning, stacklevel=stacklevel)
+        try:
+            owner._precision_warned = True
+        except AttributeError:  # an object that takes no attributes warns each time rather than never
+            pass
+
+
 class FixedDepthController(DraftController):
     """Always draft γ = ``num_draft_tokens`` tokens (γ = 0 is autoregressive decoding).
 
@@ -241,7 +258,7 @@ def as_size(value: Any) -> int:
 
 
 __all__ = [
-    "ACTION_MEANINGS", "CONTINUE", "CONTINUE_LOOKUP", "CONTINUE_NEURAL", "HYBRID_ACTION_MEANINGS", "STOP", "as_action", "DraftController", "PrecisionMismatchWarning", "precision_mismatch", "FixedDepthController", "FixedTreeController",
+    "ACTION_MEANINGS", "CONTINUE", "CONTINUE_LOOKUP", "CONTINUE_NEURAL", "HYBRID_ACTION_MEANINGS", "STOP", "as_action", "DraftController", "PrecisionMismatchWarning", "precision_mismatch", "warn_precision_mismatch", "FixedDepthController", "FixedTreeController",
     "SizeDecider", "as_size", "check_depth_feature_scale", "decides_verification_size", "keeps_drafting",
     "size_decider",
 ]

@@ -37,7 +37,6 @@ attention mask, the accepted path's entries gathered into the cache) are
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,14 +48,13 @@ from transformers import DynamicCache
 from learn2draft.control import (
     DraftController,
     FixedDepthController,
-    PrecisionMismatchWarning,
     SizeDecider,
     as_action,
     as_size,
     check_depth_feature_scale,
     decides_verification_size,
     keeps_drafting,
-    precision_mismatch,
+    warn_precision_mismatch,
 )
 from learn2draft.drafters.base import Drafter, raw_distribution_stats
 from learn2draft.drafters.hybrid import NEURAL_SOURCE, HybridDrafter
@@ -691,10 +689,7 @@ class SpeculativeDecoder:
                 (its ``depth_feature_scale``, e.g. a trained policy's) other than this decoder's.
         """
         check_depth_feature_scale(controller, self.max_depth)
-        mismatch = precision_mismatch(controller, str(self.pair.target.dtype).replace("torch.", ""))
-        if mismatch and not getattr(controller, "_precision_warned", False):
-            warnings.warn(mismatch, PrecisionMismatchWarning, stacklevel=2)
-            controller._precision_warned = True  # once per controller, not per generation
+        warn_precision_mismatch(controller, self.pair.target.dtype)  # once per policy, not per generation
         controller.reset()
         t0 = self.clock.now()
         self.start(prompt_ids, seed)

@@ -313,6 +313,15 @@ class _StepGammaController(DraftController):
     def depth_feature_scale(self) -> int:
         return self.max_depth
 
+    @property
+    def step_policy(self) -> Any:
+        """The step policy this row follows (a precision mismatch is warned once for it, not once per row)."""
+        return self.policy
+
+    @property
+    def trained_dtype(self) -> str | None:  # type: ignore[override]
+        return getattr(self.policy, "trained_dtype", None)
+
     def observe_load(self, load: Any) -> None:
         self.gamma = self.policy.gamma(load)
 
@@ -466,6 +475,11 @@ class SpeculationGuard:
         return _StepGammaController(self)
 
     __call__ = controller
+
+    @property
+    def trained_dtype(self) -> str | None:
+        """The guarded policy's training precision (the guard measures speed, but the γ it runs is the policy's)."""
+        return getattr(self.policy, "trained_dtype", None)
 
     def summary(self) -> dict:
         """Per batch size measured: each arm's tokens/s and steps, the winner, the steps where the policy chose

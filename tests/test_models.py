@@ -320,3 +320,31 @@ def test_the_bf16_matmul_timing_times_both_precisions_at_every_shape():
     assert set(t["float32"]) == set(t["bfloat16"]) == {1, 3}
     assert all(0 < v < 1 for d in ("float32", "bfloat16") for v in t[d].values())
     assert t["speedup"] == pytest.approx(sum(t["float32"].values()) / sum(t["bfloat16"].values()))
+
+
+def test_auto_is_resolved_once_per_command_whatever_the_threads_set_in_between(monkeypatch):
+    """eval, the benchmark and generate pick the shipped policy of ``auto``'s precision before they set the policy's
+    thread count, then load the models: the second resolution must not measure again and come out otherwise (a
+    bfloat16 policy run by a float32 target). resolved_dtype writes its answer back to --dtype."""
+    from argparse import Namespace
+
+    import learn2draft.models as models
+    from learn2draft.cli import resolved_dtype
+
+    calls = []
+
+    def by_threads(device, threads=None, rows=(1, 9)):
+        calls.append(torch.get_num_threads() if threads is None else threads)
+        return "bfloat16" if calls[-1] == 2 else "float32"  # a machine where the answer turns on the threads
+
+    monkeypatch.setattr(models, "fastest_dtype", by_threads)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        args = Namespace(dtype="auto", device="cpu", threads=None)
+        assert resolved_dtype(args) == "bfloat16" and args.dtype == "bfloat16"
+        torch.set_num_threads(1)  # what set_threads does with a policy trained on 1 thread
+        assert models.resolve_dtype(args.dtype, "cpu", None) == "bfloat16" and resolved_dtype(args) == "bfloat16"
+        assert calls == [2]  # measured once
+    finally:
+        torch.set_num_threads(before)

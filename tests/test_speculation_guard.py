@@ -127,3 +127,44 @@ def test_the_real_loop_gives_the_guard_each_steps_measurement_and_keeps_the_gree
     assert {g for _, _, g, _ in guard.decisions} == {0, 3}  # probes ran both arms
     for p, r in zip(prompts, out):
         assert r.tokens == greedy_reference(tiny_pair.target, p, 12, tiny_pair.vocab_size, eos=tiny_pair.eos_token_ids)
+
+
+def test_a_step_policy_trained_in_another_precision_warns_once_per_stream_in_the_batched_decoder(tiny_pair):
+    """The serving path warns as SpeculativeDecoder.generate does: a load-aware policy (alone or behind the guard)
+    trained in bfloat16 and served by a float32 target raises PrecisionMismatchWarning once for the policy, not once
+    per request; a policy trained in the decoder's own precision, or of unknown precision, does not warn."""
+    import warnings
+
+    from learn2draft.batched import BatchedSpeculativeDecoder, Request, serve
+    from learn2draft.control import PrecisionMismatchWarning
+
+    assert tiny_pair.target.dtype == torch.float32
+    prompts = [torch.tensor([3, 4, 5, 3, 4]), torch.tensor([6, 7, 6, 7]), torch.tensor([8, 9, 8, 9]),
+               torch.tensor([5, 6, 5, 6])]
+
+    def run(policy) -> list:
+        dec = BatchedSpeculativeDecoder(tiny_pair, "lookup", max_new_tokens=4, max_depth=4, max_batch=2)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            serve(dec, [Request(p, seed=i) for i, p in enumerate(prompts)], policy, concurrency=2)
+            serve(dec, [Request(p, seed=i) for i, p in enumerate(prompts)], policy, concurrency=1)
+        return [w for w in caught if issubclass(w.category, PrecisionMismatchWarning)]
+
+    class StepPolicy(FixedStepPolicy):
+        def controller(self):
+            from policies.controllers import _StepGammaController
+
+            return _StepGammaController(self)
+
+        __call__ = controller
+
+    bf16 = StepPolicy(2)
+    bf16.trained_dtype = "bfloat16"
+    got = run(bf16)
+    assert len(got) == 1 and "bfloat16" in str(got[0].message) and "float32" in str(got[0].message)
+    guarded = StepPolicy(2)
+    guarded.trained_dtype = "bfloat16"
+    assert len(run(SpeculationGuard(guarded))) == 1
+    same = StepPolicy(2)
+    same.trained_dtype = "float32"
+    assert run(same) == [] and run(StepPolicy(2)) == []

@@ -527,6 +527,34 @@ def test_replay_keeps_a_max_depth_the_traces_hold_and_refuses_a_given_one_above(
         apply_replay_settings(TrainConfig(replay=shallow, profile="cpu-2core", max_depth=8), given={"max_depth"})
 
 
+def test_replay_takes_its_precision_from_the_profile_without_timing_auto(tiny_pair, tmp_path, monkeypatch):
+    """Under --replay no model runs: --dtype auto (the default) is not timed before the flags are checked, and the
+    policy records the precision the profile's costs were measured in (cpu-amx-bf16: bfloat16)."""
+    import learn2draft.models as models
+    from learn2draft.drafters import make_drafter
+    from learn2draft.sampling import SamplingConfig
+    from learn2draft.traces import record_traces
+    from train.chain import apply_replay_settings
+
+    def no_timing(*a, **k):
+        raise AssertionError("auto was timed under --replay")
+
+    monkeypatch.setattr(models, "fastest_dtype", no_timing)
+    path = tmp_path / "t.npz"
+    record_traces(tiny_pair, make_drafter("lookup", tiny_pair), PROMPTS[:2], SamplingConfig(), max_new_tokens=4,
+                  max_depth=3, progress=False).save(path)
+    for given in ([], ["--dtype", "auto"]):
+        cfg = config_from_args(build_parser().parse_args(["--replay", str(path), "--profile", "cpu-amx-bf16", *given]))
+        assert cfg.dtype == "auto"
+        apply_replay_settings(cfg, given={"dtype"} if given else set())
+        assert cfg.dtype == "bfloat16"
+    cfg = config_from_args(build_parser().parse_args(["--replay", str(path), "--profile", "cpu-amx-bf16", "--dtype",
+                                                      "fp32"]))
+    assert cfg.dtype == "float32"  # a name given is kept, canonical
+    apply_replay_settings(cfg, given={"dtype"})
+    assert cfg.dtype == "float32"
+
+
 def test_overwrite_refuses_user_files_inside_the_runs_folders_and_lists_them(tmp_path):
     """--overwrite replaces what a run wrote; a user's own file inside policy/, checkpoints/ or eval/ is listed
     and the overwrite refused (it used to be deleted without a word)."""

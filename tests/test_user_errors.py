@@ -382,3 +382,38 @@ def test_an_out_folder_created_for_a_failed_run_is_removed_at_exit(tmp_path):
             f"make_out_dir(Path({str(kept)!r}))")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(Path(__file__).resolve().parent.parent))
     assert kept.is_dir()  # there before: never removed
+
+
+def test_random_weights_profiles_resolve_auto_on_the_run_device_threads_and_widths(tmp_path, monkeypatch):
+    """eval.profile --random-weights resolves --dtype auto as load_models does: on --device, at the run's threads and
+    forward widths (its largest --batch-sizes, at the default depth the commands that use a profile draft to), not
+    with the CPU defaults."""
+    import torch
+
+    import eval.shapes
+    import learn2draft.models as models
+    from eval.profile import main
+
+    asked, built = [], []
+
+    class Built(Exception):
+        pass
+
+    def fake_fastest(device, threads=None, rows=(1, 9)):
+        asked.append((str(device), threads, tuple(rows)))
+        return "bfloat16"
+
+    def fake_pair(shape, drafters, device, dtype, **kw):
+        built.append(dtype)
+        raise Built
+
+    monkeypatch.setattr(models, "fastest_dtype", fake_fastest)
+    monkeypatch.setattr(eval.shapes, "random_pair", fake_pair)
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps(GOOD_SHAPE))
+    with pytest.raises(Built):
+        main(["--random-weights", str(f), "--drafter", "lookup", "--device", "cpu", "--threads", "1",
+              "--batch-sizes", "1,4", "--tokens", "1,3", "--out", str(tmp_path / "p.json")])
+    from learn2draft.names import DEFAULT_MAX_DEPTH
+
+    assert built == [torch.bfloat16] and asked == [("cpu", 1, models.forward_rows(4, DEFAULT_MAX_DEPTH))]

@@ -163,8 +163,10 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(
         target=args.target or d.target, draft=args.draft or d.draft,
         device=resolve_device(args.device, check=False),
-        dtype=resolve_dtype(args.dtype, resolve_device(args.device, check=False), args.threads or d.threads,
-                            forward_rows_of(args)),
+        # with --replay no model runs and the profile says which precision its costs are (apply_replay_settings):
+        # auto is not timed here, before the flags are checked
+        dtype=args.dtype if args.replay and args.dtype == "auto" else resolve_dtype(
+            args.dtype, resolve_device(args.device, check=False), args.threads or d.threads, forward_rows_of(args)),
         **{k: getattr(args, k) for k in cli.SAMPLING_DEFAULTS},
         max_new_tokens=args.max_new_tokens, max_depth=args.max_depth,
         timesteps=args.timesteps, n_steps=args.n_steps, batch_size=args.batch_size, n_epochs=args.n_epochs,

@@ -126,8 +126,12 @@ def apply_replay_settings(cfg: TrainConfig, given: Collection[str] | None = None
         cfg.max_new_tokens = traces.max_new_tokens
     # The precision the replayed costs were measured in (the profile's; else the traces'): the policy records it.
     measured = profiles[0].machine.get("dtype") or h.get("dtype")
-    if measured and (given is None or "dtype" not in given):
+    if measured and (given is None or "dtype" not in given or cfg.dtype == "auto"):
         cfg.dtype = str(measured)
+    if cfg.dtype == "auto":  # neither the profile nor the traces say: the precision this machine would run
+        from learn2draft.models import resolve_dtype
+
+        cfg.dtype = resolve_dtype("auto", cfg.device, cfg.threads)
     if cfg.max_depth > traces.max_depth:
         if ("max_depth" in given) if given is not None else cfg.max_depth != defaults.max_depth:
             raise ValueError(f"--max-depth {cfg.max_depth}, but the traces {cfg.replay} hold chains up to max_depth="
