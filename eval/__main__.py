@@ -195,14 +195,14 @@ class _Trees(NamedTuple):
 
 def _resolve_policy(args) -> tuple:
     """Resolve the policy, its head and its drafter: ``(policy_dir, policy, head, drafter)``."""
-    from policies.layout import default_policy_dir, resolve_export_dir
-    from policies.load import load_policy, policy_drafter, policy_head
+    from policies.layout import resolve_export_dir
+    from policies.load import default_policy_for, load_policy, policy_drafter, policy_head
 
     if args.skip_speed and not args.law_check:
         raise ValueError("--skip-speed skips the speed comparison, and without --law-check nothing is left to run: "
                          "add --law-check, or drop --skip-speed.")
     if args.policy is None:
-        policy_dir = default_policy_dir(args.drafter or "model", cli.resolved_dtype(args))
+        policy_dir = default_policy_for(args, args.drafter or "model")  # the precision pinned with it
     else:
         policy_dir = Path(args.policy)
         if not policy_dir.is_dir():

@@ -184,7 +184,8 @@ def _run(args) -> int:
     user_prompts = load_prompt_file_records(args.prompts) if args.prompts else None
     out = make_out_dir(Path(args.out or DEFAULT_OUT))
     # The Hugging Face assisted-generation rows and the forward-cost ratio need the draft model, whatever drafts here.
-    pair = load_models(args, args.drafter, need_draft=True, device=device, progress=stderr_line)
+    pair = load_models(args, args.drafter, need_draft=True, device=device, progress=stderr_line,
+                       max_depth=getattr(policy, "max_depth", None))  # auto's widths: the policy's depth too
     train_split, held_split = prompt_set_splits(args.prompt_set)
     held_records = (user_prompts if user_prompts is not None else load_prompt_records(held_split))[: args.num_prompts]
     held = encode_all(pair, [p.text for p in held_records], args.max_new_tokens)
@@ -230,11 +231,10 @@ def _check_settings(args) -> tuple:
 
 def _resolve_policy(args) -> tuple:
     """Resolve the policy and its head, and set ``args.drafter`` to its drafter: ``(policy_dir, policy, head)``."""
-    from learn2draft.cli import resolved_dtype
-    from policies.layout import default_policy_dir
-    from policies.load import load_policy, policy_drafter, policy_head
+    from policies.load import default_policy_for, load_policy, policy_drafter, policy_head
 
-    policy_dir = Path(args.policy) if args.policy else default_policy_dir(args.drafter or "model", resolved_dtype(args))
+    # without --policy: the shipped one of the run's precision, --dtype pinned to it
+    policy_dir = Path(args.policy) if args.policy else default_policy_for(args, args.drafter or "model")
     if not policy_dir.is_dir():
         raise FileNotFoundError(f"--policy {args.policy}: no such directory (run `python -m train` first).")
     policy = load_policy(policy_dir, profile=args.profile)

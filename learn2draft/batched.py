@@ -241,6 +241,10 @@ class BatchedSpeculativeDecoder:
             RuntimeError: the batch holds ``max_batch`` rows.
             ValueError: a bad prompt (see :meth:`SpeculativeDecoder.start`), or a controller whose depth features
                 are scaled for another ``max_depth``.
+
+        Warns:
+            PrecisionMismatchWarning: the controller's policy was trained in another precision than the target runs
+                in (once per policy: :func:`learn2draft.control.warn_precision_mismatch`).
         """
         if len(self.rows) >= self.max_batch:
             raise RuntimeError(f"The batch is full ({self.max_batch} rows): step() until a request finishes.")
@@ -273,6 +277,9 @@ class BatchedSpeculativeDecoder:
         Raises:
             RuntimeError: the rows would exceed ``max_batch``.
             ValueError: a bad prompt, mismatched lengths, or a controller scaled for another ``max_depth``.
+
+        Warns:
+            PrecisionMismatchWarning: as :meth:`add`.
         """
         n = len(prompts)
         if n == 0:

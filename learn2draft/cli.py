@@ -238,8 +238,9 @@ def _dtype_name(text: str) -> str:
 
 def add_device_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     """``--device`` (default ``auto``: :func:`resolve_device`), ``--threads`` (default None: :func:`set_threads`)
-    and ``--dtype`` (default ``auto``: :func:`learn2draft.models.fastest_dtype`, resolved by :func:`load_models`;
-    float32, bfloat16, float16; ``fp32``, ``bf16``, ``fp16`` are read as those)."""
+    and ``--dtype`` (default ``auto``: :func:`learn2draft.models.fastest_dtype`, resolved by :func:`load_models`, or
+    earlier with the shipped policy of that precision by :func:`policies.load.default_policy_for`; float32,
+    bfloat16, float16; ``fp32``, ``bf16``, ``fp16`` are read as those)."""
     g = parser.add_argument_group("device")
     g.add_argument("--device", default="auto",
                    help="torch device: auto (cuda if this torch sees a GPU, else cpu), cpu, cuda, cuda:N or mps")
@@ -372,17 +373,11 @@ def resolved_dtype(args: argparse.Namespace, max_depth: int | None = None) -> st
     """The canonical precision ``--dtype`` asks for on ``--device`` (``auto`` resolved:
     :func:`learn2draft.models.resolve_dtype` at :func:`forward_rows_of` ``(args, max_depth)``, on ``--threads``
     torch threads, else the current setting), e.g. to pick the shipped policy of that precision before the models
-    load.
-
-    The answer is written back to ``args.dtype``: ``auto`` is measured once per command, and the policy picked for a
-    precision, the models (:func:`load_models`) and the report header all get that one precision, even where the
-    command sets its thread count (from the policy's training run) between the two calls."""
+    load (:func:`policies.load.default_policy_for` measures it at the thread count the run will set and pins it)."""
     from learn2draft.models import resolve_dtype
 
-    args.dtype = resolve_dtype(getattr(args, "dtype", "auto"),
-                               resolve_device(getattr(args, "device", None), check=False),
-                               getattr(args, "threads", None), forward_rows_of(args, max_depth))
-    return args.dtype
+    return resolve_dtype(getattr(args, "dtype", "auto"), resolve_device(getattr(args, "device", None), check=False),
+                         getattr(args, "threads", None), forward_rows_of(args, max_depth))
 
 
 def _largest_int(value) -> int | None:

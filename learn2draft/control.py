@@ -137,18 +137,30 @@ def precision_mismatch(controller: Any, dtype: str) -> str | None:
 
 def warn_precision_mismatch(controller: Any, dtype: Any, stacklevel: int = 3) -> None:
     """Warn (:class:`PrecisionMismatchWarning`) when ``controller`` was trained in another precision than ``dtype``
-    (a ``torch.dtype`` or its name), once per policy: the per-row controllers of one step policy
-    (:class:`policies.controllers.LoadAwarePolicy`, :class:`policies.controllers.SpeculationGuard`) name it as their
-    ``step_policy``, and the warning is counted on that, so a stream of requests warns once, not once per request.
-    Called by :meth:`learn2draft.decoding.SpeculativeDecoder.generate` and by the batched decoder's ``add``."""
-    mismatch = precision_mismatch(controller, str(dtype).replace("torch.", ""))
-    owner = getattr(controller, "step_policy", None) or controller
-    if mismatch and not getattr(owner, "_precision_warned", False):
-        warnings.warn(mismatch, PrecisionMismatchWarning, stacklevel=stacklevel)
-        try:
-            owner._precision_warned = True
-        except AttributeError:  # an object that takes no attributes warns each time rather than never
-            pass
+    (a ``torch.dtype`` or its name), once per policy and precision.
+
+    The per-row controllers of a step policy (:class:`policies.controllers.LoadAwarePolicy`, and those of a
+    :class:`policies.controllers.SpeculationGuard`, whose ``step_policy`` is the policy it guards) name it as their
+    ``step_policy``; the chain is followed to the policy that was trained, which the message names and the warning
+    is counted on, so a stream of requests warns once, not once per request, and a guarded policy run beside itself
+    once. Called by :meth:`learn2draft.decoding.SpeculativeDecoder.generate` and by the batched decoder's ``add`` and
+    ``add_many``."""
+    owner = controller
+    for _ in range(8):  # a row → its guard → the guarded policy
+        up = getattr(owner, "step_policy", None)
+        if up is None or up is owner:
+            break
+        owner = up
+    name = str(dtype).replace("torch.", "")
+    mismatch = precision_mismatch(owner, name)
+    warned = getattr(owner, "_precision_warned", None)
+    if not mismatch or (isinstance(warned, set) and name in warned):
+        return
+    warnings.warn(mismatch, PrecisionMismatchWarning, stacklevel=stacklevel)
+    try:
+        owner._precision_warned = (warned if isinstance(warned, set) else set()) | {name}
+    except AttributeError:  # an object that takes no attributes warns each time rather than never
+        pass
 
 
 class FixedDepthController(DraftController):

@@ -687,6 +687,10 @@ class SpeculativeDecoder:
         Raises:
             ValueError: ``controller`` reads the depth features on the scale of a ``max_depth``
                 (its ``depth_feature_scale``, e.g. a trained policy's) other than this decoder's.
+
+        Warns:
+            PrecisionMismatchWarning: ``controller`` was trained in another precision than the target runs in
+                (once per policy: :func:`learn2draft.control.warn_precision_mismatch`).
         """
         check_depth_feature_scale(controller, self.max_depth)
         warn_precision_mismatch(controller, self.pair.target.dtype)  # once per policy, not per generation

@@ -329,6 +329,9 @@ class _StepGammaController(DraftController):
         depth = round(float(features[FEATURE_NAMES.index("depth")]) * self.max_depth)
         return depth < self.gamma
 
+    def __repr__(self) -> str:
+        return f"a row of {self.policy!r}"
+
 
 class SpeculationGuard:
     """A step policy (one γ per batched step: a :class:`LoadAwarePolicy`, or any object with ``gamma(load)`` and
@@ -480,6 +483,11 @@ class SpeculationGuard:
     def trained_dtype(self) -> str | None:
         """The guarded policy's training precision (the guard measures speed, but the γ it runs is the policy's)."""
         return getattr(self.policy, "trained_dtype", None)
+
+    @property
+    def step_policy(self) -> Any:
+        """The guarded policy (a precision mismatch is warned once for it, however many guards and rows run it)."""
+        return self.policy
 
     def summary(self) -> dict:
         """Per batch size measured: each arm's tokens/s and steps, the winner, the steps where the policy chose

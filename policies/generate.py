@@ -252,11 +252,11 @@ def _resolve_controller(args) -> tuple:
     head = args.head
     if args.num_draft_tokens is not None:
         return FixedDepthController(args.num_draft_tokens), args.num_draft_tokens, settings, head
-    from learn2draft.cli import resolved_dtype
-    from policies.layout import TREE_FILE, default_policy_dir
-    from policies.load import load_policy, policy_drafter, policy_head, run_settings
+    from policies.layout import TREE_FILE
+    from policies.load import default_policy_for, load_policy, policy_drafter, policy_head, run_settings
 
-    policy_dir = Path(args.policy) if args.policy else default_policy_dir(args.drafter, resolved_dtype(args))
+    # without --policy: the shipped one of the run's precision, --dtype pinned to it
+    policy_dir = Path(args.policy) if args.policy else default_policy_for(args, args.drafter)
     if policy_dir.is_file():
         raise ValueError(f"--policy {args.policy} is a file: pass the directory that holds it ({policy_dir.parent}).")
     if not policy_dir.is_dir():

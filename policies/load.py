@@ -246,6 +246,51 @@ def run_settings(directory: str | Path) -> dict:
     raise FileNotFoundError(f"No config.json or {POLICY_CONFIG_FILE} in {d}: is it a training run or a policy export?")
 
 
+def default_policy_for(args, drafter: str) -> Path:
+    """The shipped policy of ``drafter`` for the precision this run computes in
+    (:func:`policies.layout.default_policy_dir`), with ``args.dtype`` set to that precision: what ``eval``,
+    ``eval.benchmark`` and ``policies.generate`` run without ``--policy``.
+
+    ``--dtype auto`` is measured (:func:`learn2draft.models.fastest_dtype`) at the thread count the run will set —
+    ``--threads``, else the picked policy's training threads, else 1 (:func:`learn2draft.cli.set_threads`) — and at
+    the policy's depth (:func:`learn2draft.cli.forward_rows_of`). The policy depends on the precision and the thread
+    count on the policy, so this alternates: measure, pick, and measure again at the pick's threads and depth until
+    the pick stays; where it does not settle in 3 rounds (a machine where each precision's own policy's thread count
+    favours the other precision), the float32 policy in float32. Then the models load in the same precision
+    (:func:`learn2draft.cli.load_models` does not measure again: ``args.dtype`` is a name now).
+
+    Args:
+        args: the command's parsed flags (``dtype``, ``device``, ``threads`` and the width flags are read).
+        drafter: the drafter name (``"lookup"``, ``"model"``, …).
+
+    Raises:
+        FileNotFoundError: no policy is shipped for ``drafter``.
+        ValueError: an unknown ``--dtype``, or a bad ``--threads``.
+    """
+    import copy
+
+    from learn2draft.cli import resolved_dtype, threads_of
+    from policies.layout import default_policy_dir
+
+    if getattr(args, "dtype", "auto") != "auto":
+        args.dtype = resolved_dtype(args)  # a canonical name, nothing measured
+        return default_policy_dir(drafter, args.dtype)
+    at: tuple = (threads_of(args), None)  # (threads, depth) of the next measurement
+    for _ in range(3):
+        probe = copy.copy(args)
+        probe.threads = at[0]
+        dtype = resolved_dtype(probe, at[1])
+        chosen = default_policy_dir(drafter, dtype)
+        settings = run_settings(chosen)
+        then = (threads_of(args, settings.get("threads")), settings.get("max_depth"))
+        if then == at:
+            args.dtype = dtype
+            return chosen
+        at = then
+    args.dtype = "float32"
+    return default_policy_dir(drafter, "float32")
+
+
 def policy_drafter(directory: str | Path) -> str:
     """The drafter a policy export (or training run) was trained with; ``"model"`` for exports
     that predate drafters (:func:`policies.layout.export_drafter`).
@@ -266,4 +311,4 @@ def policy_head(directory: str | Path) -> str | None:
     return read_json(resolve_export_dir(directory) / POLICY_CONFIG_FILE).get("head")
 
 
-__all__ = ["load_policy", "load_serve_policy", "load_tree_policy", "policy_drafter", "policy_head", "run_settings", "tree_settings"]
+__all__ = ["default_policy_for", "load_policy", "load_serve_policy", "load_tree_policy", "policy_drafter", "policy_head", "run_settings", "tree_settings"]

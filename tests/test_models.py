@@ -322,29 +322,51 @@ def test_the_bf16_matmul_timing_times_both_precisions_at_every_shape():
     assert t["speedup"] == pytest.approx(sum(t["float32"].values()) / sum(t["bfloat16"].values()))
 
 
-def test_auto_is_resolved_once_per_command_whatever_the_threads_set_in_between(monkeypatch):
+def test_the_default_policy_and_auto_are_chosen_at_the_threads_the_run_will_set(monkeypatch, tmp_path):
     """eval, the benchmark and generate pick the shipped policy of ``auto``'s precision before they set the policy's
-    thread count, then load the models: the second resolution must not measure again and come out otherwise (a
-    bfloat16 policy run by a float32 target). resolved_dtype writes its answer back to --dtype."""
+    thread count: policies.load.default_policy_for measures at the thread count the run will set (--threads, else
+    the picked policy's recorded threads, else 1 — not torch's current setting) and the picked policy's depth, pins
+    --dtype to the answer, and falls back to the float32 policy where the two never agree. The models then load in
+    that precision without measuring again."""
+    import json
     from argparse import Namespace
 
     import learn2draft.models as models
-    from learn2draft.cli import resolved_dtype
+    import policies.layout as layout
+    from learn2draft.names import DEFAULT_MAX_DEPTH
+    from policies.load import default_policy_for
 
+    for name, threads, depth in (("lookup", 1, 8), ("lookup-bfloat16", 2, 16), ("model", None, 8)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / layout.ONNX_FILE).write_bytes(b"")
+        (tmp_path / name / layout.RUN_CONFIG_FILE).write_text(json.dumps({"threads": threads, "max_depth": depth}))
+    monkeypatch.setattr(layout, "DEFAULT_POLICIES_DIR", tmp_path)
     calls = []
 
-    def by_threads(device, threads=None, rows=(1, 9)):
-        calls.append(torch.get_num_threads() if threads is None else threads)
-        return "bfloat16" if calls[-1] == 2 else "float32"  # a machine where the answer turns on the threads
+    def machine(bf16_at):
+        def fastest(device, threads=None, rows=(1, 9)):
+            calls.append((threads, tuple(rows)))
+            return "bfloat16" if threads == bf16_at else "float32"
+        return fastest
 
-    monkeypatch.setattr(models, "fastest_dtype", by_threads)
+    def pick(threads, bf16_at, drafter="lookup"):
+        monkeypatch.setattr(models, "fastest_dtype", machine(bf16_at))
+        calls.clear()
+        args = Namespace(dtype="auto", device="cpu", threads=threads)
+        d = default_policy_for(args, drafter)
+        assert models.resolve_dtype(args.dtype, "cpu") == args.dtype  # a name now: load_models measures nothing
+        return d.name, args.dtype
+
     before = torch.get_num_threads()
+    torch.set_num_threads(2)  # torch's setting is not what the run will use
     try:
-        torch.set_num_threads(2)
-        args = Namespace(dtype="auto", device="cpu", threads=None)
-        assert resolved_dtype(args) == "bfloat16" and args.dtype == "bfloat16"
-        torch.set_num_threads(1)  # what set_threads does with a policy trained on 1 thread
-        assert models.resolve_dtype(args.dtype, "cpu", None) == "bfloat16" and resolved_dtype(args) == "bfloat16"
-        assert calls == [2]  # measured once
+        assert pick(None, bf16_at=2) == ("lookup", "float32")
+        assert calls == [(1, models.forward_rows(1, DEFAULT_MAX_DEPTH)), (1, models.forward_rows(1, 8))]  # 1 thread
+        assert pick(2, bf16_at=2) == ("lookup-bfloat16", "bfloat16") and calls[-1] == (2, models.forward_rows(1, 16))
+        # bf16 wins on 1 thread, but the bf16 policy runs on 2, where fp32 wins: never settles → fp32, its policy
+        assert pick(None, bf16_at=1) == ("lookup", "float32") and {t for t, _ in calls} == {1, 2}
+        assert pick(None, bf16_at=1, drafter="model") == ("model", "bfloat16")  # one precision shipped: the fastest
     finally:
         torch.set_num_threads(before)
+    args = Namespace(dtype="bf16", device="cpu", threads=None)
+    assert default_policy_for(args, "lookup").name == "lookup-bfloat16" and args.dtype == "bfloat16"

@@ -131,8 +131,9 @@ def test_the_real_loop_gives_the_guard_each_steps_measurement_and_keeps_the_gree
 
 def test_a_step_policy_trained_in_another_precision_warns_once_per_stream_in_the_batched_decoder(tiny_pair):
     """The serving path warns as SpeculativeDecoder.generate does: a load-aware policy (alone or behind the guard)
-    trained in bfloat16 and served by a float32 target raises PrecisionMismatchWarning once for the policy, not once
-    per request; a policy trained in the decoder's own precision, or of unknown precision, does not warn."""
+    trained in bfloat16 and served by a float32 target raises PrecisionMismatchWarning once for the policy — named
+    in the message — not once per request, and not again when the guard runs it too; a policy trained in the
+    decoder's own precision, or of unknown precision, does not warn."""
     import warnings
 
     from learn2draft.batched import BatchedSpeculativeDecoder, Request, serve
@@ -142,15 +143,20 @@ def test_a_step_policy_trained_in_another_precision_warns_once_per_stream_in_the
     prompts = [torch.tensor([3, 4, 5, 3, 4]), torch.tensor([6, 7, 6, 7]), torch.tensor([8, 9, 8, 9]),
                torch.tensor([5, 6, 5, 6])]
 
-    def run(policy) -> list:
-        dec = BatchedSpeculativeDecoder(tiny_pair, "lookup", max_new_tokens=4, max_depth=4, max_batch=2)
+    def run(*policies) -> list:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            serve(dec, [Request(p, seed=i) for i, p in enumerate(prompts)], policy, concurrency=2)
-            serve(dec, [Request(p, seed=i) for i, p in enumerate(prompts)], policy, concurrency=1)
+            for policy in policies:
+                for concurrency in (2, 1):
+                    dec = BatchedSpeculativeDecoder(tiny_pair, "lookup", max_new_tokens=4, max_depth=4, max_batch=2)
+                    serve(dec, [Request(p, seed=i) for i, p in enumerate(prompts)], policy, concurrency=concurrency)
         return [w for w in caught if issubclass(w.category, PrecisionMismatchWarning)]
 
     class StepPolicy(FixedStepPolicy):
+        def __init__(self, gamma, trained_dtype=None):
+            super().__init__(gamma)
+            self.trained_dtype = trained_dtype
+
         def controller(self):
             from policies.controllers import _StepGammaController
 
@@ -158,13 +164,39 @@ def test_a_step_policy_trained_in_another_precision_warns_once_per_stream_in_the
 
         __call__ = controller
 
-    bf16 = StepPolicy(2)
-    bf16.trained_dtype = "bfloat16"
-    got = run(bf16)
+        def __repr__(self):
+            return "StepPolicy(bf16-trained)"
+
+    got = run(StepPolicy(2, "bfloat16"))
     assert len(got) == 1 and "bfloat16" in str(got[0].message) and "float32" in str(got[0].message)
-    guarded = StepPolicy(2)
-    guarded.trained_dtype = "bfloat16"
-    assert len(run(SpeculationGuard(guarded))) == 1
-    same = StepPolicy(2)
-    same.trained_dtype = "float32"
-    assert run(same) == [] and run(StepPolicy(2)) == []
+    assert str(got[0].message).startswith("StepPolicy(bf16-trained) was trained in bfloat16")  # the policy, not a row
+    alone = StepPolicy(2, "bfloat16")
+    assert len(run(alone, SpeculationGuard(alone))) == 1  # eval.serve's policy and guard rows: one warning
+    assert len(run(SpeculationGuard(StepPolicy(2, "bfloat16")))) == 1
+    assert run(StepPolicy(2, "float32")) == [] and run(StepPolicy(2)) == []
+
+
+def test_a_chain_policy_trained_in_another_precision_warns_once_per_precision_in_generate(tiny_pair):
+    """SpeculativeDecoder.generate warns once for a policy trained in another precision than the target runs in,
+    however many generations it decides, and again only for a precision it was not yet warned about."""
+    import warnings
+
+    from learn2draft.control import FixedDepthController, PrecisionMismatchWarning, warn_precision_mismatch
+    from learn2draft.decoding import SpeculativeDecoder
+    from learn2draft.drafters import make_drafter
+
+    class Trained(FixedDepthController):
+        trained_dtype = "bfloat16"
+
+    ctrl = Trained(2)
+    dec = SpeculativeDecoder(tiny_pair, max_new_tokens=4, max_depth=4, drafter=make_drafter("lookup", tiny_pair))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for seed in range(3):
+            dec.generate(torch.tensor([3, 4, 5, 3, 4]), ctrl, seed=seed)
+        warn_precision_mismatch(ctrl, torch.float32)  # warned already for float32
+        warn_precision_mismatch(ctrl, torch.float16)  # not for float16
+        dec.generate(torch.tensor([3, 4, 5, 3, 4]), FixedDepthController(2))  # no training precision: no warning
+    got = [str(w.message) for w in caught if issubclass(w.category, PrecisionMismatchWarning)]
+    assert len(got) == 2 and "now runs in float32" in got[0] and "now runs in float16" in got[1]
+    assert caught[0].filename == __file__  # attributed to the caller of generate

@@ -555,6 +555,30 @@ def test_replay_takes_its_precision_from_the_profile_without_timing_auto(tiny_pa
     assert cfg.dtype == "float32"
 
 
+def test_resume_keeps_the_saved_precision_and_measures_nothing(tmp_path, monkeypatch):
+    """--resume continues a run in its saved precision: repeating the replay command with --dtype auto (the profile
+    gave bfloat16) is not a changed setting, the short form (--out R --resume) does not time auto either, and a
+    precision named otherwise is refused by name."""
+    import learn2draft.models as models
+    from train.__main__ import resume_config
+    from train.config import REPLAY_ENV_ID
+
+    def no_timing(*a, **k):
+        raise AssertionError("auto was timed on --resume")
+
+    monkeypatch.setattr(models, "fastest_dtype", no_timing)
+    run = tmp_path / "run"
+    run.mkdir()
+    saved = dataclasses.asdict(TrainConfig(replay="t.npz", profile="cpu-amx-bf16", dtype="bfloat16", out=str(run)))
+    (run / "config.json").write_text(json.dumps({**saved, "env_id": REPLAY_ENV_ID}))
+    for argv in (["--replay", "t.npz", "--profile", "cpu-amx-bf16", "--dtype", "auto", "--out", str(run), "--resume"],
+                 ["--out", str(run), "--resume"]):
+        assert resume_config(build_parser().parse_args(argv), argv).dtype == "bfloat16"
+    argv = ["--dtype", "float32", "--out", str(run), "--resume"]
+    with pytest.raises(ValueError, match="dtype is 'bfloat16' there, 'float32' here"):
+        resume_config(build_parser().parse_args(argv), argv)
+
+
 def test_overwrite_refuses_user_files_inside_the_runs_folders_and_lists_them(tmp_path):
     """--overwrite replaces what a run wrote; a user's own file inside policy/, checkpoints/ or eval/ is listed
     and the overwrite refused (it used to be deleted without a word)."""

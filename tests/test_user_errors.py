@@ -411,9 +411,13 @@ def test_random_weights_profiles_resolve_auto_on_the_run_device_threads_and_widt
     monkeypatch.setattr(eval.shapes, "random_pair", fake_pair)
     f = tmp_path / "config.json"
     f.write_text(json.dumps(GOOD_SHAPE))
-    with pytest.raises(Built):
-        main(["--random-weights", str(f), "--drafter", "lookup", "--device", "cpu", "--threads", "1",
-              "--batch-sizes", "1,4", "--tokens", "1,3", "--out", str(tmp_path / "p.json")])
+    before = torch.get_num_threads()
+    try:
+        with pytest.raises(Built):
+            main(["--random-weights", str(f), "--drafter", "lookup", "--device", "cpu", "--threads", "1",
+                  "--batch-sizes", "1,4", "--tokens", "1,3", "--out", str(tmp_path / "p.json")])
+    finally:
+        torch.set_num_threads(before)  # the command set 1 thread
     from learn2draft.names import DEFAULT_MAX_DEPTH
 
     assert built == [torch.bfloat16] and asked == [("cpu", 1, models.forward_rows(4, DEFAULT_MAX_DEPTH))]

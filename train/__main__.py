@@ -148,8 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """Map parsed arguments to a :class:`TrainConfig` (not yet validated)."""
+def config_from_args(args: argparse.Namespace, time_auto: bool = True) -> TrainConfig:
+    """Map parsed arguments to a :class:`TrainConfig` (not yet validated). ``--dtype auto`` is measured here
+    (:func:`learn2draft.models.resolve_dtype` at the run's threads and widths) unless ``time_auto`` is False or
+    ``--replay`` is given: then ``dtype`` stays ``"auto"`` (under ``--replay``
+    :func:`train.chain.apply_replay_settings` takes the profile's precision)."""
     from learn2draft.cli import forward_rows_of, resolve_device
     from learn2draft.models import resolve_dtype
 
@@ -165,7 +168,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         device=resolve_device(args.device, check=False),
         # with --replay no model runs and the profile says which precision its costs are (apply_replay_settings):
         # auto is not timed here, before the flags are checked
-        dtype=args.dtype if args.replay and args.dtype == "auto" else resolve_dtype(
+        dtype=args.dtype if (args.replay or not time_auto) and args.dtype == "auto" else resolve_dtype(
             args.dtype, resolve_device(args.device, check=False), args.threads or d.threads, forward_rows_of(args)),
         **{k: getattr(args, k) for k in cli.SAMPLING_DEFAULTS},
         max_new_tokens=args.max_new_tokens, max_depth=args.max_depth,
@@ -209,9 +212,10 @@ def resume_config(args: argparse.Namespace, argv: list[str] | None) -> TrainConf
         raise ValueError("--overwrite and --resume exclude each other: --resume continues the run in --out, "
                          "--overwrite starts it over.")
     cfg = TrainConfig.from_run(out)
-    asked = config_from_args(args)
+    asked = config_from_args(args, time_auto=False)  # a resumed run keeps its precision: nothing to measure
     changed = sorted(k for k in _given_flags(argv) - {"out", *_RESUME_MAY_CHANGE}
-                     if getattr(asked, k, None) != getattr(cfg, k, None))
+                     if getattr(asked, k, None) != getattr(cfg, k, None)
+                     and not (k == "dtype" and asked.dtype == "auto"))  # auto: whatever the run was in
     if changed:
         k = changed[0]
         raise ValueError(f"--resume continues {out} with its saved settings: {k} is {getattr(cfg, k)!r} there, "

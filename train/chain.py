@@ -66,7 +66,8 @@ def apply_replay_settings(cfg: TrainConfig, given: Collection[str] | None = None
     """For ``cfg.replay``: load the traces and the profile, take the traces' models, drafter, sampling and
     ``max_new_tokens`` into ``cfg`` (settings left at their defaults), and ``max_depth`` when it was left at its
     default and exceeds the traces' (a ``max_depth`` the traces hold is kept: replay runs any depth up to the
-    recorded one; given explicitly above it, it is refused), and build the replay
+    recorded one; given explicitly above it, it is refused), the precision the policy records (``dtype``: the
+    profile's, else the traces', unless given by name; ``auto`` with neither measured on this machine), and build the replay
     environment (:class:`envs.replay.SpecDecodeReplayEnv`, ``episode=cfg.episode``, reward scale 1). Several
     profiles (``cfg.profile`` joined by commas) make one environment over all of them, with the profile
     features in the observation when ``cfg.features == "profile"``.
@@ -128,10 +129,14 @@ def apply_replay_settings(cfg: TrainConfig, given: Collection[str] | None = None
     measured = profiles[0].machine.get("dtype") or h.get("dtype")
     if measured and (given is None or "dtype" not in given or cfg.dtype == "auto"):
         cfg.dtype = str(measured)
-    if cfg.dtype == "auto":  # neither the profile nor the traces say: the precision this machine would run
+    if cfg.dtype == "auto":  # neither the profile nor the traces say: the precision this machine would run them in
+        from argparse import Namespace
+
+        from learn2draft.cli import forward_rows_of
         from learn2draft.models import resolve_dtype
 
-        cfg.dtype = resolve_dtype("auto", cfg.device, cfg.threads)
+        cfg.dtype = resolve_dtype("auto", cfg.device, cfg.threads,
+                                  forward_rows_of(Namespace(serve_loads=cfg.serve_loads, max_depth=cfg.max_depth)))
     if cfg.max_depth > traces.max_depth:
         if ("max_depth" in given) if given is not None else cfg.max_depth != defaults.max_depth:
             raise ValueError(f"--max-depth {cfg.max_depth}, but the traces {cfg.replay} hold chains up to max_depth="
