@@ -46,6 +46,9 @@ not measured).
 The full sweep (about 30 minutes on 2 CPU cores in bfloat16, alone on the machine, with ``--policy``)::
 
     python -m eval.serve --threads 2 --policy policies/defaults/lookup-serve-bfloat16 --out runs/serve
+
+On a CPU where ``--dtype auto`` serves in float32 (no bf16 units), pass the policy trained in float32,
+``policies/defaults/lookup-serve-float32``: a policy run in another precision than it was trained in warns.
 """
 
 from __future__ import annotations
@@ -110,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=HelpFormatter)
     cli.add_drafter_arg(p, None)
     p.add_argument("--policy", default=None, help="an exported load-aware policy (python -m train --serve-loads, e.g. "
-                                                  "policies/defaults/lookup-serve-bfloat16) or chain policy, or a "
+                                                  "policies/defaults/lookup-serve-bfloat16, or lookup-serve-float32 where "
+                                                  "the run is in float32) or chain policy, or a "
                                                   "training run holding one, for the learned row; default: none")
     cli.add_profile_arg(p)
     p.add_argument("--methods", default="nospec,fixed,table,adaptive,hf",
