@@ -5,6 +5,7 @@ It writes under ``--out`` (at most 7 files, one folder):
 
 * ``profile-<shape>.json``: latency profiles measured on the device by ``python -m eval.profile --random-weights``
   for the embedded target's architecture (smollm2-135m: model, head and lookup drafters, tree levels W = k = 4)
+  with the batch axis at B = 1…64 (the 8B shape at B = 1, 4, 16, 64),
   and for a 1B and an 8B Llama shape (model and lookup drafters), bfloat16, random weights (verification cost
   depends on shapes, not weights: :mod:`eval.shapes`);
 * the decoder loop on the device: tokens/s and the cycle's draft / verify / other milliseconds of the decoder's own
@@ -36,6 +37,8 @@ from learn2draft.cli import HelpFormatter, plain_doc, run_cli
 
 #: The architectures profiled on the GPU (:data:`eval.shapes.SHAPES`) and their drafters.
 GPU_SHAPES = {"smollm2-135m": "model,head,lookup", "llama-3.2-1b": "model,lookup", "llama-3.1-8b": "model,lookup"}
+#: Shapes also profiled along the batch axis (issue 17: replay under load on a GPU profile), and the sizes.
+GPU_BATCH_SIZES = {"smollm2-135m": "1,2,4,8,16,32,64", "llama-3.1-8b": "1,4,16,64"}
 #: The dry run's architecture: a tiny Llama with the embedded tokenizer's vocabulary.
 TINY_SHAPE = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 49152, "max_position_embeddings": 2048}
@@ -267,10 +270,11 @@ def parameter_counts(shapes) -> dict:
 
 
 def run_profiles(out: Path, shapes: dict, device: str, dtype: str, settings: list[str], progress,
-                 prefix: str = "") -> dict:
+                 prefix: str = "", batch_sizes: dict | None = None) -> dict:
     """``python -m eval.profile --random-weights SHAPE`` for every shape (in this process, one after the other,
     each pair freed before the next), the profile named ``<prefix>-<shape>`` (e.g. ``h200-llama-3.1-8b``);
-    ``{shape: {"file", "name", "seconds"} or {"error"}}``."""
+    ``{shape: {"file", "name", "seconds"} or {"error"}}``. ``batch_sizes``: ``{shape: "1,2,4,…"}``, the shapes
+    also measured along the batch axis (``--batch-sizes``, one closed-loop request per row)."""
     import torch
 
     from eval import profile
@@ -282,6 +286,8 @@ def run_profiles(out: Path, shapes: dict, device: str, dtype: str, settings: lis
         argv = ["--random-weights", shape, "--drafter", drafters, "--device", device, "--dtype", dtype,
                 "--name", f"{prefix}-{name}" if prefix else name, "--out", str(path),
                 "--note", "random weights of the architecture (python -m eval.gpu_check)", *settings]
+        if (batch_sizes or {}).get(shape):
+            argv += ["--batch-sizes", batch_sizes[shape], "--batch-overhead-requests", "1"]
         progress(f"profile {name}: python -m eval.profile {' '.join(argv)}")
         t0 = time.perf_counter()
         try:
@@ -352,11 +358,13 @@ def _run(args) -> int:
         tiny = Path(tmp.name) / "tiny.json"
         tiny.write_text(json.dumps(TINY_SHAPE))
         shapes, dtype = {str(tiny): "model,lookup"}, "float32"
+        batch = {str(tiny): "1,2"}
         loop_shape, loop_tokens, loop_prompts = str(tiny), 8, 1
         settings = ["--contexts", "16,32", "--tokens", "1,2,4", "--repeats", "1", "--draft-steps", "2",
                     "--overhead-prompts", "1", "--overhead-tokens", "4", "--tree-width", "2", "--tree-top-k", "2"]
     else:
         shapes, dtype = dict(GPU_SHAPES), "bfloat16"
+        batch = dict(GPU_BATCH_SIZES)
         loop_shape, loop_tokens, loop_prompts = "smollm2-135m", 64, 4
         settings = ["--tree-width", "4", "--tree-top-k", "4"]
     def save() -> None:  # after every step: a call killed at its time limit still returns what was measured
@@ -382,7 +390,7 @@ def _run(args) -> int:
             from eval.profile import default_name
 
             report["profiles"] = run_profiles(out, shapes, device, dtype, settings, progress,
-                                              prefix=default_name(report["environment"]))
+                                              prefix=default_name(report["environment"]), batch_sizes=batch)
             save()
         if "tests" not in skip:
             left = args.budget_seconds - (time.perf_counter() - t_start) - 15

@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-overhead-requests", type=int, default=2,
                    help="with --batch-sizes: requests per row of those loops (B × this many at batch size B); 0 skips "
                         "them (the replay then charges the tables' terms only)")
-    p.add_argument("--name", default=None, help="profile name (default: cpu-<cores>core or the GPU's name)")
+    p.add_argument("--name", default=None, help="profile name (default: the GPU's name, or cpu-<cores>core-<dtype>-measured: never a shipped profile's name)")
     p.add_argument("--note", default="", help="free text added to the profile's source, e.g. 'under nice -n 19'")
     add_out_arg(p, "the profile's JSON file (default runs/profiles/<name>.json)")
     g = add_model_args(p)
@@ -612,10 +612,13 @@ def measure_profile(pair, drafters: list[str], head=None, sampling=None, context
 
 
 def default_name(machine: dict) -> str:
-    """``cpu-<cores>core``, or the GPU's name in lower case with dashes."""
+    """The GPU's name in lower case with dashes (``h200``), or ``cpu-<cores>core-<dtype>-measured`` (e.g.
+    ``cpu-2core-bfloat16-measured``): never a shipped profile's name (``cpu-2core``, ``cpu-amx-bf16``), so that a
+    profile measured here is not mistaken for the shipped one of that name in a policy's config or a report."""
     if machine.get("gpu"):
         return "-".join(machine["gpu"].lower().replace("nvidia", "").split())
-    return f"cpu-{machine.get('cores', 0)}core"
+    dtype = machine.get("dtype")
+    return f"cpu-{machine.get('cores', 0)}core{'-' + dtype if dtype else ''}-measured"
 
 
 def _run(args) -> int:

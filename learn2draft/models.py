@@ -239,11 +239,14 @@ def check_gguf_file(path: str | Path) -> None:
 def canonical_model_name(name_or_path: str) -> str:
     """The name to record for a model (in ``config.json``, ``policy_config.json``): an alias or hub id
     as given, a local directory or ``.gguf`` file as an absolute path — so that a run evaluated from
-    another working directory finds the same model instead of asking the hub for ``"tiny_target"``."""
+    another working directory finds the same model instead of asking the hub for ``"tiny_target"``. The shipped
+    draft's directory is recorded as its alias (a checkout's path would not name it on another machine)."""
     name = str(name_or_path)
     if name in (DEFAULT_TARGET, DEFAULT_DRAFT):
         return name
     p = Path(name).expanduser()
+    if p.exists() and p.resolve() == DEFAULT_DRAFT_DIR.resolve():  # the shipped draft, loaded from its directory
+        return DEFAULT_DRAFT
     return str(p.resolve()) if p.exists() else name
 
 

@@ -106,6 +106,13 @@ def test_local_paths_are_recorded_absolute(tiny_model_dirs, monkeypatch):
     assert pair.target_name == str(root / "target") and pair.draft_name == str(root / "draft")
     assert canonical_model_name("smollm2-135m-instruct") == "smollm2-135m-instruct"
     assert canonical_model_name("org/model") == "org/model"
+    # the shipped draft's directory, as a loaded model's name_or_path gives it, is recorded by its alias: a
+    # profile or policy measured in one checkout must not carry that checkout's path (seen in the H200 profiles)
+    from learn2draft.models import DEFAULT_DRAFT, DEFAULT_DRAFT_DIR
+
+    assert canonical_model_name(str(DEFAULT_DRAFT_DIR)) == DEFAULT_DRAFT
+    monkeypatch.chdir(DEFAULT_DRAFT_DIR.parent)
+    assert canonical_model_name(DEFAULT_DRAFT_DIR.name) == DEFAULT_DRAFT
 
 
 def test_a_name_that_is_no_path_fails_fast_when_the_hub_is_unreachable(monkeypatch):

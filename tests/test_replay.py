@@ -829,3 +829,16 @@ def test_the_shipped_profiles_hold_no_path_of_the_machine_they_were_measured_on(
     for f in SHIPPED_PROFILES_DIR.glob("*.json"):
         found = [s for s in strings(json.loads(f.read_text())) if re.search(r"(^|\s)(/[\w.-]+){2,}", s)]
         assert not found, (f.name, found)
+
+
+def test_a_measured_profile_is_never_named_like_a_shipped_one():
+    from eval.profile import default_name
+    from learn2draft.replay.latency import SHIPPED_PROFILES_DIR
+
+    shipped = {p.stem for p in SHIPPED_PROFILES_DIR.glob("*.json")}
+    assert "cpu-2core" in shipped
+    for machine in ({"cores": 2}, {"cores": 2, "dtype": "float32"}, {"cores": 2, "dtype": "bfloat16"}):
+        name = default_name(machine)
+        assert name not in shipped and name.startswith("cpu-2core")
+    assert default_name({"cores": 2, "dtype": "bfloat16"}) == "cpu-2core-bfloat16-measured"
+    assert default_name({"cores": 16, "gpu": "NVIDIA H200", "dtype": "bfloat16"}) == "h200"

@@ -66,7 +66,10 @@ def tiny_head_dir(tiny_tok, tmp_path_factory):
     """A head trained for 60 steps on the tiny target (as tests/test_head.py does): accepts some tokens."""
     from train.recipes.head import HeadConfig, build_head
 
-    target = tiny_llama(len(tiny_tok), 0)
+    # Built on the CPU whatever TEST_DEVICE is: the head recipe's build is a CPU job (on the H200 the GPU check
+    # saw the tests that use this fixture error on CUDA); load_head_drafter moves the head to the pair's device, and this target
+    # has the same weights as noisy_pair's (seed 0, initialised on the CPU).
+    target = tiny_llama(len(tiny_tok), 0, device="cpu")
     rng = random.Random(0)
     prompts = [" ".join(rng.choice(TINY_VOCAB) for _ in range(rng.randint(3, 8))) for _ in range(16)]
     docs = [" ".join(rng.choice(TINY_VOCAB) for _ in range(150)) for _ in range(2)]

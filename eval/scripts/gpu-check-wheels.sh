@@ -8,7 +8,10 @@
 #   gymnasium + farama-notifications, stable-baselines3, gguf   missing there (the envs, policies and GGUF loading)
 #   transformers                                                 there, but 5.17 < the 5.20 this project needs
 #                                                                (pyproject.toml; the models' cache= keyword)
-#   huggingface-hub                                              transformers 5.24 checks for a newer one at import
+#   huggingface-hub 1.33.0                                       transformers 5.24 checks for >= 1.31 at import; 1.33 is the
+#                                                                image's own and needs httpx, which the image has (2.x
+#                                                                needs httpx2, which it lacks: import would fail there)
+#   regex                                                        transformers 5.24 checks for >= 2025.10.22 at import
 #   wandb is NOT carried: its 20 MB wheel and the 8 packages it needs that the image lacks (pydantic, opentelemetry,
 #   …) would take the carry over 64 MiB with the code, and nothing the check runs imports it (training does).
 # Versions: the ones this project is tested with. Usage: eval/scripts/gpu-check-wheels.sh [DIR]
@@ -17,7 +20,7 @@ cd "$(dirname "$0")/../.."
 DIR=${1:-${GPU_CHECK_WHEELS:-.gpu-wheels}}
 PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 WHEELS=(gymnasium==1.4.0 farama-notifications==0.0.6 stable-baselines3==2.9.2 gguf==0.19.0 transformers==5.24.0
-        "huggingface-hub==$("$PY" -c 'import huggingface_hub; print(huggingface_hub.__version__)')")
+        huggingface-hub==1.33.0 regex==2026.11.19)
 LIMIT=$((64 * 1024 * 1024))
 
 if [ -d "$DIR" ] && find "$DIR" -mindepth 1 ! -name '*.whl' ! -name requirements.txt | grep -q .; then

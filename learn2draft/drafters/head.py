@@ -541,7 +541,12 @@ class HeadDrafter(Drafter):
         self.cache_len, self.spec_len = keep, 0
 
     def extra_config(self) -> dict:
-        return {"drafter": self.name, "head": self.head_dir, "draft_vocab_size": self.head.draft_vocab_size}
+        """``head``: the head's directory, or None for the shipped one (:data:`DEFAULT_HEAD_DIR`; what
+        :func:`load_head_drafter` loads for None), so that a profile or trace header written in one checkout
+        names no path of it."""
+        shipped = bool(self.head_dir) and Path(self.head_dir).resolve() == DEFAULT_HEAD_DIR
+        return {"drafter": self.name, "head": None if shipped else self.head_dir,
+                "draft_vocab_size": self.head.draft_vocab_size}
 
 
 def _batched_head_forward(head: DraftHead, segs: list) -> None:

@@ -173,7 +173,10 @@ class ModelDrafter(Drafter):
             self.cache_len = length
 
     def extra_config(self) -> dict:
-        return {"drafter": self.name, "draft_model": getattr(self.model, "name_or_path", "")}
+        from learn2draft.models import canonical_model_name
+
+        name = getattr(self.model, "name_or_path", "")
+        return {"drafter": self.name, "draft_model": canonical_model_name(name) if name else ""}
 
 
 __all__ = ["ModelDrafter"]
