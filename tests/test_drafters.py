@@ -178,6 +178,41 @@ def test_greedy_lookup_output_equals_autoregressive(tiny_tok, copy_target, gamma
     assert all(c.verify_size == c.depth for c in r.cycles)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_lookup_never_reads_the_device_sequence_back_after_the_prompt(tiny_tok, copy_target, monkeypatch, temperature):
+    """The decoder tells prompt lookup every token it writes (Drafter.observe_tokens: the drafted token, the committed
+    ones after a verification), so the drafter's host copy is complete whenever it looks up a match: on a GPU, no
+    host synchronisation per drafted token. The output stays greedy-exact (T = 0) and accepted/rejected drafts occur
+    (T = 1: the rewrite after a rejection is exercised)."""
+    from learn2draft.batched import BatchedSpeculativeDecoder, Request, serve
+
+    V = len(tiny_tok)
+    pair = make_pair(copy_target, copy_target, tiny_tok, tiny_tok)
+    orig, short = LookupDrafter._sync, []
+
+    def spy(self, seq):
+        if self._tokens.size < seq.numel():
+            short.append(seq.numel() - self._tokens.size)
+        return orig(self, seq)
+
+    monkeypatch.setattr(LookupDrafter, "_sync", spy)
+    sampling = SamplingConfig(temperature=temperature)
+    r = SpeculativeDecoder(pair, sampling, max_new_tokens=40, max_depth=4, drafter=LookupDrafter()).generate(
+        REPEATING, FixedDepthController(4), seed=1)
+    if temperature == 0.0:
+        assert r.tokens == greedy_reference(copy_target, REPEATING, 40, V, eos=pair.eos_token_ids)
+    else:
+        assert 0 < r.acceptance_rate < 1
+    assert sum(c.depth for c in r.cycles) > 10 and short == []
+    dec = BatchedSpeculativeDecoder(pair, drafter="lookup", sampling=sampling, max_new_tokens=24, max_depth=4, max_batch=3)
+    reqs = [Request(REPEATING[: 16 - i], 0.0, i) for i in range(5)]
+    results = serve(dec, reqs, lambda: FixedDepthController(4), concurrency=3)
+    assert sum(c.depth for res in results for c in res.cycles) > 10 and short == []
+    if temperature == 0.0:
+        for rq, res in zip(reqs, results):
+            assert res.tokens == greedy_reference(copy_target, rq.prompt_ids, 24, V, eos=pair.eos_token_ids)
+
+
 def test_lookup_at_temperature_one_runs_and_stops_drafting_without_a_match(tiny_tok, copy_target):
     pair = make_pair(copy_target, copy_target, tiny_tok, tiny_tok)
     dec = SpeculativeDecoder(pair, SamplingConfig(temperature=1.0), max_new_tokens=30, max_depth=4,

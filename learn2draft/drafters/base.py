@@ -211,6 +211,13 @@ class Drafter(ABC):
         """
         raise NotImplementedError(f"The {self.name!r} drafter does not draft trees: use the model or head drafter.")
 
+    def observe_tokens(self, tokens: list[int], first_position: int) -> None:  # noqa: B027 (optional hook)
+        """The decoder has written ``tokens`` (host ints) at sequence positions ``first_position ..`` of the sequence
+        it passes next: the token just drafted, or the tokens committed by a verification (called after
+        :meth:`rollback`). A drafter that keeps a host copy of the sequence (prompt lookup) extends it from these
+        instead of reading the device tensor back (one host synchronisation per drafted token and per verification
+        on a GPU). Proposals only: the output law never depends on it. No-op by default."""
+
     def observe_target(self, hidden: torch.Tensor, first_position: int) -> None:  # noqa: B027 (optional hook)
         """Receive the target's last hidden states (float (n, H)) for sequence positions
         ``first_position .. first_position + n − 1`` (only when ``needs_target_hidden``)."""

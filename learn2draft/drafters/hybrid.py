@@ -79,6 +79,10 @@ class HybridDrafter(Drafter):
     def observe_target(self, hidden: torch.Tensor, first_position: int) -> None:
         self.neural.observe_target(hidden, first_position)
 
+    def observe_tokens(self, tokens: list[int], first_position: int) -> None:
+        self.lookup.observe_tokens(tokens, first_position)
+        self.neural.observe_tokens(tokens, first_position)
+
     def select(self, source: int) -> None:
         """Draft the next token with ``sources[source]``.
 

@@ -65,6 +65,16 @@ class LookupDrafter(Drafter):
             self._tokens = np.concatenate([self._tokens, np.asarray(seq[self._tokens.size :].tolist(), dtype=np.int64)])
         return self._tokens[:n]
 
+    def observe_tokens(self, tokens: list[int], first_position: int) -> None:
+        """Extend the host copy with ``tokens`` at ``first_position`` (what the decoder wrote there) when the copy
+        reaches that position; a copy that is shorter is left to :meth:`_sync` (it reads the device)."""
+        n = self._tokens.size
+        if first_position > n or not tokens:
+            return
+        if first_position < n:  # positions rewritten: any cached match past them is stale
+            self._match = None
+        self._tokens = np.concatenate([self._tokens[:first_position], np.asarray([int(t) for t in tokens], dtype=np.int64)])
+
     def lookup(self, seq: torch.Tensor) -> tuple[int, int, int, float, float] | None:
         """The match for the token after ``seq`` (int64 (n,)): ``(token, match_len, count, confidence, margin)``
         or None when no n-gram of the allowed sizes occurs earlier. ``confidence``: share of the n-gram's
