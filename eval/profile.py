@@ -598,8 +598,8 @@ def measure_profile(pair, drafters: list[str], head=None, sampling=None, context
         ov_depths = sorted({int(d) for d in batch_overhead_depths if 0 <= int(d) <= tokens[-1] - 1})
         dropped = sorted({int(d) for d in batch_overhead_depths} - set(ov_depths))
         if dropped:
-            progress(f"warning: --batch-overhead-depths {dropped} exceed the {tokens[-1]}-token table (--tokens): "
-                     f"measuring γ {ov_depths or [0]} only")
+            progress(f"warning: the batched loops' fixed γ {dropped} exceed the {tokens[-1]}-token verification table: "
+                     f"measuring γ {ov_depths or [0]} only (python -m eval.profile: --batch-overhead-depths, --tokens)")
         ov_prompts = [pair.encode_prompt(p) for p in load_prompts("mixed_train")]
         for d in drafters:
             progress(f"drafter {d}: the batched loop's overheads (closed loops at batch sizes "
@@ -646,6 +646,16 @@ def _run(args) -> int:
         raise ValueError("--batch-overhead-depths must be ≥ 0, --batch-overhead-tokens ≥ 2 and "
                          "--batch-overhead-requests ≥ 0.")
     threads_of(args)  # checked before measuring
+    if 1 not in tokens:  # (measure_profile checks it too; here before any model is built)
+        raise ValueError(f"--tokens must include 1 (the autoregressive step), got {args.tokens!r}.")
+    if args.name:
+        from learn2draft.replay.latency import SHIPPED_PROFILES_DIR
+
+        shipped = SHIPPED_PROFILES_DIR / f"{args.name}.json"
+        if shipped.is_file() and (not args.out or Path(args.out).resolve() != shipped.resolve()):
+            raise ValueError(f"--name {args.name} is a shipped profile's name ({shipped}): --profile {args.name} would "
+                             "still load the shipped one. Choose another name (the default names the machine and "
+                             "precision, ending in -measured); only a profile written over that file takes it.")
     if args.tree_top_k is not None and args.tree_width is None:
         raise ValueError("--tree-top-k applies to the tree level measured with --tree-width W: add --tree-width.")
     args.tree_top_k = 4 if args.tree_top_k is None else args.tree_top_k

@@ -54,6 +54,7 @@ On a CPU where ``--dtype auto`` serves in float32 (no bf16 units), pass the poli
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -66,6 +67,8 @@ from learn2draft.cli import HelpFormatter, plain_doc, run_cli
 from learn2draft.prompts import PROMPT_SETS
 
 DEFAULT_OUT = "runs/serve"
+#: Written after each measured level and removed when the run completes: what an interrupted run measured.
+PARTIAL_FILE = "serve-partial.json"
 METHODS = ("nospec", "fixed", "table", "adaptive", "policy", "guard", "hf")
 NOSPEC, HF = "no speculation (γ=0)", "hf generate (batched)"
 TABLE, ADAPTIVE, LEARNED = "per-batch-size table", "adaptive verification (vLLM)", "learned policy"
@@ -153,7 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "uses the --prompt-set training prompts")
     p.add_argument("--max-new-tokens", type=int, default=64, help="per request")
     p.add_argument("--seed", type=int, default=0, help="seeds the requests' sampling and the arrivals")
-    cli.add_out_arg(p, f"the results directory (default: {DEFAULT_OUT}): serve.json, serve.md, serve.png")
+    cli.add_out_arg(p, f"the results directory (default: {DEFAULT_OUT}): serve.json, serve.md, serve.png; "
+                       "serve-partial.json after each level while it runs (kept if interrupted)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the results of an earlier run in --out (else such a folder is refused)")
     cli.add_model_args(p)
     cli.add_sampling_args(p)
     cli.add_device_args(p)
@@ -220,6 +226,10 @@ def check_args(args) -> Settings:
     out = Path(args.out or DEFAULT_OUT).expanduser()
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file: give a directory (serve.json, serve.md and serve.png go there).")
+    earlier = [n for n in ("serve.json", "serve-partial.json") if (out / n).exists()]
+    if earlier and not args.overwrite:
+        raise ValueError(f"--out {out} holds the results of an earlier run ({', '.join(earlier)}): pass --overwrite to "
+                         "replace them, or choose another --out.")
     sampling = cli.sampling_config(args)  # a bad sampling flag or --seed fails here
     if "hf" in methods and (sampling.prefix_dependent or sampling.min_p):
         raise ValueError("--min-p, --repetition-penalty and --presence-penalty: the hf generate (batched) row supports "
@@ -247,7 +257,8 @@ def batched_costs(pair, args, s, sampling, head, context: int, sizes: Sequence[i
     return measure_profile(pair, [args.drafter], head=head, sampling=sampling, contexts=(context,),
                            tokens=tuple(range(1, s.max_depth + 2)), repeats=args.cost_repeats, draft_steps=4,
                            overhead_prompts=1, overhead_tokens=16, overhead_depths=(0, 2), name="eval.serve start-up",
-                           progress=stderr_line, batch_sizes=sorted(set(sizes)), batch_contexts=(context,))
+                           progress=stderr_line, batch_sizes=sorted(set(sizes)), batch_contexts=(context,),
+                           batch_overhead_depths=sorted({0, max(1, s.max_depth // 2), s.max_depth}))
 
 
 # ----------------------------------------------------------------------------------------------- methods
@@ -538,6 +549,10 @@ def _run(args) -> int:
         report["levels"].append({"kind": kind, "value": value, "num_requests": n,
                                  "order": [m if m == HF else m.name for m in order],
                                  "methods": {n: res[n] for n in [m if m == HF else m.name for m in rows]}})
+        # what is measured so far survives a Ctrl-C or a crash of a later level (removed when the run completes)
+        (out / PARTIAL_FILE).write_text(json.dumps({**report, "partial": True}, indent=1, default=str))
+        stderr_line(f"eval.serve: {len(report['levels'])}/{len(levels)} levels measured (so far in "
+                    f"{out / PARTIAL_FILE})")
     if "nospec" in s.methods and "hf" in s.methods:  # the goal's own setting: the same 8 prompts in one batch
         report["same_batch"] = same_batch(nospec, pair, sampling, held, args, common)
     if av is not None:
@@ -561,6 +576,7 @@ def _run(args) -> int:
     finish_header(header)
     md = [*header_lines(header), *_markdown(report)]
     _write(report, md, out)
+    (out / PARTIAL_FILE).unlink(missing_ok=True)
     return 0
 
 

@@ -50,6 +50,20 @@ def run_cli(parser: argparse.ArgumentParser, run, argv: list[str] | None) -> int
     becomes one ``error:`` line on stderr and exit code 2 instead of a traceback, and Ctrl-C one
     ``interrupted`` line and exit code 130 (files are written whole or not at all by the commands)."""
     args = parser.parse_args(argv)
+    import warnings
+
+    from learn2draft.control import PrecisionMismatchWarning
+
+    shown = warnings.showwarning
+
+    def one_line(message, category, filename, lineno, file=None, line=None):
+        """This project's own warnings as one ``warning:`` line (no source line); others as Python prints them."""
+        if issubclass(category, PrecisionMismatchWarning):
+            print(f"warning: {message}", file=file or sys.stderr)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = one_line
     try:
         return run(args)
     except (ValueError, OSError, RuntimeError) as e:
@@ -58,6 +72,8 @@ def run_cli(parser: argparse.ArgumentParser, run, argv: list[str] | None) -> int
     except KeyboardInterrupt:
         print(f"{parser.prog}: interrupted (Ctrl-C) before it finished; nothing more was written.", file=sys.stderr)
         return 130
+    finally:
+        warnings.showwarning = shown
 
 
 #: ``--threads`` above this many per CPU core is refused (100 000 threads fail to allocate their stacks).
@@ -160,7 +176,15 @@ def sampling_config(args: argparse.Namespace, temperature: float | None = None):
     kw = {k: getattr(args, k) for k in SAMPLING_DEFAULTS if hasattr(args, k)}
     if temperature is not None:
         kw["temperature"] = temperature
-    return SamplingConfig(**kw)
+    try:
+        return SamplingConfig(**kw)
+    except ValueError as e:  # the setting's message, with the flag that set it ("temperature" → "--temperature")
+        msg = str(e)
+        for k in sorted(kw, key=len, reverse=True):
+            if msg.startswith(k + " ") and (temperature is None or k != "temperature"):
+                msg = f"--{k.replace('_', '-')}{msg[len(k):]}"
+                break
+        raise ValueError(msg) from None
 
 
 #: The largest ``|--seed|``: torch's generators take 64-bit seeds, and the measurement loops add strides to it

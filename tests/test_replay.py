@@ -842,3 +842,13 @@ def test_a_measured_profile_is_never_named_like_a_shipped_one():
         assert name not in shipped and name.startswith("cpu-2core")
     assert default_name({"cores": 2, "dtype": "bfloat16"}) == "cpu-2core-bfloat16-measured"
     assert default_name({"cores": 16, "gpu": "NVIDIA H200", "dtype": "bfloat16"}) == "h200"
+
+
+def test_every_shipped_profile_loads_by_its_bare_name():
+    """A shipped name with dots (``h200-llama-3.1-8b``) is a name, not a file with a suffix."""
+    names = sorted(p.stem for p in SHIPPED_PROFILES_DIR.glob("*.json"))
+    assert "h200-llama-3.1-8b" in names and "h200-llama-3.2-1b" in names
+    for name in names:
+        assert load_profile(name).name, name
+    with pytest.raises(FileNotFoundError, match="shipped: cpu-2core"):
+        load_profile("h200-llama-9.9-1b")

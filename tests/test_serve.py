@@ -37,6 +37,7 @@ def test_serve_runs_end_to_end_with_consistent_numbers(tiny_model_dirs, tmp_path
     argv = _tiny(tiny_model_dirs, tmp_path, "--concurrency", "1,2", "--calibration-concurrency", "2",
                  "--arrival-rates", "50", "--sim-traces", str(traces), "--requests-per-slot", "3", "--out", str(out))
     assert serve_main(argv) == 0
+    assert not (out / "serve-partial.json").exists()  # written after each level, removed once the run completes
     rep = json.loads((out / "serve.json").read_text())
     # at concurrency c at least 3 × c requests (c = 2: 6 > --num-requests 4); Poisson: --num-requests
     assert [lv["num_requests"] for lv in rep["levels"]] == [4, 6, 4]
@@ -97,6 +98,7 @@ def test_serve_with_a_learned_policy(tiny_model_dirs, tmp_path):
     argv = _tiny(tiny_model_dirs, tmp_path, "--concurrency", "1", "--arrival-rates", "", "--methods", "nospec,fixed",
                  "--policy", str(default_policy_dir("lookup", "float32")), "--out", str(out))
     assert serve_main(argv) == 0
+    assert not (out / "serve-partial.json").exists()  # written after each level, removed once the run completes
     rep = json.loads((out / "serve.json").read_text())
     names = set(rep["levels"][0]["methods"])
     assert "learned policy" in names and "no speculation (γ=0)" in names and len(names) == 3
@@ -111,6 +113,7 @@ def test_serve_with_a_learned_policy(tiny_model_dirs, tmp_path):
 @pytest.mark.parametrize("flags, words", [
     (["--concurrency", "0"], "--concurrency '0': need at least one concurrency ≥ 1"),
     (["--concurrency", "a,b"], "--concurrency 'a,b'"),
+    (["--concurrency", "1,,2"], "--concurrency '1,,2'"),
     (["--methods", "nospec,bogus"], "unknown method 'bogus'"),
     (["--methods", "policy"], "needs --policy"),
     (["--methods", "guard"], "--methods guard needs --policy"),
@@ -121,7 +124,7 @@ def test_serve_with_a_learned_policy(tiny_model_dirs, tmp_path):
     (["--requests-per-slot", "-1"], "--requests-per-slot must be ≥ 0"),
     (["--policy", "policies/defaults/lookup+model-bfloat16", "--drafter", "lookup"], "a hybrid (lookup+model) policy"),
     (["--policy", "no/such/dir"], "--policy no/such/dir: no such directory"),
-    (["--temperature", "-1"], "temperature"),
+    (["--temperature", "-1"], "--temperature must be ≥ 0"),
     (["--concurrency", "4", "--calibration-concurrency", "4", "--max-batch", "2"],
      "--max-batch 2 is below the largest --concurrency 4"),
     (["--sim-traces", "no/such.npz"], "No trace file"),
@@ -134,6 +137,25 @@ def test_bad_input_fails_before_any_model_loads(flags, words, tmp_path, monkeypa
     assert serve_main([*flags, "--device", "cpu", "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert words in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_an_earlier_run_is_not_overwritten_without_overwrite(tmp_path, monkeypatch, capsys):
+    import learn2draft.models
+
+    monkeypatch.setattr(learn2draft.models, "load_pair", lambda *a, **k: pytest.fail("models loaded"))
+    for name in ("serve.json", "serve-partial.json"):  # a finished run, or an interrupted one
+        out = tmp_path / name.split(".")[0]
+        out.mkdir()
+        (out / name).write_text("{}")
+        assert serve_main(["--device", "cpu", "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"holds the results of an earlier run ({name})" in err and "--overwrite" in err
+        assert (out / name).read_text() == "{}"  # nothing already written is lost
+        monkeypatch.setattr(learn2draft.models, "load_pair", lambda *a, **k: (_ for _ in ()).throw(SystemExit(7)))
+        with pytest.raises(SystemExit) as stop:  # with --overwrite the checks pass and the models load
+            serve_main(["--device", "cpu", "--out", str(out), "--overwrite"])
+        assert stop.value.code == 7
+        monkeypatch.setattr(learn2draft.models, "load_pair", lambda *a, **k: pytest.fail("models loaded"))
 
 
 def test_an_out_that_is_a_file_fails_before_any_model_loads(tmp_path, monkeypatch, capsys):

@@ -527,7 +527,7 @@ def test_replay_keeps_a_max_depth_the_traces_hold_and_refuses_a_given_one_above(
         apply_replay_settings(TrainConfig(replay=shallow, profile="cpu-2core", max_depth=8), given={"max_depth"})
 
 
-def test_replay_takes_its_precision_from_the_profile_without_timing_auto(tiny_pair, tmp_path, monkeypatch):
+def test_replay_takes_its_precision_from_the_profile_without_timing_auto(tiny_pair, tmp_path, monkeypatch, capsys):
     """Under --replay no model runs: --dtype auto (the default) is not timed before the flags are checked, and the
     policy records the precision the profile's costs were measured in (cpu-amx-bf16: bfloat16)."""
     import learn2draft.models as models
@@ -553,6 +553,13 @@ def test_replay_takes_its_precision_from_the_profile_without_timing_auto(tiny_pa
     assert cfg.dtype == "float32"  # a name given is kept, canonical
     apply_replay_settings(cfg, given={"dtype"})
     assert cfg.dtype == "float32"
+    # the traces (float32, the tiny pair) and the profile (bfloat16) disagree: said on stderr, with what to do
+    err = capsys.readouterr().err
+    assert "recorded in float32" in err and "measured in bfloat16" in err and "eval.profile --dtype float32" in err
+    capsys.readouterr()
+    apply_replay_settings(config_from_args(build_parser().parse_args(["--replay", str(path), "--profile",
+                                                                      "cpu-2core"])), given=set())
+    assert "warning" not in capsys.readouterr().err  # cpu-2core: float32, as the traces
 
 
 def test_resume_keeps_the_saved_precision_and_measures_nothing(tmp_path, monkeypatch):

@@ -258,6 +258,13 @@ def test_simreal_and_profile_check_their_output_before_any_work(tmp_path, capsys
     assert "--json" in capsys.readouterr().err  # not the missing traces: the output is checked first
     assert profile_main(["--target", str(tmp_path / "no-model"), "--out", str(tmp_path)]) == 2
     assert f"--out {tmp_path} is a directory" in capsys.readouterr().err
+    # before any model is built (the target does not exist: loading it would fail with another message)
+    assert profile_main(["--target", str(tmp_path / "no-model"), "--tokens", "2,4"]) == 2
+    assert "--tokens must include 1" in capsys.readouterr().err
+    assert profile_main(["--target", str(tmp_path / "no-model"), "--name", "cpu-2core",
+                         "--out", str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err
+    assert "--name cpu-2core is a shipped profile's name" in err and not (tmp_path / "p.json").exists()
 
 
 @pytest.mark.parametrize("flag,value,field", [("--ent-coef", "nan", "ent_coef"), ("--clip-range", "0", "clip_range"),
@@ -421,3 +428,24 @@ def test_random_weights_profiles_resolve_auto_on_the_run_device_threads_and_widt
     from learn2draft.names import DEFAULT_MAX_DEPTH
 
     assert built == [torch.bfloat16] and asked == [("cpu", 1, models.forward_rows(4, DEFAULT_MAX_DEPTH))]
+
+
+def test_a_precision_warning_is_one_line_on_a_command(capsys):
+    """A command's PrecisionMismatchWarning prints as one ``warning:`` line, not Python's file:line + source line."""
+    import argparse
+    import warnings
+
+    from learn2draft.cli import run_cli
+    from learn2draft.control import PrecisionMismatchWarning
+
+    def run(args):
+        warnings.warn("policy X was trained in bfloat16 and now runs in float32", PrecisionMismatchWarning, stacklevel=1)
+        return 0
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        before = warnings.showwarning
+        assert run_cli(argparse.ArgumentParser(prog="x"), run, []) == 0
+        assert warnings.showwarning is before  # restored after the command
+    err = capsys.readouterr().err
+    assert err == "warning: policy X was trained in bfloat16 and now runs in float32\n"

@@ -127,6 +127,16 @@ def apply_replay_settings(cfg: TrainConfig, given: Collection[str] | None = None
         cfg.max_new_tokens = traces.max_new_tokens
     # The precision the replayed costs were measured in (the profile's; else the traces'): the policy records it.
     measured = profiles[0].machine.get("dtype") or h.get("dtype")
+    recorded = h.get("dtype")
+    if recorded and profiles[0].machine.get("dtype") and str(recorded) != str(profiles[0].machine["dtype"]):
+        from learn2draft.cli import stderr_line
+
+        stderr_line(f"warning: the traces {cfg.replay} were recorded in {recorded}, but the profile "
+                    f"{profiles[0].name!r} was measured in {profiles[0].machine['dtype']}: the policy learns "
+                    f"{profiles[0].machine['dtype']} costs and records that precision (it warns when run in {recorded}). "
+                    f"For a {recorded} policy pass a profile measured in {recorded} (python -m eval.profile --dtype "
+                    f"{recorded}); for a {profiles[0].machine['dtype']} one, record the traces in it (python -m eval.record "
+                    f"--dtype {profiles[0].machine['dtype']}).")
     if measured and (given is None or "dtype" not in given or cfg.dtype == "auto"):
         cfg.dtype = str(measured)
     if cfg.dtype == "auto":  # neither the profile nor the traces say: the precision this machine would run them in

@@ -772,8 +772,8 @@ def load_profile(path: str | Path) -> LatencyProfile:
     if "," in str(path) and not p.is_file():
         raise ValueError(f"{path!r}: one latency profile here (a file or a shipped name: cpu-2core, gpu-like), not a "
                          "comma-separated list; only `python -m train --replay … --profile A,B` takes several.")
-    if not p.is_file() and p.suffix == "" and len(p.parts) == 1:
-        p = SHIPPED_PROFILES_DIR / f"{p.name}.json"
+    if not p.is_file() and len(p.parts) == 1 and (SHIPPED_PROFILES_DIR / f"{p.name}.json").is_file():
+        p = SHIPPED_PROFILES_DIR / f"{p.name}.json"  # a shipped name (``h200-llama-3.1-8b`` has dots: no suffix test)
     if not p.is_file():
         shipped = sorted(x.stem for x in SHIPPED_PROFILES_DIR.glob("*.json"))
         raise FileNotFoundError(f"No latency profile at {path} (shipped: {', '.join(shipped) or 'none'}): measure one with "
