@@ -12,7 +12,9 @@ It writes under ``--out`` (at most 7 files, one folder):
   device-synchronised clock (embedded shape, model and lookup drafters, fixed γ = 4, greedy), and the host
   synchronisations per draft token, per depth decision and per verification, counted on a separate run
   (:class:`HostSyncCounter`: reads of device tensors on the host, the decoder clock's synchronisations, and on
-  CUDA the synchronisations ``torch.cuda.set_sync_debug_mode("warn")`` reports);
+  CUDA the synchronisations ``torch.cuda.set_sync_debug_mode("warn")`` reports); then the batched decoder with
+  prompt lookup at B = 1, 16, 64 rows, γ = 0 and 4: step milliseconds and host synchronisations per batched step
+  (:func:`batched_check`);
 * ``tests.log``: the tests that use the tiny models (loop, tree loop, tree traces, law, sampling) run with
   ``LEARN2DRAFT_TEST_DEVICE`` set to the device, in what is left of ``--budget-seconds``;
 * ``report.json`` and ``report.md``: all of the above, with the machine and the package versions.
@@ -176,10 +178,10 @@ class HostSyncCounter:
         if n:
             self._add("cuda_syncs", n)
 
-    def watch(self, decoder) -> None:
-        """Attribute what ``decoder``'s ``start``, ``draft_step``, ``decide`` and ``verify`` do to those phases, and
-        count their calls (instance attributes: the decoder's class is left alone)."""
-        for name in ("start", "draft_step", "decide", "verify"):
+    def watch(self, decoder, names=("start", "draft_step", "decide", "verify")) -> None:
+        """Attribute what ``decoder``'s methods ``names`` (default ``start``, ``draft_step``, ``decide`` and
+        ``verify``) do to those phases, and count their calls (instance attributes: the class is left alone)."""
+        for name in names:
             orig = getattr(decoder, name)
 
             def wrapped(*a, _orig=orig, _name=name, **k):
@@ -236,6 +238,46 @@ def loop_check(pair, drafter_name: str, prompts, max_new_tokens: int, depth: int
                                "drafted_tokens": sum(c.depth for c in counted.cycles)},
         "host_syncs": counter.per_call(),
     }
+
+
+def batched_check(pair, prompts, batch_sizes, max_new_tokens: int, depth: int) -> list[dict]:
+    """The batched decoder (:class:`learn2draft.batched.BatchedSpeculativeDecoder`, prompt lookup, greedy) at each
+    closed-loop concurrency B of ``batch_sizes`` (B requests over ``prompts``), at fixed γ = 0 and γ = ``depth``:
+    the median milliseconds of a step with all B rows (the decoder's device-synchronised clock), the aggregate
+    tokens/s, and, on one more run, the host reads (and on CUDA the synchronisations) per batched step
+    (:class:`HostSyncCounter` on ``step``) — what the per-row host work costs a GPU, beside the forward it drives.
+    One warm-up run per B first."""
+    import statistics
+
+    from learn2draft.batched import BatchedSpeculativeDecoder, Request, serve
+    from learn2draft.control import FixedDepthController
+
+    out = []
+    for B in batch_sizes:
+        for d in (0, depth):
+            def run(counter=None, B=B, d=d):
+                dec = BatchedSpeculativeDecoder(pair, drafter="lookup", max_new_tokens=max_new_tokens,
+                                                max_depth=max(depth, 1), max_batch=B)
+                if counter is not None:
+                    counter.watch(dec, ("step",))
+                steps = []
+                t0 = dec.clock.now()
+                serve(dec, [Request(prompts[i % len(prompts)], 0.0, i) for i in range(B)],
+                      lambda: FixedDepthController(d), concurrency=B, on_step=steps.append)
+                return steps, dec.clock.now() - t0
+
+            run()  # warm-up
+            steps, wall = run()
+            full = [st.seconds for st in steps if st.batch_size == B] or [st.seconds for st in steps]
+            with HostSyncCounter(pair.device) as counter:
+                run(counter)
+            syncs = counter.per_call().get("step", {})
+            out.append({"batch_size": B, "depth": d, "steps": len(steps),
+                        "full_step_ms": round(1e3 * statistics.median(full), 3),
+                        "tokens_per_second": round(sum(st.tokens for st in steps) / wall, 2) if wall else 0.0,
+                        "host_reads_per_step": syncs.get("host_reads", 0),
+                        "cuda_syncs_per_step": syncs.get("cuda_syncs")})
+    return out
 
 
 # --------------------------------------------------------------------------- steps
@@ -360,12 +402,14 @@ def _run(args) -> int:
         shapes, dtype = {str(tiny): "model,lookup"}, "float32"
         batch = {str(tiny): "1,2"}
         loop_shape, loop_tokens, loop_prompts = str(tiny), 8, 1
+        batch_sizes = (1, 2)
         settings = ["--contexts", "16,32", "--tokens", "1,2,4", "--repeats", "1", "--draft-steps", "2",
                     "--overhead-prompts", "1", "--overhead-tokens", "4", "--tree-width", "2", "--tree-top-k", "2"]
     else:
         shapes, dtype = dict(GPU_SHAPES), "bfloat16"
         batch = dict(GPU_BATCH_SIZES)
         loop_shape, loop_tokens, loop_prompts = "smollm2-135m", 64, 4
+        batch_sizes = (1, 16, 64)
         settings = ["--tree-width", "4", "--tree-top-k", "4"]
     def save() -> None:  # after every step: a call killed at its time limit still returns what was measured
         report["seconds"] = round(time.perf_counter() - t_start, 1)
@@ -381,6 +425,9 @@ def _run(args) -> int:
                 pair = random_pair(loop_shape, ["model"], device, getattr(torch, dtype), progress=progress)
                 prompts = [pair.encode_prompt(p) for p in load_prompts("train")[:loop_prompts]]
                 report["loop"] = [loop_check(pair, d, prompts, loop_tokens, 4) for d in ("model", "lookup")]
+                save()
+                report["batched"] = batched_check(pair, [pair.encode_prompt(p) for p in load_prompts("train")],
+                                                  batch_sizes, loop_tokens // 2, 4)
                 del pair
             except Exception as e:  # noqa: BLE001 (reported, and the check goes on)
                 report["loop_error"] = f"{type(e).__name__}: {e}"
@@ -420,6 +467,14 @@ def format_report(report: dict) -> str:
         for phase, c in lp["host_syncs"].items():
             lines.append(f"| {phase} | {c['calls']} | {c.get('host_reads', 0)} | {c.get('clock_syncs', 0)} | "
                          f"{c.get('cuda_syncs', '–')} |")
+        lines.append("")
+    if report.get("batched"):
+        lines += ["## Batched loop: prompt lookup, closed loop of B requests", "",
+                  "| B | γ | steps | step ms (all B rows) | tokens/s | host reads / step | CUDA syncs / step |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
+        for b in report["batched"]:
+            lines.append(f"| {b['batch_size']} | {b['depth']} | {b['steps']} | {b['full_step_ms']} | "
+                         f"{b['tokens_per_second']} | {b['host_reads_per_step']} | {b['cuda_syncs_per_step'] or '–'} |")
         lines.append("")
     if report.get("profiles"):
         lines += ["## Profiles", ""]
