@@ -45,7 +45,7 @@ demo: setup
 	$(BIN)/python -m eval.record --drafter model --prompt-split mixed_train --max-depth 1 --max-new-tokens 64 \
 		--threads $(THREADS) --dtype $(DEMO_DTYPE) --out $(DATA)/model.npz --overwrite
 	$(BIN)/python -m eval.profile --drafter lookup,model --contexts 128,512 --repeats 3 --name this-machine \
-		--threads $(THREADS) --dtype $(DEMO_DTYPE) --out $(DATA)/profile.json
+		--threads $(THREADS) --dtype $(DEMO_DTYPE) --out $(DATA)/profile.json --overwrite
 	$(BIN)/python -m train --replay $(DATA)/lookup.npz,$(DATA)/model.npz --profile $(DATA)/profile.json \
 		--max-depth 16 --timesteps 32768 --threads $(THREADS) --dtype $(DEMO_DTYPE) --out $(RUN) --overwrite
 	$(BIN)/python -m eval.benchmark --policy $(RUN) --prompt-set mixed --num-prompts 24 --repeats 1 \

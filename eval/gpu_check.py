@@ -327,7 +327,7 @@ def run_profiles(out: Path, shapes: dict, device: str, dtype: str, settings: lis
         path = out / f"profile-{name}.json"
         argv = ["--random-weights", shape, "--drafter", drafters, "--device", device, "--dtype", dtype,
                 "--name", f"{prefix}-{name}" if prefix else name, "--out", str(path),
-                "--note", "random weights of the architecture (python -m eval.gpu_check)", *settings]
+                "--note", "random weights of the architecture (python -m eval.gpu_check)", "--overwrite", *settings]
         if (batch_sizes or {}).get(shape):
             argv += ["--batch-sizes", batch_sizes[shape], "--batch-overhead-requests", "1"]
         progress(f"profile {name}: python -m eval.profile {' '.join(argv)}")

@@ -25,7 +25,7 @@ Measures, with device-synchronised clocks (learn2draft.timing.DeviceClock):
 
 Writes a small JSON profile (learn2draft.replay.latency) with the machine it ran on. Example::
 
-    nice -n 19 python -m eval.profile --out learn2draft/replay/profiles/cpu-2core.json --name cpu-2core
+    nice -n 19 python -m eval.profile --out learn2draft/replay/profiles/cpu-2core.json --name cpu-2core --overwrite
     python -m eval.profile --device cuda --drafter model,lookup --out my-gpu.json
     python -m eval.profile --device cuda --drafter model,lookup --batch-sizes 1,2,4,8,16 --out my-gpu.json
 
@@ -91,7 +91,10 @@ def machine_info(device: str = "cpu") -> dict:
 
 def _ints(text: str, what: str) -> list[int]:
     try:
-        out = sorted({int(x) for x in text.split(",") if x.strip()})
+        parts = text.split(",")
+        if any(not x.strip() for x in parts) and text.strip():
+            raise ValueError
+        out = sorted({int(x) for x in parts if x.strip()})
     except ValueError:
         raise ValueError(f"--{what} {text!r}: expected comma-separated integers.") from None
     if not out:
@@ -126,7 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "them (the replay then charges the tables' terms only)")
     p.add_argument("--name", default=None, help="profile name (default: the GPU's name, or cpu-<cores>core-<dtype>-measured: never a shipped profile's name)")
     p.add_argument("--note", default="", help="free text added to the profile's source, e.g. 'under nice -n 19'")
-    add_out_arg(p, "the profile's JSON file (default runs/profiles/<name>.json)")
+    add_out_arg(p, "the profile's JSON file (default runs/profiles/<name>.json; an existing one is kept: the "
+                   "default then becomes <name>-2.json, …, and an existing --out is refused without --overwrite)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out (or default) profile file")
     g = add_model_args(p)
     g.add_argument("--random-weights", default=None, metavar="SHAPE",
                    help="target: this architecture with random weights instead of --target (smollm2-135m, "
@@ -648,10 +653,14 @@ def _run(args) -> int:
     threads_of(args)  # checked before measuring
     if 1 not in tokens:  # (measure_profile checks it too; here before any model is built)
         raise ValueError(f"--tokens must include 1 (the autoregressive step), got {args.tokens!r}.")
+    if args.name is not None and not args.name.strip():
+        raise ValueError("--name is empty: give a profile name, or leave --name out for the default.")
     if args.name:
         from learn2draft.replay.latency import SHIPPED_PROFILES_DIR
 
-        shipped = SHIPPED_PROFILES_DIR / f"{args.name}.json"
+        stem = args.name[:-5] if args.name.lower().endswith(".json") else args.name
+        shipped = next((f for f in SHIPPED_PROFILES_DIR.glob("*.json") if f.stem.lower() == stem.lower()),
+                       SHIPPED_PROFILES_DIR / f"{stem}.json")
         if shipped.is_file() and (not args.out or Path(args.out).resolve() != shipped.resolve()):
             raise ValueError(f"--name {args.name} is a shipped profile's name ({shipped}): --profile {args.name} would "
                              "still load the shipped one. Choose another name (the default names the machine and "
@@ -666,6 +675,9 @@ def _run(args) -> int:
         raise ValueError(f"--tree-width and --tree-top-k must be ≥ 1, got {args.tree_width} and {args.tree_top_k}.")
     if args.out:
         check_out_file(args.out)  # before the measurement: a bad --out must not cost it
+        if Path(args.out).expanduser().is_file() and not args.overwrite:
+            raise ValueError(f"--out {args.out} exists (an earlier profile): pass --overwrite to replace it, or choose "
+                             "another --out.")
     set_threads(args)
     device = resolve_device(args.device)
     t0 = time.perf_counter()
@@ -690,6 +702,11 @@ def _run(args) -> int:
                            batch_overhead_depths=ov_depths, batch_overhead_tokens=args.batch_overhead_tokens,
                            batch_overhead_requests=args.batch_overhead_requests)
     out = Path(args.out) if args.out else Path("runs") / "profiles" / f"{prof.name}.json"
+    if not args.out and out.exists() and not args.overwrite:  # the default file of an earlier run is kept
+        out = next(out.with_name(f"{prof.name}-{i}.json") for i in range(2, 10**6)
+                   if not out.with_name(f"{prof.name}-{i}.json").exists())
+        stderr_line(f"eval.profile: runs/profiles/{prof.name}.json exists (an earlier run): writing {out} instead "
+                    "(--overwrite replaces it)")
     prof.meta["measure_seconds"] = round(time.perf_counter() - t0, 1)
     prof.save(out)
     rel = prof.relative_verify_cost()

@@ -556,6 +556,9 @@ def test_replay_takes_its_precision_from_the_profile_without_timing_auto(tiny_pa
     # the traces (float32, the tiny pair) and the profile (bfloat16) disagree: said on stderr, with what to do
     err = capsys.readouterr().err
     assert "recorded in float32" in err and "measured in bfloat16" in err and "eval.profile --dtype float32" in err
+    assert err.count("warning:") == 1  # the earlier calls on these traces and this profile said it already
+    apply_replay_settings(cfg, given={"dtype"})  # a command checks its settings, then builds the environment
+    assert "warning" not in capsys.readouterr().err
     capsys.readouterr()
     apply_replay_settings(config_from_args(build_parser().parse_args(["--replay", str(path), "--profile",
                                                                       "cpu-2core"])), given=set())

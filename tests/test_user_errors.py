@@ -265,6 +265,17 @@ def test_simreal_and_profile_check_their_output_before_any_work(tmp_path, capsys
                          "--out", str(tmp_path / "p.json")]) == 2
     err = capsys.readouterr().err
     assert "--name cpu-2core is a shipped profile's name" in err and not (tmp_path / "p.json").exists()
+    for name in ("CPU-2CORE", "cpu-2core.json"):  # the same shipped name, spelt otherwise
+        assert profile_main(["--target", str(tmp_path / "no-model"), "--name", name]) == 2
+        assert "is a shipped profile's name" in capsys.readouterr().err
+    assert profile_main(["--target", str(tmp_path / "no-model"), "--name", " "]) == 2
+    assert "--name is empty" in capsys.readouterr().err
+    assert profile_main(["--target", str(tmp_path / "no-model"), "--tokens", "1,,2"]) == 2
+    assert "--tokens '1,,2'" in capsys.readouterr().err
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text("{}")
+    assert profile_main(["--target", str(tmp_path / "no-model"), "--out", str(earlier)]) == 2
+    assert "exists (an earlier profile): pass --overwrite" in capsys.readouterr().err and earlier.read_text() == "{}"
 
 
 @pytest.mark.parametrize("flag,value,field", [("--ent-coef", "nan", "ent_coef"), ("--clip-range", "0", "clip_range"),

@@ -62,6 +62,10 @@ from train.config import ENV_ID, REPLAY_ENV_ID, TrainConfig
 from train.outdir import Replacement, latest_checkpoint
 
 
+#: (traces, profile, traces' precision) whose precision mismatch this process has already reported.
+_PRECISION_SAID: set[tuple[str, str, str]] = set()
+
+
 def apply_replay_settings(cfg: TrainConfig, given: Collection[str] | None = None):
     """For ``cfg.replay``: load the traces and the profile, take the traces' models, drafter, sampling and
     ``max_new_tokens`` into ``cfg`` (settings left at their defaults), and ``max_depth`` when it was left at its
@@ -128,7 +132,10 @@ def apply_replay_settings(cfg: TrainConfig, given: Collection[str] | None = None
     # The precision the replayed costs were measured in (the profile's; else the traces'): the policy records it.
     measured = profiles[0].machine.get("dtype") or h.get("dtype")
     recorded = h.get("dtype")
-    if recorded and profiles[0].machine.get("dtype") and str(recorded) != str(profiles[0].machine["dtype"]):
+    key = (str(cfg.replay), profiles[0].name, str(recorded))
+    if recorded and profiles[0].machine.get("dtype") and str(recorded) != str(profiles[0].machine["dtype"]) \
+            and key not in _PRECISION_SAID:  # once: the command checks its settings, then builds the environment
+        _PRECISION_SAID.add(key)
         from learn2draft.cli import stderr_line
 
         stderr_line(f"warning: the traces {cfg.replay} were recorded in {recorded}, but the profile "

@@ -23,7 +23,7 @@ import torch
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompt-split", default="copy_heldout", help="a prompt split (learn2draft.prompts)")
     ap.add_argument("--num-prompts", type=int, default=12)
     ap.add_argument("--gamma", type=int, default=10, help="fixed γ (num_draft_tokens) of every setting")
@@ -33,16 +33,24 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     a = ap.parse_args()
-    mins = [int(x) for x in a.min_ngrams.split(",")]
-    if a.gamma < 1 or a.num_prompts < 1 or a.repeats < 1 or not mins or min(mins) < 1:
-        raise SystemExit("error: --gamma, --num-prompts, --repeats and every --min-ngrams value must be ≥ 1")
+    try:
+        mins = [int(x) for x in a.min_ngrams.split(",")]
+    except ValueError:
+        ap.error(f"--min-ngrams {a.min_ngrams!r}: comma-separated integers ≥ 1, e.g. 2,1")
+    if a.gamma < 1 or a.num_prompts < 1 or a.repeats < 1 or a.threads < 1 or not mins or min(mins) < 1:
+        ap.error("--gamma, --num-prompts, --repeats, --threads and every --min-ngrams value must be ≥ 1")
+    from learn2draft.prompts import load_prompts
+
+    try:
+        texts = load_prompts(a.prompt_split)
+    except ValueError as e:
+        ap.error(f"--prompt-split: {e}")
     torch.set_num_threads(a.threads)
     from learn2draft import FixedDepthController, SpeculativeDecoder, load_pair
     from learn2draft.drafters.lookup import LookupDrafter
-    from learn2draft.prompts import load_prompts
 
     pair = load_pair(draft=None, dtype=getattr(torch, a.dtype))
-    prompts = [pair.encode_prompt(p) for p in load_prompts(a.prompt_split)[: a.num_prompts]]
+    prompts = [pair.encode_prompt(p) for p in texts[: a.num_prompts]]
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
           f"{a.threads} threads, {a.dtype}, {a.prompt_split} × {len(prompts)}, γ = {a.gamma}, "
           f"load average {os.getloadavg()[0]:.2f}")
