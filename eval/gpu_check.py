@@ -465,6 +465,10 @@ def format_report(report: dict) -> str:
                   "| phase | calls | host reads / call | clock syncs / call | CUDA syncs / call |",
                   "| --- | --- | --- | --- | --- |"]
         for phase, c in lp["host_syncs"].items():
+            if phase == "other":  # outside the watched calls: totals of the whole generation, not per call
+                lines.append(f"| other (totals) | – | {c.get('host_reads', 0)} | {c.get('clock_syncs', 0)} | "
+                             f"{c.get('cuda_syncs', '–')} |")
+                continue
             lines.append(f"| {phase} | {c['calls']} | {c.get('host_reads', 0)} | {c.get('clock_syncs', 0)} | "
                          f"{c.get('cuda_syncs', '–')} |")
         lines.append("")
