@@ -40,10 +40,7 @@ def parse_ints(text: str, flag: str = "--gammas", what: str = "γ") -> list[int]
             a, b = (int(x) for x in text.split("-"))
             out = list(range(a, b + 1))
         else:
-            parts = text.split(",")
-            if any(not x.strip() for x in parts):
-                raise ValueError
-            out = [int(x) for x in parts]
+            out = [int(x) for x in cli.comma_items(text)]
     except ValueError:
         raise ValueError(f"{flag} {text!r}: use a range like 1-12 or a list like 1,2,4,8.") from None
     if not out or min(out) < 1:

@@ -423,11 +423,11 @@ def _run(args) -> int:
             progress(f"loop: {loop_shape} on {device} …")
             try:  # never run on a GPU before: an error here must not cost the profiles and the tests
                 pair = random_pair(loop_shape, ["model"], device, getattr(torch, dtype), progress=progress)
-                prompts = [pair.encode_prompt(p) for p in load_prompts("train")[:loop_prompts]]
-                report["loop"] = [loop_check(pair, d, prompts, loop_tokens, 4) for d in ("model", "lookup")]
+                prompts = [pair.encode_prompt(p) for p in load_prompts("train")]
+                report["loop"] = [loop_check(pair, d, prompts[:loop_prompts], loop_tokens, 4)
+                                  for d in ("model", "lookup")]
                 save()
-                report["batched"] = batched_check(pair, [pair.encode_prompt(p) for p in load_prompts("train")],
-                                                  batch_sizes, loop_tokens // 2, 4)
+                report["batched"] = batched_check(pair, prompts, batch_sizes, loop_tokens // 2, 4)
                 del pair
             except Exception as e:  # noqa: BLE001 (reported, and the check goes on)
                 report["loop_error"] = f"{type(e).__name__}: {e}"

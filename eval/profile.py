@@ -50,6 +50,7 @@ from learn2draft.cli import (
     add_model_args,
     add_out_arg,
     add_tree_shape_args,
+    comma_items,
     plain_doc,
     run_cli,
 )
@@ -91,10 +92,7 @@ def machine_info(device: str = "cpu") -> dict:
 
 def _ints(text: str, what: str) -> list[int]:
     try:
-        parts = text.split(",")
-        if any(not x.strip() for x in parts) and text.strip():
-            raise ValueError
-        out = sorted({int(x) for x in parts if x.strip()})
+        out = sorted({int(x) for x in comma_items(text)})
     except ValueError:
         raise ValueError(f"--{what} {text!r}: expected comma-separated integers.") from None
     if not out:

@@ -83,7 +83,7 @@ def parse_rates(text: str) -> list[float]:
         ValueError: naming ``--arrival-rates``, for a non-number or a rate ≤ 0.
     """
     try:
-        rates = [float(x) for x in text.split(",") if x.strip()]
+        rates = [float(x) for x in cli.comma_items(text)]
     except ValueError:
         raise ValueError(f"--arrival-rates {text!r}: use comma-separated requests/s, e.g. 0.5,1,2.") from None
     if any(not np.isfinite(r) or r <= 0 for r in rates):

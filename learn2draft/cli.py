@@ -192,6 +192,20 @@ def sampling_config(args: argparse.Namespace, temperature: float | None = None):
 MAX_SEED = 2**62
 
 
+def comma_items(text: str) -> list[str]:
+    """The items of a comma-separated flag value, stripped: ``""`` (or blanks) → ``[]``; ``"1,2"`` → ``["1", "2"]``.
+
+    Raises:
+        ValueError: an empty item among others (``"1,,2"``, ``"1,"``): the caller names its flag.
+    """
+    if not text.strip():
+        return []
+    items = [x.strip() for x in text.split(",")]
+    if not all(items):
+        raise ValueError(f"empty item in {text!r}")
+    return items
+
+
 def check_seed(seed: int, flag: str = "--seed", nonnegative: bool = False) -> int:
     """``seed`` if ``|seed| < MAX_SEED`` (a larger one overflows torch's 64-bit generator seed) and, with
     ``nonnegative`` (a command whose replay seeds numpy's generator), ``seed ≥ 0``.
