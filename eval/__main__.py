@@ -196,7 +196,7 @@ class _Trees(NamedTuple):
 def _resolve_policy(args) -> tuple:
     """Resolve the policy, its head and its drafter: ``(policy_dir, policy, head, drafter)``."""
     from policies.layout import resolve_export_dir
-    from policies.load import default_policy_for, load_policy, policy_drafter, policy_head
+    from policies.load import default_policy_for, load_policy, policy_drafter, policy_head, policy_lookup_min_ngram
 
     if args.skip_speed and not args.law_check:
         raise ValueError("--skip-speed skips the speed comparison, and without --law-check nothing is left to run: "
@@ -216,6 +216,9 @@ def _resolve_policy(args) -> tuple:
         raise ValueError(f"The policy in {export_dir} was trained with the {trained_with!r} drafter, not {drafter!r}: "
                          f"its features mean other things. Pass --drafter {trained_with}, or a policy trained with "
                          f"`python -m train --drafter {drafter}`.")
+    # the n-gram setting every lookup row runs with: the policy's unless --lookup-min-ngram says otherwise
+    args.lookup_min_ngram = cli.lookup_min_ngram(args, drafter, policy_lookup_min_ngram(export_dir),
+                                                 f"the policy in {export_dir}")
     return policy_dir, policy, head, drafter
 
 
@@ -280,6 +283,8 @@ def _results_header(args, cfg: dict, device: str, drafter: str, policy_dir: Path
     results: dict = {"machine": machine, "target": target, "draft": draft, "drafter": drafter,
                      "dtype": cli.resolved_dtype(args),  # the precision every method ran in
                      "policy_dir": str(policy_dir), "policy_profile": policy.profile_name}
+    if args.lookup_min_ngram is not None:
+        results["lookup_min_ngram"] = args.lookup_min_ngram
     if args.tree:
         results["tree_policy_dir"] = str(trees.directory) if trees.directory is not None else None
     return results
@@ -302,7 +307,7 @@ def _measure_speed(args, pair, policy, head, drafter: str, trees: _Trees, user_p
                         args.forward_rows)
     res = compare(pair, policy, train_ids, held_ids, sampling, max_new, gammas, args.repeats, args.seed,
                   drafter=drafter, head=head, tree=trees.shape, tree_grid=trees.grid, tree_policy=trees.controller,
-                  groups=prompt_groupings(held))
+                  groups=prompt_groupings(held), min_ngram=args.lookup_min_ngram)
     results["header"] = finish_header(header)
     results["speed"] = res
     md = format_markdown(res)
@@ -334,7 +339,8 @@ def _check_law(args, pair, policy, head, drafter: str, trees: _Trees, results: d
             tree_arms["learned tree"] = trees.shape
             arms["learned tree"] = trees.controller
     law = law_check(pair, arms, [args.law_prompt], sampling=law_sampling, num_tokens=args.law_tokens,
-                    num_samples=args.law_samples, seed=args.seed, drafter=drafter, head=head, tree=tree_arms or None)
+                    num_samples=args.law_samples, seed=args.seed, drafter=drafter, head=head, tree=tree_arms or None,
+                    min_ngram=args.lookup_min_ngram)
     results["law_check"] = law
     table = format_law_table(law)
     with open(out / "results.md", "w" if args.skip_speed else "a") as f:

@@ -231,7 +231,8 @@ def _check_settings(args) -> tuple:
 
 def _resolve_policy(args) -> tuple:
     """Resolve the policy and its head, and set ``args.drafter`` to its drafter: ``(policy_dir, policy, head)``."""
-    from policies.load import default_policy_for, load_policy, policy_drafter, policy_head
+    from learn2draft.cli import lookup_min_ngram
+    from policies.load import default_policy_for, load_policy, policy_drafter, policy_head, policy_lookup_min_ngram
 
     # without --policy: the shipped one of the run's precision, --dtype pinned to it
     policy_dir = Path(args.policy) if args.policy else default_policy_for(args, args.drafter or "model")
@@ -244,6 +245,9 @@ def _resolve_policy(args) -> tuple:
     if trained_with != args.drafter:
         raise ValueError(f"The policy in {policy_dir} was trained with the {trained_with!r} drafter, not "
                          f"{args.drafter!r}: pass --drafter {trained_with} or a matching --policy.")
+    # every lookup row (fixed γ, rules, learned) runs the policy's n-gram setting unless --lookup-min-ngram is given
+    args.lookup_min_ngram = lookup_min_ngram(args, args.drafter, policy_lookup_min_ngram(policy_dir),
+                                             f"the policy in {policy_dir}")
     return policy_dir, policy, head
 
 
@@ -255,7 +259,7 @@ def _report_header(args, pair, device: str, policy_dir: Path, policy, held: list
     from learn2draft.cli import resolved_dtype
 
     report = {"machine": _machine(device), "dtype": resolved_dtype(args), "target": args.target, "draft": args.draft,
-              "drafter": args.drafter,
+              "drafter": args.drafter, "lookup_min_ngram": args.lookup_min_ngram,
               "policy": str(policy_dir), "policy_profile": policy.profile_name,
               "prompts": args.prompts or args.prompt_set,
               "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "num_prompts": len(held),
@@ -266,7 +270,9 @@ def _report_header(args, pair, device: str, policy_dir: Path, policy, held: list
         f"Trees: W={tree.width}, top-k={tree.top_k}; fixed (depth, V) chosen on the training prompts from "
         f"{', '.join(f'({d}, {v})' for d, v in trees.grid)}; learned tree: {tree_dir or 'none shipped or given'}.", ""]
     md = [f"Machine: {report['machine']}; precision: {report['dtype']} (every method)", "",
-          f"Drafter: {args.drafter}; policy: {policy_dir}; prompts: {report['prompts']} ({len(held)}), "
+          f"Drafter: {args.drafter}"
+          + (f" (lookup min n-gram {args.lookup_min_ngram})" if args.lookup_min_ngram is not None else "")
+          + f"; policy: {policy_dir}; prompts: {report['prompts']} ({len(held)}), "
           f"{args.max_new_tokens} new tokens, {args.repeats} repeats.", "", *tree_line,
           f"Exact sampler, V=49,152, γ=12: median {1e3 * report['sampler']['median_seconds']:.3f} ms per cycle.",
           f"One-token forward at context 128: draft {1e3 * report['forward_cost']['draft_seconds']:.2f} ms, target "
@@ -293,14 +299,15 @@ def _measure_temperature(args, pair, T: float, sampling, train: list, held: list
     if "+" in args.drafter:  # a hybrid: each source alone at its own best γ, the hand rules, the learned policy
         best = {src: args.num_draft_tokens or grid_search(pair, train, gammas, sampling, args.max_new_tokens,
                                                           seed=args.seed, desc=f"{src} γ grid T={T}", drafter=src,
-                                                          head=head)["best_gamma"]
+                                                          head=head, min_ngram=args.lookup_min_ngram)["best_gamma"]
                 for src in args.drafter.split("+")}
         methods = _hybrid_methods(args, pair, sampling, best, policy, head)
         run = {"fixed_gamma": best}
     else:
         gamma = args.num_draft_tokens or grid_search(pair, train, gammas, sampling, args.max_new_tokens,
                                                      seed=args.seed, desc=f"γ grid T={T}",
-                                                     drafter=args.drafter, head=head)["best_gamma"]
+                                                     drafter=args.drafter, head=head,
+                                                     min_ngram=args.lookup_min_ngram)["best_gamma"]
         methods = _chain_methods(args, pair, sampling, gamma, policy, head)
         run = {"fixed_gamma": gamma}
     tree = trees.shape
@@ -366,17 +373,17 @@ def _chain_methods(args, pair, sampling, gamma: int, policy, head) -> list:
                           policy)] if args.drafter == "model" else []),
         DecoderMethod("learn2draft autoregressive", pair, FixedDepthController(0), sampling, args.max_new_tokens),
         DecoderMethod(f"{args.drafter}: fixed γ={gamma}", pair, FixedDepthController(gamma), sampling,
-                      args.max_new_tokens, args.drafter, head),
+                      args.max_new_tokens, args.drafter, head, min_ngram=args.lookup_min_ngram),
     ]
     if args.drafter == "lookup":
         methods.append(DecoderMethod("lookup: match-length rule", pair, MatchLengthController(depth), sampling,
-                                     args.max_new_tokens, args.drafter, head))
+                                     args.max_new_tokens, args.drafter, head, min_ngram=args.lookup_min_ngram))
     else:
         methods.append(DecoderMethod(f"{args.drafter}: confidence ≥ 0.4 rule", pair,
                                      ConfidenceThresholdController(0.4, depth), sampling, args.max_new_tokens,
-                                     args.drafter, head))
+                                     args.drafter, head, min_ngram=args.lookup_min_ngram))
     methods.append(DecoderMethod(f"{args.drafter}: learned policy", pair, policy, sampling, args.max_new_tokens,
-                                 args.drafter, head))
+                                 args.drafter, head, min_ngram=args.lookup_min_ngram))
     return methods
 
 
@@ -395,18 +402,19 @@ def _hybrid_methods(args, pair, sampling, best: dict[str, int], policy, head) ->
         HFGenerateMethod(f"hf prompt lookup ({args.prompt_lookup_num_tokens})", pair, sampling,
                          args.max_new_tokens, prompt_lookup_num_tokens=args.prompt_lookup_num_tokens),
         DecoderMethod("learn2draft autoregressive", pair, FixedDepthController(0), sampling, args.max_new_tokens),
-        *(DecoderMethod(f"{src}: fixed γ={g}", pair, FixedDepthController(g), sampling, args.max_new_tokens, src, head)
+        *(DecoderMethod(f"{src}: fixed γ={g}", pair, FixedDepthController(g), sampling, args.max_new_tokens, src, head,
+                      min_ngram=args.lookup_min_ngram)
           for src, g in best.items()),
     ]
     if k <= depth:
         methods += [
             DecoderMethod(f"{args.drafter}: vLLM lookup-first k={k}", pair, LookupFirstController(k, depth), sampling,
-                          args.max_new_tokens, args.drafter, head),
+                          args.max_new_tokens, args.drafter, head, min_ngram=args.lookup_min_ngram),
             DecoderMethod(f"{args.drafter}: Arctic score rule k={k}", pair, SuffixScoreController(k, depth), sampling,
-                          args.max_new_tokens, args.drafter, head),
+                          args.max_new_tokens, args.drafter, head, min_ngram=args.lookup_min_ngram),
         ]
     methods.append(DecoderMethod(f"{args.drafter}: learned policy", pair, policy, sampling, args.max_new_tokens,
-                                 args.drafter, head))
+                                 args.drafter, head, min_ngram=args.lookup_min_ngram))
     return methods
 
 

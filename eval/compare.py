@@ -134,8 +134,9 @@ def tree_shape_from(settings: dict, width: int | None = None, top_k: int | None 
     return TreeShape(pick("width", width), pick("top_k", top_k))
 
 
-def _grid(pair, prompts, controllers: dict, sampling, max_new_tokens, repeats, seed, desc, drafter, head, tree):
-    methods = [DecoderMethod(name, pair, c, sampling, max_new_tokens, drafter, head, tree=tree)
+def _grid(pair, prompts, controllers: dict, sampling, max_new_tokens, repeats, seed, desc, drafter, head, tree,
+          min_ngram: int | None = None):
+    methods = [DecoderMethod(name, pair, c, sampling, max_new_tokens, drafter, head, tree=tree, min_ngram=min_ngram)
                for name, c in controllers.items()]
     summary = summarize(run_interleaved(methods, prompts, repeats, seed, desc=desc))
     return ({k: summary[k]["tokens_per_second_mean"] for k in controllers},
@@ -144,11 +145,12 @@ def _grid(pair, prompts, controllers: dict, sampling, max_new_tokens, repeats, s
 
 def grid_search(pair: ModelPair, prompts: Sequence[torch.Tensor], gammas: Sequence[int], sampling: SamplingConfig,
                 max_new_tokens: int, repeats: int = 1, seed: int = 0, desc: str = "γ grid",
-                drafter: str = "model", head: str | None = None) -> dict:
-    """Measure tokens/s of every fixed γ on ``prompts`` (interleaved) with ``drafter``; return
+                drafter: str = "model", head: str | None = None, min_ngram: int | None = None) -> dict:
+    """Measure tokens/s of every fixed γ on ``prompts`` (interleaved) with ``drafter`` (prompt lookup's shortest match:
+    ``min_ngram``, :func:`eval.runner.make_decoder`); return
     ``{"best_gamma": int, "tokens_per_second": {γ: mean tokens/s}, "tau": {γ: mean τ}}``."""
     tps, tau = _grid(pair, prompts, {f"gamma={g}": FixedDepthController(g) for g in gammas}, sampling, max_new_tokens,
-                     repeats, seed, desc, drafter, head, None)
+                     repeats, seed, desc, drafter, head, None, min_ngram)
     tps = {g: tps[f"gamma={g}"] for g in gammas}
     return {"best_gamma": max(tps, key=tps.get), "tokens_per_second": tps,
             "tau": {g: tau[f"gamma={g}"] for g in gammas}}
@@ -185,9 +187,10 @@ def compare(pair: ModelPair, policy: DraftController, train_prompts: Sequence[to
             policy_name: str = "learned policy", drafter: str = "model", head: str | None = None,
             tree: TreeShape | None = None, tree_grid: Sequence[tuple[int, int]] = (),
             tree_policy: DraftController | None = None, tree_policy_name: str = "learned tree",
-            groups: dict[str, dict[str, Sequence[int]]] | None = None) -> dict:
-    """Run the whole protocol of this module with ``drafter`` (``"model" | "head" | "lookup"``) for
-    every drafting method; returns a JSON-serialisable dict (see :func:`format_markdown`).
+            groups: dict[str, dict[str, Sequence[int]]] | None = None, min_ngram: int | None = None) -> dict:
+    """Run the whole protocol of this module with ``drafter`` (``"model" | "head" | "lookup"``; prompt lookup's
+    shortest match ``min_ngram``, :func:`eval.runner.make_decoder`) for every chain method; returns a
+    JSON-serialisable dict (see :func:`format_markdown`).
 
     With ``tree`` (a :class:`TreeShape`): the fixed trees of ``tree_grid`` ((depth, V) pairs,
     :func:`tree_configs`) are grid-searched on ``train_prompts``, and the held-out comparison adds
@@ -213,20 +216,21 @@ def compare(pair: ModelPair, policy: DraftController, train_prompts: Sequence[to
         grid_tree = tree_grid_search(pair, train_prompts, tree_grid, sampling, max_new_tokens, tree, seed=seed,
                                      desc="tree grid (train)", drafter=drafter, head=head)
     grid_train = grid_search(pair, train_prompts, gammas, sampling, max_new_tokens, seed=seed, desc="γ grid (train)",
-                             drafter=drafter, head=head)
+                             drafter=drafter, head=head, min_ngram=min_ngram)
     grid_held = grid_search(pair, heldout_prompts, gammas, sampling, max_new_tokens, seed=seed + 7,
-                            desc="γ grid (held-out)", drafter=drafter, head=head)
+                            desc="γ grid (held-out)", drafter=drafter, head=head, min_ngram=min_ngram)
     g_train, g_hind = grid_train["best_gamma"], grid_held["best_gamma"]
     names = {"train": f"fixed γ={g_train} (chosen on train)", "hind": f"fixed γ={g_hind} (best in hindsight)"}
     if g_train == g_hind:
         names["hind"] = names["train"] = f"fixed γ={g_train} (chosen on train = best in hindsight)"
     methods = [DecoderMethod(AR, pair, FixedDepthController(0), sampling, max_new_tokens)]
     methods.append(DecoderMethod(names["train"], pair, FixedDepthController(g_train), sampling, max_new_tokens, drafter,
-                                 head))
+                                 head, min_ngram=min_ngram))
     if g_hind != g_train:
         methods.append(DecoderMethod(names["hind"], pair, FixedDepthController(g_hind), sampling, max_new_tokens,
-                                     drafter, head))
-    methods.append(DecoderMethod(policy_name, pair, policy, sampling, max_new_tokens, drafter, head))
+                                     drafter, head, min_ngram=min_ngram))
+    methods.append(DecoderMethod(policy_name, pair, policy, sampling, max_new_tokens, drafter, head,
+                                 min_ngram=min_ngram))
     tree_name = None
     if grid_tree is not None:
         from learn2draft.tree import FixedTreeController

@@ -43,7 +43,7 @@ def record_shard(args, prompts: list, header: dict, start: int = 0):
     set_threads(args)
     device = resolve_device(args.device)
     pair = load_models(args, args.drafter, device=device, progress=stderr_line)
-    drafter = make_drafter(args.drafter, pair, head=args.head)
+    drafter = make_drafter(args.drafter, pair, head=args.head, min_ngram=getattr(args, "lookup_min_ngram", None))
     seed = args.seed + start
     if args.tree:
         return record_tree_traces(pair, drafter, prompts, args.sampling, max_new_tokens=args.max_new_tokens,

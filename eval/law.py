@@ -487,6 +487,7 @@ def sample_first_tokens(
     head: str | None = None,
     tree: TreeShape | None = None,
     tree_sampler: Callable = tree_speculative_sample,
+    min_ngram: int | None = None,
 ) -> tuple[np.ndarray, dict]:
     """Run the real draft/verify loop once per seed and keep the first ``num_tokens`` tokens.
 
@@ -506,6 +507,7 @@ def sample_first_tokens(
             ``verification_size``, e.g. :class:`learn2draft.tree.FixedTreeController`); None: a chain.
         tree_sampler: the tree acceptance rule (:func:`tree_speculative_sample` or
             :func:`tree_resample_from_target_rule`), with ``tree`` only.
+        min_ngram: prompt lookup's shortest n-gram match (lookup and hybrid drafters; None: the default).
 
     Returns:
         ``(tokens, stats)``: int64 array (len(seeds), num_tokens), :data:`ENDED` after an EOS;
@@ -517,7 +519,7 @@ def sample_first_tokens(
     """
     max_depth = decoder_max_depth(controller)
     dec = make_decoder(pair, sampling, num_tokens + max_depth, max_depth, drafter, head, tree,
-                       sampler if tree is None else tree_sampler)
+                       sampler if tree is None else tree_sampler, min_ngram=min_ngram)
     out = np.full((len(seeds), num_tokens), ENDED, dtype=np.int64)
     stats = {"seconds": 0.0, "cycles": 0, "drafted": 0, "verified": 0, "accepted": 0}
     t0 = time.perf_counter()
@@ -541,8 +543,9 @@ def law_check(pair: ModelPair, controllers: dict[str, DraftController], prompts:
               num_samples: int = 200, seed: int = 0, sampler: Sampler = speculative_sample, alpha: float = 0.01,
               chat: bool = True, progress: bool = False, drafter: str = "model", head: str | None = None,
               tree: TreeShape | Mapping[str, TreeShape | None] | None = None,
-              tree_sampler: Callable = tree_speculative_sample) -> dict:
-    """Compare speculative sampling under each controller with plain sampling, on real models.
+              tree_sampler: Callable = tree_speculative_sample, min_ngram: int | None = None) -> dict:
+    """Compare speculative sampling under each controller with plain sampling, on real models (``drafter`` drafting
+    for every controller's arm; prompt lookup's shortest match ``min_ngram``, :func:`sample_first_tokens`).
 
     For each prompt, the first ``num_tokens`` tokens are drawn ``num_samples`` times with plain
     autoregressive sampling (``FixedDepthController(0)``, always with the exact sampler) and
@@ -618,9 +621,11 @@ def law_check(pair: ModelPair, controllers: dict[str, DraftController], prompts:
     memo = _memo_pair(pair)
     for pi, prompt in enumerate(prompts):
         _draw_and_test(pair, memo, pi, pair.encode_prompt(prompt, chat=chat), controllers, trees, sampling,
-                       num_tokens, num_samples, seed, sampler, drafter, head, tree_sampler, progress, arms_meta, tests)
+                       num_tokens, num_samples, seed, sampler, drafter, head, tree_sampler, progress, arms_meta, tests,
+                       min_ngram)
     return {**_verdict(tests, controllers, alpha, num_samples), "tests": tests, "arms": arms_meta,
-            **_law_settings(sampling, sampler, tree_sampler, trees, num_tokens, num_samples, seed, prompts, drafter)}
+            **_law_settings(sampling, sampler, tree_sampler, trees, num_tokens, num_samples, seed, prompts, drafter),
+            **({"lookup_min_ngram": min_ngram} if min_ngram is not None else {})}
 
 
 def _check_law_arguments(controllers, prompts, sampling: SamplingConfig, num_tokens: int, num_samples: int,
@@ -656,7 +661,7 @@ def _tree_arms(tree, controllers, drafter: str) -> dict[str, TreeShape | None]:
 
 
 def _draw_and_test(pair, memo, pi, ids, controllers, trees, sampling, num_tokens, num_samples, seed, sampler, drafter,
-                   head, tree_sampler, progress, arms_meta: list, tests: list) -> None:
+                   head, tree_sampler, progress, arms_meta: list, tests: list, min_ngram: int | None = None) -> None:
     """Draw the plain arm and every controller's arm on prompt ``pi``; append their stats and tests."""
     seeds = lambda arm: [_seed(seed, pi, arm, s) for s in range(num_samples)]  # noqa: E731
     exact = first_token_probs(pair, ids, sampling)
@@ -669,7 +674,7 @@ def _draw_and_test(pair, memo, pi, ids, controllers, trees, sampling, num_tokens
         print(f"law check: prompt {pi} autoregressive {st['seconds']:.1f} s", flush=True)
     for ai, (name, ctrl) in enumerate(controllers.items(), start=1):
         got, st = sample_first_tokens(memo, ids, ctrl, sampling, num_tokens, seeds(ai), sampler, drafter, head,
-                                      trees[name], tree_sampler)
+                                      trees[name], tree_sampler, min_ngram)
         st["mean_accepted"] = st["accepted"] / st["cycles"] if st["cycles"] else 0.0
         if trees[name] is not None:
             st["tree"] = dataclasses.asdict(trees[name])

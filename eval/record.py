@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args) -> int:
     from eval.distributed import record_shard, record_with_ray
     from eval.profile import machine_info
-    from learn2draft.cli import resolve_device, sampling_config, threads_of
+    from learn2draft.cli import lookup_min_ngram, resolve_device, sampling_config, threads_of
     from learn2draft.models import resolve_dtype
     from learn2draft.prompts import load_prompt_file, load_prompts
     from learn2draft.replay.traces import check_writable
@@ -120,7 +120,8 @@ def _run(args) -> int:
                          f"--max-new-tokens ≥ 2, got {args.max_depth} and {args.max_new_tokens}.")
     if args.num_prompts is not None and args.num_prompts < 1:
         raise ValueError(f"--num-prompts must be ≥ 1, got {args.num_prompts}.")
-    threads_of(args)  # checked before the recording
+    lookup_min_ngram(args, args.drafter)  # checked before the recording; the trace header records it
+    threads_of(args)
     sampling = sampling_config(args)
     given = [f for f, v in (("--verify-sizes", args.verify_sizes), ("--tree-width", args.tree_width),
                             ("--tree-top-k", args.tree_top_k)) if v is not None]

@@ -101,7 +101,7 @@ def decoder_max_depth(controller: DraftController) -> int:
 
 def make_decoder(pair: ModelPair, sampling: SamplingConfig, max_new_tokens: int, max_depth: int,
                  drafter: str | Drafter = "model", head: str | None = None, tree: TreeShape | None = None,
-                 sampler: Sampler | None = None) -> SpeculativeDecoder:
+                 sampler: Sampler | None = None, min_ngram: int | None = None) -> SpeculativeDecoder:
     """The one place eval builds a decoder: a chain (:class:`SpeculativeDecoder`) or, with ``tree``,
     a :class:`learn2draft.tree.TreeSpeculativeDecoder` of that shape.
 
@@ -114,6 +114,8 @@ def make_decoder(pair: ModelPair, sampling: SamplingConfig, max_new_tokens: int,
         head: head directory for ``"head"`` (default: the shipped head of the embedded target).
         sampler: the acceptance rule (chain: :func:`~learn2draft.sampling.speculative_sample`'s
             signature; tree: :func:`~learn2draft.sampling.tree_speculative_sample`'s); None = the exact one.
+        min_ngram: prompt lookup's shortest n-gram match for a lookup or hybrid drafter given by name
+            (:func:`learn2draft.drafters.make_drafter`); None: the drafter's default.
 
     Raises:
         ValueError: a tree with the lookup drafter (it drafts no trees), or bad settings.
@@ -124,7 +126,7 @@ def make_decoder(pair: ModelPair, sampling: SamplingConfig, max_new_tokens: int,
                              "from): use --drafter model or head for trees.")
         if drafter == "model" and max_depth == 0 and tree is None and not pair.has_draft:
             drafter = "lookup"  # a depth-0 decoder never drafts: on a pair without a draft model it needs none
-        drafter = make_drafter(drafter, pair, head=head)
+        drafter = make_drafter(drafter, pair, head=head, min_ngram=min_ngram)
     if tree is None:
         kw = {} if sampler is None else {"sampler": sampler}
         return SpeculativeDecoder(pair, sampling, max_new_tokens=max_new_tokens, max_depth=max_depth, drafter=drafter,
@@ -144,18 +146,20 @@ class DecoderMethod(Method):
     for ``"head"`` (default: the shipped head of the embedded target); ``tree``: draft a tree of
     this shape (:func:`make_decoder`) under ``controller`` — a
     :class:`learn2draft.tree.FixedTreeController` (depth, V) or a learned tree policy (depth and
-    verification size); a controller that does not decide V verifies every drafted node.
+    verification size); a controller that does not decide V verifies every drafted node; ``min_ngram``: prompt
+    lookup's shortest n-gram match (:func:`make_decoder`).
 
     Raises:
         ValueError: as :func:`make_decoder`."""
 
     def __init__(self, name: str, pair: ModelPair, controller: DraftController, sampling: SamplingConfig,
                  max_new_tokens: int, drafter: str | Drafter = "model", head: str | None = None,
-                 tree: TreeShape | None = None):
+                 tree: TreeShape | None = None, min_ngram: int | None = None):
         # The decoder's max_depth is the controller's (decoder_max_depth): the depth features are
         # scaled by it, so a policy must see the scale it was trained with.
         self.name, self.controller, self.tree = name, controller, tree
-        self.decoder = make_decoder(pair, sampling, max_new_tokens, decoder_max_depth(controller), drafter, head, tree)
+        self.decoder = make_decoder(pair, sampling, max_new_tokens, decoder_max_depth(controller), drafter, head, tree,
+                                    min_ngram=min_ngram)
 
     def run(self, prompt_ids: torch.Tensor, seed: int) -> RunRecord:
         r = self.decoder.generate(prompt_ids, self.controller, seed=seed)

@@ -278,14 +278,14 @@ class ServeMethod:
     budget: object | None = None
 
     def run(self, pair, drafter: str, sampling, max_new_tokens: int, head, requests, concurrency: int | None,
-            max_batch: int) -> dict:
+            max_batch: int, min_ngram: int | None = None) -> dict:
         from eval.runner import peak_memory_bytes
         from learn2draft.batched import BatchedSpeculativeDecoder, serve
 
         if self.max_depth == 0 and drafter == "model" and not pair.has_draft:
             drafter = "lookup"  # never drafts: no draft model needed
         dec = BatchedSpeculativeDecoder(pair, drafter, sampling, max_new_tokens=max_new_tokens,
-                                        max_depth=self.max_depth, max_batch=max_batch, head=head)
+                                        max_depth=self.max_depth, max_batch=max_batch, head=head, min_ngram=min_ngram)
         on_step = getattr(self.budget, "observe", None)
         results = serve(dec, requests, self.controller, concurrency=concurrency, on_step=on_step, budget=self.budget)
         t0 = results[0].arrival - float(requests[0].arrival) if results else 0.0
@@ -429,7 +429,14 @@ def _run(args) -> int:
     policy, guard, cfg, head = None, None, {}, args.head
     if args.policy:
         from policies.layout import FEATURE_SPEC_FILE, read_json, resolve_export_dir
-        from policies.load import load_policy, load_serve_policy, policy_drafter, policy_head, run_settings
+        from policies.load import (
+            load_policy,
+            load_serve_policy,
+            policy_drafter,
+            policy_head,
+            policy_lookup_min_ngram,
+            run_settings,
+        )
 
         spec = read_json(resolve_export_dir(args.policy) / FEATURE_SPEC_FILE)
         # a load-aware policy (one γ per step from the load, --serve-loads) or a chain policy (per row)
@@ -449,7 +456,11 @@ def _run(args) -> int:
             raise ValueError(f"The policy in {args.policy} was trained with the {trained!r} drafter, not "
                              f"{args.drafter!r}: pass --drafter {trained} or a matching --policy.")
         cfg, head = run_settings(args.policy), head or policy_head(args.policy)
+        trained_min_ngram = policy_lookup_min_ngram(args.policy)
     args.drafter = args.drafter or "lookup"
+    # every lookup method runs the policy's n-gram setting unless --lookup-min-ngram says otherwise
+    args.lookup_min_ngram = cli.lookup_min_ngram(args, args.drafter, trained_min_ngram if args.policy else None,
+                                                 f"the policy in {args.policy}")
     user_prompts = load_prompt_file_records(args.prompts) if args.prompts else None
     sampling = cli.sampling_config(args)
     set_threads(args, cfg.get("threads"))
@@ -462,14 +473,15 @@ def _run(args) -> int:
     train = encode_all(pair, load_prompts(train_split), args.max_new_tokens)
     header = run_header(args.target, args.draft if pair.has_draft else None, pair, args.dtype, sampling.to_dict(),
                         str(pair.device), held_records, args.prompts or held_split, args.forward_rows)
-    run = {"drafter": args.drafter, "policy": args.policy, "methods": s.methods, "concurrency": s.levels,
+    run = {"drafter": args.drafter, "lookup_min_ngram": args.lookup_min_ngram, "policy": args.policy, "methods": s.methods, "concurrency": s.levels,
            "arrival_rates": s.rates, "max_batch": s.max_batch, "num_requests": args.num_requests,
            "requests_per_slot": args.requests_per_slot,
            "max_new_tokens": args.max_new_tokens, "gammas": s.gammas, "max_depth": s.max_depth,
            "learned_max_depth": getattr(policy, "max_depth", None) if policy is not None else None,
            "calibration_concurrency": args.calibration_concurrency, "seed": args.seed}
     report = {"header": header, "settings": run}
-    common = dict(pair=pair, drafter=args.drafter, sampling=sampling, max_new_tokens=args.max_new_tokens, head=head)
+    common = dict(pair=pair, drafter=args.drafter, sampling=sampling, max_new_tokens=args.max_new_tokens, head=head,
+                  min_ngram=args.lookup_min_ngram)
 
     # 1. start-up: warm the kernels, measure this machine's costs (adaptive verification's tables)
     stderr_line("eval.serve: warm-up and cost tables …")

@@ -86,9 +86,10 @@ def sim_vs_real(pair, traces, profile, controllers: dict, drafter=None, repeats:
     sampling = SamplingConfig(**h["sampling"])
     if drafter is None:
         head = (h.get("drafter") or {}).get("head") or None
+        min_ngram = (h.get("drafter") or {}).get("min_ngram")  # the lookup traces' n-gram setting
 
         def drafter():
-            return make_drafter(traces.drafter, pair, head=head)
+            return make_drafter(traces.drafter, pair, head=head, min_ngram=min_ngram)
 
     envs = replay_envs(traces, profile, controllers) if envs is None else envs
     methods, runners = {}, []

@@ -176,6 +176,7 @@ class BatchedSpeculativeDecoder:
         max_depth: the most tokens a row drafts in one step (≥ 0).
         max_batch: the most rows at once (≥ 1); :meth:`add` beyond it raises.
         head: the head directory for the ``"head"`` drafters (None: the shipped head).
+        min_ngram: prompt lookup's shortest n-gram match for a lookup or hybrid drafter name (None: the default).
         batched_drafting: run the model and head drafters' forwards for all rows of a draft position at once (the
             default); False drafts row by row (the same tokens; for measuring what batching gains,
             ``eval/scripts/batched_drafting_bench.py``).
@@ -187,7 +188,7 @@ class BatchedSpeculativeDecoder:
     def __init__(self, pair: ModelPair, drafter: str | Callable[[], Drafter] = "lookup",
                  sampling: SamplingConfig | None = None, max_new_tokens: int = 128,
                  max_depth: int = DECODER_MAX_DEPTH, max_batch: int = 64, head: str | None = None,
-                 batched_drafting: bool = True):
+                 batched_drafting: bool = True, min_ngram: int | None = None):
         if not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be an integer ≥ 1, got {max_batch!r}.")
         check_decoder_settings(max_new_tokens, max_depth)
@@ -199,7 +200,7 @@ class BatchedSpeculativeDecoder:
         self.batched_drafting = bool(batched_drafting)
         # a name: one drafter built here (an unknown name / a missing draft model fails before any request), and each
         # row's spawned from it, over the same weights, so that the model and head rows' forwards batch
-        self._make_drafter = drafter if callable(drafter) else make_drafter(drafter, pair, head).spawn
+        self._make_drafter = drafter if callable(drafter) else make_drafter(drafter, pair, head, min_ngram=min_ngram).spawn
         self._make_drafter()
         self.clock = DeviceClock(pair.device)
         self.rows: list[_Row] = []

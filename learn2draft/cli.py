@@ -243,15 +243,62 @@ def check_out_file(path: str, flag: str = "--out"):
 
 
 def add_drafter_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup, default: str | None) -> argparse.Action:
-    """``--drafter`` with the choices of :data:`learn2draft.names.DRAFTERS`. ``default``: None in the commands
-    that take the drafter from the policy (eval, eval.benchmark), else the command's drafter (named in the
-    one help text)."""
-    return parser.add_argument(
+    """``--drafter`` with the choices of :data:`learn2draft.names.DRAFTERS`, and beside it ``--lookup-min-ngram``
+    (prompt lookup's shortest match, :func:`lookup_min_ngram`). ``default``: None in the commands that take the
+    drafter from the policy (eval, eval.benchmark), else the command's drafter (named in the one help text).
+    Returns the ``--drafter`` action."""
+    action = parser.add_argument(
         "--drafter", default=default, choices=DRAFTERS + HYBRID_DRAFTERS,
         help="what drafts: model (the draft model), head (a feature-level head on the target's hidden states), "
              "lookup (prompt lookup, model-free), or a hybrid, lookup+model / lookup+head (the policy picks the "
              "source before each token); only model and lookup+model load a draft model (default: the drafter the "
              "policy was trained with in eval and eval.benchmark, lookup in policies.generate, model elsewhere)")
+    parser.add_argument(
+        "--lookup-min-ngram", type=int, default=None, metavar="N",
+        help="prompt lookup's shortest n-gram match, 1 to 4 (vLLM's prompt_lookup_min; Hugging Face prompt lookup "
+             "falls back to 1): with 1 a single matching token proposes a draft, which pays where verification is "
+             "cheap (bf16) and a policy's match-length feature tells it apart; for lookup and the hybrids (default: "
+             "the policy's or the traces' where the command reads one, else 2)")
+    return action
+
+
+def lookup_min_ngram(args: argparse.Namespace, drafter: str, trained: int | None = None,
+                     what: str = "the policy") -> int | None:
+    """The prompt-lookup ``min_ngram`` a command runs with: ``--lookup-min-ngram``, else ``trained`` (the policy's
+    or the traces', :func:`policies.load.policy_lookup_min_ngram`), else None (the drafter's default,
+    :data:`learn2draft.drafters.lookup.DEFAULT_MIN_NGRAM`). Checked before any model loads.
+
+    Args:
+        args: the parsed flags (``lookup_min_ngram``).
+        drafter: the drafter name the command runs (``"lookup"``, ``"lookup+head"``, ``"model"``, …).
+        trained: the setting the policy (or traces) recorded; None when there is none.
+        what: how the warning names the source of ``trained``.
+
+    Raises:
+        ValueError: ``--lookup-min-ngram`` outside 1 .. ``max_ngram`` (4), or given with a drafter that has no
+            prompt lookup.
+
+    Warns:
+        UserWarning: ``--lookup-min-ngram`` differs from ``trained`` (the policy's match features then see matches
+            it was not trained on; the law is unchanged).
+    """
+    from learn2draft.drafters.lookup import DEFAULT_MAX_NGRAM
+
+    given = getattr(args, "lookup_min_ngram", None)
+    if given is None:
+        return trained
+    if "lookup" not in drafter:
+        raise ValueError(f"--lookup-min-ngram only applies to prompt lookup (--drafter lookup, lookup+model or "
+                         f"lookup+head), not --drafter {drafter}: drop it.")
+    if not 1 <= given <= DEFAULT_MAX_NGRAM:
+        raise ValueError(f"--lookup-min-ngram must be between 1 and {DEFAULT_MAX_NGRAM} (the longest n-gram tried), "
+                         f"got {given}.")
+    if trained is not None and trained != given:
+        import warnings
+
+        warnings.warn(f"--lookup-min-ngram {given}, but {what} was trained with {trained}: its match features now "
+                      "see matches it was not trained on (the output law is unchanged).", stacklevel=2)
+    return given
 
 
 def add_tree_shape_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
@@ -558,6 +605,7 @@ def stderr_line(text: str) -> None:
 
 __all__ = ["PROGRESS_INTERVAL_SECONDS", "PROJECT_PACKAGES", "SAMPLING_DEFAULTS", "HelpFormatter", "LineProgress",
            "is_terminal", "progress", "exit_if_shadowed", "shadowing_files", "add_device_args", "add_drafter_arg",
+           "lookup_min_ngram",
            "add_model_args", "add_out_arg", "add_profile_arg", "check_out_file", "check_seed", "MAX_SEED",
            "MAX_THREADS_PER_CORE", "add_sampling_args", "add_tree_shape_args",
            "load_models", "model_names", "plain_doc", "resolve_device", "resolved_dtype", "run_cli", "sampling_config",

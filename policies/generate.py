@@ -222,7 +222,7 @@ def _run(args) -> int:
     target = _check_model_names(args, settings, head)
 
     pair = load_models(args, args.drafter, settings, device=device, max_depth=max_depth)
-    drafter = make_drafter(args.drafter, pair, head=head)
+    drafter = make_drafter(args.drafter, pair, head=head, min_ngram=args.lookup_min_ngram)
     ids = pair.encode_prompt(prompt, chat=not args.no_chat, max_new_tokens=args.max_new_tokens)
     decoder = SpeculativeDecoder(pair, sampling, max_new_tokens=args.max_new_tokens, max_depth=max_depth,
                                  seed=args.seed, drafter=drafter)
@@ -246,14 +246,23 @@ def _resolve_controller(args) -> tuple:
     """Resolve what decides the depth: ``(controller, max_depth, run settings, head)``, a policy or a fixed γ."""
     from pathlib import Path
 
+    from learn2draft.cli import lookup_min_ngram
     from learn2draft.decoding import FixedDepthController
 
     settings: dict = {}
     head = args.head
     if args.num_draft_tokens is not None:
+        args.lookup_min_ngram = lookup_min_ngram(args, args.drafter)
         return FixedDepthController(args.num_draft_tokens), args.num_draft_tokens, settings, head
     from policies.layout import TREE_FILE
-    from policies.load import default_policy_for, load_policy, policy_drafter, policy_head, run_settings
+    from policies.load import (
+        default_policy_for,
+        load_policy,
+        policy_drafter,
+        policy_head,
+        policy_lookup_min_ngram,
+        run_settings,
+    )
 
     # without --policy: the shipped one of the run's precision, --dtype pinned to it
     policy_dir = Path(args.policy) if args.policy else default_policy_for(args, args.drafter)
@@ -269,6 +278,8 @@ def _resolve_controller(args) -> tuple:
     if trained_with != args.drafter:
         raise ValueError(f"The policy in {policy_dir} was trained with the {trained_with!r} drafter, not "
                          f"{args.drafter!r}: pass --drafter {trained_with}, or a policy for {args.drafter}.")
+    args.lookup_min_ngram = lookup_min_ngram(args, args.drafter, policy_lookup_min_ngram(policy_dir),
+                                             f"the policy in {policy_dir}")
     controller = load_policy(policy_dir, profile=args.profile)
     settings = run_settings(policy_dir)
     return controller, controller.max_depth, settings, head or policy_head(policy_dir)

@@ -311,4 +311,22 @@ def policy_head(directory: str | Path) -> str | None:
     return read_json(resolve_export_dir(directory) / POLICY_CONFIG_FILE).get("head")
 
 
-__all__ = ["default_policy_for", "load_policy", "load_serve_policy", "load_tree_policy", "policy_drafter", "policy_head", "run_settings", "tree_settings"]
+def policy_lookup_min_ngram(directory: str | Path) -> int | None:
+    """The prompt-lookup ``min_ngram`` a policy with a lookup drafter (``lookup``, ``lookup+model``, ``lookup+head``)
+    was trained with: its ``policy_config.json``'s ``lookup_min_ngram``, else its training settings', else
+    :data:`learn2draft.drafters.lookup.DEFAULT_MIN_NGRAM` (policies trained before the setting was recorded all
+    used it); None for a drafter without prompt lookup.
+
+    Raises:
+        FileNotFoundError, ValueError: as :func:`policy_drafter`.
+    """
+    from learn2draft.drafters.lookup import DEFAULT_MIN_NGRAM
+
+    if "lookup" not in policy_drafter(directory):
+        return None
+    cfg = read_json(resolve_export_dir(directory) / POLICY_CONFIG_FILE)
+    value = cfg.get("lookup_min_ngram", (cfg.get("training") or {}).get("lookup_min_ngram"))
+    return DEFAULT_MIN_NGRAM if value is None else int(value)
+
+
+__all__ = ["default_policy_for", "load_policy", "load_serve_policy", "load_tree_policy", "policy_drafter", "policy_head", "policy_lookup_min_ngram", "run_settings", "tree_settings"]

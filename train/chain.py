@@ -119,6 +119,13 @@ def apply_replay_settings(cfg: TrainConfig, given: Collection[str] | None = None
     take("target", h.get("target") or cfg.target)
     take("draft", h.get("draft") or cfg.draft)
     take("drafter", drafter)
+    if "lookup" in cfg.drafter:  # the lookup traces' n-gram setting (traces recorded before it was: the default)
+        from learn2draft.drafters.lookup import DEFAULT_MIN_NGRAM
+
+        take("lookup_min_ngram", int((traces.header.get("drafter") or {}).get("min_ngram", DEFAULT_MIN_NGRAM)))
+    elif cfg.lookup_min_ngram is not None:
+        raise ValueError(f"--lookup-min-ngram {cfg.lookup_min_ngram}, but the traces {cfg.replay} were recorded with "
+                         f"the {cfg.drafter} drafter, which has no prompt lookup: drop --lookup-min-ngram.")
     for k in ("temperature", "top_k", "top_p"):
         take(k, type(getattr(defaults, k))(h["sampling"][k]))
     if cfg.drafter in ("head", "lookup+head"):
@@ -301,7 +308,8 @@ def _chain_env(pair: ModelPair | None, cfg: TrainConfig, prompts) -> tuple:
         return env, [None] * n
     prompts = phases.training_prompts(cfg, prompts)
     env = SpecDecodeEnv(pair, prompts, cfg.sampling(), max_new_tokens=cfg.max_new_tokens, max_depth=cfg.max_depth,
-                        episode=cfg.episode, drafter=make_drafter(cfg.drafter, pair, head=cfg.head))
+                        episode=cfg.episode,
+                        drafter=make_drafter(cfg.drafter, pair, head=cfg.head, min_ngram=cfg.lookup_min_ngram))
     return env, prompts
 
 

@@ -52,7 +52,9 @@ class TrainConfig:
     ``repetition_penalty``, ``presence_penalty``: the fields of :class:`learn2draft.sampling.SamplingConfig`),
     ``max_new_tokens`` per generation, ``max_depth`` tokens per cycle, ``drafter`` (``"model"``,
     ``"head"`` or ``"lookup"``, see :func:`learn2draft.drafters.make_drafter`), ``head`` (the head
-    directory for the head drafter; None = the shipped head of the embedded target).
+    directory for the head drafter; None = the shipped head of the embedded target), ``lookup_min_ngram``
+    (prompt lookup's shortest n-gram match, for lookup and the hybrids; None = the traces' under ``replay``, else
+    :data:`learn2draft.drafters.lookup.DEFAULT_MIN_NGRAM`).
 
     PPO (stable-baselines3): ``timesteps`` (environment steps = draft decisions), ``n_steps`` per
     rollout, ``batch_size``, ``n_epochs``, ``learning_rate``, ``discount`` (SB3's ``gamma``, named
@@ -146,6 +148,7 @@ class TrainConfig:
     prompts: str | None = None
     drafter: str = "model"
     head: str | None = None
+    lookup_min_ngram: int | None = None
     features: str = "full"
     warmup_prompts: int = 2
     eval_prompts: int = 3
@@ -208,6 +211,10 @@ class TrainConfig:
             (len(self.net_arch) > 0 and all(h > 0 for h in self.net_arch), f"net_arch must be positive sizes, got {self.net_arch}."),
             (self.drafter in DRAFTERS + HYBRID_DRAFTERS,
              f"drafter must be one of {', '.join(DRAFTERS + HYBRID_DRAFTERS)}, got {self.drafter!r}."),
+            (self.lookup_min_ngram is None or (("lookup" in self.drafter or self.replay)  # replay: the traces' drafter
+                                               and 1 <= self.lookup_min_ngram <= 4),
+             f"--lookup-min-ngram applies to prompt lookup (--drafter lookup, lookup+model, lookup+head) and must be "
+             f"between 1 and 4, got {self.lookup_min_ngram} with --drafter {self.drafter}."),
             (self.drafter not in HYBRID_DRAFTERS or (self.replay and self.features == "full" and not self.tree),
              f"--drafter {self.drafter} trains in replay: record lookup and {self.drafter.split('+')[-1]} traces on the "
              f"same prompts (python -m eval.record --drafter lookup / --drafter {self.drafter.split('+')[-1]} "

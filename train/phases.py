@@ -256,8 +256,18 @@ def export_config(cfg: TrainConfig, run_config: dict, reward_scale: float) -> di
     """What every export of the run records in its ``policy_config.json`` (sampling, models, drafter, head,
     ``max_new_tokens``, reward scale and the training settings); callers add ``trained_on`` (and ``tree``)."""
     return {"sampling": run_config["sampling"], "target": run_config["target"], "draft": run_config["draft"],
-            "drafter": cfg.drafter, "head": run_config["head"], "max_new_tokens": cfg.max_new_tokens,
-            "reward_scale": reward_scale, "training": asdict(cfg)}
+            "drafter": cfg.drafter, "head": run_config["head"], **_lookup_setting(cfg),
+            "max_new_tokens": cfg.max_new_tokens, "reward_scale": reward_scale, "training": asdict(cfg)}
+
+
+def _lookup_setting(cfg: TrainConfig) -> dict:
+    """``{"lookup_min_ngram": n}`` for a drafter with prompt lookup (the setting it ran, the default when none was
+    given), else {}: what :func:`policies.load.policy_lookup_min_ngram` reads back."""
+    if "lookup" not in cfg.drafter:
+        return {}
+    from learn2draft.drafters.lookup import DEFAULT_MIN_NGRAM
+
+    return {"lookup_min_ngram": cfg.lookup_min_ngram or DEFAULT_MIN_NGRAM}
 
 
 # --------------------------------------------------------------------------- 6. the final check

@@ -13,7 +13,7 @@ from learn2draft.drafters.model import ModelDrafter
 from learn2draft.names import DRAFTERS, HYBRID_DRAFTERS
 
 
-def make_drafter(name: str, pair, head: str | None = None, **kwargs) -> Drafter:
+def make_drafter(name: str, pair, head: str | None = None, min_ngram: int | None = None, **kwargs) -> Drafter:
     """Build the drafter ``name`` for a :class:`learn2draft.ModelPair`.
 
     Args:
@@ -21,15 +21,19 @@ def make_drafter(name: str, pair, head: str | None = None, **kwargs) -> Drafter:
             ``pair.target``; ``head`` is its directory, default: the shipped head of the embedded
             target) or ``"lookup"`` (prompt lookup; ``kwargs`` go to :class:`LookupDrafter`).
         pair: the loaded models.
+        min_ngram: prompt lookup's shortest n-gram match (:class:`LookupDrafter`; ``--lookup-min-ngram``), for
+            ``"lookup"`` and the hybrids; None: the drafter's default (2). Ignored by the model and head drafters.
 
     A hybrid name (``"lookup+model"``, ``"lookup+head"``, :data:`learn2draft.names.HYBRID_DRAFTERS`) builds a
     :class:`learn2draft.drafters.hybrid.HybridDrafter` of prompt lookup (``kwargs``) and that neural drafter.
 
     Raises:
-        ValueError: unknown name.
+        ValueError: unknown name, or a bad ``min_ngram``.
         learn2draft.models.NoDraftModelError: ``"model"`` for a pair loaded without a draft model.
         learn2draft.ModelLoadError: the head cannot be found or does not fit the target.
     """
+    if min_ngram is not None and (name == "lookup" or name in HYBRID_DRAFTERS):
+        kwargs["min_ngram"] = min_ngram
     if name in HYBRID_DRAFTERS:
         from learn2draft.drafters.hybrid import HybridDrafter
 

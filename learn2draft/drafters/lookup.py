@@ -18,6 +18,8 @@ from learn2draft.drafters.base import NUM_DRAFTER_FEATURES, Drafter, DraftPropos
 
 MATCH_LEN_SCALE = 16  # feature match_len = min(match length, 16) / 16
 MATCH_COUNT_SCALE = 8  # feature match_count = min(occurrences, 8) / 8
+DEFAULT_MAX_NGRAM = 4  # the longest n-gram tried (Hugging Face prompt lookup: max_matching_ngram_size, default 2)
+DEFAULT_MIN_NGRAM = 2  # the shortest (see LookupDrafter; HF prompt lookup goes down to 1); --lookup-min-ngram sets it
 
 
 class LookupDrafter(Drafter):
@@ -47,7 +49,7 @@ class LookupDrafter(Drafter):
     name = "lookup"
     deterministic = True
 
-    def __init__(self, max_ngram: int = 4, min_ngram: int = 2):
+    def __init__(self, max_ngram: int = DEFAULT_MAX_NGRAM, min_ngram: int = DEFAULT_MIN_NGRAM):
         if not (isinstance(max_ngram, int) and isinstance(min_ngram, int) and 1 <= min_ngram <= max_ngram):
             raise ValueError(f"Need integers 1 ≤ min_ngram ≤ max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}.")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
@@ -175,4 +177,4 @@ class LookupDrafter(Drafter):
         return {"drafter": self.name, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram}
 
 
-__all__ = ["LookupDrafter"]
+__all__ = ["DEFAULT_MAX_NGRAM", "DEFAULT_MIN_NGRAM", "LookupDrafter"]
