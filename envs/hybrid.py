@@ -30,6 +30,7 @@ from gymnasium import spaces
 
 from envs.replay import replay_controller
 from envs.reward import check_reward_scale, cycle_reward
+from learn2draft.cli import comma_items
 from learn2draft.control import HYBRID_ACTION_MEANINGS, STOP
 from learn2draft.features import FEATURE_NAMES, HYBRID_FEATURE_NAMES, build_features, build_hybrid_features
 from learn2draft.replay.hybrid import HYBRID_T_POSITIVE_REFUSAL, HybridReplay, hybrid_oracle_seconds, hybrid_replay
@@ -45,10 +46,11 @@ def split_hybrid_traces(traces: Sequence[str | Path] | str) -> tuple[TraceSet, T
     order given (several files of one drafter are concatenated, as :func:`learn2draft.replay.traces.load_traces` does).
 
     Raises:
-        ValueError: not exactly one neural drafter besides lookup, a drafter missing, T > 0 traces, or the two sets
-            holding different prompts (the message names what to record).
+        ValueError: not exactly one neural drafter besides lookup, a drafter missing, T > 0 traces, the two sets
+            holding different prompts (the message names what to record), or an empty item between commas.
     """
-    paths = [p for p in (traces.split(",") if isinstance(traces, str) else [str(x) for x in traces]) if p]
+    paths = (comma_items(traces, "trace files", "join the trace files with single commas, e.g. lookup.npz,model.npz")
+             if isinstance(traces, str) else [p for p in map(str, traces) if p])
     groups: dict[str, list[str]] = {}
     for p in paths:
         groups.setdefault(load_traces(p).drafter, []).append(p)

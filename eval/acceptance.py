@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from learn2draft.cli import HelpFormatter, add_out_arg, plain_doc, run_cli
+from learn2draft.cli import HelpFormatter, add_out_arg, comma_items, plain_doc, run_cli
 from learn2draft.features import (
     ACCEPTANCE_ARRAY_FEATURES,
     ACCEPTANCE_FEATURE_NAMES,
@@ -368,6 +368,17 @@ def main(argv: list[str] | None = None) -> int:
     return run_cli(build_parser(), _run, argv)
 
 
+def _trace_files(words: list[str], flag: str) -> list[str]:
+    """The trace files of ``flag``'s shell words, each comma-separated (a comma ending a word before the next one
+    separates them too: ``--traces a.npz, b.npz``).
+
+    Raises:
+        ValueError: an empty item (``a.npz,,b.npz``, a trailing comma), naming ``flag``.
+    """
+    text = ",".join(w[:-1] if w.endswith(",") and i < len(words) - 1 else w for i, w in enumerate(words))
+    return comma_items(text, flag, "join the trace files with single commas or spaces, e.g. a.npz,b.npz")
+
+
 def _run(args) -> int:
     from learn2draft.replay.traces import load_traces
 
@@ -378,12 +389,12 @@ def _run(args) -> int:
 
         check_out_file(args.out, "--out")  # before the work: a folder or an unwritable place fails first
     # comma-separated as the other tools take them, or space-separated
-    args.traces = [q for a in args.traces for q in a.split(",") if q]
-    args.heldout = [q for a in args.heldout for q in a.split(",") if q]
+    args.traces, args.heldout = _trace_files(args.traces, "--traces"), _trace_files(args.heldout, "--heldout")
+    sets = comma_items(args.sets, "--sets", f"use one or more of {', '.join(ACCEPTANCE_FEATURE_SETS)} joined by commas")
     train, heldout = load_traces(args.traces), load_traces(args.heldout)
     for w in check_compatible(train, heldout, args.traces, args.heldout, args.allow_mismatch):
         print(w, file=sys.stderr)
-    rep = acceptance_report(train, heldout, [s for s in args.sets.split(",") if s.strip()], args.l2, args.min_examples,
+    rep = acceptance_report(train, heldout, sets, args.l2, args.min_examples,
                             train_name=", ".join(args.traces), heldout_name=", ".join(args.heldout))
     rep["traces"], rep["heldout_traces"] = list(args.traces), list(args.heldout)
     print(format_report(rep))

@@ -211,9 +211,11 @@ def _check_settings(args) -> tuple:
     from learn2draft.cli import resolve_device, sampling_config
 
     try:
-        temps = [float(t) for t in args.temperatures.split(",")]
+        temps = [float(t) for t in cli.comma_items(args.temperatures)]
     except ValueError:
-        raise ValueError(f"--temperatures {args.temperatures!r}: use comma-separated numbers, e.g. 0,0.7.") from None
+        temps = []
+    if not temps:
+        raise ValueError(f"--temperatures {args.temperatures!r}: use comma-separated numbers, e.g. 0,0.7.")
     samplings = {T: sampling_config(args, temperature=T) for T in temps}
     if any(s.prefix_dependent or s.min_p for s in samplings.values()):
         raise ValueError("--min-p, --repetition-penalty and --presence-penalty: the Hugging Face baselines of the "

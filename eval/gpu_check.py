@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from learn2draft.cli import HelpFormatter, plain_doc, run_cli
+from learn2draft.cli import HelpFormatter, comma_items, plain_doc, run_cli
 
 #: The architectures profiled on the GPU (:data:`eval.shapes.SHAPES`) and their drafters.
 GPU_SHAPES = {"smollm2-135m": "model,head,lookup", "llama-3.2-1b": "model,lookup", "llama-3.1-8b": "model,lookup"}
@@ -380,12 +380,12 @@ def _run(args) -> int:
     from learn2draft.models import check_device
 
     t_start = time.perf_counter()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    skip = set(comma_items(args.skip, "--skip", "use loop, profiles or tests joined by commas"))
     bad = skip - {"loop", "profiles", "tests"}
     if bad:
         raise ValueError(f"--skip {args.skip!r}: use loop, profiles or tests.")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     device = "cpu" if args.dry_run else args.device
     check_device(device)
     torch.set_num_threads(1 if args.dry_run else min(8, os.cpu_count() or 1))

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from learn2draft.cli import HelpFormatter, add_profile_arg, plain_doc, run_cli
+from learn2draft.cli import HelpFormatter, add_profile_arg, comma_items, plain_doc, run_cli
 from learn2draft.replay.outcome import TreeReplay, tokens_per_second, tree_replay_data
 
 
@@ -396,10 +396,10 @@ def _run(args) -> int:
     from learn2draft.replay.traces import TREE, load_traces, trace_structure
 
     _check_args(args)
-    first = next((s for s in str(args.traces).split(",") if s.strip()), "")
-    if first and trace_structure(first) == TREE:
+    paths = comma_items(str(args.traces), "traces", "join the trace files with single commas, e.g. a.npz,b.npz")
+    if paths and trace_structure(paths[0]) == TREE:
         return _run_tree(args)
-    if len({load_traces(p).drafter for p in str(args.traces).split(",") if p.strip()}) > 1:
+    if len({load_traces(p).drafter for p in paths}) > 1:
         return _run_hybrid(args)
     traces = load_traces(args.traces)
     profile = load_profile(args.profile)

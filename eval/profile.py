@@ -630,10 +630,11 @@ def _run(args) -> int:
 
     from learn2draft.cli import check_out_file, load_models, resolve_device, set_threads, stderr_line, threads_of
 
-    drafters = [d.strip() for d in args.drafter.split(",") if d.strip()]
+    use = f"use one or more of {', '.join(DRAFTERS)} joined by commas"
+    drafters = comma_items(args.drafter, "--drafter", use)
     bad = [d for d in drafters if d not in DRAFTERS]
     if not drafters or bad:
-        raise ValueError(f"--drafter {args.drafter!r}: use one or more of {', '.join(DRAFTERS)} joined by commas.")
+        raise ValueError(f"--drafter {args.drafter!r}: {use}.")
     contexts, tokens = _ints(args.contexts, "contexts"), _ints(args.tokens, "tokens")
     depths = _ints(args.overhead_depths, "overhead-depths")
     batch_sizes = _ints(args.batch_sizes, "batch-sizes") if args.batch_sizes is not None else None

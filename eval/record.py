@@ -49,6 +49,7 @@ from learn2draft.cli import (
     add_out_arg,
     add_sampling_args,
     add_tree_shape_args,
+    comma_items,
     forward_rows_of,
     plain_doc,
     run_cli,
@@ -142,16 +143,17 @@ def _run(args) -> int:
             raise ValueError(f"--tree needs --max-depth, --tree-width and --tree-top-k ≥ 1, got {args.max_depth}, "
                              f"{args.tree_width} and {args.tree_top_k}.")
         try:
-            verify_sizes = check_verify_sizes(sorted({int(x) for x in args.verify_sizes.split(",") if x.strip()}))
+            verify_sizes = check_verify_sizes(sorted({int(x) for x in comma_items(args.verify_sizes)}))
         except ValueError:
             raise ValueError(f"--verify-sizes {args.verify_sizes!r}: expected comma-separated integers ≥ 1.") from None
     if args.prompts:
         prompts, source = load_prompt_file(args.prompts), str(Path(args.prompts).resolve())
     else:
-        splits = [s.strip() for s in args.prompt_split.split(",") if s.strip()]
+        use = f"use one or more of {', '.join(SPLITS)} joined by commas"
+        splits = comma_items(args.prompt_split, "--prompt-split", use)
         bad = [s for s in splits if s not in SPLITS]
         if not splits or bad:
-            raise ValueError(f"--prompt-split {args.prompt_split!r}: use one or more of {', '.join(SPLITS)} joined by commas.")
+            raise ValueError(f"--prompt-split {args.prompt_split!r}: {use}.")
         prompts, source = [p for s in splits for p in load_prompts(s)], ",".join(splits)
     prompts = prompts[: args.num_prompts] if args.num_prompts else prompts
     kind = f"{args.drafter}-tree" if args.tree else args.drafter

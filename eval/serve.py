@@ -96,9 +96,10 @@ def parse_methods(text: str, has_policy: bool) -> list[str]:
     are both added unless ``--methods`` names one of them (then only the named ones run).
 
     Raises:
-        ValueError: an unknown method, none, or ``policy`` / ``guard`` without ``--policy``.
+        ValueError: an unknown method, an empty item between commas, none, or ``policy`` / ``guard`` without
+            ``--policy``.
     """
-    keys = [m.strip() for m in text.split(",") if m.strip()]
+    keys = cli.comma_items(text, "--methods", f"name one or more of {', '.join(METHODS)} joined by commas")
     bad = [m for m in keys if m not in METHODS]
     if bad or not keys:
         raise ValueError(f"--methods {text!r}: unknown method {bad[0]!r}; choose from {', '.join(METHODS)}." if bad
@@ -213,6 +214,7 @@ def check_args(args) -> Settings:
     if args.sim_traces:
         from learn2draft.replay.traces import load_traces
 
+        cli.comma_items(args.sim_traces, "--sim-traces", "join the trace files with single commas, e.g. a.npz,b.npz")
         load_traces(args.sim_traces)  # a missing or damaged file fails now, not after the measurement
     if args.profile:
         from learn2draft.replay.latency import load_profile
@@ -443,7 +445,7 @@ def _run(args) -> int:
         policy = (load_serve_policy(args.policy, profile=args.profile) if spec.get("kind") == "serve"
                   else load_policy(args.policy, profile=args.profile))
         if "guard" in s.methods and spec.get("kind") != "serve":
-            if "guard" in [m.strip() for m in args.methods.split(",")]:
+            if "guard" in cli.comma_items(args.methods):
                 raise ValueError(f"--methods guard: the policy in {args.policy} is a chain policy (per row); the "
                                  "speed guard wraps a load-aware one (python -m train --serve-loads).")
             s.methods.remove("guard")  # added by default: a chain policy has no step γ to guard

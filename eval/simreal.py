@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from learn2draft.cli import HelpFormatter, add_device_args, add_profile_arg, plain_doc, run_cli
+from learn2draft.cli import HelpFormatter, add_device_args, add_profile_arg, comma_items, plain_doc, run_cli
 
 
 def replay_envs(traces, profile, controllers: dict) -> dict:
@@ -176,6 +176,11 @@ def _run(args) -> int:
     check_seed(args.seed, nonnegative=True)
     if args.json:
         check_out_file(args.json, "--json")  # before the models load and the measurement: its result must be writable
+    comma_items(args.traces, "traces", "join the trace files with single commas, e.g. a.npz,b.npz")
+    try:
+        gammas = [int(x) for x in comma_items(args.gammas)]
+    except ValueError:
+        raise ValueError(f"--gammas {args.gammas!r}: expected comma-separated integers.") from None
     traces = load_traces(args.traces)
     if args.num_prompts is not None:
         if args.num_prompts < 1:
@@ -185,10 +190,6 @@ def _run(args) -> int:
     if args.repeats < 1:
         raise ValueError("--repeats must be ≥ 1.")
     threads_of(args)  # checked before loading
-    try:
-        gammas = [int(x) for x in args.gammas.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"--gammas {args.gammas!r}: expected comma-separated integers.") from None
     if any(not 0 <= g <= traces.max_depth for g in gammas):
         raise ValueError(f"--gammas must be in [0, {traces.max_depth}] (the traces' max_depth), got {gammas}.")
     controllers = {f"fixed γ={g}": FixedDepthController(g) for g in gammas}

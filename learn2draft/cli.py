@@ -192,17 +192,19 @@ def sampling_config(args: argparse.Namespace, temperature: float | None = None):
 MAX_SEED = 2**62
 
 
-def comma_items(text: str) -> list[str]:
+def comma_items(text: str, flag: str | None = None, use: str = "join the items with single commas") -> list[str]:
     """The items of a comma-separated flag value, stripped: ``""`` (or blanks) → ``[]``; ``"1,2"`` → ``["1", "2"]``.
 
     Raises:
-        ValueError: an empty item among others (``"1,,2"``, ``"1,"``): the caller names its flag.
+        ValueError: an empty item among others (``"1,,2"``, ``"1,"``). With ``flag`` the message names it and says
+            ``use`` (what to give instead): ``"--replay 'a.npz,,b.npz': empty item; use …."``; without, the caller
+            names its flag.
     """
     if not text.strip():
         return []
     items = [x.strip() for x in text.split(",")]
     if not all(items):
-        raise ValueError(f"empty item in {text!r}")
+        raise ValueError(f"{flag} {text!r}: empty item; {use}." if flag else f"empty item in {text!r}")
     return items
 
 

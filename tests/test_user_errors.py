@@ -278,6 +278,75 @@ def test_simreal_and_profile_check_their_output_before_any_work(tmp_path, capsys
     assert "exists (an earlier profile): pass --overwrite" in capsys.readouterr().err and earlier.read_text() == "{}"
 
 
+@pytest.mark.parametrize("module,argv,words", [
+    ("eval.record", ["--tree", "--verify-sizes", "1,,4"], "--verify-sizes '1,,4': expected comma-separated integers"),
+    ("eval.record", ["--tree", "--verify-sizes", "1,4,"], "--verify-sizes '1,4,': expected comma-separated integers"),
+    ("eval.record", ["--prompt-split", "train,,heldout"], "--prompt-split 'train,,heldout': empty item; use one"),
+    ("eval.record", ["--prompt-split", "train,"], "--prompt-split 'train,': empty item"),
+    ("eval.simreal", ["--profile", "cpu-2core", "t.npz", "--gammas", "0,,2"], "--gammas '0,,2': expected comma-"),
+    ("eval.simreal", ["--profile", "cpu-2core", "a.npz,,b.npz"], "traces 'a.npz,,b.npz': empty item"),
+    ("eval.oracle", ["--profile", "cpu-2core", "a.npz,"], "traces 'a.npz,': empty item"),
+    ("eval.acceptance", ["--traces", "a.npz,,b.npz", "--heldout", "c.npz"], "--traces 'a.npz,,b.npz': empty item"),
+    ("eval.acceptance", ["--traces", "a.npz", "--heldout", "c.npz,"], "--heldout 'c.npz,': empty item"),
+    ("eval.acceptance", ["--traces", "a.npz", "--heldout", "c.npz", "--sets", "draft,,target"],
+     "--sets 'draft,,target': empty item"),
+    ("eval.serve", ["--device", "cpu", "--sim-traces", "a.npz,,b.npz"], "--sim-traces 'a.npz,,b.npz': empty item"),
+    ("eval.serve", ["--device", "cpu", "--methods", "nospec,,fixed"], "--methods 'nospec,,fixed': empty item"),
+    ("eval.profile", ["--target", "no-model", "--drafter", "model,,lookup"], "--drafter 'model,,lookup': empty item"),
+    ("eval.gpu_check", ["--dry-run", "--skip", "loop,"], "--skip 'loop,': empty item"),
+    ("train", ["--replay", "a.npz,,b.npz", "--profile", "cpu-2core"], "--replay 'a.npz,,b.npz': empty item"),
+    ("train", ["--replay", "a.npz", "--profile", "cpu-2core,"], "--profile 'cpu-2core,': empty item"),
+    ("train", ["--prompt-split", "train,,heldout"], "--prompt-split 'train,,heldout': empty item"),
+    ("train", ["--net-arch", "64,,64"], "argument --net-arch: expected comma-separated integers, got '64,,64'"),
+    ("train", ["--eval-gammas", "0,2,"], "argument --eval-gammas: expected comma-separated integers, got '0,2,'"),
+    ("train", ["--tree", "--policies", "depth,,size"], "argument --policies: expected names joined by single commas"),
+    ("train", ["--tree", "--verify-sizes", "1,2,,4"], "argument --verify-sizes: expected comma-separated integers"),
+])
+def test_an_empty_item_in_a_comma_list_names_its_flag_before_anything_loads(module, argv, words, tmp_path, capsys,
+                                                                           monkeypatch):
+    """``1,,4`` or a trailing comma is refused (not read as ``1,4``): one error naming the flag, before any model,
+    trace or profile is read and before anything is written."""
+    import importlib
+
+    import learn2draft.models
+
+    for name in ("load_pair", "load_model", "check_device"):  # gpu_check's first step past its flags: check_device
+        monkeypatch.setattr(learn2draft.models, name, lambda *a, **k: pytest.fail("went past the flags"))
+    monkeypatch.chdir(tmp_path)  # the commands' default outputs would land here
+    if module == "train":
+        module, argv = "train.__main__", [*argv, "--wandb-mode", "disabled"]
+    try:
+        rc = importlib.import_module(module).main(argv)
+    except SystemExit as e:  # python -m train exits through its parser
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == 2 and words in err and "Traceback" not in err, err
+    assert sum("error" in line for line in err.splitlines()) == 1, err  # one error line (argparse adds its usage)
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_comma_lists_without_empty_items_parse_as_before():
+    """The lists the shared splitter now reads: blanks around items, ``--traces a.npz, b.npz`` and empty defaults
+    are read as before."""
+    from eval.acceptance import _trace_files
+    from learn2draft.cli import comma_items
+    from learn2draft.replay.latency import load_profiles
+    from train.__main__ import _int_list, _name_list
+    from train.config import TrainConfig, serve_loads
+
+    assert comma_items(" a.npz , b.npz ", "--replay") == ["a.npz", "b.npz"] and comma_items(" ") == []
+    with pytest.raises(ValueError, match=r"^--replay 'a,,b': empty item; join them\.$"):
+        comma_items("a,,b", "--replay", "join them")
+    assert _trace_files(["a.npz,", "b.npz"], "--traces") == ["a.npz", "b.npz"]  # "--traces a.npz, b.npz"
+    assert _trace_files(["a.npz,b.npz", "c.npz"], "--traces") == ["a.npz", "b.npz", "c.npz"]
+    assert _int_list("64,64") == (64, 64) and _int_list("") == () and _name_list("depth,size") == ("depth", "size")
+    assert serve_loads("1,2, 4") == [1, 2, 4]
+    assert [p.name for p in load_profiles("cpu-2core,gpu-like")] == ["cpu-2core", "gpu-like"]
+    TrainConfig(prompt_split="train,copy_train").validate()
+    with pytest.raises(ValueError, match="prompt_split must be one or more"):
+        TrainConfig(prompt_split="").validate()
+
+
 @pytest.mark.parametrize("flag,value,field", [("--ent-coef", "nan", "ent_coef"), ("--clip-range", "0", "clip_range"),
                                               ("--seed", str(10**23), "seed")])
 def test_train_refuses_bad_ppo_settings_before_anything_is_written(tiny_model_dirs, tmp_path, capsys, flag, value, field):

@@ -30,13 +30,16 @@ _WANDB_ALIASES = {"dryrun": "offline", "run": "online"}
 
 def _int_list(text: str) -> tuple[int, ...]:
     try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
+        return tuple(int(x) for x in cli.comma_items(text))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
 def _name_list(text: str) -> tuple[str, ...]:
-    return tuple(x.strip() for x in text.split(",") if x.strip())
+    try:
+        return tuple(cli.comma_items(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected names joined by single commas, got {text!r}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -42,6 +42,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 
 from envs.serve import SERVE_ENV_ID
 from eval.oracle import oracle_report
+from learn2draft.cli import comma_items
 from learn2draft.decoding import FixedDepthController
 from learn2draft.drafters import make_drafter
 from learn2draft.features import (
@@ -94,7 +95,8 @@ def apply_replay_settings(cfg: TrainConfig, given: Collection[str] | None = None
     from learn2draft.replay.latency import load_profiles
     from learn2draft.replay.traces import load_traces
 
-    paths = [p for p in str(cfg.replay).split(",") if p.strip()]
+    paths = comma_items(str(cfg.replay), "--replay",
+                        "join the trace files with single commas, e.g. lookup.npz,model.npz")
     hybrid = cfg.drafter in HYBRID_DRAFTERS or len({load_traces(p).drafter for p in paths}) > 1
     if hybrid:  # a lookup trace set and a neural one: the hybrid drafter of the two
         look, neural = split_hybrid_traces(paths)
@@ -185,9 +187,9 @@ def apply_replay_settings(cfg: TrainConfig, given: Collection[str] | None = None
 def _replay_source(env, cfg: TrainConfig) -> dict:
     """What a replay-trained policy was trained on (saved in ``config.json`` and ``policy_config.json``)."""
     h = env.traces.header
-    given = [p.strip() for p in str(cfg.profile).split(",") if p.strip()]
+    given = comma_items(str(cfg.profile))  # checked by TrainConfig.validate
     where = [str(Path(p).resolve()) if Path(p).is_file() else p for p in given]
-    src = {"traces": [str(Path(p).resolve()) for p in str(cfg.replay).split(",") if p.strip()],
+    src = {"traces": [str(Path(p).resolve()) for p in comma_items(str(cfg.replay))],
            "trace_format_version": h.get("format_version"), "trace_prompts": len(env.traces),
            "trace_prompt_source": h.get("prompt_source"), "trace_machine": h.get("machine"),
            "profile": ",".join(where),

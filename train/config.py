@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from learn2draft.cli import comma_items
 from learn2draft.names import (
     DEFAULT_DRAFT,
     DEFAULT_MAX_DEPTH,
@@ -33,14 +34,15 @@ TREE_POLICIES = ("depth", "size")
 def _loads_ok(text: str) -> bool:
     """Whether ``text`` is concurrency levels (integers ≥ 1) joined by commas."""
     try:
-        return all(int(x) >= 1 for x in str(text).split(",")) and bool(str(text).strip())
+        levels = [int(x) for x in comma_items(str(text))]
     except ValueError:
         return False
+    return bool(levels) and all(x >= 1 for x in levels)
 
 
 def serve_loads(text: str) -> list[int]:
     """The concurrency levels of ``--serve-loads`` (checked by :meth:`TrainConfig.validate`)."""
-    return [int(x) for x in str(text).split(",")]
+    return [int(x) for x in comma_items(str(text))]
 
 
 @dataclass
@@ -183,6 +185,13 @@ class TrainConfig:
         """Raise ValueError with a clear message for any setting out of range."""
         from learn2draft.drafters import DRAFTERS, HYBRID_DRAFTERS
 
+        # the comma lists: an empty item ("a.npz,,b.npz", a trailing comma) is one error naming the flag
+        splits = comma_items(self.prompt_split, "--prompt-split",
+                             f"use one or more of {', '.join(SPLITS)} joined by commas")
+        for flag, value, what, example in (("--replay", self.replay, "trace files", "lookup.npz,model.npz"),
+                                           ("--profile", self.profile, "profiles", "cpu-2core,gpu-like")):
+            if isinstance(value, str):
+                comma_items(value, flag, f"join the {what} with single commas, e.g. {example}")
         checks = [
             (self.timesteps > 0, f"timesteps must be > 0, got {self.timesteps}."),
             (self.max_new_tokens > 0, f"max_new_tokens must be > 0, got {self.max_new_tokens}."),
@@ -228,7 +237,7 @@ class TrainConfig:
              f"--serve-loads must be concurrency levels ≥ 1 joined by commas (e.g. 1,2,4,8), got {self.serve_loads!r}."),
             (isinstance(self.serve_requests, int) and self.serve_requests >= 1,
              f"--serve-requests must be an integer ≥ 1, got {self.serve_requests!r}."),
-            (all(sp in SPLITS for sp in self.prompt_split.split(",")),
+            (bool(splits) and all(sp in SPLITS for sp in splits),
              f"prompt_split must be one or more of {', '.join(SPLITS)} joined by commas, got {self.prompt_split!r}."),
         ]
         checks.append((self.features in ("full", "engine", "profile"),

@@ -30,7 +30,7 @@ from stable_baselines3.common.logger import HumanOutputFormat, Logger, make_outp
 from stable_baselines3.common.utils import set_random_seed
 
 from eval.runner import DecoderMethod, RunRecord, TreeShape, run_interleaved
-from learn2draft.cli import is_terminal
+from learn2draft.cli import comma_items, is_terminal
 from learn2draft.decoding import DraftController, FixedDepthController
 from learn2draft.models import ModelPair
 from learn2draft.names import HELDOUT_SEED_OFFSET
@@ -62,7 +62,7 @@ def training_prompts(cfg: TrainConfig, prompts: Sequence | None) -> list:
     elif prompts is None:
         from learn2draft.prompts import load_prompts
 
-        prompts = [p for sp in cfg.prompt_split.split(",") for p in load_prompts(sp)]
+        prompts = [p for sp in comma_items(cfg.prompt_split) for p in load_prompts(sp)]
     return list(prompts)
 
 

@@ -27,6 +27,16 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     a = ap.parse_args()
+    from learn2draft.cli import comma_items
+
+    try:
+        drafters = comma_items(a.drafters, "--drafters", "use drafters joined by commas, e.g. model,head")
+    except ValueError as e:
+        ap.error(str(e))
+    try:
+        sizes = [int(b) for b in comma_items(a.batch_sizes)]
+    except ValueError:
+        ap.error(f"--batch-sizes {a.batch_sizes!r}: comma-separated integers, e.g. 4,16")
     torch.set_num_threads(a.threads)
     from eval.runner import encode_all
     from learn2draft import FixedDepthController, load_pair
@@ -49,8 +59,8 @@ def main() -> None:
         return (sum(len(r.tokens) for r in res) / wall, draft / len(dec.steps), wall / len(dec.steps),
                 [r.tokens for r in res])
 
-    for drafter in a.drafters.split(","):
-        for B in (int(b) for b in a.batch_sizes.split(",")):
+    for drafter in drafters:
+        for B in sizes:
             run(drafter, B, True)  # warm-up
             r: dict[bool, list] = {True: [], False: []}
             for rep in range(a.repeats):

@@ -23,8 +23,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
+    from learn2draft.cli import comma_items
+
     try:
-        shapes = [tuple(int(v) for v in s.lower().split("x")) for s in a.shapes.split(",")]
+        shapes = [tuple(int(v) for v in s.lower().split("x")) for s in comma_items(a.shapes)]
     except ValueError:
         shapes = []
     if not shapes or not all(len(s) == 2 and min(s) >= 1 for s in shapes):

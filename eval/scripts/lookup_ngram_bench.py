@@ -33,8 +33,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     a = ap.parse_args()
+    from learn2draft.cli import comma_items
+
     try:
-        mins = [int(x) for x in a.min_ngrams.split(",")]
+        mins = [int(x) for x in comma_items(a.min_ngrams)]
     except ValueError:
         ap.error(f"--min-ngrams {a.min_ngrams!r}: comma-separated integers ≥ 1, e.g. 2,1")
     if a.gamma < 1 or a.num_prompts < 1 or a.repeats < 1 or a.threads < 1 or not mins or min(mins) < 1:

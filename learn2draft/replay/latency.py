@@ -793,11 +793,15 @@ def load_profiles(profiles) -> list[LatencyProfile]:
         the profiles, in the order given.
 
     Raises:
-        FileNotFoundError / ValueError: as :func:`load_profile`; ValueError for an empty list or the same
-            profile name twice (replay tells profiles apart by name).
+        FileNotFoundError / ValueError: as :func:`load_profile`; ValueError for an empty list, an empty item
+            between commas (``"cpu-2core,,gpu-like"``) or the same profile name twice (replay tells profiles apart by
+            name).
     """
+    from learn2draft.cli import comma_items
+
     items = [profiles] if isinstance(profiles, (LatencyProfile, Path)) else (
-        str(profiles).split(",") if isinstance(profiles, str) else list(profiles))
+        comma_items(profiles, "profiles", "join the profiles with single commas, e.g. cpu-2core,gpu-like")
+        if isinstance(profiles, str) else list(profiles))
     out = []
     for item in items:
         if isinstance(item, str):

@@ -387,7 +387,8 @@ def load_traces(paths: str | Path | Sequence[str | Path]) -> TraceSet:
 
     Raises:
         FileNotFoundError, ValueError: as :meth:`TraceSet.load`; also when the files differ in models,
-            drafter, sampling, ``max_depth`` or ``max_new_tokens``.
+            drafter, sampling, ``max_depth`` or ``max_new_tokens``, or a comma-separated string has an empty item
+            (``"a.npz,,b.npz"``, a trailing comma).
     """
     return _load_many(TraceSet, paths, ("target", "draft", "drafter", "sampling", "max_depth", "max_new_tokens", "chat"))
 
@@ -396,7 +397,9 @@ def _load_many(cls, paths, keys: tuple[str, ...]):
     """``cls.load`` of one path, a comma-separated string of paths or a sequence of them; several are
     concatenated after checking that their headers agree on ``keys``."""
     if isinstance(paths, (str, Path)):
-        paths = [s for s in str(paths).split(",") if s.strip()]
+        from learn2draft.cli import comma_items
+
+        paths = comma_items(str(paths), "trace files", "join the trace files with single commas, e.g. a.npz,b.npz")
     sets = [cls.load(p) for p in paths]
     if not sets:
         raise ValueError("No trace file given.")
