@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -209,6 +210,9 @@ def test_recipe_writes_a_loadable_head(trained_head_dir, tiny_pair):
         assert k in m
     assert 0 <= m["alpha_step1"] <= 1 and saved["size_bytes"] > 0 and saved["training"]["step"] == 60
     assert saved["data"]["answers"] > 0 and saved["data"]["docs_tokens"] > 0
+    # paths inside the project are written relative to it (a clone elsewhere reads them); others as given
+    assert saved["config"]["prompts_file"] == "train/recipes/data/distill_prompts.json"
+    assert saved["config"]["out"] == str(path) and Path(saved["config"]["out"]).is_absolute()  # tmp: outside
     d = load_head_drafter(tiny_pair, path)
     assert d.head.draft_vocab_size <= 48 + 1
 

@@ -294,10 +294,31 @@ def environment() -> dict:
             "versions": {"torch": torch.__version__, "transformers": transformers.__version__}}
 
 
+#: The project's folder: paths inside it are written relative to it in build reports (a clone elsewhere reads them).
+PROJECT_DIR = Path(__file__).resolve().parents[2]
+
+
+def portable_paths(settings: dict, root: Path = PROJECT_DIR) -> dict:
+    """``settings`` with every string value that is an absolute path inside ``root`` made relative to it
+    (``/home/u/learn2draft/learn2draft/data/x.json`` → ``learn2draft/data/x.json``); other values unchanged."""
+    out = {}
+    for k, v in settings.items():
+        if isinstance(v, str) and Path(v).is_absolute():
+            try:
+                v = Path(v).resolve().relative_to(root.resolve()).as_posix()
+            except ValueError:  # outside the project: kept as it is
+                pass
+        out[k] = v
+    return out
+
+
 def publish_build(tmp: Path, out: Path, report: dict, slack: int, run=None) -> None:
     """Write ``report`` as ``tmp/build_report.json`` with its ``size_bytes`` (the directory's, the
     report included: first estimated with ``slack`` bytes, then measured), replace ``out`` by
-    ``tmp``, and close the W&B ``run`` with the report's numeric measurements."""
+    ``tmp``, and close the W&B ``run`` with the report's numeric measurements. Paths of its ``config`` inside the
+    project are written relative to it (:func:`portable_paths`)."""
+    if isinstance(report.get("config"), dict):
+        report["config"] = portable_paths(report["config"])
     report["size_bytes"] = dir_size_bytes(tmp) + slack
     (tmp / "build_report.json").write_text(json.dumps(report, indent=2))
     report["size_bytes"] = dir_size_bytes(tmp)
