@@ -150,20 +150,23 @@ def check_out_dir(out: Path, target: str, *, shipped: Path, what: str, is_ours: 
                     "--out NEW_DIR.")
 
 
-def load_target(name: str, target=None, tokenizer=None) -> tuple[Any, Any]:
+def load_target(name: str, target=None, tokenizer=None, dtype: str = "float32") -> tuple[Any, Any]:
     """The target model (in eval mode) and its tokenizer: those given (tests), else loaded from
-    ``name`` with :func:`learn2draft.models.load_model` / ``load_tokenizer``.
+    ``name`` with :func:`learn2draft.models.load_model` (weights in ``dtype``, a canonical name of
+    :data:`learn2draft.names.DTYPE_NAMES` other than ``auto``) / ``load_tokenizer``.
 
     Raises:
         ModelLoadError: ``name`` cannot be loaded.
     """
+    import torch
+
     from learn2draft.models import load_model, load_tokenizer
 
     if tokenizer is None:
         tokenizer = load_tokenizer(name)
     if target is None:
-        log.info("loading target %s", name)
-        target = load_model(name)
+        log.info("loading target %s in %s", name, dtype)
+        target = load_model(name, dtype=getattr(torch, dtype))
     target.eval()
     return target, tokenizer
 

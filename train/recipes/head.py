@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import copy
 import dataclasses
 import hashlib
 import json
@@ -60,7 +61,8 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from learn2draft.cli import progress as progress_display
 from learn2draft.drafters.head import DEFAULT_HEAD_DIR, HEAD_CONFIG, HEAD_FORMAT, DraftHead, head_llama_config
-from learn2draft.models import DEFAULT_TARGET, encode_text, eos_token_ids
+from learn2draft.models import DEFAULT_TARGET, encode_text, eos_token_ids, resolve_dtype
+from learn2draft.names import DTYPE_NAMES
 from train.recipes.common import (
     CKPT_NAME,
     DISTILL_PROMPTS_FILE,
@@ -112,7 +114,10 @@ class HeadConfig:
     batches of ``gen_batch_size``; ``heldout_fraction`` of them kept for early stopping;
     ``docs_tokens`` teacher-forced tokens of package documentation in chunks of ``docs_chunk``
     tokens, ``docs_batch`` chunks per target forward. Head: ``draft_vocab`` K, ``intermediate``
-    MLP width (0 = the target's). Training: ``steps`` optimizer steps of about ``batch_tokens``
+    MLP width (0 = the target's). Precision: ``dtype`` of the target's weights for the data and the
+    measurement (``auto``: :func:`learn2draft.models.fastest_dtype`, resolved before any key is
+    computed); with ``bfloat16`` the head trains under bfloat16 autocast on the CPU (its weights,
+    the KL and the regression stay float32). Training: ``steps`` optimizer steps of about ``batch_tokens``
     positions, ``lr``, ``warmup``, ``weight_decay``, ``ttt_steps`` unrolled draft steps with weights
     ``ttt_decay``^(k−1), ``reg_weight`` of the feature regression, ``feat_noise`` (std of the input
     noise relative to the features' RMS), ``eval_every`` steps between held-out scores,
@@ -126,6 +131,7 @@ class HeadConfig:
     prompts_file: str = str(DISTILL_PROMPTS_FILE)
     seed: int = 0
     threads: int = 2
+    dtype: str = "auto"
     num_prompts: int = 960
     max_new_tokens: int = 128
     gen_batch_size: int = 48
@@ -156,12 +162,12 @@ class HeadConfig:
 
     def gen_key(self, prompts: list[str]) -> str:
         """Hash of what determines the generated answers to ``prompts`` (one block of them)."""
-        d = {k: getattr(self, k) for k in ("target", "max_new_tokens", "gen_batch_size")} | {"prompts": prompts}
+        d = {k: getattr(self, k) for k in ("target", "dtype", "max_new_tokens", "gen_batch_size")} | {"prompts": prompts}
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
     def docs_key(self, block: int = 0) -> str:
         """Hash of what determines block ``block`` of the teacher-forced documentation data."""
-        d = {k: getattr(self, k) for k in ("target", "seed", "docs_chunk", "docs_batch")} | {"docs_tokens": DOCS_BLOCK}
+        d = {k: getattr(self, k) for k in ("target", "dtype", "seed", "docs_chunk", "docs_batch")} | {"docs_tokens": DOCS_BLOCK}
         if block:
             d["block"] = block
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
@@ -170,7 +176,7 @@ class HeadConfig:
         """Hash of what determines training (a checkpoint is resumed only if it matches)."""
         d = {k: getattr(self, k) for k in ("seed", "draft_vocab", "intermediate", "steps", "batch_tokens", "lr",
                                             "warmup", "weight_decay", "ttt_steps", "ttt_decay", "reg_weight",
-                                            "feat_noise", "heldout_fraction", "max_train_minutes")}
+                                            "feat_noise", "heldout_fraction", "max_train_minutes", "dtype")}
         d["data"] = data_key
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -193,6 +199,8 @@ class HeadConfig:
             raise HeadTrainError(f"--ttt-decay must be in (0, 1], got {self.ttt_decay}.")
         if self.docs_chunk < 8:
             raise HeadTrainError(f"--docs-chunk must be ≥ 8 tokens, got {self.docs_chunk}.")
+        if self.dtype not in DTYPE_NAMES:
+            raise HeadTrainError(f"--dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}.")
         if self.save_dtype not in ("float16", "bfloat16", "float32"):
             raise HeadTrainError(f"--save-dtype must be float16, bfloat16 or float32, got {self.save_dtype!r}.")
         if self.wandb_mode not in ("offline", "online", "disabled"):
@@ -474,7 +482,8 @@ def head_losses(head: DraftHead, batch: dict, ttt_steps: int, ttt_decay: float, 
 
     Step k's input feature at position t is the step-(k−1) output at t − 1 (step 1: the true
     feature plus Gaussian noise of std ``noise_std``); all steps at t share the token x_{t+1} and the
-    teacher f_{t+1}. Loss of a step = KL(p ‖ q) + ``reg_weight`` · smooth-L1(g, f_{t+1}) averaged over its
+    teacher f_{t+1}. Under a bfloat16 autocast the matmuls run in bfloat16; the log-softmaxes, the KL and
+    the regression in float32. Loss of a step = KL(p ‖ q) + ``reg_weight`` · smooth-L1(g, f_{t+1}) averaged over its
     valid positions (t ≥ k − 1 and in the loss mask); total = Σ_k ``ttt_decay``^(k−1) · loss_k / Σ weights.
 
     Returns:
@@ -485,7 +494,7 @@ def head_losses(head: DraftHead, batch: dict, ttt_steps: int, ttt_decay: float, 
     B, m, _ = feat.shape
     pos = torch.arange(m)[None].expand(B, m)
     with torch.no_grad():
-        p_logits = head.logits(teach)
+        p_logits = head.logits(teach).float()
         logp = torch.log_softmax(p_logits, dim=-1)
         p = logp.exp()
         p_top = p_logits.argmax(-1)
@@ -503,9 +512,9 @@ def head_losses(head: DraftHead, batch: dict, ttt_steps: int, ttt_decay: float, 
         n = int(sel.sum())
         if n == 0:
             continue
-        lq = torch.log_softmax(head.logits(g[sel]), dim=-1)
+        lq = torch.log_softmax(head.logits(g[sel]).float(), dim=-1)  # float32 under a bfloat16 autocast too
         kl = (p[sel] * (logp[sel] - lq)).sum(-1).mean()
-        reg = F.smooth_l1_loss(g[sel], teach[sel])
+        reg = F.smooth_l1_loss(g[sel].float(), teach[sel])
         w = ttt_decay ** (k - 1)
         total = total + w * (kl + reg_weight * reg)
         wsum += w
@@ -636,7 +645,8 @@ def train_head(head: DraftHead, train: list[dict], heldout: list[dict], cfg: Hea
             epoch_batches = {epoch: _batches(train, cfg.batch_tokens, cfg.seed, epoch)}
         batch = make_batch([train[i] for i in epoch_batches[epoch][k]])
         ts = time.perf_counter()
-        m = head_losses(head, batch, cfg.ttt_steps, cfg.ttt_decay, cfg.reg_weight, noise_std, gen)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.dtype == "bfloat16"):
+            m = head_losses(head, batch, cfg.ttt_steps, cfg.ttt_decay, cfg.reg_weight, noise_std, gen)
         optimizer_step(opt, params, m["loss"], lr_at(step, done, cfg.lr, cfg.warmup))
         step += 1
         last = {k2: float(v.detach()) for k2, v in m.items()} | {
@@ -671,7 +681,8 @@ def measure_alpha(head: DraftHead, examples: list[dict], steps: int = 3) -> dict
     the head's top-1 (over the full vocabulary: ids outside the draft vocabulary are never
     proposed) equals the target's greedy token. Step 1 reads true features; step k > 1 the head's
     own step-(k−1) features (true tokens: the acceptance of step k given that the earlier steps
-    were accepted), with the drafter's attention pattern (:func:`ttt_mask`).
+    were accepted), with the drafter's attention pattern (:func:`ttt_mask`). The head runs in its
+    own dtype (the features are cast to it).
 
     Returns:
         dict: ``alpha_step{k}``, ``alpha_greedy`` (= step 1), ``alpha_per_prompt`` (step 1), ``positions``.
@@ -685,7 +696,7 @@ def measure_alpha(head: DraftHead, examples: list[dict], steps: int = 3) -> dict
         m = b["feat"].shape[1]
         pos = torch.arange(m)[None]
         cache = DynamicCache()
-        x = b["feat"]
+        x = b["feat"].to(head.fc.weight.dtype)
         target_next = torch.full((m,), -1, dtype=torch.long)  # position t predicts token t + 2
         nxt = d["ids"][2:m + 2]
         target_next[: nxt.numel()] = nxt
@@ -851,14 +862,19 @@ def _continued_keys(cfg: HeadConfig, work: Path, data_key: str, restart: bool) -
 def _measure_head(head: DraftHead, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                   eval_prompts: list[str], cfg: HeadConfig, vocab_size: int) -> dict:
     """Phase 4 of :func:`build_head`: α per draft step (:func:`measure_alpha`) and the cost per
-    draft step (:func:`measure_cost`) along the target's greedy answers to ``eval_prompts``."""
+    draft step (:func:`measure_cost`) along the target's greedy answers to ``eval_prompts``, with the
+    head in the target's dtype (as :func:`learn2draft.drafters.head.load_head_drafter` runs it)."""
+    dt = next(target.parameters()).dtype
+    if dt != head.fc.weight.dtype:
+        head = copy.deepcopy(head).to(dt).attach_target(target)
     ev = generate_answers(target, tokenizer, eval_prompts, cfg.eval_max_new_tokens, len(eval_prompts), None,
                           desc="held-out answers")
     for d in ev:
         d["hidden"] = d["hidden"].float()
         d["start"] = d["prompt_len"] - 1  # from the answer's second token (the first comes from the prefill)
     alpha = measure_alpha(head, ev, steps=max(3, cfg.ttt_steps))
-    return alpha | measure_cost(head, target, tokenizer, ev, vocab_size, repeats=cfg.timing_repeats)
+    return alpha | measure_cost(head, target, tokenizer, ev, vocab_size, repeats=cfg.timing_repeats) | {
+        "dtype": str(dt).removeprefix("torch.")}
 
 
 def _head_report(cfg: HeadConfig, command: str | None, n_params: int, lcfg, d2t: torch.Tensor, coverage: dict,
@@ -885,6 +901,26 @@ def _head_report(cfg: HeadConfig, command: str | None, n_params: int, lcfg, d2t:
     }
 
 
+def resolve_head_dtype(cfg: HeadConfig, target: PreTrainedModel | None = None) -> HeadConfig:
+    """``cfg`` with ``dtype`` resolved to a canonical name (before any data key is computed): ``auto`` →
+    :func:`learn2draft.models.resolve_dtype` on the CPU at ``cfg.threads`` threads, or the dtype of an
+    already loaded ``target`` (tests).
+
+    Raises:
+        HeadTrainError: an unknown ``--dtype``, or one that differs from the given ``target``'s.
+    """
+    try:
+        name = None if cfg.dtype == "auto" else resolve_dtype(cfg.dtype)
+    except ValueError as e:
+        raise HeadTrainError(f"--dtype: {e}") from None
+    if target is not None:
+        have = str(next(target.parameters()).dtype).removeprefix("torch.")
+        if name is not None and name != have:
+            raise HeadTrainError(f"--dtype {cfg.dtype} but the given target is in {have}: pass --dtype {have} or auto.")
+        name = have
+    return dataclasses.replace(cfg, dtype=name or resolve_dtype("auto", "cpu", cfg.threads))
+
+
 def build_head(cfg: HeadConfig, target: PreTrainedModel | None = None, tokenizer: PreTrainedTokenizerBase | None = None,
                prompts: list[str] | None = None, eval_prompts: list[str] | None = None,
                docs: list[str] | None = None, restart: bool = False, command: str | None = None,
@@ -892,7 +928,7 @@ def build_head(cfg: HeadConfig, target: PreTrainedModel | None = None, tokenizer
     """Run the whole recipe and write the head to ``cfg.out``; return the build report.
 
     Args:
-        cfg: settings (checked first).
+        cfg: settings (checked first; ``dtype`` resolved by :func:`resolve_head_dtype`).
         target, tokenizer: already loaded (tests); loaded from ``cfg.target`` when None.
         prompts: distillation prompts (default ``cfg.prompts_file``; checked disjoint from prompts.json).
         eval_prompts: prompts for the α measurement (default: the held-out policy prompts).
@@ -906,13 +942,14 @@ def build_head(cfg: HeadConfig, target: PreTrainedModel | None = None, tokenizer
     """
     t_start = time.perf_counter()
     cfg.check()
+    cfg = resolve_head_dtype(cfg, target)
     out = Path(cfg.out).expanduser().resolve()
     check_out_dir(out, cfg.target)
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     prompts = select_distill_prompts(prompts, cfg.prompts_file, cfg.num_prompts)
     eval_prompts = select_eval_prompts(eval_prompts, cfg.eval_prompts)
-    target, tokenizer = load_target(cfg.target, target, tokenizer)
+    target, tokenizer = load_target(cfg.target, target, tokenizer, cfg.dtype)
     V = len(tokenizer)
     work = work_dir_for(cfg.work_dir, DEFAULT_WORK_DIR, cfg.target)
     work.mkdir(parents=True, exist_ok=True)
@@ -985,6 +1022,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[HeadConfig, argparse.Name
     helps = {
         "seed": "random seed (data order, held-out split, initialisation)",
         "threads": "torch CPU threads (1 ran fastest on a shared 2-core CPU)",
+        "dtype": "target weights' dtype for the data and the measurement (auto: the fastest on this machine); "
+                 "bfloat16 also trains the head under bfloat16 autocast",
         "num_prompts": "distillation prompts the target answers",
         "max_new_tokens": "tokens per generated answer",
         "gen_batch_size": "answers generated per batched target.generate call",
