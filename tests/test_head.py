@@ -230,6 +230,25 @@ def test_recipe_resumes_with_a_longer_time_cap(trained_head_dir, tiny_tok):
     assert rep2["data"] == rep["data"]
 
 
+def test_training_steps_walk_epochs_of_different_batch_counts():
+    """Each epoch packs its own shuffle into a different number of batches (the 2026-12-04 full
+    build crashed at its first epoch boundary, indexing epoch 1 with epoch 0's count): the steps walk
+    epoch 0's batches, then epoch 1's, ..., and a resume at any step finds the same batch."""
+    from train.recipes.head import _batch_at, _batches
+
+    rng = random.Random(3)
+    data = [{"ids": [0] * rng.randint(2, 40)} for _ in range(60)]
+    epochs = [_batches(data, 64, 0, e) for e in range(4)]
+    assert len({len(b) for b in epochs}) > 1  # the case that crashed
+    walked, state = [], {}
+    for step in range(sum(len(b) for b in epochs)):
+        idx, epoch = _batch_at(data, 64, 0, step, state)
+        walked.append((epoch, idx))
+    assert walked == [(e, b) for e, bs in enumerate(epochs) for b in bs]
+    for step in (0, len(epochs[0]) - 1, len(epochs[0]), len(walked) - 1):
+        assert _batch_at(data, 64, 0, step, {}) == walked[step][::-1]  # a resume: a fresh walk
+
+
 def test_training_loss_decreases(tiny_pair):
     head = _head(tiny_pair.target, d2t=torch.arange(63))
     g = torch.Generator().manual_seed(0)

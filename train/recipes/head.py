@@ -133,10 +133,10 @@ class HeadConfig:
     threads: int = 2
     dtype: str = "auto"
     num_prompts: int = 960
-    max_new_tokens: int = 128
+    max_new_tokens: int = 256
     gen_batch_size: int = 48
     heldout_fraction: float = 0.04
-    docs_tokens: int = 160_000
+    docs_tokens: int = 640_000
     docs_chunk: int = 192
     docs_batch: int = 16
     draft_vocab: int = 8192
@@ -152,7 +152,7 @@ class HeadConfig:
     feat_noise: float = 0.05
     eval_every: int = 50
     ckpt_every: int = 50
-    max_train_minutes: float = 40.0
+    max_train_minutes: float = 30.0
     eval_prompts: int = 0
     eval_max_new_tokens: int = 128
     timing_repeats: int = 30
@@ -545,6 +545,19 @@ def _batches(data: list[dict], batch_tokens: int, seed: int, epoch: int) -> list
     return out
 
 
+def _batch_at(data: list[dict], batch_tokens: int, seed: int, step: int, state: dict) -> tuple[list[int], int]:
+    """The index batch of training step ``step`` and its epoch: the steps walk epoch 0's
+    :func:`_batches`, then epoch 1's, and so on. Each epoch packs its own shuffle, so epochs hold
+    different numbers of batches; ``state`` caches the current epoch (``{}`` to start, also on
+    resume: the walk from epoch 0 finds the epoch of any ``step``)."""
+    if not state or step < state["base"]:
+        state.update(epoch=0, base=0, batches=_batches(data, batch_tokens, seed, 0))
+    while step >= state["base"] + len(state["batches"]):
+        state.update(epoch=state["epoch"] + 1, base=state["base"] + len(state["batches"]),
+                     batches=_batches(data, batch_tokens, seed, state["epoch"] + 1))
+    return state["batches"][step - state["base"]], state["epoch"]
+
+
 @torch.no_grad()
 def evaluate_heldout(head: DraftHead, data: list[dict], ttt_steps: int, batch_tokens: int = 4096) -> dict:
     """Top-1 agreement with the target's argmax within the draft vocabulary, per draft step, on ``data``."""
@@ -632,18 +645,15 @@ def train_head(head: DraftHead, train: list[dict], heldout: list[dict], cfg: Hea
     head.train()
     last: dict = {}
     stopped = False
-    epoch_batches: dict[int, list] = {}
-    n_per_epoch = len(_batches(train, cfg.batch_tokens, cfg.seed, 0))
+    walk: dict = {}
     bar = progress_display(total=cfg.steps, initial=step, desc="train head", unit="step")
     while step < cfg.steps:
         done = progress(step, cfg.steps, prior_s + time.perf_counter() - t0, cfg.max_train_minutes)
         if done >= 1.0:
             stopped = step < cfg.steps
             break
-        epoch, k = divmod(step, n_per_epoch)
-        if epoch not in epoch_batches:
-            epoch_batches = {epoch: _batches(train, cfg.batch_tokens, cfg.seed, epoch)}
-        batch = make_batch([train[i] for i in epoch_batches[epoch][k]])
+        idx, epoch = _batch_at(train, cfg.batch_tokens, cfg.seed, step, walk)
+        batch = make_batch([train[i] for i in idx])
         ts = time.perf_counter()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.dtype == "bfloat16"):
             m = head_losses(head, batch, cfg.ttt_steps, cfg.ttt_decay, cfg.reg_weight, noise_std, gen)
