@@ -249,6 +249,37 @@ def test_training_steps_walk_epochs_of_different_batch_counts():
         assert _batch_at(data, 64, 0, step, {}) == walked[step][::-1]  # a resume: a fresh walk
 
 
+def test_ctrl_c_in_training_keeps_the_steps_done_and_says_how_to_resume(tiny_pair, tmp_path, monkeypatch, capsys):
+    """Ctrl-C between optimizer steps checkpoints the steps done (not only those up to the last
+    ``ckpt_every``), and the recipe's entry point prints one line and exits 130."""
+    import train.recipes.head as rh
+    from train.recipes.common import run_recipe
+
+    head = _head(tiny_pair.target, d2t=torch.arange(63))
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(3, 63, (20,), generator=g) for _ in range(4)]
+    data = [{"ids": s, "hidden": _features(tiny_pair.target, s), "start": 0} for s in seqs]
+    cfg = HeadConfig(steps=50, ckpt_every=1000, eval_every=1000, max_train_minutes=0, batch_tokens=64)
+    real, calls = rh.head_losses, []
+
+    def interrupted(*a, **k):
+        calls.append(1)
+        if len(calls) == 8:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(rh, "head_losses", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        rh.train_head(head, data, [], cfg, tmp_path, "key")
+    assert torch.load(tmp_path / rh.CKPT_NAME, weights_only=False)["step"] == 7
+
+    def body():
+        raise KeyboardInterrupt
+
+    assert run_recipe(body) == 130
+    assert "run the same command again to resume" in capsys.readouterr().err
+
+
 def test_training_loss_decreases(tiny_pair):
     head = _head(tiny_pair.target, d2t=torch.arange(63))
     g = torch.Generator().manual_seed(0)

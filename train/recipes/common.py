@@ -362,9 +362,14 @@ def setup_logging(verbose: bool) -> None:
 
 def run_recipe(body: Callable[[], int]) -> int:
     """``body()``'s exit status; bad input (ValueError, including ModelLoadError and RecipeError) or
-    an OSError becomes one ``error:`` line on stderr and exit status 2."""
+    an OSError becomes one ``error:`` line on stderr and exit status 2; Ctrl-C (KeyboardInterrupt)
+    one line saying how to resume, exit status 130."""
     try:
         return body()
+    except KeyboardInterrupt:
+        print("interrupted: the data cache and the last checkpoint are kept; run the same command again to "
+              "resume (--restart starts the training over)", file=sys.stderr)
+        return 130
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -647,29 +647,38 @@ def train_head(head: DraftHead, train: list[dict], heldout: list[dict], cfg: Hea
     stopped = False
     walk: dict = {}
     bar = progress_display(total=cfg.steps, initial=step, desc="train head", unit="step")
-    while step < cfg.steps:
-        done = progress(step, cfg.steps, prior_s + time.perf_counter() - t0, cfg.max_train_minutes)
-        if done >= 1.0:
-            stopped = step < cfg.steps
-            break
-        idx, epoch = _batch_at(train, cfg.batch_tokens, cfg.seed, step, walk)
-        batch = make_batch([train[i] for i in idx])
-        ts = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.dtype == "bfloat16"):
-            m = head_losses(head, batch, cfg.ttt_steps, cfg.ttt_decay, cfg.reg_weight, noise_std, gen)
-        optimizer_step(opt, params, m["loss"], lr_at(step, done, cfg.lr, cfg.warmup))
-        step += 1
-        last = {k2: float(v.detach()) for k2, v in m.items()} | {
-            "lr": opt.param_groups[0]["lr"], "epoch": epoch,
-            "positions_per_s": float(batch["loss_mask"].sum()) / (time.perf_counter() - ts)}
-        if wandb_run is not None:
-            wandb_run.log({f"train/{k2}": v for k2, v in last.items()}, step=step)
-        bar.update(1)
-        bar.set_postfix(loss=f"{last['loss']:.3f}", top1=f"{last.get('top1_1', 0):.3f}", ep=epoch)
-        if step % cfg.eval_every == 0:
-            tracker.score(head, step, wandb_run)
-        if step % cfg.ckpt_every == 0:
+    updating = False
+    try:
+        while step < cfg.steps:
+            done = progress(step, cfg.steps, prior_s + time.perf_counter() - t0, cfg.max_train_minutes)
+            if done >= 1.0:
+                stopped = step < cfg.steps
+                break
+            idx, epoch = _batch_at(train, cfg.batch_tokens, cfg.seed, step, walk)
+            batch = make_batch([train[i] for i in idx])
+            ts = time.perf_counter()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.dtype == "bfloat16"):
+                m = head_losses(head, batch, cfg.ttt_steps, cfg.ttt_decay, cfg.reg_weight, noise_std, gen)
+            updating = True
+            optimizer_step(opt, params, m["loss"], lr_at(step, done, cfg.lr, cfg.warmup))
+            updating = False
+            step += 1
+            last = {k2: float(v.detach()) for k2, v in m.items()} | {
+                "lr": opt.param_groups[0]["lr"], "epoch": epoch,
+                "positions_per_s": float(batch["loss_mask"].sum()) / (time.perf_counter() - ts)}
+            if wandb_run is not None:
+                wandb_run.log({f"train/{k2}": v for k2, v in last.items()}, step=step)
+            bar.update(1)
+            bar.set_postfix(loss=f"{last['loss']:.3f}", top1=f"{last.get('top1_1', 0):.3f}", ep=epoch)
+            if step % cfg.eval_every == 0:
+                tracker.score(head, step, wandb_run)
+            if step % cfg.ckpt_every == 0:
+                save()
+    except KeyboardInterrupt:  # Ctrl-C: keep the steps done since the last checkpoint
+        if not updating:  # an interrupted optimizer step may have changed some weights: keep the last checkpoint
             save()
+        bar.close()
+        raise
     bar.close()
     if not tracker.history or tracker.history[-1]["step"] != step:
         tracker.score(head, step, wandb_run)
@@ -1031,7 +1040,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[HeadConfig, argparse.Name
     ap.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     helps = {
         "seed": "random seed (data order, held-out split, initialisation)",
-        "threads": "torch CPU threads (1 ran fastest on a shared 2-core CPU)",
+        "threads": "torch CPU threads (run builds alone: 2 on a 2-core CPU)",
         "dtype": "target weights' dtype for the data and the measurement (auto: the fastest on this machine); "
                  "bfloat16 also trains the head under bfloat16 autocast",
         "num_prompts": "distillation prompts the target answers",
