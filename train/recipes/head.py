@@ -677,9 +677,9 @@ def train_head(head: DraftHead, train: list[dict], heldout: list[dict], cfg: Hea
     except KeyboardInterrupt:  # Ctrl-C: keep the steps done since the last checkpoint
         if not updating:  # an interrupted optimizer step may have changed some weights: keep the last checkpoint
             save()
-        bar.close()
         raise
-    bar.close()
+    finally:
+        bar.close()
     if not tracker.history or tracker.history[-1]["step"] != step:
         tracker.score(head, step, wandb_run)
     save()
