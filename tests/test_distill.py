@@ -76,7 +76,8 @@ def test_rerun_uses_cached_data_and_checkpoint(tmp_path, tiny_tok, tiny_target, 
 
 
 def test_interrupted_run_resumes(tmp_path, tiny_tok, tiny_target, monkeypatch):
-    """A run cut short (time cap hit after a checkpoint) continues from that step, not from 0."""
+    """A run cut short by Ctrl-C checkpoints the steps done (7, not the last ``ckpt_every`` multiple 6) and
+    continues from there, not from 0."""
     cfg = tiny_cfg(tmp_path, steps=10, ckpt_every=3)
     prompts = PROMPTS[:6]
     monkeypatch.setattr(distill, "measure_draft", lambda *a, **k: {"alpha_greedy": 0.0, "alpha_t1": 0.0,
@@ -93,10 +94,10 @@ def test_interrupted_run_resumes(tmp_path, tiny_tok, tiny_target, monkeypatch):
     monkeypatch.setattr(distill, "_batch", interrupt_after_7)
     with pytest.raises(KeyboardInterrupt):
         build_draft(cfg, target=tiny_target, tokenizer=tiny_tok, prompts=prompts, eval_prompts=prompts[:1])
-    assert torch.load(tmp_path / "work" / distill.CKPT_NAME, weights_only=False)["step"] == 6
+    assert torch.load(tmp_path / "work" / distill.CKPT_NAME, weights_only=False)["step"] == 7
     monkeypatch.setattr(distill, "_batch", real_batch)
     rep = build_draft(cfg, target=tiny_target, tokenizer=tiny_tok, prompts=prompts, eval_prompts=prompts[:1])
-    assert rep["training"]["start_step"] == 6 and rep["training"]["step"] == 10
+    assert rep["training"]["start_step"] == 7 and rep["training"]["step"] == 10
     # --restart ignores the checkpoint
     rep = build_draft(cfg, target=tiny_target, tokenizer=tiny_tok, prompts=prompts, eval_prompts=prompts[:1],
                       restart=True)
@@ -228,3 +229,24 @@ def test_wandb_online_without_credentials_is_refused_before_any_work(tmp_path, c
     assert distill.main(["--out", str(tmp_path / "o"), "--work-dir", str(tmp_path / "w"), "--wandb-mode", "online"]) == 2
     err = capsys.readouterr().err
     assert "credentials" in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "w").exists()
+
+
+def test_ctrl_c_inside_a_weight_update_keeps_the_last_checkpoint(tmp_path, tiny_tok, tiny_target, monkeypatch):
+    """An interrupt that lands in the backward pass / weight update may leave the weights half-updated: the
+    checkpoint stays the last periodic one (step 6 of ckpt_every 3), not the interrupted state."""
+    cfg = tiny_cfg(tmp_path, steps=10, ckpt_every=3)
+    prompts = PROMPTS[:6]
+    monkeypatch.setattr(distill, "measure_draft", lambda *a, **k: {"alpha_greedy": 0.0, "alpha_t1": 0.0,
+                                                                   "cost_ratio": 1.0})
+    real_step, calls = distill.optimizer_step, {"n": 0}
+
+    def interrupted_update(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 8:
+            raise KeyboardInterrupt
+        return real_step(*a, **k)
+
+    monkeypatch.setattr(distill, "optimizer_step", interrupted_update)
+    with pytest.raises(KeyboardInterrupt):
+        build_draft(cfg, target=tiny_target, tokenizer=tiny_tok, prompts=prompts, eval_prompts=prompts[:1])
+    assert torch.load(tmp_path / "work" / distill.CKPT_NAME, weights_only=False)["step"] == 6

@@ -11,6 +11,7 @@ torch and transformers are imported inside the functions that need them, so that
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -246,6 +247,43 @@ def optimizer_step(opt, params, loss: torch.Tensor, lr: float) -> None:
     loss.backward()
     torch.nn.utils.clip_grad_norm_(params, 1.0)
     opt.step()
+
+
+class CheckpointOnInterrupt:
+    """Ctrl-C in a training loop keeps the steps done: on KeyboardInterrupt inside the ``with`` block it calls
+    ``save()`` (then lets the interrupt go on to :func:`run_recipe`), unless it came inside :meth:`updating` (the
+    backward pass and weight update: some weights may have changed, so the last checkpoint is kept).
+
+    Example::
+
+        with CheckpointOnInterrupt(save) as guard:
+            while step < steps:
+                ...
+                with guard.updating():
+                    optimizer_step(opt, params, loss, lr)
+                step += 1
+    """
+
+    def __init__(self, save: Callable[[], None]):
+        self.save = save
+        self._updating = False
+
+    @contextlib.contextmanager
+    def updating(self):
+        """The block where an interrupt leaves the weights half-updated (nothing is saved if one comes there). An
+        exception leaves the flag set on purpose: the enclosing ``__exit__`` must see where it came from."""
+        self._updating = True
+        yield
+        self._updating = False
+
+    def __enter__(self) -> "CheckpointOnInterrupt":
+        return self
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if kind is KeyboardInterrupt and not self._updating:
+            log.warning("interrupted: saving the steps done to the checkpoint")
+            self.save()
+        return False
 
 
 def load_checkpoint(path: Path, keys: tuple[str, ...], restart: bool) -> dict | None:

@@ -27,6 +27,7 @@ directory (``--out learn2draft/assets/smollm2-135m-draft`` rebuilds the shipped 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
@@ -43,6 +44,7 @@ from learn2draft.cli import HelpFormatter
 from learn2draft.names import DEFAULT_DRAFT_DIR, DEFAULT_TARGET
 from train.recipes.common import (
     CKPT_NAME,
+    CheckpointOnInterrupt,
     DISTILL_PROMPTS_FILE,
     RecipeError,
     add_recipe_flags,
@@ -440,8 +442,9 @@ def train_draft(draft: LlamaForCausalLM, data: list[dict], cfg: DistillConfig, w
     """Train ``draft`` in place on ``data`` (from :func:`generate_data`) for ``cfg.steps`` steps.
 
     A checkpoint (model, optimizer, step, training seconds so far) is written to
-    ``work_dir/checkpoint.pt`` every ``cfg.ckpt_every`` steps and at the end; a later call with the
-    same ``train_key`` resumes from it unless ``restart``.
+    ``work_dir/checkpoint.pt`` every ``cfg.ckpt_every`` steps, on Ctrl-C between weight updates
+    (:class:`train.recipes.common.CheckpointOnInterrupt`) and at the end; a later call with the same
+    ``train_key`` resumes from it unless ``restart``.
 
     Time cap: progress = max(step / ``cfg.steps``, training seconds / ``cfg.max_train_minutes``);
     the learning rate follows it (cosine) and training ends when it reaches 1, so a slow machine
@@ -480,29 +483,31 @@ def train_draft(draft: LlamaForCausalLM, data: list[dict], cfg: DistillConfig, w
     last: dict = {}
     stopped = False
     bar = progress_display(total=cfg.steps, initial=step, desc="distil", unit="step")
-    while step < cfg.steps:
-        done = progress(step, cfg.steps, prior_s + time.perf_counter() - t0, cfg.max_train_minutes)
-        if done >= 1.0:
-            stopped = True
-            log.warning("stopping at step %d: --max-train-minutes %.1f reached", step, cfg.max_train_minutes)
-            break
-        epoch, k = divmod(step, per_epoch)
-        order = _order(n, epoch, cfg.seed)
-        b = _batch(data, order[k * cfg.batch_size:(k + 1) * cfg.batch_size])
-        ts = time.perf_counter()
-        m = _draft_step(draft, b, cfg)
-        optimizer_step(opt, draft.parameters(), m["loss"], lr_at(step, done, cfg.lr, cfg.warmup))
-        step += 1
-        last = {k2: float(v.detach()) for k2, v in m.items()}
-        last.update(lr=opt.param_groups[0]["lr"], epoch=epoch, positions=int(len(b["rows"])),
-                    positions_per_s=len(b["rows"]) / (time.perf_counter() - ts))
-        if wandb_run is not None:
-            wandb_run.log({f"train/{k2}": v for k2, v in last.items()}, step=step)
-        bar.update(1)
-        bar.set_postfix(loss=f"{last['loss']:.3f}", top1=f"{last['top1']:.3f}")
-        if step % cfg.ckpt_every == 0:
-            save()
-    bar.close()
+    # Ctrl-C keeps the steps done since the last checkpoint (not inside a weight update)
+    with CheckpointOnInterrupt(save) as guard, contextlib.closing(bar):
+        while step < cfg.steps:
+            done = progress(step, cfg.steps, prior_s + time.perf_counter() - t0, cfg.max_train_minutes)
+            if done >= 1.0:
+                stopped = True
+                log.warning("stopping at step %d: --max-train-minutes %.1f reached", step, cfg.max_train_minutes)
+                break
+            epoch, k = divmod(step, per_epoch)
+            order = _order(n, epoch, cfg.seed)
+            b = _batch(data, order[k * cfg.batch_size:(k + 1) * cfg.batch_size])
+            ts = time.perf_counter()
+            m = _draft_step(draft, b, cfg)
+            with guard.updating():
+                optimizer_step(opt, draft.parameters(), m["loss"], lr_at(step, done, cfg.lr, cfg.warmup))
+            step += 1
+            last = {k2: float(v.detach()) for k2, v in m.items()}
+            last.update(lr=opt.param_groups[0]["lr"], epoch=epoch, positions=int(len(b["rows"])),
+                        positions_per_s=len(b["rows"]) / (time.perf_counter() - ts))
+            if wandb_run is not None:
+                wandb_run.log({f"train/{k2}": v for k2, v in last.items()}, step=step)
+            bar.update(1)
+            bar.set_postfix(loss=f"{last['loss']:.3f}", top1=f"{last['top1']:.3f}")
+            if step % cfg.ckpt_every == 0:
+                save()
     save()
     draft.eval()
     return {"start_step": start_step, "step": step, "train_seconds": time.perf_counter() - t0,

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import copy
 import dataclasses
 import hashlib
@@ -65,6 +66,7 @@ from learn2draft.models import DEFAULT_TARGET, encode_text, eos_token_ids, resol
 from learn2draft.names import DTYPE_NAMES
 from train.recipes.common import (
     CKPT_NAME,
+    CheckpointOnInterrupt,
     DISTILL_PROMPTS_FILE,
     RecipeError,
     add_recipe_flags,
@@ -606,8 +608,9 @@ def train_head(head: DraftHead, train: list[dict], heldout: list[dict], cfg: Hea
     """Train ``head`` in place (see the module docstring, phase 3); keep the best held-out state.
 
     Checkpoints (head, optimizer, step, best state, seconds) go to ``work_dir/checkpoint.pt`` every
-    ``cfg.ckpt_every`` steps; a call with the same ``train_key`` (or one of ``also_resume``: the same run
-    with another time cap) resumes unless ``restart``.
+    ``cfg.ckpt_every`` steps and on Ctrl-C between weight updates (:class:`train.recipes.common.CheckpointOnInterrupt`);
+    a call with the same ``train_key`` (or one of ``also_resume``: the same run with another time cap) resumes
+    unless ``restart``.
     Progress = max(step / steps, seconds / cap) drives the cosine schedule and ends training at 1.
 
     Returns:
@@ -647,8 +650,8 @@ def train_head(head: DraftHead, train: list[dict], heldout: list[dict], cfg: Hea
     stopped = False
     walk: dict = {}
     bar = progress_display(total=cfg.steps, initial=step, desc="train head", unit="step")
-    updating = False
-    try:
+    # Ctrl-C keeps the steps done since the last checkpoint (not inside a weight update)
+    with CheckpointOnInterrupt(save) as guard, contextlib.closing(bar):
         while step < cfg.steps:
             done = progress(step, cfg.steps, prior_s + time.perf_counter() - t0, cfg.max_train_minutes)
             if done >= 1.0:
@@ -659,9 +662,8 @@ def train_head(head: DraftHead, train: list[dict], heldout: list[dict], cfg: Hea
             ts = time.perf_counter()
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.dtype == "bfloat16"):
                 m = head_losses(head, batch, cfg.ttt_steps, cfg.ttt_decay, cfg.reg_weight, noise_std, gen)
-            updating = True
-            optimizer_step(opt, params, m["loss"], lr_at(step, done, cfg.lr, cfg.warmup))
-            updating = False
+            with guard.updating():
+                optimizer_step(opt, params, m["loss"], lr_at(step, done, cfg.lr, cfg.warmup))
             step += 1
             last = {k2: float(v.detach()) for k2, v in m.items()} | {
                 "lr": opt.param_groups[0]["lr"], "epoch": epoch,
@@ -674,12 +676,6 @@ def train_head(head: DraftHead, train: list[dict], heldout: list[dict], cfg: Hea
                 tracker.score(head, step, wandb_run)
             if step % cfg.ckpt_every == 0:
                 save()
-    except KeyboardInterrupt:  # Ctrl-C: keep the steps done since the last checkpoint
-        if not updating:  # an interrupted optimizer step may have changed some weights: keep the last checkpoint
-            save()
-        raise
-    finally:
-        bar.close()
     if not tracker.history or tracker.history[-1]["step"] != step:
         tracker.score(head, step, wandb_run)
     save()
