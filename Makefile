@@ -1,6 +1,6 @@
 # learn2draft — set-up, main job and tests. Each target does its own set-up.
-#   make demo   set up, then on the embedded default pair: record lookup and draft-model traces, measure this
-#               machine's latency profile, train the hybrid drafter's policy in replay, benchmark it per category
+#   make demo   set up, then on the embedded default pair: record prompt-lookup and head traces, measure this
+#               machine's latency profile, train the lookup+head hybrid's policy in replay, benchmark it per category
 #               against each drafter's best fixed γ, the hand rules and generate(), and check the output law
 #   make test   set up, run the test suite on TEST_WORKERS pytest-xdist processes (TEST_WORKERS=0: one process)
 PY      ?= python3
@@ -42,12 +42,12 @@ demo: setup
 	@echo "make demo: precision $(DEMO_DTYPE) (DTYPE=$(DTYPE)), $(THREADS) torch threads"
 	$(BIN)/python -m eval.record --drafter lookup --prompt-split mixed_train --max-depth 16 --max-new-tokens 64 \
 		--threads $(THREADS) --dtype $(DEMO_DTYPE) --out $(DATA)/lookup.npz --overwrite
-	$(BIN)/python -m eval.record --drafter model --prompt-split mixed_train --max-depth 1 --max-new-tokens 64 \
-		--threads $(THREADS) --dtype $(DEMO_DTYPE) --out $(DATA)/model.npz --overwrite
-	$(BIN)/python -m eval.profile --drafter lookup,model --contexts 128,512 --repeats 3 --name this-machine \
+	$(BIN)/python -m eval.record --drafter head --prompt-split mixed_train --max-depth 8 --max-new-tokens 64 \
+		--threads $(THREADS) --dtype $(DEMO_DTYPE) --out $(DATA)/head.npz --overwrite
+	$(BIN)/python -m eval.profile --drafter lookup,head --contexts 128,512 --repeats 3 --name this-machine \
 		--threads $(THREADS) --dtype $(DEMO_DTYPE) --out $(DATA)/profile.json --overwrite
-	$(BIN)/python -m train --replay $(DATA)/lookup.npz,$(DATA)/model.npz --profile $(DATA)/profile.json \
-		--max-depth 16 --timesteps 32768 --threads $(THREADS) --dtype $(DEMO_DTYPE) --out $(RUN) --overwrite
+	$(BIN)/python -m train --replay $(DATA)/lookup.npz,$(DATA)/head.npz --profile $(DATA)/profile.json \
+		--max-depth 16 --timesteps 131072 --threads $(THREADS) --dtype $(DEMO_DTYPE) --out $(RUN) --overwrite
 	$(BIN)/python -m eval.benchmark --policy $(RUN) --prompt-set mixed --num-prompts 24 --repeats 1 \
 		--temperatures 0 --gammas 1,2,4,16 --threads $(THREADS) --dtype $(DEMO_DTYPE) --out $(RUN)/benchmark
 	$(BIN)/python -m eval --policy $(RUN) --law-check --skip-speed --threads $(THREADS) --dtype $(DEMO_DTYPE)
