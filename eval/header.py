@@ -82,21 +82,23 @@ def load_average() -> list[float] | None:
 
 def hardware(device: str, forward_rows: tuple[int, ...] = (1, 9)) -> dict:
     """:func:`eval.profile.machine_info` of ``device`` plus the CPU's bf16 units as torch sees them (``amx``,
-    ``avx512_bf16``: what :func:`learn2draft.models.fastest_dtype` reads; on a CPU with neither,
-    ``bf16_matmul_speedup``, the measurement ``--dtype auto`` decides by: :func:`learn2draft.models.bf16_matmul_timing`
-    at the run's forward widths ``forward_rows``, recorded as ``bf16_matmul_rows``) and torch's interop threads."""
+    ``avx512_bf16``: what :func:`learn2draft.models.fastest_dtype` reads; on a CPU without AMX,
+    ``bf16_forward_speedup`` and ``bf16_forward_min_speedup``, the measurement ``--dtype auto`` decides by:
+    :func:`learn2draft.models.bf16_forward_timing` at the run's forward widths ``forward_rows``, recorded as
+    ``bf16_forward_rows``) and torch's interop threads."""
     import torch
 
     from eval.profile import machine_info
-    from learn2draft.models import bf16_matmul_timing, cpu_bf16_units
+    from learn2draft.models import bf16_forward_timing, cpu_bf16_units
 
     info = machine_info(device)
     units = cpu_bf16_units()
     info.update(units)
-    if torch.device(device).type == "cpu" and not any(units.values()):
+    if torch.device(device).type == "cpu" and not units.get("amx"):
         rows = tuple(int(n) for n in forward_rows)
-        info["bf16_matmul_speedup"] = bf16_matmul_timing(rows=rows)["speedup"]  # what --dtype auto decided from
-        info["bf16_matmul_rows"] = list(rows)
+        timing = bf16_forward_timing(rows=rows)  # what --dtype auto decided from
+        info["bf16_forward_speedup"], info["bf16_forward_min_speedup"] = timing["speedup"], timing["min_speedup"]
+        info["bf16_forward_rows"] = list(rows)
     info["torch_interop_threads"] = torch.get_num_interop_threads()
     return info
 
@@ -144,8 +146,9 @@ def finish_header(header: dict) -> dict:
 def header_lines(header: dict) -> list[str]:
     """The header as Markdown lines, at the top of ``results.md`` and ``benchmark.md``."""
     hw = header["hardware"]
-    measured = (f"; bf16 matmuls measured {hw['bf16_matmul_speedup']:.2f}× fp32's speed"
-                if hw.get("bf16_matmul_speedup") else "")
+    measured = (f"; a bf16 forward measured {hw['bf16_forward_speedup']:.2f}× fp32's speed over "
+                f"{hw.get('bf16_forward_rows')} tokens, {hw.get('bf16_forward_min_speedup', float('nan')):.2f}× at "
+                "its worst width" if hw.get("bf16_forward_speedup") else "")
     machine = (hw["gpu"] if "gpu" in hw else f"{hw['cpu']}, {hw['cores']} cores") + \
         f" (AMX: {_yes(hw.get('amx'))}, AVX512-BF16: {_yes(hw.get('avx512_bf16'))}{measured}); {hw.get('platform', '')}"
     libs = ", ".join(f"{k} {v}" for k, v in header["libraries"].items() if v)

@@ -389,61 +389,81 @@ class _DropGGUFDtypeWarning(logging.Filter):
         return "GGUF checkpoint with its weights packed is fastest in float32" not in record.getMessage()
 
 
-#: bf16 must be at least this much faster than fp32 in :func:`bf16_matmul_timing` for ``auto`` to pick it on a CPU
-#: without bf16 units (a small margin against timing noise: on 2 threads a Zen 3 EPYC measured 1.09–1.68×).
+#: For ``auto`` to pick bf16 on a CPU without AMX, a bf16 forward must be at least this much faster than fp32 over the
+#: run's forward widths (:func:`bf16_forward_timing`'s ``speedup``) and no width may be slower by more than this
+#: factor (``min_speedup`` ≥ 1 / it): a margin against timing noise, which reads ±0.08 at a tie on 2 cores.
 BF16_MIN_SPEEDUP = 1.05
 
 
 _BF16_TIMINGS: dict[tuple, dict] = {}
 
 
-def bf16_matmul_timing(hidden: int = 1024, layers: int = 3, rows: tuple[int, ...] = (1, 9), repeats: int = 5,
-                       threads: int | None = None) -> dict:
-    """Time what a small language model's forward is made of on this CPU, in float32 and in bfloat16: ``layers``
-    MLP blocks of ``hidden`` → 4·``hidden`` → ``hidden`` linear layers (96 MiB of fp32 weights by default: beyond a
-    CPU's last-level cache, as a model's weights are), applied to ``rows`` tokens (1: a decode step; 9: verifying
-    8 drafted tokens). The two precisions are interleaved, each shape's time is the minimum of ``repeats``, on
-    ``threads`` torch threads (None: torch's current setting; restored afterwards): the answer depends on them — on
-    a 2-core Zen 3 EPYC bf16 measured 1.09–1.68× fp32's speed on 2 threads and 0.68–0.76× on 1. Measured once per
-    process and setting (about 1 s on 2 CPU cores); every call returns a fresh copy.
+def bf16_forward_timing(layers: int = 8, vocab: int = 12288, rows: tuple[int, ...] = (1, 9), context: int = 192,
+                        repeats: int = 5, threads: int | None = None) -> dict:
+    """Time a small decoder's forward on this CPU in float32 and in bfloat16: a randomly initialised
+    ``transformers`` Llama with SmolLM2-135M's layer shapes (hidden 576, MLP 1536, 9 query / 3 key-value heads, rope
+    θ 100,000, a tied LM head) cut to ``layers`` layers and a ``vocab``-token vocabulary — by default 8 of its 30
+    layers and a quarter of its 49,152 tokens, which keeps its ratio of layer work to LM-head work — run on ``rows``
+    new tokens (1: a decode step; 9: verifying 8 drafted tokens) after a cached ``context``. It carries what a real
+    forward carries besides matmuls — RMSNorm, rotary embeddings, attention over the KV cache, the cache update, the
+    LM head — which, on a CPU without AMX, can make bf16 slower than fp32 where its matmuls alone are faster. The
+    two precisions are interleaved (their order alternating by round), each shape's time is the minimum of
+    ``repeats`` (after one warm-up round), on ``threads`` torch threads (None: torch's current setting; restored
+    afterwards): the answer depends on them. Measured once per process and setting (about 1.3 s on 2 CPU cores);
+    every call returns a fresh copy.
+
+    Measured against the real SmolLM2-135M forward (``eval/scripts/dtype_forward_bench.py``, 2 threads, context 192,
+    2026-12-05, alone) on a 2-core Intel Xeon whose VM exposed AVX512-BF16 but not AMX: the target's bf16 speed ×
+    fp32 was 0.82–0.90 at 1 token, 0.90–0.99 at 2 and 0.99–1.08 at 17 (two runs); this timing read 0.84–0.87,
+    0.86–0.89 and 1.00–1.05 (three runs). A 4-layer cut with the full vocabulary, LM-head-bound, read 0.99–1.06 at
+    1 token, and the MLP-only timing used until then 0.99: both blind to the decode step bf16 loses there.
 
     Returns:
         ``{"float32": {n: seconds}, "bfloat16": {n: seconds}, "speedup": Σ_n fp32 seconds / Σ_n bf16 seconds,
-        "threads": the thread count measured on}`` (speedup > 1: bf16 is faster).
+        "min_speedup": min_n fp32 seconds / bf16 seconds, "threads": the thread count measured on}`` (speedup > 1:
+        bf16 is faster).
     """
     import copy
     import time
 
+    from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
     threads = int(threads or torch.get_num_threads())
-    key = (threads, int(hidden), int(layers), tuple(int(n) for n in rows), int(repeats))
+    key = (threads, int(layers), int(vocab), tuple(int(n) for n in rows), int(context), int(repeats))
     if key not in _BF16_TIMINGS:
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
+            config = LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=int(layers),
+                                 num_attention_heads=9, num_key_value_heads=3, vocab_size=int(vocab),
+                                 rope_theta=100000.0, max_position_embeddings=max(2048, int(context) + max(key[3]) + 1),
+                                 tie_word_embeddings=True)
             gen = torch.Generator().manual_seed(0)
-            # nn.Linear's layout and call (F.linear, weight (out, in)): a plain bf16 ``x @ w`` takes another, far
-            # slower kernel on CPUs without bf16 units (measured 13–20× fp32's time on a Zen 3 EPYC), which a model
-            # never runs
-            lin = torch.nn.functional.linear
-            weights = {torch.float32: [(torch.randn(4 * hidden, hidden, generator=gen) * 0.02,
-                                        torch.randn(hidden, 4 * hidden, generator=gen) * 0.02) for _ in range(layers)]}
-            weights[torch.bfloat16] = [(a.to(torch.bfloat16), b.to(torch.bfloat16)) for a, b in weights[torch.float32]]
-            best = {dt: {n: float("inf") for n in key[3]} for dt in weights}
+            with torch.random.fork_rng(devices=[]):  # the model's random init leaves the caller's RNG untouched
+                torch.manual_seed(0)
+                fp32 = LlamaForCausalLM(config).eval()
+            models = {torch.float32: fp32, torch.bfloat16: copy.deepcopy(fp32).to(torch.bfloat16)}
+            best = {dt: {n: float("inf") for n in key[3]} for dt in models}
             with torch.inference_mode():
+                ctx = torch.randint(100, 1000, (1, int(context)), generator=gen)
+                caches = {dt: DynamicCache() for dt in models}
+                for dt, model in models.items():
+                    model(input_ids=ctx, cache=caches[dt], use_cache=True)
                 for rep in range(repeats + 1):  # the first round warms the kernels up and is not counted
                     for dt in ((torch.float32, torch.bfloat16) if rep % 2 == 0 else (torch.bfloat16, torch.float32)):
                         for n in key[3]:
-                            x = torch.randn(n, hidden, generator=gen).to(dt)
+                            new = torch.randint(100, 1000, (1, n), generator=gen)
                             t0 = time.perf_counter()
-                            for a, b in weights[dt]:
-                                x = lin(torch.nn.functional.silu(lin(x, a)), b)
+                            models[dt](input_ids=new, cache=caches[dt], use_cache=True)
                             seconds = time.perf_counter() - t0
+                            caches[dt].crop(-n)
                             if rep:
                                 best[dt][n] = min(best[dt][n], seconds)
         finally:
             torch.set_num_threads(before)
         out = {"float32": best[torch.float32], "bfloat16": best[torch.bfloat16], "threads": threads}
         out["speedup"] = sum(out["float32"].values()) / max(sum(out["bfloat16"].values()), 1e-12)
+        out["min_speedup"] = min(out["float32"][n] / max(out["bfloat16"][n], 1e-12) for n in key[3])
         _BF16_TIMINGS[key] = out
     return copy.deepcopy(_BF16_TIMINGS[key])
 
@@ -471,15 +491,21 @@ def fastest_dtype(device: str | torch.device = "cpu", threads: int | None = None
     """The dtype this machine computes a small transformer's forward fastest in (what ``--dtype auto`` means).
 
     * CUDA: ``"bfloat16"`` with bf16 (compute capability ≥ 8.0), else ``"float32"``.
-    * A CPU with AMX tiles or AVX512-BF16: ``"bfloat16"`` (oneDNN runs bf16 matmuls natively). Measured on a 2-core
-      Intel Xeon with AMX (SmolLM2-135M, context 256, 2 threads): one token costs the same in both (40.7 ms), but
-      verifying 8 tokens costs 1.13× one in bf16 against 2.00× in fp32.
-    * Any other CPU: measured on ``threads`` torch threads (None: the current setting; pass the run's own, the answer
-      depends on it) by :func:`bf16_matmul_timing` at the run's own forward widths ``rows`` (tokens per target
-      forward: :func:`forward_rows` of its batch size and depth; default one sequence at depth 8):
-      ``"bfloat16"`` when bf16 matmuls over those shapes are at least :data:`BF16_MIN_SPEEDUP` × faster than fp32,
-      else ``"float32"``. Without bf16 units a bf16 matmul converts on the fly: it moves half the bytes, which wins
-      for a one-token decode step, and computes slower, which loses as the rows grow. On a 2-core AMD EPYC (Zen 3,
+    * A CPU with AMX tiles: ``"bfloat16"`` (oneDNN runs bf16 matmuls on the tiles). Measured on a 2-core Intel Xeon
+      with AMX (SmolLM2-135M, context 256, 2 threads): one token costs the same in both (40.7 ms), but verifying 8
+      tokens costs 1.13× one in bf16 against 2.00× in fp32.
+    * Any other CPU, AVX512-BF16 included: measured on ``threads`` torch threads (None: the current setting; pass the
+      run's own, the answer depends on it) by :func:`bf16_forward_timing` at the run's own forward widths ``rows``
+      (tokens per target forward: :func:`forward_rows` of its batch size and depth; default one sequence at depth 8):
+      ``"bfloat16"`` when a small decoder's forward over those widths is at least :data:`BF16_MIN_SPEEDUP` × faster
+      in bf16 than in fp32 and slower at none of them by more than that factor, else ``"float32"`` (the safe choice
+      at a tie). AVX512-BF16 alone is no promise: on a 2-core Intel Xeon whose VM
+      exposed AVX512-BF16 but not AMX (2026-12-05, 2 threads, alone) SmolLM2-135M's one-token forward took 32.9 ms
+      in fp32 and 40.3 ms in bf16, and plain ``generate()`` ran at 0.88× fp32's speed in bf16 (interleaved);
+      ``make demo`` in bf16, which this function then picked without measuring, ran the learned hybrid at 28.8 tok/s
+      against 31.9 in its fp32 run half an hour later. Without bf16 units a bf16 matmul converts on the fly: it
+      moves half the bytes, which wins for a one-token decode step, and computes slower, which loses as the rows
+      grow. On a 2-core AMD EPYC (Zen 3,
       AVX2 only; SmolLM2-135M, context 192, 2 threads, min of 3 interleaved,
       ``eval/scripts/dtype_forward_bench.py``, 2026-12-03) a target forward over 1 token took 94.5 ms in fp32 and
       59.3 ms in bf16, over 9 tokens 192.9 and 222.0 ms, over 16 rows × 1 token 215.2 and 427.5 ms, over 16 × 9
@@ -493,10 +519,11 @@ def fastest_dtype(device: str | torch.device = "cpu", threads: int | None = None
     if dev.type == "cuda":
         return "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
     if dev.type == "cpu":
-        if any(cpu_bf16_units().values()):
+        if cpu_bf16_units().get("amx"):
             return "bfloat16"
-        speedup = bf16_matmul_timing(threads=threads, rows=tuple(rows))["speedup"]
-        return "bfloat16" if speedup >= BF16_MIN_SPEEDUP else "float32"
+        t = bf16_forward_timing(threads=threads, rows=tuple(rows))
+        clear = t["speedup"] >= BF16_MIN_SPEEDUP and t["min_speedup"] >= 1 / BF16_MIN_SPEEDUP
+        return "bfloat16" if clear else "float32"
     return "float32"
 
 

@@ -229,6 +229,28 @@ def test_header_records_models_libraries_hardware_load_and_prompts(tmp_path):
         assert part in text, part
 
 
+def test_header_records_the_bf16_timing_auto_decides_by_on_a_cpu_without_amx(monkeypatch):
+    """Without AMX ``--dtype auto`` is a measurement; the header keeps it (over the run's widths, and at its worst
+    width) so a reader sees why the run is in its precision. With AMX nothing is measured."""
+    import learn2draft.models as M
+    from eval.header import finish_header, hardware, header_lines, run_header
+
+    seen = []
+    monkeypatch.setattr(M, "cpu_bf16_units", lambda: {"amx": False, "avx512_bf16": True})
+    monkeypatch.setattr(M, "bf16_forward_timing",
+                        lambda rows=(1, 9), threads=None: seen.append(rows) or {"speedup": 1.01, "min_speedup": 0.82})
+    hw = hardware("cpu", forward_rows=(1, 17))
+    assert seen == [(1, 17)] and hw["bf16_forward_rows"] == [1, 17]
+    seen.clear()
+    assert (hw["bf16_forward_speedup"], hw["bf16_forward_min_speedup"]) == (1.01, 0.82)
+    h = finish_header(run_header("org/some-model", None, None, "float32", {"temperature": 0.0}, "cpu",
+                                 [Prompt("a", "code", "en")], "mine.jsonl", forward_rows=(1, 17)))
+    line = "\n".join(header_lines(h))
+    assert "a bf16 forward measured 1.01× fp32's speed over [1, 17] tokens, 0.82× at its worst width" in line
+    monkeypatch.setattr(M, "cpu_bf16_units", lambda: {"amx": True, "avx512_bf16": True})
+    assert "bf16_forward_speedup" not in hardware("cpu", forward_rows=(1, 17)) and seen == [(1, 17)]
+
+
 # --------------------------------------------------------------------------------- verdicts
 def _summary(tps: dict[str, list[float]]) -> dict:
     return {name: {"tokens_per_second_mean": sum(v) / len(v), "tokens_per_second_per_repeat": v}

@@ -1,7 +1,7 @@
 """The target's forward in float32 and in bfloat16, side by side: B rows × n new tokens after a cached context, the
 two precisions interleaved (their order alternating by round), the minimum of ``--repeats`` rounds per shape. Prints
 each shape's seconds and bf16's speed relative to fp32, with what ``--dtype auto`` measures for the same widths
-(:func:`learn2draft.models.bf16_matmul_timing`). Run alone on the machine (``uptime`` before and after are printed):
+(:func:`learn2draft.models.bf16_forward_timing`). Run alone on the machine (``uptime`` before and after are printed):
 
     .venv/bin/python eval/scripts/dtype_forward_bench.py --threads 2 --shapes 1x1,1x9,16x1,16x9
 """
@@ -38,7 +38,7 @@ def main() -> None:
     from transformers import DynamicCache
 
     from learn2draft import load_pair
-    from learn2draft.models import bf16_matmul_timing, cpu_bf16_units
+    from learn2draft.models import bf16_forward_timing, cpu_bf16_units
 
     print(f"load average before {os.getloadavg()}, {a.threads} torch threads, context {a.context}, "
           f"bf16 units {cpu_bf16_units()}", flush=True)
@@ -67,11 +67,11 @@ def main() -> None:
                     caches[(s, dt)].crop(-s[1])
                     if rep:
                         best[(s, dt)] = min(best[(s, dt)], sec)
-    print("| B × n | fp32 ms | bf16 ms | bf16 speed × fp32 | auto's matmul timing at B·n rows |")
+    print("| B × n | fp32 ms | bf16 ms | bf16 speed × fp32 | auto's timing at B·n tokens |")
     print("|---|---|---|---|---|")
     for s in shapes:
         f, b = best[(s, "float32")], best[(s, "bfloat16")]
-        mm = bf16_matmul_timing(rows=(s[0] * s[1],), threads=a.threads)["speedup"]
+        mm = bf16_forward_timing(rows=(s[0] * s[1],), threads=a.threads)["speedup"]
         print(f"| {s[0]} × {s[1]} | {f * 1e3:.1f} | {b * 1e3:.1f} | {f / b:.2f} | {mm:.2f} |")
     print(f"load average after {os.getloadavg()}")
 
