@@ -499,18 +499,16 @@ def fastest_dtype(device: str | torch.device = "cpu", threads: int | None = None
       (tokens per target forward: :func:`forward_rows` of its batch size and depth; default one sequence at depth 8):
       ``"bfloat16"`` when a small decoder's forward over those widths is at least :data:`BF16_MIN_SPEEDUP` × faster
       in bf16 than in fp32 and slower at none of them by more than that factor, else ``"float32"`` (the safe choice
-      at a tie). AVX512-BF16 alone is no promise: on a 2-core Intel Xeon whose VM
-      exposed AVX512-BF16 but not AMX (2026-12-05, 2 threads, alone) SmolLM2-135M's one-token forward took 32.9 ms
-      in fp32 and 40.3 ms in bf16, and plain ``generate()`` ran at 0.88× fp32's speed in bf16 (interleaved);
-      ``make demo`` in bf16, which this function then picked without measuring, ran the learned hybrid at 28.8 tok/s
-      against 31.9 in its fp32 run half an hour later. Without bf16 units a bf16 matmul converts on the fly: it
-      moves half the bytes, which wins for a one-token decode step, and computes slower, which loses as the rows
-      grow. On a 2-core AMD EPYC (Zen 3,
-      AVX2 only; SmolLM2-135M, context 192, 2 threads, min of 3 interleaved,
-      ``eval/scripts/dtype_forward_bench.py``, 2026-12-03) a target forward over 1 token took 94.5 ms in fp32 and
-      59.3 ms in bf16, over 9 tokens 192.9 and 222.0 ms, over 16 rows × 1 token 215.2 and 427.5 ms, over 16 × 9
-      596.1 and 2651.9 ms: a run decided on single-sequence shapes served a batch of 16 in bf16 at a quarter of
-      fp32's speed.
+      at a tie). AVX512-BF16 alone is no promise: on a 2-core Intel Xeon whose VM exposed AVX512-BF16 but not AMX
+      (2026-12-05, 2 threads, alone) SmolLM2-135M's one-token forward took 32.9 ms in fp32 and 40.3 ms in bf16, and
+      plain ``generate()`` ran at 0.88× fp32's speed in bf16 (interleaved); ``make demo`` in bf16, which this
+      function then picked without measuring, ran the learned hybrid at 28.8 tok/s against 31.9 in its fp32 run
+      half an hour later. Without bf16 units a bf16 matmul converts on the fly: it moves half the bytes, which wins
+      for a one-token decode step, and computes slower, which loses as the rows grow. On a 2-core AMD EPYC (Zen 3,
+      AVX2 only; SmolLM2-135M, context 192, 2 threads, min of 3 interleaved, ``eval/scripts/dtype_forward_bench.py``,
+      2026-12-03) a target forward over 1 token took 94.5 ms in fp32 and 59.3 ms in bf16, over 9 tokens 192.9 and
+      222.0 ms, over 16 rows × 1 token 215.2 and 427.5 ms, over 16 × 9 596.1 and 2651.9 ms: a run decided on
+      single-sequence shapes served a batch of 16 in bf16 at a quarter of fp32's speed.
 
     Logits, sampling and the exact sampler always run in float32 (:meth:`learn2draft.sampling.SamplingConfig.probs`),
     whatever this returns; re-measure a model's own costs with ``python -m eval.profile --dtype D``.

@@ -124,12 +124,16 @@ def test_hf_prompt_lookup_and_our_lookup_agree_with_greedy_on_tiny_models(tiny_p
     assert s["lookup"]["alpha"] is not None and 0 <= s["lookup"]["alpha"] <= 1
 
 
-@pytest.mark.parametrize("drafter", ["model", "lookup", "head"])
-def test_a_trained_policy_ships_for_every_drafter(drafter):
+@pytest.mark.parametrize("drafter,dtype", [("model", None), ("lookup", None), ("head", None),
+                                           ("lookup+head", "float32"), ("lookup+head", "bfloat16")])
+def test_a_trained_policy_ships_for_every_drafter(drafter, dtype):
+    """Every drafter has a shipped policy, and the lookup+head hybrid one for each precision (``auto`` picks float32
+    on CPUs where bf16 measures slower): each loads, reproduces its trained logits and agrees with its export."""
     from policies.layout import default_policy_dir
     from policies.load import load_policy, policy_drafter
 
-    d = default_policy_dir(drafter)
+    d = default_policy_dir(drafter, dtype)
+    assert d.name == (f"{drafter}-{dtype}" if dtype == "bfloat16" else drafter)
     assert policy_drafter(d) == drafter
     policy = load_policy(d)  # checks the feature spec against this version's
     assert policy.max_depth == json.loads((d / "policy_config.json").read_text())["max_depth"]

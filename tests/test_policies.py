@@ -306,7 +306,8 @@ def test_policies_check_passes_on_an_export_and_on_the_shipped_policies(export_d
 
     rep = check_export(export_dir)
     assert rep["passed"] and rep["vectors"] >= 64 and rep["max_abs_logit_diff"] < 1e-5
-    for d in ("model", "head", "lookup", "lookup-serve-bfloat16", "lookup-serve-float32"):
+    for d in ("model", "head", "lookup", "lookup-serve-bfloat16", "lookup-serve-float32", "lookup+head",
+              "lookup+head-bfloat16"):
         assert check_export(DEFAULT_POLICIES_DIR / d)["passed"], d
 
 
