@@ -488,7 +488,8 @@ def forward_rows_of(args: argparse.Namespace, max_depth: int | None = None) -> t
     (:func:`learn2draft.models.forward_rows`): its largest batch — ``--max-batch``, else the largest of
     ``--concurrency``, ``--batch-sizes`` or ``--serve-loads``, else 1 — and its deepest draft: the largest of
     ``max_depth`` (what the caller knows, e.g. its policy's), ``--max-depth``, the ``--gammas`` grid and the tree
-    ``--verify-sizes``, else :data:`learn2draft.names.DEFAULT_MAX_DEPTH`."""
+    ``--verify-sizes`` (only where the command runs a tree: its ``--tree`` is set, or it has no such flag), else
+    :data:`learn2draft.names.DEFAULT_MAX_DEPTH`."""
     from learn2draft.models import forward_rows
 
     batch = _largest_int(getattr(args, "max_batch", None))
@@ -497,7 +498,8 @@ def forward_rows_of(args: argparse.Namespace, max_depth: int | None = None) -> t
                                                                                       "serve_loads"))
                      if b is not None), default=1)
     depths = [d for d in (_largest_int(max_depth), *(_largest_int(getattr(args, name, None))
-                                                     for name in ("max_depth", "gammas", "verify_sizes")))
+                                                     for name in ("max_depth", "gammas", "verify_sizes")
+                                                     if name != "verify_sizes" or getattr(args, "tree", True)))
               if d is not None]
     return forward_rows(batch, max(depths) if depths else DEFAULT_MAX_DEPTH)
 

@@ -319,6 +319,9 @@ def test_auto_precision_is_measured_at_each_commands_forward_widths():
     assert forward_rows_of(Namespace(concurrency="1-16", max_depth=None, gammas="1,2,4,12")) == (16, 16 * 13)
     assert forward_rows_of(Namespace(gammas="1-12", verify_sizes=None), max_depth=16) == (1, 17)  # the policy's
     assert forward_rows_of(Namespace(gammas=[1, 2], verify_sizes="4,16")) == (1, 17)
+    # eval / eval.benchmark default --verify-sizes 4,8,16 for --tree: without --tree it is not a width they run
+    assert forward_rows_of(Namespace(gammas="1,2", verify_sizes="4,8,16", tree=False), max_depth=8) == (1, 9)
+    assert forward_rows_of(Namespace(gammas="1,2", verify_sizes="4,8,16", tree=True), max_depth=8) == (1, 17)
     assert forward_rows_of(Namespace(concurrency="1,2", max_batch=6, max_depth=4)) == (6, 30)
     assert forward_rows_of(Namespace(batch_sizes="1,8", max_depth=16)) == (8, 136)
     assert forward_rows_of(Namespace(serve_loads="1,4", max_depth=8)) == (4, 36)
