@@ -37,8 +37,9 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: setup
-	$(eval DEMO_DTYPE := $(shell $(RESOLVE_DTYPE) 2>/dev/null))
-	$(if $(DEMO_DTYPE),,$(error make demo: DTYPE=$(DTYPE) did not resolve to a precision: use auto, float32, bfloat16 or float16))
+	$(eval DEMO_DTYPE := $(shell $(RESOLVE_DTYPE)))
+	$(if $(DEMO_DTYPE),,$(error make demo: DTYPE=$(DTYPE) did not resolve to a precision (the error above says why): \
+		use auto, float32, bfloat16 or float16; if it could not import learn2draft or torch, remove $(VENV) and run make setup))
 	@echo "make demo: precision $(DEMO_DTYPE) (DTYPE=$(DTYPE)), $(THREADS) torch threads"
 	$(BIN)/python -m eval.record --drafter lookup --prompt-split mixed_train --max-depth 16 --max-new-tokens 64 \
 		--threads $(THREADS) --dtype $(DEMO_DTYPE) --out $(DATA)/lookup.npz --overwrite
@@ -55,11 +56,12 @@ demo: setup
 train: setup
 	$(BIN)/python -m train --out $(RUN)
 
+# eval and benchmark re-run into their default folders: --overwrite replaces the previous run's results there
 eval: setup
-	$(BIN)/python -m eval --policy $(RUN) --law-check
+	$(BIN)/python -m eval --policy $(RUN) --law-check --overwrite
 
 benchmark: setup
-	$(BIN)/python -m eval.benchmark --policy $(RUN)
+	$(BIN)/python -m eval.benchmark --policy $(RUN) --overwrite
 
 test: setup
 	WANDB_MODE=disabled HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -rs --durations=15 \

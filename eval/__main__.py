@@ -32,6 +32,9 @@ if TYPE_CHECKING:
     from eval.runner import TreeShape
     from learn2draft.decoding import DraftController
 
+#: What ``python -m eval`` writes in its ``--out`` (an earlier run's are kept unless ``--overwrite``).
+RESULT_FILES = ("results.md", "results.json", "results.png")
+
 
 def parse_ints(text: str, flag: str = "--gammas", what: str = "γ") -> list[int]:
     """``"1-12"`` or ``"1,2,4,8"`` → sorted list of positive ints. Raises ValueError naming ``flag`` otherwise."""
@@ -90,13 +93,24 @@ def check_tree_arguments(args, drafter: str) -> None:
             raise ValueError(f"{flag} must be ≥ 1, got {v}.")
 
 
-def make_out_dir(out: Path) -> Path:
+def make_out_dir(out: Path, results: tuple[str, ...] = (), overwrite: bool = False) -> Path:
     """Create the output directory (before the slow work, so that a bad ``--out`` fails first). A directory created
     here that is still empty when the process exits (the run failed before writing anything) is removed again.
 
+    Args:
+        results: the file names the command writes there; when one of them exists already (an earlier run) the
+            directory is refused unless ``overwrite`` (``--overwrite``), so that no earlier result is lost.
+
     Raises:
-        ValueError: naming ``--out``, if it cannot be created.
+        ValueError: naming ``--out``: it is a file, cannot be created, or holds an earlier run's ``results``
+            without ``overwrite``.
     """
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file: give a directory (the results are written there).")
+    earlier = [name for name in results if (out / name).exists()]
+    if earlier and not overwrite:
+        raise ValueError(f"--out {out} holds the results of an earlier run ({', '.join(earlier)}): pass --overwrite to "
+                         "replace them, or choose another --out.")
     created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -140,7 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: the policy's training setting")
     p.add_argument("--gammas", default="1-12", help="fixed γ grid, e.g. 1-12 or 1,2,4,8")
     p.add_argument("--seed", type=int, default=0, help="seeds the sampling of every method alike")
-    cli.add_out_arg(p, "the results directory (default: <policy>/eval; runs/eval-<drafter> for a shipped policy)")
+    cli.add_out_arg(p, "the results directory (default: <policy>/eval; runs/eval-<drafter> for a shipped policy): "
+                       f"{', '.join(RESULT_FILES)}")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the results of an earlier run in --out (else such a folder is refused)")
     p.add_argument("--law-check", action="store_true",
                    help="also run the output-law check on the real models (with --tree: tree arms too, the fixed "
                         "tree chosen on train — or the grid's largest with --skip-speed — and the learned tree)")
@@ -169,7 +186,7 @@ def _run(args) -> int:
     policy_dir, policy, head, drafter = _resolve_policy(args)
     trees = _resolve_trees(args, drafter)
     user_prompts, cfg, sampling, gammas, max_new, device = _check_settings(args, policy_dir)
-    out = make_out_dir(_out_path(args, policy_dir, drafter))
+    out = make_out_dir(_out_path(args, policy_dir, drafter), RESULT_FILES, args.overwrite)
 
     t0 = time.perf_counter()
     pair = load_models(args, drafter, cfg, device=device, progress=stderr_line,

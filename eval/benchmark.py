@@ -45,6 +45,8 @@ from learn2draft.prompts import PROMPT_SETS
 
 PLAIN = "hf generate"
 DEFAULT_OUT = "runs/benchmark"
+#: What the benchmark writes in its ``--out`` (an earlier run's are kept unless ``--overwrite``).
+RESULT_FILES = ("benchmark.md", "benchmark.json", "benchmark.png")
 HF_POLICY = "hf generate + learned policy"
 
 
@@ -147,7 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-lookup-num-tokens", type=int, default=10,
                    help="candidates per step of HF prompt lookup decoding (default: 10, the documented example)")
     p.add_argument("--seed", type=int, default=0, help="default: 0")
-    cli.add_out_arg(p, f"the results directory (default: {DEFAULT_OUT})")
+    cli.add_out_arg(p, f"the results directory (default: {DEFAULT_OUT}): {', '.join(RESULT_FILES)}")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the results of an earlier run in --out (else such a folder is refused)")
     from eval.__main__ import add_tree_arguments
 
     add_tree_arguments(p)
@@ -182,7 +186,7 @@ def _run(args) -> int:
     set_threads(args, cfg.get("threads"))
     args.target, args.draft = model_names(args, cfg)
     user_prompts = load_prompt_file_records(args.prompts) if args.prompts else None
-    out = make_out_dir(Path(args.out or DEFAULT_OUT))
+    out = make_out_dir(Path(args.out or DEFAULT_OUT), RESULT_FILES, args.overwrite)
     # The Hugging Face assisted-generation rows and the forward-cost ratio need the draft model, whatever drafts here.
     pair = load_models(args, args.drafter, need_draft=True, device=device, progress=stderr_line,
                        max_depth=getattr(policy, "max_depth", None))  # auto's widths: the policy's depth too

@@ -84,19 +84,19 @@ def hardware(device: str, forward_rows: tuple[int, ...] = (1, 9)) -> dict:
     """:func:`eval.profile.machine_info` of ``device`` plus the CPU's bf16 units as torch sees them (``amx``,
     ``avx512_bf16``: what :func:`learn2draft.models.fastest_dtype` reads; on a CPU without AMX,
     ``bf16_forward_speedup`` and ``bf16_forward_min_speedup``, the measurement ``--dtype auto`` decides by:
-    :func:`learn2draft.models.bf16_forward_timing` at the run's forward widths ``forward_rows``, recorded as
+    :func:`learn2draft.models.bf16_auto_timing` at the run's forward widths ``forward_rows``, recorded as
     ``bf16_forward_rows``) and torch's interop threads."""
     import torch
 
     from eval.profile import machine_info
-    from learn2draft.models import bf16_forward_timing, cpu_bf16_units
+    from learn2draft.models import bf16_auto_timing, cpu_bf16_units
 
     info = machine_info(device)
     units = cpu_bf16_units()
     info.update(units)
     if torch.device(device).type == "cpu" and not units.get("amx"):
         rows = tuple(int(n) for n in forward_rows)
-        timing = bf16_forward_timing(rows=rows)  # what --dtype auto decided from
+        timing = bf16_auto_timing(rows=rows)  # what --dtype auto decided from (the same cached measurements)
         info["bf16_forward_speedup"], info["bf16_forward_min_speedup"] = timing["speedup"], timing["min_speedup"]
         info["bf16_forward_rows"] = list(rows)
     info["torch_interop_threads"] = torch.get_num_interop_threads()

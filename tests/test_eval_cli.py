@@ -160,7 +160,7 @@ def test_one_table_renderer_for_eval_and_benchmark(tiny_run, tmp_path, monkeypat
 
     # auto's timing, fixed: a real one can read either side of a near-tie twice in one test (bf16 clearly faster here)
     monkeypatch.setattr(M, "bf16_forward_timing",
-                        lambda threads=None, rows=(1, 9): {"speedup": 1.3, "min_speedup": 1.1})
+                        lambda threads=None, rows=(1, 9), trial=0: {"speedup": 1.3, "min_speedup": 1.1})
     argv = ["--policy", str(tiny_run), "--temperatures", "0", "--num-prompts", "1", "--repeats", "1",
             "--max-new-tokens", "4", "--gammas", "1", "--device", "cpu", "--out", str(out)]
     assert bench_main(argv) == 0

@@ -238,7 +238,7 @@ def test_header_records_the_bf16_timing_auto_decides_by_on_a_cpu_without_amx(mon
     seen = []
     monkeypatch.setattr(M, "cpu_bf16_units", lambda: {"amx": False, "avx512_bf16": True})
     monkeypatch.setattr(M, "bf16_forward_timing",
-                        lambda rows=(1, 9), threads=None: seen.append(rows) or {"speedup": 1.01, "min_speedup": 0.82})
+                        lambda rows=(1, 9), threads=None, trial=0: seen.append(rows) or {"speedup": 1.01, "min_speedup": 0.82})
     hw = hardware("cpu", forward_rows=(1, 17))
     assert seen == [(1, 17)] and hw["bf16_forward_rows"] == [1, 17]
     seen.clear()

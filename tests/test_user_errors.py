@@ -529,3 +529,34 @@ def test_a_precision_warning_is_one_line_on_a_command(capsys):
         assert warnings.showwarning is before  # restored after the command
     err = capsys.readouterr().err
     assert err == "warning: policy X was trained in bfloat16 and now runs in float32\n"
+
+
+@pytest.mark.parametrize("command, name", [("eval.__main__", "results.json"), ("eval.benchmark", "benchmark.md")])
+def test_eval_and_benchmark_keep_an_earlier_runs_results_unless_overwrite(tmp_path, capsys, monkeypatch, command,
+                                                                         name):
+    """An --out that holds an earlier run's results is refused before any model loads (as record, profile, serve and
+    train do); the earlier file is untouched; --overwrite lets the run go on (to the model load, stopped here)."""
+    import importlib
+
+    import learn2draft.cli as cli_mod
+
+    main = importlib.import_module(command).main
+    out = tmp_path / "earlier"
+    out.mkdir()
+    (out / name).write_text("an earlier run")
+    args = ["--drafter", "lookup", "--device", "cpu", "--dtype", "float32", "--out", str(out)]
+
+    class Reached(Exception):
+        pass
+
+    def no_load(*a, **k):
+        raise Reached("the model load was reached")
+
+    monkeypatch.setattr(cli_mod, "load_models", no_load)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"--out {out} holds the results of an earlier run ({name})" in err and "--overwrite" in err
+    assert (out / name).read_text() == "an earlier run"
+    with pytest.raises(Reached):
+        main([*args, "--overwrite"])
+    assert (out / name).read_text() == "an earlier run"  # nothing is replaced before the new results exist

@@ -9,7 +9,6 @@ each shape's seconds and bf16's speed relative to fp32, with what ``--dtype auto
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 import torch
@@ -37,10 +36,11 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     from transformers import DynamicCache
 
+    from eval.header import load_average
     from learn2draft import load_pair
     from learn2draft.models import bf16_forward_timing, cpu_bf16_units
 
-    print(f"load average before {os.getloadavg()}, {a.threads} torch threads, context {a.context}, "
+    print(f"load average before {load_average()}, {a.threads} torch threads, context {a.context}, "
           f"bf16 units {cpu_bf16_units()}", flush=True)
     dtypes = ("float32", "bfloat16")
     models = {dt: load_pair(draft=None, dtype=getattr(torch, dt)).target for dt in dtypes}
@@ -73,7 +73,7 @@ def main() -> None:
         f, b = best[(s, "float32")], best[(s, "bfloat16")]
         mm = bf16_forward_timing(rows=(s[0] * s[1],), threads=a.threads)["speedup"]
         print(f"| {s[0]} × {s[1]} | {f * 1e3:.1f} | {b * 1e3:.1f} | {f / b:.2f} | {mm:.2f} |")
-    print(f"load average after {os.getloadavg()}")
+    print(f"load average after {load_average()}")
 
 
 if __name__ == "__main__":
