@@ -18,6 +18,7 @@ controller here says so with ``depth_feature_scale`` (= its ``max_depth``), and
 from __future__ import annotations
 
 import json
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -344,10 +345,19 @@ class SpeculationGuard:
     concurrency 16. The check compares Learning to Draft's reward itself, measured wall-clock tokens/s.
 
     How: for each batch size B it keeps two arms, *policy* (the steps at B where the policy's γ > 0 was run) and
-    *plain* (steps at B run with γ = 0, the policy's own γ = 0 included), each an exponential moving average
-    (weight ``smoothing``) of the steps' committed tokens and of their seconds, read from the next step's
-    :class:`learn2draft.state.LoadState` (``last_step_*``); an arm's rate is its tokens / seconds. The winner at B is
-    the faster arm; before both arms are measured at B it is *plain* when the nearest smaller batch size with both
+    *plain* (steps at B run with γ = 0, the policy's own γ = 0 included), each the last ``window`` steps' committed
+    tokens and seconds, read from the next step's :class:`learn2draft.state.LoadState` (``last_step_*``); an arm's
+    rate is its summed tokens / summed seconds over that window. A window, not a fast moving average: a speculating
+    step's tokens vary from 1 to γ + 1 per row, and at B = 1 an average of weight 0.25 (the first design) read a
+    few unlucky steps as a verdict — in a simulation of speculation 1.24× faster than plain decoding (γ = 8, α = 0.6)
+    it ran plain on 65–93 % of 400 steps over 10 seeds, and in ``eval.serve`` on a Xeon (float32, concurrency 1) the
+    guarded policy measured 0.98× plain decoding where the policy alone measured 1.09×; once plain led, speculation
+    was only measured in short probes and its low reading stuck. The winner at B is *plain* only when plain
+    decoding's rate exceeds the policy's by more than ``confidence`` standard errors of their difference
+    (:meth:`rate_error`), else *policy*: the trained policy is trusted until the measurements say otherwise.
+    In the simulation above, over 20 seeds of 400 steps at B = 1, the guard ran the policy on 91 % of the steps where
+    it is 1.24× faster (20 % before) and on 12 % where it is 0.83× as fast (the first ``explore_every`` steps and the
+    probes; 9 % before). Before both arms are measured at B the winner is *plain* when the nearest smaller batch size with both
     arms measured has plain as its winner (a batched verification feeds B × (γ + 1) tokens, so speculation's relative
     cost grows with B: the premise of vLLM's ``num_speculative_tokens_per_batch_size``), else *policy*. A step whose
     policy γ > 0 runs the winner's γ, except during a probe: ``probe_steps`` consecutive steps of the other arm after
@@ -371,7 +381,9 @@ class SpeculationGuard:
         explore_every, max_explore_every: the probing interval's start and cap, in steps at one batch size
             (1 ≤ explore_every ≤ max_explore_every).
         probe_steps: steps of the other arm per probe (≥ 1).
-        smoothing: the moving averages' weight of a new step, in (0, 1].
+        window: the steps per arm and batch size whose tokens and seconds give the arm's rate (≥ 1).
+        confidence: standard errors by which plain decoding must measure faster before it replaces the policy (≥ 0;
+            0: the faster arm as measured).
 
     Attributes:
         decisions: per step decided, ``(batch_size, policy_gamma, gamma, arm)`` with arm ``"policy"`` or ``"plain"``
@@ -384,7 +396,7 @@ class SpeculationGuard:
     POLICY, PLAIN = "policy", "plain"
 
     def __init__(self, policy: Any, explore_every: int = 16, max_explore_every: int = 128, probe_steps: int = 2,
-                 smoothing: float = 0.25):
+                 window: int = 32, confidence: float = 1.5):
         depth = getattr(policy, "max_depth", None)
         if not hasattr(policy, "gamma") or isinstance(depth, bool) or not isinstance(depth, (int, np.integer)) \
                 or depth < 1:
@@ -396,12 +408,14 @@ class SpeculationGuard:
                              "integers with 1 ≤ explore_every ≤ max_explore_every.")
         if not isinstance(probe_steps, int) or isinstance(probe_steps, bool) or probe_steps < 1:
             raise ValueError(f"probe_steps must be an integer ≥ 1, got {probe_steps!r}.")
-        if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0.0 < smoothing <= 1.0:
-            raise ValueError(f"smoothing must be in (0, 1], got {smoothing!r}.")
+        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+            raise ValueError(f"window must be an integer ≥ 1, got {window!r}.")
+        if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0.0 <= confidence < 1e6:
+            raise ValueError(f"confidence must be a number ≥ 0, got {confidence!r}.")
         self.policy, self.max_depth = policy, int(policy.max_depth)
         self.explore_every, self.max_explore_every = explore_every, max_explore_every
-        self.probe_steps, self.smoothing = probe_steps, float(smoothing)
-        self._stats: dict[int, dict[str, list[float]]] = {}  # B → arm → [tokens EMA, seconds EMA, steps]
+        self.probe_steps, self.window, self.confidence = probe_steps, window, float(confidence)
+        self._stats: dict[int, dict[str, list]] = {}  # B → arm → [deque of (tokens, seconds), steps measured]
         self._sched: dict[int, dict[str, Any]] = {}  # B → the probing schedule at B
         self._pending: tuple[int, str] | None = None  # (B, arm) of the step decided last, awaiting its measurement
         self._decided: tuple[Any, int] = (None, 0)
@@ -417,26 +431,36 @@ class SpeculationGuard:
         if seconds <= 0:
             return
         B, arm = pending
-        stat = self._stats.setdefault(B, {}).get(arm)
-        if stat is None:
-            self._stats[B][arm] = [float(load.last_step_tokens), seconds, 1]
-        else:
-            a = self.smoothing
-            stat[0] = (1 - a) * stat[0] + a * float(load.last_step_tokens)
-            stat[1] = (1 - a) * stat[1] + a * seconds
-            stat[2] += 1
+        stat = self._stats.setdefault(B, {}).setdefault(arm, [deque(maxlen=self.window), 0])
+        stat[0].append((float(load.last_step_tokens), seconds))
+        stat[1] += 1
 
     def rate(self, batch_size: int, arm: str) -> float | None:
         """The measured tokens/s of ``arm`` (``"policy"`` or ``"plain"``) at ``batch_size`` rows (None: not yet
         measured)."""
         stat = self._stats.get(int(batch_size), {}).get(arm)
-        return stat[0] / stat[1] if stat else None
+        if not stat:
+            return None
+        return sum(t for t, _ in stat[0]) / sum(sec for _, sec in stat[0])
+
+    def rate_error(self, batch_size: int, arm: str) -> float:
+        """The standard error of :meth:`rate` (tokens/s) at ``batch_size``: the ratio estimator's, √(Σ (tokensᵢ −
+        rate · secondsᵢ)² / (n (n − 1))) / mean seconds over the window's n steps (Cochran, *Sampling Techniques*,
+        1977, §6.3); infinite below 2 steps (the spread is unknown)."""
+        stat = self._stats.get(int(batch_size), {}).get(arm)
+        n = len(stat[0]) if stat else 0
+        if n < 2:
+            return float("inf")
+        r = self.rate(batch_size, arm)
+        mean_s = sum(sec for _, sec in stat[0]) / n
+        return (sum((t - r * sec) ** 2 for t, sec in stat[0]) / (n * (n - 1))) ** 0.5 / mean_s
 
     def winner(self, batch_size: int) -> str:
         """The arm the guard runs at ``batch_size`` outside probes (see the class docstring)."""
         p, q = self.rate(batch_size, self.POLICY), self.rate(batch_size, self.PLAIN)
         if p is not None and q is not None:
-            return self.PLAIN if q > p else self.POLICY
+            spread = (self.rate_error(batch_size, self.POLICY) ** 2 + self.rate_error(batch_size, self.PLAIN) ** 2) ** 0.5
+            return self.PLAIN if q - p > self.confidence * spread else self.POLICY
         below = [b for b in self._stats if b < batch_size and len(self._stats[b]) == 2]
         return self.winner(max(below)) if below else self.POLICY
 
@@ -494,7 +518,7 @@ class SpeculationGuard:
         γ > 0 and how many of them the guard ran plain (for reports)."""
         out = {}
         for B in sorted(self._stats):
-            arms = {a: {"tokens_per_second": self.rate(B, a), "steps": int(v[2])} for a, v in self._stats[B].items()}
+            arms = {a: {"tokens_per_second": self.rate(B, a), "steps": int(v[1])} for a, v in self._stats[B].items()}
             decided = [d for d in self.decisions if d[0] == B and d[1] > 0]
             out[B] = {"arms": arms, "winner": self.winner(B),
                       "policy_speculated": len(decided), "overruled": sum(1 for d in decided if d[2] == 0)}
@@ -502,7 +526,8 @@ class SpeculationGuard:
 
     def __repr__(self) -> str:
         return (f"SpeculationGuard({self.policy!r}, explore_every={self.explore_every}, "
-                f"max_explore_every={self.max_explore_every}, probe_steps={self.probe_steps})")
+                f"max_explore_every={self.max_explore_every}, probe_steps={self.probe_steps}, window={self.window}, "
+                f"confidence={self.confidence})")
 
 
 class ConfidenceThresholdController(DraftController):
