@@ -50,8 +50,8 @@ demo: setup
 	$(BIN)/python -m train --replay $(DATA)/lookup.npz,$(DATA)/head.npz --profile $(DATA)/profile.json \
 		--max-depth 16 --timesteps 131072 --threads $(THREADS) --dtype $(DEMO_DTYPE) --out $(RUN) --overwrite
 	$(BIN)/python -m eval.benchmark --policy $(RUN) --prompt-set mixed --num-prompts 24 --repeats 1 \
-		--temperatures 0 --gammas 1,2,4,16 --threads $(THREADS) --dtype $(DEMO_DTYPE) --out $(RUN)/benchmark
-	$(BIN)/python -m eval --policy $(RUN) --law-check --skip-speed --threads $(THREADS) --dtype $(DEMO_DTYPE)
+		--temperatures 0 --gammas 1,2,4,16 --threads $(THREADS) --dtype $(DEMO_DTYPE) --out $(RUN)/benchmark --overwrite
+	$(BIN)/python -m eval --policy $(RUN) --law-check --skip-speed --threads $(THREADS) --dtype $(DEMO_DTYPE) --overwrite
 
 train: setup
 	$(BIN)/python -m train --out $(RUN)

@@ -8,7 +8,7 @@ PY=.venv/bin/python
 P=runs/issue10
 date; uptime
 # Issue 10: profile on the quiet machine, then replay training (timing-free), oracle and sim-vs-real.
-$PY -m eval.profile --out $P/profile-quiet.json --name cpu-quiet --note "quiet 2-core machine, measured alone"
+$PY -m eval.profile --out $P/profile-quiet.json --name cpu-quiet --note "quiet 2-core machine, measured alone" --overwrite
 for d in model head lookup; do
   $PY -m train --replay $P/$d-train.npz --profile $P/profile-quiet.json --out $P/replay-$d --overwrite --no-progress-bar
   $PY -m train --replay $P/$d-train.npz --profile gpu-like --out $P/replay-$d-gpu --overwrite --no-progress-bar
@@ -23,9 +23,9 @@ for d in lookup model head; do
 done
 date; uptime
 # Issue 8: trees with the head drafter (learned tree vs learned chain vs best fixed (depth, V) vs generate), T=0.
-$PY -m eval.benchmark --drafter head --tree --temperatures 0 --prompt-set open --num-prompts 4 --repeats 3 --max-new-tokens 64 --tree-depths 1-4 --verify-sizes 2,4,8,16 --gammas 1,2,3,4 --threads 1 --out runs/bench-head-tree
+$PY -m eval.benchmark --drafter head --tree --temperatures 0 --prompt-set open --num-prompts 4 --repeats 3 --max-new-tokens 64 --tree-depths 1-4 --verify-sizes 2,4,8,16 --gammas 1,2,3,4 --threads 1 --out runs/bench-head-tree --overwrite
 date; uptime
 # Issue 11: the HF generate() + learned policy row (model drafter), T=0 and 0.7.
-$PY -m eval.benchmark --drafter model --temperatures 0,0.7 --prompt-set open --num-prompts 4 --repeats 2 --max-new-tokens 64 --gammas 1,2,3,4 --threads 1 --out runs/bench-model-hf
+$PY -m eval.benchmark --drafter model --temperatures 0,0.7 --prompt-set open --num-prompts 4 --repeats 2 --max-new-tokens 64 --gammas 1,2,3,4 --threads 1 --out runs/bench-model-hf --overwrite
 date; uptime
 echo QUIET-DONE
