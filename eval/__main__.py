@@ -99,7 +99,8 @@ def make_out_dir(out: Path, results: tuple[str, ...] = (), overwrite: bool = Fal
 
     Args:
         results: the file names the command writes there; when one of them exists already (an earlier run) the
-            directory is refused unless ``overwrite`` (``--overwrite``), so that no earlier result is lost.
+            directory is refused unless ``overwrite`` (``--overwrite``), so that no earlier result is lost; with
+            ``overwrite`` they are removed here, so that none of them is read as this run's.
 
     Raises:
         ValueError: naming ``--out``: it is a file, cannot be created, or holds an earlier run's ``results``
@@ -111,6 +112,8 @@ def make_out_dir(out: Path, results: tuple[str, ...] = (), overwrite: bool = Fal
     if earlier and not overwrite:
         raise ValueError(f"--out {out} holds the results of an earlier run ({', '.join(earlier)}): pass --overwrite to "
                          "replace them, or choose another --out.")
+    for name in earlier:  # --overwrite: none of them may pass for this run's (a plot it does not draw, say)
+        (out / name).unlink()
     created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -157,7 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_out_arg(p, "the results directory (default: <policy>/eval; runs/eval-<drafter> for a shipped policy): "
                        f"{', '.join(RESULT_FILES)}")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace the results of an earlier run in --out (else such a folder is refused)")
+                   help="replace the results of an earlier run in --out: they are removed when the run starts (else such a "
+                        "folder is refused)")
     p.add_argument("--law-check", action="store_true",
                    help="also run the output-law check on the real models (with --tree: tree arms too, the fixed "
                         "tree chosen on train — or the grid's largest with --skip-speed — and the learned tree)")

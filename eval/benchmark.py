@@ -151,7 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="default: 0")
     cli.add_out_arg(p, f"the results directory (default: {DEFAULT_OUT}): {', '.join(RESULT_FILES)}")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace the results of an earlier run in --out (else such a folder is refused)")
+                   help="replace the results of an earlier run in --out: they are removed when the run starts (else such a "
+                        "folder is refused)")
     from eval.__main__ import add_tree_arguments
 
     add_tree_arguments(p)

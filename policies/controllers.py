@@ -18,6 +18,7 @@ controller here says so with ``depth_feature_scale`` (= its ``max_depth``), and
 from __future__ import annotations
 
 import json
+import math
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -408,13 +409,13 @@ class SpeculationGuard:
                              "integers with 1 ≤ explore_every ≤ max_explore_every.")
         if not isinstance(probe_steps, int) or isinstance(probe_steps, bool) or probe_steps < 1:
             raise ValueError(f"probe_steps must be an integer ≥ 1, got {probe_steps!r}.")
-        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        if not isinstance(window, (int, np.integer)) or isinstance(window, bool) or window < 1:
             raise ValueError(f"window must be an integer ≥ 1, got {window!r}.")
-        if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0.0 <= confidence < 1e6:
-            raise ValueError(f"confidence must be a number ≥ 0, got {confidence!r}.")
+        if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0.0 <= confidence < math.inf:
+            raise ValueError(f"confidence must be a finite number ≥ 0, got {confidence!r}.")
         self.policy, self.max_depth = policy, int(policy.max_depth)
         self.explore_every, self.max_explore_every = explore_every, max_explore_every
-        self.probe_steps, self.window, self.confidence = probe_steps, window, float(confidence)
+        self.probe_steps, self.window, self.confidence = probe_steps, int(window), float(confidence)
         self._stats: dict[int, dict[str, list]] = {}  # B → arm → [deque of (tokens, seconds), steps measured]
         self._sched: dict[int, dict[str, Any]] = {}  # B → the probing schedule at B
         self._pending: tuple[int, str] | None = None  # (B, arm) of the step decided last, awaiting its measurement
@@ -460,7 +461,8 @@ class SpeculationGuard:
         p, q = self.rate(batch_size, self.POLICY), self.rate(batch_size, self.PLAIN)
         if p is not None and q is not None:
             spread = (self.rate_error(batch_size, self.POLICY) ** 2 + self.rate_error(batch_size, self.PLAIN) ** 2) ** 0.5
-            return self.PLAIN if q - p > self.confidence * spread else self.POLICY
+            margin = self.confidence * spread if self.confidence > 0 else 0.0  # 0 × an unknown spread: no margin
+            return self.PLAIN if q - p > margin else self.POLICY
         below = [b for b in self._stats if b < batch_size and len(self._stats[b]) == 2]
         return self.winner(max(below)) if below else self.POLICY
 

@@ -129,7 +129,7 @@ def test_bad_settings_are_refused():
     for kw in ({"explore_every": 0}, {"explore_every": 8, "max_explore_every": 4}, {"probe_steps": 0},
                {"window": 0}, {"window": 2.0}, {"window": True}, {"explore_every": True}, {"probe_steps": 2.0},
                {"confidence": -1.0}, {"confidence": True}, {"confidence": "1"}, {"confidence": None},
-               {"confidence": float("nan")}):
+               {"confidence": float("nan")}, {"confidence": float("inf")}):
         with pytest.raises(ValueError):
             SpeculationGuard(FixedStepPolicy(2), **kw)
 
@@ -236,3 +236,15 @@ def test_a_chain_policy_trained_in_another_precision_warns_once_per_precision_in
     got = [str(w.message) for w in caught if issubclass(w.category, PrecisionMismatchWarning)]
     assert len(got) == 2 and "now runs in float32" in got[0] and "now runs in float16" in got[1]
     assert caught[0].filename == __file__  # attributed to the caller of generate
+
+
+def test_confidence_zero_follows_the_faster_arm_as_measured_even_after_one_step():
+    """confidence=0 compares the rates alone: an arm with one step (an unknown spread) must not turn the comparison
+    into NaN and keep the slower policy; a numpy integer window is a window."""
+    import numpy as np
+
+    guard = SpeculationGuard(FixedStepPolicy(4), explore_every=4, max_explore_every=8, probe_steps=1, confidence=0,
+                             window=np.int64(8))
+    gammas = drive(guard, 2, 6, lambda i: 1.0, lambda i: 10.0)
+    assert gammas[:4] == [4] * 4 and gammas[4] == 0  # the probe: plain decoding's first (and only) step
+    assert guard.rate(2, "plain") == pytest.approx(10.0) and guard.winner(2) == "plain" and gammas[5] == 0

@@ -535,7 +535,8 @@ def test_a_precision_warning_is_one_line_on_a_command(capsys):
 def test_eval_and_benchmark_keep_an_earlier_runs_results_unless_overwrite(tmp_path, capsys, monkeypatch, command,
                                                                          name):
     """An --out that holds an earlier run's results is refused before any model loads (as record, profile, serve and
-    train do); the earlier file is untouched; --overwrite lets the run go on (to the model load, stopped here)."""
+    train do); the earlier file is untouched; --overwrite lets the run go on (to the model load, stopped here)
+    without the earlier results."""
     import importlib
 
     import learn2draft.cli as cli_mod
@@ -559,4 +560,6 @@ def test_eval_and_benchmark_keep_an_earlier_runs_results_unless_overwrite(tmp_pa
     assert (out / name).read_text() == "an earlier run"
     with pytest.raises(Reached):
         main([*args, "--overwrite"])
-    assert (out / name).read_text() == "an earlier run"  # nothing is replaced before the new results exist
+    # --overwrite removes the earlier results when the run starts (before the model load), so that none of them
+    # (a plot this run does not draw, say) is later read or reported as this run's
+    assert not (out / name).exists() and out.is_dir()
