@@ -93,6 +93,29 @@ def check_tree_arguments(args, drafter: str) -> None:
             raise ValueError(f"{flag} must be ≥ 1, got {v}.")
 
 
+def earlier_results(out: Path, results: tuple[str, ...], overwrite: bool) -> list[str]:
+    """The names of ``results`` (the files a command writes in ``--out``) that an earlier run left in ``out``.
+
+    Raises:
+        ValueError: naming ``--out``: it is a file, or it holds earlier results and not ``overwrite``
+            (``--overwrite``), so that no earlier result is lost.
+    """
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file: give a directory (the results are written there).")
+    earlier = [name for name in results if (out / name).exists()]
+    if earlier and not overwrite:
+        raise ValueError(f"--out {out} holds the results of an earlier run ({', '.join(earlier)}): pass --overwrite to "
+                         "replace them, or choose another --out.")
+    return earlier
+
+
+def add_overwrite_argument(p: argparse.ArgumentParser) -> None:
+    """``--overwrite`` of ``python -m eval`` and ``python -m eval.benchmark`` (see :func:`make_out_dir`)."""
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the results of an earlier run in --out: they are removed when the run starts "
+                        "(else such a folder is refused)")
+
+
 def make_out_dir(out: Path, results: tuple[str, ...] = (), overwrite: bool = False) -> Path:
     """Create the output directory (before the slow work, so that a bad ``--out`` fails first). A directory created
     here that is still empty when the process exits (the run failed before writing anything) is removed again.
@@ -106,13 +129,7 @@ def make_out_dir(out: Path, results: tuple[str, ...] = (), overwrite: bool = Fal
         ValueError: naming ``--out``: it is a file, cannot be created, or holds an earlier run's ``results``
             without ``overwrite``.
     """
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file: give a directory (the results are written there).")
-    earlier = [name for name in results if (out / name).exists()]
-    if earlier and not overwrite:
-        raise ValueError(f"--out {out} holds the results of an earlier run ({', '.join(earlier)}): pass --overwrite to "
-                         "replace them, or choose another --out.")
-    for name in earlier:  # --overwrite: none of them may pass for this run's (a plot it does not draw, say)
+    for name in earlier_results(out, results, overwrite):  # --overwrite: none may pass for this run's (a plot, say)
         (out / name).unlink()
     created = not out.exists()
     try:
@@ -159,9 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seeds the sampling of every method alike")
     cli.add_out_arg(p, "the results directory (default: <policy>/eval; runs/eval-<drafter> for a shipped policy): "
                        f"{', '.join(RESULT_FILES)}")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace the results of an earlier run in --out: they are removed when the run starts (else such a "
-                        "folder is refused)")
+    add_overwrite_argument(p)
     p.add_argument("--law-check", action="store_true",
                    help="also run the output-law check on the real models (with --tree: tree arms too, the fixed "
                         "tree chosen on train — or the grid's largest with --skip-speed — and the learned tree)")

@@ -150,11 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="candidates per step of HF prompt lookup decoding (default: 10, the documented example)")
     p.add_argument("--seed", type=int, default=0, help="default: 0")
     cli.add_out_arg(p, f"the results directory (default: {DEFAULT_OUT}): {', '.join(RESULT_FILES)}")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace the results of an earlier run in --out: they are removed when the run starts (else such a "
-                        "folder is refused)")
-    from eval.__main__ import add_tree_arguments
+    from eval.__main__ import add_overwrite_argument, add_tree_arguments
 
+    add_overwrite_argument(p)
     add_tree_arguments(p)
     cli.add_model_args(p)
     cli.add_sampling_args(p, temperature=False)

@@ -191,7 +191,7 @@ def check_args(args) -> Settings:
     Raises:
         ValueError: one message naming the flag.
     """
-    from eval.__main__ import parse_ints
+    from eval.__main__ import earlier_results, parse_ints
 
     levels = parse_ints(args.concurrency, "--concurrency", "concurrency")
     rates = parse_rates(args.arrival_rates)
@@ -226,12 +226,7 @@ def check_args(args) -> Settings:
     if args.policy is not None and not Path(args.policy).is_dir():
         raise FileNotFoundError(f"--policy {args.policy}: no such directory (an export or a training run).")
     out = Path(args.out or DEFAULT_OUT).expanduser()
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file: give a directory (serve.json, serve.md and serve.png go there).")
-    earlier = [n for n in ("serve.json", "serve-partial.json") if (out / n).exists()]
-    if earlier and not args.overwrite:
-        raise ValueError(f"--out {out} holds the results of an earlier run ({', '.join(earlier)}): pass --overwrite to "
-                         "replace them, or choose another --out.")
+    earlier_results(out, ("serve.json", PARTIAL_FILE), args.overwrite)  # replaced when the run writes its own
     sampling = cli.sampling_config(args)  # a bad sampling flag or --seed fails here
     if "hf" in methods and (sampling.prefix_dependent or sampling.min_p):
         raise ValueError("--min-p, --repetition-penalty and --presence-penalty: the hf generate (batched) row supports "

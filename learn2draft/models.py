@@ -525,8 +525,8 @@ def fastest_dtype(device: str | torch.device = "cpu", threads: int | None = None
       (tokens per target forward: :func:`forward_rows` of its batch size and depth; default one sequence at depth 8):
       ``"bfloat16"`` when a small decoder's forward over those widths is at least :data:`BF16_MIN_SPEEDUP` × faster
       in bf16 than in fp32 and slower at none of them by more than that factor, in two independent measurements,
-      else ``"float32"`` (the safe choice at a tie). AVX512-BF16 alone is no promise: on a 2-core Intel Xeon whose VM exposed AVX512-BF16 but not AMX
-      (2026-12-05, 2 threads, alone) SmolLM2-135M's one-token forward took 32.9 ms in fp32 and 40.3 ms in bf16, and
+      else ``"float32"`` (the safe choice at a tie). AVX512-BF16 alone is no promise: on a 2-core Intel Xeon whose
+      VM exposed AVX512-BF16 but not AMX (2026-12-05, 2 threads, alone) SmolLM2-135M's one-token forward took 32.9 ms in fp32 and 40.3 ms in bf16, and
       plain ``generate()`` ran at 0.88× fp32's speed in bf16 (interleaved); ``make demo`` in bf16, which this
       function then picked without measuring, ran the learned hybrid at 28.8 tok/s against 31.9 in its fp32 run
       half an hour later. Without bf16 units a bf16 matmul converts on the fly: it moves half the bytes, which wins

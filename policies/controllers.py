@@ -358,8 +358,8 @@ class SpeculationGuard:
     (:meth:`rate_error`), else *policy*: the trained policy is trusted until the measurements say otherwise.
     In the simulation above, over 20 seeds of 400 steps at B = 1, the guard ran the policy on 91 % of the steps where
     it is 1.24× faster (20 % before) and on 12 % where it is 0.83× as fast (the first ``explore_every`` steps and the
-    probes; 9 % before). Before both arms are measured at B the winner is *plain* when the nearest smaller batch size with both
-    arms measured has plain as its winner (a batched verification feeds B × (γ + 1) tokens, so speculation's relative
+    probes; 9 % before). Before both arms are measured at B the winner is *plain* when the nearest smaller batch size
+    with both arms measured has plain as its winner (a batched verification feeds B × (γ + 1) tokens, so speculation's relative
     cost grows with B: the premise of vLLM's ``num_speculative_tokens_per_batch_size``), else *policy*. A step whose
     policy γ > 0 runs the winner's γ, except during a probe: ``probe_steps`` consecutive steps of the other arm after
     every ``interval`` steps of the winner at B; the interval starts at ``explore_every``, doubles (up to
@@ -460,7 +460,7 @@ class SpeculationGuard:
         """The arm the guard runs at ``batch_size`` outside probes (see the class docstring)."""
         p, q = self.rate(batch_size, self.POLICY), self.rate(batch_size, self.PLAIN)
         if p is not None and q is not None:
-            spread = (self.rate_error(batch_size, self.POLICY) ** 2 + self.rate_error(batch_size, self.PLAIN) ** 2) ** 0.5
+            spread = math.hypot(self.rate_error(batch_size, self.POLICY), self.rate_error(batch_size, self.PLAIN))
             margin = self.confidence * spread if self.confidence > 0 else 0.0  # 0 × an unknown spread: no margin
             return self.PLAIN if q - p > margin else self.POLICY
         below = [b for b in self._stats if b < batch_size and len(self._stats[b]) == 2]
