@@ -44,6 +44,8 @@ from learn2draft.cli import HelpFormatter, plain_doc, run_cli
 from learn2draft.prompts import PROMPT_SETS
 
 PLAIN = "hf generate"
+#: The fixed-γ grid of issue 38: every γ a user could pick.
+FULL_GAMMAS = (1, 2, 3, 4, 6, 8, 10, 12, 16)
 DEFAULT_OUT = "runs/benchmark"
 #: What the benchmark writes in its ``--out`` (an earlier run's are kept unless ``--overwrite``).
 RESULT_FILES = ("benchmark.md", "benchmark.json", "benchmark.png")
@@ -143,9 +145,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3, help="repeats of every (method, prompt) (default: 3)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="default: 64")
     p.add_argument("--num-draft-tokens", type=int, default=None,
-                   help="fixed γ (num_draft_tokens); default: the best of --gammas on the training prompts")
-    p.add_argument("--gammas", default="1,2,3,4,6,8",
-                   help="grid for the fixed γ when --num-draft-tokens is not given (default: 1,2,3,4,6,8)")
+                   help="measure this one fixed γ instead of the --gammas grid")
+    p.add_argument("--gammas", default=",".join(map(str, FULL_GAMMAS)),
+                   help="the fixed-γ grid: every drafter (each source of a hybrid) at every γ, prompt lookup at every "
+                        f"--lookup-min-ngrams (default: {','.join(map(str, FULL_GAMMAS))})")
+    p.add_argument("--lookup-min-ngrams", default="1,2",
+                   help="prompt lookup's shortest n-gram match in the fixed grid, comma-separated (default: 1,2)")
+    p.add_argument("--validation-prompts", type=int, default=None,
+                   help="prompts of the validation split on which the fixed grid is measured to choose the fixed "
+                        "configuration a user would pick and the hand rules' k (default: --num-prompts)")
+    p.add_argument("--test-arms", type=int, default=0,
+                   help="fixed arms measured on the test prompts: 0 = every arm of the grid (default); K = the K "
+                        "fastest on validation, plus each drafter's fastest and HF's arms (the best in hindsight is "
+                        "then the best of those)")
+    p.add_argument("--heldout-split", default=None,
+                   help="measure on this shipped split instead of --prompt-set's test split, e.g. corpus_loso "
+                        "(the leave-one-source-out set)")
     p.add_argument("--prompt-lookup-num-tokens", type=int, default=10,
                    help="candidates per step of HF prompt lookup decoding (default: 10, the documented example)")
     p.add_argument("--seed", type=int, default=0, help="default: 0")
@@ -169,49 +184,66 @@ def _run(args) -> int:
     from eval.header import finish_header, header_lines, run_header
     from eval.runner import encode_all, prompt_groupings
     from learn2draft.cli import load_models, model_names, set_threads, stderr_line
-    from learn2draft.prompts import (
-        COPY_CATEGORIES,
-        load_prompt_file_records,
-        load_prompt_records,
-        load_prompts,
-        prompt_set_splits,
-    )
+    from learn2draft.prompts import COPY_CATEGORIES, load_prompt_file_records, load_prompt_records
     from policies.load import run_settings
 
-    temps, samplings, gammas, device = _check_settings(args)
+    temps, samplings, gammas, min_ngrams, device = _check_settings(args)
     policy_dir, policy, head = _resolve_policy(args)
     trees = _resolve_trees(args, args.drafter)
     cfg = run_settings(policy_dir)  # the pair the policy was trained on, unless named here
     set_threads(args, cfg.get("threads"))
     args.target, args.draft = model_names(args, cfg)
+    val_split, held_split = benchmark_splits(args.prompt_set, args.heldout_split)
     user_prompts = load_prompt_file_records(args.prompts) if args.prompts else None
     out = make_out_dir(Path(args.out or DEFAULT_OUT), RESULT_FILES, args.overwrite)
     # The Hugging Face assisted-generation rows and the forward-cost ratio need the draft model, whatever drafts here.
     pair = load_models(args, args.drafter, need_draft=True, device=device, progress=stderr_line,
                        max_depth=getattr(policy, "max_depth", None))  # auto's widths: the policy's depth too
-    train_split, held_split = prompt_set_splits(args.prompt_set)
     held_records = (user_prompts if user_prompts is not None else load_prompt_records(held_split))[: args.num_prompts]
     held = encode_all(pair, [p.text for p in held_records], args.max_new_tokens)
-    train = encode_all(pair, load_prompts(train_split)[: args.num_prompts], args.max_new_tokens)
+    n_val = args.validation_prompts or args.num_prompts
+    val = encode_all(pair, [p.text for p in load_prompt_records(val_split)[:n_val]], args.max_new_tokens)
     header = run_header(args.target, args.draft, pair, args.dtype, {str(T): samplings[T].to_dict() for T in temps},
                         str(pair.device), held_records, args.prompts or held_split, args.forward_rows)
     report, md = _report_header(args, pair, device, policy_dir, policy, held, trees)
     report["header"] = header
+    report["validation"] = {"split": val_split, "prompts": len(val)}
     groups = prompt_groupings(held_records)
     copy_idx = [i for i, p in enumerate(held_records) if p.category in COPY_CATEGORIES]
     for T in temps:
-        md += _measure_temperature(args, pair, T, samplings[T], train, held, gammas, policy, head, trees, report,
-                                   groups, copy_idx)
+        md += _measure_temperature(args, pair, T, samplings[T], val, held, gammas, min_ngrams, policy, head, trees,
+                                   report, groups, copy_idx)
     finish_header(report["header"])
     md = header_lines(report["header"]) + md + _verdicts(report)
     _write_report(report, md, out)
     return 0
 
 
+def benchmark_splits(prompt_set: str, heldout_split: str | None = None) -> tuple[str, str]:
+    """The (validation, test) splits of a shipped prompt set: the set's validation split where it has one
+    (``corpus_validation``), else its training split; the test split is ``heldout_split`` when given (e.g.
+    ``corpus_loso``), else the set's held-out split.
+
+    Raises:
+        ValueError: unknown prompt set or split (naming ``--prompt-set`` / ``--heldout-split``).
+    """
+    from learn2draft.prompts import SPLITS, prompt_set_splits
+
+    train_split, held_split = prompt_set_splits(prompt_set)
+    if heldout_split is not None:
+        if heldout_split not in SPLITS:
+            raise ValueError(f"--heldout-split {heldout_split!r}: use one of {', '.join(SPLITS)}.")
+        held_split = heldout_split
+    validation = f"{prompt_set}_validation"
+    return (validation if validation in SPLITS else train_split), held_split
+
+
 def _check_settings(args) -> tuple:
-    """Check every setting before the (slow) model loading: ``(temperatures, samplings, gammas, device)``."""
+    """Check every setting before the (slow) model loading: ``(temperatures, samplings, gammas, min_ngrams,
+    device)``."""
     from eval.__main__ import parse_gammas
     from learn2draft.cli import resolve_device, sampling_config
+    from learn2draft.prompts import SPLITS
 
     try:
         temps = [float(t) for t in cli.comma_items(args.temperatures)]
@@ -225,13 +257,24 @@ def _check_settings(args) -> tuple:
                          "benchmark support temperature, top-k and top-p only; drop them.")
     if args.num_prompts < 1 or args.repeats < 1 or args.max_new_tokens < 1:
         raise ValueError("--num-prompts, --repeats and --max-new-tokens must be ≥ 1.")
+    if args.validation_prompts is not None and args.validation_prompts < 1:
+        raise ValueError(f"--validation-prompts must be ≥ 1, got {args.validation_prompts}.")
+    if args.test_arms < 0:
+        raise ValueError(f"--test-arms must be ≥ 0 (0 = every arm), got {args.test_arms}.")
     if args.num_draft_tokens is not None and args.num_draft_tokens < 1:
         raise ValueError(f"--num-draft-tokens must be ≥ 1, got {args.num_draft_tokens}.")
     if args.prompt_lookup_num_tokens < 1:
         raise ValueError(f"--prompt-lookup-num-tokens must be ≥ 1, got {args.prompt_lookup_num_tokens}.")
-    gammas = parse_gammas(args.gammas)
+    if args.heldout_split is not None and args.heldout_split not in SPLITS:
+        raise ValueError(f"--heldout-split {args.heldout_split!r}: use one of {', '.join(SPLITS)}.")
+    gammas = [args.num_draft_tokens] if args.num_draft_tokens else parse_gammas(args.gammas)
+    from eval.__main__ import parse_ints
+
+    min_ngrams = parse_ints(args.lookup_min_ngrams, "--lookup-min-ngrams", "n-gram")
+    if any(n > 4 for n in min_ngrams):
+        raise ValueError(f"--lookup-min-ngrams {args.lookup_min_ngrams!r}: prompt lookup's n-grams are 1 to 4 tokens.")
     device = resolve_device(args.device)
-    return temps, samplings, gammas, device
+    return temps, samplings, gammas, min_ngrams, device
 
 
 def _resolve_policy(args) -> tuple:
@@ -285,14 +328,62 @@ def _report_header(args, pair, device: str, policy_dir: Path, policy, held: list
     return report, md
 
 
-def _measure_temperature(args, pair, T: float, sampling, train: list, held: list, gammas: list[int], policy, head,
-                         trees, report: dict, groups: dict | None = None, copy_idx: list[int] = ()) -> list[str]:
-    """Measure one temperature: fixed γ (and tree) chosen on the training prompts, every method interleaved;
-    summarised over the whole mix, per grouping of ``groups`` (:func:`eval.runner.prompt_groupings`) and, when
-    there are any, over the copy-heavy prompts ``copy_idx`` (for the verdicts)."""
-    from eval.compare import grid_search, tree_grid_search
+def fixed_arms(args, pair, sampling, gammas: list[int], min_ngrams: list[int], head) -> dict:
+    """Every fixed configuration a user could pick, as benchmark methods (name → method): each drafter (each source
+    of a hybrid) at every γ of ``gammas``, prompt lookup at every shortest n-gram of ``min_ngrams``; HF prompt lookup
+    (``--prompt-lookup-num-tokens``); for the model drafter, HF assisted generation (default and heuristic
+    schedules). None of them adapts to the request."""
+    from eval.runner import DecoderMethod, HFGenerateMethod
+    from learn2draft.decoding import FixedDepthController
+
+    arms = {}
+    name = f"hf prompt lookup ({args.prompt_lookup_num_tokens})"
+    arms[name] = HFGenerateMethod(name, pair, sampling, args.max_new_tokens,
+                                  prompt_lookup_num_tokens=args.prompt_lookup_num_tokens)
+    if args.drafter == "model":
+        arms["hf assisted (default)"] = HFGenerateMethod("hf assisted (default)", pair, sampling, args.max_new_tokens,
+                                                         assistant=True)
+        arms["hf assisted (heuristic)"] = HFGenerateMethod(
+            "hf assisted (heuristic)", pair, sampling, args.max_new_tokens, assistant=True,
+            assistant_config={"num_assistant_tokens_schedule": "heuristic"})
+    for src in args.drafter.split("+"):
+        for n in (min_ngrams if src == "lookup" else [None]):
+            for g in gammas:
+                label = fixed_arm_name(src, g, n)
+                arms[label] = DecoderMethod(label, pair, FixedDepthController(g), sampling, args.max_new_tokens, src,
+                                            head, min_ngram=n)
+    return arms
+
+
+def fixed_arm_name(source: str, gamma: int, min_ngram: int | None = None) -> str:
+    """The benchmark's name of a fixed arm: ``"lookup (n≥2): fixed γ=8"``, ``"head: fixed γ=2"``."""
+    return f"{source}{'' if min_ngram is None else f' (n≥{min_ngram})'}: fixed γ={gamma}"
+
+
+def _fastest(tps: dict[str, float], names) -> str | None:
+    names = [n for n in names if n in tps]
+    return max(names, key=tps.get) if names else None
+
+
+def _measure_temperature(args, pair, T: float, sampling, val: list, held: list, gammas: list[int],
+                         min_ngrams: list[int], policy, head, trees, report: dict, groups: dict | None = None,
+                         copy_idx: list[int] = ()) -> list[str]:
+    """Measure one temperature in two phases.
+
+    1. Validation: every fixed arm (:func:`fixed_arms`) on the validation prompts ``val``, interleaved; the fastest
+       is the *chosen* fixed configuration (what a user tuning on their own traffic would pick), and each drafter's
+       fastest γ gives the hand rules their k.
+    2. Test: plain ``generate()``, the autoregressive loop, the fixed arms (all, or with ``--test-arms K`` the K
+       fastest on validation plus the chosen one, each drafter's fastest and HF's arms), the hand rules and the
+       learned policy, interleaved on ``held``. The best fixed configuration *in hindsight* is the fastest fixed arm
+       there, HF's arms included.
+
+    Summarised over the whole mix, per grouping of ``groups`` (:func:`eval.runner.prompt_groupings`) and over the
+    copy-heavy prompts ``copy_idx``."""
+    from eval.compare import tree_grid_search
     from eval.runner import (
         DecoderMethod,
+        HFGenerateMethod,
         groups_table,
         methods_table,
         requests_table,
@@ -300,127 +391,128 @@ def _measure_temperature(args, pair, T: float, sampling, train: list, held: list
         summarize,
         summarize_groups,
     )
+    from learn2draft.decoding import FixedDepthController
 
-    if "+" in args.drafter:  # a hybrid: each source alone at its own best γ, the hand rules, the learned policy
-        best = {src: args.num_draft_tokens or grid_search(pair, train, gammas, sampling, args.max_new_tokens,
-                                                          seed=args.seed, desc=f"{src} γ grid T={T}", drafter=src,
-                                                          head=head, min_ngram=args.lookup_min_ngram)["best_gamma"]
-                for src in args.drafter.split("+")}
-        methods = _hybrid_methods(args, pair, sampling, best, policy, head)
-        run = {"fixed_gamma": best}
+    arms = fixed_arms(args, pair, sampling, gammas, min_ngrams, head)
+    val_summary = summarize(run_interleaved(list(arms.values()), val, 1, args.seed, desc=f"validation grid T={T}"))
+    val_tps = {n: s["tokens_per_second_mean"] for n, s in val_summary.items()}
+    chosen = max(val_tps, key=val_tps.get)
+    sources = args.drafter.split("+")
+    best_gamma = {}
+    for src in sources:
+        best = _fastest(val_tps, [n for n in arms if n.startswith(f"{src}:") or n.startswith(f"{src} (")])
+        best_gamma[src] = int(best.rsplit("=", 1)[1])
+    ranked = sorted(arms, key=val_tps.get, reverse=True)
+    if args.test_arms:
+        keep = set(ranked[: args.test_arms]) | {chosen} | {n for n in arms if n.startswith("hf ")}
+        keep |= {_fastest(val_tps, [n for n in arms if n.split(":")[0].split(" (")[0] == src]) for src in sources}
+        test_arms = [n for n in ranked if n in keep]
     else:
-        gamma = args.num_draft_tokens or grid_search(pair, train, gammas, sampling, args.max_new_tokens,
-                                                     seed=args.seed, desc=f"γ grid T={T}",
-                                                     drafter=args.drafter, head=head,
-                                                     min_ngram=args.lookup_min_ngram)["best_gamma"]
-        methods = _chain_methods(args, pair, sampling, gamma, policy, head)
-        run = {"fixed_gamma": gamma}
+        test_arms = ranked
+    rules = _rules(args, pair, sampling, best_gamma, policy, head)
+    methods = [HFGenerateMethod(PLAIN, pair, sampling, args.max_new_tokens),
+               DecoderMethod("learn2draft autoregressive", pair, FixedDepthController(0), sampling,
+                             args.max_new_tokens),
+               *(arms[n] for n in test_arms), *rules]
+    if args.drafter == "model":
+        methods.append(HFPolicyMethod(HFGenerateMethod(HF_POLICY, pair, sampling, args.max_new_tokens, assistant=True),
+                                      policy))
+    learned = f"{args.drafter}: learned policy"
+    methods.append(DecoderMethod(learned, pair, policy, sampling, args.max_new_tokens, args.drafter, head,
+                                 min_ngram=args.lookup_min_ngram))
+    run = {"validation": {"tokens_per_second": val_tps, "chosen": chosen, "best_gamma": best_gamma},
+           "fixed_gamma": best_gamma if "+" in args.drafter else best_gamma[args.drafter],
+           "grid": {"gammas": gammas, "lookup_min_ngrams": min_ngrams if "lookup" in sources else []},
+           "test_arms": test_arms}
     tree = trees.shape
     if tree is not None:
         from learn2draft.tree import FixedTreeController
 
-        grid = tree_grid_search(pair, train, trees.grid, sampling, args.max_new_tokens, tree, seed=args.seed,
+        grid = tree_grid_search(pair, val, trees.grid, sampling, args.max_new_tokens, tree, seed=args.seed,
                                 desc=f"tree grid T={T}", drafter=args.drafter, head=head)
         d, v = grid["best"]
         run.update(fixed_tree=grid["best"], tree_grid=grid)
-        methods.append(DecoderMethod(f"{args.drafter}: fixed tree depth={d}, V={v}", pair,
-                                     FixedTreeController(d, v), sampling, args.max_new_tokens, args.drafter, head,
-                                     tree=tree))
+        tree_name = f"{args.drafter}: fixed tree depth={d}, V={v}"
+        test_arms.append(tree_name)
+        methods.insert(-1, DecoderMethod(tree_name, pair, FixedTreeController(d, v), sampling, args.max_new_tokens,
+                                         args.drafter, head, tree=tree))
         if trees.controller is not None:
-            methods.append(DecoderMethod(f"{args.drafter}: learned tree", pair, trees.controller, sampling,
-                                         args.max_new_tokens, args.drafter, head, tree=tree))
+            methods.insert(-1, DecoderMethod(f"{args.drafter}: learned tree", pair, trees.controller, sampling,
+                                             args.max_new_tokens, args.drafter, head, tree=tree))
     records = run_interleaved(methods, held, args.repeats, args.seed, desc=f"benchmark T={T}")
     summary = summarize(records, reference=PLAIN)
     by = {key: summarize_groups(records, g, reference=PLAIN) for key, g in (groups or {}).items()}
     copy = summarize_groups(records, {"copy": copy_idx}, reference=PLAIN).get("copy") if copy_idx else None
-    fixed = [m.name for m in methods if ": fixed " in m.name]
+    roles = _roles(args, test_arms, chosen, [m.name for m in rules])
+    hindsight = _fastest({n: s["tokens_per_second_mean"] for n, s in summary.items()}, test_arms)
+    run.update(best_fixed_in_hindsight=hindsight)
     report["runs"][str(T)] = {**run, "methods": summary, "groups": by, "copy_prompts": len(copy_idx),
-                              "copy_summary": copy, "roles": _roles(args, fixed)}
-    md = [f"### Temperature {T}", "", *methods_table(summary, PLAIN), "", *requests_table(summary), ""]
+                              "copy_summary": copy, "roles": roles}
+    shown = "every arm" if not args.test_arms else f"{len(test_arms)} arms (the {args.test_arms} fastest on validation, " \
+                                                  "each drafter's fastest, HF's)"
+    md = [f"### Temperature {T}", "",
+          f"Fixed grid: {len(arms)} arms (γ ∈ {{{', '.join(map(str, gammas))}}}"
+          + (f", lookup min n-gram ∈ {{{', '.join(map(str, min_ngrams))}}}" if "lookup" in sources else "")
+          + f", HF's arms) measured on {len(val)} validation prompts; chosen there: **{chosen}** "
+            f"({val_tps[chosen]:.1f} tok/s); on the test prompts: {shown}; best in hindsight there: **{hindsight}**.",
+          "", *methods_table(summary, PLAIN), "", *requests_table(summary), ""]
     for key, by_group in by.items():
         md += [f"Per {key} (ratios to {PLAIN} within the {key}):", "", *groups_table(by_group, PLAIN, key), ""]
     return md
 
 
-def _roles(args, fixed: list[str]) -> dict:
-    """The methods that play the roles of :mod:`eval.verdicts`' claims in this benchmark."""
+def _roles(args, fixed: list[str], chosen: str, rules: list[str]) -> dict:
+    """The methods that play the roles of :mod:`eval.verdicts`' claims in this benchmark: ``best_fixed`` (every fixed
+    arm measured on the test prompts: the verdict takes the fastest, in hindsight), ``chosen_fixed`` (the one chosen
+    on validation), ``best_rule`` (the hand rules)."""
     return {"learned": f"{args.drafter}: learned policy", "generate": PLAIN, "autoregressive": "learn2draft autoregressive",
-            "prompt_lookup": f"hf prompt lookup ({args.prompt_lookup_num_tokens})", "best_fixed": fixed}
+            "prompt_lookup": f"hf prompt lookup ({args.prompt_lookup_num_tokens})", "best_fixed": fixed,
+            "chosen_fixed": chosen, "best_rule": rules}
 
 
 def _verdicts(report: dict) -> list[str]:
     """Judge :data:`eval.verdicts.DEFAULT_CLAIMS` on every temperature: store them in ``report["verdicts"]``,
-    return the report's lines."""
+    return the report's lines (with a warning when the sample is too small to judge a claim by)."""
     from eval.verdicts import evaluate_claims, verdict_lines
 
     runs = {T: {"methods": r["methods"], "categories": r["groups"].get("category"), "copy": r["copy_summary"],
                 "roles": r["roles"]} for T, r in report["runs"].items()}
     report["verdicts"] = evaluate_claims(runs)
-    return ["## Verdicts (issue 16's goals; ratios of tokens/s, per-repeat mean)", "", "```",
+    small = report["num_prompts"] < 24 or report["max_new_tokens"] < 32
+    warn = [f"Indicative only: {report['num_prompts']} prompts × {report['max_new_tokens']} new tokens (a verdict "
+            "needs ≥ 24 prompts and ≥ 32 tokens to be read as a measurement).", ""] if small else []
+    return ["## Verdicts (ratios of tokens/s, per-repeat mean)", "", *warn, "```",
             *verdict_lines(report["verdicts"]), "```", ""]
 
 
-def _chain_methods(args, pair, sampling, gamma: int, policy, head) -> list:
-    """The Hugging Face rows and this project's chain rows: autoregressive, fixed γ, heuristic rule, learned policy."""
-    from eval.runner import DecoderMethod, HFGenerateMethod
-    from learn2draft.decoding import FixedDepthController
-    from policies.controllers import ConfidenceThresholdController, MatchLengthController
+def _rules(args, pair, sampling, best_gamma: dict[str, int], policy, head) -> list:
+    """The hand rules, each at its parameter: for prompt lookup the match-length rule, for a neural drafter the
+    draft's confidence ≥ 0.4 (as vLLM and Hugging Face use); for a hybrid also vLLM's lookup-first rule and
+    ArcticInference's score rule with k = the neural source's fastest γ on validation."""
+    from eval.runner import DecoderMethod
+    from policies.controllers import (
+        ConfidenceThresholdController,
+        LookupFirstController,
+        MatchLengthController,
+        SuffixScoreController,
+    )
 
     depth = policy.max_depth
-    methods = [
-        HFGenerateMethod(PLAIN, pair, sampling, args.max_new_tokens),
-        HFGenerateMethod("hf assisted (default)", pair, sampling, args.max_new_tokens, assistant=True),
-        HFGenerateMethod("hf assisted (heuristic)", pair, sampling, args.max_new_tokens, assistant=True,
-                         assistant_config={"num_assistant_tokens_schedule": "heuristic"}),
-        HFGenerateMethod(f"hf prompt lookup ({args.prompt_lookup_num_tokens})", pair, sampling,
-                         args.max_new_tokens, prompt_lookup_num_tokens=args.prompt_lookup_num_tokens),
-        *([HFPolicyMethod(HFGenerateMethod(HF_POLICY, pair, sampling, args.max_new_tokens, assistant=True),
-                          policy)] if args.drafter == "model" else []),
-        DecoderMethod("learn2draft autoregressive", pair, FixedDepthController(0), sampling, args.max_new_tokens),
-        DecoderMethod(f"{args.drafter}: fixed γ={gamma}", pair, FixedDepthController(gamma), sampling,
-                      args.max_new_tokens, args.drafter, head, min_ngram=args.lookup_min_ngram),
-    ]
-    if args.drafter == "lookup":
-        methods.append(DecoderMethod("lookup: match-length rule", pair, MatchLengthController(depth), sampling,
-                                     args.max_new_tokens, args.drafter, head, min_ngram=args.lookup_min_ngram))
-    else:
-        methods.append(DecoderMethod(f"{args.drafter}: confidence ≥ 0.4 rule", pair,
-                                     ConfidenceThresholdController(0.4, depth), sampling, args.max_new_tokens,
-                                     args.drafter, head, min_ngram=args.lookup_min_ngram))
-    methods.append(DecoderMethod(f"{args.drafter}: learned policy", pair, policy, sampling, args.max_new_tokens,
-                                 args.drafter, head, min_ngram=args.lookup_min_ngram))
-    return methods
-
-
-def _hybrid_methods(args, pair, sampling, best: dict[str, int], policy, head) -> list:
-    """A hybrid drafter's rows: plain ``generate()``, HF prompt lookup, this project's autoregressive loop, each source
-    alone at its best fixed γ (chosen on the training prompts), vLLM's lookup-first rule and ArcticInference's score
-    rule (k = the neural drafter's best γ) and the learned hybrid policy."""
-    from eval.runner import DecoderMethod, HFGenerateMethod
-    from learn2draft.decoding import FixedDepthController
-    from policies.controllers import LookupFirstController, SuffixScoreController
-
-    neural = args.drafter.split("+")[1]
-    k, depth = best[neural], policy.max_depth
-    methods = [
-        HFGenerateMethod(PLAIN, pair, sampling, args.max_new_tokens),
-        HFGenerateMethod(f"hf prompt lookup ({args.prompt_lookup_num_tokens})", pair, sampling,
-                         args.max_new_tokens, prompt_lookup_num_tokens=args.prompt_lookup_num_tokens),
-        DecoderMethod("learn2draft autoregressive", pair, FixedDepthController(0), sampling, args.max_new_tokens),
-        *(DecoderMethod(f"{src}: fixed γ={g}", pair, FixedDepthController(g), sampling, args.max_new_tokens, src, head,
-                      min_ngram=args.lookup_min_ngram)
-          for src, g in best.items()),
-    ]
-    if k <= depth:
-        methods += [
-            DecoderMethod(f"{args.drafter}: vLLM lookup-first k={k}", pair, LookupFirstController(k, depth), sampling,
-                          args.max_new_tokens, args.drafter, head, min_ngram=args.lookup_min_ngram),
-            DecoderMethod(f"{args.drafter}: Arctic score rule k={k}", pair, SuffixScoreController(k, depth), sampling,
-                          args.max_new_tokens, args.drafter, head, min_ngram=args.lookup_min_ngram),
-        ]
-    methods.append(DecoderMethod(f"{args.drafter}: learned policy", pair, policy, sampling, args.max_new_tokens,
-                                 args.drafter, head, min_ngram=args.lookup_min_ngram))
-    return methods
+    out = []
+    for src in args.drafter.split("+"):
+        if src == "lookup":
+            out.append(DecoderMethod("lookup: match-length rule", pair, MatchLengthController(depth), sampling,
+                                     args.max_new_tokens, src, head, min_ngram=args.lookup_min_ngram))
+        else:
+            out.append(DecoderMethod(f"{src}: confidence ≥ 0.4 rule", pair, ConfidenceThresholdController(0.4, depth),
+                                     sampling, args.max_new_tokens, src, head))
+    if "+" in args.drafter:
+        k = min(best_gamma[args.drafter.split("+")[1]], depth)
+        out += [DecoderMethod(f"{args.drafter}: vLLM lookup-first k={k}", pair, LookupFirstController(k, depth),
+                              sampling, args.max_new_tokens, args.drafter, head, min_ngram=args.lookup_min_ngram),
+                DecoderMethod(f"{args.drafter}: Arctic score rule k={k}", pair, SuffixScoreController(k, depth),
+                              sampling, args.max_new_tokens, args.drafter, head, min_ngram=args.lookup_min_ngram)]
+    return out
 
 
 def _write_report(report: dict, md: list[str], out: Path) -> None:
