@@ -1,5 +1,6 @@
-"""Prompt sets: the ones shipped with the package (``learn2draft/data/prompts.json`` and
-``learn2draft/data/mixed_prompts.json``) and a user's file.
+"""Prompt sets: the ones shipped with the package (``learn2draft/data/prompts.json``,
+``learn2draft/data/mixed_prompts.json`` and the real-work corpus ``learn2draft/data/corpus.json``, built by
+:mod:`learn2draft.corpus`) and a user's file.
 
 Every prompt can be read as a :class:`Prompt` record (text, category, language, id), so that eval
 and the benchmark report per category and per language; :func:`load_prompts` and
@@ -19,15 +20,26 @@ PROMPTS_FILE = Path(__file__).resolve().parent / "data" / "prompts.json"
 MIXED_PROMPTS_FILE = Path(__file__).resolve().parent / "data" / "mixed_prompts.json"
 _PLAIN_SPLITS = ("train", "heldout", "copy_train", "copy_heldout")
 _RECORD_SPLITS = ("mixed_train", "mixed_heldout", "multilingual_train", "multilingual_heldout")
-SPLITS = _PLAIN_SPLITS + _RECORD_SPLITS
+#: The real-work corpus (:mod:`learn2draft.corpus`), in the same format plus ``source`` and ``document``.
+CORPUS_FILE = Path(__file__).resolve().parent / "data" / "corpus.json"
+#: Its splits: train / validation / test (disjoint by source document) and the leave-one-source-out test set.
+CORPUS_SPLITS = ("corpus_train", "corpus_validation", "corpus_test", "corpus_loso")
+SPLITS = _PLAIN_SPLITS + _RECORD_SPLITS + CORPUS_SPLITS
 #: The shipped prompt sets of ``--prompt-set``: name → (training split, held-out split).
 PROMPT_SETS = {"open": ("train", "heldout"), "copy": ("copy_train", "copy_heldout"),
-               "mixed": ("mixed_train", "mixed_heldout"), "multilingual": ("multilingual_train", "multilingual_heldout")}
+               "mixed": ("mixed_train", "mixed_heldout"), "multilingual": ("multilingual_train", "multilingual_heldout"),
+               "corpus": ("corpus_train", "corpus_test")}
+#: The validation split of a prompt set that has one (where a fixed configuration is chosen); the others use
+#: their training split.
+_VALIDATION_SPLITS = {"corpus": "corpus_validation"}
 #: Category and language of a prompt that states none (a plain string, a ``"prompt"`` object, the open splits).
 DEFAULT_CATEGORY, DEFAULT_LANGUAGE = "default", "en"
-#: Categories whose answers copy from the prompt (where prompt lookup pays): the copy splits' ``"copy"``, and
-#: the mixed set's ``"extraction"`` (editing and extraction) and ``"context_qa"`` (answers over a given text).
-COPY_CATEGORIES = ("copy", "extraction", "context_qa")
+#: Categories whose answers copy from the prompt (where prompt lookup pays): the copy splits' ``"copy"``, the
+#: mixed set's ``"extraction"`` (editing and extraction) and ``"context_qa"`` (answers over a given text), and the
+#: corpus's ``"copy_edit"`` (rewrite a JSON record, fill a template, reformat a table), ``"code_edit"`` (edit a
+#: function given in full) and ``"rag"`` (answers quoting retrieved passages). Summarization and translation
+#: copy less (names and placeholders) and are not counted.
+COPY_CATEGORIES = ("copy", "extraction", "context_qa", "copy_edit", "code_edit", "rag")
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,11 @@ def _load_mixed() -> dict:
     return json.loads(MIXED_PROMPTS_FILE.read_text(encoding="utf-8"))
 
 
+@cache
+def _load_corpus() -> dict:
+    return json.loads(CORPUS_FILE.read_text(encoding="utf-8"))
+
+
 def check_prompt_text(text: str) -> str:
     """Return ``text`` if it is a non-blank prompt that encodes as UTF-8.
 
@@ -72,8 +89,8 @@ def check_prompt_text(text: str) -> str:
 def load_prompt_records(split: str) -> list[Prompt]:
     """The :class:`Prompt` records of a shipped split (see :func:`load_prompts` for the splits). The open
     splits (``"train"``, ``"heldout"``) have category :data:`DEFAULT_CATEGORY`, the copy splits ``"copy"``
-    (both language ``"en"``: they are mostly English, without per-prompt languages); the mixed and multilingual
-    splits carry their own categories and languages.
+    (both language ``"en"``: they are mostly English, without per-prompt languages); the mixed, multilingual
+    and corpus splits carry their own categories and languages.
 
     Raises:
         ValueError: unknown split.
@@ -83,6 +100,9 @@ def load_prompt_records(split: str) -> list[Prompt]:
     if split in _RECORD_SPLITS:
         return [_record_of(row, f"{MIXED_PROMPTS_FILE} {split} item {i}")
                 for i, row in enumerate(_load_mixed()["splits"][split])]
+    if split in CORPUS_SPLITS:
+        return [_record_of(row, f"{CORPUS_FILE} {split} item {i}")
+                for i, row in enumerate(_load_corpus()["splits"][split])]
     category = "copy" if split.startswith("copy_") else DEFAULT_CATEGORY
     return [Prompt(t, category, DEFAULT_LANGUAGE, f"{split}-{i + 1}") for i, t in enumerate(_load()[split])]
 
@@ -95,7 +115,10 @@ def load_prompts(split: str) -> list[str]:
     categories: chat, code, extraction, summarization, qa, math, translation, context_qa) and
     ``"multilingual_train"`` / ``"multilingual_heldout"`` (chat, code, extraction, summarization, qa,
     math, each in English, Spanish, Italian and Chinese), read from :data:`MIXED_PROMPTS_FILE` (its
-    ``description`` says more). The training and held-out splits of each set are disjoint.
+    ``description`` says more); the real-work corpus's ``"corpus_train"`` / ``"corpus_validation"`` /
+    ``"corpus_test"`` (disjoint by source document) and ``"corpus_loso"`` (one whole source held out of the
+    others), read from :data:`CORPUS_FILE` (see ``docs/corpus.md``). The training and held-out splits of each
+    set are disjoint.
 
     Raises:
         ValueError: unknown split.
@@ -112,6 +135,17 @@ def prompt_set_splits(name: str) -> tuple[str, str]:
     if name not in PROMPT_SETS:
         raise ValueError(f"Unknown prompt set {name!r}: use one of {', '.join(PROMPT_SETS)}.")
     return PROMPT_SETS[name]
+
+
+def prompt_set_validation(name: str) -> str:
+    """The validation split of a shipped prompt set (where a fixed configuration is chosen): ``"corpus_validation"``
+    for ``"corpus"``; the training split for the sets that have no validation split.
+
+    Raises:
+        ValueError: unknown set.
+    """
+    train, _held = prompt_set_splits(name)
+    return _VALIDATION_SPLITS.get(name, train)
 
 
 def load_prompt_file_records(path: str | Path) -> list[Prompt]:
