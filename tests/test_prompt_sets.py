@@ -84,7 +84,7 @@ def _tokenizer():
 
 
 def test_prompt_sets_name_their_splits_and_refuse_unknown_ones():
-    assert set(PROMPT_SETS) == {"open", "copy", "mixed", "multilingual"}
+    assert set(PROMPT_SETS) == {"open", "copy", "mixed", "multilingual", "corpus"}
     assert prompt_set_splits("mixed") == ("mixed_train", "mixed_heldout")
     with pytest.raises(ValueError, match="multilingual"):
         prompt_set_splits("nope")
