@@ -67,6 +67,7 @@ class Examples:
         w: float64 (N,), the example's probability weight (reached · accepted, or reached · rejected).
         position: int64 (N,), the drafted position j.
         tokens: the distinct drafted tokens behind the rows (those reached with a probability > 0).
+        prompt: int64 (N,), the index of the prompt (in the trace set) each row comes from.
     """
 
     X: np.ndarray
@@ -74,6 +75,7 @@ class Examples:
     w: np.ndarray
     position: np.ndarray
     tokens: int
+    prompt: np.ndarray | None = None
 
     def columns(self, names: Sequence[str]) -> np.ndarray:
         """float64 (N, len(names)): the features ``names`` of :data:`ACCEPTANCE_FEATURE_NAMES`."""
@@ -100,20 +102,21 @@ def examples(traces) -> Examples:
     """
     D, V, n_new = traces.max_depth, int(traces.header["vocab_size"]), traces.max_new_tokens
     parts = []
-    for pt in traces.prompts:
+    for i, pt in enumerate(traces.prompts):
         X, rows, pos = acceptance_features(pt, D, V, n_new)
         a = np.asarray(pt.accept_prob, dtype=np.float64)[rows, pos]
         ap = np.nan_to_num(np.asarray(pt.accept_prob, dtype=np.float64), nan=0.0)
         before = np.concatenate([np.ones((ap.shape[0], 1)), np.cumprod(ap, axis=1)[:, :-1]], axis=1)
-        parts.append((X, a, before[rows, pos], pos))
+        parts.append((X, a, before[rows, pos], pos, np.full(len(pos), i)))
     if not parts or sum(p[0].shape[0] for p in parts) == 0:
         raise ValueError("The traces hold no drafted token (every chain is empty): record them with --max-depth ≥ 1 "
                          "and a drafter that proposes (lookup needs repeated text).")
-    X, a, reach, pos = (np.concatenate(z) for z in zip(*parts))
+    X, a, reach, pos, prompt = (np.concatenate(z) for z in zip(*parts))
     X2, y2 = np.concatenate([X, X]), np.concatenate([np.ones_like(a), np.zeros_like(a)])
     w2, p2 = np.concatenate([reach * a, reach * (1 - a)]), np.concatenate([pos, pos])
     keep = w2 > 0
-    return Examples(X2[keep], y2[keep], w2[keep], p2[keep].astype(np.int64), int(np.count_nonzero(reach > 0)))
+    return Examples(X2[keep], y2[keep], w2[keep], p2[keep].astype(np.int64), int(np.count_nonzero(reach > 0)),
+                    np.concatenate([prompt, prompt])[keep].astype(np.int64))
 
 
 def roc_auc(scores: np.ndarray, labels: np.ndarray, weights: np.ndarray | None = None) -> float:
@@ -194,13 +197,19 @@ def fit_logistic(X: np.ndarray, y: np.ndarray, w: np.ndarray, l2: float = 1e-3) 
 
 
 def feature_set_report(train: Examples, heldout: Examples, names: Sequence[str], max_depth: int, l2: float = 1e-3,
-                       min_examples: int = 20) -> dict:
+                       min_examples: int = 20, groups: dict[str, Sequence[int]] | None = None) -> dict:
     """Fit the global and the per-position logistics of one feature set on ``train`` and score ``heldout``.
+
+    Args:
+        groups: optional group name (e.g. a prompt category) → indices of held-out prompts; the report then also
+            holds the per-position AUC within each group.
 
     Returns:
         dict: ``features``, ``auc_global`` and ``auc_per_position`` (held-out AUC of the pooled scores),
         ``auc_by_position`` (held-out AUC of the per-position scores within each position j; None where a class
-        is missing), ``positions_fitted`` (positions with their own logistic) and ``coef_global`` (standardised).
+        is missing), ``positions_fitted`` (positions with their own logistic), ``coef_global`` (standardised) and,
+        with ``groups``, ``auc_by_group`` (group → ``{"auc": per-position AUC or None where a class is missing,
+        "examples": labelled rows}``).
     """
     Xt, Xh = train.columns(names), heldout.columns(names)
     glob = fit_logistic(Xt, train.y, train.w, l2)
@@ -224,7 +233,31 @@ def feature_set_report(train: Examples, heldout: Examples, names: Sequence[str],
         "auc_by_position": by_pos,
         "positions_fitted": fitted,
         "coef_global": {n: round(float(c), 4) for n, c in zip(names, glob.coef)},
+        **({"auc_by_group": {g: _group_auc(per, heldout, idx) for g, idx in groups.items()}} if groups else {}),
     }
+
+
+def _group_auc(scores: np.ndarray, heldout: Examples, prompts: Sequence[int]) -> dict:
+    rows = np.isin(heldout.prompt, np.asarray(list(prompts), dtype=np.int64))
+    return {"auc": _r(roc_auc(scores[rows], heldout.y[rows], heldout.w[rows])) if rows.any() else None,
+            "examples": int(np.count_nonzero(rows))}
+
+
+def prompt_categories(traces) -> dict[str, list[int]] | None:
+    """Category → indices of the prompts of a trace set recorded from shipped splits (its header's
+    ``prompt_source``, e.g. ``corpus_test``, and ``num_prompts``: the first prompts of those splits, in order); None
+    when they came from a user's file or the split is unknown."""
+    from learn2draft.prompts import SPLITS, load_prompt_records
+
+    source = str(traces.header.get("prompt_source", ""))
+    splits = source.split(",")
+    if not source or any(s not in SPLITS for s in splits):
+        return None
+    records = [p for s in splits for p in load_prompt_records(s)][: len(traces.prompts)]
+    out: dict[str, list[int]] = {}
+    for i, p in enumerate(records):
+        out.setdefault(p.category, []).append(i)
+    return out
 
 
 def _r(x: float) -> float | None:
@@ -272,7 +305,8 @@ def check_compatible(train, heldout, train_paths: Sequence[str], heldout_paths: 
 
 
 def acceptance_report(train, heldout, sets: Sequence[str] | None = None, l2: float = 1e-3, min_examples: int = 20,
-                      train_name: str = "training traces", heldout_name: str = "held-out traces") -> dict:
+                      train_name: str = "training traces", heldout_name: str = "held-out traces",
+                      groups: dict[str, Sequence[int]] | None = None) -> dict:
     """The held-out AUC of every feature set (see the module docstring).
 
     Args:
@@ -280,6 +314,7 @@ def acceptance_report(train, heldout, sets: Sequence[str] | None = None, l2: flo
         sets: names of :data:`learn2draft.features.ACCEPTANCE_FEATURE_SETS` (default all of them).
         l2, min_examples: as :func:`fit_logistic` and :func:`feature_set_report`.
         train_name, heldout_name: how the report names a trace set that lacks the acceptance arrays.
+        groups: held-out prompt groups (e.g. :func:`prompt_categories`): each set's report adds ``auc_by_group``.
 
     Returns:
         dict with ``label`` (how labels are defined), ``feature_version``, ``drafter``, ``max_depth``, ``train`` / ``heldout`` (``tokens``: reached drafted tokens
@@ -306,7 +341,7 @@ def acceptance_report(train, heldout, sets: Sequence[str] | None = None, l2: flo
                                       "draft_margin: recorded before issue 16); re-record them with "
                                       "`python -m eval.record`"}
             continue
-        out_sets[s] = feature_set_report(tr, he, names, train.max_depth, l2, min_examples)
+        out_sets[s] = feature_set_report(tr, he, names, train.max_depth, l2, min_examples, groups)
     scored = {k: v["auc_per_position"] for k, v in out_sets.items() if v.get("auc_per_position") is not None}
     return {
         "label": ("drafted token j accepted, over the tokens reached (0..j-1 accepted); "
@@ -341,6 +376,12 @@ def format_report(rep: dict) -> str:
             lines.append(f"| {name} | {s['auc_global']} | {s['auc_per_position']} | "
                          f"{','.join(map(str, s['positions_fitted'])) or '-'} |")
     lines.append(f"best feature set (per-position AUC): {rep['best']}")
+    best = rep["sets"].get(rep["best"] or "", {})
+    if best.get("auc_by_group"):
+        lines += ["", f"per category, feature set {rep['best']} (per-position logistics):", "",
+                  "| category | AUC | examples |", "|---|---|---|"]
+        lines += [f"| {g} | {v['auc'] if v['auc'] is not None else '– (one class)'} | {v['tokens']} |"
+                  for g, v in best["auc_by_group"].items()]
     return "\n".join(lines)
 
 
@@ -395,7 +436,8 @@ def _run(args) -> int:
     for w in check_compatible(train, heldout, args.traces, args.heldout, args.allow_mismatch):
         print(w, file=sys.stderr)
     rep = acceptance_report(train, heldout, sets, args.l2, args.min_examples,
-                            train_name=", ".join(args.traces), heldout_name=", ".join(args.heldout))
+                            train_name=", ".join(args.traces), heldout_name=", ".join(args.heldout),
+                            groups=prompt_categories(heldout))
     rep["traces"], rep["heldout_traces"] = list(args.traces), list(args.heldout)
     print(format_report(rep))
     if args.out:

@@ -217,3 +217,28 @@ def test_the_command_writes_its_report_and_refuses_mismatched_traces(tmp_path, c
     assert "as training and as held-out" in capsys.readouterr().err
     assert main(["--traces", str(tmp_path / "missing.npz"), "--heldout", str(b)]) == 2
     assert "No trace file" in capsys.readouterr().err
+
+
+def test_auc_per_category_scores_each_group_of_held_out_prompts_apart():
+    """Per-category AUC: held-out prompts 0-2 accept by the draft margin (AUC 1 within them), prompts 3-5 by a
+    biased coin (AUC 0.5 ± 0.1 within them; seeded); the groups come from the trace header's shipped split."""
+    from eval.acceptance import prompt_categories
+    from learn2draft.prompts import load_prompt_records
+
+    sep = lambda top1, m, rng: m > 0.5  # noqa: E731
+    coin = lambda top1, m, rng: rng.uniform(size=m.shape) < 0.6  # noqa: E731
+    train = _hand_set(11, sep, prompts=6)
+    held = _hand_set(12, sep, prompts=3)
+    held.prompts += _hand_set(13, coin, prompts=3).prompts
+    rep = feature_set_report(examples(train), examples(held), ["draft_margin"], 2,
+                             groups={"margin": [0, 1, 2], "coin": [3, 4, 5], "none": []})
+    by = rep["auc_by_group"]
+    assert by["margin"]["auc"] == 1.0 and abs(by["coin"]["auc"] - 0.5) < 0.1
+    assert by["none"] == {"auc": None, "examples": 0} and by["margin"]["examples"] > 0
+    held.header["prompt_source"] = "corpus_test"
+    cats = prompt_categories(held)
+    want = [p.category for p in load_prompt_records("corpus_test")[:6]]
+    assert sorted(i for idx in cats.values() for i in idx) == list(range(6))
+    assert all(want[i] == c for c, idx in cats.items() for i in idx)
+    held.header["prompt_source"] = "/some/user/file.jsonl"
+    assert prompt_categories(held) is None
