@@ -394,7 +394,8 @@ def _measure_temperature(args, pair, T: float, sampling, val: list, held: list, 
     from learn2draft.decoding import FixedDepthController
 
     arms = fixed_arms(args, pair, sampling, gammas, min_ngrams, head)
-    val_summary = summarize(run_interleaved(list(arms.values()), val, 1, args.seed, desc=f"validation grid T={T}"))
+    val_summary = summarize(run_interleaved(list(arms.values()), val, 1, args.seed, desc=f"validation grid T={T}",
+                                                warmup=True))
     val_tps = {n: s["tokens_per_second_mean"] for n, s in val_summary.items()}
     chosen = max(val_tps, key=val_tps.get)
     sources = args.drafter.split("+")
@@ -439,7 +440,7 @@ def _measure_temperature(args, pair, T: float, sampling, val: list, held: list, 
         if trees.controller is not None:
             methods.insert(-1, DecoderMethod(f"{args.drafter}: learned tree", pair, trees.controller, sampling,
                                              args.max_new_tokens, args.drafter, head, tree=tree))
-    records = run_interleaved(methods, held, args.repeats, args.seed, desc=f"benchmark T={T}")
+    records = run_interleaved(methods, held, args.repeats, args.seed, desc=f"benchmark T={T}", warmup=True)
     summary = summarize(records, reference=PLAIN)
     by = {key: summarize_groups(records, g, reference=PLAIN) for key, g in (groups or {}).items()}
     copy = summarize_groups(records, {"copy": copy_idx}, reference=PLAIN).get("copy") if copy_idx else None

@@ -262,13 +262,18 @@ def _percentiles(values) -> dict:
 
 
 def run_interleaved(methods: Sequence[Method], prompts: Sequence[torch.Tensor], repeats: int, seed: int = 0,
-                    desc: str = "runs", progress: bool = True) -> list[RunRecord]:
+                    desc: str = "runs", progress: bool = True, warmup: bool = False) -> list[RunRecord]:
     """Run every method on every prompt ``repeats`` times, rotating the method order per (repeat, prompt).
 
     All methods get the same seed for a given (repeat, prompt). Returns one :class:`RunRecord` each. With
     ``progress``: a bar on a terminal, one plain line per method and prompt (at most every
-    :data:`learn2draft.cli.PROGRESS_INTERVAL_SECONDS`) in a log file (:func:`learn2draft.cli.progress`).
+    :data:`learn2draft.cli.PROGRESS_INTERVAL_SECONDS`) in a log file (:func:`learn2draft.cli.progress`). With
+    ``warmup``: every method first runs once on the first prompt, untimed and unrecorded, so that no method pays
+    a one-time cost (first-call kernel selection, lazy imports, allocator growth) inside the measurement.
     """
+    if warmup and prompts:
+        for m in methods:
+            m.run(prompts[0], seed=run_seed(seed, 0, 0))
     records = []
     total = len(methods) * len(prompts) * repeats
     # a bar on a terminal; a log file gets plain lines (learn2draft.cli.progress), never carriage-return frames

@@ -54,6 +54,14 @@ def test_interleaving_rotates_order_and_shares_seeds():
         assert len({s for _, s in log[i:i + 3]}) == 1  # same seed for all methods on a prompt
 
 
+def test_a_warm_up_runs_every_method_once_untimed_before_the_measured_runs():
+    log = []
+    methods = [_Recorder(n, log) for n in "ab"]
+    recs = run_interleaved(methods, [torch.tensor([1]), torch.tensor([2])], repeats=1, progress=False, warmup=True)
+    assert len(recs) == 4 and [n for n, _ in log[:2]] == ["a", "b"] and len(log) == 6  # 2 warm-up runs, not recorded
+    assert log[0][1] == log[2][1]  # the warm-up ran the first prompt with its seed
+
+
 def test_decoder_and_hf_greedy_agree_on_tiny_models(tiny_pair):
     ids = torch.tensor([1, 5, 9, 12])
     g = SamplingConfig()
