@@ -89,8 +89,8 @@ def default_policy_dir(drafter: str = "model", dtype: str | None = None) -> Path
         shipped = sorted(p.name for p in DEFAULT_POLICIES_DIR.glob("*") if (p / ONNX_FILE).is_file())
         raise FileNotFoundError(
             f"No shipped policy for drafter {drafter!r} (shipped: {', '.join(shipped) or 'none'}): train one with "
-            + ("`python -m train --replay LOOKUP.npz,NEURAL.npz --profile P` (traces of its two drafters, see the "
-               "README's hybrid drafters)" if "+" in drafter else f"`python -m train --drafter {drafter}`")
+            + ("`python -m train --replay LOOKUP.npz,NEURAL.npz --profile P` (traces of its two drafters, see "
+               "docs/guides/replay-training.md)" if "+" in drafter else f"`python -m train --drafter {drafter}`")
             + " and pass --policy RUN_DIR."
         )
     return d

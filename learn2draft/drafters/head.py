@@ -589,7 +589,7 @@ def load_head_drafter(pair, path: str | Path | None = None, dtype: torch.dtype |
     p = DEFAULT_HEAD_DIR if default else Path(path).expanduser()
     if not p.exists():
         how = "`python -m train.recipes.head`" if default else f"`python -m train.recipes.head --target TARGET --out {p}`"
-        raise ModelLoadError(f"Draft head directory not found: {p}. Build one with {how} (see README).")
+        raise ModelLoadError(f"Draft head directory not found: {p}. Build one with {how} (see docs/guides/embedded-pair.md).")
     dt = dtype or next(target.parameters()).dtype
     head = DraftHead.load(p, device=target.device, dtype=dt)
     tname = head.meta.get("target", "")
