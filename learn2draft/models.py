@@ -337,14 +337,74 @@ def _load_advice(src: str, gguf: str | None) -> str:
     return "Pass an existing local directory / .gguf file, or a hub id reachable from this machine."
 
 
+def _load_gguf_model(src: str, gguf: str, dtype: torch.dtype) -> PreTrainedModel:
+    """The GGUF file ``src/gguf`` de-quantised to ``dtype`` by transformers (slow: seconds per 100 M parameters), its
+    quantizer marks cleared; transformers' non-float32 GGUF warning dropped (:class:`_DropGGUFDtypeWarning`)."""
+    gguf_logger = logging.getLogger("transformers.quantizers.quantizer_gguf")
+    drop = _DropGGUFDtypeWarning()
+    gguf_logger.addFilter(drop)
+    try:
+        with _no_progress_bars_off_terminal():
+            model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, gguf_file=gguf)
+    finally:
+        gguf_logger.removeFilter(drop)
+    _clear_gguf_marks(model)
+    return model
+
+
+def convert_gguf(src: str, gguf: str, folder: str | Path) -> None:
+    """Write the GGUF model ``src/gguf`` into ``folder`` as a plain Hugging Face model: float32 safetensors weights,
+    config and tokenizer (``save_pretrained``), which ``from_pretrained(folder)`` loads with the same logits.
+
+    Raises:
+        whatever transformers raises on a damaged file (the callers turn it into :class:`ModelLoadError`).
+    """
+    model = _load_gguf_model(src, gguf, torch.float32)
+    with _no_progress_bars_off_terminal():
+        model.save_pretrained(str(folder))
+        AutoTokenizer.from_pretrained(src, gguf_file=gguf).save_pretrained(str(folder))
+
+
+def _from_gguf_cache(src: str, gguf: str, load):
+    """``load(folder)`` on the converted cache entry of ``src/gguf`` (:func:`learn2draft.model_cache.cached_dir`,
+    built by :func:`convert_gguf` the first time); an entry that fails to load (damaged inside, sizes intact) is
+    discarded and converted again, once. Returns None when the cache is off or cannot be written: the caller loads
+    the GGUF file itself."""
+    from learn2draft import model_cache
+
+    def convert(folder: Path) -> None:
+        convert_gguf(src, gguf, folder)
+
+    folder = model_cache.cached_dir(Path(src) / gguf, convert)
+    if folder is None:
+        return None
+    try:
+        with _no_progress_bars_off_terminal():
+            return load(str(folder))
+    except Exception as e:  # noqa: BLE001 (a damaged safetensors or tokenizer file: SafetensorError, OSError, ...)
+        print(f"learn2draft: the converted model in {folder} does not load ({_first_line(e, 120)}); converting "
+              f"{gguf} again.", file=sys.stderr, flush=True)
+        model_cache.discard(folder)
+        folder = model_cache.cached_dir(Path(src) / gguf, convert)
+        if folder is None:
+            return None
+        with _no_progress_bars_off_terminal():
+            return load(str(folder))
+
+
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
-    """Load the tokenizer of a model given as in :func:`load_model`.
+    """Load the tokenizer of a model given as in :func:`load_model` (a GGUF model's from its converted cache entry,
+    see :func:`load_model`).
 
     Raises:
         ModelLoadError: not found (for a hub id: offline or misspelt).
     """
     src, gguf = resolve_model_source(name_or_path)
     try:
+        if gguf:
+            tok = _from_gguf_cache(src, gguf, AutoTokenizer.from_pretrained)
+            if tok is not None:
+                return tok
         kwargs = {"gguf_file": gguf} if gguf else {}
         with _no_progress_bars_off_terminal():
             return AutoTokenizer.from_pretrained(src, **kwargs)
@@ -577,25 +637,29 @@ def load_model(
             GGUF load computes in float32 is dropped: :class:`_DropGGUFDtypeWarning`; the weights are checked
             to be plain ``dtype`` tensors instead).
 
+    A GGUF file is converted once into a plain model folder in the user's cache (:mod:`learn2draft.model_cache`,
+    :func:`convert_gguf`: float32 safetensors, keyed by the file's sha256) and loaded from there, in about a
+    second instead of a de-quantisation of many seconds; the logits are the same. ``LEARN2DRAFT_CACHE=off``
+    loads the GGUF file every time.
+
     Raises:
         ModelLoadError: the model cannot be found or loaded, ``device`` is unavailable, or a GGUF load left
             weights in another dtype than ``dtype``.
     """
     device = check_device(device)
     src, gguf = resolve_model_source(name_or_path)
-    kwargs = {"gguf_file": gguf} if gguf else {}
-    gguf_logger = logging.getLogger("transformers.quantizers.quantizer_gguf")
-    drop = _DropGGUFDtypeWarning()
-    gguf_logger.addFilter(drop)
+    model = None
     try:
-        with _no_progress_bars_off_terminal():
-            model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, **kwargs)
+        if gguf:
+            model = _from_gguf_cache(src, gguf, lambda folder: AutoModelForCausalLM.from_pretrained(folder, dtype=dtype))
+            if model is None:
+                model = _load_gguf_model(src, gguf, dtype)
+        else:
+            with _no_progress_bars_off_terminal():
+                model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype)
     except Exception as e:  # noqa: BLE001 (a damaged file: OSError, ValueError, RuntimeError, SafetensorError, ...)
         raise ModelLoadError(f"Could not load model {name_or_path!r}: {_first_line(e)}. {_load_advice(src, gguf)}") from None
-    finally:
-        gguf_logger.removeFilter(drop)
     if gguf:
-        _clear_gguf_marks(model)
         wrong = {str(p.dtype) for p in model.parameters() if p.is_floating_point() and p.dtype != dtype}
         if wrong:
             raise ModelLoadError(f"{name_or_path!r} loaded with weights in {sorted(wrong)}, not {dtype}: this "

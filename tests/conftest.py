@@ -9,6 +9,7 @@ first, so they are the same on every device.
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 import torch
@@ -16,6 +17,10 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from learn2draft.models import make_pair
+
+# The converted-model cache (learn2draft.model_cache) of the tests, commands run in subprocesses included: one folder
+# of the temporary directory kept between sessions (a conversion takes seconds), never the user's ~/.cache.
+os.environ.setdefault("LEARN2DRAFT_CACHE", os.path.join(tempfile.gettempdir(), f"learn2draft-test-cache-{os.getuid()}"))
 
 # One thread: batch-1 loops on small models run faster and far steadier on it (two threads on a
 # busy 2-core machine made one real-model draw 10-30x slower here).
