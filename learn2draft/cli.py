@@ -45,11 +45,82 @@ def plain_doc(text: str | None) -> str:
     return re.sub(r"\*\*([^*]+)\*\*", r"\1", text)
 
 
+#: The program name the ``learn2draft`` console script gives the command it runs (``"learn2draft train"``); None:
+#: each parser keeps its own (``python -m train``). Set by :func:`set_command_prog`.
+_COMMAND_PROG: str | None = None
+
+
+def set_command_prog(prog: str | None) -> None:
+    """Make :func:`prepare_parser` name the command ``prog`` in its usage and help (the ``learn2draft``
+    dispatcher's ``learn2draft <command>``); None restores each parser's own name."""
+    global _COMMAND_PROG
+    _COMMAND_PROG = prog
+
+
+def _parser_tree(parser: argparse.ArgumentParser):
+    """``parser`` and every subparser below it, depth first."""
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):  # aliases map to the same parser
+                yield from _parser_tree(sub)
+
+
+def prepare_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """What every command's parser gets before it parses: abbreviated long flags refused (``--time 5`` is not taken
+    as ``--timesteps 5``: a later flag sharing the prefix would silently change its meaning), in the parser and
+    all its subparsers, and the program name of :func:`set_command_prog` when one is set (its subparsers' names
+    follow). Returns ``parser``, changed in place."""
+    old = parser.prog
+    for p in _parser_tree(parser):
+        p.allow_abbrev = False
+        if _COMMAND_PROG and p.prog.startswith(old):
+            p.prog = _COMMAND_PROG + p.prog[len(old):]
+    return parser
+
+
+#: transformers' deprecation lines that the commands' own calls cannot avoid (they come from inside its
+#: ``generate()``, e.g. assisted generation passing both a generation config and arguments), as (logger or warning
+#: category, message start): silenced by :func:`quiet_library_noise`, nothing else.
+KNOWN_LIBRARY_NOISE = (
+    ("transformers.generation.utils", "Passing `generation_config` together with generation-related arguments"),
+    (FutureWarning, "`past_key_values` is deprecated"),
+)
+
+
+class _DropKnownNoise:
+    """A logging filter dropping the records whose message starts with one of ``starts``."""
+
+    def __init__(self, starts: tuple[str, ...]) -> None:
+        self.starts = starts
+
+    def filter(self, record) -> bool:
+        return not record.getMessage().startswith(self.starts)
+
+
+def quiet_library_noise() -> None:
+    """Silence the known transformers deprecation lines of :data:`KNOWN_LIBRARY_NOISE` (a logging filter on their
+    logger, a ``warnings`` filter on their message), and only those: any other warning still shows. Idempotent;
+    imports nothing heavy."""
+    import logging
+    import warnings
+
+    for source, start in KNOWN_LIBRARY_NOISE:
+        if isinstance(source, str):
+            logger = logging.getLogger(source)
+            if not any(isinstance(f, _DropKnownNoise) and start in f.starts for f in logger.filters):
+                logger.addFilter(_DropKnownNoise((start,)))
+        else:
+            warnings.filterwarnings("ignore", message=re.escape(start), category=source)
+
+
 def run_cli(parser: argparse.ArgumentParser, run, argv: list[str] | None) -> int:
-    """Parse ``argv`` and call ``run(args)``; bad input (ValueError, OSError, RuntimeError)
+    """Parse ``argv`` (after :func:`prepare_parser`) and call ``run(args)``; bad input (ValueError, OSError, RuntimeError)
     becomes one ``error:`` line on stderr and exit code 2 instead of a traceback, and Ctrl-C one
     ``interrupted`` line and exit code 130 (files are written whole or not at all by the commands)."""
+    prepare_parser(parser)
     args = parser.parse_args(argv)
+    quiet_library_noise()
     import warnings
 
     from learn2draft.control import PrecisionMismatchWarning
@@ -612,5 +683,5 @@ __all__ = ["PROGRESS_INTERVAL_SECONDS", "PROJECT_PACKAGES", "SAMPLING_DEFAULTS",
            "lookup_min_ngram",
            "add_model_args", "add_out_arg", "add_profile_arg", "check_out_file", "check_seed", "MAX_SEED",
            "MAX_THREADS_PER_CORE", "add_sampling_args", "add_tree_shape_args",
-           "load_models", "model_names", "plain_doc", "resolve_device", "resolved_dtype", "run_cli", "sampling_config",
-           "set_threads", "stderr_line", "threads_of"]
+           "load_models", "model_names", "plain_doc", "prepare_parser", "quiet_library_noise", "resolve_device", "resolved_dtype", "run_cli", "sampling_config",
+           "set_command_prog", "set_threads", "stderr_line", "threads_of"]

@@ -174,12 +174,19 @@ def _replay(sess, inp, obs: np.ndarray, exp_actions: np.ndarray, exp_logits: np.
     if diff is not None and diff > atol:
         problems.append(f"logits differ by up to {diff:.3g} (> {atol:g})")
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI entry point: prints one JSON report; exit status 0 (pass), 1 (fail) or 2 (bad input)."""
-    p = argparse.ArgumentParser(prog="python -m policies.check", description=__doc__,
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m policies.check``."""
+    p = argparse.ArgumentParser(prog="python -m policies.check", description=__doc__, allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("export_dir", help="a policy export directory, or a training run holding one in policy/")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point: prints one JSON report; exit status 0 (pass), 1 (fail) or 2 (bad input)."""
+    from learn2draft.cli import prepare_parser
+
+    args = prepare_parser(build_parser()).parse_args(argv)
     try:
         report = check_export(args.export_dir)
     except (FileNotFoundError, ValueError) as e:

@@ -386,6 +386,31 @@ def _export_load_aware(model: Any, out: Path, onnx_path: Path, max_depth: int, c
     return ExportResult(out, onnx_path, check)
 
 
+def _load_run_model(path: Path):
+    """The PPO model of a run's ``model.zip``.
+
+    Raises:
+        ValueError: the file is not a whole model archive (a copy cut short, a kill while it was written, another
+            file): one sentence saying so and what to do (no doubled ``Error:`` from stable-baselines3's message).
+    """
+    import zipfile
+
+    from stable_baselines3 import PPO
+
+    checkpoints = sorted(path.parent.glob("checkpoints/ppo_*_steps.zip"), key=lambda p: p.stat().st_mtime)
+    advice = (f"copy the newest whole checkpoint over it (e.g. `cp {checkpoints[-1]} {path}`) and export again, "
+              f"or retrain" if checkpoints else "retrain the run (learn2draft train --out RUN --overwrite)")
+    if not zipfile.is_zipfile(path):
+        raise ValueError(f"{path} is damaged: not a whole zip archive (a copy cut short or a kill while it was written "
+                         f"leaves it so); {advice}.")
+    try:
+        return PPO.load(str(path), device="cpu")
+    except Exception as e:  # noqa: BLE001 (a damaged archive member: ValueError, KeyError, RuntimeError, EOFError, ...)
+        msg = " ".join(str(e).split())
+        msg = msg[len("error:"):].strip() if msg.lower().startswith("error:") else msg
+        raise ValueError(f"{path} is damaged ({msg or e.__class__.__name__}); {advice}.") from None
+
+
 def reexport_run(run_dir: str | Path) -> ExportResult:
     """Export a training run's ``model.zip`` again into ``run_dir/policy`` with this version's export
     (e.g. to add the parity vectors of exports written before they existed), keeping the settings
@@ -393,10 +418,9 @@ def reexport_run(run_dir: str | Path) -> ExportResult:
 
     Raises:
         FileNotFoundError: ``run_dir`` holds no ``model.zip`` (only training runs can be re-exported).
+        ValueError: its ``model.zip`` is damaged (the message says what to do).
         ExportCheckError: as :func:`export_policy`.
     """
-    from stable_baselines3 import PPO
-
     run = Path(run_dir)
     if not (run / "model.zip").is_file():
         raise FileNotFoundError(f"{run / 'model.zip'} is missing: only a training run (python -m train --out RUN) can "
@@ -408,20 +432,28 @@ def reexport_run(run_dir: str | Path) -> ExportResult:
         config.pop(key, None)
     old_spec = run / DEPTH_DIR / FEATURE_SPEC_FILE
     vocab_size = (read_json(old_spec) if old_spec.is_file() else {}).get("vocab_size") or run_settings(run).get("vocab_size")
-    model = PPO.load(str(run / "model.zip"), device="cpu")
+    model = _load_run_model(run / "model.zip")
     return export_policy(model, run / DEPTH_DIR, max_depth, config=config, vocab_size=vocab_size)
+
+
+def build_parser():
+    """The command line of ``python -m policies.export`` (an ``argparse.ArgumentParser``)."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m policies.export", allow_abbrev=False,
+                                description="Re-export a training run's policy (model.zip) into RUN_DIR/policy with "
+                                            "this version's export: ONNX, feature spec, config, check, parity vectors.")
+    p.add_argument("run_dir", help="a directory written by python -m train")
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m policies.export RUN_DIR``: re-export a training run's policy (see :func:`reexport_run`)."""
-    import argparse
     import sys
 
-    p = argparse.ArgumentParser(prog="python -m policies.export",
-                                description="Re-export a training run's policy (model.zip) into RUN_DIR/policy with "
-                                            "this version's export: ONNX, feature spec, config, check, parity vectors.")
-    p.add_argument("run_dir", help="a directory written by python -m train")
-    args = p.parse_args(argv)
+    from learn2draft.cli import prepare_parser
+
+    args = prepare_parser(build_parser()).parse_args(argv)
     try:
         res = reexport_run(args.run_dir)
     except (FileNotFoundError, ValueError, ExportCheckError) as e:
@@ -431,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["ExportCheckError", "ExportResult", "OnnxablePolicy", "check_onnx", "export_onnx", "export_policy", "main",
+__all__ = ["ExportCheckError", "ExportResult", "OnnxablePolicy", "check_onnx", "export_onnx", "export_policy", "build_parser", "main",
            "parity_vectors", "reexport_run", "write_parity"]
 
 

@@ -196,7 +196,7 @@ def test_console_scripts_name_an_existing_entry_point():
         assert callable(getattr(mod, func, None)), f"{name} = {target!r}"
 
 
-@pytest.mark.parametrize("command, script, shadow", [("train", "learn2draft-train", "eval"),
+@pytest.mark.parametrize("command, script, shadow", [("train", "learn2draft train", "eval"),
                                                      ("eval", "learn2draft-eval", "policies")])
 def test_a_users_file_shadowing_a_package_is_one_clear_error(tmp_path, command, script, shadow):
     """``python -m train`` puts the current folder first on sys.path: a user's own eval.py there (or policies.py for

@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = TrainConfig()
     env_mode = _WANDB_ALIASES.get(os.environ.get("WANDB_MODE", ""), os.environ.get("WANDB_MODE") or "offline")
     p = argparse.ArgumentParser(
-        prog="python -m train",
+        prog="python -m train", allow_abbrev=False,
         description="Train a PPO policy that chooses the draft depth of speculative decoding, rewarded by "
                     "measured tokens/s, then export it to ONNX.",
         formatter_class=HelpFormatter,
@@ -239,6 +239,11 @@ def wandb_sync_hint(wandb_dir: str) -> str:
     return f"wandb sync {shlex.quote(str(wandb_dir))}/offline-run-*"
 
 
+def _signal_status(sig: str) -> int:
+    """The exit status of a run stopped by signal ``sig`` (``"SIGTERM"`` → 143); 130 for an unknown name."""
+    return 128 + signal.Signals[sig].value if sig in signal.Signals.__members__ else 130
+
+
 def _drop_if_empty(args: argparse.Namespace, created: bool | None) -> None:
     """Remove ``--out`` when this run created it and a failure before training left it empty (no empty folder for a
     run that never started); a folder that was there before, or holds anything, is left alone."""
@@ -252,7 +257,27 @@ def _drop_if_empty(args: argparse.Namespace, created: bool | None) -> None:
         pass
 
 
+def _raise_interrupt_on_sigterm(signum, frame) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv``, load the models, train, export; return 0 (:func:`run_command`). From its start SIGTERM stops
+    it as Ctrl-C does (one ``interrupted`` line, an ``--out`` it created and left empty removed), not by the default
+    silent kill."""
+    import threading
+
+    old = None
+    if threading.current_thread() is threading.main_thread():
+        old = signal.signal(signal.SIGTERM, _raise_interrupt_on_sigterm)
+    try:
+        return run_command(argv)
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+
+
+def run_command(argv: list[str] | None = None) -> int:
     """Parse ``argv``, load the models, train, export; return 0.
 
     Bad settings, unknown models, an unwritable or already used ``--out``, ``--wandb-mode online``
@@ -261,9 +286,10 @@ def main(argv: list[str] | None = None) -> int:
     or SIGTERM saves and exports the policy so far, prints its summary with ``"interrupted": true``
     and how to ``--resume``, and returns 128 + the signal number (130 / 143).
     """
-    cli.exit_if_shadowed("train", "learn2draft-train")
-    parser = build_parser()
+    cli.exit_if_shadowed("train", "learn2draft train")
+    parser = cli.prepare_parser(build_parser())
     args = parser.parse_args(argv)
+    cli.quiet_library_noise()
 
     try:  # importing torch and transformers takes seconds: a Ctrl-C here is an interruption, not a traceback
         import torch
@@ -276,11 +302,12 @@ def main(argv: list[str] | None = None) -> int:
             resolve_model_source,
         )
         from learn2draft.names import needs_draft_model
-    except KeyboardInterrupt:
-        parser.exit(130, f"{parser.prog}: interrupted (SIGINT) while starting; nothing was written.\n")
+    except KeyboardInterrupt as e:
+        sig = str(e) or "SIGINT"
+        parser.exit(_signal_status(sig), f"{parser.prog}: interrupted ({sig}) while starting; nothing was written.\n")
     from learn2draft.prompts import load_prompt_file
     from policies.export import ExportCheckError
-    from train.chain import apply_replay_settings
+    from train.chain import InterruptedAfterTraining, apply_replay_settings, check_resume_total
     from train.launch import run
     from train.outdir import prepare_out_dir
     from train.wandb_setup import check_wandb
@@ -289,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = resume_config(args, argv) if args.resume else config_from_args(args)
         cfg.validate()
+        if args.resume and not cfg.tree:
+            check_resume_total(Path(cfg.out), cfg.timesteps)  # nothing to train: refused, metrics.json kept
         given = _given_flags(argv)
         if cfg.tree and "verify_size" in given and "size" in cfg.policies:
             raise ValueError("--verify-size is the fixed V used when the size policy is not trained: drop it, or "
@@ -314,6 +343,11 @@ def main(argv: list[str] | None = None) -> int:
         prepare_out_dir(cfg.out, cfg.overwrite, cfg.resume)  # fail before the (slow) model loading
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
+        if not cfg.resume and not cfg.tree and cfg.timesteps % cfg.n_steps:
+            trains = -(-cfg.timesteps // cfg.n_steps) * cfg.n_steps
+            print(f"note: PPO trains in whole rollouts of --n-steps {cfg.n_steps} steps: --timesteps {cfg.timesteps} "
+                  f"becomes {trains} timesteps (pass a multiple of --n-steps, or a smaller --n-steps, to train exactly "
+                  f"{cfg.timesteps}).", file=sys.stderr, flush=True)
         say = (lambda text: None) if args.quiet else (lambda text: print(text, file=sys.stderr, flush=True))
         if cfg.replay:
             say(f"Replaying traces {cfg.replay} with the latency profile {cfg.profile} …")
@@ -333,6 +367,11 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         _drop_if_empty(args, new_out)
         parser.exit(2, f"{parser.prog}: error: {e.__class__.__name__}: {e}\n")
+    except InterruptedAfterTraining as e:
+        parser.exit(_signal_status(e.signal_name),
+                    f"{parser.prog}: interrupted ({e.signal_name}) after training: the trained policy "
+                    f"({e.timesteps} timesteps) is saved in {e.out / 'model.zip'}, but its export check and evaluation "
+                    f"did not finish; finish them (no more training) with `learn2draft train --out {e.out} --resume`.\n")
     except KeyboardInterrupt as e:
         _drop_if_empty(args, new_out)
         sig = str(e) or "SIGINT"

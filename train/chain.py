@@ -396,6 +396,47 @@ def _finished_model(out: Path) -> tuple[Path, int] | None:
     return model, steps
 
 
+#: The ``metrics.json`` key of a run whose training finished but whose export check or evaluation was interrupted:
+#: ``--resume`` finishes them without training more.
+UNFINISHED = "unfinished"
+
+
+class InterruptedAfterTraining(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM after the policy was trained and saved (``model.zip``), during its export or evaluation.
+    Attributes: ``out`` (the run folder), ``timesteps`` (trained), ``signal_name`` (``"SIGINT"`` / ``"SIGTERM"``)."""
+
+    def __init__(self, out: Path, timesteps: int, signal_name: str) -> None:
+        super().__init__(signal_name)
+        self.out, self.timesteps, self.signal_name = Path(out), int(timesteps), signal_name
+
+
+def evaluation_pending(out: Path) -> bool:
+    """Whether the run in ``out`` was trained but stopped during its export or evaluation (``metrics.json`` says
+    :data:`UNFINISHED`): ``--resume`` then finishes them."""
+    import json
+
+    try:
+        return bool(json.loads((Path(out) / "metrics.json").read_text()).get(UNFINISHED))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def check_resume_total(out: Path, timesteps: int) -> None:
+    """Refuse a ``--resume`` of the run in ``out`` that would train nothing: its newest model (a checkpoint, or the
+    finished ``model.zip``) already holds ``timesteps`` or more, and its evaluation is not pending
+    (:func:`evaluation_pending`). Reads only small files; nothing is written.
+
+    Raises:
+        ValueError: names the steps done and the flag to pass.
+    """
+    out = Path(out)
+    done = [c[1] for c in (latest_checkpoint(out), _finished_model(out)) if c is not None]
+    if done and max(done) >= timesteps and not evaluation_pending(out):
+        raise ValueError(f"--resume: {out} already holds a policy trained for {max(done)} timesteps, and --timesteps "
+                         f"{timesteps} is the total to reach: nothing to train, and its results are kept as they are. "
+                         f"Pass a larger total to train on (e.g. --timesteps {max(done) + max(timesteps, 1)}).")
+
+
 def _log_summary(wandb_run, metrics: dict, out: Path, cfg: TrainConfig) -> None:
     """The run's numbers into the W&B summary and its export as a ``policy`` artifact."""
     import wandb
@@ -442,13 +483,16 @@ def train_chain(pair: ModelPair | None, cfg: TrainConfig, out: Path, saved: dict
 
         config["wandb_run_id"] = generate_id()
     checkpoint = latest_checkpoint(out) if saved is not None else None
-    if saved is not None:  # a finished run continues from its final model when that is newer than its last checkpoint
+    if saved is not None:  # a finished run continues from its final model unless a later checkpoint exists (a checkpoint
+        # of the same step count predates that rollout's PPO update, which model.zip holds)
         finished = _finished_model(out)
-        if finished is not None and (checkpoint is None or checkpoint[1] < finished[1]):
+        if finished is not None and (checkpoint is None or checkpoint[1] <= finished[1]):
             checkpoint = finished
     if saved is not None and checkpoint is None:
         raise ValueError(f"--resume: {out} holds no checkpoint and no finished model to continue from (it was "
                          "interrupted before its first --checkpoint-every steps); start it over with --overwrite.")
+    if saved is not None:
+        check_resume_total(out, cfg.timesteps)  # nothing to train: refused before anything is written
     if checkpoint is not None:
         config["resumed"][-1]["from_timesteps"] = checkpoint[1]
     replacement.begin()  # from here on ``out`` belongs to the new run
@@ -472,44 +516,65 @@ def train_chain(pair: ModelPair | None, cfg: TrainConfig, out: Path, saved: dict
             phases.save_model(model, out / "checkpoints" / f"ppo_{model.num_timesteps}_steps.zip")
         phases.save_model(model, out / "model.zip")
         replacement.commit()
-
-        trained_on = {"env": env_id, **config["replay_source"]} if cfg.replay else {"env": ENV_ID}
-        serve = _serve_export(env) if cfg.serve_loads else None
-        export = export_policy(model, out / "policy", cfg.max_depth, vocab_size=vocab_size,
-                               config={**phases.export_config(cfg, config, reward_scale), "trained_on": trained_on,
-                                       **(serve or {})},
-                               observations=model.rollout_buffer.observations, seed=cfg.seed, serve=serve)
-        if serve is not None:  # the policy prices its steps with the profile it learned on: it travels with it
-            env.profile.save(out / "policy" / SERVE_PROFILE_FILE)
-            _write_vllm_schedule(env, out / "policy")
-        evaluation = (_chain_check(pair, cfg, env, out / "policy", eval_prompts)
-                      if cfg.eval_prompts and not interrupted else None)
-        metrics = {
-            "wall_seconds": time.perf_counter() - t_start,
-            "train_seconds": train_seconds,
-            "timesteps": int(model.num_timesteps),
-            "timesteps_requested": cfg.timesteps,
-            "steps_per_second": (model.num_timesteps - steps_before) / train_seconds if train_seconds > 0 else 0.0,
-            "interrupted": interrupted,
-            "interrupted_by": stop.signal_name if interrupted else None,
-            "resumed_from_timesteps": steps_before if saved is not None else None,
-            "reward_scale": reward_scale,
-            "autoregressive_warmup": ar,
-            "ep_rew_mean": phases.episode_reward_mean(model),
-            "sb3_last": wandb_format.last_values,
-            "cycles": cycle_cb.summary(),
-            "export_check": export.check,
-            "evaluation": evaluation,
-            "paths": {"out": str(out), "model": str(out / "model.zip"), "policy": str(out / "policy"),
-                      "logs": str(log_dir), "wandb": str(out / "wandb") if wandb_run is not None else None},
-        }
-        phases.write_metrics(out, metrics)
-        if wandb_run is not None:
-            _log_summary(wandb_run, metrics, out, cfg)
-        return metrics
+        try:
+            return _chain_finish(model, pair, cfg, env, out, config, reward_scale, env_id, vocab_size, eval_prompts,
+                                 interrupted, stop, wandb_run, cycle_cb, wandb_format, log_dir, saved, t_start,
+                                 train_seconds, steps_before, ar)
+        except KeyboardInterrupt:  # the trained policy is saved: say so, and let --resume finish the rest
+            sig = stop.signal_name or "SIGINT"
+            phases.write_metrics(out, {
+                "wall_seconds": time.perf_counter() - t_start, "train_seconds": train_seconds,
+                "timesteps": int(model.num_timesteps), "timesteps_requested": cfg.timesteps, "interrupted": True,
+                "interrupted_by": sig, UNFINISHED: "export and evaluation", "evaluation": None,
+                "resumed_from_timesteps": steps_before if saved is not None else None, "reward_scale": reward_scale,
+                "paths": {"out": str(out), "model": str(out / "model.zip"), "policy": str(out / "policy"),
+                          "logs": str(log_dir)}})
+            raise InterruptedAfterTraining(out, model.num_timesteps, sig) from None
     finally:
         if wandb_run is not None:
             wandb_run.finish(exit_code=1 if stop.signal_name else 0)
 
 
-__all__ = ["apply_replay_settings", "train_chain"]
+def _chain_finish(model, pair, cfg: TrainConfig, env, out: Path, config: dict, reward_scale: float, env_id: str,
+                  vocab_size: int, eval_prompts, interrupted: bool, stop: SignalStop, wandb_run, cycle_cb,
+                  wandb_format, log_dir: Path, saved: dict | None, t_start: float, train_seconds: float,
+                  steps_before: int, ar: dict) -> dict:
+    """After training (``model.zip`` saved): export and check the policy, evaluate it, write ``metrics.json``."""
+    trained_on = {"env": env_id, **config["replay_source"]} if cfg.replay else {"env": ENV_ID}
+    serve = _serve_export(env) if cfg.serve_loads else None
+    export = export_policy(model, out / "policy", cfg.max_depth, vocab_size=vocab_size,
+                           config={**phases.export_config(cfg, config, reward_scale), "trained_on": trained_on,
+                                   **(serve or {})},
+                           observations=model.rollout_buffer.observations, seed=cfg.seed, serve=serve)
+    if serve is not None:  # the policy prices its steps with the profile it learned on: it travels with it
+        env.profile.save(out / "policy" / SERVE_PROFILE_FILE)
+        _write_vllm_schedule(env, out / "policy")
+    evaluation = (_chain_check(pair, cfg, env, out / "policy", eval_prompts)
+                  if cfg.eval_prompts and not interrupted else None)
+    metrics = {
+        "wall_seconds": time.perf_counter() - t_start,
+        "train_seconds": train_seconds,
+        "timesteps": int(model.num_timesteps),
+        "timesteps_requested": cfg.timesteps,
+        "steps_per_second": (model.num_timesteps - steps_before) / train_seconds if train_seconds > 0 else 0.0,
+        "interrupted": interrupted,
+        "interrupted_by": stop.signal_name if interrupted else None,
+        "resumed_from_timesteps": steps_before if saved is not None else None,
+        "reward_scale": reward_scale,
+        "autoregressive_warmup": ar,
+        "ep_rew_mean": phases.episode_reward_mean(model),
+        "sb3_last": wandb_format.last_values,
+        "cycles": cycle_cb.summary(),
+        "export_check": export.check,
+        "evaluation": evaluation,
+        "paths": {"out": str(out), "model": str(out / "model.zip"), "policy": str(out / "policy"),
+                  "logs": str(log_dir), "wandb": str(out / "wandb") if wandb_run is not None else None},
+    }
+    phases.write_metrics(out, metrics)
+    if wandb_run is not None:
+        _log_summary(wandb_run, metrics, out, cfg)
+    return metrics
+
+
+__all__ = ["UNFINISHED", "InterruptedAfterTraining", "apply_replay_settings", "check_resume_total",
+           "evaluation_pending", "train_chain"]

@@ -184,7 +184,9 @@ class DistillConfig:
 
 def parse_args(argv: list[str] | None = None) -> tuple[DistillConfig, argparse.Namespace]:
     """Parse the command line into a :class:`DistillConfig` (defaults = the shipped draft's recipe)."""
-    a = build_parser().parse_args(argv)
+    from learn2draft.cli import prepare_parser
+
+    a = prepare_parser(build_parser()).parse_args(argv)
     return config_from_args(DistillConfig, a), a
 
 
@@ -192,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line of ``python -m train.recipes.draft_model`` (every :class:`DistillConfig` setting has a flag)."""
     d = DistillConfig()
     ap = argparse.ArgumentParser(
-        prog="python -m train.recipes.draft_model",
+        prog="python -m train.recipes.draft_model", allow_abbrev=False,
         description="Distil a small Llama draft model for a Hugging Face causal LM target (knowledge distillation "
                     "on the target's own responses), measure its acceptance rate and cost, save it.",
         formatter_class=HelpFormatter,

@@ -1016,11 +1016,11 @@ def build_head(cfg: HeadConfig, target: PreTrainedModel | None = None, tokenizer
     return report
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[HeadConfig, argparse.Namespace]:
-    """Parse the command line into a :class:`HeadConfig` (defaults = the shipped head's recipe)."""
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m train.recipes.head`` (defaults = the shipped head's recipe)."""
     d = HeadConfig()
     ap = argparse.ArgumentParser(
-        prog="python -m train.recipes.head",
+        prog="python -m train.recipes.head", allow_abbrev=False,
         description="Train an EAGLE-style draft head (one decoder layer over the target's hidden states, frequent-token "
                     "draft vocabulary) by self-distillation, measure its acceptance rate and cost, save it.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -1067,7 +1067,14 @@ def parse_args(argv: list[str] | None = None) -> tuple[HeadConfig, argparse.Name
         "wandb_project": "W&B project",
     }
     add_recipe_flags(ap, d, helps)
-    a = ap.parse_args(argv)
+    return ap
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[HeadConfig, argparse.Namespace]:
+    """Parse the command line into a :class:`HeadConfig` (defaults = the shipped head's recipe)."""
+    from learn2draft.cli import prepare_parser
+
+    a = prepare_parser(build_parser()).parse_args(argv)
     return config_from_args(HeadConfig, a), a
 
 
