@@ -149,7 +149,7 @@ def cached_dir(gguf_path: str | Path, convert: Callable[[Path], None], dtype: st
                say: Callable[[str], None] | None = None) -> Path | None:
     """The cache entry of the GGUF file ``gguf_path`` (a folder ``from_pretrained`` loads), converted now with
     ``convert(folder)`` (which writes the model and tokenizer there with ``save_pretrained``) when it is missing or
-    damaged. A damaged entry is rebuilt with one line on ``say`` (default: standard error).
+    damaged, with one line on ``say`` (default: standard error) saying which.
 
     Returns:
         the entry's folder; None when the cache is off (:func:`cache_root`) or cannot be written here (one line on
@@ -167,8 +167,8 @@ def cached_dir(gguf_path: str | Path, convert: Callable[[Path], None], dtype: st
     final = entry_dir(root, digest, dtype)
     if entry_is_whole(final):
         return final
-    if final.exists():
-        say(f"learn2draft: the converted model in {final} is damaged or incomplete; converting {gguf_path.name} again.")
+    damaged = final.exists()
+    if damaged:
         discard(final)
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
@@ -177,6 +177,11 @@ def cached_dir(gguf_path: str | Path, convert: Callable[[Path], None], dtype: st
         say(f"learn2draft: cannot write the model cache {root} ({e.strerror or e}); loading {gguf_path.name} "
             f"directly (set ${CACHE_ENV} to a writable folder to load faster).")
         return None
+    if damaged:
+        say(f"learn2draft: the converted model in {final} is damaged or incomplete; converting {gguf_path.name} again.")
+    else:
+        say(f"learn2draft: converting {gguf_path.name} once into {final.parent} (a minute at most; later runs load it "
+            "in seconds) …")
     try:
         convert(tmp)
         write_manifest(tmp, {"gguf": str(gguf_path), "sha256": digest, "dtype": dtype})

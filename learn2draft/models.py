@@ -385,7 +385,7 @@ def _from_gguf_cache(src: str, gguf: str, load):
         print(f"learn2draft: the converted model in {folder} does not load ({_first_line(e, 120)}); converting "
               f"{gguf} again.", file=sys.stderr, flush=True)
         model_cache.discard(folder)
-        folder = model_cache.cached_dir(Path(src) / gguf, convert)
+        folder = model_cache.cached_dir(Path(src) / gguf, convert, say=lambda text: None)  # (said above)
         if folder is None:
             return None
         with _no_progress_bars_off_terminal():

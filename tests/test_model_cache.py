@@ -46,11 +46,12 @@ def test_the_tests_never_write_into_the_users_home_cache():
     assert root is not None and not str(root).startswith(str(Path.home() / ".cache")), root
 
 
-def test_an_entry_is_built_once_keyed_by_the_files_hash_and_reused(monkeypatch, tmp_path):
+def test_an_entry_is_built_once_keyed_by_the_files_hash_and_reused(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("LEARN2DRAFT_CACHE", str(tmp_path / "cache"))
     src, calls = _fake_gguf(tmp_path), []
     a = model_cache.cached_dir(src, _converter(calls))
     b = model_cache.cached_dir(src, _converter(calls))
+    assert capsys.readouterr().err.count("converting m.gguf once") == 1  # said once, when it converts
     assert a == b and len(calls) == 1 and model_cache.entry_is_whole(a, deep=True)
     import hashlib
 
