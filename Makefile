@@ -1,7 +1,8 @@
 # learn2draft — set-up, main job and tests. Each target does its own set-up.
-#   make demo   set up, then on the embedded default pair: record prompt-lookup and head traces, measure this
-#               machine's latency profile, train the lookup+head hybrid's policy in replay, benchmark it per category
-#               against each drafter's best fixed γ, the hand rules and generate(), and check the output law
+#   make demo   set up, then on the embedded default pair: record prompt-lookup and head traces on the real-work
+#               corpus's train split, measure this machine's latency profile, train the lookup+head hybrid's policy in
+#               replay, benchmark it per category on the test split against the fixed grid (chosen on validation, and
+#               the best in hindsight), the hand rules and generate(), and check the output law
 #   make test   set up, run the test suite on TEST_WORKERS pytest-xdist processes (TEST_WORKERS=0: one process)
 PY      ?= python3
 VENV    ?= .venv
@@ -19,6 +20,12 @@ DTYPE   ?= auto
 RESOLVE_DTYPE = $(BIN)/python -c 'from learn2draft.cli import resolve_device; from learn2draft.models import \
 	forward_rows, resolve_dtype; print(resolve_dtype("$(DTYPE)", resolve_device(None, check=False), $(THREADS), \
 	forward_rows(1, 16)))'
+# prompts of the demo: the first DEMO_TRAIN of the real-work corpus's train split (round-robin over its categories)
+# are recorded for training; the fixed grid is measured on DEMO_VALIDATION validation prompts, and everything on the
+# first DEMO_TEST test prompts (docs/corpus.md)
+DEMO_TRAIN ?= 24
+DEMO_VALIDATION ?= 6
+DEMO_TEST ?= 16
 # pytest-xdist processes of `make test` (each runs torch on one thread: tests/conftest.py), one per core of the
 # 2-core CI machine; 0 runs the suite in this process. --dist loadfile: each test file runs whole on one worker, so a
 # module's fixtures (a tiny training run, the local Ray cluster) are built once.
@@ -41,16 +48,17 @@ demo: setup
 	$(if $(DEMO_DTYPE),,$(error make demo: DTYPE=$(DTYPE) did not resolve to a precision (the error above says why): \
 		use auto, float32, bfloat16 or float16; if it could not import learn2draft or torch, remove $(VENV) and run make setup))
 	@echo "make demo: precision $(DEMO_DTYPE) (DTYPE=$(DTYPE)), $(THREADS) torch threads"
-	$(BIN)/python -m eval.record --drafter lookup --prompt-split mixed_train --max-depth 16 --max-new-tokens 64 \
-		--threads $(THREADS) --dtype $(DEMO_DTYPE) --out $(DATA)/lookup.npz --overwrite
-	$(BIN)/python -m eval.record --drafter head --prompt-split mixed_train --max-depth 8 --max-new-tokens 64 \
-		--threads $(THREADS) --dtype $(DEMO_DTYPE) --out $(DATA)/head.npz --overwrite
-	$(BIN)/python -m eval.profile --drafter lookup,head --contexts 128,512 --repeats 3 --name this-machine \
-		--threads $(THREADS) --dtype $(DEMO_DTYPE) --out $(DATA)/profile.json --overwrite
+	$(BIN)/python -m eval.record --drafter lookup --prompt-split corpus_train --num-prompts $(DEMO_TRAIN) --max-depth 16 \
+		--max-new-tokens 64 --threads $(THREADS) --dtype $(DEMO_DTYPE) --out $(DATA)/lookup.npz --overwrite
+	$(BIN)/python -m eval.record --drafter head --prompt-split corpus_train --num-prompts $(DEMO_TRAIN) --max-depth 8 \
+		--max-new-tokens 64 --threads $(THREADS) --dtype $(DEMO_DTYPE) --out $(DATA)/head.npz --overwrite
+	$(BIN)/python -m eval.profile --drafter lookup,head --contexts 128,512,1024,2048 --tokens 1,2,4,8,16,32 --repeats 3 \
+		--name this-machine --threads $(THREADS) --dtype $(DEMO_DTYPE) --out $(DATA)/profile.json --overwrite
 	$(BIN)/python -m train --replay $(DATA)/lookup.npz,$(DATA)/head.npz --profile $(DATA)/profile.json \
 		--max-depth 16 --timesteps 131072 --threads $(THREADS) --dtype $(DEMO_DTYPE) --out $(RUN) --overwrite
-	$(BIN)/python -m eval.benchmark --policy $(RUN) --prompt-set mixed --num-prompts 24 --repeats 1 \
-		--temperatures 0 --gammas 1,2,4,16 --threads $(THREADS) --dtype $(DEMO_DTYPE) --out $(RUN)/benchmark --overwrite
+	$(BIN)/python -m eval.benchmark --policy $(RUN) --prompt-set corpus --num-prompts $(DEMO_TEST) \
+		--validation-prompts $(DEMO_VALIDATION) --test-arms 3 --gammas 2,4,8,16 --repeats 1 --temperatures 0 \
+		--threads $(THREADS) --dtype $(DEMO_DTYPE) --out $(RUN)/benchmark --overwrite
 	$(BIN)/python -m eval --policy $(RUN) --law-check --skip-speed --threads $(THREADS) --dtype $(DEMO_DTYPE) --overwrite
 
 train: setup
