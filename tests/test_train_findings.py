@@ -159,3 +159,21 @@ def test_the_known_transformers_deprecation_lines_are_silenced_and_only_those(ca
                        "and will be removed in future versions.")
         logger.warning("something else")
     assert [r.getMessage() for r in caplog.records] == ["something else"]
+
+
+def test_a_run_killed_during_its_evaluation_resumes_to_its_results(tiny_pair, tmp_path):
+    """SIGKILL after training (model.zip and checkpoints written, no metrics.json): --resume with the total already
+    reached is not refused; it writes the results without training more."""
+    import dataclasses
+
+    import train
+    from train.config import TrainConfig
+
+    out = tmp_path / "run"
+    cfg = TrainConfig(out=str(out), timesteps=64, n_steps=64, batch_size=32, n_epochs=1, max_new_tokens=10,
+                      max_depth=3, net_arch=(16, 16), wandb_mode="disabled", progress_bar=False, checkpoint_every=64,
+                      eval_prompts=1, eval_gammas=(0, 2), warmup_prompts=1)
+    train.run(tiny_pair, cfg, prompts=["w1 w2 w3", "w4 w5"])
+    (out / "metrics.json").unlink()
+    m = train.run(tiny_pair, dataclasses.replace(TrainConfig.from_run(out), resume=True), prompts=["w1 w2 w3"])
+    assert m["timesteps"] == 64 and m["evaluation"] is not None and (out / "metrics.json").is_file()

@@ -422,14 +422,17 @@ def evaluation_pending(out: Path) -> bool:
 
 
 def check_resume_total(out: Path, timesteps: int) -> None:
-    """Refuse a ``--resume`` of the run in ``out`` that would train nothing: its newest model (a checkpoint, or the
-    finished ``model.zip``) already holds ``timesteps`` or more, and its evaluation is not pending
-    (:func:`evaluation_pending`). Reads only small files; nothing is written.
+    """Refuse a ``--resume`` of the run in ``out`` that would train nothing: it wrote its ``metrics.json`` (finished,
+    or interrupted during training), its newest model (a checkpoint, or ``model.zip``) already holds ``timesteps`` or
+    more, and its evaluation is not pending (:func:`evaluation_pending`). A run killed before writing its results is
+    let through: ``--resume`` then writes them. Reads only small files; nothing is written.
 
     Raises:
         ValueError: names the steps done and the flag to pass.
     """
     out = Path(out)
+    if not (out / "metrics.json").is_file():  # killed before its results were written: --resume finishes them
+        return
     done = [c[1] for c in (latest_checkpoint(out), _finished_model(out)) if c is not None]
     if done and max(done) >= timesteps and not evaluation_pending(out):
         raise ValueError(f"--resume: {out} already holds a policy trained for {max(done)} timesteps, and --timesteps "
