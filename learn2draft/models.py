@@ -473,11 +473,9 @@ def bf16_forward_timing(layers: int = 8, vocab: int = 12288, rows: tuple[int, ..
     cores; another ``trial`` number is an independent re-measurement, what :func:`bf16_auto_timing` confirms a bf16
     decision with); every call returns a fresh copy.
 
-    Measured against the real SmolLM2-135M forward (``eval/scripts/dtype_forward_bench.py``, 2 threads, context 192,
-    2026-12-05, alone) on a 2-core Intel Xeon whose VM exposed AVX512-BF16 but not AMX: the target's bf16 speed ×
-    fp32 was 0.82–0.90 at 1 token, 0.90–0.99 at 2 and 0.99–1.08 at 17 (two runs); this timing read 0.84–0.87,
-    0.86–0.89 and 1.00–1.05 (three runs). A 4-layer cut with the full vocabulary, LM-head-bound, read 0.99–1.06 at
-    1 token, and the MLP-only timing used until then 0.99: both blind to the decode step bf16 loses there.
+    It tracks the real SmolLM2-135M forward's bf16 / fp32 ratio per width on a CPU without AMX, where an MLP-only
+    or LM-head-bound timing reads a tie at the one-token decode step bf16 loses (the measurements:
+    docs/results/2026-12-05-precision-xeon-without-amx.md).
 
     Returns:
         ``{"float32": {n: seconds}, "bfloat16": {n: seconds}, "speedup": Σ_n fp32 seconds / Σ_n bf16 seconds,
@@ -538,8 +536,7 @@ def bf16_auto_timing(threads: int | None = None, rows: tuple[int, ...] = (1, 9))
     """The measurement ``--dtype auto`` decides by on a CPU without AMX: :func:`bf16_forward_timing` at the run's
     forward widths ``rows`` on ``threads``; when it reads a clear bf16 win, a second, independent measurement
     (``trial=1``) must read one too, and the result holds the smaller ``speedup`` and ``min_speedup`` of the two.
-    Why: at a near-tie one 1.3 s timing can read either side (``auto`` resolved bf16 in 1 of 5 identical runs on a
-    Xeon VM where bf16 is 0.88× fp32's speed), and fp32 is the safe side of a tie.
+    Why: at a near-tie one 1.3 s timing can read either side, and fp32 is the safe side of a tie.
 
     Returns:
         :func:`bf16_forward_timing`'s dict (of the first measurement) with ``"trials"`` (1 or 2) and, after two,
@@ -577,24 +574,17 @@ def fastest_dtype(device: str | torch.device = "cpu", threads: int | None = None
     """The dtype this machine computes a small transformer's forward fastest in (what ``--dtype auto`` means).
 
     * CUDA: ``"bfloat16"`` with bf16 (compute capability ≥ 8.0), else ``"float32"``.
-    * A CPU with AMX tiles: ``"bfloat16"`` (oneDNN runs bf16 matmuls on the tiles). Measured on a 2-core Intel Xeon
-      with AMX (SmolLM2-135M, context 256, 2 threads): one token costs the same in both (40.7 ms), but verifying 8
-      tokens costs 1.13× one in bf16 against 2.00× in fp32.
+    * A CPU with AMX tiles: ``"bfloat16"`` (oneDNN runs bf16 matmuls on the tiles: one token costs about the same in
+      both precisions, but a multi-token verification much less in bf16).
     * Any other CPU, AVX512-BF16 included: measured on ``threads`` torch threads (None: the current setting; pass the
       run's own, the answer depends on it) by :func:`bf16_auto_timing` at the run's own forward widths ``rows``
       (tokens per target forward: :func:`forward_rows` of its batch size and depth; default one sequence at depth 8):
       ``"bfloat16"`` when a small decoder's forward over those widths is at least :data:`BF16_MIN_SPEEDUP` × faster
       in bf16 than in fp32 and slower at none of them by more than that factor, in two independent measurements,
-      else ``"float32"`` (the safe choice at a tie). AVX512-BF16 alone is no promise: on a 2-core Intel Xeon whose
-      VM exposed AVX512-BF16 but not AMX (2026-12-05, 2 threads, alone) SmolLM2-135M's one-token forward took 32.9 ms in fp32 and 40.3 ms in bf16, and
-      plain ``generate()`` ran at 0.88× fp32's speed in bf16 (interleaved); ``make demo`` in bf16, which this
-      function then picked without measuring, ran the learned hybrid at 28.8 tok/s against 31.9 in its fp32 run
-      half an hour later. Without bf16 units a bf16 matmul converts on the fly: it moves half the bytes, which wins
-      for a one-token decode step, and computes slower, which loses as the rows grow. On a 2-core AMD EPYC (Zen 3,
-      AVX2 only; SmolLM2-135M, context 192, 2 threads, min of 3 interleaved, ``eval/scripts/dtype_forward_bench.py``,
-      2026-12-03) a target forward over 1 token took 94.5 ms in fp32 and 59.3 ms in bf16, over 9 tokens 192.9 and
-      222.0 ms, over 16 rows × 1 token 215.2 and 427.5 ms, over 16 × 9 596.1 and 2651.9 ms: a run decided on
-      single-sequence shapes served a batch of 16 in bf16 at a quarter of fp32's speed.
+      else ``"float32"`` (the safe choice at a tie). AVX512-BF16 alone is no promise: without bf16 units a bf16
+      matmul converts on the fly; it moves half the bytes, which wins for a one-token decode step, and computes
+      slower, which loses as the rows grow (a run decided on single-sequence shapes can serve a batch in bf16 at a
+      fraction of fp32's speed). The measurements behind these rules: docs/results/ (the precision pages).
 
     Logits, sampling and the exact sampler always run in float32 (:meth:`learn2draft.sampling.SamplingConfig.probs`),
     whatever this returns; re-measure a model's own costs with ``python -m eval.profile --dtype D``.
