@@ -177,3 +177,25 @@ def test_a_run_killed_during_its_evaluation_resumes_to_its_results(tiny_pair, tm
     (out / "metrics.json").unlink()
     m = train.run(tiny_pair, dataclasses.replace(TrainConfig.from_run(out), resume=True), prompts=["w1 w2 w3"])
     assert m["timesteps"] == 64 and m["evaluation"] is not None and (out / "metrics.json").is_file()
+
+
+def test_an_interrupt_during_a_tree_runs_evaluation_keeps_its_models_and_says_so(tiny_pair, tmp_path, monkeypatch):
+    import train
+    import train.tree
+    from train.config import TrainConfig
+    from train.phases import InterruptedAfterTraining
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt("SIGINT")
+
+    monkeypatch.setattr(train.tree, "_tree_check", interrupted)
+    out = tmp_path / "tree"
+    cfg = TrainConfig(out=str(out), timesteps=64, size_timesteps=64, n_steps=64, batch_size=32, n_epochs=1,
+                      max_new_tokens=12, max_depth=3, net_arch=(16, 16), wandb_mode="disabled", progress_bar=False,
+                      checkpoint_every=0, eval_prompts=1, warmup_prompts=1, tree=True, rounds=1, tree_width=2,
+                      tree_top_k=3)
+    with pytest.raises(InterruptedAfterTraining) as e:
+        train.run(tiny_pair, cfg, prompts=["w1 w2 w3 w4", "w5 w6"], eval_prompts=["w20 w21"])
+    assert e.value.resumable is False and e.value.timesteps > 0
+    assert (out / "model.zip").is_file() and (out / "size_model.zip").is_file()
+    assert json.loads((out / "metrics.json").read_text())["interrupted"] is True

@@ -307,7 +307,8 @@ def run_command(argv: list[str] | None = None) -> int:
         parser.exit(_signal_status(sig), f"{parser.prog}: interrupted ({sig}) while starting; nothing was written.\n")
     from learn2draft.prompts import load_prompt_file
     from policies.export import ExportCheckError
-    from train.chain import InterruptedAfterTraining, apply_replay_settings, check_resume_total
+    from train.chain import apply_replay_settings, check_resume_total
+    from train.phases import InterruptedAfterTraining
     from train.launch import run
     from train.outdir import prepare_out_dir
     from train.wandb_setup import check_wandb
@@ -368,10 +369,12 @@ def run_command(argv: list[str] | None = None) -> int:
         _drop_if_empty(args, new_out)
         parser.exit(2, f"{parser.prog}: error: {e.__class__.__name__}: {e}\n")
     except InterruptedAfterTraining as e:
+        then = (f"finish them (no more training) with `learn2draft train --out {e.out} --resume`" if e.resumable else
+                "tree runs cannot be resumed: the saved models are the trained ones")
         parser.exit(_signal_status(e.signal_name),
                     f"{parser.prog}: interrupted ({e.signal_name}) after training: the trained policy "
-                    f"({e.timesteps} timesteps) is saved in {e.out / 'model.zip'}, but its export check and evaluation "
-                    f"did not finish; finish them (no more training) with `learn2draft train --out {e.out} --resume`.\n")
+                    f"({e.timesteps} timesteps) is saved in {e.out} (model.zip{'' if e.resumable else ', size_model.zip'}), but its export check and evaluation "
+                    f"did not finish; {then}.\n")
     except KeyboardInterrupt as e:
         _drop_if_empty(args, new_out)
         sig = str(e) or "SIGINT"

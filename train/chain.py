@@ -58,6 +58,7 @@ from policies.export import export_policy
 from policies.layout import SERVE_PROFILE_FILE, VLLM_SCHEDULE_FILE
 from policies.load import load_policy
 from train import callbacks, phases
+from train.phases import InterruptedAfterTraining
 from train.callbacks import CycleStatsCallback, SignalStop
 from train.config import ENV_ID, REPLAY_ENV_ID, TrainConfig
 from train.outdir import Replacement, latest_checkpoint
@@ -399,15 +400,6 @@ def _finished_model(out: Path) -> tuple[Path, int] | None:
 #: The ``metrics.json`` key of a run whose training finished but whose export check or evaluation was interrupted:
 #: ``--resume`` finishes them without training more.
 UNFINISHED = "unfinished"
-
-
-class InterruptedAfterTraining(KeyboardInterrupt):
-    """Ctrl-C or SIGTERM after the policy was trained and saved (``model.zip``), during its export or evaluation.
-    Attributes: ``out`` (the run folder), ``timesteps`` (trained), ``signal_name`` (``"SIGINT"`` / ``"SIGTERM"``)."""
-
-    def __init__(self, out: Path, timesteps: int, signal_name: str) -> None:
-        super().__init__(signal_name)
-        self.out, self.timesteps, self.signal_name = Path(out), int(timesteps), signal_name
 
 
 def evaluation_pending(out: Path) -> bool:

@@ -293,11 +293,22 @@ def quick_check(pair: ModelPair, prompt_ids: list[torch.Tensor], controllers: di
     return evaluation
 
 
+class InterruptedAfterTraining(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM after the policy was trained and saved (``model.zip``), during its export or evaluation.
+    Attributes: ``out`` (the run folder), ``timesteps`` (trained), ``signal_name`` (``"SIGINT"`` / ``"SIGTERM"``),
+    ``resumable`` (whether ``--resume`` finishes the run: chains, not trees)."""
+
+    def __init__(self, out: Path, timesteps: int, signal_name: str, resumable: bool = True) -> None:
+        super().__init__(signal_name)
+        self.out, self.timesteps, self.signal_name = Path(out), int(timesteps), signal_name
+        self.resumable = resumable
+
+
 def write_metrics(out: Path, metrics: dict) -> None:
     """Write ``metrics.json`` (the run's summary) into ``out``."""
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str))
 
 
-__all__ = ["AtomicCheckpointCallback", "checkpoint_callback", "decoder_method", "episode_reward_mean", "eval_prompt_ids", "export_config", "learn", "save_model",
+__all__ = ["AtomicCheckpointCallback", "InterruptedAfterTraining", "checkpoint_callback", "decoder_method", "episode_reward_mean", "eval_prompt_ids", "export_config", "learn", "save_model",
            "measure_rate", "new_ppo", "quick_check", "rate_summary", "reference_rate", "run_config", "seed_and_threads",
            "set_logger", "training_prompts", "warmup_prompt_ids", "write_metrics", "write_run_start"]

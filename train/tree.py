@@ -238,9 +238,19 @@ def train_tree(pair: ModelPair, cfg: TrainConfig, out: Path, replacement, stop, 
     train_seconds = time.perf_counter() - t_train
 
     # 4. save and export; 5. a quick held-out check
-    checks = _save_and_export(models, cfg, out, config, reward_scale, replacement)
-    evaluation = (_tree_check(pair, cfg, out, any_env.encode, eval_prompts)
-                  if cfg.eval_prompts and not interrupted else None)
+    try:
+        checks = _save_and_export(models, cfg, out, config, reward_scale, replacement)
+        evaluation = (_tree_check(pair, cfg, out, any_env.encode, eval_prompts)
+                      if cfg.eval_prompts and not interrupted else None)
+    except KeyboardInterrupt:
+        if not replacement.committed:  # stopped before the models were saved: nothing of this run is kept
+            raise
+        sig = stop.signal_name or "SIGINT"
+        steps = sum(int(m.num_timesteps) for m in models.values())
+        phases.write_metrics(out, {"wall_seconds": time.perf_counter() - t_start, "train_seconds": train_seconds,
+                                   "timesteps": steps, "interrupted": True, "interrupted_by": sig,
+                                   "unfinished": "export and evaluation", "evaluation": None, "phases": rows})
+        raise phases.InterruptedAfterTraining(out, steps, sig, resumable=False) from None
     metrics = {
         "wall_seconds": time.perf_counter() - t_start,
         "train_seconds": train_seconds,
