@@ -193,9 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m eval`` and ``learn2draft-eval``; returns the exit status (2 with one ``error:``
+    """Entry point of ``python -m eval`` and ``learn2draft eval``; returns the exit status (2 with one ``error:``
     line on bad input, or when a file of the current folder shadows a package it needs)."""
-    cli.exit_if_shadowed("eval", "learn2draft-eval", ("learn2draft", "envs", "policies", "eval"))
+    cli.exit_if_shadowed("eval", "learn2draft eval", ("learn2draft", "envs", "policies", "eval"))
     return run_cli(build_parser(), _run, argv)
 
 

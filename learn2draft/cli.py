@@ -182,7 +182,7 @@ def shadowing_files(packages: tuple[str, ...] = PROJECT_PACKAGES) -> list[str]:
 def exit_if_shadowed(module: str, script: str, packages: tuple[str, ...] = PROJECT_PACKAGES) -> None:
     """Stop ``python -m <module>`` with one ``error:`` line (exit status 2) when a file or folder of the current
     folder shadows one of ``packages`` (:func:`shadowing_files`), naming it and the console ``script``
-    (e.g. ``learn2draft-train``), which imports the installed packages whatever the current folder holds."""
+    (e.g. ``learn2draft train``), which imports the installed packages whatever the current folder holds."""
     found = shadowing_files(packages)
     if found:
         print(f"error: {', '.join(found)} shadows this project's package of the same name (python -m {module} "

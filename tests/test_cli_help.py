@@ -197,7 +197,7 @@ def test_console_scripts_name_an_existing_entry_point():
 
 
 @pytest.mark.parametrize("command, script, shadow", [("train", "learn2draft train", "eval"),
-                                                     ("eval", "learn2draft-eval", "policies")])
+                                                     ("eval", "learn2draft eval", "policies")])
 def test_a_users_file_shadowing_a_package_is_one_clear_error(tmp_path, command, script, shadow):
     """``python -m train`` puts the current folder first on sys.path: a user's own eval.py there (or policies.py for
     ``python -m eval``) would be imported instead of this project's package. The command says so and names the
