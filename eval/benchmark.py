@@ -365,6 +365,11 @@ def _fastest(tps: dict[str, float], names) -> str | None:
     return max(names, key=tps.get) if names else None
 
 
+def _arm_source(name: str) -> str:
+    """The drafter of a fixed arm named by :func:`fixed_arm_name` (``"lookup"`` of ``"lookup (n≥2): fixed γ=8"``)."""
+    return name.split(":")[0].split(" (")[0]
+
+
 def _measure_temperature(args, pair, T: float, sampling, val: list, held: list, gammas: list[int],
                          min_ngrams: list[int], policy, head, trees, report: dict, groups: dict | None = None,
                          copy_idx: list[int] = ()) -> list[str]:
@@ -399,14 +404,11 @@ def _measure_temperature(args, pair, T: float, sampling, val: list, held: list, 
     val_tps = {n: s["tokens_per_second_mean"] for n, s in val_summary.items()}
     chosen = max(val_tps, key=val_tps.get)
     sources = args.drafter.split("+")
-    best_gamma = {}
-    for src in sources:
-        best = _fastest(val_tps, [n for n in arms if n.startswith(f"{src}:") or n.startswith(f"{src} (")])
-        best_gamma[src] = int(best.rsplit("=", 1)[1])
+    best_arm = {src: _fastest(val_tps, [n for n in arms if _arm_source(n) == src]) for src in sources}
+    best_gamma = {src: int(name.rsplit("=", 1)[1]) for src, name in best_arm.items()}
     ranked = sorted(arms, key=val_tps.get, reverse=True)
     if args.test_arms:
-        keep = set(ranked[: args.test_arms]) | {chosen} | {n for n in arms if n.startswith("hf ")}
-        keep |= {_fastest(val_tps, [n for n in arms if n.split(":")[0].split(" (")[0] == src]) for src in sources}
+        keep = set(ranked[: args.test_arms]) | {chosen} | {n for n in arms if n.startswith("hf ")} | set(best_arm.values())
         test_arms = [n for n in ranked if n in keep]
     else:
         test_arms = ranked

@@ -363,3 +363,23 @@ def test_a_bad_mt_bench_file_is_refused_before_the_models_load(tiny_run, tmp_pat
                  str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "bad.jsonl:2: 'turns' must be a non-empty list" in err and "Traceback" not in err
+
+
+def test_benchmark_test_arms_keeps_the_fastest_on_validation_and_hf_arms(tiny_run, tmp_path):
+    """--test-arms 1: on the test prompts the fastest fixed arm on validation runs (it is the chosen one and the model
+    drafter's fastest), with HF's fixed arms; the other γ of the grid do not."""
+    from eval.benchmark import main as bench_main
+
+    out = tmp_path / "bench"
+    assert bench_main(["--policy", str(tiny_run), "--temperatures", "0", "--num-prompts", "1", "--validation-prompts",
+                       "1", "--repeats", "1", "--max-new-tokens", "4", "--gammas", "1,2,3", "--test-arms", "1",
+                       "--device", "cpu", "--out", str(out)]) == 0
+    run = json.loads((out / "benchmark.json").read_text())["runs"]["0.0"]
+    val = run["validation"]["tokens_per_second"]
+    fixed = {f"model: fixed γ={g}" for g in (1, 2, 3)}
+    assert fixed <= set(val) and run["validation"]["chosen"] == max(val, key=val.get)
+    fastest = max(fixed, key=val.get)
+    hf = {"hf prompt lookup (10)", "hf assisted (default)", "hf assisted (heuristic)"}
+    assert set(run["test_arms"]) == hf | {fastest} | {run["validation"]["chosen"]}
+    assert not (fixed - {fastest}) & set(run["methods"])
+    assert run["fixed_gamma"] == int(fastest.rsplit("=", 1)[1])
