@@ -255,8 +255,10 @@ def _check_settings(args) -> tuple:
     if any(s.prefix_dependent or s.min_p for s in samplings.values()):
         raise ValueError("--min-p, --repetition-penalty and --presence-penalty: the Hugging Face baselines of the "
                          "benchmark support temperature, top-k and top-p only; drop them.")
-    if args.num_prompts < 1 or args.repeats < 1 or args.max_new_tokens < 1:
-        raise ValueError("--num-prompts, --repeats and --max-new-tokens must be ≥ 1.")
+    for flag, value in (("--num-prompts", args.num_prompts), ("--repeats", args.repeats),
+                        ("--max-new-tokens", args.max_new_tokens)):
+        if value < 1:
+            raise ValueError(f"{flag} must be ≥ 1, got {value}.")
     if args.validation_prompts is not None and args.validation_prompts < 1:
         raise ValueError(f"--validation-prompts must be ≥ 1, got {args.validation_prompts}.")
     if args.test_arms < 0:

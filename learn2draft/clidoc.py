@@ -43,13 +43,24 @@ def command_help(name: str) -> str:
     Raises:
         KeyError: ``name`` is not a command of :data:`learn2draft.__main__.COMMANDS`.
     """
-    from learn2draft.__main__ import command_parser
-
     from pathlib import Path
 
-    with _fixed_environment():
-        text = command_parser(name).format_help()
+    from learn2draft.__main__ import command_parser
+
     root = str(Path(__file__).resolve().parent.parent) + os.sep  # defaults inside the checkout: relative to it
+    return relative_help(command_parser(name), root)
+
+
+def relative_help(parser, root: str) -> str:
+    """``parser``'s help at :data:`WIDTH` columns with ``root`` (a folder path ending in a separator) removed from its
+    defaults and help texts *before* argparse wraps them (a wrapped path, split at a hyphen, no longer matches)."""
+    for action in parser._actions:
+        if isinstance(action.default, str):
+            action.default = action.default.replace(root, "")
+        if isinstance(action.help, str):
+            action.help = action.help.replace(root, "")
+    with _fixed_environment():
+        text = parser.format_help()
     return text.replace(root, "")
 
 

@@ -132,3 +132,19 @@ def test_the_cli_reference_is_the_same_at_any_terminal_width_and_wandb_mode(monk
     monkeypatch.setenv("COLUMNS", "200")
     monkeypatch.delenv("WANDB_MODE")
     assert narrow == command_help("train") and os.environ["COLUMNS"] == "200"
+
+
+def test_the_cli_reference_writes_checkout_paths_relative_even_where_argparse_wraps_them():
+    """A clone at /tmp/fresh-review: a default path inside it was wrapped at the hyphen before the checkout prefix was
+    removed, so docs/cli.md read stale in that clone only."""
+    import argparse
+
+    from learn2draft.clidoc import relative_help
+
+    root = "/tmp/fresh-review/"
+    for pad in range(0, 60, 3):  # wherever the wrap falls
+        p = argparse.ArgumentParser(prog="learn2draft x")
+        p.add_argument("--prompts", default=f"{root}train/recipes/data/distill_prompts.json",
+                       help="x" * pad + " JSON list of distillation prompts (default: %(default)s)")
+        text = relative_help(p, root)
+        assert "fresh" not in text and "train/recipes/data/distill_prompts.json" in text.replace("\n", " "), text

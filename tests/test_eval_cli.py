@@ -383,3 +383,22 @@ def test_benchmark_test_arms_keeps_the_fastest_on_validation_and_hf_arms(tiny_ru
     assert set(run["test_arms"]) == hf | {fastest} | {run["validation"]["chosen"]}
     assert not (fixed - {fastest}) & set(run["methods"])
     assert run["fixed_gamma"] == int(fastest.rsplit("=", 1)[1])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--num-prompts", "0"], "--num-prompts must be ≥ 1, got 0"),
+    (["--repeats", "0"], "--repeats must be ≥ 1, got 0"),
+    (["--validation-prompts", "0"], "--validation-prompts must be ≥ 1, got 0"),
+    (["--test-arms", "-1"], "--test-arms must be ≥ 0"),
+    (["--heldout-split", "nosuch"], "--heldout-split 'nosuch'"),
+    (["--lookup-min-ngrams", "5"], "--lookup-min-ngrams '5'"),
+    (["--lookup-min-ngrams", "0"], "--lookup-min-ngrams '0'"),
+])
+def test_bad_benchmark_flags_are_one_line_naming_the_flag_before_loading(tiny_run, monkeypatch, capsys, argv,
+                                                                          message):
+    from eval.benchmark import main as bench_main
+
+    _no_model_loading(monkeypatch)
+    assert bench_main(["--policy", str(tiny_run), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err

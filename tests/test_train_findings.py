@@ -199,3 +199,22 @@ def test_an_interrupt_during_a_tree_runs_evaluation_keeps_its_models_and_says_so
     assert e.value.resumable is False and e.value.timesteps > 0
     assert (out / "model.zip").is_file() and (out / "size_model.zip").is_file()
     assert json.loads((out / "metrics.json").read_text())["interrupted"] is True
+
+
+def test_an_interrupt_while_the_training_code_imports_is_one_line_not_a_traceback(tmp_path, monkeypatch, capsys):
+    """Ctrl-C while stable-baselines3 imports (train.chain, after torch): 'interrupted … while starting' and 130, as
+    during torch's import (a new-user review saw a 30-line KeyboardInterrupt traceback there)."""
+    import types
+
+    from train.__main__ import main as train_main
+
+    class Importing(types.ModuleType):
+        def __getattr__(self, name):
+            raise KeyboardInterrupt("SIGINT")
+
+    monkeypatch.setitem(sys.modules, "train.chain", Importing("train.chain"))
+    with pytest.raises(SystemExit) as e:
+        train_main(["--timesteps", "256", "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert e.value.code == 130 and "interrupted (SIGINT) while starting; nothing was written" in err
+    assert "Traceback" not in err and not (tmp_path / "r").exists()

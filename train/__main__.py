@@ -291,7 +291,7 @@ def run_command(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cli.quiet_library_noise()
 
-    try:  # importing torch and transformers takes seconds: a Ctrl-C here is an interruption, not a traceback
+    try:  # importing torch, transformers and stable-baselines3 takes seconds: a Ctrl-C here is an interruption, not a traceback
         import torch
 
         from learn2draft.models import (
@@ -302,16 +302,16 @@ def run_command(argv: list[str] | None = None) -> int:
             resolve_model_source,
         )
         from learn2draft.names import needs_draft_model
+        from learn2draft.prompts import load_prompt_file
+        from policies.export import ExportCheckError
+        from train.chain import apply_replay_settings, check_resume_total
+        from train.launch import run
+        from train.outdir import prepare_out_dir
+        from train.phases import InterruptedAfterTraining
+        from train.wandb_setup import check_wandb
     except KeyboardInterrupt as e:
         sig = str(e) or "SIGINT"
         parser.exit(_signal_status(sig), f"{parser.prog}: interrupted ({sig}) while starting; nothing was written.\n")
-    from learn2draft.prompts import load_prompt_file
-    from policies.export import ExportCheckError
-    from train.chain import apply_replay_settings, check_resume_total
-    from train.phases import InterruptedAfterTraining
-    from train.launch import run
-    from train.outdir import prepare_out_dir
-    from train.wandb_setup import check_wandb
 
     new_out = False  # whether this run creates --out (then a failure before training removes it again if empty)
     try:
@@ -401,7 +401,7 @@ def run_command(argv: list[str] | None = None) -> int:
                   f"be resumed: start again with `--out {cfg.out} --overwrite`.", file=sys.stderr)
         else:
             print(f"Interrupted by {sig} at {metrics['timesteps']} of {cfg.timesteps} timesteps: the policy so far is "
-                  f"saved and exported; continue with `python -m train --out {cfg.out} --resume`.", file=sys.stderr)
+                  f"saved and exported; continue with `learn2draft train --out {cfg.out} --resume`.", file=sys.stderr)
         return 128 + signal.Signals[sig].value
     return 0
 
