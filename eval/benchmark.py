@@ -180,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args) -> int:
+    temps, samplings, gammas, min_ngrams, device = _check_settings(args)  # before the imports of torch and models
     from eval.__main__ import _resolve_trees, make_out_dir
     from eval.header import finish_header, header_lines, run_header
     from eval.runner import encode_all, prompt_groupings
@@ -187,7 +188,6 @@ def _run(args) -> int:
     from learn2draft.prompts import COPY_CATEGORIES, load_prompt_file_records, load_prompt_records
     from policies.load import run_settings
 
-    temps, samplings, gammas, min_ngrams, device = _check_settings(args)
     policy_dir, policy, head = _resolve_policy(args)
     trees = _resolve_trees(args, args.drafter)
     cfg = run_settings(policy_dir)  # the pair the policy was trained on, unless named here
