@@ -203,6 +203,15 @@ def _check_args(args) -> None:
             raise ValueError("Pass either --policy (a learned policy decides the depth) or --num-draft-tokens "
                              "(a fixed γ), not both.")
     threads_of(args)  # --threads ≥ 1
+    if args.policy is not None:  # before the imports of torch and the models (seconds): a bad path answers at once
+        from pathlib import Path
+
+        policy = Path(args.policy)
+        if policy.is_file():
+            raise ValueError(f"--policy {args.policy} is a file: pass the directory that holds it ({policy.parent}).")
+        if not policy.is_dir():
+            raise ValueError(f"--policy {args.policy}: no such directory (a run of `learn2draft train` or a policy "
+                             "export).")
     if args.head is not None and args.drafter != "head":
         raise ValueError(f"--head is only read with --drafter head (got --drafter {args.drafter}).")
 

@@ -198,3 +198,15 @@ def test_stream_cut_inside_a_character_prints_whole_characters_and_says_so(tok):
     assert "\ufffd" not in out and text.startswith(out) and s.cut_character
     s, chunks = _stream_one_by_one(tok, ids)
     assert "".join(chunks) == text and not s.cut_character
+
+
+def test_a_bad_policy_path_is_refused_before_torch_is_imported():
+    """A new user's mistyped --policy used to wait for torch, transformers and the model code (~20 s under load)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from policies.generate import main; rc = main(['hi', '--policy', '/nonexistent/policy']); "
+            "print(rc, 'torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.stdout.split() == ["2", "False"], r.stdout + r.stderr
+    assert "--policy /nonexistent/policy: no such directory" in r.stderr
