@@ -23,9 +23,9 @@ RESOLVE_DTYPE = $(BIN)/python -c 'from learn2draft.cli import resolve_device; fr
 # prompts of the demo: the first DEMO_TRAIN of the real-work corpus's train split (round-robin over its categories)
 # are recorded for training; the fixed grid is measured on DEMO_VALIDATION validation prompts, and everything on the
 # first DEMO_TEST test prompts (docs/corpus.md)
-DEMO_TRAIN ?= 24
-DEMO_VALIDATION ?= 6
-DEMO_TEST ?= 16
+DEMO_TRAIN ?= 16
+DEMO_VALIDATION ?= 4
+DEMO_TEST ?= 12
 # pytest-xdist processes of `make test` (each runs torch on one thread: tests/conftest.py), one per core of the
 # 2-core CI machine; 0 runs the suite in this process. --dist loadfile: each test file runs whole on one worker, so a
 # module's fixtures (a tiny training run, the local Ray cluster) are built once.
@@ -48,7 +48,7 @@ demo: setup
 	$(if $(DEMO_DTYPE),,$(error make demo: DTYPE=$(DTYPE) did not resolve to a precision (the error above says why): \
 		use auto, float32, bfloat16 or float16; if it could not import learn2draft or torch, remove $(VENV) and run make setup))
 	@echo "make demo: precision $(DEMO_DTYPE) (DTYPE=$(DTYPE)), $(THREADS) torch threads"
-	$(BIN)/python -m eval.record --drafter lookup --prompt-split corpus_train --num-prompts $(DEMO_TRAIN) --max-depth 16 \
+	$(BIN)/python -m eval.record --drafter lookup --lookup-min-ngram 1 --prompt-split corpus_train --num-prompts $(DEMO_TRAIN) --max-depth 16 \
 		--max-new-tokens 64 --threads $(THREADS) --dtype $(DEMO_DTYPE) --out $(DATA)/lookup.npz --overwrite
 	$(BIN)/python -m eval.record --drafter head --prompt-split corpus_train --num-prompts $(DEMO_TRAIN) --max-depth 8 \
 		--max-new-tokens 64 --threads $(THREADS) --dtype $(DEMO_DTYPE) --out $(DATA)/head.npz --overwrite
@@ -57,7 +57,7 @@ demo: setup
 	$(BIN)/python -m train --replay $(DATA)/lookup.npz,$(DATA)/head.npz --profile $(DATA)/profile.json \
 		--max-depth 16 --timesteps 131072 --threads $(THREADS) --dtype $(DEMO_DTYPE) --out $(RUN) --overwrite
 	$(BIN)/python -m eval.benchmark --policy $(RUN) --prompt-set corpus --num-prompts $(DEMO_TEST) \
-		--validation-prompts $(DEMO_VALIDATION) --test-arms 3 --gammas 2,4,8,16 --repeats 1 --temperatures 0 \
+		--validation-prompts $(DEMO_VALIDATION) --test-arms 2 --gammas 2,4,8,16 --repeats 1 --temperatures 0 \
 		--threads $(THREADS) --dtype $(DEMO_DTYPE) --out $(RUN)/benchmark --overwrite
 	$(BIN)/python -m eval --policy $(RUN) --law-check --skip-speed --threads $(THREADS) --dtype $(DEMO_DTYPE) --overwrite
 
