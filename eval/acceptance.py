@@ -380,7 +380,7 @@ def format_report(rep: dict) -> str:
     if best.get("auc_by_group"):
         lines += ["", f"per category, feature set {rep['best']} (per-position logistics):", "",
                   "| category | AUC | examples |", "|---|---|---|"]
-        lines += [f"| {g} | {v['auc'] if v['auc'] is not None else '– (one class)'} | {v['tokens']} |"
+        lines += [f"| {g} | {v['auc'] if v['auc'] is not None else '– (one class)'} | {v['examples']} |"
                   for g, v in best["auc_by_group"].items()]
     return "\n".join(lines)
 

@@ -10,7 +10,15 @@ import pytest
 import torch
 from helpers_loop import drafter_for
 
-from eval.acceptance import acceptance_report, check_compatible, examples, feature_set_report, main, roc_auc
+from eval.acceptance import (
+    acceptance_report,
+    check_compatible,
+    examples,
+    feature_set_report,
+    format_report,
+    main,
+    roc_auc,
+)
 from learn2draft.features import ACCEPTANCE_FEATURE_NAMES, ACCEPTANCE_FEATURE_SETS, FEATURE_VERSION, acceptance_features
 from learn2draft.replay.traces import ACCEPTANCE_ARRAYS, ARRAY_DOCS, PromptTrace, TraceSet
 from learn2draft.sampling import SamplingConfig
@@ -240,5 +248,8 @@ def test_auc_per_category_scores_each_group_of_held_out_prompts_apart():
     want = [p.category for p in load_prompt_records("corpus_test")[:6]]
     assert sorted(i for idx in cats.values() for i in idx) == list(range(6))
     assert all(want[i] == c for c, idx in cats.items() for i in idx)
+    rep = acceptance_report(train, held, ["draft+margin"], groups=cats)  # the command's report, per category
+    text = format_report(rep)
+    assert "per category, feature set draft+margin" in text and all(f"| {c} |" in text for c in cats)
     held.header["prompt_source"] = "/some/user/file.jsonl"
     assert prompt_categories(held) is None
