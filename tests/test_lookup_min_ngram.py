@@ -98,11 +98,21 @@ def test_traces_record_it_and_replay_training_takes_it_into_the_policy(tiny_pair
     assert policy_lookup_min_ngram(out) == 1
 
 
-def test_policies_that_predate_the_setting_read_as_the_default():
+def test_policies_that_predate_the_setting_read_as_the_default(tmp_path):
+    import json
+    import shutil
+
     from policies.layout import DEFAULT_POLICIES_DIR
     from policies.load import policy_lookup_min_ngram
 
-    assert policy_lookup_min_ngram(DEFAULT_POLICIES_DIR / "lookup") == 2
+    old = tmp_path / "lookup"  # the shipped lookup policy as written before the setting existed
+    shutil.copytree(DEFAULT_POLICIES_DIR / "lookup", old)
+    cfg = json.loads((old / "policy_config.json").read_text())
+    cfg.pop("lookup_min_ngram")
+    cfg["training"].pop("lookup_min_ngram")
+    (old / "policy_config.json").write_text(json.dumps(cfg))
+    assert policy_lookup_min_ngram(old) == 2
+    assert policy_lookup_min_ngram(DEFAULT_POLICIES_DIR / "lookup") == 1  # trained with single-token matches
     assert policy_lookup_min_ngram(DEFAULT_POLICIES_DIR / "lookup+model-bfloat16") == 2
     assert policy_lookup_min_ngram(DEFAULT_POLICIES_DIR / "model") is None
 
@@ -125,8 +135,8 @@ def test_the_benchmark_runs_the_policys_setting(tmp_path):
     policy = str(DEFAULT_POLICIES_DIR / "lookup")
     args = build_parser().parse_args(["--policy", policy])
     _resolve_policy(args)
-    assert args.drafter == "lookup" and args.lookup_min_ngram == 2
-    args = build_parser().parse_args(["--policy", policy, "--lookup-min-ngram", "1"])
-    with pytest.warns(UserWarning, match="trained with 2"):
+    assert args.drafter == "lookup" and args.lookup_min_ngram == 1  # the shipped policy matches single tokens
+    args = build_parser().parse_args(["--policy", policy, "--lookup-min-ngram", "2"])
+    with pytest.warns(UserWarning, match="trained with 1"):
         _resolve_policy(args)
-    assert args.lookup_min_ngram == 1
+    assert args.lookup_min_ngram == 2
