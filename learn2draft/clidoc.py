@@ -48,7 +48,8 @@ def command_help(name: str) -> str:
     from learn2draft.__main__ import command_parser
 
     root = str(Path(__file__).resolve().parent.parent) + os.sep  # defaults inside the checkout: relative to it
-    return relative_help(command_parser(name), root)
+    with _fixed_environment():  # the parser reads some defaults (WANDB_MODE) from the environment when it is built
+        return relative_help(command_parser(name), root)
 
 
 def relative_help(parser, root: str) -> str:
