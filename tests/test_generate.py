@@ -74,9 +74,12 @@ def test_cli_streams_the_same_tokens_as_the_decoder(default_pair, monkeypatch, c
     argv = ["--max-new-tokens", "24", "--show-cycles", "--metrics", "--dtype", "float32"]  # the fp32 pair: its policy
     rc, out, err = _run_cli(monkeypatch, capsys, argv, stdin_text=prompt, pair=default_pair)
     assert rc == 0, err
+    from policies.load import policy_lookup_min_ngram
+
     pol = load_policy(default_policy_dir("lookup"))
-    dec = SpeculativeDecoder(default_pair, max_new_tokens=24, max_depth=pol.max_depth,
-                             drafter=make_drafter("lookup", default_pair))
+    dec = SpeculativeDecoder(default_pair, max_new_tokens=24, max_depth=pol.max_depth,  # the policy's n-gram setting
+                             drafter=make_drafter("lookup", default_pair,
+                                                  min_ngram=policy_lookup_min_ngram(default_policy_dir("lookup"))))
     res = dec.generate(default_pair.encode_prompt(prompt, max_new_tokens=24), pol)
     assert out == default_pair.tokenizer.decode(res.tokens, skip_special_tokens=True) + "\n"
     lines = err.strip().splitlines()

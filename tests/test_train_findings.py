@@ -55,9 +55,8 @@ def test_an_interrupt_during_the_evaluation_keeps_the_policy_and_resume_finishes
     metrics = json.loads((out / "metrics.json").read_text())
     assert not metrics["interrupted"] and metrics["timesteps"] == 128 and metrics["evaluation"] is not None
     assert metrics["resumed_from_timesteps"] == 128  # nothing more was trained
-    from stable_baselines3 import PPO
-
     import torch
+    from stable_baselines3 import PPO
 
     a = PPO.load(str(out / "model.zip")).policy.state_dict()
     (tmp_path / "before.zip").write_bytes(model_bytes)

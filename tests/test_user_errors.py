@@ -429,11 +429,12 @@ def test_resume_continues_a_finished_run_from_its_final_model(tmp_path, tiny_pai
     again from step 0; a run with neither a checkpoint nor a final model is refused."""
     import json
 
+    from test_replay import linear_profile
+
     import train
     from learn2draft.drafters import make_drafter
     from learn2draft.sampling import SamplingConfig
     from learn2draft.traces import record_traces
-    from test_replay import linear_profile
     from train.config import TrainConfig
 
     prof = linear_profile().save(tmp_path / "p.json")

@@ -58,11 +58,10 @@ from policies.export import export_policy
 from policies.layout import SERVE_PROFILE_FILE, VLLM_SCHEDULE_FILE
 from policies.load import load_policy
 from train import callbacks, phases
-from train.phases import InterruptedAfterTraining
 from train.callbacks import CycleStatsCallback, SignalStop
 from train.config import ENV_ID, REPLAY_ENV_ID, TrainConfig
 from train.outdir import Replacement, latest_checkpoint
-
+from train.phases import InterruptedAfterTraining
 
 #: (traces, profile, traces' precision) whose precision mismatch this process has already reported.
 _PRECISION_SAID: set[tuple[str, str, str]] = set()

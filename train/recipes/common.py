@@ -276,7 +276,7 @@ class CheckpointOnInterrupt:
         yield
         self._updating = False
 
-    def __enter__(self) -> "CheckpointOnInterrupt":
+    def __enter__(self) -> CheckpointOnInterrupt:
         return self
 
     def __exit__(self, kind, exc, tb) -> bool:

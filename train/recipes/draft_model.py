@@ -44,8 +44,8 @@ from learn2draft.cli import HelpFormatter
 from learn2draft.names import DEFAULT_DRAFT_DIR, DEFAULT_TARGET
 from train.recipes.common import (
     CKPT_NAME,
-    CheckpointOnInterrupt,
     DISTILL_PROMPTS_FILE,
+    CheckpointOnInterrupt,
     RecipeError,
     add_recipe_flags,
     answer_length,

@@ -66,8 +66,8 @@ from learn2draft.models import DEFAULT_TARGET, encode_text, eos_token_ids, resol
 from learn2draft.names import DTYPE_NAMES
 from train.recipes.common import (
     CKPT_NAME,
-    CheckpointOnInterrupt,
     DISTILL_PROMPTS_FILE,
+    CheckpointOnInterrupt,
     RecipeError,
     add_recipe_flags,
     answer_length,
