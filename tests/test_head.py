@@ -110,7 +110,7 @@ def test_ttt_unroll_matches_chain_drafting(tiny_pair):
     m = b["feat"].shape[1]
     from transformers import DynamicCache
 
-    cache, outs, x = DynamicCache(), [], b["feat"]
+    cache, outs, x, g = DynamicCache(), [], b["feat"], None
     with torch.no_grad():
         for k in range(1, 4):
             if k > 1:

@@ -506,6 +506,7 @@ def head_losses(head: DraftHead, batch: dict, ttt_steps: int, ttt_decay: float, 
     cache = DynamicCache()
     out: dict = {}
     total, wsum = 0.0, 0.0
+    g = None  # the previous step's prediction, fed back from step 2 on
     for k in range(1, ttt_steps + 1):
         if k > 1:
             x = torch.cat([torch.zeros_like(g[:, :1]), g[:, :-1]], dim=1)  # feature at t = prediction at t − 1
@@ -716,6 +717,7 @@ def measure_alpha(head: DraftHead, examples: list[dict], steps: int = 3) -> dict
         nxt = d["ids"][2:m + 2]
         target_next[: nxt.numel()] = nxt
         a_p, n_p = 0, 0
+        g = None  # the previous step's prediction, fed back from step 2 on
         for k in range(1, steps + 1):
             if k > 1:
                 x = torch.cat([torch.zeros_like(g[:, :1]), g[:, :-1]], dim=1)
