@@ -1,35 +1,34 @@
-"""A learned draft-length policy for vLLM: :class:`LearnedDraftLengthPolicy` satisfies the
-``DraftLengthPolicy`` protocol of ``vllm/v1/spec_decode/draft_length_policy.py``.
+"""vLLM integration of learned policies, three paths:
 
-The protocol (as published in vLLM's source; an open pull request at the time of writing — check
-the vLLM version you run): the proposer calls ``reset()`` at the start of each ``propose()``,
-drafts a *seed* token, then after each further draft token calls ``update(step, token_probs)``
-with ``step`` the zero-based index of that token after the seed and ``token_probs`` float
-``[batch_size]`` the draft's top-1 softmax probability per sequence; after the K steps it reads
-``k_valid_gpu``, an int32 scalar on the device: the number of valid draft tokens (seed
-included) for the whole batch, or None for "always K". vLLM's own ``ConfidenceThresholdPolicy``
-freezes ``k_valid`` to ``step + 2`` the first time the batch's mean probability falls below a
-threshold; this class does the same with a learned decision.
+* **The zero-code path** (merged vLLM, tested against vLLM 0.34.0's source): a load-aware policy
+  (``python -m train --serve-loads``) exported as ``speculative_config["num_speculative_tokens_per_batch_size"]``.
+  :func:`vllm_schedule` keeps the γ the policy picks most at each batch size in replay (written by the run as
+  ``policy/vllm_schedule.json``), :func:`vllm_config_schedule` turns it into the list of ``[start, end, K]`` that
+  vLLM 0.34.0 accepts (``vllm/v1/spec_decode/dynamic/utils.py``: ``validate_and_normalize_dynamic_sd_schedule``; its
+  ``SpeculativeConfig`` field is ``list[tuple[int, int, int]]``, so the ``{"start-end": K}`` form of
+  ``vllm_schedule.json`` is refused by it), :func:`vllm_scheduled_k` reads a schedule as vLLM's dense lookup does,
+  and ``python -m policies.vllm export-table POLICY_DIR --out FILE`` writes and prints a ready ``speculative_config``.
+  What the table cannot carry is the policy's reaction to anything but the batch size (contexts, drafted matches,
+  queue).
+* **A learned acceptance estimate for adaptive verification** (merged vLLM, Model Runner V2): the plugin package in
+  ``engines/vllm_plugin`` (``learn2draft_vllm``); it reads exported MLPs with :func:`load_mlp`.
+* **An UNMERGED protocol**: :class:`LearnedDraftLengthPolicy` implements the ``DraftLengthPolicy`` protocol of vLLM
+  pull request #35301, which was never merged: no released vLLM calls it. It is kept for that protocol only, tested
+  against the protocol's documented behaviour and in this project's own loop (:class:`ProtocolController`).
 
-The policy must be trained on engine-visible features only
-(:data:`learn2draft.features.ENGINE_FEATURE_NAMES`: ``python -m train --features engine``); its
-export is read into a small torch MLP on the engine's device, so ``update`` runs tensor operations
-only, with no device-to-host synchronisation per draft step. Batches use the mean of
-``token_probs`` (one ``k_valid`` for the batch, as the protocol defines it).
+The #35301 protocol (``vllm/v1/spec_decode/draft_length_policy.py`` in that pull request only): the proposer calls
+``reset()`` at the start of each ``propose()``, drafts a *seed* token, then after each further draft token calls
+``update(step, token_probs)`` with ``step`` the zero-based index of that token after the seed and ``token_probs``
+float ``[batch_size]`` the draft's top-1 softmax probability per sequence; after the K steps it reads
+``k_valid_gpu``, an int32 scalar on the device: the number of valid draft tokens (seed included) for the whole
+batch, or None for "always K". That pull request's ``ConfidenceThresholdPolicy`` freezes ``k_valid`` to
+``step + 2`` the first time the batch's mean probability falls below a threshold; :class:`LearnedDraftLengthPolicy`
+does the same with a learned decision, for a policy trained on engine-visible features only
+(:data:`learn2draft.features.ENGINE_FEATURE_NAMES`: ``python -m train --features engine``), its export read into a
+small torch MLP on the engine's device (tensor operations only in ``update``, no device-to-host synchronisation per
+draft step).
 
-What is tested here without vLLM (it cannot be installed on this CPU-only machine: its wheels need
-a CUDA torch): shapes and dtypes, ``k_valid`` frozen at the first stop, equality of every decision
-with the exported ONNX graph run by onnxruntime on the same features, and the adapter driven
-through the protocol by :class:`ProtocolController` in this project's own decoding loop. Untested:
-vLLM's proposer calling it (import path, ``step`` semantics of the merged version, CUDA graphs).
-
-A load-aware policy (``python -m train --serve-loads``) maps onto vLLM's per-batch-size schedule
-(``speculative_config["num_speculative_tokens_per_batch_size"]``, PR #32374): the γ it chooses most often at each
-batch size in replay becomes the schedule (:func:`vllm_schedule`, written by the run as
-``policy/vllm_schedule.json``), read by vLLM as :func:`vllm_scheduled_k` emulates. What the schedule cannot carry is
-the policy's reaction to anything but the batch size (contexts, drafted matches, queue).
-
-Example (inside vLLM's proposer, where it builds its policy)::
+Example (where a vLLM build carrying pull request #35301 builds its policy)::
 
     from policies.vllm import LearnedDraftLengthPolicy
     policy = LearnedDraftLengthPolicy("policies/defaults/model-engine", device, num_speculative_tokens)
@@ -82,7 +81,9 @@ def load_mlp(onnx_path: str | Path) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 class LearnedDraftLengthPolicy:
-    """vLLM ``DraftLengthPolicy`` driven by an engine-visible policy export.
+    """The ``DraftLengthPolicy`` protocol of vLLM pull request #35301 (**an unmerged protocol**: no released vLLM
+    calls it; vLLM merged adaptive verification instead, see ``engines/vllm_plugin``), driven by an engine-visible
+    policy export. Tested against the protocol's documented behaviour and in this project's loop, never inside vLLM.
 
     Args:
         export_dir: a policy export (or training run) trained with ``--features engine``.
@@ -198,7 +199,8 @@ class LearnedDraftLengthPolicy:
 
 
 class ProtocolController(DraftController):
-    """Drive a ``DraftLengthPolicy`` (``reset`` / ``update`` / ``k_valid_gpu``) inside this project's
+    """Drive a ``DraftLengthPolicy`` of the unmerged vLLM pull request #35301 (``reset`` / ``update`` /
+    ``k_valid_gpu``) inside this project's
     :class:`~learn2draft.SpeculativeDecoder` exactly as vLLM's proposer does, to test and evaluate
     engine policies on the real loop: the seed and the first token after it are always drafted;
     ``update(step, [top-1 probability])`` follows every further token; drafting stops once
@@ -240,11 +242,12 @@ class ProtocolController(DraftController):
 
 # ------------------------------------------------------------------ a load-aware policy as vLLM's per-batch-size schedule
 def vllm_scheduled_k(schedule, batch_size: int, num_speculative_tokens: int) -> int:
-    """The K vLLM speculates at ``batch_size`` under ``num_speculative_tokens_per_batch_size`` = ``schedule``, as the
-    merged PR #32374 documents it: range keys ``"start-end"`` (or ``"bs"``) are inclusive; a batch size in no range
-    inherits the K of the closest range below it (past the last range: the last K); the scheduled K is clamped to
-    ``min(num_speculative_tokens, K)``. Below every range (which the PR leaves unsaid, and which
-    :func:`vllm_schedule` never writes) this returns ``num_speculative_tokens``.
+    """The K vLLM speculates at ``batch_size`` under ``num_speculative_tokens_per_batch_size`` = ``schedule``, as
+    vLLM 0.34.0's ``build_dynamic_sd_schedule_lookup`` (``vllm/v1/spec_decode/dynamic/utils.py``, from PR #32374)
+    expands it: ranges are inclusive; a batch size in no range inherits the K of the closest range below it (past the
+    last range: the last K); the scheduled K is clamped to ``min(num_speculative_tokens, K)``. Below every range
+    (which vLLM refuses: its first range must start at 1, and :func:`vllm_schedule` always starts there) this
+    returns ``num_speculative_tokens``.
 
     Args:
         schedule: ``{"start-end": K, …}`` (JSON's form) or vLLM's list form ``[[start, end, K], …]``.
@@ -286,4 +289,175 @@ def vllm_schedule(gammas_by_batch: dict[int, int]) -> dict[str, int]:
     return out
 
 
-__all__ = ["LearnedDraftLengthPolicy", "ProtocolController", "load_mlp", "vllm_schedule", "vllm_scheduled_k"]
+#: The ``speculative_config["method"]`` of this project's drafters that vLLM has (``lookup``: vLLM's n-gram prompt
+#: lookup; ``model``: a separate draft model). The others (the EAGLE-style head, hybrids) have no vLLM equivalent.
+VLLM_METHODS = {"lookup": "ngram", "model": "draft_model"}
+
+
+def vllm_config_schedule(schedule) -> list[list[int]]:
+    """``num_speculative_tokens_per_batch_size`` in the form vLLM 0.34.0 accepts: a list of ``[start, end, K]``
+    (inclusive batch-size ranges, sorted), checked as vLLM's ``validate_and_normalize_dynamic_sd_schedule``
+    (``vllm/v1/spec_decode/dynamic/utils.py``) checks it: 1 ≤ start ≤ end, K ≥ 0, ranges not overlapping, the first
+    one starting at 1.
+
+    Args:
+        schedule: ``{"start-end": K, …}`` (``vllm_schedule.json``'s form, :func:`vllm_schedule`) or ``[[start, end,
+            K], …]``.
+
+    Returns:
+        list of ``[start, end, K]`` (Python ints), sorted by start.
+
+    Raises:
+        ValueError: an empty or malformed schedule, or one vLLM would refuse (the message says which entry).
+    """
+    if isinstance(schedule, dict):
+        items = list(schedule.items())
+    elif isinstance(schedule, (list, tuple)):
+        items = []
+        for entry in schedule:
+            if not isinstance(entry, (list, tuple)) or len(entry) != 3:
+                raise ValueError(f"num_speculative_tokens_per_batch_size entry {entry!r}: expected [start, end, K].")
+            items.append((f"{entry[0]}-{entry[1]}", entry[2]))
+    else:
+        raise ValueError(f"num_speculative_tokens_per_batch_size must be a list of [start, end, K] or a "
+                         f"{{\"start-end\": K}} object, got {type(schedule).__name__}.")
+    if not items:
+        raise ValueError("num_speculative_tokens_per_batch_size is empty: vLLM needs at least one range.")
+    rows = []
+    for key, k in items:
+        parts = str(key).split("-")
+        try:
+            if len(parts) > 2 or isinstance(k, bool) or float(k) != int(k):
+                raise ValueError
+            lo, hi, k = int(parts[0]), int(parts[-1]), int(k)
+        except (TypeError, ValueError):
+            raise ValueError(f"num_speculative_tokens_per_batch_size entry {key!r}: {k!r}: expected a range 'start-end' "
+                             "(or 'bs') of integers and an integer K.") from None
+        if lo < 1 or hi < lo or k < 0:
+            raise ValueError(f"num_speculative_tokens_per_batch_size entry {key!r}: {k!r} is not a range 1 ≤ start ≤ "
+                             "end with K ≥ 0.")
+        rows.append([lo, hi, k])
+    rows.sort()
+    for (_, prev_end, _), (lo, hi, _) in zip(rows, rows[1:]):
+        if lo <= prev_end:
+            raise ValueError(f"num_speculative_tokens_per_batch_size: the range {lo}-{hi} overlaps the one ending at "
+                             f"{prev_end} (vLLM needs non-overlapping ranges).")
+    if rows[0][0] != 1:
+        raise ValueError(f"num_speculative_tokens_per_batch_size starts at batch size {rows[0][0]}: vLLM needs the "
+                         "first range to start at 1.")
+    return rows
+
+
+def speculative_config(policy_dir: str | Path, method: str | None = None, draft_model: str | None = None) -> dict:
+    """A ready ``speculative_config`` for vLLM 0.34.0 (``vllm serve … --speculative-config JSON``) from a load-aware
+    policy export: ``method``, ``num_speculative_tokens`` (the policy's ``max_depth``), the prompt-lookup window for
+    ``ngram`` (``prompt_lookup_min`` = the policy's ``lookup_min_ngram``, ``prompt_lookup_max`` = this project's
+    longest n-gram, 4) or ``model`` for ``draft_model``, and ``num_speculative_tokens_per_batch_size`` from its
+    ``vllm_schedule.json`` (:func:`vllm_config_schedule`). Key names and value types: vLLM 0.34.0's
+    ``vllm/config/speculative.py`` (``SpeculativeConfig``) and ``vllm/v1/worker/gpu/spec_decode/ngram/config.py``.
+
+    Args:
+        policy_dir: a load-aware policy export (``policies/defaults/lookup-serve-bfloat16``) or its training run.
+        method: vLLM's ``method``; default from the policy's drafter (:data:`VLLM_METHODS`).
+        draft_model: the draft model vLLM loads for ``draft_model`` (default: the policy's ``draft``).
+
+    Raises:
+        FileNotFoundError: ``policy_dir`` or its ``vllm_schedule.json`` / ``policy_config.json`` is missing.
+        ValueError: not a load-aware policy, a malformed schedule (naming the file), or a drafter with no vLLM method
+            and no ``method`` given.
+    """
+    from policies.layout import POLICY_CONFIG_FILE, VLLM_SCHEDULE_FILE, resolve_export_dir
+
+    d = resolve_export_dir(policy_dir)
+    if not d.is_dir():
+        raise FileNotFoundError(f"{policy_dir} is not a folder: pass a load-aware policy export (e.g. "
+                                "policies/defaults/lookup-serve-bfloat16) or its training run.")
+    cfg_file, sched_file = d / POLICY_CONFIG_FILE, d / VLLM_SCHEDULE_FILE
+    if not cfg_file.is_file():
+        raise FileNotFoundError(f"{cfg_file} is missing: is {d} a policy export?")
+    cfg = json.loads(cfg_file.read_text())
+    if cfg.get("features") != "serve":
+        raise ValueError(f"{d} is not a load-aware policy (its policy_config.json says features="
+                         f"{cfg.get('features')!r}, not 'serve'): train one with `python -m train --serve-loads …`.")
+    if not sched_file.is_file():
+        raise FileNotFoundError(f"{sched_file} is missing: re-export the run with `python -m train --serve-loads …` "
+                                "(every load-aware export writes it).")
+    try:
+        doc = json.loads(sched_file.read_text())
+        table = vllm_config_schedule(doc["num_speculative_tokens_per_batch_size"])
+        k_max = int(doc.get("num_speculative_tokens", cfg["max_depth"]))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{sched_file}: {e if not isinstance(e, KeyError) else f'no {e} entry'}") from None
+    drafter = str(cfg.get("drafter"))
+    method = method or VLLM_METHODS.get(drafter)
+    if method is None:
+        raise ValueError(f"{d} was trained for the drafter {drafter!r}, which vLLM does not have (it has "
+                         f"{', '.join(f'{a} → {b}' for a, b in VLLM_METHODS.items())}): name vLLM's method with "
+                         "--method, knowing the table was tuned for another drafter's acceptance.")
+    out: dict = {"method": method, "num_speculative_tokens": k_max}
+    if method == "ngram":
+        from learn2draft.drafters.lookup import DEFAULT_MAX_NGRAM
+        from policies.load import policy_lookup_min_ngram
+
+        n_min = policy_lookup_min_ngram(d)  # None for a drafter without prompt lookup: vLLM's default then
+        out.update({} if n_min is None else {"prompt_lookup_min": n_min}, prompt_lookup_max=DEFAULT_MAX_NGRAM)
+    if draft_model or method == "draft_model":
+        out["model"] = draft_model or cfg.get("draft")
+    out["num_speculative_tokens_per_batch_size"] = table
+    return out
+
+
+def build_parser():
+    """The parser of ``python -m policies.vllm`` (one subcommand, ``export-table``)."""
+    import argparse
+
+    from learn2draft.cli import HelpFormatter
+
+    p = argparse.ArgumentParser(prog="python -m policies.vllm", formatter_class=HelpFormatter,
+                                description="vLLM exports of learned policies.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    t = sub.add_parser("export-table", formatter_class=HelpFormatter,
+                       help="a load-aware policy as vLLM's num_speculative_tokens_per_batch_size and speculative_config",
+                       description="Write a load-aware policy's per-batch-size table as a ready vLLM 0.34.0 "
+                                   "speculative_config (JSON, printed on standard output too): use it with "
+                                   "`vllm serve MODEL --speculative-config \"$(cat FILE)\"`. Exit 0 written, 2 bad input.")
+    t.add_argument("policy_dir", metavar="POLICY_DIR",
+                   help="a load-aware policy export (e.g. policies/defaults/lookup-serve-bfloat16) or its training run")
+    t.add_argument("--out", required=True, metavar="FILE", help="the speculative_config JSON file to write")
+    t.add_argument("--method", default=None,
+                   help="vLLM's speculative method (default: from the policy's drafter: lookup → ngram, model → "
+                        "draft_model)")
+    t.add_argument("--draft-model", default=None,
+                   help="the draft model vLLM loads for --method draft_model (default: the policy's draft)")
+    return p
+
+
+def _run(args) -> int:
+    import sys
+
+    from learn2draft.cli import check_out_file
+
+    out = check_out_file(args.out, "--out")
+    cfg = speculative_config(args.policy_dir, args.method, args.draft_model)
+    text = json.dumps(cfg)
+    out.write_text(text + "\n")  # one line: ready for --speculative-config "$(cat FILE)"
+    print(text)
+    print(f"wrote {out}: vllm serve MODEL --speculative-config \"$(cat {out})\"", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m policies.vllm export-table POLICY_DIR --out FILE``; exit 0 written, 2 bad input."""
+    from learn2draft.cli import run_cli
+
+    return run_cli(build_parser(), _run, argv)
+
+
+__all__ = ["LearnedDraftLengthPolicy", "ProtocolController", "VLLM_METHODS", "load_mlp", "speculative_config",
+           "vllm_config_schedule", "vllm_schedule", "vllm_scheduled_k"]
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
