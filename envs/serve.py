@@ -10,7 +10,7 @@ verifies this step (each row capped at what it can draft: its recorded chain and
 is a variable-length action that SB3's policies do not take; one γ per step is what the per-batch-size tables of
 vLLM and TensorRT-LLM decide, and it is where the cost of load enters (the batched verification of B rows padded to
 γ + 1 tokens). A per-row split of a global budget (vLLM's adaptive verification) is the baseline
-:class:`learn2draft.replay.serve.AdaptiveVerification`.
+:class:`learn2draft.replay.serve.ReplayAdaptiveVerification` (:class:`learn2draft.budget.AdaptiveVerification`).
 
 Observation: float32 (len(SERVE_FEATURE_NAMES),), every entry in [0, 1]:
 
@@ -56,9 +56,10 @@ import numpy as np
 from gymnasium import spaces
 
 from envs.reward import check_reward_scale, cycle_reward, gain_reward
+from learn2draft.control import FixedDepthController
 from learn2draft.features import SERVE_FEATURE_NAMES, build_serve_features
 from learn2draft.replay.latency import LatencyProfile, load_profile
-from learn2draft.replay.serve import Load, NoSpeculation, ServeSimulator, as_load, simulate
+from learn2draft.replay.serve import Load, ServeSimulator, as_load, simulate
 from learn2draft.replay.traces import TraceSet, load_traces
 
 SERVE_ENV_ID = "learn2draft/ServeReplay-v0"
@@ -159,7 +160,7 @@ class ServeReplayEnv(gym.Env):
         self.max_depth, self.max_new_tokens, self.max_batch = sim.max_depth, sim.max_new_tokens, sim.max_batch
         self.drafter = sim.drafter
         if reward_scale is None:
-            reward_scale = simulate(self.traces, self.profile, NoSpeculation(), Load(concurrency=1),
+            reward_scale = simulate(self.traces, self.profile, FixedDepthController(0), Load(concurrency=1),
                                     len(self.traces.prompts), max_depth=self.max_depth,
                                     max_new_tokens=self.max_new_tokens, charge_prefill=False)["tokens_per_s"] or 1.0
         self.reward_scale = check_reward_scale(reward_scale)

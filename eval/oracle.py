@@ -297,11 +297,11 @@ def format_tree_report(rep: dict) -> str:
 # --------------------------------------------------------------------------- hybrid drafters (temperature 0)
 def hybrid_baselines(max_depth: int, gammas) -> dict:
     """The hand configurations a hybrid drafter's policy is compared with, by name: each drafter alone at each fixed γ
-    (:class:`policies.controllers.SingleSourceController`), lookup-first per token at each γ (a fixed γ on the hybrid
+    (:class:`policies.rules.SingleSourceController`), lookup-first per token at each γ (a fixed γ on the hybrid
     drafter), vLLM's lookup-first rule and ArcticInference's score rule at each γ of the neural drafter, and
     autoregressive decoding."""
     from learn2draft.control import CONTINUE_LOOKUP, CONTINUE_NEURAL, FixedDepthController
-    from policies.controllers import LookupFirstController, SingleSourceController, SuffixScoreController
+    from policies.rules import LookupFirstController, SingleSourceController, SuffixScoreController
 
     out: dict = {"autoregressive": FixedDepthController(0)}
     for g in gammas:

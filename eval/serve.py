@@ -24,7 +24,7 @@ Methods (``--methods``):
 * ``policy`` — a learned policy (``--policy DIR``): a load-aware one (``python -m train --serve-loads``:
   :func:`policies.load.load_serve_policy`, one γ per step for every row from the step's load and the latency profile
   it was trained with) or any exported chain policy (:func:`policies.load.load_policy`, per row);
-* ``guard`` — the load-aware policy behind :class:`policies.controllers.SpeculationGuard`: per batch size, the
+* ``guard`` — the load-aware policy behind :class:`policies.rules.SpeculationGuard`: per batch size, the
   measured tokens/s of the policy's speculating steps against steps without speculation, plain decoding where
   speculation measures slower (probed now and then). One guard serves every level in order, learning as it serves
   (nothing is warmed on the training prompts);
@@ -528,7 +528,7 @@ def _run(args) -> int:
             if "policy" in s.methods:
                 methods.append(ServeMethod(LEARNED, policy, policy.max_depth))
             if "guard" in s.methods:
-                from policies.controllers import SpeculationGuard
+                from policies.rules import SpeculationGuard
 
                 guard = SpeculationGuard(policy)
                 methods.append(ServeMethod(GUARDED, guard, policy.max_depth))
@@ -606,15 +606,16 @@ def sim_vs_real(report: dict, traces_path: str, profile, s, args, policy, table,
     speculation, the best fixed γ, the per-batch-size table, and a load-aware learned policy."""
     from envs.serve import ReplayServePolicy
     from learn2draft.budget import BatchSizeTable
-    from learn2draft.replay.serve import FixedGamma, Load, NoSpeculation, simulate
+    from learn2draft.control import FixedDepthController
+    from learn2draft.replay.serve import Load, simulate
     from learn2draft.replay.traces import load_traces
     from policies.controllers import LoadAwarePolicy
 
     traces = load_traces(traces_path)
     roles = report["roles"]
-    pols = {roles.get("no_spec"): NoSpeculation()}
+    pols = {roles.get("no_spec"): FixedDepthController(0)}
     if roles.get("fixed") and best_gamma is not None:
-        pols[roles["fixed"]] = FixedGamma(int(best_gamma))
+        pols[roles["fixed"]] = FixedDepthController(int(best_gamma))
     if roles.get("table") and table:
         pols[roles["table"]] = BatchSizeTable(table)
     if roles.get("learned") and isinstance(policy, LoadAwarePolicy):

@@ -108,7 +108,7 @@ class BatchSizeTable(DraftController):
     :class:`learn2draft.state.LoadState`; the row then drafts the γ of the range holding ``load.batch_size``
     (a batch larger than the last range's end uses the last range's γ). Before any load is seen, γ is batch size
     1's. The depth drafted so far is read from the ``depth`` feature (depth / max_depth, as the rules of
-    :mod:`policies.controllers` read it), so build the decoder with ``max_depth`` = this controller's.
+    :mod:`policies.rules` read it), so build the decoder with ``max_depth`` = this controller's.
 
     Args:
         table: see :func:`parse_batch_size_table` (vLLM's ``[[start_bs, end_bs, K], …]`` or a mapping).

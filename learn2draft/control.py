@@ -19,6 +19,7 @@ The gymnasium environments (:mod:`envs`) use the same two actions (``Discrete(2)
 
 from __future__ import annotations
 
+import numbers
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -140,7 +141,7 @@ def warn_precision_mismatch(controller: Any, dtype: Any, stacklevel: int = 3) ->
     (a ``torch.dtype`` or its name), once per policy and precision.
 
     The per-row controllers of a step policy (:class:`policies.controllers.LoadAwarePolicy`, and those of a
-    :class:`policies.controllers.SpeculationGuard`, whose ``step_policy`` is the policy it guards) name it as their
+    :class:`policies.rules.SpeculationGuard`, whose ``step_policy`` is the policy it guards) name it as their
     ``step_policy``; the chain is followed to the policy that was trained, which the message names and the warning
     is counted on, so a stream of requests warns once, not once per request, and a guarded policy run beside itself
     once. Called by :meth:`learn2draft.decoding.SpeculativeDecoder.generate` and by the batched decoder's ``add`` and
@@ -164,19 +165,30 @@ def warn_precision_mismatch(controller: Any, dtype: Any, stacklevel: int = 3) ->
 
 
 class FixedDepthController(DraftController):
-    """Always draft γ = ``num_draft_tokens`` tokens (γ = 0 is autoregressive decoding).
+    """Always draft γ = ``num_draft_tokens`` tokens (γ = 0 is autoregressive decoding: no speculation).
+
+    The one fixed-γ class, for the real loop and the replay alike: a :class:`DraftController` of the decoders (the
+    cycle stops at ``max_depth`` = γ, or earlier where the drafter has no proposal), and, called as
+    ``controller(load, rows)``, a policy of the request-stream replay (:data:`learn2draft.replay.serve.Policy`) that
+    gives every running row γ (the simulator caps each row at what it can draft).
 
     Raises:
-        ValueError: ``num_draft_tokens`` is not an integer ≥ 0.
+        ValueError: ``num_draft_tokens`` is not an integer ≥ 0 (a Python or numpy integer, not a bool).
     """
 
     def __init__(self, num_draft_tokens: int):
-        if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 0:
+        if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, numbers.Integral) \
+                or num_draft_tokens < 0:
             raise ValueError(f"num_draft_tokens must be an integer ≥ 0, got {num_draft_tokens!r}.")
         self.num_draft_tokens = self.max_depth = int(num_draft_tokens)
 
     def continue_drafting(self, features: np.ndarray) -> bool:
         return True  # the decoder stops at max_depth
+
+    def __call__(self, load: Any, rows: Any) -> np.ndarray:
+        """The replay simulator's face (:data:`learn2draft.replay.serve.Policy`): γ for each of the ``load.running``
+        rows (a :class:`learn2draft.replay.serve.LoadFeatures`; ``rows`` is not read); int64 (B,)."""
+        return np.full(int(load.running), self.num_draft_tokens, dtype=np.int64)
 
     def __repr__(self) -> str:
         return f"FixedDepthController(num_draft_tokens={self.num_draft_tokens})"

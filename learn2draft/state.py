@@ -7,7 +7,7 @@ decision (chain or tree); the observation vectors a policy reads are built from 
 verification-size decision). The raw values stay available as integers and floats
 (``state.depth``, ``state.tree_nodes``, ``state.entropies``) for code that holds the decoder, and
 ``max_depth`` is the declared scale of the depth features. The controller protocol itself still
-passes the float32 vectors (what an exported ONNX policy reads); the rules of :mod:`policies.controllers`
+passes the float32 vectors (what an exported ONNX policy reads); the rules of :mod:`policies.rules`
 round the depth back from them exactly (depth / max_depth with their own ``max_depth``).
 
 Every field is known before the decision it informs (no drafted token's value is read before it
@@ -110,7 +110,7 @@ class LoadState:
         last_step_batch, last_step_tokens, last_step_seconds: the previous batched step's rows, the tokens all its
             rows committed and its wall-clock seconds (drafting + the one forward + acceptance; a join's prefill is
             not in it); 0 before the first step. What an online check of measured tokens/s reads
-            (:class:`policies.controllers.SpeculationGuard`).
+            (:class:`policies.rules.SpeculationGuard`).
     """
 
     batch_size: int

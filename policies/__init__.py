@@ -1,5 +1,6 @@
-"""What decides the draft depth: policy-driven controllers, baselines, ONNX export and loading,
-and the adapters for the engines users run (:mod:`policies.hf`, :mod:`policies.vllm`).
+"""What decides the draft depth: policy-driven controllers (:mod:`policies.controllers`), the hand rules
+(:mod:`policies.rules`), ONNX export and loading, and the adapters for the engines users run (:mod:`policies.hf`,
+:mod:`policies.vllm`).
 
 Exports load on first use (PEP 562): importing :mod:`policies` — e.g. for ``python -m
 policies.check``, which needs only numpy and onnxruntime — pulls in neither torch,
@@ -11,8 +12,8 @@ onnxruntime and the engine alone.
 from learn2draft._lazy import lazy_exports
 
 _EXPORTS = {
-    "policies.controllers": ("CONTINUE", "STOP", "ConfidenceThresholdController", "MatchLengthController",
-                             "LoadAwarePolicy", "OnnxController", "PolicyController", "SB3Controller", "SpeculationGuard"),
+    "policies.controllers": ("CONTINUE", "STOP", "LoadAwarePolicy", "OnnxController", "PolicyController", "SB3Controller"),
+    "policies.rules": ("ConfidenceThresholdController", "MatchLengthController", "SpeculationGuard"),
     "policies.load": ("load_policy", "load_serve_policy", "load_tree_policy"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}

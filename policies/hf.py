@@ -74,7 +74,8 @@ from transformers.generation.candidate_generator import AssistedCandidateGenerat
 
 from learn2draft.decoding import DraftController
 from learn2draft.features import build_features
-from policies.controllers import CONTINUE, STOP, MatchLengthController
+from policies.controllers import CONTINUE, STOP
+from policies.rules import MatchLengthController
 
 #: The transformers versions this hook is tested with: ``>= first, < second``.
 TESTED_TRANSFORMERS = ("5.24", "6")

@@ -77,7 +77,7 @@ SGLANG_SOURCE = (
 CONFIG_KEY = "learn2draft"
 #: Environment variable naming a policy folder (used when the config file names none, or there is no config file).
 ENV_POLICY = "LEARN2DRAFT_SGLANG_POLICY"
-#: Environment variable: "1" puts :class:`policies.controllers.SpeculationGuard` in front of the policy.
+#: Environment variable: "1" puts :class:`policies.rules.SpeculationGuard` in front of the policy.
 ENV_GUARD = "LEARN2DRAFT_SGLANG_GUARD"
 
 #: SGLang's default candidate step counts per batch-size slot (``DEFAULT_ADAPTIVE_CONFIG`` of
@@ -235,7 +235,7 @@ class _MemoProfile:
 class LearnedAdaptiveSpecPolicy:
     """SGLang's ``AdaptiveSpecPolicy`` (``speculative/adaptive_runtime_state.py``, SGLang 0.5.22 / 0.5.23) driven by a
     load-aware learn2draft policy (:class:`policies.controllers.LoadAwarePolicy`), optionally behind
-    :class:`policies.controllers.SpeculationGuard`.
+    :class:`policies.rules.SpeculationGuard`.
 
     One decision per new (batch size, verify result): ``get_steps_for_batch(B)`` (SGLang calls it before every decode
     step with ``batch.seq_lens.shape[0]``) and ``on_verify_complete`` (after every verify) ask the same cached
@@ -296,7 +296,7 @@ class LearnedAdaptiveSpecPolicy:
                 raise ValueError(f"The speed guard measures wall-clock time, which differs between the {ranks} ranks "
                                  "of this SGLang run, and every rank must choose the same step count: run the "
                                  "learned policy without the guard (tensor/pipeline parallel), or on one GPU.")
-            from policies.controllers import SpeculationGuard
+            from policies.rules import SpeculationGuard
 
             self.step_policy = SpeculationGuard(self.policy)
         self._table = table

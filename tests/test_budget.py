@@ -172,3 +172,18 @@ def test_a_profile_prices_the_step_padded_to_the_longest_draft():
     assert profile_step_cost(prof, "lookup", 4, drafted_before=False)(load, 1) == pytest.approx(0.002 + 0.04)
     with pytest.raises(ValueError, match="needs the step's cost"):
         AdaptiveVerification(2)([np.zeros(1)], load)
+
+
+def test_policies_rules_holds_every_hand_rule_and_re_exports_the_engines_load_rules():
+    """policies.rules is the one place to find the hand rules (issue 41); the load rules the engine's replay runs
+    stay defined in learn2draft.budget (the engine imports nothing from policies) and are the same objects there."""
+    import learn2draft.budget as budget
+    import policies.rules as rules
+
+    for name in ("AdaptiveVerification", "BatchSizeTable", "OnlineAcceptanceEstimator", "choose_budget",
+                 "profile_step_cost"):
+        assert getattr(rules, name) is getattr(budget, name)
+    for name in ("ConfidenceThresholdController", "MatchLengthController", "SingleSourceController",
+                 "LookupFirstController", "SuffixScoreController", "SpeculationGuard"):
+        assert getattr(rules, name).__module__ == "policies.rules"
+        assert name in rules.__all__

@@ -16,7 +16,7 @@ from learn2draft.features import FEATURE_NAMES
 from learn2draft.models import make_pair
 from learn2draft.prompts import load_prompt_file, load_prompts
 from learn2draft.sampling import SamplingConfig
-from policies.controllers import MatchLengthController
+from policies.rules import MatchLengthController
 
 MATCH_LEN = FEATURE_NAMES.index("match_len")
 MATCH_COUNT = FEATURE_NAMES.index("match_count")

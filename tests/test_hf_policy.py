@@ -13,9 +13,10 @@ import torch
 
 from learn2draft.decoding import DraftController
 from learn2draft.features import FEATURE_NAMES, build_features, feature_spec
-from policies.controllers import CONTINUE, STOP, ConfidenceThresholdController, MatchLengthController, OnnxController
+from policies.controllers import CONTINUE, STOP, OnnxController
 from policies.hf import UnsupportedTransformersError, check_transformers_version, remove_policy, use_policy
 from policies.layout import DEFAULT_POLICIES_DIR
+from policies.rules import ConfidenceThresholdController, MatchLengthController
 
 PROMPTS = ["Write a haiku about the sea.", "List three uses of a paperclip.", "What is a prime number?"]
 NEW = 24

@@ -19,7 +19,7 @@ from learn2draft.drafters.hybrid import HybridDrafter
 from learn2draft.features import FEATURE_NAMES, HYBRID_FEATURE_NAMES
 from learn2draft.models import make_pair
 from learn2draft.sampling import SamplingConfig
-from policies.controllers import LookupFirstController, SuffixScoreController
+from policies.rules import LookupFirstController, SuffixScoreController
 
 GREEDY = SamplingConfig(temperature=0.0)
 # A prompt that repeats itself, so prompt lookup has matches (and runs out of them) along the way.

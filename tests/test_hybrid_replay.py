@@ -21,7 +21,7 @@ from learn2draft.models import make_pair
 from learn2draft.replay.hybrid import hybrid_oracle_seconds
 from learn2draft.sampling import SamplingConfig
 from learn2draft.traces import record_traces
-from policies.controllers import LookupFirstController, SuffixScoreController
+from policies.rules import LookupFirstController, SuffixScoreController
 
 N, D = 16, 4
 PROMPTS_REPEATING = PROMPTS + ["w20 w21 w22 w20 w21 w22 w20 w21"]

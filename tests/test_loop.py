@@ -301,7 +301,7 @@ def test_cycle_records_the_action_it_executed(tiny_pair):
 @pytest.mark.slow
 def test_real_greedy_lookup_equals_autoregressive(default_pair, real_greedy):
     from learn2draft.drafters import LookupDrafter
-    from policies.controllers import MatchLengthController
+    from policies.rules import MatchLengthController
 
     for ctrl in (FixedDepthController(4), MatchLengthController(8)):
         dec = SpeculativeDecoder(default_pair, GREEDY, max_new_tokens=48, max_depth=ctrl.max_depth,

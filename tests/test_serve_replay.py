@@ -17,9 +17,8 @@ from learn2draft import FixedDepthController
 from learn2draft.budget import BatchSizeTable
 from learn2draft.replay.latency import DrafterCost, LatencyProfile, load_profile
 from learn2draft.replay.serve import (
-    FixedGamma,
     Load,
-    NoSpeculation,
+    LoadFeatures,
     ReplayAdaptiveVerification,
     ServeSimulator,
     compare_baselines,
@@ -129,7 +128,7 @@ def test_a_profile_without_the_batch_axis_loads_and_refuses_batches_naming_file_
             call()
         assert str(path) in str(e.value) and "--batch-sizes 1,2,4,8,16" in str(e.value)
     # Concurrency 1 needs no batch axis.
-    assert simulate(synthetic_traces(2), old, FixedGamma(2), Load(concurrency=1), 2)["tokens"] == 2 * N
+    assert simulate(synthetic_traces(2), old, FixedDepthController(2), Load(concurrency=1), 2)["tokens"] == 2 * N
     for name in ("cpu-2core", "gpu-like"):  # the shipped profiles (without the axis) still load
         assert not load_profile(name).has_batch_axis
 
@@ -220,7 +219,7 @@ def test_the_batched_loops_overheads_enter_every_batched_cost(tmp_path):
     assert again.prefill == pre.prefill
     assert again.prefill_seconds(48) == pytest.approx(0.07) and again.prefill_seconds(96) == pytest.approx(0.13)
     assert again.prefill_seconds(3) == pytest.approx(0.02)
-    one = simulate(synthetic_traces(2), again, FixedGamma(0), Load(concurrency=1), 2)
+    one = simulate(synthetic_traces(2), again, FixedDepthController(0), Load(concurrency=1), 2)
     assert one["prefill_seconds"] == pytest.approx(sum(again.prefill_seconds(p.prompt_len)
                                                        for p in synthetic_traces(2).prompts))
     pre.prefill = {"tokens": [8, 4], "seconds": [0.1, 0.2]}
@@ -235,8 +234,8 @@ def test_the_batched_loops_overheads_enter_every_batched_cost(tmp_path):
     # The simulator charges them: the same stream costs more by exactly the overheads of its steps and joins.
     tr = synthetic_traces(4)
     steps_plain, steps_over = [], []
-    r0 = simulate(tr, plain, FixedGamma(3), Load(concurrency=4), 8, steps=steps_plain)
-    r1 = simulate(tr, back, FixedGamma(3), Load(concurrency=4), 8, steps=steps_over)
+    r0 = simulate(tr, plain, FixedDepthController(3), Load(concurrency=4), 8, steps=steps_plain)
+    r1 = simulate(tr, back, FixedDepthController(3), Load(concurrency=4), 8, steps=steps_over)
     assert [s.taus.tolist() for s in steps_plain] == [s.taus.tolist() for s in steps_over]
     extra_steps = sum(back.batch_overhead("model", s.batch, int(s.depths.max())) for s in steps_plain if s.batch > 1)
     assert r1["step_seconds"] - r0["step_seconds"] == pytest.approx(extra_steps, rel=1e-9)
@@ -280,30 +279,45 @@ def test_concurrency_one_equals_the_single_sequence_chain_replay(recorded, gamma
     assert len(env._usable) == len(recorded.prompts)  # every generation runs past its first token
     ref = replay_controller(env, FixedDepthController(gamma))
     steps = []
-    rep = simulate(recorded, prof, FixedGamma(gamma), Load(concurrency=1), len(recorded.prompts),
+    rep = simulate(recorded, prof, FixedDepthController(gamma), Load(concurrency=1), len(recorded.prompts),
                    charge_prefill=False, steps=steps)
     assert rep["tokens"] == ref["tokens"]
     assert rep["tokens_per_s"] == pytest.approx(ref["tokens_per_s"], rel=1e-6, abs=0)
     assert len(steps) == ref["cycles"] and rep["mean_tau"] == pytest.approx(ref["mean_accepted"], abs=1e-12)
     assert all(s.batch == 1 for s in steps)
     # With prefills charged the stream is slower by exactly the prompts' prefill seconds.
-    full = simulate(recorded, prof, FixedGamma(gamma), Load(concurrency=1), len(recorded.prompts))
+    full = simulate(recorded, prof, FixedDepthController(gamma), Load(concurrency=1), len(recorded.prompts))
     pre = sum(float(prof.verify(p.prompt_len, 0.0, extrapolate=True)) for p in recorded.prompts)
     assert full["seconds"] == pytest.approx(ref["seconds"] + pre, rel=1e-9)
 
 
 def test_no_speculation_accepts_nothing_and_emits_one_token_per_row():
     steps = []
-    rep = simulate(synthetic_traces(), batched_profile(), NoSpeculation(), Load(concurrency=4), 12, steps=steps)
+    rep = simulate(synthetic_traces(), batched_profile(), FixedDepthController(0), Load(concurrency=4), 12, steps=steps)
     assert rep["mean_tau"] == 0 and rep["mean_depth"] == 0
     for s in steps:
         assert np.all(s.depths == 0) and np.all(s.taus == 0) and np.all(s.emitted == 1) and s.draft_seconds == 0
     assert rep["tokens"] == 12 * N and rep["requests"] == 12
 
 
+def test_one_fixed_gamma_class_serves_the_real_loop_and_the_replay():
+    """FixedDepthController (the real loop's fixed γ) is the replay's fixed-γ policy too (issue 41: one fixed-γ
+    class): called with the load, it gives every running row γ as int64 (B,); numpy integers are taken, bools,
+    negatives and non-integers refused."""
+    load = LoadFeatures(running=3, waiting=1, tokens_in_flight=30, mean_context=10.0, max_context=12, max_batch=4,
+                        max_depth=D, step=0, time=0.0)
+    got = FixedDepthController(np.int64(2))(load, None)
+    assert got.dtype == np.int64 and got.tolist() == [2, 2, 2]
+    assert FixedDepthController(0)(load, None).tolist() == [0, 0, 0]
+    assert FixedDepthController(np.int64(2)).max_depth == 2
+    for bad in (-1, True, 1.5, "2"):
+        with pytest.raises(ValueError, match="num_draft_tokens must be an integer"):
+            FixedDepthController(bad)
+
+
 def test_aggregate_throughput_rises_with_concurrency_when_verification_is_flat_in_batch():
     flat = batched_profile(verify=lambda B, n, c: 0.010 + 0.001 * (n - 1), draft=lambda B: 0.002)
-    reps = sweep(synthetic_traces(), flat, FixedGamma(2), [1, 2, 4, 8], 16)
+    reps = sweep(synthetic_traces(), flat, FixedDepthController(2), [1, 2, 4, 8], 16)
     rates = [r["tokens_per_s"] for r in reps]
     assert all(b > 1.3 * a for a, b in zip(rates, rates[1:])), rates
     assert [r["load"] for r in reps] == ["c=1", "c=2", "c=4", "c=8"]
@@ -315,13 +329,13 @@ def test_aggregate_throughput_rises_with_concurrency_when_verification_is_flat_i
 
 def test_poisson_arrivals_are_reproducible_for_a_seed():
     tr, prof = synthetic_traces(), batched_profile()
-    a = simulate(tr, prof, FixedGamma(2), Load(rate=40.0), 20, seed=7)
-    b = simulate(tr, prof, FixedGamma(2), Load(rate=40.0), 20, seed=7)
-    c = simulate(tr, prof, FixedGamma(2), Load(rate=40.0), 20, seed=8)
+    a = simulate(tr, prof, FixedDepthController(2), Load(rate=40.0), 20, seed=7)
+    b = simulate(tr, prof, FixedDepthController(2), Load(rate=40.0), 20, seed=7)
+    c = simulate(tr, prof, FixedDepthController(2), Load(rate=40.0), 20, seed=8)
     assert a == b and a["seconds"] != c["seconds"]
     assert a["load"] == "λ=40/s" and a["requests"] == 20 and a["tokens"] == 20 * N
     # A rate far below the service rate leaves requests alone: TTFT is one prefill, batches stay near 1.
-    slow = simulate(tr, prof, FixedGamma(2), Load(rate=0.1), 6, seed=1)
+    slow = simulate(tr, prof, FixedDepthController(2), Load(rate=0.1), 6, seed=1)
     assert slow["mean_batch"] == pytest.approx(1.0) and slow["ttft_s"]["p99"] < 0.05
 
 
@@ -433,7 +447,7 @@ def test_env_rewards_are_the_steps_aggregate_rate_over_the_plain_decoding_scale(
     env = ServeReplayEnv(tr, prof, loads=[4], num_requests=8, reward="rate")
     with pytest.raises(ValueError, match="episode must be"):
         ServeReplayEnv(tr, prof, loads=[4], episode="generation")
-    ar = simulate(tr, prof, NoSpeculation(), Load(concurrency=1), len(tr.prompts), charge_prefill=False)
+    ar = simulate(tr, prof, FixedDepthController(0), Load(concurrency=1), len(tr.prompts), charge_prefill=False)
     assert env.reward_scale == pytest.approx(ar["tokens_per_s"])
     env.reset(seed=1)
     _, r, _, _, info = env.step(0)
@@ -467,12 +481,12 @@ def info_ctx(env) -> float:
 
 def test_compare_baselines_runs_every_method_on_the_same_loads():
     tr = synthetic_traces()
-    out = compare_baselines(tr, steep_profile(), [1, 8], 8, gammas=[0, 1, 2, 4], policies={"γ=1": FixedGamma(1)})
+    out = compare_baselines(tr, steep_profile(), [1, 8], 8, gammas=[0, 1, 2, 4], policies={"γ=1": FixedDepthController(1)})
     assert out["loads"] == ["c=1", "c=8"] and set(out["fixed"]) == {0, 1, 2, 4}
     names = list(out["methods"])
     assert names == ["no speculation", f"best fixed γ={out['best_gamma']}", "per-batch-size table",
                      "adaptive verification", "γ=1"]
-    assert out["methods"]["γ=1"] == [simulate(tr, steep_profile(), FixedGamma(1), x, n) for x, n in ((1, 8), (8, 32))]
+    assert out["methods"]["γ=1"] == [simulate(tr, steep_profile(), FixedDepthController(1), x, n) for x, n in ((1, 8), (8, 32))]
     nospec = [r["tokens_per_s"] for r in out["methods"]["no speculation"]]
     table = [r["tokens_per_s"] for r in out["methods"]["per-batch-size table"]]
     assert table[0] > nospec[0] and table[1] >= nospec[1] * (1 - 1e-9)  # speculates at c = 1, not at c = 8
@@ -496,7 +510,7 @@ def test_a_load_aware_policy_trains_in_seconds_and_never_loses_to_plain_decoding
     for k, c in enumerate((1, 2, 8)):
         rep = run_stream(env, lambda o: model.predict(o, deterministic=True)[0], seed=1, load_index=k)
         seed = env.sim.seed
-        fixed = [simulate(tr, prof, FixedGamma(g), Load(concurrency=c), 8, max_batch=8, seed=seed)["tokens_per_s"]
+        fixed = [simulate(tr, prof, FixedDepthController(g), Load(concurrency=c), 8, max_batch=8, seed=seed)["tokens_per_s"]
                  for g in range(D + 1)]
         assert rep["tokens_per_s"] >= fixed[0] * (1 - 1e-9), (c, rep["actions"], fixed)
         assert rep["tokens_per_s"] >= 0.95 * max(fixed), (c, rep["actions"], fixed)
@@ -513,8 +527,8 @@ def test_a_closed_loop_serves_enough_requests_to_keep_its_batch_full():
     # one wave (N ≤ c) never fills a batch of c; with 4 × c requests the batch runs full for most steps
     tr, prof = synthetic_traces(), steep_profile()
     steps: list = []
-    simulate(tr, prof, NoSpeculation(), Load(concurrency=8), requests_for(8, 4), steps=steps, max_batch=8)
+    simulate(tr, prof, FixedDepthController(0), Load(concurrency=8), requests_for(8, 4), steps=steps, max_batch=8)
     full = sum(1 for s in steps if s.batch == 8)
     assert full / len(steps) > 0.5
-    reps = sweep(tr, prof, NoSpeculation(), [1, 8], 4)
+    reps = sweep(tr, prof, FixedDepthController(0), [1, 8], 4)
     assert [r["requests"] for r in reps] == [4, 32]

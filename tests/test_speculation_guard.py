@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from learn2draft.state import LoadState
-from policies.controllers import SpeculationGuard
+from policies.rules import SpeculationGuard
 
 
 class FixedStepPolicy:
@@ -194,7 +194,7 @@ def test_a_step_policy_trained_in_another_precision_warns_once_per_stream_in_the
             self.trained_dtype = trained_dtype
 
         def controller(self):
-            from policies.controllers import _StepGammaController
+            from policies.rules import _StepGammaController
 
             return _StepGammaController(self)
 

@@ -5,7 +5,7 @@ matches, else EAGLE), ArcticInference (the suffix draft when its score, an estim
 model drafter's k), llama.cpp's fixed priority. Here the controller chooses, before each draft token, STOP or
 CONTINUE with one of the two sources (:data:`learn2draft.control.CONTINUE_LOOKUP`,
 :data:`learn2draft.control.CONTINUE_NEURAL`), so a policy can learn the source jointly with the depth from a
-wall-clock reward; the rules are controllers too (:mod:`policies.controllers`).
+wall-clock reward; the rules are controllers too (:mod:`policies.rules`).
 
 The law: the source of token j is chosen from what is known before token j is drawn (the tokens drafted so far,
 the lookup's match statistics, the target's view of the last committed token), and token j carries the q it was

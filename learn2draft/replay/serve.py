@@ -45,12 +45,12 @@ latency), TTFT (arrival → first token), inter-token latency (per request of n 
 request latency (arrival → last token), each as mean, p50 / p90 / p99 over requests; mean τ and mean depth over
 row-cycles, mean batch size over steps.
 
-Baselines (policies): :class:`NoSpeculation` (γ = 0), :class:`FixedGamma`, :class:`learn2draft.budget.BatchSizeTable`
-(a γ per range of batch sizes, vLLM's ``num_speculative_tokens_per_batch_size``) with :func:`tune_batch_size_table`
-(the best γ per batch size by grid in this replay), and :class:`ReplayAdaptiveVerification` (vLLM's
-adaptive-verification rule, :class:`learn2draft.budget.AdaptiveVerification`: per-slot survival from an online
-per-position logistic on the draft's top-2 margin, the global top-B slots);
-:func:`compare_baselines` runs them all over a set of loads.
+Baselines (policies): :class:`learn2draft.control.FixedDepthController` (a fixed γ; γ = 0: no speculation; the
+real loop's fixed-γ controller, called as a policy), :class:`learn2draft.budget.BatchSizeTable` (a γ per range of
+batch sizes, vLLM's ``num_speculative_tokens_per_batch_size``) with :func:`tune_batch_size_table` (the best γ per
+batch size by grid in this replay), and :class:`ReplayAdaptiveVerification` (vLLM's adaptive-verification rule,
+:class:`learn2draft.budget.AdaptiveVerification`: per-slot survival from an online per-position logistic on the
+draft's top-2 margin, the global top-B slots); :func:`compare_baselines` runs them all over a set of loads.
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from learn2draft.budget import BatchSizeTable
+from learn2draft.control import FixedDepthController
 from learn2draft.replay.latency import LatencyProfile
 from learn2draft.replay.outcome import ChainReplay, chain_replay
 from learn2draft.replay.traces import TraceSet
@@ -568,35 +569,6 @@ def sweep(traces: TraceSet, profile: LatencyProfile, policy: Policy, loads: Sequ
 
 
 # --------------------------------------------------------------------------- baseline policies
-class NoSpeculation:
-    """Plain decoding: depth 0 for every row (each step emits one token per row)."""
-
-    def __call__(self, load: LoadFeatures, rows: RowFeatures) -> np.ndarray:
-        return np.zeros(load.running, dtype=np.int64)
-
-    def __repr__(self) -> str:
-        return "NoSpeculation()"
-
-
-class FixedGamma:
-    """A fixed γ for every row at every load (capped per row at what it can draft).
-
-    Raises:
-        ValueError: γ not an integer ≥ 0.
-    """
-
-    def __init__(self, gamma: int):
-        if not (isinstance(gamma, numbers.Integral) and gamma >= 0):
-            raise ValueError(f"γ must be an integer ≥ 0, got {gamma!r}.")
-        self.gamma = int(gamma)
-
-    def __call__(self, load: LoadFeatures, rows: RowFeatures) -> np.ndarray:
-        return np.full(load.running, self.gamma, dtype=np.int64)
-
-    def __repr__(self) -> str:
-        return f"FixedGamma({self.gamma})"
-
-
 def tune_batch_size_table(traces: TraceSet, profile: LatencyProfile, batch_sizes: Sequence[int],
                           gammas: Sequence[int] | None = None, num_requests: int | None = None,
                           max_batch: int | None = None, requests_per_slot: int = REQUESTS_PER_SLOT,
@@ -627,7 +599,7 @@ def tune_batch_size_table(traces: TraceSet, profile: LatencyProfile, batch_sizes
     table = []
     for k, b in enumerate(bs):
         n = requests_for(b, num_requests or len(traces.prompts), requests_per_slot)
-        rates[b] = {g: simulate(traces, profile, FixedGamma(g), Load(concurrency=b), n, max_batch=b,
+        rates[b] = {g: simulate(traces, profile, FixedDepthController(g), Load(concurrency=b), n, max_batch=b,
                                 **kwargs)["tokens_per_s"] for g in grid}
         best = max(grid, key=lambda g: (rates[b][g], -g))
         table.append((1 if k == 0 else b, bs[k + 1] - 1 if k + 1 < len(bs) else top, best))
@@ -698,9 +670,9 @@ def compare_baselines(traces: TraceSet, profile: LatencyProfile, loads: Sequence
                       **kwargs) -> dict:
     """Every baseline of issue 17 at every load, on the same requests and seeds (``kwargs`` as :func:`simulate`):
 
-    * ``no speculation`` — :class:`NoSpeculation`;
-    * ``best fixed γ`` — the :class:`FixedGamma` of ``gammas`` (default 0..max_depth) with the highest geometric mean
-      of aggregate tokens/s over ``loads``;
+    * ``no speculation`` — :class:`~learn2draft.control.FixedDepthController` (0);
+    * ``best fixed γ`` — the :class:`~learn2draft.control.FixedDepthController` of ``gammas`` (default 0..max_depth)
+      with the highest geometric mean of aggregate tokens/s over ``loads``;
     * ``per-batch-size table`` — :func:`tune_batch_size_table` at ``table_batch_sizes`` (default: the concurrencies
       of ``loads``, else 1, 2, 4, 8, 16 up to the profile's largest batch size);
     * ``adaptive verification`` — :class:`ReplayAdaptiveVerification` (vLLM's defaults: refits every 100 steps, 3 warm-up
@@ -723,7 +695,7 @@ def compare_baselines(traces: TraceSet, profile: LatencyProfile, loads: Sequence
     D = traces.max_depth if kwargs.get("max_depth") is None else int(kwargs["max_depth"])
     grid = list(range(D + 1)) if gammas is None else sorted({int(g) for g in gammas})
     kw = dict(kwargs, requests_per_slot=requests_per_slot)
-    fixed = {g: sweep(traces, profile, FixedGamma(g), loads, num_requests, **kw) for g in grid}
+    fixed = {g: sweep(traces, profile, FixedDepthController(g), loads, num_requests, **kw) for g in grid}
     rates = {g: [r["tokens_per_s"] for r in reps] for g, reps in fixed.items()}
     best = max(grid, key=lambda g: (float(np.exp(np.mean(np.log(np.maximum(rates[g], 1e-300))))), -g))
     if table_batch_sizes is None:
@@ -731,7 +703,7 @@ def compare_baselines(traces: TraceSet, profile: LatencyProfile, loads: Sequence
             b for b in (1, 2, 4, 8, 16) if b <= profile.max_batch_size]
     tune_kw = {k: v for k, v in kw.items() if k != "max_batch"}
     table, _ = tune_batch_size_table(traces, profile, table_batch_sizes, grid, num_requests, **tune_kw)
-    methods = {"no speculation": fixed[0] if 0 in fixed else sweep(traces, profile, NoSpeculation(), loads,
+    methods = {"no speculation": fixed[0] if 0 in fixed else sweep(traces, profile, FixedDepthController(0), loads,
                                                                     num_requests, **kw),
                f"best fixed γ={best}": fixed[best],
                "per-batch-size table": sweep(traces, profile, table, loads, num_requests, **kw),
@@ -742,6 +714,6 @@ def compare_baselines(traces: TraceSet, profile: LatencyProfile, loads: Sequence
             "table": table.to_vllm()}
 
 
-__all__ = ["BATCH_CONTEXTS", "ReplayAdaptiveVerification", "FixedGamma", "Load", "LoadFeatures",
-           "NoSpeculation", "Policy", "REQUESTS_PER_SLOT", "RowFeatures", "ServeSimulator", "StepResult", "as_load", "compare_baselines", "requests_for", "simulate",
+__all__ = ["BATCH_CONTEXTS", "ReplayAdaptiveVerification", "Load", "LoadFeatures",
+           "Policy", "REQUESTS_PER_SLOT", "RowFeatures", "ServeSimulator", "StepResult", "as_load", "compare_baselines", "requests_for", "simulate",
            "sweep", "tune_batch_size_table"]

@@ -1,0 +1,457 @@
+"""The hand rules: every hand-written decision rule of this project in one place (issue 41), beside the learned
+policies of :mod:`policies.controllers`.
+
+Per cycle (a :class:`learn2draft.control.DraftController` each: before each draft step it reads the float32
+feature vector of :func:`learn2draft.features.build_features`, shape ``(len(FEATURE_NAMES),)``, and answers
+``0`` = STOP or ``1`` = CONTINUE; the hybrid rules answer ``CONTINUE_LOOKUP`` (1) or ``CONTINUE_NEURAL`` (2)):
+
+* :class:`ConfidenceThresholdController` — draft while the draft's confidence in its last token stays high
+  (Hugging Face assisted generation's ``assistant_confidence_threshold``);
+* :class:`MatchLengthController` — for prompt lookup: draft as many tokens as the n-gram match is long
+  (SuffixDecoding);
+* the hybrid drafter's rules (:class:`learn2draft.drafters.hybrid.HybridDrafter`): :class:`SingleSourceController`
+  (one source at a fixed γ), :class:`LookupFirstController` (vLLM's ngram-eagle) and :class:`SuffixScoreController`
+  (ArcticInference).
+
+Per batched step (one γ or one verification budget for the rows of a step, read from the step's
+:class:`learn2draft.state.LoadState`):
+
+* :class:`SpeculationGuard` — a step policy behind an online check of measured tokens/s per batch size;
+* :class:`BatchSizeTable` (vLLM's ``num_speculative_tokens_per_batch_size``) and :class:`AdaptiveVerification`
+  (vLLM's adaptive verification, with :class:`OnlineAcceptanceEstimator`, :func:`choose_budget` and
+  :func:`profile_step_cost`) are defined in :mod:`learn2draft.budget` and only re-exported here, so that every
+  rule is found in one place: the engine's request-stream replay runs them (:mod:`learn2draft.replay.serve`: its
+  baselines, :func:`~learn2draft.replay.serve.tune_batch_size_table`,
+  :class:`~learn2draft.replay.serve.ReplayAdaptiveVerification`), and the engine imports nothing from
+  :mod:`policies` (``tests/test_layering.py``). ``from policies.rules import BatchSizeTable`` and
+  ``from learn2draft.budget import BatchSizeTable`` give the same class.
+
+The one fixed-γ controller, :class:`learn2draft.control.FixedDepthController` (γ = 0: no speculation), serves the
+real loop and the replay alike and stays in the engine with the protocol.
+
+Every rule decides from the features, the load and measured past steps, before the next token is drawn: the output
+law is unchanged whatever it decides. Importing this module imports neither stable-baselines3 nor onnxruntime.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from learn2draft.budget import (
+    AdaptiveVerification,
+    BatchSizeTable,
+    OnlineAcceptanceEstimator,
+    choose_budget,
+    profile_step_cost,
+)
+from learn2draft.control import CONTINUE_LOOKUP, CONTINUE_NEURAL, STOP, DraftController
+from learn2draft.drafters.lookup import MATCH_LEN_SCALE
+from learn2draft.features import FEATURE_NAMES, HYBRID_FEATURE_NAMES
+from learn2draft.names import DEFAULT_MAX_DEPTH
+
+_LAST_CONFIDENCE = FEATURE_NAMES.index("last_confidence")
+_DEPTH = FEATURE_NAMES.index("depth")
+_MATCH_LEN = FEATURE_NAMES.index("match_len")
+_LOOKUP_AVAILABLE = len(FEATURE_NAMES) + HYBRID_FEATURE_NAMES.index("lookup_available")
+_LOOKUP_SCORE = len(FEATURE_NAMES) + HYBRID_FEATURE_NAMES.index("lookup_score")
+
+
+# --------------------------------------------------------------------------------------------- per cycle
+class ConfidenceThresholdController(DraftController):
+    """Heuristic baseline: keep drafting while the draft's confidence in its last token is high.
+
+    Draft at least ``min_depth`` tokens; after that, STOP as soon as the last drafted token's
+    max draft probability (feature ``last_confidence``) is below ``threshold``. This is the rule of
+    Hugging Face assisted generation's ``assistant_confidence_threshold`` (checked after each draft
+    token), except that the decision is taken before the next token is drawn, as the law requires.
+
+    Args:
+        threshold: in [0, 1]; 0 always drafts to ``max_depth``.
+        max_depth: the most tokens drafted per cycle (≥ 0).
+        min_depth: tokens always drafted first (0 ≤ min_depth ≤ max_depth). The depth is read from
+            the ``depth`` feature, so build the decoder with the same ``max_depth``.
+
+    Raises:
+        ValueError: an argument is out of range.
+    """
+
+    def __init__(self, threshold: float = 0.4, max_depth: int = DEFAULT_MAX_DEPTH, min_depth: int = 1):
+        if not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"threshold must be in [0, 1], got {threshold}.")
+        if max_depth < 0 or not 0 <= min_depth <= max_depth:
+            raise ValueError(f"Need 0 ≤ min_depth ≤ max_depth, got min_depth={min_depth}, max_depth={max_depth}.")
+        self.threshold = float(threshold)
+        self.max_depth = self.depth_feature_scale = int(max_depth)
+        self.min_depth = int(min_depth)
+
+    def continue_drafting(self, features: np.ndarray) -> bool:
+        # "depth" is depth / the decoder's max_depth, assumed equal to this controller's max_depth.
+        depth = round(float(features[_DEPTH]) * self.max_depth)
+        if depth < self.min_depth:
+            return True
+        return float(features[_LAST_CONFIDENCE]) >= self.threshold
+
+    def __repr__(self) -> str:
+        return (f"ConfidenceThresholdController(threshold={self.threshold}, max_depth={self.max_depth}, "
+                f"min_depth={self.min_depth})")
+
+
+class MatchLengthController(DraftController):
+    """Heuristic baseline for the prompt-lookup drafter: at the start of a cycle, draft as many
+    tokens as the current n-gram match is long (the ``match_len`` feature, a match length in
+    tokens / 16), capped at ``max_depth`` — a long match is a long copy, so it is trusted further
+    (SuffixDecoding, arXiv 2411.04975, sizes its speculation from the match the same way). The
+    drafter itself stops when its match runs out.
+
+    Args:
+        max_depth: the most tokens drafted per cycle (≥ 0); build the decoder with the same.
+        scale: tokens drafted per matched token (> 0).
+        min_match: no drafting when the match is shorter than this many tokens (≥ 1).
+
+    Raises:
+        ValueError: an argument is out of range.
+    """
+
+    def __init__(self, max_depth: int = DEFAULT_MAX_DEPTH, scale: float = 1.0, min_match: int = 1):
+        if max_depth < 0 or scale <= 0 or min_match < 1:
+            raise ValueError(f"Need max_depth ≥ 0, scale > 0 and min_match ≥ 1, got {max_depth}, {scale}, {min_match}.")
+        self.max_depth, self.scale, self.min_match = int(max_depth), float(scale), int(min_match)
+        self.depth_feature_scale = self.max_depth  # the depth feature is read on this scale
+        self._budget = 0
+
+    def reset(self) -> None:
+        self._budget = 0
+
+    def continue_drafting(self, features: np.ndarray) -> bool:
+        depth = round(float(features[_DEPTH]) * self.max_depth)
+        if depth == 0:
+            match = round(float(features[_MATCH_LEN]) * MATCH_LEN_SCALE)
+            self._budget = 0 if match < self.min_match else min(self.max_depth, max(1, round(self.scale * match)))
+        return depth < self._budget
+
+    def __repr__(self) -> str:
+        return f"MatchLengthController(max_depth={self.max_depth}, scale={self.scale}, min_match={self.min_match})"
+
+
+class _HybridRule(DraftController):
+    """A hand rule for a hybrid drafter (:class:`learn2draft.drafters.hybrid.HybridDrafter`): at depth 0 it picks the
+    cycle's source and budget (:meth:`_plan`), then drafts with that source up to the budget; a lookup cycle stops
+    where lookup has no proposal. Reads the hybrid observation (:data:`learn2draft.features.HYBRID_FEATURE_NAMES`
+    after :data:`FEATURE_NAMES`).
+
+    Raises:
+        ValueError: ``num_draft_tokens`` < 1 or ``max_depth`` < ``num_draft_tokens``.
+    """
+
+    def __init__(self, num_draft_tokens: int, max_depth: int = DEFAULT_MAX_DEPTH):
+        if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 1 \
+                or max_depth < num_draft_tokens:
+            raise ValueError(f"Need 1 ≤ num_draft_tokens ≤ max_depth, got {num_draft_tokens!r} and {max_depth!r}.")
+        self.num_draft_tokens, self.max_depth = int(num_draft_tokens), int(max_depth)
+        self.depth_feature_scale = self.max_depth
+        self._source, self._budget = CONTINUE_NEURAL, 0
+
+    def reset(self) -> None:
+        self._source, self._budget = CONTINUE_NEURAL, 0
+
+    def _plan(self, features: np.ndarray) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def continue_drafting(self, features: np.ndarray) -> int:
+        if features.shape[0] <= _LOOKUP_SCORE:
+            raise ValueError(f"{self!r} reads a hybrid drafter's observation ({len(FEATURE_NAMES) + len(HYBRID_FEATURE_NAMES)}"
+                             f" features), got {features.shape[0]}: run it with --drafter lookup+model or lookup+head.")
+        depth = round(float(features[_DEPTH]) * self.max_depth)
+        if depth == 0:
+            self._source, self._budget = self._plan(features)
+        if depth >= self._budget or (self._source == CONTINUE_LOOKUP and features[_LOOKUP_AVAILABLE] < 0.5):
+            return STOP
+        return self._source
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(num_draft_tokens={self.num_draft_tokens}, max_depth={self.max_depth})"
+
+
+class SingleSourceController(_HybridRule):
+    """One source of a hybrid drafter only: ``num_draft_tokens`` tokens with the neural drafter (``source=
+    CONTINUE_NEURAL``), or with prompt lookup, stopping where lookup has no proposal (``source=CONTINUE_LOOKUP``) — each
+    drafter alone at a fixed γ, scored in the same hybrid replay as the rules and the learned policy."""
+
+    def __init__(self, source: int, num_draft_tokens: int, max_depth: int = DEFAULT_MAX_DEPTH):
+        if source not in (CONTINUE_LOOKUP, CONTINUE_NEURAL):
+            raise ValueError(f"source must be CONTINUE_LOOKUP (1) or CONTINUE_NEURAL (2), got {source!r}.")
+        super().__init__(num_draft_tokens, max_depth)
+        self.source = source
+
+    def _plan(self, features: np.ndarray) -> tuple[int, int]:
+        return self.source, self.num_draft_tokens
+
+    def __repr__(self) -> str:
+        name = "lookup" if self.source == CONTINUE_LOOKUP else "neural"
+        return f"SingleSourceController({name}, num_draft_tokens={self.num_draft_tokens}, max_depth={self.max_depth})"
+
+
+class LookupFirstController(_HybridRule):
+    """vLLM's ngram-eagle rule (PR #24344): when prompt lookup matches at the start of a cycle, draft the lookup chain
+    (up to ``num_draft_tokens``, fewer where the match ends), else ``num_draft_tokens`` tokens with the neural drafter.
+    """
+
+    def _plan(self, features: np.ndarray) -> tuple[int, int]:
+        src = CONTINUE_LOOKUP if features[_LOOKUP_AVAILABLE] >= 0.5 else CONTINUE_NEURAL
+        return src, self.num_draft_tokens
+
+
+class SuffixScoreController(_HybridRule):
+    """ArcticInference's rule: at the start of a cycle, score the lookup chain by its expected accepted length
+    (Σ_i Π_{j≤i} confidence_j, the ``lookup_score`` feature × max_depth; SuffixDecoding, arXiv 2411.04975); when the
+    score exceeds the neural drafter's ``num_draft_tokens``, draft the whole lookup chain (up to ``max_depth``), else
+    ``num_draft_tokens`` tokens with the neural drafter."""
+
+    def _plan(self, features: np.ndarray) -> tuple[int, int]:
+        score = float(features[_LOOKUP_SCORE]) * self.max_depth
+        if features[_LOOKUP_AVAILABLE] >= 0.5 and score > self.num_draft_tokens:
+            return CONTINUE_LOOKUP, self.max_depth
+        return CONTINUE_NEURAL, self.num_draft_tokens
+
+
+# --------------------------------------------------------------------------------------------- per batched step
+class _StepGammaController(DraftController):
+    """One row of a step policy (:class:`policies.controllers.LoadAwarePolicy`, :class:`SpeculationGuard`, or any
+    object with ``gamma(load)`` and ``max_depth``): the step's γ from :meth:`observe_load`, then CONTINUE while
+    depth < γ."""
+
+    def __init__(self, policy: Any):
+        self.policy, self.max_depth, self.gamma = policy, policy.max_depth, 0
+
+    @property
+    def depth_feature_scale(self) -> int:
+        return self.max_depth
+
+    @property
+    def step_policy(self) -> Any:
+        """The step policy this row follows (a precision mismatch is warned once for it, not once per row)."""
+        return self.policy
+
+    @property
+    def trained_dtype(self) -> str | None:  # type: ignore[override]
+        return getattr(self.policy, "trained_dtype", None)
+
+    def observe_load(self, load: Any) -> None:
+        self.gamma = self.policy.gamma(load)
+
+    def continue_drafting(self, features: np.ndarray) -> bool:
+        depth = round(float(features[_DEPTH]) * self.max_depth)
+        return depth < self.gamma
+
+    def __repr__(self) -> str:
+        return f"a row of {self.policy!r}"
+
+
+class SpeculationGuard:
+    """A step policy (one γ per batched step: a :class:`policies.controllers.LoadAwarePolicy`, or any object with
+    ``gamma(load)`` and ``max_depth``) behind an online check of measured tokens/s, per batch size: it runs the
+    policy's speculation only where speculation measures faster than plain decoding (γ = 0) at this batch size on
+    this machine now.
+
+    Why (issue 17): a load-aware policy is trained in replay on a latency profile; on a machine that has slowed since,
+    or where a batched step costs more than the profile holds (padding to the longest row, per-row work), it
+    speculates where plain decoding is faster — measured on a 2-core CPU in bf16: 0.81–0.89× no speculation at
+    concurrency 16. The check compares Learning to Draft's reward itself, measured wall-clock tokens/s.
+
+    How: for each batch size B it keeps two arms, *policy* (the steps at B where the policy's γ > 0 was run) and
+    *plain* (steps at B run with γ = 0, the policy's own γ = 0 included), each the last ``window`` steps' committed
+    tokens and seconds, read from the next step's :class:`learn2draft.state.LoadState` (``last_step_*``); an arm's
+    rate is its summed tokens / summed seconds over that window. A window, not a fast moving average: a speculating
+    step's tokens vary from 1 to γ + 1 per row, and at B = 1 an average of weight 0.25 (the first design) read a
+    few unlucky steps as a verdict — in a simulation of speculation 1.24× faster than plain decoding (γ = 8, α = 0.6)
+    it ran plain on 65–93 % of 400 steps over 10 seeds, and in ``eval.serve`` on a Xeon (float32, concurrency 1) the
+    guarded policy measured 0.98× plain decoding where the policy alone measured 1.09×; once plain led, speculation
+    was only measured in short probes and its low reading stuck. The winner at B is *plain* only when plain
+    decoding's rate exceeds the policy's by more than ``confidence`` standard errors of their difference
+    (:meth:`rate_error`), else *policy*: the trained policy is trusted until the measurements say otherwise.
+    In the simulation above, over 20 seeds of 400 steps at B = 1, the guard ran the policy on 91 % of the steps where
+    it is 1.24× faster (20 % before) and on 12 % where it is 0.83× as fast (the first ``explore_every`` steps and the
+    probes; 9 % before). Before both arms are measured at B the winner is *plain* when the nearest smaller batch size
+    with both arms measured has plain as its winner (a batched verification feeds B × (γ + 1) tokens, so speculation's relative
+    cost grows with B: the premise of vLLM's ``num_speculative_tokens_per_batch_size``), else *policy*. A step whose
+    policy γ > 0 runs the winner's γ, except during a probe: ``probe_steps`` consecutive steps of the other arm after
+    every ``interval`` steps of the winner at B; the interval starts at ``explore_every``, doubles (up to
+    ``max_explore_every``) while a probe leaves the winner unchanged and falls back to ``explore_every`` when the
+    winner changes, so the check follows a machine whose speed drifts and a load whose best move changes, at a
+    probing cost that shrinks while nothing changes.
+
+    The decision reads only measured past steps and the load, before any row drafts: the output law is unchanged,
+    whatever it decides (each row's tokens still come from the exact sampler). Keep one guard for a whole stream:
+    its measurements carry over between :func:`learn2draft.batched.serve` calls (a new decoder's first step
+    teaches it nothing about the last decoder's).
+
+    Call it (or :meth:`controller`) for a new per-row controller, as a :class:`policies.controllers.LoadAwarePolicy`
+    (``load_serve_policy``: :func:`policies.load.load_serve_policy`)::
+
+        guard = SpeculationGuard(load_serve_policy("policies/defaults/lookup-serve-bfloat16"))
+        serve(decoder, requests, guard, concurrency=8)
+
+    Args:
+        policy: the guarded step policy.
+        explore_every, max_explore_every: the probing interval's start and cap, in steps at one batch size
+            (1 ≤ explore_every ≤ max_explore_every).
+        probe_steps: steps of the other arm per probe (≥ 1).
+        window: the steps per arm and batch size whose tokens and seconds give the arm's rate (≥ 1).
+        confidence: standard errors by which plain decoding must measure faster before it replaces the policy (≥ 0;
+            0: the faster arm as measured).
+
+    Attributes:
+        decisions: per step decided, ``(batch_size, policy_gamma, gamma, arm)`` with arm ``"policy"`` or ``"plain"``
+            (the arm the step's measurement counts for).
+
+    Raises:
+        ValueError: a setting out of range, or a ``policy`` without ``gamma`` and ``max_depth``.
+    """
+
+    POLICY, PLAIN = "policy", "plain"
+
+    def __init__(self, policy: Any, explore_every: int = 16, max_explore_every: int = 128, probe_steps: int = 2,
+                 window: int = 32, confidence: float = 1.5):
+        depth = getattr(policy, "max_depth", None)
+        if not hasattr(policy, "gamma") or isinstance(depth, bool) or not isinstance(depth, (int, np.integer)) \
+                or depth < 1:
+            raise ValueError(f"SpeculationGuard needs a step policy with gamma(load) and an integer max_depth ≥ 1, got "
+                             f"{policy!r}.")
+        if not (all(isinstance(v, int) and not isinstance(v, bool) for v in (explore_every, max_explore_every))
+                and 1 <= explore_every <= max_explore_every):
+            raise ValueError(f"explore_every ({explore_every!r}) and max_explore_every ({max_explore_every!r}) must be "
+                             "integers with 1 ≤ explore_every ≤ max_explore_every.")
+        if not isinstance(probe_steps, int) or isinstance(probe_steps, bool) or probe_steps < 1:
+            raise ValueError(f"probe_steps must be an integer ≥ 1, got {probe_steps!r}.")
+        if not isinstance(window, (int, np.integer)) or isinstance(window, bool) or window < 1:
+            raise ValueError(f"window must be an integer ≥ 1, got {window!r}.")
+        if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0.0 <= confidence < math.inf:
+            raise ValueError(f"confidence must be a finite number ≥ 0, got {confidence!r}.")
+        self.policy, self.max_depth = policy, int(policy.max_depth)
+        self.explore_every, self.max_explore_every = explore_every, max_explore_every
+        self.probe_steps, self.window, self.confidence = probe_steps, int(window), float(confidence)
+        self._stats: dict[int, dict[str, list]] = {}  # B → arm → [deque of (tokens, seconds), steps measured]
+        self._sched: dict[int, dict[str, Any]] = {}  # B → the probing schedule at B
+        self._pending: tuple[int, str] | None = None  # (B, arm) of the step decided last, awaiting its measurement
+        self._decided: tuple[Any, int] = (None, 0)
+        self.decisions: list[tuple[int, int, int, str]] = []
+
+    # ------------------------------------------------------------------ measurements
+    def _learn(self, load: Any) -> None:
+        """Count the previous step's measured tokens and seconds (``load.last_step_*``) for the arm it ran."""
+        pending, self._pending = self._pending, None
+        if pending is None or int(getattr(load, "last_step_batch", 0)) != pending[0]:
+            return  # a new decoder, or a step this guard did not decide
+        seconds = float(load.last_step_seconds)
+        if seconds <= 0:
+            return
+        B, arm = pending
+        stat = self._stats.setdefault(B, {}).setdefault(arm, [deque(maxlen=self.window), 0])
+        stat[0].append((float(load.last_step_tokens), seconds))
+        stat[1] += 1
+
+    def rate(self, batch_size: int, arm: str) -> float | None:
+        """The measured tokens/s of ``arm`` (``"policy"`` or ``"plain"``) at ``batch_size`` rows (None: not yet
+        measured)."""
+        stat = self._stats.get(int(batch_size), {}).get(arm)
+        if not stat:
+            return None
+        return sum(t for t, _ in stat[0]) / sum(sec for _, sec in stat[0])
+
+    def rate_error(self, batch_size: int, arm: str) -> float:
+        """The standard error of :meth:`rate` (tokens/s) at ``batch_size``: the ratio estimator's, √(Σ (tokensᵢ −
+        rate · secondsᵢ)² / (n (n − 1))) / mean seconds over the window's n steps (Cochran, *Sampling Techniques*,
+        1977, §6.3); infinite below 2 steps (the spread is unknown)."""
+        stat = self._stats.get(int(batch_size), {}).get(arm)
+        n = len(stat[0]) if stat else 0
+        if n < 2:
+            return float("inf")
+        r = self.rate(batch_size, arm)
+        mean_s = sum(sec for _, sec in stat[0]) / n
+        return (sum((t - r * sec) ** 2 for t, sec in stat[0]) / (n * (n - 1))) ** 0.5 / mean_s
+
+    def winner(self, batch_size: int) -> str:
+        """The arm the guard runs at ``batch_size`` outside probes (see the class docstring)."""
+        p, q = self.rate(batch_size, self.POLICY), self.rate(batch_size, self.PLAIN)
+        if p is not None and q is not None:
+            spread = math.hypot(self.rate_error(batch_size, self.POLICY), self.rate_error(batch_size, self.PLAIN))
+            margin = self.confidence * spread if self.confidence > 0 else 0.0  # 0 × an unknown spread: no margin
+            return self.PLAIN if q - p > margin else self.POLICY
+        below = [b for b in self._stats if b < batch_size and len(self._stats[b]) == 2]
+        return self.winner(max(below)) if below else self.POLICY
+
+    # ------------------------------------------------------------------ decisions
+    def _choose(self, B: int) -> str:
+        s = self._sched.setdefault(B, {"left": self.explore_every, "interval": self.explore_every, "probe_left": 0,
+                                       "probe_arm": None, "probed": False, "last": None})
+        if s["probe_left"] > 0:
+            s["probe_left"] -= 1
+            return s["probe_arm"]
+        w = self.winner(B)
+        if s["probed"]:  # the probe's steps are measured now: back off while it changed nothing
+            s["interval"] = (self.explore_every if w != s["last"]
+                             else min(2 * s["interval"], self.max_explore_every))
+            s["left"], s["probed"] = s["interval"], False
+        s["last"] = w
+        if s["left"] <= 0:  # `interval` steps of the winner since the last probe: probe the other arm
+            s["probe_arm"] = self.PLAIN if w == self.POLICY else self.POLICY
+            s["probe_left"], s["probed"] = self.probe_steps - 1, True
+            return s["probe_arm"]
+        s["left"] -= 1
+        return w
+
+    def gamma(self, load: Any) -> int:
+        """The step's γ (0..max_depth), decided once per load state (every row of the step asks)."""
+        if self._decided[0] is load:
+            return self._decided[1]
+        self._learn(load)
+        g_policy = int(self.policy.gamma(load))
+        B = int(load.batch_size)
+        arm = self.PLAIN if g_policy <= 0 else self._choose(B)
+        g = g_policy if arm == self.POLICY else 0
+        self._pending, self._decided = (B, arm), (load, g)
+        self.decisions.append((B, g_policy, g, arm))
+        return g
+
+    def controller(self) -> DraftController:
+        """A new per-row controller: it drafts while its depth is below the step's γ."""
+        return _StepGammaController(self)
+
+    __call__ = controller
+
+    @property
+    def trained_dtype(self) -> str | None:
+        """The guarded policy's training precision (the guard measures speed, but the γ it runs is the policy's)."""
+        return getattr(self.policy, "trained_dtype", None)
+
+    @property
+    def step_policy(self) -> Any:
+        """The guarded policy (a precision mismatch is warned once for it, however many guards and rows run it)."""
+        return self.policy
+
+    def summary(self) -> dict:
+        """Per batch size measured: each arm's tokens/s and steps, the winner, the steps where the policy chose
+        γ > 0 and how many of them the guard ran plain (for reports)."""
+        out = {}
+        for B in sorted(self._stats):
+            arms = {a: {"tokens_per_second": self.rate(B, a), "steps": int(v[1])} for a, v in self._stats[B].items()}
+            decided = [d for d in self.decisions if d[0] == B and d[1] > 0]
+            out[B] = {"arms": arms, "winner": self.winner(B),
+                      "policy_speculated": len(decided), "overruled": sum(1 for d in decided if d[2] == 0)}
+        return out
+
+    def __repr__(self) -> str:
+        return (f"SpeculationGuard({self.policy!r}, explore_every={self.explore_every}, "
+                f"max_explore_every={self.max_explore_every}, probe_steps={self.probe_steps}, window={self.window}, "
+                f"confidence={self.confidence})")
+
+
+__all__ = [
+    "AdaptiveVerification", "BatchSizeTable", "ConfidenceThresholdController", "LookupFirstController",
+    "MatchLengthController", "OnlineAcceptanceEstimator", "SingleSourceController", "SpeculationGuard",
+    "SuffixScoreController", "choose_budget", "profile_step_cost",
+]
