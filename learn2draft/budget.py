@@ -2,13 +2,15 @@
 (:mod:`learn2draft.batched`), the request-stream replay (:mod:`learn2draft.replay.serve`) and reports (issue 17).
 
 * :class:`BatchSizeTable` — a fixed γ per batch-size range, read from the step's load: vLLM's
-  ``num_speculative_tokens_per_batch_size`` (PR #32374: ``[[start_bs, end_bs, K], …]`` or ``{"1-16": 3, …}``),
+  ``num_speculative_tokens_per_batch_size`` (PR #32374: ``[[start_bs, end_bs, K], …]`` or ``{"1-16": 3, …}``; vLLM
+  0.34.0 accepts the list form only: ``python -m policies.vllm export-table`` writes it),
   TensorRT-LLM's ``draft_len_schedule``. A per-row :class:`learn2draft.control.DraftController` of the batched
   decoder (it reads ``observe_load``), and a policy ``(load, rows) -> depths`` of the replay simulator.
 * :class:`AdaptiveVerification` — vLLM's adaptive verification (``enable_adaptive_verification``, PRs #47808 and
   #52228): every row drafts up to ``max_depth``, then the global top-B drafted slots by survival probability are
   verified, B chosen against the step's cost (:func:`choose_budget`); its acceptance model is
-  :class:`OnlineAcceptanceEstimator`, an online per-position logistic on the draft's top-2 margin. In the real loop
+  :class:`OnlineAcceptanceEstimator`, an online per-position logistic on the draft's top-2 margin (as read from the
+  PRs; vLLM 0.34.0's released estimator regresses on logit(max q) instead, docs/guides/vllm.md). In the real loop
   it is a verification budget of :meth:`learn2draft.batched.BatchedSpeculativeDecoder.step` priced by a latency
   profile (:func:`profile_step_cost`); the replay wraps the same object with the simulator's costs.
 

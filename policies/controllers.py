@@ -30,7 +30,6 @@ from learn2draft.control import CONTINUE, STOP, DraftController, as_action
 from learn2draft.features import FEATURE_NAMES
 from learn2draft.names import DEFAULT_MAX_DEPTH
 from policies.layout import DEPTH_DIR, POLICY_CONFIG_FILE, RUN_CONFIG_FILE
-from policies.rules import ConfidenceThresholdController, LookupFirstController, MatchLengthController, SuffixScoreController  # noqa: F401  (moved; eval.benchmark's import is updated next)
 
 
 class PolicyController(DraftController):

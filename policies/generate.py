@@ -150,6 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("prompt", nargs="?", default=None,
                    help="the prompt; omit it or pass - to read it from standard input")
     add_drafter_arg(p, "lookup")  # lookup: the one that pays on the CPU default pair
+    p.add_argument("--engine", default="hf", choices=("hf", "llama.cpp"),
+                   help="hf (default): this project's loop on the Hugging Face model; llama.cpp: llama.cpp through "
+                        "llama-cpp-python (make llamacpp) with the learned lookup policy as its draft model "
+                        "(policies.llamacpp; default policy policies/defaults/lookup-llamacpp, trained on llama.cpp's "
+                        "costs), the prompt through the GGUF's own chat template")
+    p.add_argument("--gguf", default=None, metavar="FILE",
+                   help="with --engine llama.cpp: the GGUF model (default: the embedded SmolLM2-135M-Instruct Q4_1)")
     p.add_argument("--policy", default=None,
                    help="a run of `python -m train` or a policy export (default: the policy shipped for --drafter)")
     add_profile_arg(p)
@@ -219,7 +226,13 @@ def _check_args(args) -> None:
 def _run(args) -> int:
     stdin, stdout, stderr = sys.stdin, sys.stdout, sys.stderr
     _check_args(args)
+    if args.engine == "llama.cpp":
+        _check_llamacpp_args(args)
+    elif args.gguf is not None:
+        raise ValueError("--gguf applies to --engine llama.cpp (for this project's loop pass --target FILE.gguf).")
     prompt = _read_prompt(args.prompt, stdin)
+    if args.engine == "llama.cpp":
+        return _run_llamacpp(args, prompt, stdout, stderr)
 
     from learn2draft.cli import load_models, resolve_device, sampling_config
     from learn2draft.decoding import SpeculativeDecoder
@@ -248,6 +261,84 @@ def _run(args) -> int:
               "bytes were not generated); it ends with the last whole character.", file=stderr, flush=True)
     if args.metrics:
         _print_metrics(args, result, stream, pair, controller, target, stderr)
+    return 0
+
+
+def _check_llamacpp_args(args) -> None:
+    """The flags ``--engine llama.cpp`` reads, checked before anything loads."""
+    from pathlib import Path
+
+    if args.drafter != "lookup" or args.head or args.target or args.draft or args.profile:
+        raise ValueError("--engine llama.cpp drafts by prompt lookup inside llama.cpp: drop --drafter, --head, "
+                         "--target, --draft and --profile (the model is --gguf).")
+    if args.top_k or args.top_p < 1.0 or args.min_p or args.repetition_penalty != 1.0 or args.presence_penalty:
+        raise ValueError("--engine llama.cpp samples the target's plain law at --temperature: drop --top-k, --top-p, "
+                         "--min-p, --repetition-penalty and --presence-penalty.")
+    if args.gguf is not None and not Path(args.gguf).expanduser().is_file():
+        raise ValueError(f"--gguf {args.gguf}: no such file.")
+    from policies.llamacpp import require_llama_cpp
+
+    require_llama_cpp()
+
+
+def _run_llamacpp(args, prompt: str, stdout: TextIO, stderr: TextIO) -> int:
+    """``--engine llama.cpp``: stream the generation of ``llama_cpp.Llama.generate`` with the learned lookup policy
+    (or a fixed γ) as its draft model; the cycle lines (``--show-cycles``) follow the text, because the binding tells
+    the draft model what was accepted only at its next call."""
+    import os
+
+    from policies.layout import default_policy_dir
+    from policies.llamacpp import LlamaTokenText, PolicyDraftModel, generate_tokens, load_llama, prompt_ids
+
+    if args.num_draft_tokens is not None:
+        draft = PolicyDraftModel(num_pred_tokens=args.num_draft_tokens, min_ngram=args.lookup_min_ngram or 1) \
+            if args.num_draft_tokens else None
+    else:
+        draft = PolicyDraftModel(args.policy or default_policy_dir("lookup", "llamacpp"),
+                                 max_new_tokens=args.max_new_tokens)
+    threads = int(args.threads or os.cpu_count() or 1)
+    llm = load_llama(args.gguf, threads=threads, draft_model=draft, seed=args.seed)
+    ids = prompt_ids(llm, prompt, chat=not args.no_chat)
+    if len(ids) + args.max_new_tokens > llm.n_ctx():
+        raise ValueError(f"The prompt ({len(ids)} tokens) and --max-new-tokens {args.max_new_tokens} exceed the "
+                         f"context window of {llm.n_ctx()} tokens.")
+    stream = TextStream(LlamaTokenText(llm), stop=args.stop)
+
+    def on_token(tok: int) -> bool:
+        stdout.write(stream.put([tok]))
+        stdout.flush()
+        return stream.stopped
+
+    try:
+        try:
+            gen = generate_tokens(llm, ids, args.max_new_tokens, args.temperature, seed=args.seed, draft_model=draft,
+                                  on_token=on_token)
+        except KeyboardInterrupt:
+            stdout.write(stream.end() + "\n")
+            print("interrupted", file=stderr)
+            return 130
+        stdout.write(stream.end() + "\n")
+        stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stdout.fileno())
+        return 141
+    if args.show_cycles:
+        for i, c in enumerate(gen.cycles, 1):
+            print(f"cycle {i}: depth {c.depth}, accepted {c.accepted if c.accepted is not None else '?'}", file=stderr)
+    if args.metrics:
+        done = [c for c in gen.cycles if c.accepted is not None]
+        drafted = sum(c.depth for c in done)
+        taus = [c.accepted for c in done if c.depth]
+        print(json.dumps({
+            "new_tokens": len(gen.tokens),
+            "tokens_per_second": round(len(gen.tokens) / gen.seconds, 3) if gen.seconds > 0 else 0.0,
+            "decode_tokens_per_second": round(gen.decode_tokens_per_second, 3),
+            "ttft_seconds": round(gen.ttft_seconds, 4), "wall_seconds": round(gen.seconds, 4),
+            "cycles": len(done), "mean_accepted_length": round(sum(taus) / len(taus), 3) if taus else 0.0,
+            "acceptance_rate": round(sum(c.accepted for c in done) / drafted, 3) if drafted else 0.0,
+            "drafted_tokens": drafted, "engine": "llama.cpp", "threads": threads,
+            "gguf": str(args.gguf or "embedded SmolLM2-135M-Instruct Q4_1"), "controller": repr(draft),
+        }), file=stderr, flush=True)
     return 0
 
 
