@@ -158,6 +158,8 @@ def test_the_run_exports_a_vllm_schedule_that_vllm_reads_back_as_the_policys_gam
     sched = json.loads((root / "run" / "policy" / "vllm_schedule.json").read_text())
     assert sched["num_speculative_tokens"] == D and m["evaluation"]["vllm_schedule"] == sched[
         "num_speculative_tokens_per_batch_size"]
+    table = sched["num_speculative_tokens_per_batch_size"]  # vLLM 0.34.0's list form: ranges from 1, contiguous
+    assert isinstance(table, list) and table[0][0] == 1 and all(a[1] + 1 == b[0] for a, b in zip(table, table[1:]))
     graph = load_serve_policy(root / "run").graph
     env = ServeReplayEnv(str(root / "t.npz"), str(root / "p.json"), loads=[1, 4], num_requests=6, max_depth=D,
                          balance=True)

@@ -263,17 +263,18 @@ def _serve_export(env) -> dict:
 
 def _write_vllm_schedule(env, policy_dir: Path) -> None:
     """The export to vLLM (``policy/vllm_schedule.json``, written with every export, an interrupted run's too): the γ
-    the policy picks most at each concurrency in replay, as ``num_speculative_tokens_per_batch_size``."""
+    the policy picks most at each concurrency in replay, as ``num_speculative_tokens_per_batch_size`` in the list form
+    ``[[start, end, K], …]`` that vLLM 0.34.0 accepts (:func:`policies.vllm.vllm_config_schedule`)."""
     import json
 
     from envs.serve import batch_gammas
     from policies.load import load_serve_policy
-    from policies.vllm import vllm_schedule
+    from policies.vllm import vllm_config_schedule, vllm_schedule
 
     graph = load_serve_policy(policy_dir).graph
     gammas = batch_gammas(env, lambda obs: int(graph.actions(obs)[0]))
     schedule = {"num_speculative_tokens": int(env.max_depth), "num_speculative_tokens_per_batch_size":
-                vllm_schedule(gammas), "derived_from": f"the policy's most frequent γ at each concurrency in replay "
+                vllm_config_schedule(vllm_schedule(gammas)), "derived_from": f"the policy's most frequent γ at each concurrency in replay "
                                                        f"(profile {env.profile.name})"}
     (policy_dir / VLLM_SCHEDULE_FILE).write_text(json.dumps(schedule, indent=2))
 
