@@ -1,6 +1,7 @@
 """What decides the draft depth: policy-driven controllers (:mod:`policies.controllers`), the hand rules
 (:mod:`policies.rules`), ONNX export and loading, and the adapters for the engines users run (:mod:`policies.hf`,
-:mod:`policies.vllm`).
+:mod:`policies.llamacpp`, :mod:`policies.vllm` with the ``engines/vllm_plugin`` package, :mod:`policies.sglang` with
+``engines/sglang_plugin``).
 
 Exports load on first use (PEP 562): importing :mod:`policies` — e.g. for ``python -m
 policies.check``, which needs only numpy and onnxruntime — pulls in neither torch,
