@@ -19,6 +19,8 @@ from __future__ import annotations
 import argparse
 import atexit
 import json
+import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -112,8 +114,9 @@ def earlier_results(out: Path, results: tuple[str, ...], overwrite: bool) -> lis
 def add_overwrite_argument(p: argparse.ArgumentParser) -> None:
     """``--overwrite`` of ``python -m eval`` and ``python -m eval.benchmark`` (see :func:`make_out_dir`)."""
     p.add_argument("--overwrite", action="store_true",
-                   help="replace the results of an earlier run in --out: they are removed when the run starts "
-                        "(else such a folder is refused)")
+                   help="replace the results of an earlier run in --out: they move to --out/previous-run/ when the "
+                        "run starts and are deleted once this run has written its own (an interrupted run leaves them "
+                        "there); without it such a folder is refused")
 
 
 def make_out_dir(out: Path, results: tuple[str, ...] = (), overwrite: bool = False) -> Path:
@@ -123,14 +126,22 @@ def make_out_dir(out: Path, results: tuple[str, ...] = (), overwrite: bool = Fal
     Args:
         results: the file names the command writes there; when one of them exists already (an earlier run) the
             directory is refused unless ``overwrite`` (``--overwrite``), so that no earlier result is lost; with
-            ``overwrite`` they are removed here, so that none of them is read as this run's.
+            ``overwrite`` they are moved into ``OUT/previous-run/`` here, so that none of them is read as this run's,
+            and that folder is removed when the process exits after writing every result anew; a run that is
+            interrupted or fails first leaves them there (the message on standard error says so).
 
     Raises:
         ValueError: naming ``--out``: it is a file, cannot be created, or holds an earlier run's ``results``
             without ``overwrite``.
     """
-    for name in earlier_results(out, results, overwrite):  # --overwrite: none may pass for this run's (a plot, say)
-        (out / name).unlink()
+    earlier = earlier_results(out, results, overwrite)
+    if earlier:  # --overwrite: none may pass for this run's (a plot, say), and none is lost before this run's are written
+        keep = out / PREVIOUS_RUN_DIR
+        shutil.rmtree(keep, ignore_errors=True)
+        keep.mkdir()
+        for name in earlier:
+            os.replace(out / name, keep / name)
+        atexit.register(_settle_previous_run, out, tuple(results))
     created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -139,6 +150,22 @@ def make_out_dir(out: Path, results: tuple[str, ...] = (), overwrite: bool = Fal
     if created:
         atexit.register(_remove_if_empty, out)
     return out
+
+
+#: Where ``--overwrite`` keeps an earlier run's results until this run has written its own (:func:`make_out_dir`).
+PREVIOUS_RUN_DIR = "previous-run"
+
+
+def _settle_previous_run(out: Path, results: tuple[str, ...]) -> None:
+    """At exit: drop ``OUT/previous-run/`` when every result was written anew, else say where the earlier ones are."""
+    keep = out / PREVIOUS_RUN_DIR
+    if not keep.is_dir():
+        return
+    if all((out / name).is_file() for name in results):
+        shutil.rmtree(keep, ignore_errors=True)
+    else:
+        print(f"note: this run did not write all of {', '.join(results)}; the earlier run's results are kept in "
+              f"{keep}/", file=sys.stderr)
 
 
 def _remove_if_empty(path: Path) -> None:

@@ -402,3 +402,22 @@ def test_bad_benchmark_flags_are_one_line_naming_the_flag_before_loading(tiny_ru
     assert bench_main(["--policy", str(tiny_run), *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_overwrite_keeps_the_earlier_results_until_the_new_ones_are_written(tmp_path):
+    """--overwrite moves an earlier run's results aside; an interrupted run leaves them in previous-run/, a finished
+    one removes that folder (no earlier result is lost before this run's exist)."""
+    from eval.__main__ import PREVIOUS_RUN_DIR, _settle_previous_run, make_out_dir
+
+    out = tmp_path / "bench"
+    out.mkdir()
+    for name in ("a.md", "a.json"):
+        (out / name).write_text("earlier")
+    make_out_dir(out, ("a.md", "a.json"), overwrite=True)
+    assert not (out / "a.md").exists() and (out / PREVIOUS_RUN_DIR / "a.md").read_text() == "earlier"
+    _settle_previous_run(out, ("a.md", "a.json"))  # interrupted: nothing new written
+    assert (out / PREVIOUS_RUN_DIR / "a.json").read_text() == "earlier"
+    for name in ("a.md", "a.json"):
+        (out / name).write_text("new")
+    _settle_previous_run(out, ("a.md", "a.json"))
+    assert not (out / PREVIOUS_RUN_DIR).exists() and (out / "a.md").read_text() == "new"
