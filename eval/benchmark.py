@@ -195,7 +195,8 @@ def _run(args) -> int:
             raise ValueError("--engine llama.cpp measures prompt lookup only (its grid is --gammas): drop --drafter, "
                              "--tree and --prompt-lookup-num-tokens.")
         if args.gguf is not None and not Path(args.gguf).expanduser().is_file():
-            raise ValueError(f"--gguf {args.gguf}: no such file.")
+            raise ValueError(f"--gguf {args.gguf}: " + ("a directory: pass the .gguf file itself." if
+                                                         Path(args.gguf).expanduser().is_dir() else "no such file."))
         if args.policy is not None and not Path(args.policy).is_dir():
             raise ValueError(f"--policy {args.policy}: no such directory.")
         from eval.__main__ import _machine, make_out_dir

@@ -758,7 +758,8 @@ def _run_llamacpp(args, contexts: list[int], tokens: list[int]) -> int:
         raise ValueError("--engine llama.cpp measures a GGUF model (--gguf) at batch size 1: drop --target, --draft, "
                          "--random-weights, --batch-sizes and --tree-width.")
     if args.gguf is not None and not Path(args.gguf).expanduser().is_file():
-        raise ValueError(f"--gguf {args.gguf}: no such file.")
+        raise ValueError(f"--gguf {args.gguf}: " + ("a directory: pass the .gguf file itself." if
+                                                     Path(args.gguf).expanduser().is_dir() else "no such file."))
     if args.lookup_policy is not None and not Path(args.lookup_policy).is_dir():
         raise ValueError(f"--lookup-policy {args.lookup_policy}: no such directory.")
     from policies.llamacpp import require_llama_cpp

@@ -275,7 +275,8 @@ def _check_llamacpp_args(args) -> None:
         raise ValueError("--engine llama.cpp samples the target's plain law at --temperature: drop --top-k, --top-p, "
                          "--min-p, --repetition-penalty and --presence-penalty.")
     if args.gguf is not None and not Path(args.gguf).expanduser().is_file():
-        raise ValueError(f"--gguf {args.gguf}: no such file.")
+        raise ValueError(f"--gguf {args.gguf}: " + ("a directory: pass the .gguf file itself." if
+                                                     Path(args.gguf).expanduser().is_dir() else "no such file."))
     from policies.llamacpp import require_llama_cpp
 
     require_llama_cpp()

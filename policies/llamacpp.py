@@ -219,6 +219,10 @@ class PolicyDraftModel(_draft_model_base()):
         elif isinstance(policy, (str, Path)):
             from policies.load import load_policy, policy_drafter, run_settings
 
+            if not Path(policy).is_dir():
+                raise FileNotFoundError(f"{policy}: no such policy directory (a relative path is read from the current "
+                                        "directory; the shipped one is policies.layout.default_policy_dir('lookup', "
+                                        "'llamacpp')).")
             self.policy_dir = Path(policy)
             drafter = policy_drafter(policy)
             if drafter not in (None, "lookup"):
@@ -475,8 +479,10 @@ def _decode_smoke() -> None:
     draft = PolicyDraftModel(num_pred_tokens=4, min_ngram=1)
     llm.draft_model = draft
     spec = generate_tokens(llm, ids, 8, 0.0, draft_model=draft)
-    print(f"llama.cpp decodes: {len(plain.tokens)} plain tokens, {len(spec.tokens)} with prompt lookup "
-          f"({sum(c.depth for c in spec.cycles)} drafted)")
+    import llama_cpp
+
+    print(f"llama-cpp-python {getattr(llama_cpp, '__version__', '?')} decodes on this CPU: {len(plain.tokens)} tokens "
+          f"plain, {len(spec.tokens)} with a draft model")
 
 
 def check_build() -> int:
