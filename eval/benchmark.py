@@ -194,9 +194,7 @@ def _run(args) -> int:
         if args.drafter not in (None, "lookup") or args.tree or args.prompt_lookup_num_tokens != 10:
             raise ValueError("--engine llama.cpp measures prompt lookup only (its grid is --gammas): drop --drafter, "
                              "--tree and --prompt-lookup-num-tokens.")
-        if args.gguf is not None and not Path(args.gguf).expanduser().is_file():
-            raise ValueError(f"--gguf {args.gguf}: " + ("a directory: pass the .gguf file itself." if
-                                                         Path(args.gguf).expanduser().is_dir() else "no such file."))
+        cli.check_gguf_arg(args)
         if args.policy is not None and not Path(args.policy).is_dir():
             raise ValueError(f"--policy {args.policy}: no such directory.")
         from eval.__main__ import _machine, make_out_dir

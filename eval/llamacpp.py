@@ -17,7 +17,6 @@ does not, so their TTFTs differ for a reason that has nothing to do with draftin
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -171,7 +170,7 @@ def run_benchmark(args, temps: list[float], gammas: list[int], out: Path, val_sp
         summarize_groups,
     )
     from eval.verdicts import evaluate_claims, verdict_lines
-    from learn2draft.cli import stderr_line
+    from learn2draft.cli import engine_threads, stderr_line
     from learn2draft.models import DEFAULT_TARGET, encode_text, load_tokenizer
     from learn2draft.prompts import load_prompt_file_records, load_prompt_records
     from policies.layout import default_policy_dir
@@ -184,7 +183,7 @@ def run_benchmark(args, temps: list[float], gammas: list[int], out: Path, val_sp
     if not policy_dir.is_dir():
         raise FileNotFoundError(f"--policy {policy_dir}: no such directory.")
     PolicyDraftModel(policy_dir)  # a wrong policy is refused before the models load
-    threads = int(args.threads or os.cpu_count() or 1)
+    threads = engine_threads(args)
     load_before = load_average()
     tok = load_tokenizer(DEFAULT_TARGET)
     held_records = (load_prompt_file_records(args.prompts) if args.prompts else

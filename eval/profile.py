@@ -751,22 +751,19 @@ def _run_llamacpp(args, contexts: list[int], tokens: list[int]) -> int:
     import json
     import time
 
-    from learn2draft.cli import stderr_line, threads_of
+    from learn2draft.cli import check_gguf_arg, engine_threads, stderr_line
     from learn2draft.replay.latency import LatencyProfile
 
     if args.random_weights or args.target or args.draft or args.batch_sizes is not None or args.tree_width is not None:
         raise ValueError("--engine llama.cpp measures a GGUF model (--gguf) at batch size 1: drop --target, --draft, "
                          "--random-weights, --batch-sizes and --tree-width.")
-    if args.gguf is not None and not Path(args.gguf).expanduser().is_file():
-        raise ValueError(f"--gguf {args.gguf}: " + ("a directory: pass the .gguf file itself." if
-                                                     Path(args.gguf).expanduser().is_dir() else "no such file."))
+    check_gguf_arg(args)
     if args.lookup_policy is not None and not Path(args.lookup_policy).is_dir():
         raise ValueError(f"--lookup-policy {args.lookup_policy}: no such directory.")
     from policies.llamacpp import require_llama_cpp
 
     require_llama_cpp()
-    threads_of(args)  # checked
-    threads = int(args.threads or os.cpu_count() or 1)  # llama.cpp's own default: every core
+    threads = engine_threads(args)
     name = args.name or f"llama.cpp-cpu-{os.cpu_count()}core-measured"
     t0 = time.perf_counter()
     stderr_line(f"eval.profile: measuring llama.cpp ({args.gguf or 'the embedded Q4_1 target'}), threads {threads}")

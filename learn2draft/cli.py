@@ -466,6 +466,27 @@ def threads_of(args: argparse.Namespace, trained_with: int | None = None) -> int
     return int(args.threads or trained_with or 1)
 
 
+def check_gguf_arg(args: argparse.Namespace) -> None:
+    """Check ``--gguf`` (the llama.cpp engine's model file) before anything loads.
+
+    Raises:
+        ValueError: naming ``--gguf``: a directory, or no such file.
+    """
+    from pathlib import Path
+
+    path = getattr(args, "gguf", None)
+    if path is not None and not Path(path).expanduser().is_file():
+        raise ValueError(f"--gguf {path}: " + ("a directory: pass the .gguf file itself." if
+                                               Path(path).expanduser().is_dir() else "no such file."))
+
+
+def engine_threads(args: argparse.Namespace) -> int:
+    """The threads of the llama.cpp engine: ``--threads`` (checked by :func:`threads_of`), else every core (llama.cpp's
+    own default)."""
+    threads_of(args)
+    return int(args.threads or os.cpu_count() or 1)
+
+
 def add_profile_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup, required: bool = False) -> argparse.Action:
     """``--profile``: a latency profile (required by the replay commands, eval.oracle and eval.simreal)."""
     return parser.add_argument(

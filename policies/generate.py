@@ -41,6 +41,8 @@ from learn2draft.cli import (
     add_model_args,
     add_profile_arg,
     add_sampling_args,
+    check_gguf_arg,
+    engine_threads,
     plain_doc,
     run_cli,
     threads_of,
@@ -266,7 +268,6 @@ def _run(args) -> int:
 
 def _check_llamacpp_args(args) -> None:
     """The flags ``--engine llama.cpp`` reads, checked before anything loads."""
-    from pathlib import Path
 
     if args.drafter != "lookup" or args.head or args.target or args.draft or args.profile:
         raise ValueError("--engine llama.cpp drafts by prompt lookup inside llama.cpp: drop --drafter, --head, "
@@ -274,9 +275,7 @@ def _check_llamacpp_args(args) -> None:
     if args.top_k or args.top_p < 1.0 or args.min_p or args.repetition_penalty != 1.0 or args.presence_penalty:
         raise ValueError("--engine llama.cpp samples the target's plain law at --temperature: drop --top-k, --top-p, "
                          "--min-p, --repetition-penalty and --presence-penalty.")
-    if args.gguf is not None and not Path(args.gguf).expanduser().is_file():
-        raise ValueError(f"--gguf {args.gguf}: " + ("a directory: pass the .gguf file itself." if
-                                                     Path(args.gguf).expanduser().is_dir() else "no such file."))
+    check_gguf_arg(args)
     from policies.llamacpp import require_llama_cpp
 
     require_llama_cpp()
@@ -297,7 +296,7 @@ def _run_llamacpp(args, prompt: str, stdout: TextIO, stderr: TextIO) -> int:
     else:
         draft = PolicyDraftModel(args.policy or default_policy_dir("lookup", "llamacpp"),
                                  max_new_tokens=args.max_new_tokens)
-    threads = int(args.threads or os.cpu_count() or 1)
+    threads = engine_threads(args)
     llm = load_llama(args.gguf, threads=threads, draft_model=draft, seed=args.seed)
     ids = prompt_ids(llm, prompt, chat=not args.no_chat)
     if len(ids) + args.max_new_tokens > llm.n_ctx():
