@@ -63,11 +63,9 @@ class RecordingDraftModel:
     def _observe(self, ids: np.ndarray) -> None:
         if self._last is None or not self.cycles:
             return
-        n = self._last.size
-        new = ids[n:]
-        k = min(self._proposal.size, max(new.size - 1, 0))
-        tau = int(np.argmin(np.append(new[:k] == self._proposal[:k], False)))
-        self.cycles[-1] = (self.cycles[-1][0], tau)
+        from policies.llamacpp import kept_drafts
+
+        self.cycles[-1] = (self.cycles[-1][0], kept_drafts(ids[self._last.size:], self._proposal))
 
     def finish(self, history) -> None:
         self._observe(np.asarray(history, dtype=np.int64))

@@ -154,6 +154,14 @@ def write_dequantized_gguf(src: str | Path | None, dst: str | Path, dtype: str =
     return dst
 
 
+def kept_drafts(appended: np.ndarray, proposal: np.ndarray) -> int:
+    """τ of a llama.cpp verification step, inferred from the history (the binding has no acceptance callback): the
+    drafted tokens ``proposal`` (int (γ,)) that head ``appended`` (int (m,), the tokens committed since the proposal),
+    leaving out its last one (the correction or the bonus token)."""
+    k = min(proposal.size, max(appended.size - 1, 0))
+    return int(np.argmin(np.append(appended[:k] == proposal[:k], False)))
+
+
 @dataclass
 class LlamaCycle:
     """One verification step of ``Llama.generate`` as the draft model saw it.
@@ -266,9 +274,7 @@ class PolicyDraftModel(_draft_model_base()):
         n = g.committed.size
         if ids.size <= n or not np.array_equal(ids[:n], g.committed):
             return False
-        new = ids[n:]
-        k = min(g.proposal.size, new.size - 1)
-        tau = int(np.argmin(np.append(new[:k] == g.proposal[:k], False)))  # the drafts the target kept
+        tau = kept_drafts(ids[n:], g.proposal)
         g.accepted_history.append(tau)
         g.last_accept_fraction = tau / g.proposal.size if g.proposal.size else 1.0
         if self.cycles and self.cycles[-1].accepted is None:
@@ -467,7 +473,7 @@ def prompt_ids(llm: Any, text: str, chat: bool = True) -> list[int]:
     return list(llm.tokenize(text.encode("utf-8"), add_bos=True, special=False))
 
 
-__all__ = ["LlamaTokenText", "prompt_ids", "INSTALL_HINT", "write_dequantized_gguf", "TESTED_VERSIONS", "LlamaCycle", "LlamaGeneration", "PolicyDraftModel", "generate_tokens",
+__all__ = ["kept_drafts", "LlamaTokenText", "prompt_ids", "INSTALL_HINT", "write_dequantized_gguf", "TESTED_VERSIONS", "LlamaCycle", "LlamaGeneration", "PolicyDraftModel", "generate_tokens",
            "load_llama", "require_llama_cpp"]
 
 
