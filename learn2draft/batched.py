@@ -8,25 +8,21 @@ steps, as in vLLM's and SGLang's schedulers. One step:
    (:meth:`learn2draft.decoding.SpeculativeDecoder.wants_draft`), depth by depth for all rows at once
    (:meth:`BatchedSpeculativeDecoder._draft`; below);
 2. **one** target forward verifies all rows: row i feeds its last committed token and its γ_i drafted
-   tokens; rows are padded on the right to the longest, k = max_i(γ_i + 1) tokens each (a row with
-   γ_i = 0 is plain decoding, so B rows at γ = 0 is batched autoregressive decoding);
+   tokens, k_i = γ_i + 1, and the rows' tokens are packed into one sequence of Σ k_i tokens (ragged verification,
+   :mod:`learn2draft.batch_cache`; no padding to B × max k_i; a row with γ_i = 0 is plain decoding, so B rows at
+   γ = 0 is batched autoregressive decoding);
 3. every row accepts with the exact sampler on its own rows of the logits and commits τ_i + 1 tokens
    (:meth:`~learn2draft.decoding.SpeculativeDecoder._finish_verification`, the one verification tail):
    the law holds per row whatever the other rows do (Leviathan et al. 2023, applied to each row's
    own p and q).
 
-The target's KV cache is one :class:`transformers.DynamicCache` of shape (B, kv_heads, S, head_dim)
-per layer. Slots are not aligned across rows: a boolean ``valid`` (B, S) says which slots a row
-attends to, and ``slot_pos`` (B, S) the position each slot holds. Padding (on the left when a row
-joins, on the right of a short row's verification) and the slots of rejected drafts are invalid: the
-4D attention mask of every forward is built from ``valid``, so no rejected entry is ever attended
-to (the keys keep their rotary positions, which come from ``position_ids`` per row). Trailing
-columns no row uses are cropped after each step; the cache is compacted (each row's valid slots
-moved to the right, in order) when fewer than half its slots are valid. This is the padding design
-Hugging Face uses for batched generation with left padding, with rejected drafts as extra holes.
+The target's KV cache (:class:`learn2draft.batch_cache.BatchCache`) is kept per row by length: row i's slot s holds
+the key of its token at position s, the row attends to its first ``target_len`` slots and the new tokens, and rolling
+back rejected drafts sets the row's length, so no rejected entry is ever attended to. Rows that leave are removed by
+compacting the cache.
 
 Prefill runs when a request joins (its time is the request's TTFT): alone (:meth:`BatchedSpeculativeDecoder.add`,
-the same one-forward prefill as batch 1), or for requests that join together in one left-padded forward
+the same one-forward prefill as batch 1), or for requests that join together in one packed forward
 (:meth:`~BatchedSpeculativeDecoder.add_many`).
 
 Drafting is lockstep: at each depth, the rows the depth rule lets draft without asking their controller
@@ -55,8 +51,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import DynamicCache
 
+from learn2draft.batch_cache import BatchCache
 from learn2draft.control import DraftController, check_depth_feature_scale, keeps_drafting, warn_precision_mismatch
 from learn2draft.decoding import CycleResult, SpeculativeDecoder, check_decoder_settings
 from learn2draft.drafters import make_drafter
@@ -74,7 +70,8 @@ VerificationBudget = Callable[[list[np.ndarray], LoadState], Sequence[int]]
 
 class _Row(SpeculativeDecoder):
     """One request of a batch: :class:`SpeculativeDecoder`'s per-row state and cycle, with the target's cache kept by
-    the batch after the prefill. Rolling back records the row's valid prefix instead of cropping a cache."""
+    the batch (:class:`learn2draft.batch_cache.BatchCache`). Rolling back records the row's valid prefix (the batch
+    sets the row's cache length to it) instead of cropping a cache."""
 
     def charge_draft(self, seconds: float) -> None:
         """Add ``seconds`` (a share of a batched draft forward) to this cycle's draft seconds."""
@@ -85,7 +82,7 @@ class _Row(SpeculativeDecoder):
 
     def _rollback(self, plan: Any, committed_before: int, accepted: int) -> None:
         valid = committed_before + accepted
-        self.target_len = min(self.target_len, valid)  # the batch masks the row's slots at positions ≥ this
+        self.target_len = min(self.target_len, valid)  # the batch rolls the row's cache back to this length
         self.drafter.rollback(valid)
 
 
@@ -142,13 +139,15 @@ class RequestResult:
 @dataclass
 class BatchStep:
     """One step of the batch: ``rows`` (request id → its :class:`CycleResult`), the step's clock seconds (drafting
-    of every row + the one forward + every row's acceptance), the batch size and the tokens the forward fed per row
-    (k = max γ + 1)."""
+    of every row + the one forward + every row's acceptance), the batch size, the longest row's verified tokens
+    (``tokens_per_row``, k = max γ + 1) and the tokens the target forward fed (``tokens_fed``: Σ (γ_i + 1) for ragged
+    verification, B × k padded)."""
 
     rows: dict[int, CycleResult]
     seconds: float
     batch_size: int
     tokens_per_row: int
+    tokens_fed: int = 0
 
     @property
     def tokens(self) -> int:
@@ -180,15 +179,20 @@ class BatchedSpeculativeDecoder:
         batched_drafting: run the model and head drafters' forwards for all rows of a draft position at once (the
             default); False drafts row by row (the same tokens; for measuring what batching gains,
             ``eval/scripts/batched_drafting_bench.py``).
+        verification: ``"ragged"`` (the default): each row feeds only its own k_i = γ_i + 1 tokens, packed
+            (:mod:`learn2draft.batch_cache`); ``"padded"``: every row is padded to the longest, B × max k_i tokens (the
+            same tokens and law; for measuring what packing gains).
 
     Raises:
-        ValueError: ``max_new_tokens`` ≤ 0, ``max_depth`` < 0, ``max_batch`` < 1, or an unknown drafter name.
+        ValueError: ``max_new_tokens`` ≤ 0, ``max_depth`` < 0, ``max_batch`` < 1, an unknown drafter name or
+            ``verification``, or a target the ragged forward does not support
+            (:func:`learn2draft.batch_cache.check_supported`).
     """
 
     def __init__(self, pair: ModelPair, drafter: str | Callable[[], Drafter] = "lookup",
                  sampling: SamplingConfig | None = None, max_new_tokens: int = 128,
                  max_depth: int = DECODER_MAX_DEPTH, max_batch: int = 64, head: str | None = None,
-                 batched_drafting: bool = True, min_ngram: int | None = None):
+                 batched_drafting: bool = True, min_ngram: int | None = None, verification: str = "ragged"):
         if not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be an integer ≥ 1, got {max_batch!r}.")
         check_decoder_settings(max_new_tokens, max_depth)
@@ -208,9 +212,11 @@ class BatchedSpeculativeDecoder:
         self._controllers: dict[int, DraftController] = {}
         self._results: dict[int, RequestResult] = {}
         self._next_id = 0
-        self.cache = None  # transformers DynamicCache, (B, kv_heads, S, head_dim) per layer
-        self.valid = torch.zeros(0, 0, dtype=torch.bool, device=pair.device)  # (B, S): slot attended to
-        self.slot_pos = torch.zeros(0, 0, dtype=torch.long, device=pair.device)  # (B, S): its position, −1 if none
+        #: the target's KV cache, per row by length (row i of the cache is ``rows[i]``)
+        self.cache = BatchCache(pair.target)
+        if verification not in ("ragged", "padded"):
+            raise ValueError(f"verification must be 'ragged' or 'padded', got {verification!r}.")
+        self.verification = verification
         #: steps taken, and their :class:`BatchStep` summaries (seconds, batch size, tokens)
         self.steps: list[BatchStep] = []
 
@@ -226,8 +232,8 @@ class BatchedSpeculativeDecoder:
 
     def add(self, prompt_ids: torch.Tensor, controller: DraftController, seed: int = 0,
             arrival: float | None = None) -> int:
-        """Prefill a request alone (one target forward over the prompt, the first token drawn, as at batch size 1)
-        and add it to the batch from the next step.
+        """Prefill a request (one target forward over the prompt, the first token drawn from its last logits, as at
+        batch size 1) and add it to the batch from the next step.
 
         Args:
             prompt_ids: int64 (L,) or (1, L).
@@ -249,24 +255,12 @@ class BatchedSpeculativeDecoder:
         """
         if len(self.rows) >= self.max_batch:
             raise RuntimeError(f"The batch is full ({self.max_batch} rows): step() until a request finishes.")
-        check_depth_feature_scale(controller, self.max_depth)
-        warn_precision_mismatch(controller, self.pair.target.dtype)  # once per policy, not per request
-        now = self.clock.now()
-        row = self._new_row(prompt_ids, controller, seed, prefill=True)
-        rid = self._record(row, now if arrival is None else float(arrival), self.clock.now())
-        if row.finished:  # EOS first, or max_new_tokens = 1: never joins
-            return rid
-        self._absorb(row.target_cache, row.target_len)
-        row.target_cache = None  # the batch holds it now
-        self.rows.append(row)
-        self._ids.append(rid)
-        self._controllers[rid] = controller
-        return rid
+        return self.add_many([prompt_ids], [controller], [seed], None if arrival is None else [arrival])[0]
 
     def add_many(self, prompts: Sequence[torch.Tensor], controllers: Sequence[DraftController],
                  seeds: Sequence[int] | None = None, arrivals: Sequence[float] | None = None) -> list[int]:
-        """:meth:`add` for requests that join together: one batched prefill forward over the prompts, left-padded
-        to the longest (masked), instead of one forward each — what Hugging Face ``generate()`` does with a batch.
+        """:meth:`add` for requests that join together: one prefill forward over the prompts, packed (each row's own
+        tokens, no padding: :meth:`learn2draft.batch_cache.BatchCache.forward`), instead of one forward each.
 
         Args:
             prompts: int64 (L_i,) each; controllers: one per prompt; seeds: one per prompt (default 0);
@@ -290,52 +284,32 @@ class BatchedSpeculativeDecoder:
             raise ValueError(f"add_many needs one controller, seed and arrival per prompt ({n} prompts).")
         if len(self.rows) + n > self.max_batch:
             raise RuntimeError(f"{n} requests do not fit: the batch holds {len(self.rows)} of {self.max_batch} rows.")
-        if n == 1:
-            return [self.add(prompts[0], controllers[0], seeds[0], None if arrivals is None else arrivals[0])]
         for c in controllers:
             check_depth_feature_scale(c, self.max_depth)
-            warn_precision_mismatch(c, self.pair.target.dtype)
+            warn_precision_mismatch(c, self.pair.target.dtype)  # once per policy, not per request
         now = self.clock.now()
         rows = [self._new_row(prompt, c, seed, prefill=False) for prompt, c, seed in zip(prompts, controllers, seeds)]
-        dev = self.pair.device
-        width = max(r.prompt_len for r in rows)
-        ids = torch.zeros(n, width, dtype=torch.long, device=dev)
-        valid = torch.zeros(n, width, dtype=torch.bool, device=dev)
-        for i, r in enumerate(rows):
-            ids[i, width - r.prompt_len :] = r.ids
-            valid[i, width - r.prompt_len :] = True
-        pos = (valid.long().cumsum(1) - 1).clamp_min(0)
-        causal = torch.ones(width, width, dtype=torch.bool, device=dev).tril()
-        allowed = (causal[None] & valid[:, None, :]) | torch.eye(width, dtype=torch.bool, device=dev)[None]
-        dtype = self.pair.target.dtype
-        mask = torch.zeros(n, 1, width, width, dtype=dtype, device=dev).masked_fill_(~allowed[:, None],
-                                                                                      torch.finfo(dtype).min)
         need_hidden = rows[0].drafter.needs_target_hidden
-        cache = DynamicCache()
-        with torch.inference_mode():
-            out = self.pair.target(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True,
-                                   output_hidden_states=need_hidden, logits_to_keep=1)  # only the last row is read
+        first = self.cache.add_rows(n)[0]
+        last = torch.tensor([r.prompt_len for r in rows], device=self.pair.device).cumsum(0) - 1
+        logits, hidden = self.cache.forward(first, [r.ids for r in rows], keep=last, output_hidden=need_hidden)
         t = self.clock.now()
-        rids, joined = [], []
+        rids, joined, off = [], [], 0
         for i, (r, c) in enumerate(zip(rows, controllers)):
             if need_hidden:
-                r.drafter.observe_target(out.hidden_states[-1][i, width - r.prompt_len :], 0)
-            r._first_token(out.logits[i, -1:, : self.pair.vocab_size])
+                r.drafter.observe_target(hidden[off : off + r.prompt_len], 0)
+            off += r.prompt_len
+            r._first_token(logits[i : i + 1, : self.pair.vocab_size])
             rid = self._record(r, now if arrivals is None else float(arrivals[i]), t)
             rids.append(rid)
-            if not r.finished:
+            if not r.finished:  # EOS first, or max_new_tokens = 1: never joins
                 joined.append(i)
                 self._controllers[rid] = c
-        if joined:
-            keep = torch.tensor(joined, dtype=torch.long, device=dev)
-            for layer in cache.layers:
-                layer.keys, layer.values = layer.keys.index_select(0, keep), layer.values.index_select(0, keep)
-            slot_pos = torch.where(valid, pos, torch.full_like(pos, -1))
-            self._absorb(cache, width, valid.index_select(0, keep), slot_pos.index_select(0, keep))
-            for i in joined:
-                rows[i].target_cache = None
-                self.rows.append(rows[i])
-                self._ids.append(rids[i])
+        if len(joined) < n:
+            self.cache.keep_rows(list(range(first)) + [first + i for i in joined])
+        for i in joined:
+            self.rows.append(rows[i])
+            self._ids.append(rids[i])
         return rids
 
     def _new_row(self, prompt_ids: torch.Tensor, controller: DraftController, seed: int, prefill: bool) -> _Row:
@@ -380,25 +354,6 @@ class BatchedSpeculativeDecoder:
         self._drop([self._ids.index(request_id)])
         return self._results[request_id]
 
-    # ------------------------------------------------------------------- cache
-    def _absorb(self, cache, length: int, valid: torch.Tensor | None = None, slot_pos: torch.Tensor | None = None):
-        """Append prefilled rows' cache (n rows, ``length`` slots; ``valid``/``slot_pos`` (n, length), default one
-        row with every slot valid) to the batch, left-padding the shorter side."""
-        dev = self.pair.device
-        valid_row = torch.ones(1, length, dtype=torch.bool, device=dev) if valid is None else valid
-        pos_row = torch.arange(length, device=dev)[None] if slot_pos is None else slot_pos
-        if self.cache is None or not self.rows:
-            self.cache, self.valid, self.slot_pos = cache, valid_row, pos_row
-            return
-        S = self.valid.shape[1]
-        width = max(S, length)
-        for layer, new in zip(self.cache.layers, cache.layers):
-            layer.keys = torch.cat([_left_pad(layer.keys, width), _left_pad(new.keys, width)])
-            layer.values = torch.cat([_left_pad(layer.values, width), _left_pad(new.values, width)])
-        self.valid = torch.cat([_left_pad(self.valid, width, dim=1), _left_pad(valid_row, width, dim=1)])
-        self.slot_pos = torch.cat([_left_pad(self.slot_pos, width, dim=1, value=-1),
-                                   _left_pad(pos_row, width, dim=1, value=-1)])
-
     def _drop(self, indices: list[int]) -> None:
         """Remove rows ``indices`` (batch positions) from the batch and the cache."""
         keep = [i for i in range(len(self.rows)) if i not in set(indices)]
@@ -406,76 +361,27 @@ class BatchedSpeculativeDecoder:
             self._controllers.pop(self._ids[i], None)
         self.rows = [self.rows[i] for i in keep]
         self._ids = [self._ids[i] for i in keep]
-        if not keep:
-            self.cache, self.valid, self.slot_pos = None, self.valid[:0, :0], self.slot_pos[:0, :0]
-            return
-        idx = torch.tensor(keep, dtype=torch.long, device=self.pair.device)
-        for layer in self.cache.layers:
-            layer.keys, layer.values = layer.keys.index_select(0, idx), layer.values.index_select(0, idx)
-        self.valid, self.slot_pos = self.valid.index_select(0, idx), self.slot_pos.index_select(0, idx)
-        self._tidy()
-
-    def _tidy(self) -> None:
-        """Crop the columns on the right that no row attends to; compact when under half of the slots are valid."""
-        used = self.valid.any(0)
-        S = int(used.nonzero().max()) + 1 if bool(used.any()) else 0
-        if S < self.valid.shape[1]:
-            self._select_columns(None, S)
-        n_valid = self.valid.sum(1)
-        width = int(n_valid.max()) if len(n_valid) else 0
-        if self.valid.numel() and width * 2 < self.valid.shape[1]:
-            # per row: its valid slots moved to the right end, in order (left padding again)
-            order = torch.argsort(self.valid.to(torch.int8), dim=1, stable=True)[:, -width:]
-            self._select_columns(order, width)
-
-    def _select_columns(self, order: torch.Tensor | None, width: int) -> None:
-        """Keep the first ``width`` columns (``order`` None) or, per row, the columns ``order`` (B, width)."""
-        for layer in self.cache.layers:
-            if order is None:
-                layer.keys, layer.values = layer.keys[:, :, :width], layer.values[:, :, :width]
-            else:
-                g = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
-                layer.keys, layer.values = layer.keys.gather(2, g), layer.values.gather(2, g)
-        if order is None:
-            self.valid, self.slot_pos = self.valid[:, :width], self.slot_pos[:, :width]
-        else:
-            self.valid, self.slot_pos = self.valid.gather(1, order), self.slot_pos.gather(1, order)
-
-    def _mask(self, new_valid: torch.Tensor) -> torch.Tensor:
-        """Additive float mask (B, 1, k, S + k) in the target's dtype: cached slots where ``valid``, then the new
-        slots causally where ``new_valid`` (B, k); a query always sees itself (a padded query's output is unused)."""
-        B, k = new_valid.shape
-        dev = new_valid.device
-        causal = torch.ones(k, k, dtype=torch.bool, device=dev).tril()
-        new = causal[None] & (new_valid[:, None, :] | torch.eye(k, dtype=torch.bool, device=dev)[None])
-        allowed = torch.cat([self.valid[:, None, :].expand(B, k, -1), new], dim=2)[:, None]
-        dtype = self.pair.target.dtype
-        return torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill_(~allowed, torch.finfo(dtype).min)
+        self.cache.keep_rows(keep)
 
     # -------------------------------------------------------------------- step
-    @torch.inference_mode()
-    def _batched_forward(self, tokens: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Feed row i's ``tokens[i]`` (int64 (k_i,)) after its cached slots in one target forward.
+    def _batched_forward(self, tokens: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+        """Feed row i's ``tokens[i]`` (int64 (k_i,)) after its cached slots in one target forward: packed
+        (``verification="ragged"``) or each row padded to max k_i (``"padded"``; the padding's slots lie past the
+        row's length and are never attended to).
 
         Returns:
-            logits float (B, k, V) and the last hidden states (B, k, H) when a drafter reads them (else None).
+            the rows' logits float (Σ k_i, V) and last hidden states (Σ k_i, H) when a drafter reads them (else None),
+            packed (row i's k_i rows after those of the rows before it), and the tokens the forward fed.
         """
-        dev = self.pair.device
-        B, k = len(tokens), max(int(t.numel()) for t in tokens)
-        ids = torch.zeros(B, k, dtype=torch.long, device=dev)
-        lengths = torch.tensor([int(t.numel()) for t in tokens], device=dev)
-        for i, t in enumerate(tokens):
-            ids[i, : t.numel()] = t
-        start = torch.tensor([r.target_len for r in self.rows], device=dev)
-        pos = start[:, None] + torch.arange(k, device=dev)[None]
-        new_valid = torch.arange(k, device=dev)[None] < lengths[:, None]
         need_hidden = self.rows[0].drafter.needs_target_hidden
-        out = self.pair.target(input_ids=ids, attention_mask=self._mask(new_valid), position_ids=pos,
-                               cache=self.cache, use_cache=True, output_hidden_states=need_hidden)
-        self.valid = torch.cat([self.valid, new_valid], dim=1)
-        self.slot_pos = torch.cat([self.slot_pos, torch.where(new_valid, pos, torch.full_like(pos, -1))], dim=1)
-        hidden = out.hidden_states[-1] if need_hidden else None
-        return out.logits[:, :, : self.pair.vocab_size], hidden
+        if self.verification == "ragged":
+            logits, hidden = self.cache.forward(0, tokens, output_hidden=need_hidden)
+            return logits[:, : self.pair.vocab_size], hidden, int(logits.shape[0])
+        k = max(int(t.numel()) for t in tokens)
+        padded = [torch.cat([t, t[-1:].expand(k - t.numel())]) for t in tokens]
+        real = torch.cat([torch.arange(t.numel()) + i * k for i, t in enumerate(tokens)]).to(self.pair.device)
+        logits, hidden = self.cache.forward(0, padded, output_hidden=need_hidden)
+        return logits[real, : self.pair.vocab_size], None if hidden is None else hidden[real], k * len(tokens)
 
     def load(self, waiting: int = 0) -> LoadState:
         """The :class:`learn2draft.state.LoadState` of the running rows (``waiting``: queued requests) and the
@@ -586,17 +492,18 @@ class BatchedSpeculativeDecoder:
         plans = [row._prepare_verification(None) for row in self.rows]
         tokens = [row._verification_tokens(plan) for row, plan in zip(self.rows, plans)]
         t1 = self.clock.now()
-        logits, hidden = self._batched_forward(tokens)
+        logits, hidden, fed = self._batched_forward(tokens)
         t2 = self.clock.now()
         # every row's target probabilities in one call when no processor reads a row's prefix (else row by row)
         probs = None if self.sampling.prefix_dependent else self.sampling.probs_rows(logits, source="target")
         results: dict[int, CycleResult] = {}
         done = []
+        a = 0
         for i, (rid, row, plan, toks) in enumerate(zip(self._ids, self.rows, plans, tokens)):
-            k = int(toks.numel())
+            rows, a = slice(a, a + int(toks.numel())), a + int(toks.numel())
             if hidden is not None:
-                row.drafter.observe_target(hidden[i, :k], row.target_len)
-            p = row._verification_probs(plan, logits[i, :k], None if probs is None else probs[i, :k])
+                row.drafter.observe_target(hidden[rows], row.target_len)
+            p = row._verification_probs(plan, logits[rows], None if probs is None else probs[rows])
             res = row._finish_verification(plan, p, t0, t1, t2)
             results[rid] = res
             now = self.clock.now()
@@ -607,15 +514,13 @@ class BatchedSpeculativeDecoder:
             r.finish = now
             if res.finished:
                 done.append(i)
-        lens = torch.tensor([row.target_len for row in self.rows], device=self.pair.device)
-        self.valid = self.valid & (self.slot_pos < lens[:, None])  # the rejected drafts' slots: never attended to again
+        for i, row in enumerate(self.rows):  # rollback by length: the rejected drafts' slots are never attended to
+            self.cache.set_length(i, row.target_len)
         k = max(int(t.numel()) for t in tokens)
         batch = len(self.rows)
         if done:
             self._drop(done)
-        else:
-            self._tidy()
-        step = BatchStep(results, self.clock.now() - t_start, batch, k)
+        step = BatchStep(results, self.clock.now() - t_start, batch, k, fed)
         self.steps.append(step)
         return step
 
@@ -630,16 +535,6 @@ def _draftable(row: SpeculativeDecoder) -> int:
     if hasattr(row.drafter, "lookahead"):
         return len(row.drafter.lookahead(seq, limit)[0])
     return limit if row.drafter.can_propose(seq) else 0
-
-
-def _left_pad(x: torch.Tensor, width: int, dim: int = 2, value: float = 0) -> torch.Tensor:
-    """``x`` padded on the left along ``dim`` to ``width`` with ``value``."""
-    n = width - x.shape[dim]
-    if n <= 0:
-        return x
-    shape = list(x.shape)
-    shape[dim] = n
-    return torch.cat([torch.full(shape, value, dtype=x.dtype, device=x.device), x], dim=dim)
 
 
 @dataclass

@@ -38,10 +38,10 @@ def drafter_factory(name: str, pair):
 
 
 def run_rows(pair, drafter: str, sampling, n: int = 20, join_at: int = 2, rows=(0, 1, 2), seeds=None,
-             max_depth: int = 4):
+             max_depth: int = 4, verification: str = "ragged"):
     """Rows ``rows[:-1]`` start together, the last joins after ``join_at`` steps; returns each row's tokens."""
     dec = BatchedSpeculativeDecoder(pair, drafter_factory(drafter, pair), sampling, max_new_tokens=n,
-                                    max_depth=max_depth)
+                                    max_depth=max_depth, verification=verification)
     seeds = seeds or [0] * len(rows)
     rids = {r: dec.add(PROMPTS[r], ScheduleController(SCHEDULES[r]), seed=seeds[i]) for i, r in enumerate(rows[:-1])}
     for _ in range(join_at):
@@ -100,46 +100,65 @@ def test_a_join_or_a_leave_changes_no_other_row(close_pair):
                                                     eos=close_pair.eos_token_ids)
 
 
-def test_no_padded_or_rejected_slot_is_ever_attended_to(close_pair, monkeypatch):
-    """After every step the invalid slots' keys and values are overwritten with 10⁴: were one attended to, the
-    logits would change and with them the tokens. The negative control poisons one valid slot instead."""
+@pytest.mark.parametrize("verification", ["ragged", "padded"])
+def test_no_padded_or_rejected_slot_is_ever_attended_to(close_pair, monkeypatch, verification):
+    """After every step every slot past a row's length (a rejected draft's, a padded token's, or never written) is
+    overwritten with 10⁴ in every layer's keys and values: were one attended to, the logits would change and with them
+    the tokens. The negative control poisons one slot inside row 0's length instead."""
     ref, _ = run_rows(close_pair, "model", GREEDY)
-    tidy = BatchedSpeculativeDecoder._tidy
+    step = BatchedSpeculativeDecoder.step
 
     def poison(valid_too: bool):
-        def tidied(self):
-            tidy(self)
-            bad = ~self.valid
-            if valid_too:
-                bad = bad.clone()
-                bad[0, int(self.valid[0].nonzero()[0])] = True  # the first valid slot of row 0
-            if self.cache is None:
-                return
+        def stepped(self, *a, **k):
+            out = step(self, *a, **k)
+            c = self.cache
+            bad = torch.arange(c.keys[0].shape[2])[None] >= torch.tensor(c.lengths + [0] * (c.keys[0].shape[0]
+                                                                                           - c.rows))[:, None]
+            if valid_too and c.rows:
+                bad[0, 0] = True
             with torch.inference_mode():
-                for layer in self.cache.layers:
-                    layer.keys[bad[:, None, :, None].expand_as(layer.keys)] = 1e4
-                    layer.values[bad[:, None, :, None].expand_as(layer.values)] = 1e4
-        return tidied
+                for t in c.keys + c.values:
+                    t[bad[:, None, :, None].expand_as(t)] = 1e4
+            return out
+        return stepped
 
-    monkeypatch.setattr(BatchedSpeculativeDecoder, "_tidy", poison(False))
-    got, dec = run_rows(close_pair, "model", GREEDY)
+    monkeypatch.setattr(BatchedSpeculativeDecoder, "step", poison(False))
+    got, dec = run_rows(close_pair, "model", GREEDY, verification=verification)
     assert got == ref
-    holes = [s for s in dec.steps if s.batch_size > 1]
-    assert holes  # there were steps with several rows (and so padding)
-    monkeypatch.setattr(BatchedSpeculativeDecoder, "_tidy", poison(True))
-    assert run_rows(close_pair, "model", GREEDY)[0] != ref
+    assert [s for s in dec.steps if s.batch_size > 1]  # there were steps with several rows
+    monkeypatch.setattr(BatchedSpeculativeDecoder, "step", poison(True))
+    assert run_rows(close_pair, "model", GREEDY, verification=verification)[0] != ref
 
 
-def test_the_cache_is_cropped_and_compacted(close_pair):
+def test_ragged_and_padded_verification_give_the_same_tokens_from_fewer_fed(close_pair):
+    """Packing the rows' verification tokens changes what the forward computes on (Σ (γ_i + 1) tokens instead of
+    B × max (γ_i + 1)), not the tokens: every row's greedy output is the same both ways."""
+    out = {}
+    for verification in ("ragged", "padded"):
+        dec = BatchedSpeculativeDecoder(close_pair, drafter_factory("model", close_pair), GREEDY, max_new_tokens=20,
+                                        max_depth=4, verification=verification)
+        rids = [dec.add(PROMPTS[r], ScheduleController(SCHEDULES[r])) for r in range(4)]
+        while dec.rows:
+            dec.step()
+        out[verification] = ([dec.result(r).tokens for r in rids], [s.tokens_fed for s in dec.steps],
+                             [s.tokens_per_row * s.batch_size for s in dec.steps])
+    assert out["ragged"][0] == out["padded"][0]
+    assert out["padded"][1] == out["padded"][2]  # padded: B × max k every step
+    assert sum(out["ragged"][1]) < sum(out["padded"][1])  # the schedules differ, so packing fed fewer tokens
+    with pytest.raises(ValueError, match="verification must be"):
+        BatchedSpeculativeDecoder(close_pair, "model", verification="paged")
+
+
+def test_the_cache_keeps_each_row_by_length(close_pair):
     dec = BatchedSpeculativeDecoder(close_pair, "model", GREEDY, max_new_tokens=40, max_depth=8)
     for r in range(3):
         dec.add(PROMPTS[r], FixedDepthController(8))
-    widths = []
+    longest = 0
     while dec.rows:
         dec.step()
-        if dec.rows:
-            widths.append((dec.valid.shape[1], int(dec.valid.sum(1).max())))
-    assert all(w < 2 * v + 9 for w, v in widths)  # compaction keeps the slots under twice the longest row + a step
+        assert dec.cache.lengths == [r.target_len for r in dec.rows]
+        longest = max([longest, *dec.cache.lengths])
+    assert dec.cache.keys[0].shape[2] <= max(64, 2 * (longest + 9))  # capacity doubles: under twice the need
 
 
 @pytest.mark.parametrize("drafter", ["model", "head", "lookup"])
@@ -150,9 +169,7 @@ def test_a_batched_prefill_of_prompts_of_other_lengths_gives_each_rows_greedy_ou
     dec.step()
     later = dec.add_many([PROMPTS[3]], [ScheduleController(SCHEDULES[3])])
     while dec.rows:  # the cache invariant: each row attends to exactly the slots of the tokens its target has seen
-        assert [int(v) for v in dec.valid.sum(1)] == [r.target_len for r in dec.rows]
-        assert all(sorted(dec.slot_pos[i][dec.valid[i]].tolist()) == list(range(r.target_len))
-                   for i, r in enumerate(dec.rows))
+        assert dec.cache.lengths == [r.target_len for r in dec.rows]
         dec.step()
     for r, rid in enumerate(first + later):
         assert dec.result(rid).tokens == greedy_reference(close_pair.target, PROMPTS[r], 16, close_pair.vocab_size,

@@ -1,0 +1,83 @@
+"""What ragged verification gains in the batched decoder: each row's verification feeds only its own γ_i + 1 tokens,
+packed (``BatchedSpeculativeDecoder(verification="ragged")``, the default), against every row padded to the longest,
+B × max (γ_i + 1) tokens (``verification="padded"``), side by side and interleaved (rotated order), on the same
+held-out prompts, a closed loop at each concurrency c (``--requests-per-slot`` × c requests), a fixed γ, greedy.
+Prints aggregate tokens/s, the tokens the target fed per step, the step time, the ratio ragged / padded, and whether
+both gave the same tokens. Run alone on the machine:
+
+    .venv/bin/python eval/scripts/ragged_bench.py --concurrency 1,2,4,8,16 --dtype bfloat16 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+
+MODES = ("ragged", "padded")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--drafter", default="lookup", help="a drafter name (lookup, model, head, a hybrid)")
+    ap.add_argument("--gamma", type=int, default=4, help="the fixed depth every row drafts up to")
+    ap.add_argument("--concurrency", default="1,2,4,8,16")
+    ap.add_argument("--requests-per-slot", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=2, help="runs per mode and level (alternating order)")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--prompt-set", default="mixed_heldout")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    a = ap.parse_args()
+    from learn2draft.cli import comma_items
+
+    try:
+        levels = [int(c) for c in comma_items(a.concurrency)]
+    except ValueError:
+        ap.error(f"--concurrency {a.concurrency!r}: comma-separated integers, e.g. 1,4,16")
+    torch.set_num_threads(a.threads)
+    from eval.runner import encode_all
+    from learn2draft import FixedDepthController, load_pair
+    from learn2draft.batched import BatchedSpeculativeDecoder, Request, serve
+    from learn2draft.prompts import load_prompts
+
+    pair = load_pair(dtype=getattr(torch, a.dtype))
+    prompts = encode_all(pair, load_prompts(a.prompt_set), a.max_new_tokens)
+    print(f"load average {os.getloadavg()[0]:.2f}, {a.threads} torch threads, {a.dtype}, drafter {a.drafter}, "
+          f"γ = {a.gamma}, {a.max_new_tokens} new tokens, {a.requests_per_slot} × c requests per run, "
+          f"{len(prompts)} prompts of {a.prompt_set}")
+
+    def run(c: int, mode: str) -> tuple[float, float, float, list]:
+        dec = BatchedSpeculativeDecoder(pair, a.drafter, max_new_tokens=a.max_new_tokens, max_depth=a.gamma,
+                                        max_batch=c, verification=mode)
+        reqs = [Request(prompts[i % len(prompts)], 0.0, i) for i in range(a.requests_per_slot * c)]
+        t0 = time.perf_counter()
+        res = serve(dec, reqs, lambda: FixedDepthController(a.gamma), concurrency=c)
+        wall = time.perf_counter() - t0
+        n = len(dec.steps)
+        return (sum(len(r.tokens) for r in res) / wall, sum(s.tokens_fed for s in dec.steps) / n,
+                sum(s.seconds for s in dec.steps) / n, [r.tokens for r in res])
+
+    print("| c | ragged tok/s | padded tok/s | ragged / padded | fed per step (ragged, padded) | step ms (ragged, "
+          "padded) | same tokens |")
+    print("|---|---|---|---|---|---|---|")
+    for c in levels:
+        run(c, "ragged")  # warm-up
+        r: dict[str, list] = {m: [] for m in MODES}
+        for rep in range(a.repeats):
+            for mode in (MODES if rep % 2 == 0 else MODES[::-1]):
+                r[mode].append(run(c, mode))
+        same = all(x[3] == y[3] for x, y in zip(r["ragged"], r["padded"]))
+
+        def mean(mode: str, i: int, r: dict[str, list] = r) -> float:
+            return sum(x[i] for x in r[mode]) / len(r[mode])
+
+        print(f"| {c} | {mean('ragged', 0):.1f} | {mean('padded', 0):.1f} | {mean('ragged', 0) / mean('padded', 0):.2f}"
+              f" | {mean('ragged', 1):.1f}, {mean('padded', 1):.1f} | {1e3 * mean('ragged', 2):.0f}, "
+              f"{1e3 * mean('padded', 2):.0f} | {same} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

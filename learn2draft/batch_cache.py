@@ -1,0 +1,263 @@
+"""The target's KV cache for many rows, kept per row by length, and the ragged forward that feeds it.
+
+Ragged verification: in one target forward, row i feeds only its own k_i new tokens (its last committed token and its
+γ_i drafted tokens), and the rows' tokens are *packed* into one sequence of N = Σ k_i tokens, not padded to
+B × max k_i. Every token-wise layer (embeddings, projections, MLP, norms, the LM head) runs on the N packed tokens;
+only attention needs the rows, and it runs per row against the row's own cache. This is the flattened-batch layout of
+vLLM's model runner (``query_start_loc``, varlen attention) and of SGLang's ragged prefill, built here from the
+Hugging Face model's own modules through ``transformers.AttentionInterface``: an attention function registered under
+:data:`ATTENTION_NAME` receives each layer's packed queries, keys and values (after the rotary embedding, from the
+per-token ``position_ids``), writes the new keys and values into the rows' caches, and attends.
+
+The cache (:class:`BatchCache`) holds, per layer, keys and values of shape (rows, kv_heads, slots, head_dim) in the
+target's dtype. Row r's slots 0 … ``lengths[r]`` − 1 hold the keys of its tokens at positions 0 … ``lengths[r]`` − 1:
+slot = position, so rolling back rejected drafts is setting the row's length (no copy), and a token written at a
+slot ≥ the length (a rejected draft's) is never attended to: query j of row r attends to slots
+0 … ``start_r`` + j only, ``start_r`` being the row's length before the forward. The running rows are always rows
+0 … B − 1 (a leaving row is removed by compaction), so a step's attention reads views of the cache, never copies.
+
+Per forward and layer: two ``index_put_`` for the new keys and values, one scatter of the queries into a
+(rows, max k, heads, head_dim) block, one ``scaled_dot_product_attention`` with a boolean mask and one gather back.
+The padding of that block only reaches attention (k ≤ max depth + 1 queries per row), not the token-wise layers that
+cost the most.
+
+Supported targets: decoder-only Hugging Face models whose attention layers call ``ALL_ATTENTION_FUNCTIONS`` with
+their ``layer_idx`` and use full (not sliding-window) causal attention: Llama (the embedded SmolLM2), Qwen2/3,
+Mistral without a sliding window, and others of that shape. :func:`check_supported` says which.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface, PreTrainedModel
+
+#: The name of the ragged attention function in ``transformers.AttentionInterface``.
+ATTENTION_NAME = "learn2draft_ragged"
+
+
+@dataclass
+class _Plan:
+    """What every layer's attention needs for one ragged forward (built once per forward, read by each layer).
+
+    ``row0``/``nrows``: the rows fed (a contiguous range of the cache's rows); ``token_row`` int64 (N,): each packed
+    token's row among them; ``token_off`` int64 (N,): its index within its row's new tokens; ``slot`` int64 (N,): the
+    slot (= position) it is written to; ``mask`` bool (nrows, 1, kmax, S): which slots each (row, query) attends to."""
+
+    cache: BatchCache
+    row0: int
+    nrows: int
+    kmax: int
+    slots: int
+    token_row: torch.Tensor
+    token_off: torch.Tensor
+    slot: torch.Tensor
+    mask: torch.Tensor
+
+
+_ACTIVE: list[_Plan] = []  # the plan of the forward now running (a stack of at most one)
+
+
+def _ragged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                      **kwargs) -> tuple[torch.Tensor, None]:
+    """The attention function of a ragged forward (the ``transformers.AttentionInterface`` signature).
+
+    Args:
+        module: the attention layer; its ``layer_idx`` picks the cache layer.
+        query: float (1, heads, N, head_dim); key, value: float (1, kv_heads, N, head_dim), the N packed tokens after
+            the rotary embedding.
+
+    Returns:
+        (float (1, N, heads, head_dim), None), as Hugging Face's attention functions return.
+
+    Raises:
+        RuntimeError: called outside :meth:`BatchCache.forward` (the model's config was left on this implementation).
+    """
+    if not _ACTIVE:
+        raise RuntimeError(f"The {ATTENTION_NAME!r} attention runs only inside BatchCache.forward.")
+    plan = _ACTIVE[-1]
+    c = plan.cache
+    keys, values = c.keys[module.layer_idx], c.values[module.layer_idx]
+    rows = plan.token_row + plan.row0
+    keys[rows, :, plan.slot] = key[0].transpose(0, 1)  # (N, kv_heads, head_dim) into each token's (row, slot)
+    values[rows, :, plan.slot] = value[0].transpose(0, 1)
+    heads, d = query.shape[1], query.shape[3]
+    q = query.new_zeros(plan.nrows, plan.kmax, heads, d)
+    q[plan.token_row, plan.token_off] = query[0].transpose(0, 1)
+    r = slice(plan.row0, plan.row0 + plan.nrows)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), keys[r, :, : plan.slots], values[r, :, : plan.slots],
+                                         attn_mask=plan.mask, scale=scaling, enable_gqa=heads != keys.shape[1])
+    return out.transpose(1, 2)[plan.token_row, plan.token_off][None], None  # (1, N, heads, head_dim)
+
+
+AttentionInterface.register(ATTENTION_NAME, _ragged_attention)
+
+
+def check_supported(model: PreTrainedModel) -> None:
+    """Refuse a target the ragged forward cannot run exactly.
+
+    Raises:
+        ValueError: the model is an encoder-decoder, has sliding-window or non-attention layers, or its attention
+            layers do not carry a ``layer_idx`` (it does not dispatch through ``transformers.AttentionInterface``).
+    """
+    cfg = model.config
+    name = getattr(cfg, "model_type", type(model).__name__)
+    if getattr(cfg, "is_encoder_decoder", False):
+        raise ValueError(f"The batched decoder needs a decoder-only target; {name!r} is an encoder-decoder.")
+    types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
+    window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
+    if types != {"full_attention"} or window:
+        raise ValueError(f"The batched decoder's ragged attention is full causal attention; target {name!r} has "
+                         f"layers {sorted(types)}" + (f" and a sliding window of {window}" if window else "") + ".")
+    attn = [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "num_key_value_groups")]
+    if len(attn) != cfg.num_hidden_layers:
+        raise ValueError(f"The batched decoder cannot find the {cfg.num_hidden_layers} attention layers of target "
+                         f"{name!r} (each with a layer_idx, dispatching through transformers' AttentionInterface).")
+
+
+class BatchCache:
+    """The target's KV cache of B rows, per row by length, and :meth:`forward`, the ragged forward over it.
+
+    Args:
+        model: the target (a supported Hugging Face causal LM, :func:`check_supported`).
+
+    Attributes:
+        lengths: per row, how many slots hold its tokens (the tokens the target has seen).
+        keys, values: per layer, float (row capacity, kv_heads, slot capacity, head_dim) in the model's dtype; rows
+            0 … B − 1 are the running rows. Capacities grow by doubling.
+
+    Raises:
+        ValueError: an unsupported model (:func:`check_supported`).
+    """
+
+    def __init__(self, model: PreTrainedModel):
+        check_supported(model)
+        cfg = model.config
+        self.model = model
+        self.kv_heads = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.num_layers = cfg.num_hidden_layers
+        self.lengths: list[int] = []
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self._alloc(0, 0)
+
+    @property
+    def rows(self) -> int:
+        return len(self.lengths)
+
+    @torch.inference_mode()
+    def _alloc(self, rows: int, slots: int) -> None:
+        """(Re)allocate the per-layer tensors at ``rows`` × ``slots`` capacity, keeping the running rows' slots."""
+        dev, dtype = self.model.device, self.model.dtype
+        shape = (rows, self.kv_heads, slots, self.head_dim)
+        old_k, old_v = self.keys, self.values
+        # zeros, not empty: a masked slot must hold a finite number (0 × NaN would reach a softmax)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=dev) for _ in range(self.num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=dev) for _ in range(self.num_layers)]
+        if old_k and self.rows:
+            b, s = self.rows, min(old_k[0].shape[2], slots)
+            for new, old in zip(self.keys + self.values, old_k + old_v):
+                new[:b, :, :s] = old[:b, :, :s]
+
+    def _reserve(self, rows: int, slots: int) -> None:
+        """Make room for ``rows`` rows of ``slots`` slots (capacities doubled as needed)."""
+        cap_r, cap_s = self.keys[0].shape[0], self.keys[0].shape[2]
+        if rows > cap_r or slots > cap_s:
+            self._alloc(max(2 * cap_r, rows, 4) if rows > cap_r else cap_r,
+                        max(2 * cap_s, slots, 64) if slots > cap_s else cap_s)
+
+    def add_rows(self, n: int) -> range:
+        """Open ``n`` empty rows after the running ones; returns their row indices."""
+        b = self.rows
+        self._reserve(b + n, self.keys[0].shape[2])
+        self.lengths.extend([0] * n)
+        return range(b, b + n)
+
+    @torch.inference_mode()
+    def keep_rows(self, keep: Sequence[int]) -> None:
+        """Keep rows ``keep`` (ascending row indices), moved to rows 0 … len(keep) − 1 in that order."""
+        if list(keep) == list(range(len(keep))):
+            self.lengths = self.lengths[: len(keep)]
+            return
+        idx = torch.tensor(list(keep), dtype=torch.long, device=self.model.device)
+        s = max((self.lengths[i] for i in keep), default=0)
+        for t in self.keys + self.values:
+            t[: len(keep), :, :s] = t[idx, :, :s]
+        self.lengths = [self.lengths[i] for i in keep]
+
+    def set_length(self, row: int, length: int) -> None:
+        """Roll row ``row`` back to its first ``length`` slots (the tokens after them are forgotten).
+
+        Raises:
+            ValueError: ``length`` is beyond what the row holds.
+        """
+        if not 0 <= length <= self.lengths[row]:
+            raise ValueError(f"Row {row} holds {self.lengths[row]} slots; cannot set its length to {length}.")
+        self.lengths[row] = length
+
+    @contextmanager
+    def _ragged(self):
+        """The model's attention dispatched to :data:`ATTENTION_NAME` for the duration of one forward."""
+        cfg = self.model.config
+        before = cfg._attn_implementation
+        cfg._attn_implementation = ATTENTION_NAME
+        try:
+            yield
+        finally:
+            cfg._attn_implementation = before
+
+    @torch.inference_mode()
+    def forward(self, row0: int, tokens: Sequence[torch.Tensor], keep: torch.Tensor | None = None,
+                output_hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Feed row ``row0 + i`` its new tokens ``tokens[i]`` (int64 (k_i,), k_i ≥ 1) after its cached slots, all rows
+        in one packed target forward; each row's length grows by k_i.
+
+        Args:
+            row0: the first row fed; the rows fed are ``row0 … row0 + len(tokens) − 1``.
+            keep: int64 (n,) indices into the N = Σ k_i packed tokens whose logits are computed (None: all of them).
+            output_hidden: also return the last hidden states (a drafter reads them).
+
+        Returns:
+            logits float (n or N, V) of the packed tokens (row 0's first, in order), and hidden float (N, H) or None.
+
+        Raises:
+            ValueError: a row fed no token.
+        """
+        counts = [int(t.numel()) for t in tokens]
+        if min(counts, default=0) < 1:
+            raise ValueError("Every row of a ragged forward feeds at least one token.")
+        dev = self.model.device
+        b = len(tokens)
+        starts = self.lengths[row0 : row0 + b]
+        kmax, slots = max(counts), max(s + k for s, k in zip(starts, counts))
+        self._reserve(self.rows, slots)
+        k_t = torch.tensor(counts, device=dev)
+        s_t = torch.tensor(starts, device=dev)
+        token_row = torch.repeat_interleave(torch.arange(b, device=dev), k_t)
+        first = torch.cumsum(k_t, 0) - k_t
+        token_off = torch.arange(token_row.numel(), device=dev) - first[token_row]
+        slot = s_t[token_row] + token_off
+        # query j of a row attends to slots ≤ start + j; a padding query (j ≥ k) to those of the row's last token
+        last = s_t[:, None] + torch.minimum(torch.arange(kmax, device=dev)[None], (k_t - 1)[:, None])  # (b, kmax)
+        mask = (torch.arange(slots, device=dev)[None, None] <= last[:, :, None])[:, None]
+        plan = _Plan(self, row0, b, kmax, slots, token_row, token_off, slot, mask)
+        ids = torch.cat([t.to(dev) for t in tokens])[None]
+        _ACTIVE.append(plan)
+        try:
+            with self._ragged():
+                out = self.model(input_ids=ids, position_ids=slot[None], use_cache=False,
+                                 output_hidden_states=output_hidden, logits_to_keep=0 if keep is None else keep)
+        finally:
+            _ACTIVE.pop()
+        for i, k in enumerate(counts):
+            self.lengths[row0 + i] += k
+        return out.logits[0], (out.hidden_states[-1][0] if output_hidden else None)
+
+
+__all__ = ["ATTENTION_NAME", "BatchCache", "check_supported"]
