@@ -16,10 +16,10 @@ Measures, with device-synchronised clocks (learn2draft.timing.DeviceClock):
   also feeds the committed tokens, is not timed, as for a chain step), stored as the drafter's
   tree_level_seconds with W and k.
 * with --batch-sizes 1,2,4,8,16 (issue 17, replay under load): the batch axis — one target forward over B rows of
-  n new tokens each (B·n batched tokens) after c cached tokens per row, plus the processing of each row's logits,
+  n new tokens each (B·n packed tokens) after c cached tokens per row, plus the processing of the rows' logits,
   for B in --batch-sizes, n in --tokens and c in --batch-contexts (default: the first of --contexts): the batched
-  KV cache is one prefill of B copies of the context, each timed forward is cropped back (cache.crop) before the
-  next, median of --repeats, sizes interleaved; and one draft step of all B rows per drafter (model: one draft-model
+  KV cache (the batched decoder's, kept per row by length) is one prefill of B copies of the context, each timed
+  forward is rolled back before the next, median of --repeats, sizes interleaved; and one draft step of all B rows per drafter (model: one draft-model
   forward over B rows with a batched cache; lookup and head: B single-row steps, B × the median step, as they run
   per row here). Stored as verify_batch and each drafter's batch_step_seconds.
 
@@ -205,43 +205,43 @@ def measure_verify_batched(pair, sampling, seq, contexts: list[int], batch_sizes
     """Median seconds of one target forward over B rows of n new tokens each after c cached tokens per row, plus
     ``sampling.probs`` of every row's logits, as float (len(contexts), len(batch_sizes), len(tokens)).
 
-    The batched KV cache is one prefill of B copies of ``seq[:c]``; each timed forward of the (B, n) tokens
-    ``seq[c:c+n]`` (the same in every row; per-row positions and a 4D additive mask, as
-    :class:`learn2draft.batched.BatchedSpeculativeDecoder` feeds them) is cropped back to c (``cache.crop(-n)``)
-    before the next. Token counts are
-    interleaved (a rotated order per repeat); one unrecorded warm-up pass per (c, B). Timed with
-    :class:`learn2draft.timing.DeviceClock` (``torch.cuda.synchronize`` on CUDA)."""
+    The batched KV cache (:class:`learn2draft.batch_cache.BatchCache`, as
+    :class:`learn2draft.batched.BatchedSpeculativeDecoder` keeps it) is one prefill of B copies of ``seq[:c]``; each
+    timed forward feeds every row the n tokens ``seq[c:c+n]`` (a ragged forward of B × n packed tokens, the decoder's),
+    then every row is rolled back to c. The probabilities are one ``probs_rows`` call when no processor reads a row's
+    prefix, else one ``probs`` per row, as the decoder computes them. Token counts are interleaved (a rotated order per
+    repeat); one unrecorded warm-up pass per (c, B). Timed with :class:`learn2draft.timing.DeviceClock`
+    (``torch.cuda.synchronize`` on CUDA)."""
     import torch
-    from transformers import DynamicCache
 
+    from learn2draft.batch_cache import BatchCache
     from learn2draft.timing import DeviceClock
 
     clock = DeviceClock(pair.device)
-    V, dtype = pair.vocab_size, pair.target.dtype
+    V = pair.vocab_size
     table = []
     with torch.inference_mode():
         for c in contexts:
             per_b = []
             for B in batch_sizes:
-                cache = DynamicCache()
-                pair.target(input_ids=seq[None, :c].expand(B, c).contiguous(), cache=cache, use_cache=True)
+                cache = BatchCache(pair.target)
+                cache.add_rows(B)
+                cache.forward(0, [seq[:c]] * B, keep=torch.tensor([c - 1], device=seq.device))
                 times = {n: [] for n in tokens}
                 for rep in range(repeats + 1):
                     k = rep % len(tokens)
                     for n in tokens[k:] + tokens[:k]:
-                        ids = seq[None, c:c + n].expand(B, n).contiguous()
-                        # what the batched decoder feeds: per-row positions and a 4D additive mask
-                        pos = torch.arange(c, c + n, device=ids.device)[None].expand(B, n)
-                        allowed = torch.ones(n, c + n, dtype=torch.bool, device=ids.device).tril(c)
-                        mask = torch.zeros(B, 1, n, c + n, dtype=dtype, device=ids.device).masked_fill_(
-                            ~allowed, torch.finfo(dtype).min)
                         t0 = clock.now()
-                        out = pair.target(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
-                                          use_cache=True)
-                        for r in range(B):
-                            sampling.probs(out.logits[r, :, :V], seq[: c + 1], seq[c + 1:c + n], source="target")
+                        logits, _ = cache.forward(0, [seq[c:c + n]] * B)
+                        if sampling.prefix_dependent:
+                            for r in range(B):
+                                sampling.probs(logits[r * n:(r + 1) * n, :V], seq[: c + 1], seq[c + 1:c + n],
+                                               source="target")
+                        else:
+                            sampling.probs_rows(logits[:, :V], source="target")
                         dt = clock.now() - t0
-                        cache.crop(-n)  # back to c cached tokens per row
+                        for r in range(B):
+                            cache.set_length(r, c)  # back to c cached tokens per row
                         if rep:
                             times[n].append(dt)
                 per_b.append([statistics.median(times[n]) for n in tokens])
@@ -251,13 +251,14 @@ def measure_verify_batched(pair, sampling, seq, contexts: list[int], batch_sizes
 
 
 def measure_prefill(pair, sampling, seq, lengths: list[int], repeats: int) -> list[float]:
-    """Median seconds of a prefill of n = ``lengths`` tokens (``seq[:n]``, one target forward after no cached token
-    with ``logits_to_keep=1``, as :meth:`learn2draft.batched.BatchedSpeculativeDecoder.add_many` runs it, and the
-    first token's probabilities), as float (len(lengths),); lengths interleaved (a rotated order per repeat), one
-    unrecorded warm-up pass. Timed with :class:`learn2draft.timing.DeviceClock`."""
+    """Median seconds of a prefill of n = ``lengths`` tokens (``seq[:n]``, one ragged target forward into an empty
+    row of the batched decoder's cache with only the last logits kept, as
+    :meth:`learn2draft.batched.BatchedSpeculativeDecoder.add_many` runs it, and the first token's probabilities), as
+    float (len(lengths),); lengths interleaved (a rotated order per repeat), one unrecorded warm-up pass. Timed with
+    :class:`learn2draft.timing.DeviceClock`."""
     import torch
-    from transformers import DynamicCache
 
+    from learn2draft.batch_cache import BatchCache
     from learn2draft.timing import DeviceClock
 
     clock = DeviceClock(pair.device)
@@ -267,9 +268,12 @@ def measure_prefill(pair, sampling, seq, lengths: list[int], repeats: int) -> li
         for rep in range(repeats + 1):
             k = rep % len(lengths)
             for n in lengths[k:] + lengths[:k]:
+                cache = BatchCache(pair.target)
+                cache.add_rows(1)
+                cache.reserve(1, n)  # allocated before the clock: the decoder's cache is allocated once
                 t0 = clock.now()
-                out = pair.target(input_ids=seq[None, :n], cache=DynamicCache(), use_cache=True, logits_to_keep=1)
-                sampling.probs(out.logits[0, -1:, :V], seq[:n], None, source="target")
+                logits, _ = cache.forward(0, [seq[:n]], keep=torch.tensor([n - 1], device=seq.device))
+                sampling.probs(logits[:, :V], seq[:n], None, source="target")
                 dt = clock.now() - t0
                 if rep:
                     times[n].append(dt)
@@ -433,7 +437,8 @@ def measure_batch_overheads(pair, drafter_name: str, head, sampling, prompts, pr
     loop of concurrency B (:func:`learn2draft.batched.serve`, ``requests_per_slot`` × B requests over ``prompts``,
     seeds 0, 1, …, ``max_new_tokens`` each) runs on ``pair``. Every step of exactly b rows of a tabulated size
     (the loop's ramp-down gives the smaller ones too) with longest draft d = tokens per row − 1 gives the residual
-    ``step seconds − profile.step_batched(drafter, b, d, c)`` (c: the rows' longest context after the step, as the
+    ``step seconds − profile.step_batched(drafter, b, d, c, verified)`` (verified: the drafted tokens the step's ragged
+    verification fed; c: the rows' longest context after the step, as the
     replay's ``batch_context="max"``; the profile without this entry); per b, ``cycle_seconds + step_seconds · d`` is
     fitted to them by least squares (a constant only when every step had one d). ``join_seconds[B]``: (the loop's
     wall seconds − Σ its step seconds − Σ the prefills the replay charges, ``profile.prefill_seconds``) / requests.
@@ -462,7 +467,7 @@ def measure_batch_overheads(pair, drafter_name: str, head, sampling, prompts, pr
 
         def on_step(step):
             ctx = max((r.target_len for r in dec.rows), default=0)
-            steps.append((step.batch_size, step.tokens_per_row - 1, step.seconds, ctx))
+            steps.append((step.batch_size, step.tokens_per_row - 1, step.tokens_fed - step.batch_size, step.seconds, ctx))
 
         t0 = dec.clock.now()
         serve(dec, reqs, lambda: FixedDepthController(d), concurrency=B, on_step=on_step if record else None)
@@ -477,11 +482,12 @@ def measure_batch_overheads(pair, drafter_name: str, head, sampling, prompts, pr
         for k in range(len(depths)):
             d = depths[(i + k) % len(depths)]
             steps, wall, reqs = run(B, d, record=True)
-            for b, dd, secs, ctx in steps:
+            for b, dd, verified, secs, ctx in steps:
                 if b in residuals:
-                    residuals[b].append((dd, secs - sum(profile.step_batched(drafter_name, b, dd, float(ctx)))))
+                    residuals[b].append((dd, secs - sum(profile.step_batched(drafter_name, b, dd, float(ctx),
+                                                                             verified))))
             prefills = sum(profile.prefill_seconds(max(int(r.prompt_ids.numel()), 1)) for r in reqs)
-            per_join.append((wall - sum(s[2] for s in steps) - prefills) / len(reqs))
+            per_join.append((wall - sum(s[3] for s in steps) - prefills) / len(reqs))
         joins[B] = float(np.mean(per_join))
     cycle, step, counts = [], [], []
     for b in sizes:
@@ -597,7 +603,7 @@ def measure_profile(pair, drafters: list[str], head=None, sampling=None, context
               "model": "seconds(d, c) = d·(draft_step(c) + step_overhead) + verify(d+1, c) + cycle_overhead"
                        + ("; tree cycle: d·(tree_level(c) + step_overhead) + verify(V+1, c) + cycle_overhead"
                           if tree_width is not None else "")
-                       + ("; batched step of B rows: d·draft_step_batched(B, c) + verify_batched(B, d+1, c) + overheads"
+                       + ("; batched step of B rows: d·draft_step_batched(B, c) + verify_batched(B, 1 + Σd_i/B, c) + overheads"
                           if batch_sizes is not None else "")},
         verify_batch=verify_batch,
     )

@@ -165,7 +165,7 @@ class BatchCache:
             for new, old in zip(self.keys + self.values, old_k + old_v):
                 new[:b, :, :s] = old[:b, :, :s]
 
-    def _reserve(self, rows: int, slots: int) -> None:
+    def reserve(self, rows: int, slots: int) -> None:
         """Make room for ``rows`` rows of ``slots`` slots (capacities doubled as needed)."""
         cap_r, cap_s = self.keys[0].shape[0], self.keys[0].shape[2]
         if rows > cap_r or slots > cap_s:
@@ -175,7 +175,7 @@ class BatchCache:
     def add_rows(self, n: int) -> range:
         """Open ``n`` empty rows after the running ones; returns their row indices."""
         b = self.rows
-        self._reserve(b + n, self.keys[0].shape[2])
+        self.reserve(b + n, self.keys[0].shape[2])
         self.lengths.extend([0] * n)
         return range(b, b + n)
 
@@ -236,7 +236,7 @@ class BatchCache:
         b = len(tokens)
         starts = self.lengths[row0 : row0 + b]
         kmax, slots = max(counts), max(s + k for s, k in zip(starts, counts))
-        self._reserve(self.rows, slots)
+        self.reserve(self.rows, slots)
         k_t = torch.tensor(counts, device=dev)
         s_t = torch.tensor(starts, device=dev)
         token_row = torch.repeat_interleave(torch.arange(b, device=dev), k_t)

@@ -304,19 +304,22 @@ def profile_step_cost(profile: Any, drafter: str, max_depth: int, batch_context:
             same for every B); False charges drafting only up to the longest verified draft.
 
     Returns:
-        ``cost(load, longest) -> seconds``: ``load`` a :class:`learn2draft.state.LoadState`, ``longest`` the longest
-        verified draft; the verification is padded to it (B rows × (longest + 1) tokens, as the batched decoder feeds),
-        plus the real loop's per-step seconds beyond the tables (:meth:`LatencyProfile.batch_overhead`, 0 for a profile
-        without them).
+        ``cost(load, longest, verified=None) -> seconds``: ``load`` a :class:`learn2draft.state.LoadState`,
+        ``longest`` the longest verified draft, ``verified`` the drafted tokens verified over all rows. The
+        verification is ragged, B + ``verified`` tokens, as the batched decoder feeds them
+        (:meth:`LatencyProfile.step_batched`); ``verified`` None prices it padded to the longest, B × (longest + 1).
+        Plus the real loop's per-step seconds beyond the tables (:meth:`LatencyProfile.batch_overhead`, 0 for a
+        profile without them).
 
     Raises:
         ValueError: (when called) the profile lacks the batch axis or the batch size.
     """
-    def cost(load, longest: int) -> float:
+    def cost(load, longest: int, verified: int | None = None) -> float:
         B = int(load.batch_size)
         ctx = max(load.context_lens) if batch_context == "max" else float(np.mean(load.context_lens))
         drafted = max_depth if drafted_before else longest
-        verify = float(profile.verify_batched(B, longest + 1, ctx))
+        per_row = longest + 1 if verified is None else 1 + verified / B
+        verify = float(profile.verify_batched(B, per_row, ctx))
         draft = drafted * float(profile.draft_step_batched(drafter, B, ctx))
         return max(draft + verify + profile.batch_overhead(drafter, B, longest), verify)  # at least its verification
 
@@ -324,17 +327,20 @@ def profile_step_cost(profile: Any, drafter: str, max_depth: int, batch_context:
 
 
 # --------------------------------------------------------------------------------------------- the budget
-def choose_budget(survival: Sequence[np.ndarray], step_seconds: Callable[[int], float]) -> tuple[list[int], int]:
+def choose_budget(survival: Sequence[np.ndarray],
+                  step_seconds: Callable[[int, int], float]) -> tuple[list[int], int]:
     """vLLM's global top-B rule: keep the B drafted slots of highest survival across all rows,
-    B* = argmax_B (N + Σ_{j<B} S_sorted[j]) / step_seconds(the longest kept draft).
+    B* = argmax_B (N + Σ_{j<B} S_sorted[j]) / step_seconds(longest kept draft, B).
 
     Survival decreases along a row (a product of probabilities), so the top B slots are a prefix of every row. The
-    step's cost is a function of the longest kept draft because the batched forward of :mod:`learn2draft.batched`
-    pads every row to it (N × (1 + longest) tokens; vLLM's ragged batches feed N + B instead).
+    batched forward of :mod:`learn2draft.batched` is ragged, N + B tokens as in vLLM, so the verification's cost is a
+    function of B; the drafting (lockstep over the rows) and the per-step overheads are functions of the longest kept
+    draft, so the cost takes both.
 
     Args:
         survival: per row, float (γ_i,) S(r, k) = Π_{i≤k} p_i (non-increasing).
-        step_seconds: ``longest -> seconds`` of the step when the longest verified draft is ``longest`` (0: none).
+        step_seconds: ``(longest, verified) -> seconds`` of the step when the longest verified draft is ``longest``
+            and ``verified`` drafted tokens are verified over all rows (0, 0: none).
 
     Returns:
         ``(counts, B)``: per row the drafted tokens to verify, and their total B. Ties keep the smallest B.
@@ -345,12 +351,12 @@ def choose_budget(survival: Sequence[np.ndarray], step_seconds: Callable[[int], 
     counts = [0] * N
     longest = 0
     expected = float(N)
-    best = (expected / step_seconds(0), 0)
+    best = (expected / step_seconds(0, 0), 0)
     for B, (neg_s, r, k) in enumerate(slots, start=1):
         counts[r] = max(counts[r], k + 1)
         longest = max(longest, counts[r])
         expected -= neg_s
-        value = expected / step_seconds(longest)
+        value = expected / step_seconds(longest, B)
         if value > best[0]:
             best = (value, B)
     keep = [0] * N
@@ -373,8 +379,9 @@ class AdaptiveVerification:
 
     Args:
         max_depth: the deepest draft position (the decoder's ``max_depth``, ≥ 1).
-        cost: ``(load, longest) -> seconds`` of a step at that load whose longest verified draft is ``longest``
-            (:func:`profile_step_cost`); needed for the real loop's ``av(margins, load)`` only.
+        cost: ``(load, longest, verified) -> seconds`` of a step at that load whose longest verified draft is
+            ``longest``, ``verified`` drafted tokens verified in all (:func:`profile_step_cost`); needed for the real
+            loop's ``av(margins, load)`` only.
         estimator: the acceptance model (default: a new :class:`OnlineAcceptanceEstimator` of ``max_depth``
             positions with vLLM's settings; ``**estimator_kw`` are passed to it).
 
@@ -405,7 +412,7 @@ class AdaptiveVerification:
 
         Args:
             margins: per row, float (γ_i,) the drafted tokens' top-2 margins (NaN: unknown, read as 0).
-            step_seconds: ``longest -> seconds`` of the step (:func:`choose_budget`).
+            step_seconds: ``(longest, verified) -> seconds`` of the step (:func:`choose_budget`).
         """
         margins = [np.nan_to_num(np.asarray(m, dtype=np.float64), nan=0.0) for m in margins]
         if self.warming_up:
@@ -436,7 +443,7 @@ class AdaptiveVerification:
         if self.cost is None:
             raise ValueError("AdaptiveVerification needs the step's cost in the real loop: "
                              "AdaptiveVerification(max_depth, cost=profile_step_cost(profile, drafter, max_depth)).")
-        keep = self.counts(margins, lambda longest: self.cost(load, longest))
+        keep = self.counts(margins, lambda longest, verified: self.cost(load, longest, verified))
         self._last = ([np.asarray(m, dtype=np.float64) for m in margins], keep)
         return keep
 

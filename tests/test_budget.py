@@ -122,8 +122,9 @@ def test_censored_rows_label_only_their_accepted_positions():
 
 
 def _cost(n_rows: int, per_token: float, fixed: float = 0.01):
-    """``longest -> seconds`` of a step of ``n_rows`` rows padded to the longest kept draft."""
-    return lambda longest: fixed + per_token * n_rows * (1 + longest)
+    """``(longest, verified) -> seconds`` of a step of ``n_rows`` rows whose ragged verification feeds
+    ``n_rows + verified`` tokens."""
+    return lambda longest, verified: fixed + per_token * (n_rows + verified)
 
 
 def test_the_budget_verifies_everything_when_verification_is_free_and_nothing_when_it_dominates():
@@ -135,19 +136,25 @@ def test_the_budget_verifies_everything_when_verification_is_free_and_nothing_wh
 
 
 def test_the_budget_takes_global_top_slots():
-    """Padding makes the longest row the cost: a row's low-survival tail that would lengthen every row is dropped
-    ((2 + 3.56) / 1.12 = 4.97 beats 5.74 / 1.16 = 4.95), but a tail within the longest row's length is free."""
-    cost = lambda longest: 1.0 + 0.02 * 2 * (1 + longest)  # noqa: E731  (2 rows)
-    keep, B = choose_budget([np.cumprod([0.95, 0.95, 0.2, 0.9]), np.cumprod([0.9, 0.9])], cost)
-    assert keep == [2, 2] and B == 4
-    keep, B = choose_budget([np.cumprod([0.95, 0.95, 0.2, 0.9]), np.cumprod([0.9, 0.9, 0.9, 0.9])], cost)
-    assert keep == [4, 4] and B == 8
+    """Ragged verification prices every kept slot alike: the rule keeps, across rows, the slots whose survival pays
+    for their token (at 0.02 s a token all six, down to survival 0.16: 5.91 / 1.16 = 5.09 is the best ratio; at 0.2 s
+    the four of survival ≥ 0.81: 5.56 / 2.2 = 2.53). A cost in the longest kept draft (lockstep drafting) drops a
+    deep tail."""
+    survival = [np.cumprod([0.95, 0.95, 0.2, 0.9]), np.cumprod([0.9, 0.9])]
+    keep, B = choose_budget(survival, lambda longest, verified: 1.0 + 0.02 * (2 + verified))
+    assert keep == [4, 2] and B == 6
+    keep, B = choose_budget(survival, lambda longest, verified: 1.0 + 0.2 * (2 + verified))
+    assert keep == [2, 2] and B == 4  # 0.95, 0.90, 0.90, 0.81 pay for 0.2 s a token; 0.18 does not
+    # the longest kept draft prices drafting: a deep tail that lengthens the lockstep draft is dropped
+    keep, B = choose_budget(survival, lambda longest, verified: 1.0 + 0.5 * longest + 0.001 * verified)
+    assert max(keep) <= 2
 
 
 def test_adaptive_verification_warms_up_then_cuts_and_learns_from_steps():
     from types import SimpleNamespace
 
-    av = AdaptiveVerification(4, cost=lambda load, longest: 0.001 * load.batch_size + _cost(load.batch_size, 1.0)(longest),
+    av = AdaptiveVerification(4, cost=lambda load, longest, verified: 0.001 * load.batch_size
+                              + _cost(load.batch_size, 1.0)(longest, verified),
                               refit_every=2, warmup_refits=1, min_observations=1)
     margins = [np.array([0.9, 0.9, 0.9, 0.9]), np.array([0.5, 0.5])]
     assert av(margins, _load(2)) == [4, 2]  # warm-up: whole blocks
@@ -162,13 +169,14 @@ def test_adaptive_verification_warms_up_then_cuts_and_learns_from_steps():
         av.observe(SimpleNamespace(rows=rows), margins=[margins[0]])
 
 
-def test_a_profile_prices_the_step_padded_to_the_longest_draft():
+def test_a_profile_prices_the_ragged_step_or_the_step_padded_to_the_longest_draft():
     from test_serve_replay import batched_profile
 
     prof = batched_profile(verify=lambda B, n, c: 0.01 * B * n, draft=lambda B: 0.001 * B)
     load = LoadState(2, 4, (100, 128))
     drafted_first = profile_step_cost(prof, "lookup", 4)  # the rows drafted 4 tokens before the choice
-    assert drafted_first(load, 1) == pytest.approx(4 * 0.002 + 0.01 * 2 * 2)
+    assert drafted_first(load, 1) == pytest.approx(4 * 0.002 + 0.01 * 2 * 2)  # padded: 2 rows × 2 tokens
+    assert drafted_first(load, 1, 1) == pytest.approx(4 * 0.002 + 0.01 * 3)  # ragged: 2 + 1 tokens
     assert profile_step_cost(prof, "lookup", 4, drafted_before=False)(load, 1) == pytest.approx(0.002 + 0.04)
     with pytest.raises(ValueError, match="needs the step's cost"):
         AdaptiveVerification(2)([np.zeros(1)], load)

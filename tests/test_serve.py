@@ -201,7 +201,7 @@ def test_the_baselines_drive_the_batched_decoder(tiny_pair):
                     on_step=getattr(budget, "observe", None), budget=budget)
         return [r.tokens for r in res], d
 
-    av = AdaptiveVerification(3, cost=lambda load, longest: float(load.batch_size * (1 + longest)) ** 3,
+    av = AdaptiveVerification(3, cost=lambda load, longest, verified: float(load.batch_size + verified) ** 3,
                               warmup_refits=0)
     cut, d = run(av)
     assert all(c.depth == 0 for s in d.steps for c in s.rows.values()) and av.history

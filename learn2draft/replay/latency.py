@@ -388,15 +388,20 @@ class LatencyProfile:
         """
         return self._overhead_term(drafter, "join_seconds", batch_size)
 
-    def step_batched(self, drafter: str, batch_size: int, depth: int, context: float) -> tuple[float, float, float]:
-        """(draft, verify, other) seconds of one batched step of ``batch_size`` rows padded to the longest draft
-        ``depth`` at batch context ``context`` — the one formula of :mod:`learn2draft.replay.serve`::
+    def step_batched(self, drafter: str, batch_size: int, depth: int, context: float,
+                     verified: int | None = None) -> tuple[float, float, float]:
+        """(draft, verify, other) seconds of one batched step of ``batch_size`` rows whose longest draft is ``depth``,
+        ``verified`` drafted tokens over all rows, at batch context ``context`` — the one formula of
+        :mod:`learn2draft.replay.serve`::
 
-            draft = d · draft_step_batched(B, c);  verify = verify_batched(B, d + 1, c)
+            draft = d · draft_step_batched(B, c);  verify = verify_batched(B, 1 + verified / B, c)
             other = cycle_overhead + d · step_overhead + batch_overhead(B, d)   (at least −draft: a step costs at
                                                                                   least its verification)
 
-        (the single-sequence overheads once per step, not per row).
+        (the single-sequence overheads once per step, not per row). The verification is ragged, as
+        :class:`learn2draft.batched.BatchedSpeculativeDecoder` runs it: B + ``verified`` packed tokens, priced as B rows
+        of their mean length (the table's B rows × n tokens, n interpolated); drafting is lockstep, so its cost follows
+        the longest draft. ``verified`` None: every row padded to the longest (B × (d + 1) tokens).
 
         Raises:
             ValueError: as :meth:`verify_batched` and :meth:`draft_step_batched`.
@@ -404,7 +409,8 @@ class LatencyProfile:
         d = int(depth)
         cost = self.cost(drafter)
         draft = d * float(self.draft_step_batched(drafter, batch_size, context)) if d else 0.0
-        verify = float(self.verify_batched(batch_size, d + 1, context))
+        per_row = d + 1 if verified is None or batch_size == 1 else 1 + min(int(verified), batch_size * d) / batch_size
+        verify = float(self.verify_batched(batch_size, per_row, context))
         other = cost.cycle_overhead_seconds + d * cost.step_overhead_seconds + self.batch_overhead(drafter, batch_size, d)
         return draft, verify, max(other, -draft)
 

@@ -20,10 +20,11 @@ One simulated **step** of the running rows (B of them):
 2. depths: the policy returns a depth per row (``policy(load, rows) -> int (B,)``, :class:`LoadFeatures`,
    :class:`RowFeatures`), capped per row at what the row can draft (its recorded chain, ``max_depth`` and its
    tokens left, :attr:`learn2draft.replay.outcome.ChainReplay.avail`);
-3. cost: rows are padded to the longest: with d = the largest depth,
+3. cost: drafting is lockstep (d = the largest depth) and verification ragged (each row its own d_i + 1 tokens,
+   packed: :mod:`learn2draft.batch_cache`):
 
-       seconds = d · (draft_step_batched(B, c) + step_overhead) + verify_batched(B, d + 1, c) + cycle_overhead
-                 + batch_overhead(B, d)
+       seconds = d · (draft_step_batched(B, c) + step_overhead) + verify_batched(B, 1 + Σ d_i / B, c)
+                 + cycle_overhead + batch_overhead(B, d)
 
    (:meth:`LatencyProfile.step_batched`: :meth:`LatencyProfile.draft_step_batched`,
    :meth:`LatencyProfile.verify_batched`; the overheads are the profile's single-sequence fit, charged once per step,
@@ -383,10 +384,13 @@ class ServeSimulator:
                             np.asarray([r.last_depth for r in rows], dtype=np.int64), margin, conf)
         return load, feats
 
-    def step_seconds(self, batch: int, max_depth: int, context: float) -> tuple[float, float, float]:
-        """(draft, verify, other) seconds of a step of ``batch`` rows padded to ``max_depth`` drafted tokens at the
-        batch context ``context`` (the formula of the module docstring)."""
-        return self.profile.step_batched(self.drafter, batch, max_depth, context)
+    def step_seconds(self, batch: int, max_depth: int, context: float,
+                     verified: int | None = None) -> tuple[float, float, float]:
+        """(draft, verify, other) seconds of a step of ``batch`` rows whose longest draft is ``max_depth``, ``verified``
+        drafted tokens over all rows (None: every row at ``max_depth``), at the batch context ``context`` (the
+        formula of the module docstring)."""
+        verified = batch * max_depth if verified is None else verified
+        return self.profile.step_batched(self.drafter, batch, max_depth, context, verified)
 
     def step(self, depths) -> StepResult:
         """One batch step with per-row ``depths`` (int (B,) in the order of :meth:`observe`'s rows, or one int for
@@ -415,7 +419,7 @@ class ServeSimulator:
             draft, verify, other = float(r.draft[t0, dmax]), float(r.verify[t0, dmax]), float(r.other[t0, dmax])
             seconds = float(r.total[t0, dmax])
         else:
-            draft, verify, other = self.step_seconds(B, dmax, self.batch_context_of(ctx))
+            draft, verify, other = self.step_seconds(B, dmax, self.batch_context_of(ctx), int(d.sum()))
             seconds = draft + verify + other
         self.clock += seconds
         self._step_seconds += seconds
@@ -448,13 +452,16 @@ class ServeSimulator:
 
     def step_seconds_by_depth(self, rows: RowFeatures) -> np.ndarray:
         """float64 (max_depth + 1,): the seconds of the next step over ``rows`` (the running rows, as
-        :meth:`observe` gives them) when its deepest row drafts d = 0..max_depth tokens — what :meth:`step` charges."""
+        :meth:`observe` gives them) when every row drafts up to d = 0..max_depth tokens (each at most its ``avail``) —
+        what :meth:`step` charges for one γ = d."""
         B, D = rows.context.shape[0], self.max_depth
         if B == 1:
             req = self.running[0]
             return np.asarray(req.replay.total[req.t], dtype=np.float64)
         ctx = self.batch_context_of(rows.context)
-        return np.asarray([sum(self.step_seconds(B, d, ctx)) for d in range(D + 1)])
+        avail = np.asarray(rows.avail, dtype=np.int64)
+        return np.asarray([sum(self.step_seconds(B, int(np.minimum(avail, d).max()), ctx, int(np.minimum(avail, d).sum())))
+                           for d in range(D + 1)])
 
     def batch_context_of(self, context: np.ndarray) -> float:
         """The context a step over rows of ``context`` (int (B,)) is costed at: their max or mean
@@ -610,12 +617,11 @@ class ReplayAdaptiveVerification:
     """:class:`learn2draft.budget.AdaptiveVerification` (vLLM's rule, the one the real loop runs) as a policy of the
     simulator: the drafted slots' margins come from the traces (``draft_margin``; NaN — traces recorded without it —
     reads as 0, so each position's logistic reduces to its mean acceptance), the step's cost from the simulator
-    (:meth:`ServeSimulator.step_seconds_by_depth`: the batched draft cost times the deepest row's slots and the padded
-    batched verification, from the profile), and every step's τ are its labels.
+    (:meth:`ServeSimulator.step_seconds`: the batched draft cost times the deepest chosen row's slots and the ragged
+    verification of the chosen slots, from the profile), and every step's τ are its labels.
 
-    Departures from vLLM, stated: vLLM drafts all K slots before choosing (the drafting of unchosen slots is charged
-    here only up to the deepest chosen one, which favours the rule) and costs verification over the ragged total
-    T + B tokens, where this replay's batch pads rows to the longest.
+    Departure from vLLM, stated: vLLM drafts all K slots before choosing (the drafting of unchosen slots is charged
+    here only up to the deepest chosen one, which favours the rule).
 
     Args:
         refit_every, warmup_refits, min_observations: the estimator's (vLLM: 100, 3, 50; a short replayed stream
@@ -650,9 +656,16 @@ class ReplayAdaptiveVerification:
         if self.sim is None:
             raise ValueError("ReplayAdaptiveVerification needs the simulator whose costs it weighs: .bind(simulator) "
                              "(simulate() binds it).")
-        seconds = self.sim.step_seconds_by_depth(rows)
-        keep = np.asarray(self.rule.counts(self._margins(rows), lambda longest: float(seconds[longest])),
-                          dtype=np.int64)
+        B, ctx = rows.context.shape[0], self.sim.batch_context_of(rows.context)
+        if B == 1:
+            by_depth = self.sim.step_seconds_by_depth(rows)
+
+            def seconds(longest: int, verified: int) -> float:
+                return float(by_depth[longest])
+        else:
+            def seconds(longest: int, verified: int) -> float:
+                return float(sum(self.sim.step_seconds(B, longest, ctx, verified)))
+        keep = np.asarray(self.rule.counts(self._margins(rows), seconds), dtype=np.int64)
         self.last_budget = int(keep.sum())
         return keep
 
