@@ -21,6 +21,7 @@ from transformers.generation.streamers import BaseStreamer
 from learn2draft.cli import progress as cli_progress
 from learn2draft.decoding import DraftController, Sampler, SpeculativeDecoder
 from learn2draft.drafters import Drafter, make_drafter
+from learn2draft.metrics import percentiles, tau_histogram
 from learn2draft.models import ModelPair
 from learn2draft.names import run_seed
 from learn2draft.sampling import SamplingConfig
@@ -253,14 +254,6 @@ def peak_memory_bytes() -> int:
     return int(rss if sys.platform == "darwin" else rss * 1024)
 
 
-def _percentiles(values) -> dict:
-    """p50 / p90 / p99 of ``values`` (None when empty), numpy's linear interpolation."""
-    if not len(values):
-        return {"p50": None, "p90": None, "p99": None}
-    q = np.percentile(np.asarray(values, dtype=np.float64), [50, 90, 99])
-    return {"p50": float(q[0]), "p90": float(q[1]), "p99": float(q[2])}
-
-
 def run_interleaved(methods: Sequence[Method], prompts: Sequence[torch.Tensor], repeats: int, seed: int = 0,
                     desc: str = "runs", progress: bool = True, warmup: bool = False) -> list[RunRecord]:
     """Run every method on every prompt ``repeats`` times, rotating the method order per (repeat, prompt).
@@ -324,10 +317,10 @@ def summarize(records: Sequence[RunRecord], reference: str | None = None) -> dic
             "runs": len(rs),
             # Percentiles over requests (one generation = one request) and the accepted-length distribution:
             # two workloads with the same mean τ can differ in it.
-            "ttft_seconds_percentiles": _percentiles([r.ttft_seconds for r in rs]),
-            "inter_token_seconds_percentiles": _percentiles([r.inter_token_seconds for r in rs]),
-            "request_seconds_percentiles": _percentiles([r.wall_seconds for r in rs]),
-            "accepted_length_histogram": (np.bincount([t for r in rs for t in r.accepted_lengths]).tolist()
+            "ttft_seconds_percentiles": percentiles([r.ttft_seconds for r in rs]),
+            "inter_token_seconds_percentiles": percentiles([r.inter_token_seconds for r in rs]),
+            "request_seconds_percentiles": percentiles([r.wall_seconds for r in rs]),
+            "accepted_length_histogram": (tau_histogram(t for r in rs for t in r.accepted_lengths)
                                           if any(r.accepted_lengths for r in rs) else []),
             "peak_memory_bytes": max((r.peak_memory_bytes for r in rs if r.peak_memory_bytes is not None),
                                      default=None),

@@ -64,6 +64,7 @@ import numpy as np
 
 from learn2draft import cli
 from learn2draft.cli import HelpFormatter, plain_doc, run_cli
+from learn2draft.metrics import percentiles
 from learn2draft.prompts import PROMPT_SETS
 
 DEFAULT_OUT = "runs/serve"
@@ -321,24 +322,16 @@ def _request_row(i: int, req, admitted: float, tokens: int, ttft: float, latency
             "tokens_per_second": tps, "itl_seconds": tpot}
 
 
-def _pct(values) -> dict:
-    from eval.runner import _percentiles
-
-    out = _percentiles(list(values))
-    out["mean"] = float(np.mean(values)) if len(values) else None
-    return out
-
-
 def _summary(rows: list[dict], makespan: float, gaps: list[float], peak: int, drafted: int = 0, accepted: int = 0,
              tau: float | None = None, steps: int | None = None, mean_batch: float | None = None) -> dict:
     """One method at one level: totals, percentiles over requests, acceptance."""
     total = sum(r["tokens"] for r in rows)
     return {"requests": rows, "aggregate_tokens": total, "makespan_seconds": makespan,
             "aggregate_tokens_per_second": total / makespan if makespan > 0 else 0.0,
-            "per_request_tokens_per_second": _pct([r["tokens_per_second"] for r in rows]),
-            "ttft_seconds": _pct([r["ttft_seconds"] for r in rows]),
-            "itl_seconds": _pct([r["itl_seconds"] for r in rows if r["tokens"] > 1]),
-            "itl_gaps_seconds": _pct(gaps), "latency_seconds": _pct([r["latency_seconds"] for r in rows]),
+            "per_request_tokens_per_second": percentiles([r["tokens_per_second"] for r in rows]),
+            "ttft_seconds": percentiles([r["ttft_seconds"] for r in rows]),
+            "itl_seconds": percentiles([r["itl_seconds"] for r in rows if r["tokens"] > 1]),
+            "itl_gaps_seconds": percentiles(gaps), "latency_seconds": percentiles([r["latency_seconds"] for r in rows]),
             "peak_memory_bytes": int(peak), "drafted": int(drafted), "accepted": int(accepted),
             "alpha": accepted / drafted if drafted else None, "tau": tau, "steps": steps, "mean_batch_size": mean_batch}
 

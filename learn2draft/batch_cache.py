@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface, PreTrainedModel
@@ -237,12 +238,14 @@ class BatchCache:
         starts = self.lengths[row0 : row0 + b]
         kmax, slots = max(counts), max(s + k for s, k in zip(starts, counts))
         self.reserve(self.rows, slots)
-        k_t = torch.tensor(counts, device=dev)
-        s_t = torch.tensor(starts, device=dev)
-        token_row = torch.repeat_interleave(torch.arange(b, device=dev), k_t)
-        first = torch.cumsum(k_t, 0) - k_t
-        token_off = torch.arange(token_row.numel(), device=dev) - first[token_row]
-        slot = s_t[token_row] + token_off
+        # the index tensors built on the host and sent in one copy (no device sync for a data-dependent size)
+        token_row = np.repeat(np.arange(b), counts)
+        token_off = np.arange(token_row.size) - np.repeat(np.cumsum(counts) - counts, counts)
+        slot = np.asarray(starts)[token_row] + token_off
+        host = np.concatenate([token_row, token_off, slot, starts, counts]).astype(np.int64)
+        idx = torch.from_numpy(host).to(dev, non_blocking=True)
+        n = token_row.size
+        token_row, token_off, slot, s_t, k_t = idx[:n], idx[n:2 * n], idx[2 * n:3 * n], idx[3 * n:3 * n + b], idx[3 * n + b:]
         # query j of a row attends to slots ≤ start + j; a padding query (j ≥ k) to those of the row's last token
         last = s_t[:, None] + torch.minimum(torch.arange(kmax, device=dev)[None], (k_t - 1)[:, None])  # (b, kmax)
         mask = (torch.arange(slots, device=dev)[None, None] <= last[:, :, None])[:, None]

@@ -31,18 +31,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from learn2draft.metrics import tokens_per_second  # noqa: F401  (the replay's rates: all generated tokens over the summed cycle seconds)
 from learn2draft.replay.latency import LatencyProfile
 from learn2draft.replay.traces import PromptTrace, TreePromptTrace
-
-
-def tokens_per_second(tokens: float, seconds: float) -> float:
-    """The rate of replayed (or measured) generations: all generated tokens (the prefill's first one included)
-    over the summed cycle seconds; 0.0 when no second was spent.
-
-    Args:
-        tokens: tokens generated, summed over the generations; ``seconds``: their cycles' seconds, summed.
-    """
-    return tokens / seconds if seconds > 0 else 0.0
 
 
 # --------------------------------------------------------------------------- chains

@@ -65,6 +65,7 @@ import numpy as np
 
 from learn2draft.budget import BatchSizeTable
 from learn2draft.control import FixedDepthController
+from learn2draft.metrics import percentiles
 from learn2draft.replay.latency import LatencyProfile
 from learn2draft.replay.outcome import ChainReplay, chain_replay
 from learn2draft.replay.traces import TraceSet
@@ -494,20 +495,14 @@ class ServeSimulator:
             "load": self.load.label, "concurrency": self.load.concurrency, "rate": self.load.rate,
             "requests": len(reqs), "tokens": tokens, "seconds": span,
             "tokens_per_s": tokens / span if span > 0 else 0.0,
-            "per_request_tokens_per_s": _stats(per_req), "ttft_s": _stats(first - arrival), "itl_s": _stats(itl),
-            "latency_s": _stats(latency),
+            "per_request_tokens_per_s": percentiles(per_req, empty=0.0),
+            "ttft_s": percentiles(first - arrival, empty=0.0), "itl_s": percentiles(itl, empty=0.0),
+            "latency_s": percentiles(latency, empty=0.0),
             "mean_tau": self._row_tau / self._row_cycles if self._row_cycles else 0.0,
             "mean_depth": self._row_depth / self._row_cycles if self._row_cycles else 0.0,
             "mean_batch": self._batch_sum / self.steps if self.steps else 0.0, "steps": self.steps,
             "prefill_seconds": self._prefill_seconds, "step_seconds": self._step_seconds,
         }
-
-
-def _stats(x: np.ndarray) -> dict[str, float]:
-    """mean, p50, p90, p99 of ``x`` (numpy's linear percentiles)."""
-    x = np.asarray(x, dtype=np.float64)
-    p50, p90, p99 = np.percentile(x, [50, 90, 99]) if x.size else (0.0, 0.0, 0.0)
-    return {"mean": float(x.mean()) if x.size else 0.0, "p50": float(p50), "p90": float(p90), "p99": float(p99)}
 
 
 def _decide(policy, load: LoadFeatures, rows: RowFeatures) -> np.ndarray:
