@@ -396,20 +396,19 @@ def _run(args) -> int:
     report = {"dry_run": bool(args.dry_run), "device": device, "environment": environment(device),
               "parameters": parameter_counts(GPU_SHAPES)}
     tmp = tempfile.TemporaryDirectory(prefix="gpu-check-")
+    batch_sizes = (1, 16, 64)  # the batched loop's sizes; the dry run counts host reads at the same ones
     if args.dry_run:
         tiny = Path(tmp.name) / "tiny.json"
         tiny.write_text(json.dumps(TINY_SHAPE))
         shapes, dtype = {str(tiny): "model,lookup"}, "float32"
         batch = {str(tiny): "1,2"}
         loop_shape, loop_tokens, loop_prompts = str(tiny), 8, 1
-        batch_sizes = (1, 2)
         settings = ["--contexts", "16,32", "--tokens", "1,2,4", "--repeats", "1", "--draft-steps", "2",
                     "--overhead-prompts", "1", "--overhead-tokens", "4", "--tree-width", "2", "--tree-top-k", "2"]
     else:
         shapes, dtype = dict(GPU_SHAPES), "bfloat16"
         batch = dict(GPU_BATCH_SIZES)
         loop_shape, loop_tokens, loop_prompts = "smollm2-135m", 64, 4
-        batch_sizes = (1, 16, 64)
         settings = ["--tree-width", "4", "--tree-top-k", "4"]
     def save() -> None:  # after every step: a call killed at its time limit still returns what was measured
         report["seconds"] = round(time.perf_counter() - t_start, 1)
