@@ -338,7 +338,7 @@ def test_oracle_beats_every_fixed_depth_and_equals_brute_force(pairs, drafter):
         r = env.replay_data(i)
         best, depths = oracle_prompt(r, True)
         assert best == pytest.approx(brute_force_seconds(env, i), rel=1e-12)
-        assert best == pytest.approx(evaluate_policy(r, lambda t: depths[t], True), rel=1e-12)
+        assert best == pytest.approx(evaluate_policy(r, lambda t, depths=depths: depths[t], True), rel=1e-12)
         for d in range(4):
             assert best <= evaluate_policy(r, lambda t, d=d: d, True) + 1e-12
     rep = oracle_report(env, {"γ=2": FixedDepthController(2)})
@@ -721,7 +721,7 @@ def test_train_a_profile_conditioned_policy_export_and_load(pairs, tiny_model_di
         obs, _ = env.reset(options={"prompt_index": 1, "profile_index": k})
         np.testing.assert_array_equal(ctrl.profile_features, profile_features(load_profile(prof), "model"))
         graph_actions, seen = ctrl.actions, []
-        ctrl.actions = lambda x: (seen.append(np.asarray(x).copy()), graph_actions(x))[1]
+        ctrl.actions = lambda x, seen=seen, g=graph_actions: (seen.append(np.asarray(x).copy()), g(x))[1]
         for act in (1, 1, 0, 1, 0, 1, 1, 1):
             assert ctrl.continue_drafting(obs[: len(FEATURE_NAMES)]) == bool(graph_actions(obs)[0])
             np.testing.assert_array_equal(seen[-1].reshape(-1), obs)  # the graph got the env's full observation

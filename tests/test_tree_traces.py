@@ -237,7 +237,7 @@ def test_tree_oracle_equals_brute_force_and_beats_every_fixed_tree(noisy_pair):
         r.actions = [r.actions[a] for a in sub]
         best, choice = tree_oracle_prompt(r)
         assert best == pytest.approx(brute_force_seconds(pt, actions, n, 7), rel=1e-12)
-        assert best == pytest.approx(tree_evaluate(r, lambda t: choice[t]), rel=1e-12)
+        assert best == pytest.approx(tree_evaluate(r, lambda t, choice=choice: choice[t]), rel=1e-12)
         for a in range(len(r.actions)):
             assert best <= tree_evaluate(r, lambda t, a=a: a) + 1e-12
         found_tree_cycle |= bool(any(r.actions[choice[t]][0] > 0 for t in range(1, r.n)))

@@ -335,7 +335,7 @@ def generate_data(
     bar = progress_display(_generation_batches(encoded, cfg.gen_batch_size), desc="generate", unit="batch")
     for b, idx in enumerate(bar):
         sampled = encoded[idx[0]][1]
-        data += cached_batch(cache_dir / f"batch_{b:04d}.pt", lambda: _teacher_batch(  # noqa: B023 (called at once)
+        data += cached_batch(cache_dir / f"batch_{b:04d}.pt", lambda idx=idx, sampled=sampled, b=b: _teacher_batch(
             target, [encoded[j][0] for j in idx], sampled, cfg, pad_id, eos, len(tokenizer), cfg.seed * 100003 + b))
         bar.set_postfix(tokens=sum(len(d["top_idx"]) for d in data))
     return data
