@@ -212,6 +212,8 @@ class BatchedSpeculativeDecoder:
         self._controllers: dict[int, DraftController] = {}
         self._results: dict[int, RequestResult] = {}
         self._next_id = 0
+        #: requests added with ``mixed=True`` whose prefill rides on the next step: (row, controller, request id)
+        self._joining: list[tuple[_Row, DraftController, int]] = []
         #: the target's KV cache, per row by length (row i of the cache is ``rows[i]``)
         self.cache = BatchCache(pair.target)
         if verification not in ("ragged", "padded"):
@@ -253,18 +255,24 @@ class BatchedSpeculativeDecoder:
             PrecisionMismatchWarning: the controller's policy was trained in another precision than the target runs
                 in (once per policy: :func:`learn2draft.control.warn_precision_mismatch`).
         """
-        if len(self.rows) >= self.max_batch:
+        if len(self.rows) + len(self._joining) >= self.max_batch:
             raise RuntimeError(f"The batch is full ({self.max_batch} rows): step() until a request finishes.")
         return self.add_many([prompt_ids], [controller], [seed], None if arrival is None else [arrival])[0]
 
     def add_many(self, prompts: Sequence[torch.Tensor], controllers: Sequence[DraftController],
-                 seeds: Sequence[int] | None = None, arrivals: Sequence[float] | None = None) -> list[int]:
+                 seeds: Sequence[int] | None = None, arrivals: Sequence[float] | None = None,
+                 mixed: bool = False) -> list[int]:
         """:meth:`add` for requests that join together: one prefill forward over the prompts, packed (each row's own
         tokens, no padding: :meth:`learn2draft.batch_cache.BatchCache.forward`), instead of one forward each.
 
         Args:
             prompts: int64 (L_i,) each; controllers: one per prompt; seeds: one per prompt (default 0);
             arrivals: clock readings (default: now).
+            mixed: defer the prefill to the next :meth:`step`, whose one target forward then carries the prompts'
+                tokens beside the running rows' verification (a mixed prefill-and-decode batch, as vLLM's and SGLang's
+                schedulers run joins): the batch does not stall for a prefill forward of its own. The requests get
+                their first token at the end of that step and join the batch from the step after. With
+                ``verification="padded"`` or no running row the prefill runs now, as without it.
 
         Returns:
             the request ids, in the order of ``prompts`` (none for no prompts).
@@ -282,35 +290,58 @@ class BatchedSpeculativeDecoder:
         seeds = [0] * n if seeds is None else list(seeds)
         if len(controllers) != n or len(seeds) != n or (arrivals is not None and len(arrivals) != n):
             raise ValueError(f"add_many needs one controller, seed and arrival per prompt ({n} prompts).")
-        if len(self.rows) + n > self.max_batch:
-            raise RuntimeError(f"{n} requests do not fit: the batch holds {len(self.rows)} of {self.max_batch} rows.")
         for c in controllers:
             check_depth_feature_scale(c, self.max_depth)
             warn_precision_mismatch(c, self.pair.target.dtype)  # once per policy, not per request
+        if len(self.rows) + len(self._joining) + n > self.max_batch:
+            raise RuntimeError(f"{n} requests do not fit: {len(self._joining)} more are joining the batch of "
+                               f"{len(self.rows)} of {self.max_batch} rows.")
         now = self.clock.now()
         rows = [self._new_row(prompt, c, seed, prefill=False) for prompt, c, seed in zip(prompts, controllers, seeds)]
-        need_hidden = rows[0].drafter.needs_target_hidden
-        first = self.cache.add_rows(n)[0]
+        self.cache.add_rows(n)  # after the running rows and those already joining
+        rids = [self._record(r, now if arrivals is None else float(arrivals[i]), None) for i, r in enumerate(rows)]
+        self._joining += list(zip(rows, controllers, rids))
+        if not (mixed and self.rows and self.verification == "ragged"):
+            self._prefill_joining()
+        return rids
+
+    def _prefill_joining(self) -> None:
+        """Prefill the joining rows in one forward of their own (packed) and admit them."""
+        rows = [r for r, _, _ in self._joining]
         last = torch.tensor([r.prompt_len for r in rows], device=self.pair.device).cumsum(0) - 1
-        logits, hidden = self.cache.forward(first, [r.ids for r in rows], keep=last, output_hidden=need_hidden)
+        logits, hidden = self.cache.forward(len(self.rows), [r.ids for r in rows], keep=last,
+                                            output_hidden=rows[0].drafter.needs_target_hidden)
+        done = self._admit(logits, hidden)
+        if done:
+            self._drop(done)
+
+    def _admit(self, last_logits: torch.Tensor, hidden: torch.Tensor | None) -> list[int]:
+        """The joining rows after their prefill: each draws its first token from its prompt's last logits
+        (``last_logits`` float (P, V), one row per joining request), is recorded, and joins the batch.
+
+        Args:
+            hidden: the prompts' last hidden states, packed (Σ L_j, H), for a drafter that reads them (else None).
+
+        Returns:
+            the batch positions of those that finished at once (EOS first, or ``max_new_tokens`` = 1), to drop.
+        """
         t = self.clock.now()
-        rids, joined, off = [], [], 0
-        for i, (r, c) in enumerate(zip(rows, controllers)):
-            if need_hidden:
+        done, off = [], 0
+        for i, (r, c, rid) in enumerate(self._joining):
+            if hidden is not None:
                 r.drafter.observe_target(hidden[off : off + r.prompt_len], 0)
             off += r.prompt_len
-            r._first_token(logits[i : i + 1, : self.pair.vocab_size])
-            rid = self._record(r, now if arrivals is None else float(arrivals[i]), t)
-            rids.append(rid)
-            if not r.finished:  # EOS first, or max_new_tokens = 1: never joins
-                joined.append(i)
-                self._controllers[rid] = c
-        if len(joined) < n:
-            self.cache.keep_rows(list(range(first)) + [first + i for i in joined])
-        for i in joined:
-            self.rows.append(rows[i])
-            self._ids.append(rids[i])
-        return rids
+            r._first_token(last_logits[i : i + 1, : self.pair.vocab_size])
+            res = self._results[rid]
+            res.tokens, res.first_token, res.finish = r.ids[r.prompt_len :].tolist(), t, t
+            res.token_times = [t] * r.generated
+            if r.finished:
+                done.append(len(self.rows))
+            self.rows.append(r)
+            self._ids.append(rid)
+            self._controllers[rid] = c
+        self._joining = []
+        return done
 
     def _new_row(self, prompt_ids: torch.Tensor, controller: DraftController, seed: int, prefill: bool) -> _Row:
         """A new row with its own drafter, started on ``prompt_ids`` (its prefill forward run when ``prefill``); the
@@ -321,13 +352,14 @@ class BatchedSpeculativeDecoder:
         row.start(prompt_ids, seed, prefill=prefill)
         return row
 
-    def _record(self, row: _Row, arrival: float, first_token: float) -> int:
-        """Open the :class:`RequestResult` of a prefilled row (its first token committed at ``first_token``); returns
-        its request id."""
+    def _record(self, row: _Row, arrival: float, first_token: float | None) -> int:
+        """Open the :class:`RequestResult` of a row (its first token committed at ``first_token``; None: not yet
+        prefilled, set by :meth:`_admit`); returns its request id."""
         rid = self._next_id
         self._next_id += 1
+        t = float("nan") if first_token is None else first_token
         self._results[rid] = RequestResult(rid, row.ids[: row.prompt_len].tolist(), row.ids[row.prompt_len :].tolist(),
-                                           [], arrival, first_token, first_token, [first_token] * row.generated)
+                                           [], arrival, t, t, [t] * row.generated)
         return rid
 
     def result(self, request_id: int) -> RequestResult:
@@ -359,9 +391,10 @@ class BatchedSpeculativeDecoder:
         keep = [i for i in range(len(self.rows)) if i not in set(indices)]
         for i in indices:
             self._controllers.pop(self._ids[i], None)
+        b = len(self.rows)
         self.rows = [self.rows[i] for i in keep]
         self._ids = [self._ids[i] for i in keep]
-        self.cache.keep_rows(keep)
+        self.cache.keep_rows(keep + list(range(b, b + len(self._joining))))  # joining rows' slots follow
 
     # -------------------------------------------------------------------- step
     def _batched_forward(self, tokens: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None, int]:
@@ -377,11 +410,32 @@ class BatchedSpeculativeDecoder:
         if self.verification == "ragged":
             logits, hidden = self.cache.forward(0, tokens, output_hidden=need_hidden)
             return logits[:, : self.pair.vocab_size], hidden, int(logits.shape[0])
+
         k = max(int(t.numel()) for t in tokens)
         padded = [torch.cat([t, t[-1:].expand(k - t.numel())]) for t in tokens]
         real = torch.cat([torch.arange(t.numel()) + i * k for i, t in enumerate(tokens)]).to(self.pair.device)
         logits, hidden = self.cache.forward(0, padded, output_hidden=need_hidden)
         return logits[real, : self.pair.vocab_size], None if hidden is None else hidden[real], k * len(tokens)
+
+    def _mixed_forward(self, tokens: list[torch.Tensor]):
+        """:meth:`_batched_forward` (ragged) with the joining requests' prompts packed after the rows' verification
+        tokens, in the same target forward; only the prompts' last logits are computed.
+
+        Returns:
+            the rows' logits (Σ k_i, V) and hidden states (or None), the tokens fed (Σ k_i + Σ L_j), the joining
+            requests' last logits (P, V) and their prompts' hidden states packed (Σ L_j, H) (or None).
+        """
+        dev = self.pair.device
+        n = sum(int(t.numel()) for t in tokens)
+        prompts = [r.ids for r, _, _ in self._joining]
+        ends = torch.tensor([int(p.numel()) for p in prompts], device=dev).cumsum(0) - 1
+        keep = torch.cat([torch.arange(n, device=dev), n + ends])
+        logits, hidden = self.cache.forward(0, list(tokens) + prompts, keep=keep,
+                                            output_hidden=self.rows[0].drafter.needs_target_hidden)
+        logits = logits[:, : self.pair.vocab_size]
+        fed = n + sum(int(p.numel()) for p in prompts)
+        return (logits[:n], None if hidden is None else hidden[:n], fed, logits[n:],
+                None if hidden is None else hidden[n:])
 
     def load(self, waiting: int = 0) -> LoadState:
         """The :class:`learn2draft.state.LoadState` of the running rows (``waiting``: queued requests) and the
@@ -471,6 +525,8 @@ class BatchedSpeculativeDecoder:
             RuntimeError: no row is running.
             ValueError: the budget returned a wrong number of rows or a count outside 0..γ_i.
         """
+        if self._joining and (not self.rows or self.verification == "padded"):
+            self._prefill_joining()  # nothing to mix them with, or a padded step: their prefill runs alone first
         if not self.rows:
             raise RuntimeError("No request is running: add() one first.")
         t_start = self.clock.now()
@@ -492,7 +548,11 @@ class BatchedSpeculativeDecoder:
         plans = [row._prepare_verification(None) for row in self.rows]
         tokens = [row._verification_tokens(plan) for row, plan in zip(self.rows, plans)]
         t1 = self.clock.now()
-        logits, hidden, fed = self._batched_forward(tokens)
+        joining = bool(self._joining)
+        if joining:
+            logits, hidden, fed, join_logits, join_hidden = self._mixed_forward(tokens)
+        else:
+            logits, hidden, fed = self._batched_forward(tokens)
         t2 = self.clock.now()
         # every row's target probabilities in one call when no processor reads a row's prefix (else row by row)
         probs = None if self.sampling.prefix_dependent else self.sampling.probs_rows(logits, source="target")
@@ -518,6 +578,8 @@ class BatchedSpeculativeDecoder:
             self.cache.set_length(i, row.target_len)
         k = max(int(t.numel()) for t in tokens)
         batch = len(self.rows)
+        if joining:  # the requests whose prefill rode on this forward draw their first token and join
+            done += self._admit(join_logits, join_hidden)
         if done:
             self._drop(done)
         step = BatchStep(results, self.clock.now() - t_start, batch, k, fed)
@@ -550,7 +612,7 @@ class Request:
 def serve(decoder: BatchedSpeculativeDecoder, requests: Sequence[Request],
           controller: Callable[[], DraftController], concurrency: int | None = None,
           on_step: Callable[[BatchStep], None] | None = None,
-          budget: VerificationBudget | None = None) -> list[RequestResult]:
+          budget: VerificationBudget | None = None, mixed_prefill: bool = True) -> list[RequestResult]:
     """Run a request stream through ``decoder`` with continuous batching.
 
     With ``concurrency`` c (a closed loop, as a fixed-concurrency load generator): c requests run at once and a
@@ -565,6 +627,8 @@ def serve(decoder: BatchedSpeculativeDecoder, requests: Sequence[Request],
         controller: builds one controller per request (controllers keep per-sequence state).
         on_step: called after every step.
         budget: the verification budget of every step (:meth:`BatchedSpeculativeDecoder.step`).
+        mixed_prefill: requests that join while others run are prefilled inside the next step's forward
+            (:meth:`BatchedSpeculativeDecoder.add_many` with ``mixed=True``); False: in a forward of their own first.
 
     Returns:
         the :class:`RequestResult` of every request, in the order of ``requests``.
@@ -589,7 +653,7 @@ def serve(decoder: BatchedSpeculativeDecoder, requests: Sequence[Request],
         if joining:  # requests joining at one step boundary share one prefill forward
             reqs = [requests[i] for _, i in joining]
             rids = decoder.add_many([r.prompt_ids for r in reqs], [controller() for _ in reqs], [r.seed for r in reqs],
-                                    [t0 + a for a, _ in joining])
+                                    [t0 + a for a, _ in joining], mixed=mixed_prefill)
             ids.update({i: rid for (_, i), rid in zip(joining, rids)})
         if decoder.rows:
             step = decoder.step(budget, waiting=sum(1 for a, _ in queue if a <= now))

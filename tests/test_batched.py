@@ -233,6 +233,64 @@ def test_serve_closed_and_open_loop(close_pair, monkeypatch):
     assert all(r.arrival - dec.result(0).arrival == pytest.approx(q.arrival, abs=1e-9) for r, q in zip(out, reqs))
 
 
+def run_with_joins(pair, drafter: str, sampling, mixed: bool):
+    """Rows 0 and 1 start; after one step rows 2 and 3 join, after three steps row 0 again (seed 9): each join
+    prefilled inside the next step's forward (``mixed``) or in a forward of its own. Returns the tokens per request
+    and, per step, the tokens its forward fed beyond the rows' verification."""
+    dec = BatchedSpeculativeDecoder(pair, drafter_factory(drafter, pair), sampling, max_new_tokens=12, max_depth=3)
+    rids = [dec.add(PROMPTS[0], ScheduleController(SCHEDULES[0]), seed=0),
+            dec.add(PROMPTS[1], ScheduleController(SCHEDULES[1]), seed=1)]
+    extra = []
+    for n in range(40):
+        if n == 1:
+            rids += dec.add_many(PROMPTS[2:4], [ScheduleController(SCHEDULES[r]) for r in (2, 3)], [2, 3], mixed=mixed)
+        if n == 3:
+            rids += dec.add_many([PROMPTS[0]], [ScheduleController(SCHEDULES[0])], [9], mixed=mixed)
+        if not dec.rows:
+            break
+        s = dec.step()
+        extra.append(s.tokens_fed - sum(c.depth + 1 for c in s.rows.values()))
+    return [dec.result(r).tokens for r in rids], extra
+
+
+@pytest.mark.parametrize("drafter", ["model", "head", "lookup"])
+def test_a_prefill_mixed_into_a_step_gives_each_rows_own_tokens(close_pair, drafter):
+    """Requests that join while others run are prefilled inside the next step's one forward (their prompts packed
+    after the rows' verification tokens): every row's greedy tokens equal its autoregressive output, and at T = 1
+    each request's tokens equal those with separate prefills (the same seeds)."""
+    got, extra = run_with_joins(close_pair, drafter, GREEDY, mixed=True)
+    for toks, r in zip(got, (0, 1, 2, 3, 0)):
+        assert toks == greedy_reference(close_pair.target, PROMPTS[r], 12, close_pair.vocab_size,
+                                        eos=close_pair.eos_token_ids), (drafter, r)
+    lens = [int(p.numel()) for p in PROMPTS]
+    assert extra[1] == lens[2] + lens[3] and extra[3] == lens[0] and sum(extra) == lens[2] + lens[3] + lens[0]
+    assert not any(run_with_joins(close_pair, drafter, GREEDY, mixed=False)[1])  # separate prefills: none rode
+    mixed, alone = run_with_joins(close_pair, drafter, T1, True)[0], run_with_joins(close_pair, drafter, T1, False)[0]
+    assert mixed == alone
+
+
+def test_a_mixed_join_survives_a_leave_and_an_immediate_finish(close_pair):
+    dec = BatchedSpeculativeDecoder(close_pair, "model", GREEDY, max_new_tokens=12, max_depth=3, max_batch=3)
+    a = dec.add(PROMPTS[0], FixedDepthController(3))
+    b = dec.add(PROMPTS[1], FixedDepthController(3))
+    dec.step()
+    c = dec.add_many([PROMPTS[2]], [FixedDepthController(3)], mixed=True)[0]  # joins with the next step
+    with pytest.raises(RuntimeError, match="batch is full"):
+        dec.add(PROMPTS[3], FixedDepthController(3))  # the joining request holds the third row already
+    assert dec.running == [a, b] and dec.cache.rows == 3
+    dec.remove(a)  # a leave before the step: the joining request's cache row moves with it
+    dec.step()
+    assert dec.running == [b, c]
+    while dec.rows:
+        dec.step()
+    ref = greedy_reference(close_pair.target, PROMPTS[2], 12, close_pair.vocab_size, eos=close_pair.eos_token_ids)
+    assert dec.result(c).tokens == ref
+    one = BatchedSpeculativeDecoder(close_pair, "model", GREEDY, max_new_tokens=1, max_depth=3)
+    x = one.add(PROMPTS[0], FixedDepthController(3))
+    y = one.add_many([PROMPTS[1]], [FixedDepthController(3)], mixed=True)[0]  # nothing runs: prefilled at once
+    assert one.rows == [] and len(one.result(x).tokens) == len(one.result(y).tokens) == 1
+
+
 def test_bad_input(close_pair):
     for kwargs, match in (({"max_batch": 0}, "max_batch"), ({"max_new_tokens": 0}, "max_new_tokens"),
                           ({"max_depth": -1}, "max_depth")):
