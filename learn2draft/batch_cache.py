@@ -16,10 +16,14 @@ slot ≥ the length (a rejected draft's) is never attended to: query j of row r 
 0 … ``start_r`` + j only, ``start_r`` being the row's length before the forward. The running rows are always rows
 0 … B − 1 (a leaving row is removed by compaction), so a step's attention reads views of the cache, never copies.
 
-Per forward and layer: two ``index_put_`` for the new keys and values, one scatter of the queries into a
-(rows, max k, heads, head_dim) block, one ``scaled_dot_product_attention`` with a boolean mask and one gather back.
-The padding of that block only reaches attention (k ≤ max depth + 1 queries per row), not the token-wise layers that
-cost the most.
+Per forward and layer: two ``index_put_`` for the new keys and values, then per group of rows one scatter of the
+queries into a (rows, max k, heads, head_dim) block, one ``scaled_dot_product_attention`` with a boolean mask and one
+gather back. Rows feeding at most :data:`SHORT_ROW_TOKENS` tokens (verification) form one group; a longer row (a
+prompt's prefill, mixed into a step or not) is a group of its own, so the padding of a block stays within rows of
+like length and never reaches the token-wise layers that cost the most.
+
+One forward at a time per model: a forward routes the model's attention to this module for its duration (the
+config's ``_attn_implementation``), so two threads must not run the same model at once while one of them is here.
 
 Supported targets: decoder-only Hugging Face models whose attention layers call ``ALL_ATTENTION_FUNCTIONS`` with
 their ``layer_idx`` and use full (not sliding-window) causal attention: Llama (the embedded SmolLM2), Qwen2/3,
@@ -41,23 +45,39 @@ from transformers import AttentionInterface, PreTrainedModel
 ATTENTION_NAME = "learn2draft_ragged"
 
 
+#: A row feeding more new tokens than this (a prompt's prefill) gets its own attention call: the query block of a
+#: group of rows is padded to its longest row, so a prompt among verification rows would pad every row to its length.
+SHORT_ROW_TOKENS = 32
+
+
 @dataclass
-class _Plan:
-    """What every layer's attention needs for one ragged forward (built once per forward, read by each layer).
+class _Group:
+    """Rows of one attention call: ``row0``/``nrows`` (cache rows, contiguous), the packed tokens ``first`` … ``last``
+    − 1 that are theirs, each token's row within the group ``token_row`` and index within its row ``token_off``
+    (int64 (n,)), the longest row's tokens ``kmax``, the slots read ``slots`` and ``mask`` bool
+    (nrows, 1, kmax, slots): which slots each (row, query) attends to."""
 
-    ``row0``/``nrows``: the rows fed (a contiguous range of the cache's rows); ``token_row`` int64 (N,): each packed
-    token's row among them; ``token_off`` int64 (N,): its index within its row's new tokens; ``slot`` int64 (N,): the
-    slot (= position) it is written to; ``mask`` bool (nrows, 1, kmax, S): which slots each (row, query) attends to."""
-
-    cache: BatchCache
     row0: int
     nrows: int
+    first: int
+    last: int
     kmax: int
     slots: int
     token_row: torch.Tensor
     token_off: torch.Tensor
-    slot: torch.Tensor
     mask: torch.Tensor
+
+
+@dataclass
+class _Plan:
+    """What every layer's attention needs for one ragged forward (built once per forward, read by each layer):
+    ``cache_row`` and ``slot`` int64 (N,), where each packed token's key and value are written (slot = position), and
+    the attention groups (:class:`_Group`)."""
+
+    cache: BatchCache
+    cache_row: torch.Tensor
+    slot: torch.Tensor
+    groups: list[_Group]
 
 
 _ACTIVE: list[_Plan] = []  # the plan of the forward now running (a stack of at most one)
@@ -84,16 +104,19 @@ def _ragged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     plan = _ACTIVE[-1]
     c = plan.cache
     keys, values = c.keys[module.layer_idx], c.values[module.layer_idx]
-    rows = plan.token_row + plan.row0
-    keys[rows, :, plan.slot] = key[0].transpose(0, 1)  # (N, kv_heads, head_dim) into each token's (row, slot)
-    values[rows, :, plan.slot] = value[0].transpose(0, 1)
+    keys[plan.cache_row, :, plan.slot] = key[0].transpose(0, 1)  # (N, kv_heads, head_dim) into each (row, slot)
+    values[plan.cache_row, :, plan.slot] = value[0].transpose(0, 1)
     heads, d = query.shape[1], query.shape[3]
-    q = query.new_zeros(plan.nrows, plan.kmax, heads, d)
-    q[plan.token_row, plan.token_off] = query[0].transpose(0, 1)
-    r = slice(plan.row0, plan.row0 + plan.nrows)
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), keys[r, :, : plan.slots], values[r, :, : plan.slots],
-                                         attn_mask=plan.mask, scale=scaling, enable_gqa=heads != keys.shape[1])
-    return out.transpose(1, 2)[plan.token_row, plan.token_off][None], None  # (1, N, heads, head_dim)
+    qs = query[0].transpose(0, 1)  # (N, heads, head_dim)
+    outs = []
+    for g in plan.groups:
+        q = query.new_zeros(g.nrows, g.kmax, heads, d)
+        q[g.token_row, g.token_off] = qs[g.first : g.last]
+        r = slice(g.row0, g.row0 + g.nrows)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys[r, :, : g.slots], values[r, :, : g.slots],
+                                             attn_mask=g.mask, scale=scaling, enable_gqa=heads != keys.shape[1])
+        outs.append(out.transpose(1, 2)[g.token_row, g.token_off])
+    return (outs[0] if len(outs) == 1 else torch.cat(outs))[None], None  # (1, N, heads, head_dim)
 
 
 AttentionInterface.register(ATTENTION_NAME, _ragged_attention)
@@ -236,25 +259,48 @@ class BatchCache:
         dev = self.model.device
         b = len(tokens)
         starts = self.lengths[row0 : row0 + b]
-        kmax, slots = max(counts), max(s + k for s, k in zip(starts, counts))
-        self.reserve(self.rows, slots)
+        self.reserve(self.rows, max(s + k for s, k in zip(starts, counts)))
         # the index tensors built on the host and sent in one copy (no device sync for a data-dependent size)
-        token_row = np.repeat(np.arange(b), counts)
-        token_off = np.arange(token_row.size) - np.repeat(np.cumsum(counts) - counts, counts)
-        slot = np.asarray(starts)[token_row] + token_off
-        host = np.concatenate([token_row, token_off, slot, starts, counts]).astype(np.int64)
-        idx = torch.from_numpy(host).to(dev, non_blocking=True)
+        counts_a, starts_a = np.asarray(counts), np.asarray(starts)
+        token_row = np.repeat(np.arange(b), counts_a)
+        first_tok = np.cumsum(counts_a) - counts_a
+        token_off = np.arange(token_row.size) - first_tok[token_row]
+        slot = starts_a[token_row] + token_off
+        # groups of contiguous rows: the short ones (verification) together, each long one (a prefill) alone
+        bounds, i = [], 0
+        while i < b:
+            j = i + 1
+            if counts[i] <= SHORT_ROW_TOKENS:
+                while j < b and counts[j] <= SHORT_ROW_TOKENS:
+                    j += 1
+            bounds.append((i, j))
+            i = j
         n = token_row.size
-        token_row, token_off, slot, s_t, k_t = idx[:n], idx[n:2 * n], idx[2 * n:3 * n], idx[3 * n:3 * n + b], idx[3 * n + b:]
-        # query j of a row attends to slots ≤ start + j; a padding query (j ≥ k) to those of the row's last token
-        last = s_t[:, None] + torch.minimum(torch.arange(kmax, device=dev)[None], (k_t - 1)[:, None])  # (b, kmax)
-        mask = (torch.arange(slots, device=dev)[None, None] <= last[:, :, None])[:, None]
-        plan = _Plan(self, row0, b, kmax, slots, token_row, token_off, slot, mask)
+        host = [row0 + token_row, slot]
+        for i, j in bounds:
+            lo, hi = int(first_tok[i]), int(first_tok[j - 1] + counts[j - 1])
+            host += [token_row[lo:hi] - i, token_off[lo:hi], starts_a[i:j], counts_a[i:j]]
+        idx = torch.from_numpy(np.concatenate(host).astype(np.int64)).to(dev, non_blocking=True)
+        cache_row, slot_t, at = idx[:n], idx[n : 2 * n], 2 * n
+        groups = []
+        for i, j in bounds:
+            lo, hi = int(first_tok[i]), int(first_tok[j - 1] + counts[j - 1])
+            m, nr = hi - lo, j - i
+            g_row, g_off = idx[at : at + m], idx[at + m : at + 2 * m]
+            s_t, k_t = idx[at + 2 * m : at + 2 * m + nr], idx[at + 2 * m + nr : at + 2 * m + 2 * nr]
+            at += 2 * m + 2 * nr
+            kmax_g = max(counts[i:j])
+            slots_g = max(starts[r] + counts[r] for r in range(i, j))
+            # query q of a row attends to slots ≤ start + q; a padding query (q ≥ k) to those of the row's last token
+            last = s_t[:, None] + torch.minimum(torch.arange(kmax_g, device=dev)[None], (k_t - 1)[:, None])
+            mask = (torch.arange(slots_g, device=dev)[None, None] <= last[:, :, None])[:, None]
+            groups.append(_Group(row0 + i, nr, lo, hi, kmax_g, slots_g, g_row, g_off, mask))
+        plan = _Plan(self, cache_row, slot_t, groups)
         ids = torch.cat([t.to(dev) for t in tokens])[None]
         _ACTIVE.append(plan)
         try:
             with self._ragged():
-                out = self.model(input_ids=ids, position_ids=slot[None], use_cache=False,
+                out = self.model(input_ids=ids, position_ids=slot_t[None], use_cache=False,
                                  output_hidden_states=output_hidden, logits_to_keep=0 if keep is None else keep)
         finally:
             _ACTIVE.pop()

@@ -309,11 +309,27 @@ class BatchedSpeculativeDecoder:
         """Prefill the joining rows in one forward of their own (packed) and admit them."""
         rows = [r for r, _, _ in self._joining]
         last = torch.tensor([r.prompt_len for r in rows], device=self.pair.device).cumsum(0) - 1
-        logits, hidden = self.cache.forward(len(self.rows), [r.ids for r in rows], keep=last,
-                                            output_hidden=rows[0].drafter.needs_target_hidden)
+        try:
+            logits, hidden = self.cache.forward(len(self.rows), [r.ids for r in rows], keep=last,
+                                                output_hidden=self._needs_hidden(rows))
+        except BaseException:  # e.g. out of memory on a long prompt: the requests never joined; the batch goes on
+            self._forget_joining()
+            raise
         done = self._admit(logits, hidden)
         if done:
             self._drop(done)
+
+    def _forget_joining(self) -> None:
+        """Drop the joining requests (their results and their cache rows), as if they had never been added."""
+        for _, _, rid in self._joining:
+            del self._results[rid]
+        self._joining = []
+        self.cache.keep_rows(list(range(len(self.rows))))
+
+    @staticmethod
+    def _needs_hidden(rows: Sequence[_Row]) -> bool:
+        """Whether a forward over ``rows`` must return the target's last hidden states (a row's drafter reads them)."""
+        return any(r.drafter.needs_target_hidden for r in rows)
 
     def _admit(self, last_logits: torch.Tensor, hidden: torch.Tensor | None) -> list[int]:
         """The joining rows after their prefill: each draws its first token from its prompt's last logits
@@ -328,7 +344,7 @@ class BatchedSpeculativeDecoder:
         t = self.clock.now()
         done, off = [], 0
         for i, (r, c, rid) in enumerate(self._joining):
-            if hidden is not None:
+            if hidden is not None and r.drafter.needs_target_hidden:
                 r.drafter.observe_target(hidden[off : off + r.prompt_len], 0)
             off += r.prompt_len
             r._first_token(last_logits[i : i + 1, : self.pair.vocab_size])
@@ -406,7 +422,7 @@ class BatchedSpeculativeDecoder:
             the rows' logits float (Σ k_i, V) and last hidden states (Σ k_i, H) when a drafter reads them (else None),
             packed (row i's k_i rows after those of the rows before it), and the tokens the forward fed.
         """
-        need_hidden = self.rows[0].drafter.needs_target_hidden
+        need_hidden = self._needs_hidden(self.rows)
         if self.verification == "ragged":
             logits, hidden = self.cache.forward(0, tokens, output_hidden=need_hidden)
             return logits[:, : self.pair.vocab_size], hidden, int(logits.shape[0])
@@ -430,8 +446,8 @@ class BatchedSpeculativeDecoder:
         prompts = [r.ids for r, _, _ in self._joining]
         ends = torch.tensor([int(p.numel()) for p in prompts], device=dev).cumsum(0) - 1
         keep = torch.cat([torch.arange(n, device=dev), n + ends])
-        logits, hidden = self.cache.forward(0, list(tokens) + prompts, keep=keep,
-                                            output_hidden=self.rows[0].drafter.needs_target_hidden)
+        need = self._needs_hidden(self.rows + [r for r, _, _ in self._joining])
+        logits, hidden = self.cache.forward(0, list(tokens) + prompts, keep=keep, output_hidden=need)
         logits = logits[:, : self.pair.vocab_size]
         fed = n + sum(int(p.numel()) for p in prompts)
         return (logits[:n], None if hidden is None else hidden[:n], fed, logits[n:],
@@ -561,7 +577,7 @@ class BatchedSpeculativeDecoder:
         a = 0
         for i, (rid, row, plan, toks) in enumerate(zip(self._ids, self.rows, plans, tokens)):
             rows, a = slice(a, a + int(toks.numel())), a + int(toks.numel())
-            if hidden is not None:
+            if hidden is not None and row.drafter.needs_target_hidden:
                 row.drafter.observe_target(hidden[rows], row.target_len)
             p = row._verification_probs(plan, logits[rows], None if probs is None else probs[rows])
             res = row._finish_verification(plan, p, t0, t1, t2)

@@ -29,16 +29,16 @@ COMPARISONS = {
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--compare", default="verification", choices=list(COMPARISONS))
     ap.add_argument("--drafter", default="lookup", help="a drafter name (lookup, model, head, a hybrid)")
     ap.add_argument("--gamma", type=int, default=4, help="the fixed depth every row drafts up to")
-    ap.add_argument("--concurrency", default="1,2,4,8,16")
-    ap.add_argument("--requests-per-slot", type=int, default=2)
+    ap.add_argument("--concurrency", default="1,2,4,8,16", help="closed-loop concurrency levels c, comma-separated")
+    ap.add_argument("--requests-per-slot", type=int, default=2, help="requests per run: this × c")
     ap.add_argument("--repeats", type=int, default=2, help="runs per mode and level (alternating order)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--prompt-set", default="mixed_heldout")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prompt-set", default="mixed_heldout", help="shipped prompts (learn2draft.prompts), cycled")
+    ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     a = ap.parse_args()
     from learn2draft.cli import comma_items

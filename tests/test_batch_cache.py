@@ -1,0 +1,99 @@
+"""learn2draft.batch_cache: the ragged forward over a per-row cache equals each sequence's plain forward, through
+prefills of other lengths (long rows attend in their own group), rollbacks by length, rows joining and leaving; a
+prefill that fails leaves the batch as it was. Tiny random Llama in float32 (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_llama
+
+from learn2draft.batch_cache import SHORT_ROW_TOKENS, BatchCache
+from learn2draft.batched import BatchedSpeculativeDecoder
+from learn2draft.control import FixedDepthController
+from learn2draft.models import make_pair
+from learn2draft.sampling import SamplingConfig
+
+
+@pytest.fixture(scope="module")
+def model(tiny_tok):
+    return tiny_llama(len(tiny_tok), 0, layers=2)
+
+
+def test_random_operations_equal_each_sequences_plain_forward(model):
+    """Rows fed 1–70 tokens at a time (prompts longer than SHORT_ROW_TOKENS beside short verification rows in one
+    forward), random rollbacks and rows leaving: every logit equals the plain forward of the row's sequence (1e-4).
+    The control: a cache whose rollback is skipped (a rejected token kept) gives other logits."""
+    rng = np.random.default_rng(0)
+    V = model.config.vocab_size
+    c = BatchCache(model)
+    seqs: list[list[int]] = []
+    worst, long_with_short = 0.0, False
+    for step in range(24):
+        if step % 5 == 0 and len(seqs) < 6:  # a row joins
+            c.add_rows(1)
+            seqs.append([])
+        counts = [int(rng.integers(SHORT_ROW_TOKENS + 1, 71)) if not s else int(rng.integers(1, 6)) for s in seqs]
+        long_with_short |= any(k > SHORT_ROW_TOKENS for k in counts) and any(k <= SHORT_ROW_TOKENS for k in counts)
+        new = [rng.integers(3, V, k).tolist() for k in counts]
+        logits, _ = c.forward(0, [torch.tensor(t) for t in new])
+        off = 0
+        for s, t in zip(seqs, new):
+            full = s + t
+            with torch.inference_mode():
+                ref = model(input_ids=torch.tensor([full])).logits[0, len(s):]
+            worst = max(worst, float((logits[off:off + len(t)] - ref).abs().max()))
+            off += len(t)
+        for i, (s, t) in enumerate(zip(seqs, new)):  # keep a random prefix of the new tokens (a rollback)
+            keep = len(s) + int(rng.integers(1, len(t) + 1))
+            c.set_length(i, keep)
+            seqs[i] = (s + t)[:keep]
+        if step % 7 == 6 and len(seqs) > 2:  # a row leaves
+            gone = int(rng.integers(0, len(seqs)))
+            c.keep_rows([i for i in range(len(seqs)) if i != gone])
+            del seqs[gone]
+        assert c.lengths == [len(s) for s in seqs]
+    assert long_with_short and worst < 1e-4, worst
+    # rolled back, row 0's rejected tokens are never attended to; with its rollback "forgotten" they are (the control)
+    n, L = len(seqs), len(seqs[0])
+    t = rng.integers(3, V, 3).tolist()
+    c.forward(0, [torch.tensor(t)] + [torch.tensor([5])] * (n - 1))
+    for i, s in enumerate(seqs):
+        c.set_length(i, len(s))
+    good, _ = c.forward(0, [torch.tensor([7])] * n)
+    for i, s in enumerate(seqs):
+        c.set_length(i, len(s))
+    c.lengths[0] = L + 3  # forget row 0's rollback: its stale slots count again
+    bad, _ = c.forward(0, [torch.tensor([7])] * n)
+    with torch.inference_mode():
+        ref_good = model(input_ids=torch.tensor([seqs[0] + [7]])).logits[0, -1]
+    assert float((good[0] - ref_good).abs().max()) < 1e-4
+    assert float((good[0] - bad[0]).abs().max()) > 1e-2  # the stale slots, attended, change the logits
+    assert float((bad[1:] - good[1:]).abs().max()) < 1e-4  # the other rows see nothing of it
+
+
+def test_a_failed_prefill_leaves_the_batch_as_it_was(tiny_tok):
+    target = tiny_llama(len(tiny_tok), 0)
+    pair = make_pair(target, target, tiny_tok, tiny_tok)
+    greedy = SamplingConfig(temperature=0.0)
+    dec = BatchedSpeculativeDecoder(pair, "lookup", greedy, max_new_tokens=6, max_depth=2)
+    a = dec.add(torch.tensor([1, 5, 9, 14]), FixedDepthController(2))
+    real = dec.cache.forward
+
+    def boom(*args, **kw):
+        raise torch.OutOfMemoryError("simulated")
+
+    dec.cache.forward = boom
+    with pytest.raises(torch.OutOfMemoryError):
+        dec.add(torch.tensor([1, 7, 7, 3]), FixedDepthController(2))
+    dec.cache.forward = real
+    assert dec.running == [a] and dec.cache.rows == 1 and dec._joining == []
+    b = dec.add(torch.tensor([1, 7, 7, 3]), FixedDepthController(2))
+    while dec.rows:
+        dec.step()
+    alone = BatchedSpeculativeDecoder(pair, "lookup", greedy, max_new_tokens=6, max_depth=2)
+    r = alone.add(torch.tensor([1, 7, 7, 3]), FixedDepthController(2))
+    while alone.rows:
+        alone.step()
+    assert dec.result(b).tokens == alone.result(r).tokens and len(dec.result(a).tokens) == 6
