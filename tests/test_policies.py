@@ -14,7 +14,8 @@ import torch
 from envs import SpecDecodeEnv
 from learn2draft import FEATURE_NAMES, FixedDepthController, SpeculativeDecoder
 from policies import ConfidenceThresholdController, OnnxController, PolicyController, SB3Controller, load_policy
-from policies.export import ExportCheckError, check_onnx, export_onnx, export_policy
+from policies.check import logit_ties
+from policies.export import PARITY_LOGIT_ATOL, ExportCheckError, check_onnx, export_onnx, export_policy
 
 PROMPTS = ["w1 w2 w3 w4", "w5 w6", "w7 w8 w9 w10 w11", "w12"]
 N = len(FEATURE_NAMES)
@@ -128,10 +129,14 @@ def test_onnx_actions_match_sb3_policy(tiny_ppo, export_dir):
     ref, _ = tiny_ppo.predict(obs, deterministic=True)
     ctrl = load_policy(export_dir)
     assert isinstance(ctrl, OnnxController) and ctrl.max_depth == 3
-    np.testing.assert_array_equal(ctrl.actions(obs), ref)
-    assert 0.02 < float(np.mean(ref)) < 0.98  # both actions occur, so the comparison is not vacuous
     with torch.no_grad():
         logits = tiny_ppo.policy.get_distribution(torch.as_tensor(obs)).distribution.logits.numpy()
+    # equal actions except at a tie (the best two logits within the export's parity margin: float rounding of
+    # onnxruntime and torch may pick either there; policies.export.check_onnx excuses the same)
+    tie = logit_ties(logits, 2 * PARITY_LOGIT_ATOL)
+    np.testing.assert_array_equal(ctrl.actions(obs)[~tie], ref[~tie])
+    assert tie.mean() < 0.01  # the excused ties are rare, so the comparison is not vacuous
+    assert 0.02 < float(np.mean(ref)) < 0.98  # both actions occur
     np.testing.assert_allclose(ctrl.logits(obs) - ctrl.logits(obs).max(-1, keepdims=True),
                                logits - logits.max(-1, keepdims=True), atol=1e-5)
     res = check_onnx(tiny_ppo, export_dir / "policy.onnx", obs)
