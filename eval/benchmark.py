@@ -124,12 +124,9 @@ def forward_cost_ratio(pair, context_len: int = 128, iters: int = 30) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eval.benchmark", description=plain_doc(__doc__),
                                 formatter_class=HelpFormatter)
-    p.add_argument("--engine", default="hf", choices=("hf", "llama.cpp"),
-                   help="hf (default): this project's loop against Hugging Face generation; llama.cpp: plain "
+    cli.add_engine_args(p, "hf (default): this project's loop against Hugging Face generation; llama.cpp: plain "
                         "llama.cpp, its prompt lookup at every --gammas num_pred_tokens and the learned lookup policy "
                         "inside it (eval.llamacpp; needs llama-cpp-python: make llamacpp), tokens/s of the decode phase")
-    p.add_argument("--gguf", default=None, metavar="FILE",
-                   help="with --engine llama.cpp: the GGUF model (default: the embedded SmolLM2-135M-Instruct Q4_1)")
     p.add_argument("--no-hf-reference", dest="hf_reference", action="store_false",
                    help="with --engine llama.cpp: leave out the reference row of this project's Hugging Face "
                         "generate() (default: measured, so the table shows what the engine buys)")

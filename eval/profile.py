@@ -48,6 +48,7 @@ from pathlib import Path
 from learn2draft.cli import (
     HelpFormatter,
     add_device_args,
+    add_engine_args,
     add_model_args,
     add_out_arg,
     add_tree_shape_args,
@@ -103,12 +104,9 @@ def _ints(text: str, what: str) -> list[int]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eval.profile", description=plain_doc(__doc__), formatter_class=HelpFormatter)
-    p.add_argument("--engine", default="hf", choices=("hf", "llama.cpp"),
-                   help="whose costs: this project's Hugging Face loop (default), or llama.cpp through "
+    add_engine_args(p, "whose costs: this project's Hugging Face loop (default), or llama.cpp through "
                         "llama-cpp-python (its batch decode at --tokens after --contexts cached tokens, the lookup "
                         "adapter's step, the loop's overheads: eval.llamacpp_profile; --gguf names the model)")
-    p.add_argument("--gguf", default=None, metavar="FILE",
-                   help="with --engine llama.cpp: the GGUF model (default: the embedded SmolLM2-135M-Instruct Q4_1)")
     p.add_argument("--lookup-policy", default=None, metavar="DIR",
                    help="with --engine llama.cpp: the lookup policy whose n-gram setting the adapter's step is "
                         "measured with (default: matches down to 1 token)")

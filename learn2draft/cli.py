@@ -466,6 +466,19 @@ def threads_of(args: argparse.Namespace, trained_with: int | None = None) -> int
     return int(args.threads or trained_with or 1)
 
 
+#: The engines a command can run on (``--engine``).
+ENGINES = ("hf", "llama.cpp")
+
+
+def add_engine_args(parser: argparse.ArgumentParser, engine_help: str) -> None:
+    """``--engine`` (``hf``, the default, or ``llama.cpp``; ``engine_help`` says what each means for the command) and
+    ``--gguf`` (the llama.cpp engine's model file, checked by :func:`check_gguf_arg`)."""
+    parser.add_argument("--engine", default="hf", choices=ENGINES, help=engine_help)
+    parser.add_argument("--gguf", default=None, metavar="FILE",
+                        help="with --engine llama.cpp: the GGUF model (default: the embedded SmolLM2-135M-Instruct "
+                             "Q4_1)")
+
+
 def check_gguf_arg(args: argparse.Namespace) -> None:
     """Check ``--gguf`` (the llama.cpp engine's model file) before anything loads.
 

@@ -38,6 +38,7 @@ from learn2draft.cli import (
     HelpFormatter,
     add_device_args,
     add_drafter_arg,
+    add_engine_args,
     add_model_args,
     add_profile_arg,
     add_sampling_args,
@@ -152,13 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("prompt", nargs="?", default=None,
                    help="the prompt; omit it or pass - to read it from standard input")
     add_drafter_arg(p, "lookup")  # lookup: the one that pays on the CPU default pair
-    p.add_argument("--engine", default="hf", choices=("hf", "llama.cpp"),
-                   help="hf (default): this project's loop on the Hugging Face model; llama.cpp: llama.cpp through "
+    add_engine_args(p, "hf (default): this project's loop on the Hugging Face model; llama.cpp: llama.cpp through "
                         "llama-cpp-python (make llamacpp) with the learned lookup policy as its draft model "
                         "(policies.llamacpp; default policy policies/defaults/lookup-llamacpp, trained on llama.cpp's "
                         "costs), the prompt through the GGUF's own chat template")
-    p.add_argument("--gguf", default=None, metavar="FILE",
-                   help="with --engine llama.cpp: the GGUF model (default: the embedded SmolLM2-135M-Instruct Q4_1)")
     p.add_argument("--policy", default=None,
                    help="a run of `python -m train` or a policy export (default: the policy shipped for --drafter)")
     add_profile_arg(p)
