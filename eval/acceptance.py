@@ -430,15 +430,15 @@ def _run(args) -> int:
 
         check_out_file(args.out, "--out")  # before the work: a folder or an unwritable place fails first
     # comma-separated as the other tools take them, or space-separated
-    args.traces, args.heldout = _trace_files(args.traces, "--traces"), _trace_files(args.heldout, "--heldout")
+    train_files, heldout_files = _trace_files(args.traces, "--traces"), _trace_files(args.heldout, "--heldout")
     sets = comma_items(args.sets, "--sets", f"use one or more of {', '.join(ACCEPTANCE_FEATURE_SETS)} joined by commas")
-    train, heldout = load_traces(args.traces), load_traces(args.heldout)
-    for w in check_compatible(train, heldout, args.traces, args.heldout, args.allow_mismatch):
+    train, heldout = load_traces(train_files), load_traces(heldout_files)
+    for w in check_compatible(train, heldout, train_files, heldout_files, args.allow_mismatch):
         print(w, file=sys.stderr)
     rep = acceptance_report(train, heldout, sets, args.l2, args.min_examples,
-                            train_name=", ".join(args.traces), heldout_name=", ".join(args.heldout),
+                            train_name=", ".join(train_files), heldout_name=", ".join(heldout_files),
                             groups=prompt_categories(heldout))
-    rep["traces"], rep["heldout_traces"] = list(args.traces), list(args.heldout)
+    rep["traces"], rep["heldout_traces"] = list(train_files), list(heldout_files)
     print(format_report(rep))
     if args.out:
         out = Path(args.out)
