@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from learn2draft import cli
 from learn2draft.cli import HelpFormatter, plain_doc, run_cli
 from learn2draft.prompts import PROMPT_SETS
+from learn2draft.settings import RunSettings
 
 if TYPE_CHECKING:
     from eval.runner import TreeShape
@@ -229,20 +230,23 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args) -> int:
     from learn2draft.cli import load_models, stderr_line
 
-    policy_dir, policy, head, drafter = _resolve_policy(args)
+    policy_dir, policy, head, drafter, dtype, min_ngram = _resolve_policy(args)
     trees = _resolve_trees(args, drafter)
-    user_prompts, cfg, sampling, gammas, max_new, device = _check_settings(args, policy_dir)
+    user_prompts, cfg, sampling, gammas, max_new, device, threads = _check_settings(args, policy_dir)
     out = make_out_dir(_out_path(args, policy_dir, drafter), RESULT_FILES, args.overwrite)
 
     t0 = time.perf_counter()
-    pair = load_models(args, drafter, cfg, device=device, progress=stderr_line,
-                       max_depth=max([getattr(policy, "max_depth", 0) or 0, *gammas]))
-    results = _results_header(args, cfg, device, drafter, policy_dir, policy, trees)
+    target, draft = cli.model_names(args.target, args.draft, cfg)
+    # auto's widths: the deepest of the policy's depth, the γ grid and (with --tree) the verification sizes
+    run = RunSettings.resolve(device=device, dtype=dtype, threads=threads,
+                              depths=(getattr(policy, "max_depth", 0) or 0, *gammas, *_tree_depths(args)),
+                              target=target, draft=draft, drafter=drafter, lookup_min_ngram=min_ngram)
+    pair = load_models(run, drafter, progress=stderr_line, head=args.head)
+    results = _results_header(args, run, device, policy_dir, policy, trees)
     if not args.skip_speed:
-        _measure_speed(args, pair, policy, head, drafter, trees, user_prompts, sampling, gammas, max_new, results,
-                       out)
+        _measure_speed(args, run, pair, policy, head, trees, user_prompts, sampling, gammas, max_new, results, out)
     if args.law_check:
-        _check_law(args, pair, policy, head, drafter, trees, results, out)
+        _check_law(args, run, pair, policy, head, trees, results, out)
     _write_results(results, out, t0)
     return 0
 
@@ -256,16 +260,25 @@ class _Trees(NamedTuple):
     grid: list = []
 
 
+def _tree_depths(args) -> tuple:
+    """The depths ``--verify-sizes`` adds to the forward widths: the flag's value with ``--tree``, else none (the
+    default sizes are not a width a chain-only run computes)."""
+    return (args.verify_sizes,) if args.tree else ()
+
+
 def _resolve_policy(args) -> tuple:
-    """Resolve the policy, its head and its drafter: ``(policy_dir, policy, head, drafter)``."""
+    """Resolve the policy, its head, its drafter, the run's precision (pinned with a shipped policy, else
+    ``--dtype``) and prompt lookup's n-gram: ``(policy_dir, policy, head, drafter, dtype, lookup_min_ngram)``."""
     from policies.layout import resolve_export_dir
     from policies.load import default_policy_for, load_policy, policy_drafter, policy_head, policy_lookup_min_ngram
 
     if args.skip_speed and not args.law_check:
         raise ValueError("--skip-speed skips the speed comparison, and without --law-check nothing is left to run: "
                          "add --law-check, or drop --skip-speed.")
-    if args.policy is None:
-        policy_dir = default_policy_for(args, args.drafter or "model")  # the precision pinned with it
+    dtype = args.dtype
+    if args.policy is None:  # the precision pinned with it
+        policy_dir, dtype = default_policy_for(args.drafter or "model", args.dtype, args.device, args.threads,
+                                               depths=(args.gammas, *_tree_depths(args)))
     else:
         policy_dir = Path(args.policy)
         if not policy_dir.is_dir():
@@ -280,9 +293,8 @@ def _resolve_policy(args) -> tuple:
                          f"its features mean other things. Pass --drafter {trained_with}, or a policy trained with "
                          f"`python -m train --drafter {drafter}`.")
     # the n-gram setting every lookup row runs with: the policy's unless --lookup-min-ngram says otherwise
-    args.lookup_min_ngram = cli.lookup_min_ngram(args, drafter, policy_lookup_min_ngram(export_dir),
-                                                 f"the policy in {export_dir}")
-    return policy_dir, policy, head, drafter
+    min_ngram = cli.lookup_min_ngram(args, drafter, policy_lookup_min_ngram(export_dir), f"the policy in {export_dir}")
+    return policy_dir, policy, head, drafter, dtype, min_ngram
 
 
 def _resolve_trees(args, drafter: str) -> _Trees:
@@ -317,13 +329,13 @@ def _check_settings(args, policy_dir: Path) -> tuple:
     if args.law_check and (args.law_samples < 10 or args.law_tokens < 1 or not args.law_prompt.strip()):
         raise ValueError("--law-samples must be ≥ 10, --law-tokens ≥ 1 and --law-prompt non-empty.")
     sampling = sampling_config(args)
-    set_threads(args, cfg.get("threads"))
+    threads = set_threads(args, cfg.get("threads"))
     gammas = parse_gammas(args.gammas)
     max_new = args.max_new_tokens if args.max_new_tokens is not None else cfg.get("max_new_tokens", 64)
     if max_new <= 0:
         raise ValueError(f"--max-new-tokens must be > 0, got {max_new}.")
     device = resolve_device(args.device)
-    return user_prompts, cfg, sampling, gammas, max_new, device
+    return user_prompts, cfg, sampling, gammas, max_new, device, threads
 
 
 def _out_path(args, policy_dir: Path, drafter: str) -> Path:
@@ -337,24 +349,21 @@ def _out_path(args, policy_dir: Path, drafter: str) -> Path:
     return policy_dir / "eval"
 
 
-def _results_header(args, cfg: dict, device: str, drafter: str, policy_dir: Path, policy, trees: _Trees) -> dict:
+def _results_header(args, run: RunSettings, device: str, policy_dir: Path, policy, trees: _Trees) -> dict:
     """The results' header: machine, models, drafter and policies."""
-    from learn2draft.cli import model_names
-
     machine = _machine(device)
-    target, draft = model_names(args, cfg)
-    results: dict = {"machine": machine, "target": target, "draft": draft, "drafter": drafter,
-                     "dtype": cli.resolved_dtype(args),  # the precision every method ran in
+    results: dict = {"machine": machine, "target": run.target, "draft": run.draft, "drafter": run.drafter,
+                     "dtype": run.dtype,  # the precision every method ran in
                      "policy_dir": str(policy_dir), "policy_profile": policy.profile_name}
-    if args.lookup_min_ngram is not None:
-        results["lookup_min_ngram"] = args.lookup_min_ngram
+    if run.lookup_min_ngram is not None:
+        results["lookup_min_ngram"] = run.lookup_min_ngram
     if args.tree:
         results["tree_policy_dir"] = str(trees.directory) if trees.directory is not None else None
     return results
 
 
-def _measure_speed(args, pair, policy, head, drafter: str, trees: _Trees, user_prompts, sampling, gammas: list[int],
-                   max_new: int, results: dict, out: Path) -> None:
+def _measure_speed(args, run: RunSettings, pair, policy, head, trees: _Trees, user_prompts, sampling,
+                   gammas: list[int], max_new: int, results: dict, out: Path) -> None:
     """Measure speed: the γ grid on the training prompts, the comparison on the held-out ones; write the results."""
     from eval.compare import compare, format_markdown, plot
     from eval.header import finish_header, header_lines, run_header
@@ -367,10 +376,10 @@ def _measure_speed(args, pair, policy, head, drafter: str, trees: _Trees, user_p
     held_ids = encode_all(pair, [p.text for p in held], max_new)
     header = run_header(results["target"], results["draft"] if pair.has_draft else None, pair, results["dtype"],
                         sampling.to_dict(), str(pair.device), held, args.prompts or held_split,
-                        args.forward_rows)
+                        run.forward_rows)
     res = compare(pair, policy, train_ids, held_ids, sampling, max_new, gammas, args.repeats, args.seed,
-                  drafter=drafter, head=head, tree=trees.shape, tree_grid=trees.grid, tree_policy=trees.controller,
-                  groups=prompt_groupings(held), min_ngram=args.lookup_min_ngram)
+                  drafter=run.drafter, head=head, tree=trees.shape, tree_grid=trees.grid, tree_policy=trees.controller,
+                  groups=prompt_groupings(held), min_ngram=run.lookup_min_ngram)
     results["header"] = finish_header(header)
     results["speed"] = res
     md = format_markdown(res)
@@ -382,7 +391,7 @@ def _measure_speed(args, pair, policy, head, drafter: str, trees: _Trees, user_p
     print("\n" + md + "\n")
 
 
-def _check_law(args, pair, policy, head, drafter: str, trees: _Trees, results: dict, out: Path) -> None:
+def _check_law(args, run: RunSettings, pair, policy, head, trees: _Trees, results: dict, out: Path) -> None:
     """Check the output law of every arm at T=0.8, top-p 0.95, and append its table to results.md."""
     from eval.law import format_law_table, law_check
     from learn2draft.decoding import FixedDepthController
@@ -402,8 +411,8 @@ def _check_law(args, pair, policy, head, drafter: str, trees: _Trees, results: d
             tree_arms["learned tree"] = trees.shape
             arms["learned tree"] = trees.controller
     law = law_check(pair, arms, [args.law_prompt], sampling=law_sampling, num_tokens=args.law_tokens,
-                    num_samples=args.law_samples, seed=args.seed, drafter=drafter, head=head, tree=tree_arms or None,
-                    min_ngram=args.lookup_min_ngram)
+                    num_samples=args.law_samples, seed=args.seed, drafter=run.drafter, head=head,
+                    tree=tree_arms or None, min_ngram=run.lookup_min_ngram)
     results["law_check"] = law
     table = format_law_table(law)
     with open(out / "results.md", "w" if args.skip_speed else "a") as f:

@@ -42,6 +42,7 @@ from pathlib import Path
 from learn2draft import cli
 from learn2draft.cli import HelpFormatter, plain_doc, run_cli
 from learn2draft.prompts import PROMPT_SETS
+from learn2draft.settings import RunSettings
 
 PLAIN = "hf generate"
 #: The fixed-γ grid of issue 38: every γ a user could pick.
@@ -204,37 +205,41 @@ def _run(args) -> int:
         return run_benchmark(args, temps, gammas, out, val_split, held_split, _machine("cpu"))
     if args.gguf is not None:
         raise ValueError("--gguf applies to --engine llama.cpp (for this project's loop pass --target FILE.gguf).")
-    from eval.__main__ import _resolve_trees, make_out_dir
+    from eval.__main__ import _resolve_trees, _tree_depths, make_out_dir
     from eval.header import finish_header, header_lines, run_header
     from eval.runner import encode_all, prompt_groupings
     from learn2draft.cli import load_models, model_names, set_threads, stderr_line
     from learn2draft.prompts import COPY_CATEGORIES, load_prompt_file_records, load_prompt_records
     from policies.load import run_settings
 
-    policy_dir, policy, head = _resolve_policy(args)
-    trees = _resolve_trees(args, args.drafter)
+    policy_dir, policy, head, drafter, dtype, min_ngram = _resolve_policy(args)
+    trees = _resolve_trees(args, drafter)
     cfg = run_settings(policy_dir)  # the pair the policy was trained on, unless named here
-    set_threads(args, cfg.get("threads"))
-    args.target, args.draft = model_names(args, cfg)
+    threads = set_threads(args, cfg.get("threads"))
+    target, draft = model_names(args.target, args.draft, cfg)
     val_split, held_split = benchmark_splits(args.prompt_set, args.heldout_split)
     user_prompts = load_prompt_file_records(args.prompts) if args.prompts else None
     out = make_out_dir(Path(args.out or DEFAULT_OUT), RESULT_FILES, args.overwrite)
+    # auto's widths: the policy's depth, the γ grid and (with --tree) the verification sizes
+    settings = RunSettings.resolve(device=device, dtype=dtype, threads=threads,
+                                   depths=(getattr(policy, "max_depth", None), args.gammas, *_tree_depths(args)),
+                                   target=target, draft=draft, drafter=drafter, lookup_min_ngram=min_ngram)
     # The Hugging Face assisted-generation rows and the forward-cost ratio need the draft model, whatever drafts here.
-    pair = load_models(args, args.drafter, need_draft=True, device=device, progress=stderr_line,
-                       max_depth=getattr(policy, "max_depth", None))  # auto's widths: the policy's depth too
+    pair = load_models(settings, drafter, need_draft=True, progress=stderr_line, head=args.head)
     held_records = (user_prompts if user_prompts is not None else load_prompt_records(held_split))[: args.num_prompts]
     held = encode_all(pair, [p.text for p in held_records], args.max_new_tokens)
     n_val = args.validation_prompts or args.num_prompts
     val = encode_all(pair, [p.text for p in load_prompt_records(val_split)[:n_val]], args.max_new_tokens)
-    header = run_header(args.target, args.draft, pair, args.dtype, {str(T): samplings[T].to_dict() for T in temps},
-                        str(pair.device), held_records, args.prompts or held_split, args.forward_rows)
-    report, md = _report_header(args, pair, device, policy_dir, policy, held, trees)
+    header = run_header(settings.target, settings.draft, pair, settings.dtype,
+                        {str(T): samplings[T].to_dict() for T in temps}, str(pair.device), held_records,
+                        args.prompts or held_split, settings.forward_rows)
+    report, md = _report_header(args, settings, pair, device, policy_dir, policy, held, trees)
     report["header"] = header
     report["validation"] = {"split": val_split, "prompts": len(val)}
     groups = prompt_groupings(held_records)
     copy_idx = [i for i, p in enumerate(held_records) if p.category in COPY_CATEGORIES]
     for T in temps:
-        md += _measure_temperature(args, pair, T, samplings[T], val, held, gammas, min_ngrams, policy, head, trees,
+        md += _measure_temperature(args, settings, pair, T, samplings[T], val, held, gammas, min_ngrams, policy, head, trees,
                                    report, groups, copy_idx)
     finish_header(report["header"])
     md = header_lines(report["header"]) + md + _verdicts(report)
@@ -303,36 +308,40 @@ def _check_settings(args) -> tuple:
 
 
 def _resolve_policy(args) -> tuple:
-    """Resolve the policy and its head, and set ``args.drafter`` to its drafter: ``(policy_dir, policy, head)``."""
+    """Resolve the policy, its head, its drafter, the run's precision (pinned with a shipped policy, else
+    ``--dtype``) and prompt lookup's n-gram: ``(policy_dir, policy, head, drafter, dtype, lookup_min_ngram)``."""
+    from eval.__main__ import _tree_depths
     from learn2draft.cli import lookup_min_ngram
     from policies.load import default_policy_for, load_policy, policy_drafter, policy_head, policy_lookup_min_ngram
 
     # without --policy: the shipped one of the run's precision, --dtype pinned to it
-    policy_dir = Path(args.policy) if args.policy else default_policy_for(args, args.drafter or "model")
+    dtype = args.dtype
+    if args.policy:
+        policy_dir = Path(args.policy)
+    else:
+        policy_dir, dtype = default_policy_for(args.drafter or "model", args.dtype, args.device, args.threads,
+                                               depths=(args.gammas, *_tree_depths(args)))
     if not policy_dir.is_dir():
         raise FileNotFoundError(f"--policy {args.policy}: no such directory (run `python -m train` first).")
     policy = load_policy(policy_dir, profile=args.profile)
     trained_with = policy_drafter(policy_dir)
     head = args.head or policy_head(policy_dir)
-    args.drafter = args.drafter or trained_with
-    if trained_with != args.drafter:
+    drafter = args.drafter or trained_with
+    if trained_with != drafter:
         raise ValueError(f"The policy in {policy_dir} was trained with the {trained_with!r} drafter, not "
-                         f"{args.drafter!r}: pass --drafter {trained_with} or a matching --policy.")
+                         f"{drafter!r}: pass --drafter {trained_with} or a matching --policy.")
     # every lookup row (fixed γ, rules, learned) runs the policy's n-gram setting unless --lookup-min-ngram is given
-    args.lookup_min_ngram = lookup_min_ngram(args, args.drafter, policy_lookup_min_ngram(policy_dir),
-                                             f"the policy in {policy_dir}")
-    return policy_dir, policy, head
+    min_ngram = lookup_min_ngram(args, drafter, policy_lookup_min_ngram(policy_dir), f"the policy in {policy_dir}")
+    return policy_dir, policy, head, drafter, dtype, min_ngram
 
 
-def _report_header(args, pair, device: str, policy_dir: Path, policy, held: list, trees) -> tuple[dict, list[str]]:
+def _report_header(args, settings: RunSettings, pair, device: str, policy_dir: Path, policy, held: list, trees) -> tuple[dict, list[str]]:
     """Measure the exact sampler and the forward-cost ratio; the report's header and its Markdown lines."""
     from eval.__main__ import _machine
 
     tree, tree_dir = trees.shape, trees.directory
-    from learn2draft.cli import resolved_dtype
-
-    report = {"machine": _machine(device), "dtype": resolved_dtype(args), "target": args.target, "draft": args.draft,
-              "drafter": args.drafter, "lookup_min_ngram": args.lookup_min_ngram,
+    report = {"machine": _machine(device), "dtype": settings.dtype, "target": settings.target, "draft": settings.draft,
+              "drafter": settings.drafter, "lookup_min_ngram": settings.lookup_min_ngram,
               "policy": str(policy_dir), "policy_profile": policy.profile_name,
               "prompts": args.prompts or args.prompt_set,
               "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "num_prompts": len(held),
@@ -343,8 +352,8 @@ def _report_header(args, pair, device: str, policy_dir: Path, policy, held: list
         f"Trees: W={tree.width}, top-k={tree.top_k}; fixed (depth, V) chosen on the training prompts from "
         f"{', '.join(f'({d}, {v})' for d, v in trees.grid)}; learned tree: {tree_dir or 'none shipped or given'}.", ""]
     md = [f"Machine: {report['machine']}; precision: {report['dtype']} (every method)", "",
-          f"Drafter: {args.drafter}"
-          + (f" (lookup min n-gram {args.lookup_min_ngram})" if args.lookup_min_ngram is not None else "")
+          f"Drafter: {settings.drafter}"
+          + (f" (lookup min n-gram {settings.lookup_min_ngram})" if settings.lookup_min_ngram is not None else "")
           + f"; policy: {policy_dir}; prompts: {report['prompts']} ({len(held)}), "
           f"{args.max_new_tokens} new tokens, {args.repeats} repeats.", "", *tree_line,
           f"Exact sampler, V=49,152, γ=12: median {1e3 * report['sampler']['median_seconds']:.3f} ms per cycle.",
@@ -353,7 +362,7 @@ def _report_header(args, pair, device: str, policy_dir: Path, policy, held: list
     return report, md
 
 
-def fixed_arms(args, pair, sampling, gammas: list[int], min_ngrams: list[int], head) -> dict:
+def fixed_arms(args, settings: RunSettings, pair, sampling, gammas: list[int], min_ngrams: list[int], head) -> dict:
     """Every fixed configuration a user could pick, as benchmark methods (name → method): each drafter (each source
     of a hybrid) at every γ of ``gammas``, prompt lookup at every shortest n-gram of ``min_ngrams``; HF prompt lookup
     (``--prompt-lookup-num-tokens``); for the model drafter, HF assisted generation (default and heuristic
@@ -365,13 +374,13 @@ def fixed_arms(args, pair, sampling, gammas: list[int], min_ngrams: list[int], h
     name = f"hf prompt lookup ({args.prompt_lookup_num_tokens})"
     arms[name] = HFGenerateMethod(name, pair, sampling, args.max_new_tokens,
                                   prompt_lookup_num_tokens=args.prompt_lookup_num_tokens)
-    if args.drafter == "model":
+    if settings.drafter == "model":
         arms["hf assisted (default)"] = HFGenerateMethod("hf assisted (default)", pair, sampling, args.max_new_tokens,
                                                          assistant=True)
         arms["hf assisted (heuristic)"] = HFGenerateMethod(
             "hf assisted (heuristic)", pair, sampling, args.max_new_tokens, assistant=True,
             assistant_config={"num_assistant_tokens_schedule": "heuristic"})
-    for src in args.drafter.split("+"):
+    for src in settings.drafter.split("+"):
         for n in (min_ngrams if src == "lookup" else [None]):
             for g in gammas:
                 label = fixed_arm_name(src, g, n)
@@ -395,7 +404,7 @@ def _arm_source(name: str) -> str:
     return name.split(":")[0].split(" (")[0]
 
 
-def _measure_temperature(args, pair, T: float, sampling, val: list, held: list, gammas: list[int],
+def _measure_temperature(args, settings: RunSettings, pair, T: float, sampling, val: list, held: list, gammas: list[int],
                          min_ngrams: list[int], policy, head, trees, report: dict, groups: dict | None = None,
                          copy_idx: list[int] = ()) -> list[str]:
     """Measure one temperature in two phases.
@@ -423,12 +432,12 @@ def _measure_temperature(args, pair, T: float, sampling, val: list, held: list, 
     )
     from learn2draft.decoding import FixedDepthController
 
-    arms = fixed_arms(args, pair, sampling, gammas, min_ngrams, head)
+    arms = fixed_arms(args, settings, pair, sampling, gammas, min_ngrams, head)
     val_summary = summarize(run_interleaved(list(arms.values()), val, 1, args.seed, desc=f"validation grid T={T}",
                                                 warmup=True))
     val_tps = {n: s["tokens_per_second_mean"] for n, s in val_summary.items()}
     chosen = max(val_tps, key=val_tps.get)
-    sources = args.drafter.split("+")
+    sources = settings.drafter.split("+")
     best_arm = {src: _fastest(val_tps, [n for n in arms if _arm_source(n) == src]) for src in sources}
     best_gamma = {src: int(name.rsplit("=", 1)[1]) for src, name in best_arm.items()}
     ranked = sorted(arms, key=val_tps.get, reverse=True)
@@ -437,19 +446,19 @@ def _measure_temperature(args, pair, T: float, sampling, val: list, held: list, 
         test_arms = [n for n in ranked if n in keep]
     else:
         test_arms = ranked
-    rules = _rules(args, pair, sampling, best_gamma, policy, head)
+    rules = _rules(args, settings, pair, sampling, best_gamma, policy, head)
     methods = [HFGenerateMethod(PLAIN, pair, sampling, args.max_new_tokens),
                DecoderMethod("learn2draft autoregressive", pair, FixedDepthController(0), sampling,
                              args.max_new_tokens),
                *(arms[n] for n in test_arms), *rules]
-    if args.drafter == "model":
+    if settings.drafter == "model":
         methods.append(HFPolicyMethod(HFGenerateMethod(HF_POLICY, pair, sampling, args.max_new_tokens, assistant=True),
                                       policy))
-    learned = f"{args.drafter}: learned policy"
-    methods.append(DecoderMethod(learned, pair, policy, sampling, args.max_new_tokens, args.drafter, head,
-                                 min_ngram=args.lookup_min_ngram))
+    learned = f"{settings.drafter}: learned policy"
+    methods.append(DecoderMethod(learned, pair, policy, sampling, args.max_new_tokens, settings.drafter, head,
+                                 min_ngram=settings.lookup_min_ngram))
     run = {"validation": {"tokens_per_second": val_tps, "chosen": chosen, "best_gamma": best_gamma},
-           "fixed_gamma": best_gamma if "+" in args.drafter else best_gamma[args.drafter],
+           "fixed_gamma": best_gamma if "+" in settings.drafter else best_gamma[settings.drafter],
            "grid": {"gammas": gammas, "lookup_min_ngrams": min_ngrams if "lookup" in sources else []},
            "test_arms": test_arms}
     tree = trees.shape
@@ -457,21 +466,21 @@ def _measure_temperature(args, pair, T: float, sampling, val: list, held: list, 
         from learn2draft.tree import FixedTreeController
 
         grid = tree_grid_search(pair, val, trees.grid, sampling, args.max_new_tokens, tree, seed=args.seed,
-                                desc=f"tree grid T={T}", drafter=args.drafter, head=head)
+                                desc=f"tree grid T={T}", drafter=settings.drafter, head=head)
         d, v = grid["best"]
         run.update(fixed_tree=grid["best"], tree_grid=grid)
-        tree_name = f"{args.drafter}: fixed tree depth={d}, V={v}"
+        tree_name = f"{settings.drafter}: fixed tree depth={d}, V={v}"
         test_arms.append(tree_name)
         methods.insert(-1, DecoderMethod(tree_name, pair, FixedTreeController(d, v), sampling, args.max_new_tokens,
-                                         args.drafter, head, tree=tree))
+                                         settings.drafter, head, tree=tree))
         if trees.controller is not None:
-            methods.insert(-1, DecoderMethod(f"{args.drafter}: learned tree", pair, trees.controller, sampling,
-                                             args.max_new_tokens, args.drafter, head, tree=tree))
+            methods.insert(-1, DecoderMethod(f"{settings.drafter}: learned tree", pair, trees.controller, sampling,
+                                             args.max_new_tokens, settings.drafter, head, tree=tree))
     records = run_interleaved(methods, held, args.repeats, args.seed, desc=f"benchmark T={T}", warmup=True)
     summary = summarize(records, reference=PLAIN)
     by = {key: summarize_groups(records, g, reference=PLAIN) for key, g in (groups or {}).items()}
     copy = summarize_groups(records, {"copy": copy_idx}, reference=PLAIN).get("copy") if copy_idx else None
-    roles = _roles(args, test_arms, chosen, [m.name for m in rules])
+    roles = _roles(args, settings, test_arms, chosen, [m.name for m in rules])
     hindsight = _fastest({n: s["tokens_per_second_mean"] for n, s in summary.items()}, test_arms)
     run.update(best_fixed_in_hindsight=hindsight)
     report["runs"][str(T)] = {**run, "methods": summary, "groups": by, "copy_prompts": len(copy_idx),
@@ -489,11 +498,11 @@ def _measure_temperature(args, pair, T: float, sampling, val: list, held: list, 
     return md
 
 
-def _roles(args, fixed: list[str], chosen: str, rules: list[str]) -> dict:
+def _roles(args, settings: RunSettings, fixed: list[str], chosen: str, rules: list[str]) -> dict:
     """The methods that play the roles of :mod:`eval.verdicts`' claims in this benchmark: ``best_fixed`` (every fixed
     arm measured on the test prompts: the verdict takes the fastest, in hindsight), ``chosen_fixed`` (the one chosen
     on validation), ``best_rule`` (the hand rules)."""
-    return {"learned": f"{args.drafter}: learned policy", "generate": PLAIN, "autoregressive": "learn2draft autoregressive",
+    return {"learned": f"{settings.drafter}: learned policy", "generate": PLAIN, "autoregressive": "learn2draft autoregressive",
             "prompt_lookup": f"hf prompt lookup ({args.prompt_lookup_num_tokens})", "best_fixed": fixed,
             "chosen_fixed": chosen, "best_rule": rules}
 
@@ -513,7 +522,7 @@ def _verdicts(report: dict) -> list[str]:
             *verdict_lines(report["verdicts"]), "```", ""]
 
 
-def _rules(args, pair, sampling, best_gamma: dict[str, int], policy, head) -> list:
+def _rules(args, settings: RunSettings, pair, sampling, best_gamma: dict[str, int], policy, head) -> list:
     """The hand rules, each at its parameter: for prompt lookup the match-length rule, for a neural drafter the
     draft's confidence ≥ 0.4 (as vLLM and Hugging Face use); for a hybrid also vLLM's lookup-first rule and
     ArcticInference's score rule with k = the neural source's fastest γ on validation."""
@@ -527,19 +536,19 @@ def _rules(args, pair, sampling, best_gamma: dict[str, int], policy, head) -> li
 
     depth = policy.max_depth
     out = []
-    for src in args.drafter.split("+"):
+    for src in settings.drafter.split("+"):
         if src == "lookup":
             out.append(DecoderMethod("lookup: match-length rule", pair, MatchLengthController(depth), sampling,
-                                     args.max_new_tokens, src, head, min_ngram=args.lookup_min_ngram))
+                                     args.max_new_tokens, src, head, min_ngram=settings.lookup_min_ngram))
         else:
             out.append(DecoderMethod(f"{src}: confidence ≥ 0.4 rule", pair, ConfidenceThresholdController(0.4, depth),
                                      sampling, args.max_new_tokens, src, head))
-    if "+" in args.drafter:
-        k = min(best_gamma[args.drafter.split("+")[1]], depth)
-        out += [DecoderMethod(f"{args.drafter}: vLLM lookup-first k={k}", pair, LookupFirstController(k, depth),
-                              sampling, args.max_new_tokens, args.drafter, head, min_ngram=args.lookup_min_ngram),
-                DecoderMethod(f"{args.drafter}: Arctic score rule k={k}", pair, SuffixScoreController(k, depth),
-                              sampling, args.max_new_tokens, args.drafter, head, min_ngram=args.lookup_min_ngram)]
+    if "+" in settings.drafter:
+        k = min(best_gamma[settings.drafter.split("+")[1]], depth)
+        out += [DecoderMethod(f"{settings.drafter}: vLLM lookup-first k={k}", pair, LookupFirstController(k, depth),
+                              sampling, args.max_new_tokens, settings.drafter, head, min_ngram=settings.lookup_min_ngram),
+                DecoderMethod(f"{settings.drafter}: Arctic score rule k={k}", pair, SuffixScoreController(k, depth),
+                              sampling, args.max_new_tokens, settings.drafter, head, min_ngram=settings.lookup_min_ngram)]
     return out
 
 

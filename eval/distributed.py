@@ -21,35 +21,45 @@ import time
 from pathlib import Path
 
 
-def record_shard(args, prompts: list, header: dict, start: int = 0):
-    """Load the models the parsed ``python -m eval.record`` flags ask for, once, and record ``prompts`` (prompt j of
-    the shard is prompt ``start + j`` of the whole list: seeded ``args.seed + start + j``).
+def record_shard(args, settings, sampling, prompts: list, header: dict, start: int = 0, tree: tuple | None = None):
+    """Load the models of ``settings``, once, and record ``prompts`` (prompt j of the shard is prompt ``start + j`` of
+    the whole list: seeded ``args.seed + start + j``).
 
     Args:
-        args: the parsed flags, with ``sampling`` (a SamplingConfig) and, for ``args.tree``, ``verify_sizes`` (a
-            tuple of ints) already resolved by the command.
+        args: the parsed ``python -m eval.record`` flags (``device``, ``head``, ``seed``, ``max_new_tokens`` and
+            ``max_depth`` are read).
+        settings: the run's :class:`learn2draft.settings.RunSettings`, resolved once by the command (the precision,
+            the threads, the models, the drafter and its n-gram): every shard records in the same precision; the
+            device is ``--device`` resolved here, on the worker.
+        sampling: the :class:`learn2draft.sampling.SamplingConfig` of the flags.
         prompts: strings or token-id sequences; ``header``: extra header entries.
+        tree: ``(verification sizes, width, top-k)`` for a tree recording; None: chains.
 
     Returns:
-        a :class:`learn2draft.replay.traces.TraceSet` (chains) or ``TreeTraceSet`` (``args.tree``).
+        a :class:`learn2draft.replay.traces.TraceSet` (chains) or ``TreeTraceSet`` (``tree``).
 
     Raises:
         learn2draft.ModelLoadError: a model cannot be loaded; ValueError: as the recording functions.
     """
-    from learn2draft.cli import load_models, resolve_device, set_threads, stderr_line
+    import dataclasses
+
+    import torch
+
+    from learn2draft.cli import load_models, resolve_device, stderr_line
     from learn2draft.drafters import make_drafter
     from learn2draft.traces import record_traces, record_tree_traces
 
-    set_threads(args)
-    device = resolve_device(args.device)
-    pair = load_models(args, args.drafter, device=device, progress=stderr_line)
-    drafter = make_drafter(args.drafter, pair, head=args.head, min_ngram=getattr(args, "lookup_min_ngram", None))
+    torch.set_num_threads(settings.threads)
+    settings = dataclasses.replace(settings, device=resolve_device(args.device))
+    pair = load_models(settings, settings.drafter, progress=stderr_line, head=args.head)
+    drafter = make_drafter(settings.drafter, pair, head=args.head, min_ngram=settings.lookup_min_ngram)
     seed = args.seed + start
-    if args.tree:
-        return record_tree_traces(pair, drafter, prompts, args.sampling, max_new_tokens=args.max_new_tokens,
-                                  max_depth=args.max_depth, verify_sizes=args.verify_sizes, width=args.tree_width,
-                                  top_k=args.tree_top_k, seed=seed, header=header)
-    return record_traces(pair, drafter, prompts, args.sampling, max_new_tokens=args.max_new_tokens,
+    if tree is not None:
+        verify_sizes, width, top_k = tree
+        return record_tree_traces(pair, drafter, prompts, sampling, max_new_tokens=args.max_new_tokens,
+                                  max_depth=args.max_depth, verify_sizes=verify_sizes, width=width, top_k=top_k,
+                                  seed=seed, header=header)
+    return record_traces(pair, drafter, prompts, sampling, max_new_tokens=args.max_new_tokens,
                          max_depth=args.max_depth, seed=seed, header=header)
 
 
@@ -83,12 +93,12 @@ def merge_traces(parts: list, seed: int, seconds: float, extra: dict):
     return type(parts[0])(head, [pt for p in parts for pt in p.prompts])
 
 
-def _ray_shard(args, prompts, header, start):
+def _ray_shard(args, settings, sampling, prompts, header, start, tree):
     """A Ray task: :func:`record_shard` plus the worker's machine."""
     from eval.profile import machine_info
     from learn2draft.cli import resolve_device
 
-    traces = record_shard(args, prompts, header, start)
+    traces = record_shard(args, settings, sampling, prompts, header, start, tree)
     traces.header["worker_machine"] = machine_info(resolve_device(args.device))
     return traces
 
@@ -137,11 +147,13 @@ def start_ray(workers: int, address: str | None = None) -> None:
     ray.init(include_dashboard=False, configure_logging=False, log_to_driver=True, runtime_env={"env_vars": env}, **kw)
 
 
-def record_with_ray(args, prompts: list, header: dict, workers: int, address: str | None = None):
+def record_with_ray(args, settings, sampling, prompts: list, header: dict, workers: int, address: str | None = None,
+                    tree: tuple | None = None):
     """Record ``prompts`` as :func:`record_shard` does, in ``workers`` Ray tasks (one per contiguous shard, each
     loading its models once), and merge the shards in prompt order (:func:`merge_traces`).
 
     Args:
+        args, settings, sampling, tree: as :func:`record_shard`'s.
         workers: tasks (capped at the number of prompts); ``address``: an existing Ray cluster (``"auto"``, or
             ``HOST:PORT``), else a local one of ``workers`` CPUs is started and stopped here.
 
@@ -158,7 +170,7 @@ def record_with_ray(args, prompts: list, header: dict, workers: int, address: st
         task = ray.remote(num_cpus=1, num_gpus=gpus, max_retries=0)(_ray_shard)
         t0 = time.perf_counter()
         try:
-            parts = ray.get([task.remote(args, prompts[a:b], header, a) for a, b in bounds])
+            parts = ray.get([task.remote(args, settings, sampling, prompts[a:b], header, a, tree) for a, b in bounds])
         except ray.exceptions.RayTaskError as e:  # a worker's error is the user's error: one line, not a remote traceback
             cause = e.cause if isinstance(e.cause, (ValueError, OSError, RuntimeError)) else None
             if cause is None:

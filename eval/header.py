@@ -115,7 +115,7 @@ def run_header(target: str, draft: str | None, pair, dtype: str, sampling, devic
         sampling: the sampling settings: one :meth:`learn2draft.sampling.SamplingConfig.to_dict`, or a dict of them
             per temperature.
         prompts: the measured :class:`learn2draft.prompts.Prompt` records; ``prompt_source``: where they came from.
-        forward_rows: the run's target forward widths (:func:`learn2draft.cli.forward_rows_of`), where the bf16
+        forward_rows: the run's target forward widths (:attr:`learn2draft.settings.RunSettings.forward_rows`), where the bf16
             speed-up of a CPU without bf16 units is measured (:func:`hardware`).
 
     Returns:

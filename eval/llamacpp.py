@@ -198,10 +198,13 @@ def run_benchmark(args, temps: list[float], gammas: list[int], out: Path, val_sp
     hf = None
     if args.hf_reference:
         from eval.runner import HFGenerateMethod
-        from learn2draft.cli import load_models, sampling_config, set_threads
+        from learn2draft.cli import load_models, model_names, sampling_config, set_threads
+        from learn2draft.settings import RunSettings
 
-        set_threads(args)
-        pair = load_models(args, "lookup", need_draft=True, device="cpu", progress=stderr_line)
+        target, draft = model_names(args.target, args.draft)
+        settings = RunSettings.resolve(device="cpu", dtype=args.dtype, threads=set_threads(args),
+                                       depths=(args.gammas,), target=target, draft=draft)
+        pair = load_models(settings, "lookup", need_draft=True, progress=stderr_line)
         hf = (pair, HFGenerateMethod, sampling_config)
     report = {"engine": "llama.cpp", "machine": machine, "threads": threads,
               "llama_cpp_python": getattr(llama_cpp, "__version__", "?"), "gguf": str(args.gguf or _embedded()),

@@ -57,6 +57,7 @@ from learn2draft.cli import (
     run_cli,
 )
 from learn2draft.names import DRAFTERS
+from learn2draft.settings import RunSettings
 
 #: Prompt lengths (tokens) of the prefill table measured with the batch axis (replay under load charges a prefill per
 #: request that joins).
@@ -680,12 +681,12 @@ def _run(args) -> int:
                              "precision, ending in -measured); only a profile written over that file takes it.")
     if args.tree_top_k is not None and args.tree_width is None:
         raise ValueError("--tree-top-k applies to the tree level measured with --tree-width W: add --tree-width.")
-    args.tree_top_k = 4 if args.tree_top_k is None else args.tree_top_k
+    tree_top_k = 4 if args.tree_top_k is None else args.tree_top_k
     if args.tree_width is not None and not any(d in ("model", "head") for d in drafters):
         raise ValueError(f"--tree-width: the drafters {', '.join(drafters)} draft no trees (prompt lookup proposes one "
                          "chain); add --drafter model or head, or drop --tree-width.")
-    if args.tree_width is not None and (args.tree_width < 1 or args.tree_top_k < 1):
-        raise ValueError(f"--tree-width and --tree-top-k must be ≥ 1, got {args.tree_width} and {args.tree_top_k}.")
+    if args.tree_width is not None and (args.tree_width < 1 or tree_top_k < 1):
+        raise ValueError(f"--tree-width and --tree-top-k must be ≥ 1, got {args.tree_width} and {tree_top_k}.")
     if args.out:
         check_out_file(args.out)  # before the measurement: a bad --out must not cost it
         if Path(args.out).expanduser().is_file() and not args.overwrite:
@@ -695,27 +696,28 @@ def _run(args) -> int:
         return _run_llamacpp(args, contexts, tokens)
     if args.gguf is not None or args.lookup_policy is not None:
         raise ValueError("--gguf and --lookup-policy apply to --engine llama.cpp.")
-    set_threads(args)
+    threads = set_threads(args)
     device = resolve_device(args.device)
     t0 = time.perf_counter()
+    if args.random_weights and args.target:
+        raise ValueError("--random-weights builds the target from an architecture: drop --target.")
+    # auto on --device, at this run's threads and widths (its largest --batch-sizes, at the default depth of the
+    # commands that use a profile), not on the CPU
+    settings = RunSettings.resolve(device=device, dtype=args.dtype, threads=threads, batch=batch_sizes,
+                                   target=args.target, draft=args.draft)
     if args.random_weights:
         from eval.shapes import random_pair
-        from learn2draft.cli import resolved_dtype
         from learn2draft.models import parse_dtype
-        from learn2draft.names import DEFAULT_DRAFT
 
-        if args.target:
-            raise ValueError("--random-weights builds the target from an architecture: drop --target.")
-        # auto on --device, at this run's threads and widths (as load_models resolves it), not on the CPU
-        pair = random_pair(args.random_weights, drafters, device, parse_dtype(resolved_dtype(args), device),
-                           draft=args.draft or DEFAULT_DRAFT, progress=stderr_line)
+        pair = random_pair(args.random_weights, drafters, device, parse_dtype(settings.dtype, device),
+                           draft=settings.draft, progress=stderr_line)
     else:
-        pair = load_models(args, drafters, device=device, progress=stderr_line)
+        pair = load_models(settings, drafters, progress=stderr_line, head=args.head)
     prof = measure_profile(pair, drafters, head=args.head, contexts=contexts, tokens=tokens, repeats=args.repeats,
                            draft_steps=args.draft_steps, overhead_prompts=args.overhead_prompts,
                            overhead_tokens=args.overhead_tokens, overhead_depths=depths, name=args.name or "",
                            note=args.note, progress=lambda m: print(m, file=sys.stderr), tree_width=args.tree_width,
-                           tree_top_k=args.tree_top_k, batch_sizes=batch_sizes, batch_contexts=batch_contexts,
+                           tree_top_k=tree_top_k, batch_sizes=batch_sizes, batch_contexts=batch_contexts,
                            batch_overhead_depths=ov_depths, batch_overhead_tokens=args.batch_overhead_tokens,
                            batch_overhead_requests=args.batch_overhead_requests)
     out = Path(args.out) if args.out else Path("runs") / "profiles" / f"{prof.name}.json"

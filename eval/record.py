@@ -50,12 +50,12 @@ from learn2draft.cli import (
     add_sampling_args,
     add_tree_shape_args,
     comma_items,
-    forward_rows_of,
     plain_doc,
     run_cli,
 )
 from learn2draft.names import DEFAULT_MAX_DEPTH, DEFAULT_TREE_TOP_K, DEFAULT_TREE_WIDTH, DEFAULT_VERIFY_SIZES
 from learn2draft.prompts import SPLITS
+from learn2draft.settings import RunSettings
 
 _SIZES = ",".join(str(v) for v in DEFAULT_VERIFY_SIZES)
 
@@ -104,8 +104,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args) -> int:
     from eval.distributed import record_shard, record_with_ray
     from eval.profile import machine_info
-    from learn2draft.cli import lookup_min_ngram, resolve_device, sampling_config, threads_of
-    from learn2draft.models import resolve_dtype
+    from learn2draft.cli import lookup_min_ngram, model_names, resolve_device, sampling_config, threads_of
     from learn2draft.prompts import load_prompt_file, load_prompts
     from learn2draft.replay.traces import check_writable
 
@@ -121,16 +120,17 @@ def _run(args) -> int:
                          f"--max-new-tokens ≥ 2, got {args.max_depth} and {args.max_new_tokens}.")
     if args.num_prompts is not None and args.num_prompts < 1:
         raise ValueError(f"--num-prompts must be ≥ 1, got {args.num_prompts}.")
-    lookup_min_ngram(args, args.drafter)  # checked before the recording; the trace header records it
-    threads_of(args)
+    min_ngram = lookup_min_ngram(args, args.drafter)  # checked before the recording; the trace header records it
+    threads = threads_of(args)
     sampling = sampling_config(args)
     given = [f for f, v in (("--verify-sizes", args.verify_sizes), ("--tree-width", args.tree_width),
                             ("--tree-top-k", args.tree_top_k)) if v is not None]
     if given and not args.tree:
         raise ValueError(f"{', '.join(given)} only apply to draft trees: add --tree (or drop them).")
-    args.verify_sizes = _SIZES if args.verify_sizes is None else args.verify_sizes
-    args.tree_width = DEFAULT_TREE_WIDTH if args.tree_width is None else args.tree_width
-    args.tree_top_k = DEFAULT_TREE_TOP_K if args.tree_top_k is None else args.tree_top_k
+    sizes = _SIZES if args.verify_sizes is None else args.verify_sizes
+    width = DEFAULT_TREE_WIDTH if args.tree_width is None else args.tree_width
+    top_k = DEFAULT_TREE_TOP_K if args.tree_top_k is None else args.tree_top_k
+    tree = None  # (verification sizes, width, top-k) of a tree recording
     if args.tree:
         from learn2draft.names import check_verify_sizes
         from learn2draft.replay.traces import TREE_T_POSITIVE_REFUSAL
@@ -139,13 +139,13 @@ def _run(args) -> int:
             raise ValueError(f"--tree --temperature {args.temperature}: {TREE_T_POSITIVE_REFUSAL}")
         if args.drafter == "lookup":
             raise ValueError("--tree --drafter lookup: prompt lookup drafts no trees; use --drafter model or head.")
-        if args.max_depth < 1 or args.tree_width < 1 or args.tree_top_k < 1:
+        if args.max_depth < 1 or width < 1 or top_k < 1:
             raise ValueError(f"--tree needs --max-depth, --tree-width and --tree-top-k ≥ 1, got {args.max_depth}, "
-                             f"{args.tree_width} and {args.tree_top_k}.")
+                             f"{width} and {top_k}.")
         try:
-            verify_sizes = check_verify_sizes(sorted({int(x) for x in comma_items(args.verify_sizes)}))
+            tree = (check_verify_sizes(sorted({int(x) for x in comma_items(sizes)})), width, top_k)
         except ValueError:
-            raise ValueError(f"--verify-sizes {args.verify_sizes!r}: expected comma-separated integers ≥ 1.") from None
+            raise ValueError(f"--verify-sizes {sizes!r}: expected comma-separated integers ≥ 1.") from None
     if args.prompts:
         prompts, source = load_prompt_file(args.prompts), str(Path(args.prompts).resolve())
     else:
@@ -169,17 +169,18 @@ def _run(args) -> int:
     device = resolve_device(args.device)
     header = {"prompt_source": source, "num_prompts": len(prompts), "chat": True, "machine": machine_info(device),
               "command": "python -m eval.record " + " ".join(sys.argv[1:])}
-    args.sampling = sampling
-    args.verify_sizes = verify_sizes if args.tree else None
+    target, draft = model_names(args.target, args.draft)
     # --dtype auto resolved once, here: every Ray worker records in the same precision (each resolving its own could
-    # split the traces where bf16 and fp32 measure close)
-    args.dtype = resolve_dtype(args.dtype, device, threads_of(args), forward_rows_of(args))
+    # split the traces where bf16 and fp32 measure close); at the widths of the deepest chain or largest tree
+    settings = RunSettings.resolve(device=device, dtype=args.dtype, threads=threads,
+                                   depths=(args.max_depth, *(tree[0] if tree else ())), target=target, draft=draft,
+                                   drafter=args.drafter, lookup_min_ngram=min_ngram)
     if args.workers > 1 or args.address:
-        traces = record_with_ray(args, prompts, header, args.workers, args.address)
+        traces = record_with_ray(args, settings, sampling, prompts, header, args.workers, args.address, tree)
     else:
-        traces = record_shard(args, prompts, header)
-    if args.tree:
-        return _summarize_trees(args, traces, out)
+        traces = record_shard(args, settings, sampling, prompts, header, tree=tree)
+    if tree is not None:
+        return _summarize_trees(args, traces, out, len(tree[0]))
     path = traces.save(out)
     runs = [pt.accepted_run()[1:pt.n] for pt in traces.prompts]
     summary = {
@@ -196,12 +197,12 @@ def _run(args) -> int:
     return 0
 
 
-def _summarize_trees(args, traces, out) -> int:
+def _summarize_trees(args, traces, out, num_sizes: int) -> int:
     import numpy as np
 
     path = traces.save(out)
     rows = [pt.tau[1:pt.n] for pt in traces.prompts]
-    tau = np.concatenate(rows) if rows else np.zeros((0, args.max_depth + 1, len(args.verify_sizes)))
+    tau = np.concatenate(rows) if rows else np.zeros((0, args.max_depth + 1, num_sizes))
     summary = {
         "out": str(path), "header": str(path.with_suffix(".json")), "prompts": len(traces),
         "tokens": int(sum(pt.n for pt in traces.prompts)),

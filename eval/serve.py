@@ -66,6 +66,7 @@ from learn2draft import cli
 from learn2draft.cli import HelpFormatter, plain_doc, run_cli
 from learn2draft.metrics import percentiles
 from learn2draft.prompts import PROMPT_SETS
+from learn2draft.settings import RunSettings
 
 DEFAULT_OUT = "runs/serve"
 #: Written after each measured level and removed when the run completes: what an interrupted run measured.
@@ -237,9 +238,9 @@ def check_args(args) -> Settings:
 
 
 # ----------------------------------------------------------------------------------------------- costs
-def batched_costs(pair, args, s, sampling, head, context: int, sizes: Sequence[int]):
+def batched_costs(pair, args, s, sampling, head, context: int, sizes: Sequence[int], drafter: str):
     """The latency profile that prices adaptive verification's steps: ``--profile`` when it has the batch axis for
-    the drafter, else measured now on this machine (:func:`eval.profile.measure_profile` with the batch axis at
+    ``drafter`` (the run's), else measured now on this machine (:func:`eval.profile.measure_profile` with the batch axis at
     ``context``, median of ``--cost-repeats`` per shape; as vLLM profiles its cost tables at start-up)."""
     from eval.profile import measure_profile
     from learn2draft.cli import stderr_line
@@ -249,10 +250,10 @@ def batched_costs(pair, args, s, sampling, head, context: int, sizes: Sequence[i
 
         prof = load_profile(args.profile)
         if prof.has_batch_axis and max(sizes) <= prof.max_batch_size:
-            prof.require_batch_axis(max(sizes), args.drafter)
+            prof.require_batch_axis(max(sizes), drafter)
             return prof
         stderr_line(f"eval.serve: --profile {args.profile} has no batch axis up to {max(sizes)} rows: measuring one")
-    return measure_profile(pair, [args.drafter], head=head, sampling=sampling, contexts=(context,),
+    return measure_profile(pair, [drafter], head=head, sampling=sampling, contexts=(context,),
                            tokens=tuple(range(1, s.max_depth + 2)), repeats=args.cost_repeats, draft_steps=4,
                            overhead_prompts=1, overhead_tokens=16, overhead_depths=(0, 2), name="eval.serve start-up",
                            progress=stderr_line, batch_sizes=sorted(set(sizes)), batch_contexts=(context,),
@@ -416,7 +417,7 @@ def _run(args) -> int:
     from learn2draft.prompts import load_prompt_file_records, load_prompt_records, load_prompts, prompt_set_splits
 
     s = check_args(args)
-    policy, guard, cfg, head = None, None, {}, args.head
+    policy, guard, cfg, head, drafter = None, None, {}, args.head, None
     if args.policy:
         from policies.layout import FEATURE_SPEC_FILE, read_json, resolve_export_dir
         from policies.load import (
@@ -441,37 +442,41 @@ def _run(args) -> int:
         if "+" in trained:  # before the drafter check: no --drafter makes a hybrid policy run here
             raise ValueError(f"--policy {args.policy}: a hybrid ({trained}) policy; eval.serve runs load-aware and "
                              "chain policies (python -m eval.benchmark runs hybrid ones).")
-        args.drafter = args.drafter or trained
-        if trained != args.drafter:
+        drafter = args.drafter or trained
+        if trained != drafter:
             raise ValueError(f"The policy in {args.policy} was trained with the {trained!r} drafter, not "
-                             f"{args.drafter!r}: pass --drafter {trained} or a matching --policy.")
+                             f"{drafter!r}: pass --drafter {trained} or a matching --policy.")
         cfg, head = run_settings(args.policy), head or policy_head(args.policy)
         trained_min_ngram = policy_lookup_min_ngram(args.policy)
-    args.drafter = args.drafter or "lookup"
+    drafter = drafter or args.drafter or "lookup"
     # every lookup method runs the policy's n-gram setting unless --lookup-min-ngram says otherwise
-    args.lookup_min_ngram = cli.lookup_min_ngram(args, args.drafter, trained_min_ngram if args.policy else None,
-                                                 f"the policy in {args.policy}")
+    min_ngram = cli.lookup_min_ngram(args, drafter, trained_min_ngram if args.policy else None,
+                                     f"the policy in {args.policy}")
     user_prompts = load_prompt_file_records(args.prompts) if args.prompts else None
     sampling = cli.sampling_config(args)
-    set_threads(args, cfg.get("threads"))
-    args.target, args.draft = model_names(args, cfg)
+    threads = set_threads(args, cfg.get("threads"))
+    target, draft = model_names(args.target, args.draft, cfg)
     out = make_out_dir(s.out)
-    pair = load_models(args, args.drafter, device=s.device, progress=stderr_line)
+    # auto's widths: the largest batch this run decodes (--max-batch, else its largest concurrency) and its depth
+    rs = RunSettings.resolve(device=s.device, dtype=args.dtype, threads=threads, batch=s.max_batch,
+                             depths=(s.max_depth, *s.gammas), target=target, draft=draft, drafter=drafter,
+                             lookup_min_ngram=min_ngram)
+    pair = load_models(rs, drafter, progress=stderr_line, head=args.head)
     train_split, held_split = prompt_set_splits(args.prompt_set)
     held_records = user_prompts if user_prompts is not None else load_prompt_records(held_split)
     held = encode_all(pair, [p.text for p in held_records], args.max_new_tokens)
     train = encode_all(pair, load_prompts(train_split), args.max_new_tokens)
-    header = run_header(args.target, args.draft if pair.has_draft else None, pair, args.dtype, sampling.to_dict(),
-                        str(pair.device), held_records, args.prompts or held_split, args.forward_rows)
-    run = {"drafter": args.drafter, "lookup_min_ngram": args.lookup_min_ngram, "policy": args.policy, "methods": s.methods, "concurrency": s.levels,
+    header = run_header(rs.target, rs.draft if pair.has_draft else None, pair, rs.dtype, sampling.to_dict(),
+                        str(pair.device), held_records, args.prompts or held_split, rs.forward_rows)
+    run = {"drafter": rs.drafter, "lookup_min_ngram": rs.lookup_min_ngram, "policy": args.policy, "methods": s.methods, "concurrency": s.levels,
            "arrival_rates": s.rates, "max_batch": s.max_batch, "num_requests": args.num_requests,
            "requests_per_slot": args.requests_per_slot,
            "max_new_tokens": args.max_new_tokens, "gammas": s.gammas, "max_depth": s.max_depth,
            "learned_max_depth": getattr(policy, "max_depth", None) if policy is not None else None,
            "calibration_concurrency": args.calibration_concurrency, "seed": args.seed}
     report = {"header": header, "settings": run}
-    common = dict(pair=pair, drafter=args.drafter, sampling=sampling, max_new_tokens=args.max_new_tokens, head=head,
-                  min_ngram=args.lookup_min_ngram)
+    common = dict(pair=pair, drafter=rs.drafter, sampling=sampling, max_new_tokens=args.max_new_tokens, head=head,
+                  min_ngram=rs.lookup_min_ngram)
 
     # 1. start-up: warm the kernels, measure this machine's costs (adaptive verification's tables)
     stderr_line("eval.serve: warm-up and cost tables …")
@@ -490,8 +495,8 @@ def _run(args) -> int:
 
         sizes = sorted({1, *s.levels, s.max_batch})
         context = int(np.median([int(p.numel()) for p in held])) + args.max_new_tokens // 2
-        prof = batched_costs(pair, args, s, sampling, head, context, sizes)
-        av = AdaptiveVerification(s.max_depth, cost=profile_step_cost(prof, args.drafter, s.max_depth),
+        prof = batched_costs(pair, args, s, sampling, head, context, sizes, rs.drafter)
+        av = AdaptiveVerification(s.max_depth, cost=profile_step_cost(prof, rs.drafter, s.max_depth),
                                   refit_every=args.refit_every)
         report["costs"] = {"profile": prof.to_dict(), "context": context}
 
@@ -571,9 +576,9 @@ def _run(args) -> int:
         report["guard"] = {"settings": repr(guard), "batch_sizes": {str(b): v for b, v in guard.summary().items()}}
     if args.sim_traces:
         prof = prof if av is not None else batched_costs(pair, args, s, sampling, head, int(np.median(
-            [int(p.numel()) for p in held])) + args.max_new_tokens // 2, sorted({1, *s.levels, s.max_batch}))
+            [int(p.numel()) for p in held])) + args.max_new_tokens // 2, sorted({1, *s.levels, s.max_batch}), rs.drafter)
         report["sim_vs_real"] = sim_vs_real(report, args.sim_traces, prof, s, args, policy,
-                                            calib.get("table"), calib.get("best_fixed_gamma"))
+                                            calib.get("table"), calib.get("best_fixed_gamma"), rs.drafter)
     report["verdicts"] = serve_verdicts(report)
     finish_header(header)
     md = [*header_lines(header), *_markdown(report)]
@@ -591,12 +596,13 @@ def level_requests(kind: str, value, args) -> int:
     return requests_for(load, args.num_requests, args.requests_per_slot)
 
 
-def sim_vs_real(report: dict, traces_path: str, profile, s, args, policy, table, best_gamma) -> dict:
+def sim_vs_real(report: dict, traces_path: str, profile, s, args, policy, table, best_gamma, drafter: str) -> dict:
     """Each closed-loop level's methods replayed in the request-stream simulator
     (:func:`learn2draft.replay.serve.simulate`: the traces of the measured prompts, the cost ``profile``, the same
     number of requests and tokens) beside their measured aggregate tokens/s: ``{level: {method: {"sim", "real",
     "error"}}}`` with error = sim / real − 1 (issue 17's goal: |error| ≤ 10% per level). Methods replayed: no
-    speculation, the best fixed γ, the per-batch-size table, and a load-aware learned policy."""
+    speculation, the best fixed γ, the per-batch-size table, and a load-aware learned policy (drafting with
+    ``drafter``, the run's)."""
     from envs.serve import ReplayServePolicy
     from learn2draft.budget import BatchSizeTable
     from learn2draft.control import FixedDepthController
@@ -612,7 +618,7 @@ def sim_vs_real(report: dict, traces_path: str, profile, s, args, policy, table,
     if roles.get("table") and table:
         pols[roles["table"]] = BatchSizeTable(table)
     if roles.get("learned") and isinstance(policy, LoadAwarePolicy):
-        pols[roles["learned"]] = ReplayServePolicy(lambda o: int(policy.graph.actions(o)[0]), profile, args.drafter,
+        pols[roles["learned"]] = ReplayServePolicy(lambda o: int(policy.graph.actions(o)[0]), profile, drafter,
                                                    policy.max_depth, policy.max_new_tokens, policy.batch_scale,
                                                    policy.context_scale, policy.batch_context)
     out = {}

@@ -162,6 +162,7 @@ def _run(args) -> int:
         check_out_file,
         check_seed,
         load_models,
+        model_names,
         resolve_device,
         set_threads,
         stderr_line,
@@ -170,6 +171,7 @@ def _run(args) -> int:
     from learn2draft.decoding import FixedDepthController
     from learn2draft.replay.latency import load_profile
     from learn2draft.replay.traces import TraceSet, load_traces
+    from learn2draft.settings import RunSettings
     from policies.layout import resolve_export_dir
     from policies.load import load_policy, policy_drafter
 
@@ -201,10 +203,13 @@ def _run(args) -> int:
     if not controllers:
         raise ValueError("Nothing to measure: pass --policy and/or --gammas.")
     envs = replay_envs(traces, profile, controllers)  # the profile checked against the traces before the models load
-    set_threads(args)
+    threads = set_threads(args)
     device = resolve_device(args.device)
     t0 = time.perf_counter()
-    pair = load_models(args, traces.drafter, traces.header, device=device, progress=stderr_line)  # the traces' models
+    target, draft = model_names(settings=traces.header)  # the traces' models
+    settings = RunSettings.resolve(device=device, dtype=args.dtype, threads=threads, depths=(args.gammas,),
+                                   target=target, draft=draft, drafter=traces.drafter)
+    pair = load_models(settings, traces.drafter, progress=stderr_line)
     rep = sim_vs_real(pair, traces, profile, controllers, repeats=args.repeats, seed=args.seed,
                       progress=lambda m: print(m, file=sys.stderr), envs=envs)
     rep["seconds"] = round(time.perf_counter() - t0, 1)

@@ -113,7 +113,11 @@ def _run(args) -> int:
           f"median {r['median_seconds'] * 1e3:.3f} ms, p90 {r['p90_seconds'] * 1e3:.3f} ms, "
           f"mean accepted {r['mean_accepted']:.2f}")
     if args.overhead:
-        o = tree_cycle_overhead(load_models(args, "head", progress=stderr_line))
+        from learn2draft.settings import RunSettings
+
+        # the default pair (this command has no model flags), at the default widths
+        settings = RunSettings.resolve(device=args.device, dtype=args.dtype, threads=threads)
+        o = tree_cycle_overhead(load_models(settings, "head", progress=stderr_line))
         parts = ", ".join(f"{k} {o[k]:.3f} s" for k in ("draft", "forward", "select_mask", "sample", "gather", "cycle"))
         print(f"tree cycle (head, depth 4, V 8): {o['cycles']} cycles, {o['tokens']} tokens, "
               f"τ̄ = {o['mean_accepted']:.2f}; {parts}; tree overhead {100 * o['tree_overhead_fraction']:.2f} % "

@@ -2,8 +2,8 @@
 text from reST docstrings, one error line instead of a traceback for bad input, and the argument groups
 every command takes alike (models, sampling, drafter, tree shape, device/threads/dtype, profile, out),
 each flag defined once here with its name, default and help, the progress display (:func:`progress`: a bar on
-a terminal, plain lines in a log file), with the functions that turn the parsed flags into a :class:`learn2draft.sampling.SamplingConfig`, a device and a loaded
-:class:`learn2draft.models.ModelPair`. No torch import at module level, so ``--help`` answers at once. The W&B credentials check is
+a terminal, plain lines in a log file), with the functions that turn the parsed flags into a :class:`learn2draft.sampling.SamplingConfig`, a device, and
+a command's resolved :class:`learn2draft.settings.RunSettings` into a loaded :class:`learn2draft.models.ModelPair`. No torch import at module level, so ``--help`` answers at once. The W&B credentials check is
 training's: :func:`train.wandb_setup.check_wandb`.
 """
 
@@ -16,13 +16,13 @@ import sys
 
 from learn2draft.names import (
     DEFAULT_DRAFT,
-    DEFAULT_MAX_DEPTH,
     DEFAULT_TARGET,
     DRAFTERS,
     DTYPE_NAMES,
     HYBRID_DRAFTERS,
     needs_draft_model,
 )
+from learn2draft.settings import MAX_THREADS_PER_CORE, resolve_device, run_threads
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -146,9 +146,6 @@ def run_cli(parser: argparse.ArgumentParser, run, argv: list[str] | None) -> int
     finally:
         warnings.showwarning = shown
 
-
-#: ``--threads`` above this many per CPU core is refused (100 000 threads fail to allocate their stacks).
-MAX_THREADS_PER_CORE = 8
 
 #: This project's top-level packages (``python -m train`` needs all of them; ``python -m eval`` all but train).
 PROJECT_PACKAGES = ("learn2draft", "envs", "policies", "eval", "train")
@@ -396,8 +393,9 @@ def _dtype_name(text: str) -> str:
 
 def add_device_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     """``--device`` (default ``auto``: :func:`resolve_device`), ``--threads`` (default None: :func:`set_threads`)
-    and ``--dtype`` (default ``auto``: :func:`learn2draft.models.fastest_dtype`, resolved by :func:`load_models`, or
-    earlier with the shipped policy of that precision by :func:`policies.load.default_policy_for`; float32,
+    and ``--dtype`` (default ``auto``: :func:`learn2draft.models.fastest_dtype`, resolved once per command by
+    :meth:`learn2draft.settings.RunSettings.resolve`, or earlier with the shipped policy of that precision by
+    :func:`policies.load.default_policy_for`; float32,
     bfloat16, float16; ``fp32``, ``bf16``, ``fp16`` are read as those)."""
     g = parser.add_argument_group("device")
     g.add_argument("--device", default="auto",
@@ -412,29 +410,6 @@ def add_device_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                         "faster; else float32); "
                         "logits, sampling and the exact sampler always run in float32")
     return g
-
-
-def resolve_device(name: str | None, check: bool = True) -> str:
-    """The device of ``--device``: ``auto`` (or None) is ``"cuda"`` when this torch can use a GPU, else
-    ``"cpu"`` (:func:`learn2draft.models.default_device`); any other name is kept.
-
-    Raises:
-        learn2draft.ModelLoadError: the name is not a torch device; with ``check``, also a device that is
-            unavailable here.
-    """
-    from learn2draft import models
-
-    device = models.default_device() if name in (None, "auto") else name
-    if check:
-        models.check_device(device)
-    else:  # the name must still be a torch device (``--device bogus`` is an error even where nothing loads)
-        import torch
-
-        try:
-            torch.device(device)
-        except (RuntimeError, TypeError):
-            raise models.ModelLoadError(f"Unknown device {device!r}: use cpu, cuda, cuda:N or mps.") from None
-    return device
 
 
 def set_threads(args: argparse.Namespace, trained_with: int | None = None) -> int:
@@ -457,13 +432,7 @@ def threads_of(args: argparse.Namespace, trained_with: int | None = None) -> int
     Raises:
         ValueError: ``--threads`` < 1, or more than :data:`MAX_THREADS_PER_CORE` per CPU core.
     """
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be ≥ 1, got {args.threads}.")
-    cores = os.cpu_count() or 1
-    if args.threads is not None and args.threads > MAX_THREADS_PER_CORE * cores:
-        raise ValueError(f"--threads {args.threads}: this machine has {cores} CPU core(s); pass at most "
-                         f"{MAX_THREADS_PER_CORE * cores} (usually {cores}, one per core).")
-    return int(args.threads or trained_with or 1)
+    return run_threads(args.threads, trained_with)
 
 
 #: The engines a command can run on (``--engine``).
@@ -516,97 +485,40 @@ def add_out_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup, what:
     return parser.add_argument("--out", default=None, metavar="PATH", help=f"output: {what}")
 
 
-def model_names(args: argparse.Namespace, settings: dict | None = None) -> tuple[str, str]:
-    """(target, draft) of ``--target`` / ``--draft``, else of ``settings`` (a policy's run settings, or a trace
-    header), else the embedded default pair."""
+def model_names(target: str | None = None, draft: str | None = None, settings: dict | None = None) -> tuple[str, str]:
+    """(target, draft) of ``target`` / ``draft`` (a command's ``--target`` / ``--draft``), else of ``settings`` (a
+    policy's run settings, or a trace header), else the embedded default pair."""
     settings = settings or {}
-    target = getattr(args, "target", None) or settings.get("target") or DEFAULT_TARGET
-    draft = getattr(args, "draft", None) or settings.get("draft") or DEFAULT_DRAFT
-    return target, draft
+    return (target or settings.get("target") or DEFAULT_TARGET, draft or settings.get("draft") or DEFAULT_DRAFT)
 
 
-def load_models(args: argparse.Namespace, drafters, settings: dict | None = None, need_draft: bool = False,
-                device: str | None = None, progress=None, max_depth: int | None = None):
-    """Load the :class:`~learn2draft.models.ModelPair` the parsed flags ask for: the models of
-    :func:`model_names`, on ``device`` (default: :func:`resolve_device` of ``--device``) with ``--dtype``; the
-    draft model only when ``drafters`` (one name or several) includes ``"model"``, or with ``need_draft``
-    (Hugging Face assisted generation). ``progress``: called with one line saying what loads. ``max_depth``: the
-    deepest draft the run makes beyond its flags (its policy's), for ``--dtype auto`` (:func:`forward_rows_of`).
-    A ``--head`` given
-    with the ``head`` drafter is checked first (:func:`learn2draft.drafters.head.check_head_dir`: a damaged head is
-    one error before the slow loading).
+def load_models(settings, drafters, need_draft: bool = False, progress=None, head: str | None = None):
+    """Load the :class:`~learn2draft.models.ModelPair` of a command's resolved
+    :class:`~learn2draft.settings.RunSettings`: its target and draft, on its device in its precision (a name: nothing
+    is measured here); the draft model only when ``drafters`` (one name or several) includes ``"model"``, or with
+    ``need_draft`` (Hugging Face assisted generation). ``progress``: called with one line saying what loads. A
+    ``head`` directory (the command's ``--head``) given with the ``head`` drafter is checked first
+    (:func:`learn2draft.drafters.head.check_head_dir`: a damaged head is one error before the slow loading).
 
     Raises:
         learn2draft.ModelLoadError, learn2draft.TokenizerMismatchError: as :func:`learn2draft.models.load_pair`;
-            ModelLoadError also for a missing or damaged ``--head``.
+            ModelLoadError also for a missing or damaged ``head``.
     """
     from learn2draft import models
 
-    target, draft = model_names(args, settings)
     names = [drafters] if isinstance(drafters, str) else list(drafters)
-    if any("head" in d for d in names) and getattr(args, "head", None):
+    if any("head" in d for d in names) and head:
         from pathlib import Path
 
         from learn2draft.drafters.head import check_head_dir
 
-        check_head_dir(Path(args.head).expanduser())
-    if not need_draft and not any(needs_draft_model(d) for d in names):
-        draft = None
-    device = device or resolve_device(getattr(args, "device", None))
-    # what ran is recorded: the precision, and the forward widths an ``auto`` was measured at (for the report header)
-    args.forward_rows = forward_rows_of(args, max_depth)
-    args.dtype = models.resolve_dtype(args.dtype, device, getattr(args, "threads", None), args.forward_rows)
+        check_head_dir(Path(head).expanduser())
+    draft = settings.draft if need_draft or any(needs_draft_model(d) for d in names) else None
     if progress is not None:
-        progress(f"Loading target={target}" + (f" draft={draft}" if draft else "") + f" on {device} ({args.dtype}) …")
-    return models.load_pair(target, draft, device=device, dtype=models.parse_dtype(args.dtype, device))
-
-
-def resolved_dtype(args: argparse.Namespace, max_depth: int | None = None) -> str:
-    """The canonical precision ``--dtype`` asks for on ``--device`` (``auto`` resolved:
-    :func:`learn2draft.models.resolve_dtype` at :func:`forward_rows_of` ``(args, max_depth)``, on ``--threads``
-    torch threads, else the current setting), e.g. to pick the shipped policy of that precision before the models
-    load (:func:`policies.load.default_policy_for` measures it at the thread count the run will set and pins it)."""
-    from learn2draft.models import resolve_dtype
-
-    return resolve_dtype(getattr(args, "dtype", "auto"), resolve_device(getattr(args, "device", None), check=False),
-                         getattr(args, "threads", None), forward_rows_of(args, max_depth))
-
-
-def _largest_int(value) -> int | None:
-    """The largest of an int, a comma-separated list of ints or a range ``a-b`` (a flag's value); None when absent or
-    unreadable (the command's own check names the flag)."""
-    if value is None or isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, (list, tuple)):
-        return max((v for v in (_largest_int(x) for x in value) if v is not None), default=None)
-    try:
-        ints = [int(v) for v in re.split(r"[,-]", str(value)) if v.strip()]
-    except ValueError:
-        return None
-    return max(ints) if ints else None
-
-
-def forward_rows_of(args: argparse.Namespace, max_depth: int | None = None) -> tuple[int, int]:
-    """The target forward widths of a command, what ``--dtype auto`` is measured at
-    (:func:`learn2draft.models.forward_rows`): its largest batch — ``--max-batch``, else the largest of
-    ``--concurrency``, ``--batch-sizes`` or ``--serve-loads``, else 1 — and its deepest draft: the largest of
-    ``max_depth`` (what the caller knows, e.g. its policy's), ``--max-depth``, the ``--gammas`` grid and the tree
-    ``--verify-sizes`` (only where the command runs a tree: its ``--tree`` is set, or it has no such flag), else
-    :data:`learn2draft.names.DEFAULT_MAX_DEPTH`."""
-    from learn2draft.models import forward_rows
-
-    batch = _largest_int(getattr(args, "max_batch", None))
-    if batch is None:
-        batch = max((b for b in (_largest_int(getattr(args, name, None)) for name in ("concurrency", "batch_sizes",
-                                                                                      "serve_loads"))
-                     if b is not None), default=1)
-    depths = [d for d in (_largest_int(max_depth), *(_largest_int(getattr(args, name, None))
-                                                     for name in ("max_depth", "gammas", "verify_sizes")
-                                                     if name != "verify_sizes" or getattr(args, "tree", True)))
-              if d is not None]
-    return forward_rows(batch, max(depths) if depths else DEFAULT_MAX_DEPTH)
+        progress(f"Loading target={settings.target}" + (f" draft={draft}" if draft else "")
+                 + f" on {settings.device} ({settings.dtype}) …")
+    return models.load_pair(settings.target, draft, device=settings.device,
+                            dtype=models.parse_dtype(settings.dtype, settings.device))
 
 
 # --------------------------------------------------------------------------- progress
@@ -717,5 +629,5 @@ __all__ = ["PROGRESS_INTERVAL_SECONDS", "PROJECT_PACKAGES", "SAMPLING_DEFAULTS",
            "lookup_min_ngram",
            "add_model_args", "add_out_arg", "add_profile_arg", "check_out_file", "check_seed", "MAX_SEED",
            "MAX_THREADS_PER_CORE", "add_sampling_args", "add_tree_shape_args",
-           "load_models", "model_names", "plain_doc", "prepare_parser", "quiet_library_noise", "resolve_device", "resolved_dtype", "run_cli", "sampling_config",
+           "load_models", "model_names", "plain_doc", "prepare_parser", "quiet_library_noise", "resolve_device", "run_cli", "sampling_config",
            "set_command_prog", "set_threads", "stderr_line", "threads_of"]

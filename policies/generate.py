@@ -237,14 +237,17 @@ def _run(args) -> int:
     from learn2draft.cli import load_models, resolve_device, sampling_config
     from learn2draft.decoding import SpeculativeDecoder
     from learn2draft.drafters import make_drafter
+    from learn2draft.settings import RunSettings
 
     sampling = sampling_config(args)
     device = resolve_device(args.device)
-    controller, max_depth, settings, head = _resolve_controller(args)
-    target = _check_model_names(args, settings, head)
+    controller, max_depth, cfg, head, dtype, min_ngram = _resolve_controller(args)
+    target, draft, threads = _check_model_names(args, cfg, head)
 
-    pair = load_models(args, args.drafter, settings, device=device, max_depth=max_depth)
-    drafter = make_drafter(args.drafter, pair, head=head, min_ngram=args.lookup_min_ngram)
+    run = RunSettings.resolve(device=device, dtype=dtype, threads=threads, depths=(max_depth,), target=target,
+                              draft=draft, drafter=args.drafter, lookup_min_ngram=min_ngram)
+    pair = load_models(run, args.drafter, head=args.head)
+    drafter = make_drafter(args.drafter, pair, head=head, min_ngram=run.lookup_min_ngram)
     ids = pair.encode_prompt(prompt, chat=not args.no_chat, max_new_tokens=args.max_new_tokens)
     decoder = SpeculativeDecoder(pair, sampling, max_new_tokens=args.max_new_tokens, max_depth=max_depth,
                                  seed=args.seed, drafter=drafter)
@@ -341,7 +344,9 @@ def _run_llamacpp(args, prompt: str, stdout: TextIO, stderr: TextIO) -> int:
 
 
 def _resolve_controller(args) -> tuple:
-    """Resolve what decides the depth: ``(controller, max_depth, run settings, head)``, a policy or a fixed γ."""
+    """Resolve what decides the depth, a policy or a fixed γ: ``(controller, max_depth, the policy's run settings,
+    head, the run's precision, prompt lookup's n-gram)`` (the precision pinned with a shipped policy, else
+    ``--dtype``)."""
     from pathlib import Path
 
     from learn2draft.cli import lookup_min_ngram
@@ -350,8 +355,8 @@ def _resolve_controller(args) -> tuple:
     settings: dict = {}
     head = args.head
     if args.num_draft_tokens is not None:
-        args.lookup_min_ngram = lookup_min_ngram(args, args.drafter)
-        return FixedDepthController(args.num_draft_tokens), args.num_draft_tokens, settings, head
+        return (FixedDepthController(args.num_draft_tokens), args.num_draft_tokens, settings, head, args.dtype,
+                lookup_min_ngram(args, args.drafter))
     from policies.layout import TREE_FILE
     from policies.load import (
         default_policy_for,
@@ -363,7 +368,11 @@ def _resolve_controller(args) -> tuple:
     )
 
     # without --policy: the shipped one of the run's precision, --dtype pinned to it
-    policy_dir = Path(args.policy) if args.policy else default_policy_for(args, args.drafter)
+    dtype = args.dtype
+    if args.policy:
+        policy_dir = Path(args.policy)
+    else:
+        policy_dir, dtype = default_policy_for(args.drafter, args.dtype, args.device, args.threads)
     if policy_dir.is_file():
         raise ValueError(f"--policy {args.policy} is a file: pass the directory that holds it ({policy_dir.parent}).")
     if not policy_dir.is_dir():
@@ -376,31 +385,30 @@ def _resolve_controller(args) -> tuple:
     if trained_with != args.drafter:
         raise ValueError(f"The policy in {policy_dir} was trained with the {trained_with!r} drafter, not "
                          f"{args.drafter!r}: pass --drafter {trained_with}, or a policy for {args.drafter}.")
-    args.lookup_min_ngram = lookup_min_ngram(args, args.drafter, policy_lookup_min_ngram(policy_dir),
-                                             f"the policy in {policy_dir}")
+    min_ngram = lookup_min_ngram(args, args.drafter, policy_lookup_min_ngram(policy_dir), f"the policy in {policy_dir}")
     controller = load_policy(policy_dir, profile=args.profile)
     settings = run_settings(policy_dir)
-    return controller, controller.max_depth, settings, head or policy_head(policy_dir)
+    return controller, controller.max_depth, settings, head or policy_head(policy_dir), dtype, min_ngram
 
 
-def _check_model_names(args, settings: dict, head: str | None = None) -> str:
+def _check_model_names(args, settings: dict, head: str | None = None) -> tuple[str, str, int]:
     """Set the threads and check the model names (and the head directory of the head drafter) before the slow
-    loading; returns the target's name."""
+    loading; returns ``(target, draft, threads set)``."""
     from pathlib import Path
 
     from learn2draft.cli import model_names, set_threads
     from learn2draft.models import resolve_model_source
     from learn2draft.names import needs_draft_model
 
-    set_threads(args, settings.get("threads"))
-    target, draft = model_names(args, settings)
+    threads = set_threads(args, settings.get("threads"))
+    target, draft = model_names(args.target, args.draft, settings)
     for name in (target, draft) if needs_draft_model(args.drafter) else (target,):
         resolve_model_source(name)  # a clear error for a missing path or a damaged file before the slow loading
     if "head" in args.drafter and head:
         from learn2draft.drafters.head import check_head_dir
 
         check_head_dir(Path(head).expanduser())
-    return target
+    return target, draft, threads
 
 
 def _token_printer(args, pair, stream: TextStream, defer_text: bool, stdout: TextIO, stderr: TextIO):

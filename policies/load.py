@@ -10,6 +10,7 @@ was trained with. Needs onnxruntime and the engine only (no torch graph, no stab
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 from learn2draft.features import (
@@ -246,49 +247,53 @@ def run_settings(directory: str | Path) -> dict:
     raise FileNotFoundError(f"No config.json or {POLICY_CONFIG_FILE} in {d}: is it a training run or a policy export?")
 
 
-def default_policy_for(args, drafter: str) -> Path:
+def default_policy_for(drafter: str, dtype: str = "auto", device: str | None = "auto", threads: int | None = None,
+                       batch=None, depths: Iterable = ()) -> tuple[Path, str]:
     """The shipped policy of ``drafter`` for the precision this run computes in
-    (:func:`policies.layout.default_policy_dir`), with ``args.dtype`` set to that precision: what ``eval``,
-    ``eval.benchmark`` and ``policies.generate`` run without ``--policy``.
+    (:func:`policies.layout.default_policy_dir`), and that precision: what ``eval``, ``eval.benchmark`` and
+    ``policies.generate`` run without ``--policy``, and the ``dtype`` they then resolve their
+    :class:`learn2draft.settings.RunSettings` with (a name: nothing is measured again).
 
-    ``--dtype auto`` is measured (:func:`learn2draft.models.fastest_dtype`) at the thread count the run will set —
-    ``--threads``, else the picked policy's training threads, else 1 (:func:`learn2draft.cli.set_threads`) — and at
-    the policy's depth (:func:`learn2draft.cli.forward_rows_of`). The policy depends on the precision and the thread
-    count on the policy, so this alternates: measure, pick, and measure again at the pick's threads and depth until
-    the pick stays; where it does not settle in 3 rounds (a machine where each precision's own policy's thread count
-    favours the other precision), the float32 policy in float32. Then the models load in the same precision
-    (:func:`learn2draft.cli.load_models` does not measure again: ``args.dtype`` is a name now).
+    ``auto`` is measured (:func:`learn2draft.models.fastest_dtype`) at the thread count the run will set —
+    ``threads``, else the picked policy's training threads, else 1 (:func:`learn2draft.settings.run_threads`) — and
+    at the run's forward widths with the policy's depth (:func:`learn2draft.settings.forward_widths`). The policy
+    depends on the precision and the thread count on the policy, so this alternates: measure, pick, and measure again
+    at the pick's threads and depth until the pick stays; where it does not settle in 3 rounds (a machine where each
+    precision's own policy's thread count favours the other precision), the float32 policy in float32.
 
     Args:
-        args: the command's parsed flags (``dtype``, ``device``, ``threads`` and the width flags are read).
         drafter: the drafter name (``"lookup"``, ``"model"``, …).
+        dtype, device, threads: the command's ``--dtype``, ``--device`` and ``--threads``.
+        batch, depths: the run's largest batch and the depths its own flags draft to (as
+            :func:`learn2draft.settings.forward_widths`); the policy's depth is added.
+
+    Returns:
+        ``(policy directory, canonical precision name)``.
 
     Raises:
         FileNotFoundError: no policy is shipped for ``drafter``.
-        ValueError: an unknown ``--dtype``, or a bad ``--threads``.
+        ValueError: an unknown ``dtype``, or a bad ``threads``.
+        learn2draft.ModelLoadError: ``device`` is not a torch device.
     """
-    import copy
-
-    from learn2draft.cli import resolved_dtype, threads_of
+    from learn2draft.models import resolve_dtype
+    from learn2draft.settings import forward_widths, resolve_device, run_threads
     from policies.layout import default_policy_dir
 
-    if getattr(args, "dtype", "auto") != "auto":
-        args.dtype = resolved_dtype(args)  # a canonical name, nothing measured
-        return default_policy_dir(drafter, args.dtype)
-    at: tuple = (threads_of(args), None)  # (threads, depth) of the next measurement
+    depths = tuple(depths)
+    if dtype != "auto":
+        name = resolve_dtype(dtype, resolve_device(device, check=False))  # a canonical name, nothing measured
+        return default_policy_dir(drafter, name), name
+    at: tuple = (run_threads(threads), None)  # (threads, depth) of the next measurement
+    dev = resolve_device(device, check=False)
     for _ in range(3):
-        probe = copy.copy(args)
-        probe.threads = at[0]
-        dtype = resolved_dtype(probe, at[1])
-        chosen = default_policy_dir(drafter, dtype)
+        name = resolve_dtype("auto", dev, at[0], forward_widths(batch, (at[1], *depths)))
+        chosen = default_policy_dir(drafter, name)
         settings = run_settings(chosen)
-        then = (threads_of(args, settings.get("threads")), settings.get("max_depth"))
+        then = (run_threads(threads, settings.get("threads")), settings.get("max_depth"))
         if then == at:
-            args.dtype = dtype
-            return chosen
+            return chosen, name
         at = then
-    args.dtype = "float32"
-    return default_policy_dir(drafter, "float32")
+    return default_policy_dir(drafter, "float32"), "float32"
 
 
 def policy_drafter(directory: str | Path) -> str:

@@ -165,11 +165,12 @@ def test_one_table_renderer_for_eval_and_benchmark(tiny_run, tmp_path, monkeypat
             "--max-new-tokens", "4", "--gammas", "1", "--device", "cpu", "--out", str(out)]
     assert bench_main(argv) == 0
     from eval.benchmark import build_parser as bench_parser
-    from learn2draft.cli import resolved_dtype
+    from learn2draft.settings import RunSettings
 
     report = json.loads((out / "benchmark.json").read_text())
     # --dtype auto, resolved at the run's forward widths and recorded for every method
-    assert report["dtype"] == resolved_dtype(bench_parser().parse_args(argv)) == "bfloat16"
+    args = bench_parser().parse_args(argv)
+    assert report["dtype"] == RunSettings.resolve(device=args.device, dtype=args.dtype).dtype == "bfloat16"
     measured = report["runs"]["0.0"]["methods"]
     assert holds_only((out / "benchmark.md").read_text(), methods_table(measured, PLAIN))
     summary = {"a": {**row, "ratio_to_ref": {"mean": 1.2, "min": 1.1, "max": 1.3}}}

@@ -134,9 +134,9 @@ def test_the_benchmark_runs_the_policys_setting(tmp_path):
 
     policy = str(DEFAULT_POLICIES_DIR / "lookup")
     args = build_parser().parse_args(["--policy", policy])
-    _resolve_policy(args)
-    assert args.drafter == "lookup" and args.lookup_min_ngram == 1  # the shipped policy matches single tokens
+    drafter, min_ngram = _resolve_policy(args)[3:6:2]
+    assert drafter == "lookup" and min_ngram == 1  # the shipped policy matches single tokens
+    assert args.drafter is None and args.lookup_min_ngram is None  # the parsed flags stay as given
     args = build_parser().parse_args(["--policy", policy, "--lookup-min-ngram", "2"])
     with pytest.warns(UserWarning, match="trained with 1"):
-        _resolve_policy(args)
-    assert args.lookup_min_ngram == 2
+        assert _resolve_policy(args)[5] == 2

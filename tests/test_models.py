@@ -314,29 +314,28 @@ def test_auto_precision_on_a_cpu_without_amx_follows_the_measurement(monkeypatch
 
 
 def test_auto_precision_is_measured_at_each_commands_forward_widths():
-    """A command's batch (--max-batch, else the largest --concurrency, --batch-sizes or --serve-loads) and deepest
-    draft (its policy's, --max-depth, --gammas, --verify-sizes) give the widths ``auto`` is timed at: a decode step
-    and a full verification of the batch."""
-    from argparse import Namespace
-
-    from learn2draft.cli import forward_rows_of
+    """A command's batch (eval.serve: --max-batch, else its largest --concurrency; eval.profile: --batch-sizes; train:
+    --serve-loads) and deepest draft (its policy's, --max-depth, --gammas, --verify-sizes with --tree) give the widths
+    ``auto`` is timed at: a decode step and a full verification of the batch. Each command passes its own flags
+    (learn2draft.settings.forward_widths); flag values are read as the flags give them."""
     from learn2draft.models import forward_rows
     from learn2draft.names import DEFAULT_MAX_DEPTH
+    from learn2draft.settings import forward_widths
 
     assert forward_rows(16, 8) == (16, 144) and forward_rows(1, 0) == (1, 1)
-    assert forward_rows_of(Namespace()) == (1, DEFAULT_MAX_DEPTH + 1)
-    assert forward_rows_of(Namespace(concurrency="1,2,16,4", max_batch=None, max_depth=None)) == forward_rows(16, 8)
+    assert forward_widths() == (1, DEFAULT_MAX_DEPTH + 1)
+    assert forward_widths("1,2,16,4", (None,)) == forward_rows(16, 8)
     # eval.serve without --max-depth drafts up to the largest of --gammas; ranges count by their end
-    assert forward_rows_of(Namespace(concurrency="1-16", max_depth=None, gammas="1,2,4,12")) == (16, 16 * 13)
-    assert forward_rows_of(Namespace(gammas="1-12", verify_sizes=None), max_depth=16) == (1, 17)  # the policy's
-    assert forward_rows_of(Namespace(gammas=[1, 2], verify_sizes="4,16")) == (1, 17)
-    # eval / eval.benchmark default --verify-sizes 4,8,16 for --tree: without --tree it is not a width they run
-    assert forward_rows_of(Namespace(gammas="1,2", verify_sizes="4,8,16", tree=False), max_depth=8) == (1, 9)
-    assert forward_rows_of(Namespace(gammas="1,2", verify_sizes="4,8,16", tree=True), max_depth=8) == (1, 17)
-    assert forward_rows_of(Namespace(concurrency="1,2", max_batch=6, max_depth=4)) == (6, 30)
-    assert forward_rows_of(Namespace(batch_sizes="1,8", max_depth=16)) == (8, 136)
-    assert forward_rows_of(Namespace(serve_loads="1,4", max_depth=8)) == (4, 36)
-    assert forward_rows_of(Namespace(concurrency="1,x", max_depth=3)) == (1, 4)  # the command's own check says why
+    assert forward_widths("1-16", (None, "1,2,4,12")) == (16, 16 * 13)
+    assert forward_widths(None, (16, "1-12")) == (1, 17)  # the policy's
+    assert forward_widths(None, ([1, 2], "4,16")) == (1, 17)
+    # eval / eval.benchmark default --verify-sizes 4,8,16 for --tree: without --tree the command leaves them out
+    assert forward_widths(None, (8, "1,2")) == (1, 9)
+    assert forward_widths(None, (8, "1,2", "4,8,16")) == (1, 17)
+    assert forward_widths(6, (4,)) == (6, 30)  # --max-batch 6 (eval.serve passes it as the batch)
+    assert forward_widths("1,8", (16,)) == (8, 136)
+    assert forward_widths("1,4", (8,)) == (4, 36)
+    assert forward_widths("1,x", (3,)) == (1, 4)  # the command's own check says why
 
 
 def test_the_bf16_forward_timing_times_both_precisions_at_every_shape():
@@ -357,11 +356,10 @@ def test_the_bf16_forward_timing_times_both_precisions_at_every_shape():
 def test_the_default_policy_and_auto_are_chosen_at_the_threads_the_run_will_set(monkeypatch, tmp_path):
     """eval, the benchmark and generate pick the shipped policy of ``auto``'s precision before they set the policy's
     thread count: policies.load.default_policy_for measures at the thread count the run will set (--threads, else
-    the picked policy's recorded threads, else 1 — not torch's current setting) and the picked policy's depth, pins
-    --dtype to the answer, and falls back to the float32 policy where the two never agree. The models then load in
-    that precision without measuring again."""
+    the picked policy's recorded threads, else 1 — not torch's current setting) and the picked policy's depth,
+    returns that precision with it, and falls back to the float32 policy where the two never agree. The models then
+    load in that precision without measuring again."""
     import json
-    from argparse import Namespace
 
     import learn2draft.models as models
     import policies.layout as layout
@@ -384,10 +382,9 @@ def test_the_default_policy_and_auto_are_chosen_at_the_threads_the_run_will_set(
     def pick(threads, bf16_at, drafter="lookup"):
         monkeypatch.setattr(models, "fastest_dtype", machine(bf16_at))
         calls.clear()
-        args = Namespace(dtype="auto", device="cpu", threads=threads)
-        d = default_policy_for(args, drafter)
-        assert models.resolve_dtype(args.dtype, "cpu") == args.dtype  # a name now: load_models measures nothing
-        return d.name, args.dtype
+        d, dtype = default_policy_for(drafter, "auto", "cpu", threads)
+        assert models.resolve_dtype(dtype, "cpu") == dtype  # a name now: the run's settings measure nothing
+        return d.name, dtype
 
     before = torch.get_num_threads()
     torch.set_num_threads(2)  # torch's setting is not what the run will use
@@ -400,5 +397,5 @@ def test_the_default_policy_and_auto_are_chosen_at_the_threads_the_run_will_set(
         assert pick(None, bf16_at=1, drafter="model") == ("model", "bfloat16")  # one precision shipped: the fastest
     finally:
         torch.set_num_threads(before)
-    args = Namespace(dtype="bf16", device="cpu", threads=None)
-    assert default_policy_for(args, "lookup").name == "lookup-bfloat16" and args.dtype == "bfloat16"
+    d, dtype = default_policy_for("lookup", "bf16", "cpu")
+    assert d.name == "lookup-bfloat16" and dtype == "bfloat16"

@@ -230,7 +230,7 @@ def test_sim_vs_real_replays_each_closed_loop_level_beside_its_measurement():
     rep = {"roles": roles, "levels": levels}
     args = SimpleNamespace(drafter="lookup", num_requests=6, requests_per_slot=0, max_new_tokens=None)
     out = sim_vs_real(rep, str(path), batched_profile(), SimpleNamespace(max_depth=D), args, None,
-                      [[1, 1, 2], [2, 8, 0]], 2)
+                      [[1, 1, 2], [2, 8, 0]], 2, "lookup")
     assert list(out) == ["concurrency 1", "concurrency 4"] and set(out["concurrency 4"]) == set(roles.values())
     cell = out["concurrency 1"]["fixed γ=2"]
     assert cell["real"] == 100.0 and cell["error"] == pytest.approx(cell["sim"] / 100.0 - 1)

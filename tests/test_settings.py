@@ -84,3 +84,15 @@ def test_a_bad_device_is_refused():
 def test_run_threads_takes_the_flag_else_the_policys_else_one():
     assert run_threads(None) == 1 and run_threads(None, 4) == 4 and run_threads(2, 4) == 2
 
+
+def test_commands_no_longer_write_into_their_parsed_flags():
+    """No command writes a resolved value back into its argparse Namespace: they resolve a RunSettings (or a local)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    found = [f"{p.relative_to(root)}:{i}" for pkg in ("learn2draft", "eval", "train", "policies", "envs")
+             for p in sorted((root / pkg).rglob("*.py"))
+             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+             if re.search(r"\bargs\.\w+(\s*,\s*args\.\w+)*\s*=[^=]|setattr\(args\b", line)]
+    assert found == []

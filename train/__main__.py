@@ -156,8 +156,9 @@ def config_from_args(args: argparse.Namespace, time_auto: bool = True) -> TrainC
     (:func:`learn2draft.models.resolve_dtype` at the run's threads and widths) unless ``time_auto`` is False or
     ``--replay`` is given: then ``dtype`` stays ``"auto"`` (under ``--replay``
     :func:`train.chain.apply_replay_settings` takes the profile's precision)."""
-    from learn2draft.cli import forward_rows_of, resolve_device
+    from learn2draft.cli import resolve_device
     from learn2draft.models import resolve_dtype
+    from learn2draft.settings import forward_widths
 
     d = TrainConfig()
 
@@ -172,7 +173,8 @@ def config_from_args(args: argparse.Namespace, time_auto: bool = True) -> TrainC
         # with --replay no model runs and the profile says which precision its costs are (apply_replay_settings):
         # auto is not timed here, before the flags are checked
         dtype=args.dtype if (args.replay or not time_auto) and args.dtype == "auto" else resolve_dtype(
-            args.dtype, resolve_device(args.device, check=False), args.threads or d.threads, forward_rows_of(args)),
+            args.dtype, resolve_device(args.device, check=False), args.threads or d.threads,
+            forward_widths(args.serve_loads, (args.max_depth, *((args.verify_sizes,) if args.tree else ())))),
         **{k: getattr(args, k) for k in cli.SAMPLING_DEFAULTS},
         max_new_tokens=args.max_new_tokens, max_depth=args.max_depth,
         timesteps=args.timesteps, n_steps=args.n_steps, batch_size=args.batch_size, n_epochs=args.n_epochs,

@@ -156,13 +156,10 @@ def apply_replay_settings(cfg: TrainConfig, given: Collection[str] | None = None
     if measured and (given is None or "dtype" not in given or cfg.dtype == "auto"):
         cfg.dtype = str(measured)
     if cfg.dtype == "auto":  # neither the profile nor the traces say: the precision this machine would run them in
-        from argparse import Namespace
-
-        from learn2draft.cli import forward_rows_of
         from learn2draft.models import resolve_dtype
+        from learn2draft.settings import forward_widths
 
-        cfg.dtype = resolve_dtype("auto", cfg.device, cfg.threads,
-                                  forward_rows_of(Namespace(serve_loads=cfg.serve_loads, max_depth=cfg.max_depth)))
+        cfg.dtype = resolve_dtype("auto", cfg.device, cfg.threads, forward_widths(cfg.serve_loads, (cfg.max_depth,)))
     if cfg.max_depth > traces.max_depth:
         if ("max_depth" in given) if given is not None else cfg.max_depth != defaults.max_depth:
             raise ValueError(f"--max-depth {cfg.max_depth}, but the traces {cfg.replay} hold chains up to max_depth="
