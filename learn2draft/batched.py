@@ -11,7 +11,9 @@ steps, as in vLLM's and SGLang's schedulers. One step:
    tokens, k_i = γ_i + 1, and the rows' tokens are packed into one sequence of Σ k_i tokens (ragged verification,
    :mod:`learn2draft.batch_cache`; no padding to B × max k_i; a row with γ_i = 0 is plain decoding, so B rows at
    γ = 0 is batched autoregressive decoding);
-3. every row accepts with the exact sampler on its own rows of the logits and commits τ_i + 1 tokens
+3. every row accepts with the exact sampler on its own rows of the probabilities, all rows in one call
+   (:func:`learn2draft.sampling.speculative_sample_rows`: tensor operations over the packed rows, one host read per
+   step whatever B is, each row drawing its uniforms from its own generator), and commits τ_i + 1 tokens
    (:meth:`~learn2draft.decoding.SpeculativeDecoder._finish_verification`, the one verification tail):
    the law holds per row whatever the other rows do (Leviathan et al. 2023, applied to each row's
    own p and q).
@@ -59,7 +61,7 @@ from learn2draft.drafters import make_drafter
 from learn2draft.drafters.base import Drafter
 from learn2draft.models import ModelPair
 from learn2draft.names import DECODER_MAX_DEPTH
-from learn2draft.sampling import SamplingConfig
+from learn2draft.sampling import SamplingConfig, sample_rows, speculative_sample, speculative_sample_rows
 from learn2draft.state import LoadState
 from learn2draft.timing import DeviceClock
 
@@ -341,15 +343,21 @@ class BatchedSpeculativeDecoder:
         Returns:
             the batch positions of those that finished at once (EOS first, or ``max_new_tokens`` = 1), to drop.
         """
+        last_logits = last_logits[:, : self.pair.vocab_size]
+        firsts: list[int | None] = [None] * len(self._joining)
+        if not self.sampling.prefix_dependent:  # every row's first token in one draw (one host read)
+            u = torch.cat([torch.rand(1, generator=r.generator, device=last_logits.device, dtype=torch.float64)
+                           for r, _, _ in self._joining])
+            firsts = sample_rows(self.sampling.probs_rows(last_logits, source="target"), u)
         t = self.clock.now()
         done, off = [], 0
         for i, (r, c, rid) in enumerate(self._joining):
             if hidden is not None and r.drafter.needs_target_hidden:
                 r.drafter.observe_target(hidden[off : off + r.prompt_len], 0)
             off += r.prompt_len
-            r._first_token(last_logits[i : i + 1, : self.pair.vocab_size])
+            emitted = r._first_token(last_logits[i : i + 1], firsts[i])
             res = self._results[rid]
-            res.tokens, res.first_token, res.finish = r.ids[r.prompt_len :].tolist(), t, t
+            res.tokens, res.first_token, res.finish = list(emitted), t, t
             res.token_times = [t] * r.generated
             if r.finished:
                 done.append(len(self.rows))
@@ -520,6 +528,38 @@ class BatchedSpeculativeDecoder:
                 prepared[i] = p
         return prepared
 
+    def _accept_rows(self, probs: torch.Tensor, tokens: list[torch.Tensor]) -> list[tuple[list[int], int]] | None:
+        """Every row's acceptance in one :func:`~learn2draft.sampling.speculative_sample_rows` call: row i's
+        uniforms are drawn from its own generator (what it draws alone), its q is None for point masses (prompt
+        lookup; dense when any row has a drafter's q), and the one host read returns every τ_i and next token.
+
+        Args:
+            probs: float32 (Σ k_i, V), the rows' processed target probabilities, packed as ``tokens`` (row i's
+                k_i = len(tokens[i]) ≥ γ_i + 1 rows; its last γ_i + 1 are verified).
+
+        Returns:
+            per row, its accepted drafted tokens and its next (corrected or bonus) token; None when a row's sampler
+            is not :func:`~learn2draft.sampling.speculative_sample` (a recording or control sampler: row by row).
+        """
+        rows = self.rows
+        if any(r.sampler is not speculative_sample for r in rows):
+            return None
+        dev = probs.device
+        gammas = [r.depth for r in rows]
+        sizes = [int(t.numel()) for t in tokens]
+        if any(k != g + 1 for k, g in zip(sizes, gammas)):  # keep each row's last γ_i + 1 rows
+            ends = np.cumsum(sizes)
+            probs = probs[torch.tensor(np.concatenate([np.arange(e - g - 1, e) for e, g in zip(ends, gammas)]),
+                                       device=dev)]
+        u = torch.cat([torch.rand(g + 1, generator=r.generator, device=dev, dtype=torch.float64)
+                       for r, g in zip(rows, gammas)])
+        x = torch.tensor([t for r in rows for t in r.drafted], dtype=torch.long).to(dev)
+        q = None
+        if any(q is not None for r in rows for q in r.draft_probs):
+            q = torch.cat([r._draft_q(probs) for r in rows if r.drafted])
+        taus, nxt = speculative_sample_rows(probs, q, x, gammas, u, validate=False)  # softmaxes of checked logits
+        return [(r.drafted[:t], n) for r, t, n in zip(rows, taus, nxt)]
+
     def step(self, budget: VerificationBudget | None = None, waiting: int = 0) -> BatchStep:
         """One step for every running row: draft (each row's controller), one batched verification, accept and
         commit per row; finished rows leave the batch.
@@ -572,6 +612,7 @@ class BatchedSpeculativeDecoder:
         t2 = self.clock.now()
         # every row's target probabilities in one call when no processor reads a row's prefix (else row by row)
         probs = None if self.sampling.prefix_dependent else self.sampling.probs_rows(logits, source="target")
+        decided = self._accept_rows(probs, tokens) if probs is not None else None
         results: dict[int, CycleResult] = {}
         done = []
         a = 0
@@ -580,7 +621,7 @@ class BatchedSpeculativeDecoder:
             if hidden is not None and row.drafter.needs_target_hidden:
                 row.drafter.observe_target(hidden[rows], row.target_len)
             p = row._verification_probs(plan, logits[rows], None if probs is None else probs[rows])
-            res = row._finish_verification(plan, p, t0, t1, t2)
+            res = row._finish_verification(plan, p, t0, t1, t2, None if decided is None else decided[i])
             results[rid] = res
             now = self.clock.now()
             r = self._results[rid]

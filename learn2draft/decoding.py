@@ -275,16 +275,19 @@ class SpeculativeDecoder:
         if prefill:
             self._first_token(self._target_forward(self.ids)[-1:])
 
-    def _first_token(self, logits: torch.Tensor) -> None:
+    def _first_token(self, logits: torch.Tensor, token: int | None = None) -> list[int]:
         """Draw and commit the first token from the prefill's last logits (float (1, V)); a batched prefill
-        (:meth:`learn2draft.batched.BatchedSpeculativeDecoder.add_many`) calls it per row."""
+        (:meth:`learn2draft.batched.BatchedSpeculativeDecoder.add_many`) calls it per row with ``token``, the row's
+        draw from its own generator already made for all joining rows at once. Returns the committed tokens."""
         self._target_row = logits[-1]
         self.target_len = self.prompt_len
-        p = self.sampling.probs(logits, self.ids, source="target")
-        first = sample_from(p[0], self.generator)
-        self.drafter.observe_tokens(self._commit([first]), self.prompt_len)
+        if token is None:
+            token = sample_from(self.sampling.probs(logits, self.ids, source="target")[0], self.generator)
+        emitted = self._commit([token])
+        self.drafter.observe_tokens(emitted, self.prompt_len)
         # The target has now seen every committed token but the first generated one: the invariant holds.
         self._cycle_other = 0.0  # prefill is not part of a cycle; generate() counts it in wall/TTFT
+        return emitted
 
     def _begin_cycle(self) -> None:
         """Forget the drafted tokens of the cycle that ended (the committed state stays)."""
@@ -484,8 +487,14 @@ class SpeculativeDecoder:
 
     def _accept(self, plan: Any, p: torch.Tensor) -> tuple[list[int], int]:
         """The exact sampler on the chain: the accepted draft tokens and the corrected/bonus token."""
-        q = self._draft_q(p) if self.drafted else p.new_zeros(0, p.shape[1])
-        tau, nxt = self.sampler(p, q, plan[self.ids.numel() :], self.generator)
+        x = plan[self.ids.numel() :]
+        if self.sampler is speculative_sample:  # q None for point masses (prompt lookup): no one-hot rows; p and q
+            # are softmaxes of logits already checked finite, so the sampler's value checks are skipped
+            q = None if all(q is None for q in self.draft_probs) else self._draft_q(p)
+            tau, nxt = speculative_sample(p, q, x, self.generator, validate=False)
+        else:  # a recording or control sampler reads dense q
+            q = self._draft_q(p) if self.drafted else p.new_zeros(0, p.shape[1])
+            tau, nxt = self.sampler(p, q, x, self.generator)
         return self.drafted[:tau], nxt
 
     def _rollback(self, plan: Any, committed_before: int, accepted: int) -> None:
@@ -521,10 +530,13 @@ class SpeculativeDecoder:
         p = self._verification_forward(plan)
         return self._finish_verification(plan, p, t0, t1, self.clock.now())
 
-    def _finish_verification(self, plan: Any, p: torch.Tensor, t0: float, t1: float, t2: float) -> CycleResult:
+    def _finish_verification(self, plan: Any, p: torch.Tensor, t0: float, t1: float, t2: float,
+                             decided: tuple[list[int], int] | None = None) -> CycleResult:
         """The verification's tail once the target's probabilities ``p`` are known: accept, commit, roll back, time.
-        ``t0``/``t1``/``t2``: clock readings before preparing, before the forward and after it (seconds)."""
-        accepted, nxt = self._accept(plan, p)
+        ``t0``/``t1``/``t2``: clock readings before preparing, before the forward and after it (seconds).
+        ``decided``: the accepted drafted tokens and the next token when the sampler already ran (a batched step's
+        one call for all rows); None: :meth:`_accept` runs here."""
+        accepted, nxt = decided if decided is not None else self._accept(plan, p)
         t3 = self.clock.now()
         committed_before = self.ids.numel()
         if self._verify_logits is not None:  # the corrected or bonus token was drawn at row len(accepted)
@@ -576,7 +588,9 @@ class SpeculativeDecoder:
         if eos_at:
             emitted = emitted[: eos_at[0] + 1]
         n = self._n
-        self._buf[n : n + len(emitted)] = torch.tensor(emitted, dtype=torch.long).to(self._buf.device)
+        # from the host without waiting for the device (a synchronous copy would sync a CUDA stream per row)
+        self._buf[n : n + len(emitted)] = torch.tensor(emitted, dtype=torch.long).to(self._buf.device,
+                                                                                      non_blocking=True)
         self._n = n + len(emitted)
         self.finished = bool(eos_at) or self.generated >= self.max_new_tokens
         return emitted

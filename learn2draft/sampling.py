@@ -20,7 +20,7 @@ draft side builds.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -245,26 +245,48 @@ def _check_finite(logits: torch.Tensor, source: str) -> None:
 
 
 def sample_from(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
-    """Draw one token id from a float (V,) distribution (need not be normalised), by inverse CDF
-    with one float64 uniform from ``generator`` (the rule of :func:`_inverse_cdf`, computed on the
-    probabilities' device so that the check, the draw and the index cross to the host in ONE
-    transfer: one host synchronisation per draft token on a GPU instead of four).
+    """Draw one token id from a float (V,) distribution (need not be normalised): one row of :func:`sample_rows`,
+    with one float64 uniform from ``generator`` on the probabilities' device.
 
     Raises:
         ValueError: the probabilities are NaN, infinite, negative or all zero.
     """
-    lo, hi = torch.aminmax(probs)
     u = torch.rand(1, generator=generator, device=probs.device, dtype=torch.float64)
-    c = probs.double().cumsum(0)
-    found = torch.searchsorted(c, c[-1:] * u, right=True)
-    lo, hi, idx, total = torch.cat([lo.double().view(1), hi.double().view(1), found.double(), c[-1:]]).tolist()
-    if not (lo >= 0 and hi < math.inf):
+    return sample_rows(probs.reshape(1, -1), u)[0]
+
+
+def sample_rows(probs: torch.Tensor, uniforms: torch.Tensor) -> list[int]:
+    """Draw one token id per row of ``probs`` by inverse CDF in float64: row i's token is the first index whose
+    cumulative weight exceeds ``uniforms[i]`` × its total (the rule of :func:`_inverse_cdf`; a zero weight is never
+    drawn), computed on the probabilities' device so that the checks and every row's token cross to the host in ONE
+    transfer (one host synchronisation on a GPU whatever the number of rows).
+
+    Args:
+        probs: float (P, V) weights, rows need not be normalised.
+        uniforms: float64 (P,) in [0, 1) on the same device, e.g. row i's ``torch.rand(1, generator=g_i,
+            dtype=torch.float64)`` (what :func:`sample_from` draws for it alone).
+
+    Returns:
+        P token ids (host ints).
+
+    Raises:
+        ValueError: a weight is NaN, infinite or negative, a row is all zero, or ``uniforms`` has not P values.
+    """
+    if probs.dim() != 2 or uniforms.numel() != probs.shape[0]:
+        raise ValueError(f"sample_rows needs probs (P, V) and P uniforms, got {tuple(probs.shape)} and "
+                         f"{uniforms.numel()} uniforms.")
+    lo, hi = torch.aminmax(probs)
+    c = probs.double().cumsum(-1)
+    total = c[:, -1:].contiguous()
+    found = torch.searchsorted(c, total * uniforms.reshape(-1, 1).to(c), right=True).squeeze(1)
+    # u · total rounded up to the total: the first index where the cumsum reaches it (a token with mass)
+    found = torch.where(found < c.shape[1], found, torch.searchsorted(c, total).squeeze(1))
+    vals = torch.cat([lo.double().view(1), hi.double().view(1), total.min().view(1), found.double()]).tolist()
+    if not (vals[0] >= 0 and vals[1] < math.inf):
         raise ValueError("Cannot sample: probabilities are NaN, infinite or negative.")
-    if int(idx) < c.numel():
-        return int(idx)
-    if total > 0:  # u · total rounded up to total: the last token with mass
-        return int((probs > 0).nonzero()[-1, 0])
-    raise ValueError("Cannot sample: probabilities are all zero.")
+    if not vals[2] > 0:
+        raise ValueError("Cannot sample: probabilities are all zero.")
+    return [int(v) for v in vals[3:]]
 
 
 def _check_shape(name: str, t: torch.Tensor, rows: int, V: int | None) -> None:
@@ -296,30 +318,33 @@ def _inverse_cdf(weights: torch.Tensor, u: float) -> int | None:
 
 def speculative_sample(
     target_probs: torch.Tensor,
-    draft_probs: torch.Tensor,
+    draft_probs: torch.Tensor | None,
     draft_tokens: torch.Tensor,
     generator: torch.Generator | None = None,
+    validate: bool = True,
 ) -> tuple[int, int]:
-    """Exact speculative sampling for a chain of γ draft tokens (Leviathan et al., ICML 2023).
+    """Exact speculative sampling for a chain of γ draft tokens (Leviathan et al., ICML 2023): one row of
+    :func:`speculative_sample_rows`.
 
     Args:
         target_probs: float (γ+1, V); row i is p for the position of ``draft_tokens[i]``, the
             last row is p for the bonus position. Already processed (temperature, top-k, …).
         draft_probs: float (γ, V); row i is the q that ``draft_tokens[i]`` was sampled from,
-            processed identically. Ignored when γ = 0.
+            processed identically; None: every drafted token is a point mass (prompt lookup). Ignored when γ = 0.
         draft_tokens: int64 (γ,), γ ≥ 0.
         generator: optional torch.Generator on the probabilities' device, for reproducibility.
+        validate: check the inputs' values (:func:`speculative_sample_rows`); the decoder passes False for
+            probabilities it computed from logits it checked.
 
     Returns:
         ``(num_accepted, next_token)``: ``num_accepted`` τ in 0..γ is the length of the accepted
         prefix; ``next_token`` is drawn from the residual norm(max(p_τ − q_τ, 0)) after a
         rejection, or the bonus token from p_γ when all γ are accepted.
 
-    Randomness: one call draws γ+1 float64 uniforms from ``generator``: u_i for the acceptance
-    test of draft token i (accept iff ``u_i · q_i(x_i) < p_i(x_i)``, i.e. with probability
-    min(1, p/q), nothing divided) and u_γ for the emitted token, drawn by inverse CDF in float64.
-    Everything the decision needs crosses to the host in one small transfer, so the call costs a
-    few tensor operations whatever V is (about 20 µs on CPU for small V).
+    Randomness: one call draws γ+1 float64 uniforms from ``generator`` on the probabilities' device: u_i for the
+    acceptance test of draft token i (accept iff ``u_i · q_i(x_i) < p_i(x_i)``, i.e. with probability min(1, p/q),
+    nothing divided) and u_γ for the emitted token, drawn by inverse CDF in float64. The decision, the draw and the
+    input checks cross to the host in one transfer.
 
     Edge cases: p = q is accepted everywhere (u·q < p for u ∈ [0, 1)), so the residual with
     Z = 0 is never formed; a token with q(x) = 0 is never proposed but stays reachable through
@@ -331,58 +356,163 @@ def speculative_sample(
             token is out of range or has zero draft probability (it cannot have been sampled
             from q).
     """
-    if not all(isinstance(t, torch.Tensor) for t in (target_probs, draft_probs, draft_tokens)):
-        raise ValueError("target_probs, draft_probs and draft_tokens must be torch tensors.")
+    if not all(isinstance(t, torch.Tensor) for t in (target_probs, draft_tokens)) or not (
+            draft_probs is None or isinstance(draft_probs, torch.Tensor)):
+        raise ValueError("target_probs, draft_probs and draft_tokens must be torch tensors (draft_probs may be None).")
     if draft_tokens.dtype.is_floating_point or draft_tokens.dtype.is_complex or draft_tokens.dtype == torch.bool:
         raise ValueError(f"draft_tokens must hold integer token ids (int64), got dtype {draft_tokens.dtype}.")
     gamma = int(draft_tokens.numel())
     _check_shape("target_probs", target_probs, gamma + 1, None)
-    V = target_probs.shape[1]
-    dev = target_probs.device
-    u = torch.rand(gamma + 1, generator=generator, device=dev, dtype=torch.float64).tolist()
-    parts = [torch.stack(torch.aminmax(target_probs))]
-    if gamma:
-        _check_shape("draft_probs", draft_probs, gamma, V)
-        x = draft_tokens.reshape(-1).tolist()
-        if min(x) < 0 or max(x) >= V:
-            raise ValueError(f"draft_tokens must be ids in [0, {V}), got {x}.")
-        xs = draft_tokens.reshape(gamma, 1).to(dev)
-        parts += [
-            torch.stack(torch.aminmax(draft_probs)),
-            target_probs[:gamma].gather(1, xs).view(-1),
-            draft_probs.gather(1, xs).view(-1),
-        ]
-    parts.append(target_probs.sum(-1))
-    if gamma:
-        parts.append(draft_probs.sum(-1))
-    vals = torch.cat(parts).tolist()  # the only device → host transfer before the final draw
-    sums = vals[len(vals) - (2 * gamma + 1):]
-    vals = vals[: len(vals) - (2 * gamma + 1)]
-    if not (vals[0] >= 0 and vals[1] < math.inf):  # NaN fails both comparisons
+    u = torch.rand(gamma + 1, generator=generator, device=target_probs.device, dtype=torch.float64)
+    taus, tokens = speculative_sample_rows(target_probs, draft_probs, draft_tokens, [gamma], u, validate)
+    return taus[0], tokens[0]
+
+
+def speculative_sample_rows(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    draft_tokens: torch.Tensor,
+    num_draft: Sequence[int],
+    uniforms: torch.Tensor,
+    validate: bool = True,
+) -> tuple[list[int], list[int]]:
+    """Exact speculative sampling (Leviathan et al., ICML 2023) for B chains at once, over flattened rows.
+
+    Row i drafted γ_i = ``num_draft[i]`` tokens. The rows are packed as in vLLM's rejection sampler
+    (``vllm/v1/sample/rejection_sampler.py``: flattened draft tokens, ``cu_num_draft_tokens``, ``draft_probs`` None
+    for point masses): row i's γ_i tokens follow those of rows 0..i−1. Every row's acceptance tests, its residual and
+    its draw are tensor operations over all rows, and everything the host needs (each row's τ and next token, and
+    the input checks) crosses in ONE transfer, whatever B and γ_i are.
+
+    Args:
+        target_probs: float (Σ (γ_i + 1), V); row i's γ_i + 1 rows are p at its drafted positions, then at the bonus
+            position. Already processed (temperature, top-k, …).
+        draft_probs: float (Σ γ_i, V), the q each drafted token was sampled from (processed identically), or None:
+            every drafted token is a point mass (a deterministic proposal, e.g. prompt lookup: q(x) = 1, and the
+            residual max(p − q, 0) is p with p(x) set to 0).
+        draft_tokens: int64 (Σ γ_i,), the drafted tokens, packed like ``draft_probs``.
+        num_draft: γ_i ≥ 0 of each of the B ≥ 1 rows (host ints).
+        uniforms: float64 (Σ (γ_i + 1),) on the probabilities' device; row i's γ_i + 1 uniforms in [0, 1): u_ij for
+            the acceptance test of its drafted token j (accept iff ``u_ij · q(x_j) < p(x_j)``, i.e. with probability
+            min(1, p/q), nothing divided), then the one for the emitted token, drawn by inverse CDF in float64 (the
+            first index whose cumulative weight exceeds u × the total). Row i's are ``torch.rand(γ_i + 1,
+            generator=g_i, dtype=torch.float64)`` for its own generator g_i, so a row draws what it draws alone
+            (:func:`speculative_sample`).
+        validate: check the probabilities (finite, non-negative, rows summing to 1 ± 1e-3) and the drafted ids
+            (in range, q(x) > 0). A decoder whose probabilities are softmaxes of logits it already checked for
+            NaN and ±inf passes False; the draw and its one transfer are the same either way.
+
+    Returns:
+        ``(num_accepted, next_tokens)``, host lists of B ints: τ_i in 0..γ_i, the length of row i's accepted prefix,
+        and the token drawn from the residual norm(max(p_τ − q_τ, 0)) after a rejection, or the bonus token from
+        p_γ when all γ_i are accepted. A residual that rounds to zero everywhere (only when p ≈ q) is replaced by p
+        (one more transfer, for those rows only).
+
+    Raises:
+        ValueError: ``num_draft`` empty or negative, shapes disagree with it; with ``validate``: a row does not sum
+            to 1 (±1e-3), probabilities that are not finite and non-negative, a drafted token out of range or with
+            q(x) = 0 (it cannot have been sampled from q).
+    """
+    gammas = [int(g) for g in num_draft]
+    if not gammas or min(gammas) < 0:
+        raise ValueError(f"num_draft must hold B ≥ 1 counts γ_i ≥ 0, got {list(num_draft)}.")
+    B, M = len(gammas), sum(gammas)
+    N = M + B
+    _check_shape("target_probs", target_probs, N, None)
+    V, dev = target_probs.shape[1], target_probs.device
+    if draft_tokens.numel() != M:
+        raise ValueError(f"draft_tokens must hold Σ γ_i = {M} ids, got {draft_tokens.numel()}.")
+    if draft_probs is not None and M:
+        _check_shape("draft_probs", draft_probs, M, V)
+    if uniforms.numel() != N:
+        raise ValueError(f"uniforms must hold Σ (γ_i + 1) = {N} values, got {uniforms.numel()}.")
+    # host-built index tensors, one copy: per row its first target row, its first draft token and γ_i; per drafted
+    # token its row and its target row
+    start_t, start_d, acc = [], [], 0
+    for g in gammas:
+        start_t.append(acc + len(start_t))
+        start_d.append(acc)
+        acc += g
+    tok_row = [i for i, g in enumerate(gammas) for _ in range(g)]
+    t_rows = [start_t[i] + j for i, g in enumerate(gammas) for j in range(g)]
+    tok_j = [j for g in gammas for j in range(g)]
+    idx = torch.tensor(start_t + start_d + gammas + tok_row + t_rows + tok_j, dtype=torch.long).to(dev,
+                                                                                                  non_blocking=True)
+    start_t, start_d, gam = idx[:B], idx[B : 2 * B], idx[2 * B : 3 * B]
+    tok_row, t_rows, tok_j = idx[3 * B : 3 * B + M], idx[3 * B + M : 3 * B + 2 * M], idx[3 * B + 2 * M :]
+    u = uniforms.to(dev, torch.float64).reshape(-1)
+    checks = []
+    if validate:
+        checks = [torch.stack(torch.aminmax(target_probs)).double(),
+                  (target_probs.sum(-1).double() - 1).abs().max().view(1)]
+    tau = gam
+    if M:
+        x = draft_tokens.reshape(-1).to(dev)
+        if validate:
+            checks.append(torch.stack(torch.aminmax(x)).double())
+            x = x.clamp(0, V - 1)  # an id out of range is reported below, after the one transfer
+        px = target_probs[t_rows, x].double()
+        if draft_probs is None:
+            reject = u[t_rows] >= px
+        else:
+            qx = draft_probs[torch.arange(M, device=dev), x].double()
+            reject = u[t_rows] * qx >= px
+            if validate:
+                checks += [torch.stack(torch.aminmax(draft_probs)).double(),
+                           (draft_probs.sum(-1).double() - 1).abs().max().view(1), qx.min().view(1)]
+        # τ_i: the first rejected j of row i, else γ_i
+        tau = gam.scatter_reduce(0, tok_row, torch.where(reject, tok_j, gam[tok_row]), reduce="amin")
+    w = target_probs[start_t + tau]  # (B, V): p where each row's token is drawn
+    if M:
+        rejected = (tau < gam).unsqueeze(1)
+        at = (start_d + tau).clamp(max=M - 1)  # the rejected token's index (clamped for rows with nothing rejected)
+        if draft_probs is None:  # the residual: p(x) set to 0 in a rejected row, the rest of p unchanged
+            xa = x[at].unsqueeze(1)
+            w = w.scatter(1, xa, w.gather(1, xa) * ~rejected)
+        else:  # max(p − q, 0) in a rejected row, p − 0 = p elsewhere
+            w = (w - draft_probs[at] * rejected).clamp_min(0)
+    c = w.double().cumsum(-1)
+    total = c[:, -1:].contiguous()
+    drawn = torch.searchsorted(c, total * u[start_t + gam].unsqueeze(1), right=True)
+    # u · total rounded up to the total: the first index where the cumsum reaches it (a token with mass)
+    drawn = torch.where(drawn < V, drawn, torch.searchsorted(c, total)).squeeze(1)
+    vals = torch.cat([tau.double(), drawn.double(), total.view(-1), *checks]).tolist()  # the one transfer
+    taus, tokens, totals, checked = (vals[:B], [int(v) for v in vals[B : 2 * B]], vals[2 * B : 3 * B],
+                                     vals[3 * B :])
+    if validate:
+        _raise_bad_rows(checked, M, V, draft_probs is not None)
+    taus = [int(t) for t in taus]
+    empty = [i for i, t in enumerate(totals) if not t > 0]
+    if empty:  # a residual that rounded to zero (p ≤ q everywhere, within rounding): p itself is the law
+        rows = torch.tensor(empty, device=dev)
+        for i, tok in zip(empty, sample_rows(target_probs[start_t[rows] + tau[rows]], u[(start_t + gam)[rows]])):
+            tokens[i] = tok
+    return taus, tokens
+
+
+def _raise_bad_rows(checked: list[float], M: int, V: int, dense_q: bool) -> None:
+    """The checks of :func:`speculative_sample_rows` (read back with its draw) as one clear error, in the order:
+    drafted ids, target probabilities, draft probabilities, row sums, q(x) = 0."""
+    p_lo, p_hi, p_sum = checked[:3]
+    if M:
+        x_lo, x_hi = checked[3:5]
+        if x_lo < 0 or x_hi >= V:
+            raise ValueError(f"draft_tokens must be ids in [0, {V}), got values from {int(x_lo)} to {int(x_hi)}.")
+    if not (p_lo >= 0 and p_hi < math.inf):  # NaN fails both comparisons
         raise _bad_probs("target_probs")
-    if gamma and not (vals[2] >= 0 and vals[3] < math.inf):
-        raise _bad_probs("draft_probs")
-    if any(not abs(t - 1.0) <= 1e-3 for t in sums):  # NaN fails too
+    q_sum = 0.0
+    if M and dense_q:
+        q_lo, q_hi, q_sum, qx_min = checked[5:9]
+        if not (q_lo >= 0 and q_hi < math.inf):
+            raise _bad_probs("draft_probs")
+    if not (p_sum <= 1e-3 and q_sum <= 1e-3):  # NaN fails too
         raise ValueError(
-            f"Every row of target_probs and draft_probs must sum to 1 (got sums {[round(t, 4) for t in sums]}): "
-            "pass probabilities (softmax of processed logits), not logits or unnormalised weights."
+            f"Every row of target_probs and draft_probs must sum to 1 (the worst row is off by "
+            f"{max(p_sum, q_sum):.4g}): pass probabilities (softmax of processed logits), not logits or unnormalised "
+            "weights."
         )
-    tau = gamma
-    if gamma:
-        px, qx = vals[4 : 4 + gamma], vals[4 + gamma :]
-        if min(qx) <= 0:
-            raise ValueError("A draft token has q(x) = 0: it cannot have been sampled from draft_probs.")
-        for i in range(gamma):
-            if u[i] * qx[i] >= px[i]:
-                tau = i
-                break
-    if tau == gamma:
-        return tau, _inverse_cdf(target_probs[gamma], u[gamma])  # the row sums to 1 (checked above)
-    token = _inverse_cdf((target_probs[tau] - draft_probs[tau]).clamp_min_(0), u[gamma])
-    if token is None:
-        # Only reachable through rounding when p ≈ q; p itself is then the right law.
-        token = _inverse_cdf(target_probs[tau], u[gamma])
-    return tau, token
+    if M and dense_q and not qx_min > 0:
+        raise ValueError("A draft token has q(x) = 0: it cannot have been sampled from draft_probs.")
 
 
 def tree_speculative_sample(

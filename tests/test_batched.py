@@ -387,13 +387,15 @@ def _enumerate_row_law(pair, sampling, n_tokens, depths_a, depths_b, drafter="mo
 def _run_scripted(dec, script: _Script, depths_a, depths_b):
     """Run rows a and b in one batch with every draw scripted: the prefill's first token and the model drafter's
     draft tokens (each weighted by its probability under p, resp. q) and each cycle's (τ, token)."""
+    import learn2draft.batched as batched
     import learn2draft.decoding as decoding
     import learn2draft.drafters.model as model_drafter
 
     b_script = _FirstOption()
     draw = lambda p, g=None: (script if _Current.row == "a" else b_script).first(p, g)  # noqa: E731
-    saved = decoding.sample_from, model_drafter.sample_from
+    saved = decoding.sample_from, model_drafter.sample_from, batched.sample_rows
     decoding.sample_from = model_drafter.sample_from = draw
+    batched.sample_rows = lambda probs, u: [draw(row) for row in probs]  # the joining rows' first tokens (one here)
     try:
         _Current.row = "a"
         a = dec.add(PROMPTS[0], _RowController(depths_a, "a"))
@@ -405,7 +407,7 @@ def _run_scripted(dec, script: _Script, depths_a, depths_b):
             dec.step()
         return dec.result(a).tokens
     finally:
-        decoding.sample_from, model_drafter.sample_from = saved
+        decoding.sample_from, model_drafter.sample_from, batched.sample_rows = saved
 
 
 class _RowController(ScheduleController):
@@ -498,3 +500,35 @@ def test_real_rows_reproduce_greedy_autoregressive(default_pair):
         while dec.rows:
             dec.step()
         assert [dec.result(r).tokens for r in rids] == refs, drafter
+
+
+def _reads_per_step(pair, batch: int, sampler=None) -> tuple[float, int]:
+    """Host reads per batched step (eval.gpu_check's counter on ``step``) of ``batch`` lookup rows at γ = 3, and the
+    drafted tokens verified; ``sampler`` replaces every row's acceptance rule (None: the decoder's own)."""
+    from eval.gpu_check import HostSyncCounter
+
+    dec = BatchedSpeculativeDecoder(pair, "lookup", GREEDY, max_new_tokens=16, max_depth=3, max_batch=batch)
+    for i in range(batch):
+        dec.add(PROMPTS[3 - i % 4].repeat(2), FixedDepthController(3), seed=i)  # repeated prompts: lookup drafts
+        if sampler is not None:
+            dec.rows[-1].sampler = sampler
+    with HostSyncCounter("cpu") as counter:
+        counter.watch(dec, ("step",))
+        while dec.rows:
+            dec.step()
+    drafted = sum(c.depth for rid in range(batch) for c in dec.result(rid).cycles)
+    return counter.per_call()["step"]["host_reads"], drafted
+
+
+def test_host_reads_per_step_do_not_grow_with_the_batch(close_pair):
+    """The acceptance of every row is one tensor computation with one host read (and the probabilities' finiteness
+    check one more): 2 reads per step at B = 1 and at B = 6. Control: with a per-row sampler (any rule other than
+    the decoder's own runs row by row) the reads per step grow with B."""
+    from learn2draft.sampling import speculative_sample
+
+    one, drafted_one = _reads_per_step(close_pair, 1)
+    six, drafted_six = _reads_per_step(close_pair, 6)
+    assert drafted_one > 0 and drafted_six > 0  # the steps verified drafted tokens
+    assert one == six == 2.0
+    per_row = lambda p, q, x, g=None: speculative_sample(p, q, x, g)  # noqa: E731 (not the decoder's own)
+    assert _reads_per_step(close_pair, 6, per_row)[0] > _reads_per_step(close_pair, 1, per_row)[0] + 2

@@ -1,8 +1,11 @@
-"""Monte Carlo test of the real :func:`learn2draft.sampling.speculative_sample` against the exact law.
+"""Monte Carlo test of the real exact sampler against the exact law.
 
-Each scenario runs 200,000 independent cycles of the real function: draft tokens are drawn from
-q (position-indexed tables, so they can be drawn up front, vectorised, from a separate generator),
-then ``speculative_sample`` accepts a prefix and emits one token. The emitted tuple
+Each scenario runs 200,000 independent cycles of the real function, as the decoders run it: 20,000 cycles at a time
+as the rows of one :func:`learn2draft.sampling.speculative_sample_rows` call (what a batched step runs;
+:func:`~learn2draft.sampling.speculative_sample` is its one-row call, drawing the same, ``tests/test_sampling.py``).
+Draft tokens are drawn from q (position-indexed tables, so they can be drawn up front, vectorised, from a separate
+generator), then the sampler accepts a prefix and emits one token; a point-mass scenario also runs with q None (prompt
+lookup's form). The emitted tuple
 (x_1..x_τ, y) is compared with its exact law, enumerated in float64 by ``helpers_law.cycle_law``
 from the exact rule applied to the very same float32 probabilities, by a chi-square
 goodness-of-fit test (scipy.stats.chisquare).
@@ -29,7 +32,7 @@ from helpers_law import EXAMPLE_P, EXAMPLE_Q, cycle_law, fixed_depth
 from scipy.stats import chi2, chisquare, ncx2
 
 from eval.law import LEVIATHAN_RULE, resample_from_target_rule, rule_sampler
-from learn2draft.sampling import speculative_sample
+from learn2draft.sampling import speculative_sample_rows
 
 N_TRIALS = 200_000
 P_MIN = 1e-3  # p-value threshold, see the module docstring
@@ -61,6 +64,28 @@ def exact_cycle_law(p: torch.Tensor, q: torch.Tensor) -> dict[tuple, float]:
     P, Q = P / P.sum(1, keepdims=True), Q / Q.sum(1, keepdims=True)
     gamma = Q.shape[0]
     return cycle_law(LEVIATHAN_RULE, lambda s: P[len(s)], lambda s: Q[len(s)], fixed_depth(gamma))
+
+
+def run_trials_rows(p: torch.Tensor, q: torch.Tensor, n: int, seed: int, point_mass: bool = False,
+                    chunk: int = 20_000) -> Counter:
+    """n cycles of :func:`speculative_sample_rows`, ``chunk`` cycles as the rows of one call (each row its own
+    uniforms from one generator); draft tokens drawn from q with their own generator, as :func:`run_trials`.
+    ``point_mass``: q is passed as None (its rows must be one-hot). Returns emitted-tuple counts."""
+    gamma = q.shape[0]
+    g_draft = torch.Generator().manual_seed(10_000 + seed)
+    drafts = torch.stack([torch.multinomial(q[i], n, replacement=True, generator=g_draft) for i in range(gamma)], 1) \
+        if gamma else torch.zeros(n, 0, dtype=torch.long)
+    lists = drafts.tolist()
+    g = torch.Generator().manual_seed(seed)
+    counts: Counter = Counter()
+    for a in range(0, n, chunk):
+        k = min(chunk, n - a)
+        u = torch.rand(k * (gamma + 1), generator=g, dtype=torch.float64)
+        taus, ys = speculative_sample_rows(p.repeat(k, 1), None if point_mass else q.repeat(k, 1),
+                                           drafts[a : a + k].reshape(-1), [gamma] * k, u)
+        for t, (tau, y) in enumerate(zip(taus, ys)):
+            counts[(*lists[a + t][:tau], y)] += 1
+    return counts
 
 
 def run_trials(sampler, p: torch.Tensor, q: torch.Tensor, n: int, seed: int) -> Counter:
@@ -108,13 +133,18 @@ def goodness_of_fit(counts: Counter, law: dict[tuple, float]) -> tuple[float, in
     return float(chisquare(obs, exp).pvalue), len(obs), impossible
 
 
-def point_mass_tables(V: int, gamma: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A deterministic drafter's q (prompt lookup): one-hot rows; one proposal has p = 0."""
+def point_mass_tables(V: int, gamma: int, seed: int, zero_first: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """A deterministic drafter's q (prompt lookup): one-hot rows; with ``zero_first`` the first proposal has p = 0
+    (always rejected), else it is p's most likely token (often accepted, and the residual after its rejection must
+    drop it)."""
     p, _ = random_tables(V, gamma, seed)
     q = torch.zeros(gamma, V)
     for i in range(gamma):
         zero = (p[i] == 0).nonzero()
-        tok = int(zero[0, 0]) if i == 0 and zero.numel() else int(p[i].argmax()) if i % 2 else (i * 3) % V
+        if i == 0 and zero_first and zero.numel():
+            tok = int(zero[0, 0])
+        else:
+            tok = int(p[i].argmax()) if i % 2 or not zero_first else (i * 3) % V
         q[i, tok] = 1.0
     return p, q
 
@@ -132,17 +162,19 @@ def draft_vocab_tables(V: int, gamma: int, seed: int, keep: int) -> tuple[torch.
 SCENARIOS = {
     "example γ=1": lambda: example_tables(1),
     "point mass V=6 γ=3": lambda: point_mass_tables(6, 3, seed=3),
+    "point mass accepted V=6 γ=3": lambda: point_mass_tables(6, 3, seed=5, zero_first=False),
     "draft vocabulary V=6 γ=2": lambda: draft_vocab_tables(6, 2, seed=4, keep=3),
     "random V=6 γ=1": lambda: random_tables(6, 1, seed=1),
     "random V=5 γ=4": lambda: random_tables(5, 4, seed=2),
 }
 
 
-@pytest.mark.parametrize("name", list(SCENARIOS))
-def test_speculative_sample_matches_exact_law(name):
+@pytest.mark.parametrize("name,point_mass", [(n, False) for n in SCENARIOS] + [("point mass V=6 γ=3", True),
+                                                                                  ("point mass accepted V=6 γ=3", True)])
+def test_speculative_sample_matches_exact_law(name, point_mass):
     p, q = SCENARIOS[name]()
     law = exact_cycle_law(p, q)
-    counts = run_trials(speculative_sample, p, q, N_TRIALS, seed=123)
+    counts = run_trials_rows(p, q, N_TRIALS, seed=123, point_mass=point_mass)
     pval, bins, impossible = goodness_of_fit(counts, law)
     assert impossible == 0, "emitted an outcome of exact probability 0 (e.g. a token with p(x) = 0)"
     assert pval >= P_MIN, f"{name}: chi-square p = {pval:.2e} over {bins} bins"

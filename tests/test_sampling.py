@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from learn2draft.sampling import SamplingConfig, _inverse_cdf, sample_from, speculative_sample
+from learn2draft.sampling import (
+    SamplingConfig,
+    _inverse_cdf,
+    sample_from,
+    sample_rows,
+    speculative_sample,
+    speculative_sample_rows,
+)
 
 V = 40
 CONFIGS = [
@@ -183,20 +190,18 @@ def rand_probs(rows, Vv, seed, zeros=0.0):
     return p
 
 
-def test_p_equal_q_accepts_everything_and_never_forms_the_residual(monkeypatch):
-    import learn2draft.sampling as S
-
-    calls = []
-    real = S._inverse_cdf
-    monkeypatch.setattr(S, "_inverse_cdf", lambda w, u: calls.append(w.clone()) or real(w, u))
+def test_p_equal_q_accepts_everything_and_draws_from_the_bonus_row():
+    """p = q: every drafted token is accepted and the emitted token is the bonus row's inverse-CDF draw at the
+    call's last uniform (replayed from a generator of the same seed), never a residual's."""
     gamma = 6
     p = rand_probs(gamma + 1, 30, 0, zeros=0.3)
     g = torch.Generator().manual_seed(0)
-    for _ in range(300):
+    for k in range(300):
         x = torch.stack([torch.multinomial(p[i], 1, generator=g)[0] for i in range(gamma)])
-        tau, y = speculative_sample(p, p[:gamma].clone(), x, g)
+        tau, y = speculative_sample(p, p[:gamma].clone(), x, torch.Generator().manual_seed(k))
+        u = torch.rand(gamma + 1, generator=torch.Generator().manual_seed(k), dtype=torch.float64)
         assert tau == gamma and p[gamma, y] > 0
-    assert len(calls) == 300 and all(torch.equal(c, p[gamma]) for c in calls)  # only bonus rows drawn
+        assert y == _inverse_cdf(p[gamma], float(u[gamma]))
 
 
 def test_zero_draft_probability_token_is_reached_through_the_residual_and_p_zero_always_rejected():
@@ -388,3 +393,117 @@ def test_greedy_probs_of_bf16_logits_are_the_float32_ones_and_ties_go_to_the_fir
     torch.testing.assert_close(cfg.probs_rows(logits.reshape(2, 3, 50)).reshape(6, 50), got, rtol=0, atol=0)
     soft = SamplingConfig(temperature=1.0)
     torch.testing.assert_close(soft.probs_rows(logits[None]), torch.softmax(logits.float(), -1)[None], rtol=0, atol=0)
+
+
+# --------------------------------------------------------------------------- many rows at once
+def _reference_row(p, q, x, u):
+    """Leviathan et al.'s rule for one chain written out in scalar Python (float64 inputs): the accepted length and
+    the token, drawn by :func:`_inverse_cdf` at the last uniform; q None is a point mass at each drafted token."""
+    g = len(x)
+    for i in range(g):
+        qx = 1.0 if q is None else float(q[i, x[i]])
+        if not float(u[i]) * qx < float(p[i, x[i]]):
+            if q is None:
+                w = p[i].clone()
+                w[x[i]] = 0.0
+            else:
+                w = (p[i] - q[i]).clamp_min(0)
+            return i, _inverse_cdf(w if float(w.sum()) > 0 else p[i], float(u[g]))
+    return g, _inverse_cdf(p[g], float(u[g]))
+
+
+def _random_rows(seed, point_mass):
+    """B rows at random depths (0 included), float64, packed: (p, q or None, x, gammas)."""
+    g = torch.Generator().manual_seed(seed)
+    B = int(torch.randint(1, 6, (1,), generator=g))
+    gammas = torch.randint(0, 5, (B,), generator=g).tolist()
+    p = rand_probs(sum(gammas) + B, 12, seed, zeros=0.3).double()
+    q = None if point_mass else rand_probs(sum(gammas), 12, seed + 1000, zeros=0.3).double()
+    if point_mass:
+        x = torch.randint(0, 12, (sum(gammas),), generator=g)
+    else:
+        x = torch.stack([torch.multinomial(q[k], 1, generator=g)[0] for k in range(sum(gammas))]) \
+            if sum(gammas) else torch.zeros(0, dtype=torch.long)
+    return p, q, x, gammas
+
+
+def _split(p, q, x, gammas):
+    a = b = 0
+    for gam in gammas:
+        yield p[a : a + gam + 1], None if q is None else q[b : b + gam], x[b : b + gam]
+        a, b = a + gam + 1, b + gam
+
+
+@pytest.mark.parametrize("point_mass", [False, True])
+def test_rows_at_once_follow_the_rule_row_by_row(point_mass):
+    """speculative_sample_rows over B packed rows (depths 0–4) gives each row what the scalar rule gives that row
+    alone with its own uniforms: exact equality over 300 random batches (float64 throughout)."""
+    for seed in range(300):
+        p, q, x, gammas = _random_rows(seed, point_mass)
+        u = torch.rand(p.shape[0], generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        taus, toks = speculative_sample_rows(p, q, x, gammas, u)
+        ref, a = [], 0
+        for (pi, qi, xi), gam in zip(_split(p, q, x, gammas), gammas):
+            ref.append(_reference_row(pi, qi, xi.tolist(), u[a : a + gam + 1]))
+            a += gam + 1
+        assert list(zip(taus, toks)) == ref, seed
+
+
+def test_rows_at_once_draw_what_each_row_draws_alone():
+    """Each row's uniforms from its own generator: the rows' results equal speculative_sample per row with the same
+    generators (a row's draws never depend on the others')."""
+    for seed in range(100):
+        p, q, x, gammas = _random_rows(seed, point_mass=seed % 2 == 1)
+        u = torch.cat([torch.rand(gam + 1, generator=torch.Generator().manual_seed(seed * 10 + i), dtype=torch.float64)
+                       for i, gam in enumerate(gammas)])
+        got = list(zip(*speculative_sample_rows(p, q, x, gammas, u)))
+        alone = [speculative_sample(pi, qi, xi, torch.Generator().manual_seed(seed * 10 + i))
+                 for i, (pi, qi, xi) in enumerate(_split(p, q, x, gammas))]
+        assert got == alone, seed
+
+
+def test_point_mass_q_none_equals_its_one_hot_rows():
+    """q None (prompt lookup) gives what the dense one-hot q gives, for the same uniforms."""
+    for seed in range(100):
+        p, _, x, gammas = _random_rows(seed, point_mass=True)
+        one_hot = torch.zeros(len(x), p.shape[1], dtype=p.dtype).scatter_(1, x[:, None], 1.0)
+        u = torch.rand(p.shape[0], generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        assert speculative_sample_rows(p, None, x, gammas, u) == speculative_sample_rows(p, one_hot, x, gammas, u)
+
+
+def test_rows_at_once_refuse_bad_input_in_any_row():
+    p, q = rand_probs(5, 10, 0), rand_probs(3, 10, 1)  # rows of γ = 2 and γ = 1
+    x, u = torch.tensor([1, 2, 3]), torch.rand(5, dtype=torch.float64)
+    assert speculative_sample_rows(p, q, x, [2, 1], u)[0][0] in (0, 1, 2)
+    with pytest.raises(ValueError, match="num_draft"):
+        speculative_sample_rows(p, q, x, [], u)
+    with pytest.raises(ValueError, match="num_draft"):
+        speculative_sample_rows(p, q, x, [4, -1], u)
+    with pytest.raises(ValueError, match="target_probs must have shape"):
+        speculative_sample_rows(p, q, x, [1, 1], u)
+    with pytest.raises(ValueError, match="uniforms must hold"):
+        speculative_sample_rows(p, q, x, [2, 1], u[:4])
+    with pytest.raises(ValueError, match="draft_tokens must be ids"):  # out of range in the second row only
+        speculative_sample_rows(p, q, torch.tensor([1, 2, 10]), [2, 1], u)
+    bad = q.clone()
+    bad[2, 3] = 0.0
+    bad[2] /= bad[2].sum()
+    with pytest.raises(ValueError, match="q\\(x\\) = 0"):
+        speculative_sample_rows(p, bad, x, [2, 1], u)
+    off = p.clone()
+    off[4] *= 0.5  # the second row's bonus row
+    with pytest.raises(ValueError, match="sum to 1"):
+        speculative_sample_rows(off, q, x, [2, 1], u)
+    with pytest.raises(ValueError, match="draft_probs has NaN"):
+        speculative_sample_rows(p, q.clone().fill_(float("nan")), x, [2, 1], u)
+
+
+def test_sample_rows_is_the_inverse_cdf_per_row():
+    w = rand_probs(6, 15, 3, zeros=0.4).double() * 3.0  # unnormalised weights
+    for seed in range(50):
+        u = torch.rand(6, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        assert sample_rows(w, u) == [_inverse_cdf(w[i], float(u[i])) for i in range(6)]
+    with pytest.raises(ValueError, match="all zero"):
+        sample_rows(torch.cat([w[:1], torch.zeros(1, 15, dtype=w.dtype)]), torch.rand(2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="negative"):
+        sample_rows(-w, torch.rand(6, dtype=torch.float64))
