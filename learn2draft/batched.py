@@ -564,8 +564,9 @@ class BatchedSpeculativeDecoder:
         """One step for every running row: draft (each row's controller), one batched verification, accept and
         commit per row; finished rows leave the batch.
 
-        Before drafting, every row's controller with an ``observe_load(load)`` method is given the step's
-        :class:`~learn2draft.state.LoadState` (a per-batch-size table or a load-aware policy reads it).
+        Before drafting, every row's controller is given the step's :class:`~learn2draft.state.LoadState`
+        (:meth:`~learn2draft.control.DraftController.observe_load`; built when a controller ``reads_load`` — a
+        per-batch-size table, a load-aware policy — or a budget runs).
 
         Args:
             budget: after drafting, ``budget(margins, load)`` (``margins``: per row, float64 (γ_i,) the drafted
@@ -588,11 +589,10 @@ class BatchedSpeculativeDecoder:
         t_start = self.clock.now()
         ctrls = [self._controllers[rid] for rid in self._ids]
         # the load state only when something reads it (it runs a lookahead per row)
-        load = self.load(waiting) if budget is not None or any(hasattr(c, "observe_load") for c in ctrls) else None
+        load = self.load(waiting) if budget is not None or any(c.reads_load for c in ctrls) else None
         if load is not None:
             for ctrl in ctrls:
-                if hasattr(ctrl, "observe_load"):
-                    ctrl.observe_load(load)
+                ctrl.observe_load(load)
         self._draft(ctrls)
         if budget is not None:
             keep = list(budget([np.asarray(r.margins, dtype=np.float64) for r in self.rows], load))

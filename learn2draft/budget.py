@@ -5,7 +5,7 @@
   ``num_speculative_tokens_per_batch_size`` (PR #32374: ``[[start_bs, end_bs, K], …]`` or ``{"1-16": 3, …}``; vLLM
   0.34.0 accepts the list form only: ``python -m policies.vllm export-table`` writes it),
   TensorRT-LLM's ``draft_len_schedule``. A per-row :class:`learn2draft.control.DraftController` of the batched
-  decoder (it reads ``observe_load``), and a policy ``(load, rows) -> depths`` of the replay simulator.
+  decoder (it reads the load in ``observe_load``), and a policy ``(load, rows) -> depths`` of the replay simulator.
 * :class:`AdaptiveVerification` — vLLM's adaptive verification (``enable_adaptive_verification``, PRs #47808 and
   #52228): every row drafts up to ``max_depth``, then the global top-B drafted slots by survival probability are
   verified, B chosen against the step's cost (:func:`choose_budget`); its acceptance model is
@@ -143,6 +143,8 @@ class BatchSizeTable(DraftController):
         """The replay simulator's face (:data:`learn2draft.replay.serve.Policy`): this table's γ at
         ``load.running`` rows, for every row; int64 (B,)."""
         return np.full(int(load.running), self.gamma_for(int(load.running)), dtype=np.int64)
+
+    reads_load = True
 
     def observe_load(self, load) -> None:
         """Read the step's :class:`~learn2draft.state.LoadState` (its ``batch_size``) before the row drafts."""

@@ -23,11 +23,14 @@ import numbers
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from learn2draft.names import DECODER_MAX_DEPTH
+
+if TYPE_CHECKING:
+    from learn2draft.state import LoadState
 
 #: Verify the tokens drafted so far (at depth 0: a plain autoregressive target step).
 STOP = 0
@@ -85,8 +88,18 @@ class DraftController(ABC):
     #: (:func:`precision_mismatch`).
     trained_dtype: str | None = None
 
+    #: Whether :meth:`observe_load` reads the load: the batched decoder builds the step's
+    #: :class:`learn2draft.state.LoadState` (a lookahead per row) only when a row's controller sets this, or a
+    #: verification budget runs.
+    reads_load: bool = False
+
     def reset(self) -> None:  # noqa: B027 (optional hook, a no-op by default)
         """Called at the start of each generation."""
+
+    def observe_load(self, load: LoadState) -> None:  # noqa: B027 (optional hook, a no-op by default)
+        """Called by the batched decoder before each step's drafting with the step's
+        :class:`learn2draft.state.LoadState` (rows, contexts, the previous step's measured tokens and seconds), when
+        :attr:`reads_load` is set: a per-batch-size table or a load-aware step policy picks the step's γ here."""
 
     @abstractmethod
     def continue_drafting(self, features: np.ndarray) -> bool | int:

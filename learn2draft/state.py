@@ -94,8 +94,8 @@ class DraftState:
 @dataclass(frozen=True)
 class LoadState:
     """The load a batched step runs under, known before any row drafts
-    (:class:`learn2draft.batched.BatchedSpeculativeDecoder` hands it to every row's controller that has an
-    ``observe_load(load)`` method, and to a verification budget).
+    (:class:`learn2draft.batched.BatchedSpeculativeDecoder` hands it to every row's controller,
+    :meth:`learn2draft.control.DraftController.observe_load`, and to a verification budget).
 
     Attributes:
         batch_size: rows running this step (B ≥ 1).

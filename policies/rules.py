@@ -240,6 +240,8 @@ class _StepGammaController(DraftController):
     def trained_dtype(self) -> str | None:  # type: ignore[override]
         return getattr(self.policy, "trained_dtype", None)
 
+    reads_load = True
+
     def observe_load(self, load: Any) -> None:
         self.gamma = self.policy.gamma(load)
 

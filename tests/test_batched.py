@@ -201,10 +201,22 @@ def test_a_verification_budget_cuts_drafts_without_changing_greedy_output(close_
 
 
 def test_controllers_see_the_load(close_pair):
+    """A controller that reads_load is handed each step's LoadState; one that does not is never asked (the load,
+    a lookahead per row, is not built for it)."""
     class Recorder(FixedDepthController):
+        reads_load = True
+
         def observe_load(self, load):
             self.loads = [*getattr(self, "loads", []), load]
 
+    class Blind(Recorder):
+        reads_load = False
+
+    blind = Blind(2)
+    dec = BatchedSpeculativeDecoder(close_pair, "lookup", GREEDY, max_new_tokens=8, max_depth=2, max_batch=4)
+    dec.add(PROMPTS[0], blind)
+    dec.step()
+    assert not hasattr(blind, "loads")
     ctrls = [Recorder(2), Recorder(2)]
     dec = BatchedSpeculativeDecoder(close_pair, "lookup", GREEDY, max_new_tokens=8, max_depth=2, max_batch=4)
     dec.add(PROMPTS[0], ctrls[0])
