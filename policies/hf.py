@@ -73,7 +73,8 @@ from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria,
 from transformers.generation.candidate_generator import AssistedCandidateGenerator
 
 from learn2draft.decoding import DraftController
-from learn2draft.features import build_features
+from learn2draft.drafters.base import NUM_DRAFTER_FEATURES
+from learn2draft.state import DraftState
 from policies.controllers import CONTINUE, STOP
 from policies.rules import MatchLengthController
 
@@ -238,19 +239,16 @@ class PolicyCandidateGenerator(AssistedCandidateGenerator):
 
     # ----------------------------------------------------------- policy
     def features(self, depth: int) -> np.ndarray:
-        """float32 ``(len(FEATURE_NAMES),)``: the observation before drafting token ``depth + 1`` of this cycle."""
-        return build_features(
-            context_len=self._cur_len + depth,
-            depth=depth,
-            max_depth=self.depth_scale,
-            accepted_history=self.accepted_history,
-            confidences=self._confidences,
-            last_entropy=self._last_entropy,
-            vocab_size=self._vocab,
-            last_accept_fraction=self.last_accept_fraction,
-            generated=self._cur_len - self.prompt_len,
-            max_new_tokens=self.max_new_tokens,
-        )
+        """float32 ``(len(FEATURE_NAMES),)``: the observation before drafting token ``depth + 1`` of this cycle, built
+        by :meth:`learn2draft.state.DraftState.features` (the one feature builder; HF's draft model has no lookup
+        features, so they are zeros)."""
+        return DraftState(
+            depth=depth, max_depth=self.depth_scale, committed_len=self._cur_len,
+            generated=self._cur_len - self.prompt_len, max_new_tokens=self.max_new_tokens,
+            accepted_history=tuple(self.accepted_history), last_accept_fraction=self.last_accept_fraction,
+            confidences=tuple(self._confidences), entropies=(self._last_entropy,), vocab_size=self._vocab,
+            drafter_features=np.zeros(NUM_DRAFTER_FEATURES, dtype=np.float32),
+        ).features()
 
     def _decide(self, depth: int) -> bool:
         """Ask the policy whether to draft one more token at ``depth``; record the decision."""
