@@ -553,7 +553,7 @@ class BatchedSpeculativeDecoder:
                                        device=dev)]
         u = torch.cat([torch.rand(g + 1, generator=r.generator, device=dev, dtype=torch.float64)
                        for r, g in zip(rows, gammas)])
-        x = torch.tensor([t for r in rows for t in r.drafted], dtype=torch.long).to(dev)
+        x = torch.tensor([t for r in rows for t in r.drafted], dtype=torch.long).to(dev, non_blocking=True)
         q = None
         if any(q is not None for r in rows for q in r.draft_probs):
             q = torch.cat([r._draft_q(probs) for r in rows if r.drafted])

@@ -382,7 +382,8 @@ def speculative_sample_rows(
     (``vllm/v1/sample/rejection_sampler.py``: flattened draft tokens, ``cu_num_draft_tokens``, ``draft_probs`` None
     for point masses): row i's γ_i tokens follow those of rows 0..i−1. Every row's acceptance tests, its residual and
     its draw are tensor operations over all rows, and everything the host needs (each row's τ and next token, and
-    the input checks) crosses in ONE transfer, whatever B and γ_i are.
+    the input checks) crosses in ONE transfer, whatever B and γ_i are (one more only when a residual rounds to zero,
+    below). Its index tensors are built on the host and copied to the device without waiting (``non_blocking``).
 
     Args:
         target_probs: float (Σ (γ_i + 1), V); row i's γ_i + 1 rows are p at its drafted positions, then at the bonus
@@ -398,9 +399,10 @@ def speculative_sample_rows(
             first index whose cumulative weight exceeds u × the total). Row i's are ``torch.rand(γ_i + 1,
             generator=g_i, dtype=torch.float64)`` for its own generator g_i, so a row draws what it draws alone
             (:func:`speculative_sample`).
-        validate: check the probabilities (finite, non-negative, rows summing to 1 ± 1e-3) and the drafted ids
-            (in range, q(x) > 0). A decoder whose probabilities are softmaxes of logits it already checked for
-            NaN and ±inf passes False; the draw and its one transfer are the same either way.
+        validate: check the values (uniforms in [0, 1); probabilities finite, non-negative, rows summing to
+            1 ± 1e-3; drafted ids in range with q(x) > 0), read back in the same transfer as the draw. A decoder
+            whose probabilities are softmaxes of logits it already checked for NaN and ±inf, and whose ids its own
+            drafter proposed, passes False: nothing is checked then, and a bad id fails in the indexing.
 
     Returns:
         ``(num_accepted, next_tokens)``, host lists of B ints: τ_i in 0..γ_i, the length of row i's accepted prefix,
@@ -409,10 +411,17 @@ def speculative_sample_rows(
         (one more transfer, for those rows only).
 
     Raises:
-        ValueError: ``num_draft`` empty or negative, shapes disagree with it; with ``validate``: a row does not sum
-            to 1 (±1e-3), probabilities that are not finite and non-negative, a drafted token out of range or with
-            q(x) = 0 (it cannot have been sampled from q).
+        ValueError: inputs that are not tensors, ``draft_tokens`` not integer ids, ``num_draft`` empty or negative,
+            shapes disagree with it; with ``validate``: uniforms outside [0, 1), a row does not sum to 1 (±1e-3),
+            probabilities that are not finite and non-negative, a drafted token out of range or with q(x) = 0 (it
+            cannot have been sampled from q).
     """
+    if not all(isinstance(t, torch.Tensor) for t in (target_probs, draft_tokens, uniforms)) or not (
+            draft_probs is None or isinstance(draft_probs, torch.Tensor)):
+        raise ValueError("target_probs, draft_probs, draft_tokens and uniforms must be torch tensors (draft_probs may "
+                         "be None).")
+    if draft_tokens.dtype.is_floating_point or draft_tokens.dtype.is_complex or draft_tokens.dtype == torch.bool:
+        raise ValueError(f"draft_tokens must hold integer token ids (int64), got dtype {draft_tokens.dtype}.")
     gammas = [int(g) for g in num_draft]
     if not gammas or min(gammas) < 0:
         raise ValueError(f"num_draft must hold B ≥ 1 counts γ_i ≥ 0, got {list(num_draft)}.")
@@ -443,7 +452,7 @@ def speculative_sample_rows(
     u = uniforms.to(dev, torch.float64).reshape(-1)
     checks = []
     if validate:
-        checks = [torch.stack(torch.aminmax(target_probs)).double(),
+        checks = [torch.stack(torch.aminmax(u)), torch.stack(torch.aminmax(target_probs)).double(),
                   (target_probs.sum(-1).double() - 1).abs().max().view(1)]
     tau = gam
     if M:
@@ -492,7 +501,11 @@ def speculative_sample_rows(
 
 def _raise_bad_rows(checked: list[float], M: int, V: int, dense_q: bool) -> None:
     """The checks of :func:`speculative_sample_rows` (read back with its draw) as one clear error, in the order:
-    drafted ids, target probabilities, draft probabilities, row sums, q(x) = 0."""
+    uniforms, drafted ids, target probabilities, draft probabilities, row sums, q(x) = 0."""
+    u_lo, u_hi = checked[:2]
+    if not (0 <= u_lo and u_hi < 1):
+        raise ValueError(f"uniforms must lie in [0, 1), got values from {u_lo} to {u_hi}.")
+    checked = checked[2:]
     p_lo, p_hi, p_sum = checked[:3]
     if M:
         x_lo, x_hi = checked[3:5]

@@ -82,21 +82,24 @@ def resolve_device(name: str | None, check: bool = True) -> str:
     ``"cpu"`` (:func:`learn2draft.models.default_device`); any other name is kept.
 
     Raises:
-        learn2draft.ModelLoadError: the name is not a torch device; with ``check``, also a device that is
-            unavailable here.
+        learn2draft.ModelLoadError: naming ``--device``: the name is not a torch device; with ``check``, also a
+            device that is unavailable here.
     """
     from learn2draft import models
 
     device = models.default_device() if name in (None, "auto") else name
-    if check:
-        models.check_device(device)
-    else:  # the name must still be a torch device (``--device bogus`` is an error even where nothing loads)
-        import torch
+    try:
+        if check:
+            models.check_device(device)
+        else:  # the name must still be a torch device (``--device bogus`` is an error even where nothing loads)
+            import torch
 
-        try:
-            torch.device(device)
-        except (RuntimeError, TypeError):
-            raise models.ModelLoadError(f"Unknown device {device!r}: use cpu, cuda, cuda:N or mps.") from None
+            try:
+                torch.device(device)
+            except (RuntimeError, TypeError):
+                raise models.ModelLoadError(f"Unknown device {device!r}: use cpu, cuda, cuda:N or mps.") from None
+    except models.ModelLoadError as e:  # the error names the flag it came from
+        raise models.ModelLoadError(f"--device {name}: {e}") from None
     return device
 
 

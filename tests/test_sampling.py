@@ -496,6 +496,12 @@ def test_rows_at_once_refuse_bad_input_in_any_row():
         speculative_sample_rows(off, q, x, [2, 1], u)
     with pytest.raises(ValueError, match="draft_probs has NaN"):
         speculative_sample_rows(p, q.clone().fill_(float("nan")), x, [2, 1], u)
+    with pytest.raises(ValueError, match="integer token ids"):
+        speculative_sample_rows(p, q, x.float(), [2, 1], u)
+    with pytest.raises(ValueError, match="must be torch tensors"):
+        speculative_sample_rows(p, q, x, [2, 1], u.tolist())
+    with pytest.raises(ValueError, match=r"uniforms must lie in \[0, 1\)"):
+        speculative_sample_rows(p, q, x, [2, 1], u + 1.0)
 
 
 def test_sample_rows_is_the_inverse_cdf_per_row():

@@ -219,9 +219,9 @@ def test_every_sampling_flag_reaches_the_runs_sampling():
 
 
 @pytest.mark.parametrize("args, match", [
-    (["--timesteps", "0"], "timesteps must be > 0"),
+    (["--timesteps", "0"], "--timesteps must be > 0"),
     (["--target", "/nonexistent/model-dir"], "not found"),
-    (["--wandb-mode", "sometimes"], "wandb_mode"),
+    (["--wandb-mode", "sometimes"], "--wandb-mode must be one of"),
     (["--net-arch", "a,b"], "net-arch"),
     (["--tree", "--drafter", "head", "--verify-size", "8"], "--verify-size is the fixed V"),
     (["--tree", "--drafter", "head", "--tree-depth", "3"], "--tree-depth is the fixed depth"),

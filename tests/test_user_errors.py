@@ -356,7 +356,7 @@ def test_train_refuses_bad_ppo_settings_before_anything_is_written(tiny_model_di
     with pytest.raises(SystemExit) as e:
         main(["--target", tiny_model_dirs[0], "--drafter", "lookup", flag, value, "--out", str(out),
               "--wandb-mode", "disabled"])
-    assert e.value.code == 2 and f"{field} must be" in capsys.readouterr().err
+    assert e.value.code == 2 and f"error: {flag} must be" in capsys.readouterr().err  # the error names the flag
     assert not out.exists()
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -195,6 +196,17 @@ def config_from_args(args: argparse.Namespace, time_auto: bool = True) -> TrainC
     )
 
 
+def _as_flag(message: str, parser) -> str:
+    """A :meth:`TrainConfig.validate` message that opens with a setting's name (``threads must be > 0, …``) opened
+    with the command-line flag that sets it instead (``--threads must be > 0, …``), when the parser has that flag."""
+    m = re.match(r"([a-z_]+) (must|applies)", message)
+    if m:
+        flag = "--" + m.group(1).replace("_", "-")
+        if flag in parser._option_string_actions:
+            return flag + message[len(m.group(1)):]
+    return message
+
+
 def _given_flags(argv: list[str] | None) -> set[str]:
     """The ``TrainConfig`` fields set explicitly on the command line (not left at their default)."""
     p = build_parser()
@@ -318,7 +330,10 @@ def run_command(argv: list[str] | None = None) -> int:
     new_out = False  # whether this run creates --out (then a failure before training removes it again if empty)
     try:
         cfg = resume_config(args, argv) if args.resume else config_from_args(args)
-        cfg.validate()
+        try:
+            cfg.validate()
+        except ValueError as e:
+            raise ValueError(_as_flag(str(e), parser)) from None
         if args.resume and not cfg.tree:
             check_resume_total(Path(cfg.out), cfg.timesteps)  # nothing to train: refused, metrics.json kept
         given = _given_flags(argv)
