@@ -534,23 +534,24 @@ class BatchedSpeculativeDecoder:
         lookup; dense when any row has a drafter's q), and the one host read returns every τ_i and next token.
 
         Args:
-            probs: float32 (Σ k_i, V), the rows' processed target probabilities, packed as ``tokens`` (row i's
-                k_i = len(tokens[i]) ≥ γ_i + 1 rows; its last γ_i + 1 are verified).
+            probs: float32 (Σ (γ_i + 1), V), the rows' processed target probabilities, packed as ``tokens`` (row
+                i's γ_i + 1 verification tokens: its last committed token and its drafted chain).
 
         Returns:
             per row, its accepted drafted tokens and its next (corrected or bonus) token; None when a row's sampler
             is not :func:`~learn2draft.sampling.speculative_sample` (a recording or control sampler: row by row).
+
+        Raises:
+            RuntimeError: a row fed other than γ_i + 1 tokens (the target would have missed a committed token).
         """
         rows = self.rows
         if any(r.sampler is not speculative_sample for r in rows):
             return None
         dev = probs.device
         gammas = [r.depth for r in rows]
-        sizes = [int(t.numel()) for t in tokens]
-        if any(k != g + 1 for k, g in zip(sizes, gammas)):  # keep each row's last γ_i + 1 rows
-            ends = np.cumsum(sizes)
-            probs = probs[torch.tensor(np.concatenate([np.arange(e - g - 1, e) for e, g in zip(ends, gammas)]),
-                                       device=dev)]
+        if any(int(t.numel()) != g + 1 for t, g in zip(tokens, gammas)):
+            raise RuntimeError("A row's verification fed other than its γ + 1 tokens: the target's cache is out of step "
+                               "with its committed tokens.")
         u = torch.cat([torch.rand(g + 1, generator=r.generator, device=dev, dtype=torch.float64)
                        for r, g in zip(rows, gammas)])
         x = torch.tensor([t for r in rows for t in r.drafted], dtype=torch.long).to(dev, non_blocking=True)
