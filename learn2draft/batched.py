@@ -473,7 +473,10 @@ class BatchedSpeculativeDecoder:
             max_depth=self.max_depth, max_new_tokens=self.max_new_tokens,
             **({} if not self.steps else dict(last_step_batch=self.steps[-1].batch_size,
                                               last_step_tokens=self.steps[-1].tokens,
-                                              last_step_seconds=self.steps[-1].seconds)))
+                                              last_step_seconds=self.steps[-1].seconds,
+                                              last_step_row_ids=tuple(self.steps[-1].rows),
+                                              last_step_row_tokens=tuple(len(c.tokens) for c in
+                                                                         self.steps[-1].rows.values()))))
 
     def _draft(self, ctrls: list[DraftController]) -> None:
         """The drafting half of a step, depth by depth (lockstep) for every row with its own controller ``ctrls[i]``.

@@ -111,6 +111,9 @@ class LoadState:
             rows committed and its wall-clock seconds (drafting + the one forward + acceptance; a join's prefill is
             not in it); 0 before the first step. What an online check of measured tokens/s reads
             (:class:`policies.rules.SpeculationGuard`).
+        last_step_row_ids, last_step_row_tokens: the previous step's rows (request ids) and the tokens each committed,
+            in the same order (empty before the first step): what the check reads for each request's own tokens/s,
+            the inverse of its inter-token latency.
     """
 
     batch_size: int
@@ -126,6 +129,8 @@ class LoadState:
     last_step_batch: int = 0
     last_step_tokens: int = 0
     last_step_seconds: float = 0.0
+    last_step_row_ids: tuple[int, ...] = ()
+    last_step_row_tokens: tuple[int, ...] = ()
 
     @property
     def tokens_in_flight(self) -> int:

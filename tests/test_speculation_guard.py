@@ -142,11 +142,12 @@ def test_the_real_loop_gives_the_guard_each_steps_measurement_and_keeps_the_gree
 
     from learn2draft.batched import BatchedSpeculativeDecoder, Request, serve
 
-    seen = []
+    seen, rows = [], []
 
     class Recording(FixedStepPolicy):
         def gamma(self, load):
             seen.append((load.last_step_batch, load.last_step_tokens, load.last_step_seconds))
+            rows.append((load.last_step_row_ids, load.last_step_row_tokens))
             return self.g
 
     guard = SpeculationGuard(Recording(3), explore_every=2, max_explore_every=4, probe_steps=1)
@@ -156,8 +157,11 @@ def test_the_real_loop_gives_the_guard_each_steps_measurement_and_keeps_the_gree
     out = serve(dec, [Request(p, seed=i) for i, p in enumerate(prompts)], guard, concurrency=2)
     assert len(guard.decisions) == len(dec.steps) == len(seen)
     assert seen[0] == (0, 0, 0.0)
-    for prev, now in zip(dec.steps, seen[1:]):
+    assert rows[0] == ((), ())
+    for prev, now, (ids, toks) in zip(dec.steps, seen[1:], rows[1:]):
         assert now == (prev.batch_size, prev.tokens, prev.seconds)
+        assert ids == tuple(prev.rows) and toks == tuple(len(c.tokens) for c in prev.rows.values())
+        assert sum(toks) == prev.tokens and len(ids) == prev.batch_size
     for step, (B, _, g, _) in zip(dec.steps, guard.decisions):
         assert step.batch_size == B and all(c.depth <= g for c in step.rows.values())
     assert {g for _, _, g, _ in guard.decisions} == {0, 3}  # probes ran both arms
