@@ -25,8 +25,9 @@ Methods (``--methods``):
   :func:`policies.load.load_serve_policy`, one γ per step for every row from the step's load and the latency profile
   it was trained with) or any exported chain policy (:func:`policies.load.load_policy`, per row);
 * ``guard`` — the load-aware policy behind :class:`policies.rules.SpeculationGuard`: per batch size, the
-  measured tokens/s of the policy's speculating steps against steps without speculation, plain decoding where
-  speculation measures slower (probed now and then). One guard serves every level in order, learning as it serves
+  measured tokens/s of the policy's speculating steps against steps without speculation, the batch's and its slowest
+  request's (the inverse of its inter-token latency), plain decoding where speculation measures slower in either
+  (probed now and then). One guard serves every level in order, learning as it serves
   (nothing is warmed on the training prompts);
 * ``hf`` — ``hf generate (batched)``: Hugging Face ``target.generate()`` on the same requests, c prompts at a time in
   one left-padded batch (closed loop only; a static batch waits for its slowest row).
@@ -833,13 +834,16 @@ def _markdown(report: dict) -> list[str]:
         md.append("")
     if report.get("guard"):
         md += [f"### the speed guard ({report['guard']['settings']}), after the last level", "",
-               "| batch size | policy tok/s (steps) | plain tok/s (steps) | winner | policy's γ > 0 steps run plain |",
-               "|---|---|---|---|---|"]
+               "| batch size | policy tok/s (steps) | plain tok/s (steps) | slowest request tok/s: policy / plain | "
+               "winner | policy's γ > 0 steps run plain |",
+               "|---|---|---|---|---|---|"]
         for b, v in report["guard"]["batch_sizes"].items():
             cell = {a: (f"{x['tokens_per_second']:.1f} ({x['steps']})" if x["tokens_per_second"] else "–")
                     for a, x in v["arms"].items()}
-            md.append(f"| {b} | {cell.get('policy', '–')} | {cell.get('plain', '–')} | {v['winner']} | "
-                      f"{v['overruled']} of {v['policy_speculated']} |")
+            slow = {a: (f"{x['slowest_request_tokens_per_second']:.1f}"
+                        if x.get("slowest_request_tokens_per_second") else "–") for a, x in v["arms"].items()}
+            md.append(f"| {b} | {cell.get('policy', '–')} | {cell.get('plain', '–')} | {slow.get('policy', '–')} / "
+                      f"{slow.get('plain', '–')} | {v['winner']} | {v['overruled']} of {v['policy_speculated']} |")
         md.append("")
     if report.get("same_batch"):
         sb = report["same_batch"]

@@ -129,7 +129,7 @@ def test_bad_settings_are_refused():
     for kw in ({"explore_every": 0}, {"explore_every": 8, "max_explore_every": 4}, {"probe_steps": 0},
                {"window": 0}, {"window": 2.0}, {"window": True}, {"explore_every": True}, {"probe_steps": 2.0},
                {"confidence": -1.0}, {"confidence": True}, {"confidence": "1"}, {"confidence": None},
-               {"confidence": float("nan")}, {"confidence": float("inf")}):
+               {"confidence": float("nan")}, {"confidence": float("inf")}, {"latency": 1}, {"latency": None}):
         with pytest.raises(ValueError):
             SpeculationGuard(FixedStepPolicy(2), **kw)
 
@@ -252,3 +252,77 @@ def test_confidence_zero_follows_the_faster_arm_as_measured_even_after_one_step(
     gammas = drive(guard, 2, 6, lambda i: 1.0, lambda i: 10.0)
     assert gammas[:4] == [4] * 4 and gammas[4] == 0  # the probe: plain decoding's first (and only) step
     assert guard.rate(2, "plain") == pytest.approx(10.0) and guard.winner(2) == "plain" and gammas[5] == 0
+
+
+def drive_rows(guard, steps: int, seed: int, spec_seconds: float, row_alpha: list[float], gamma_cap: int = 4,
+               plain_seconds: float = 0.040) -> list[int]:
+    """B = len(row_alpha) rows (request ids 0..B−1) whose speculating steps accept a geometric run (each drafted
+    token accepted with the row's probability, at most γ) plus the bonus token in ``spec_seconds`` (±10 %); a plain
+    step commits 1 token per row in ``plain_seconds`` (±10 %). The load states carry each row's tokens. Returns γs."""
+    import numpy as np
+
+    rng, B, out = np.random.default_rng(seed), len(row_alpha), []
+    last = (0, 0, 0.0, (), ())
+    for _ in range(steps):
+        load = LoadState(B, 16, tuple([50] * B), last_step_batch=last[0], last_step_tokens=last[1],
+                         last_step_seconds=last[2], last_step_row_ids=last[3], last_step_row_tokens=last[4])
+        g = guard.gamma(load)
+        toks = []
+        for a in row_alpha:
+            tau = 0
+            while g > 0 and tau < min(g, gamma_cap) and rng.random() < a:
+                tau += 1
+            toks.append(1 + tau)
+        sec = (spec_seconds if g > 0 else plain_seconds) * rng.uniform(0.9, 1.1)
+        last = (B, sum(toks), sec, tuple(range(B)), tuple(toks))
+        out.append(g)
+    return out
+
+
+def test_where_one_request_gains_nothing_the_guard_keeps_its_inter_token_latency():
+    """B = 4: three rows accept 90 % of their drafts, one accepts none. A speculating step takes 1.3× a plain one:
+    the batch gains (E tokens ≈ 3 × 4.1 + 1 = 13.3 per step, 2.6× plain decoding's 4), but the fourth request's own
+    tokens/s falls to 1 / 1.3 of plain decoding's — its inter-token latency grows by 30 %. With ``latency`` the guard
+    runs plain decoding on ≥ 80 % of 400 steps over 10 seeds (its first 16 steps and the probes are the floor);
+    throughput-only (``latency=False``) it speculates on ≥ 90 % (what it did before, and what it must still do)."""
+    alphas = [0.9, 0.9, 0.9, 0.0]
+    guarded = [drive_rows(SpeculationGuard(FixedStepPolicy(4)), 400, seed, 0.052, alphas) for seed in range(10)]
+    throughput = [drive_rows(SpeculationGuard(FixedStepPolicy(4), latency=False), 400, seed, 0.052, alphas)
+                  for seed in range(10)]
+    share = lambda runs: sum(sum(g > 0 for g in r) for r in runs) / (400 * len(runs))  # noqa: E731
+    assert share(guarded) <= 0.20
+    assert share(throughput) >= 0.90
+
+
+def test_where_every_request_gains_the_latency_check_lets_the_policy_speculate():
+    """Every row accepts 60 % (E[1 + τ] ≈ 2.3 tokens per step, at most γ = 4) in 1.3× a plain step's seconds: each
+    request's own tokens/s is ≈ 1.8× plain decoding's, so the latency check must not stop the policy (≥ 80 % of 400
+    steps over 10 seeds speculate), and the summary reports both arms' slowest request."""
+    runs = []
+    for seed in range(10):
+        guard = SpeculationGuard(FixedStepPolicy(4))
+        runs.append(drive_rows(guard, 400, seed, 0.052, [0.6] * 4))
+    assert sum(sum(g > 0 for g in r) for r in runs) / 4000 >= 0.80
+    arms = guard.summary()[4]["arms"]
+    slow_p, slow_q = arms["policy"]["slowest_request_tokens_per_second"], arms["plain"]["slowest_request_tokens_per_second"]
+    assert slow_p is not None and slow_q is not None and slow_p > 1.3 * slow_q
+
+
+def test_slowest_request_is_the_lowest_own_rate_among_requests_with_two_steps():
+    """The slowest request: own tokens / seconds of the steps it ran in, over requests seen in ≥ 2 steps; None
+    without row measurements (a load state that carries none compares the batch's tokens/s alone)."""
+    guard = SpeculationGuard(FixedStepPolicy(2))
+    steps = [((0, 1), (3, 1), 1.0), ((0, 1, 2), (3, 2, 1), 2.0), ((0, 2), (1, 1), 1.0)]
+    last = (0, 0, 0.0, (), ())
+    for ids, toks, sec in steps + [((), (), 0.0)]:
+        guard.gamma(LoadState(len(ids) or 1, 16, (50,) * (len(ids) or 1), last_step_batch=last[0],
+                              last_step_tokens=last[1], last_step_seconds=last[2], last_step_row_ids=last[3],
+                              last_step_row_tokens=last[4]))
+        last = (len(ids), sum(toks), sec, ids, toks)
+    # steps at B = 2, 3, 2: at B = 2 request 0 ran twice (4 tokens in 2 s) and request 1 and 2 once each
+    rate, err = guard.slowest_request(2, "policy")
+    assert rate == pytest.approx(2.0) and err == pytest.approx(1.0)  # √((1² + 1²) / (2 · 1)) / 1 s
+    assert guard.slowest_request(3, "policy") is None  # nobody ran two steps at B = 3
+    plain = SpeculationGuard(FixedStepPolicy(2))
+    drive(plain, 2, 20, lambda i: 1.0, lambda i: 2.0)
+    assert plain.slowest_request(2, "policy") is None and plain.slowest_request(2, "plain") is None
