@@ -61,7 +61,13 @@ from learn2draft.drafters import make_drafter
 from learn2draft.drafters.base import Drafter
 from learn2draft.models import ModelPair
 from learn2draft.names import DECODER_MAX_DEPTH
-from learn2draft.sampling import SamplingConfig, sample_rows, speculative_sample, speculative_sample_rows
+from learn2draft.sampling import (
+    SamplingConfig,
+    greedy_accept_rows,
+    sample_rows,
+    speculative_sample,
+    speculative_sample_rows,
+)
 from learn2draft.state import LoadState
 from learn2draft.timing import DeviceClock
 
@@ -531,14 +537,18 @@ class BatchedSpeculativeDecoder:
                 prepared[i] = p
         return prepared
 
-    def _accept_rows(self, probs: torch.Tensor, tokens: list[torch.Tensor]) -> list[tuple[list[int], int]] | None:
-        """Every row's acceptance in one :func:`~learn2draft.sampling.speculative_sample_rows` call: row i's
-        uniforms are drawn from its own generator (what it draws alone), its q is None for point masses (prompt
-        lookup; dense when any row has a drafter's q), and the one host read returns every τ_i and next token.
+    def _accept_rows(self, logits: torch.Tensor, probs: torch.Tensor | None,
+                     tokens: list[torch.Tensor]) -> list[tuple[list[int], int]] | None:
+        """Every row's acceptance in one call, one host read returning every τ_i and next token:
+        :func:`~learn2draft.sampling.speculative_sample_rows` on ``probs`` (row i's uniforms drawn from its own
+        generator, what it draws alone; q None for point masses, as prompt lookup's, dense when any row has a
+        drafter's q), or, for greedy decoding (``probs`` None), :func:`~learn2draft.sampling.greedy_accept_rows` on
+        the raw ``logits`` (the same result for the greedy one-hot probabilities, none formed, no uniform drawn).
 
         Args:
-            probs: float32 (Σ (γ_i + 1), V), the rows' processed target probabilities, packed as ``tokens`` (row
-                i's γ_i + 1 verification tokens: its last committed token and its drafted chain).
+            logits: float (Σ (γ_i + 1), V), the rows' raw target logits, packed as ``tokens`` (row i's γ_i + 1
+                verification tokens: its last committed token and its drafted chain).
+            probs: float32, the same rows' processed target probabilities; None: the sampling is greedy.
 
         Returns:
             per row, its accepted drafted tokens and its next (corrected or bonus) token; None when a row's sampler
@@ -550,14 +560,17 @@ class BatchedSpeculativeDecoder:
         rows = self.rows
         if any(r.sampler is not speculative_sample for r in rows):
             return None
-        dev = probs.device
+        dev = logits.device
         gammas = [r.depth for r in rows]
         if any(int(t.numel()) != g + 1 for t, g in zip(tokens, gammas)):
             raise RuntimeError("A row's verification fed other than its γ + 1 tokens: the target's cache is out of step "
                                "with its committed tokens.")
+        x = torch.tensor([t for r in rows for t in r.drafted], dtype=torch.long).to(dev, non_blocking=True)
+        if probs is None:
+            taus, nxt = greedy_accept_rows(logits, x, gammas)
+            return [(r.drafted[:t], n) for r, t, n in zip(rows, taus, nxt)]
         u = torch.cat([torch.rand(g + 1, generator=r.generator, device=dev, dtype=torch.float64)
                        for r, g in zip(rows, gammas)])
-        x = torch.tensor([t for r in rows for t in r.drafted], dtype=torch.long).to(dev, non_blocking=True)
         q = None
         if any(q is not None for r in rows for q in r.draft_probs):
             q = torch.cat([r._draft_q(probs) for r in rows if r.drafted])
@@ -614,9 +627,12 @@ class BatchedSpeculativeDecoder:
         else:
             logits, hidden, fed = self._batched_forward(tokens)
         t2 = self.clock.now()
-        # every row's target probabilities in one call when no processor reads a row's prefix (else row by row)
-        probs = None if self.sampling.prefix_dependent else self.sampling.probs_rows(logits, source="target")
-        decided = self._accept_rows(probs, tokens) if probs is not None else None
+        # every row's acceptance in one call when no processor reads a row's prefix (else row by row); greedy
+        # decoding reads the logits' argmax and forms no probabilities
+        at_once = not self.sampling.prefix_dependent
+        greedy = at_once and self.sampling.greedy and all(r.sampler is speculative_sample for r in self.rows)
+        probs = self.sampling.probs_rows(logits, source="target") if at_once and not greedy else None
+        decided = self._accept_rows(logits, probs, tokens) if at_once else None
         results: dict[int, CycleResult] = {}
         done = []
         a = 0
@@ -624,7 +640,8 @@ class BatchedSpeculativeDecoder:
             rows, a = slice(a, a + int(toks.numel())), a + int(toks.numel())
             if hidden is not None and row.drafter.needs_target_hidden:
                 row.drafter.observe_target(hidden[rows], row.target_len)
-            p = row._verification_probs(plan, logits[rows], None if probs is None else probs[rows])
+            p = (row._observe_verification(plan, logits[rows]) if greedy
+                 else row._verification_probs(plan, logits[rows], None if probs is None else probs[rows]))
             res = row._finish_verification(plan, p, t0, t1, t2, None if decided is None else decided[i])
             results[rid] = res
             now = self.clock.now()

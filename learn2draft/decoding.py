@@ -478,12 +478,20 @@ class SpeculativeDecoder:
         Returns:
             float (γ+1, V), after the same processing as the draft's.
         """
-        logits = logits[-(self.depth + 1) :]
-        self._verify_logits = logits
-        self.target_len = plan.numel()
+        logits = self._observe_verification(plan, logits)
         if probs is not None:
             return probs[-(self.depth + 1) :]
         return self.sampling.probs(logits, self.ids, plan[self.ids.numel() :], source="target")
+
+    def _observe_verification(self, plan: Any, logits: torch.Tensor) -> torch.Tensor:
+        """Record that the target has seen the whole chain (its cache length and the logits the next token is drawn
+        from) without forming probabilities: what :meth:`_verification_probs` does first, and all a batched greedy
+        step needs (its acceptance reads the logits' argmax for all rows at once,
+        :func:`learn2draft.sampling.greedy_accept_rows`). Returns the chain's logits, float (γ+1, V)."""
+        logits = logits[-(self.depth + 1) :]
+        self._verify_logits = logits
+        self.target_len = plan.numel()
+        return logits
 
     def _accept(self, plan: Any, p: torch.Tensor) -> tuple[list[int], int]:
         """The exact sampler on the chain: the accepted draft tokens and the corrected/bonus token."""

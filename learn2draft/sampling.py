@@ -435,20 +435,7 @@ def speculative_sample_rows(
         _check_shape("draft_probs", draft_probs, M, V)
     if uniforms.numel() != N:
         raise ValueError(f"uniforms must hold Σ (γ_i + 1) = {N} values, got {uniforms.numel()}.")
-    # host-built index tensors, one copy: per row its first target row, its first draft token and γ_i; per drafted
-    # token its row and its target row
-    start_t, start_d, acc = [], [], 0
-    for g in gammas:
-        start_t.append(acc + len(start_t))
-        start_d.append(acc)
-        acc += g
-    tok_row = [i for i, g in enumerate(gammas) for _ in range(g)]
-    t_rows = [start_t[i] + j for i, g in enumerate(gammas) for j in range(g)]
-    tok_j = [j for g in gammas for j in range(g)]
-    idx = torch.tensor(start_t + start_d + gammas + tok_row + t_rows + tok_j, dtype=torch.long).to(dev,
-                                                                                                  non_blocking=True)
-    start_t, start_d, gam = idx[:B], idx[B : 2 * B], idx[2 * B : 3 * B]
-    tok_row, t_rows, tok_j = idx[3 * B : 3 * B + M], idx[3 * B + M : 3 * B + 2 * M], idx[3 * B + 2 * M :]
+    start_t, start_d, gam, tok_row, t_rows, tok_j = _packed_index(gammas, dev)
     u = uniforms.to(dev, torch.float64).reshape(-1)
     checks = []
     if validate:
@@ -469,8 +456,7 @@ def speculative_sample_rows(
             if validate:
                 checks += [torch.stack(torch.aminmax(draft_probs)).double(),
                            (draft_probs.sum(-1).double() - 1).abs().max().view(1), qx.min().view(1)]
-        # τ_i: the first rejected j of row i, else γ_i
-        tau = gam.scatter_reduce(0, tok_row, torch.where(reject, tok_j, gam[tok_row]), reduce="amin")
+        tau = _first_rejected(reject, gam, tok_row, tok_j)
     w = target_probs[start_t + tau]  # (B, V): p where each row's token is drawn
     if M:
         rejected = (tau < gam).unsqueeze(1)
@@ -497,6 +483,77 @@ def speculative_sample_rows(
         for i, tok in zip(empty, sample_rows(target_probs[start_t[rows] + tau[rows]], u[(start_t + gam)[rows]])):
             tokens[i] = tok
     return taus, tokens
+
+
+def _packed_index(gammas: list[int], dev: torch.device) -> tuple[torch.Tensor, ...]:
+    """The index tensors of B packed chains (row i: γ_i = ``gammas[i]`` drafted tokens and γ_i + 1 target rows, after
+    those of rows 0..i−1), built on the host and copied in one transfer: int64 ``start_t`` (B,) each row's first
+    target row, ``start_d`` (B,) its first drafted token, ``gam`` (B,) γ_i; per drafted token, ``tok_row`` (M,) its
+    row, ``t_rows`` (M,) its target row and ``tok_j`` (M,) its position j in the chain (M = Σ γ_i)."""
+    B, M = len(gammas), sum(gammas)
+    start_t, start_d, acc = [], [], 0
+    for g in gammas:
+        start_t.append(acc + len(start_t))
+        start_d.append(acc)
+        acc += g
+    tok_row = [i for i, g in enumerate(gammas) for _ in range(g)]
+    t_rows = [start_t[i] + j for i, g in enumerate(gammas) for j in range(g)]
+    tok_j = [j for g in gammas for j in range(g)]
+    idx = torch.tensor(start_t + start_d + gammas + tok_row + t_rows + tok_j, dtype=torch.long).to(dev,
+                                                                                                  non_blocking=True)
+    return (idx[:B], idx[B : 2 * B], idx[2 * B : 3 * B], idx[3 * B : 3 * B + M], idx[3 * B + M : 3 * B + 2 * M],
+            idx[3 * B + 2 * M :])
+
+
+def _first_rejected(reject: torch.Tensor, gam: torch.Tensor, tok_row: torch.Tensor, tok_j: torch.Tensor) -> torch.Tensor:
+    """int64 (B,) τ_i: the position of row i's first rejected drafted token (``reject`` bool (M,), packed as
+    :func:`_packed_index`), else γ_i."""
+    return gam.scatter_reduce(0, tok_row, torch.where(reject, tok_j, gam[tok_row]), reduce="amin")
+
+
+def greedy_accept_rows(target_logits: torch.Tensor, draft_tokens: torch.Tensor, num_draft: Sequence[int],
+                       source: str = "target") -> tuple[list[int], list[int]]:
+    """The exact acceptance of B packed chains when the target decodes greedily (temperature 0, no processor that
+    reads the prefix), from the raw logits: what :func:`speculative_sample_rows` returns for the greedy
+    :class:`SamplingConfig`'s probabilities (one-hot on each row's first maximal logit), whatever the draft's q, without
+    forming them. With p one-hot at a = argmax, a drafted x is accepted iff u · q(x) < p(x), i.e. iff x = a (u < 1);
+    after a rejection the residual max(p − q, 0) is the point mass at a (q(a) = 0 there, else x = a), and the bonus
+    token is the argmax: so τ_i is the length of the prefix where the drafted tokens equal the target's argmax, and the
+    next token is the argmax at position τ_i — no uniform is drawn (vLLM's ``rejection_greedy_sample_kernel`` does
+    the same). One host read returns every τ_i, every next token and the finiteness check.
+
+    Args:
+        target_logits: float (Σ (γ_i + 1), V), any float dtype, the target's raw logits packed as in
+            :func:`speculative_sample_rows` (row i's γ_i + 1 rows after those of rows 0..i−1).
+        draft_tokens: int64 (Σ γ_i,), the drafted tokens, packed alike.
+        num_draft: γ_i ≥ 0 of each of the B ≥ 1 rows (host ints).
+        source: the model named in the error.
+
+    Returns:
+        ``(num_accepted, next_tokens)``, host lists of B ints.
+
+    Raises:
+        ValueError: ``num_draft`` empty or negative, shapes that disagree with it, or NaN / infinite logits.
+    """
+    gammas = [int(g) for g in num_draft]
+    if not gammas or min(gammas) < 0:
+        raise ValueError(f"num_draft must hold B ≥ 1 counts γ_i ≥ 0, got {list(num_draft)}.")
+    B, M = len(gammas), sum(gammas)
+    _check_shape("target_logits", target_logits, M + B, None)
+    if draft_tokens.numel() != M:
+        raise ValueError(f"draft_tokens must hold Σ γ_i = {M} ids, got {draft_tokens.numel()}.")
+    dev = target_logits.device
+    start_t, _, gam, tok_row, t_rows, tok_j = _packed_index(gammas, dev)
+    top = target_logits.max(dim=-1).indices  # the first maximal index, as SamplingConfig's greedy one-hot
+    finite = torch.isfinite(target_logits.sum(dim=-1, dtype=torch.float32)).all().view(1)
+    tau = gam
+    if M:
+        tau = _first_rejected(top[t_rows] != draft_tokens.reshape(-1).to(dev), gam, tok_row, tok_j)
+    vals = torch.cat([tau, top[start_t + tau], finite.long()]).tolist()  # the one transfer
+    if not vals[-1]:
+        raise ValueError(f"The {source} returned NaN or infinite logits; check the {source}'s weights and dtype "
+                         "(float16 on CPU often overflows: use float32 or bfloat16).")
+    return vals[:B], vals[B : 2 * B]
 
 
 def _raise_bad_rows(checked: list[float], M: int, V: int, dense_q: bool) -> None:

@@ -514,12 +514,12 @@ def test_real_rows_reproduce_greedy_autoregressive(default_pair):
         assert [dec.result(r).tokens for r in rids] == refs, drafter
 
 
-def _reads_per_step(pair, batch: int, sampler=None) -> tuple[float, int]:
+def _reads_per_step(pair, batch: int, sampler=None, sampling=GREEDY) -> tuple[float, int]:
     """Host reads per batched step (eval.gpu_check's counter on ``step``) of ``batch`` lookup rows at γ = 3, and the
     drafted tokens verified; ``sampler`` replaces every row's acceptance rule (None: the decoder's own)."""
     from eval.gpu_check import HostSyncCounter
 
-    dec = BatchedSpeculativeDecoder(pair, "lookup", GREEDY, max_new_tokens=16, max_depth=3, max_batch=batch)
+    dec = BatchedSpeculativeDecoder(pair, "lookup", sampling, max_new_tokens=16, max_depth=3, max_batch=batch)
     for i in range(batch):
         dec.add(PROMPTS[3 - i % 4].repeat(2), FixedDepthController(3), seed=i)  # repeated prompts: lookup drafts
         if sampler is not None:
@@ -533,14 +533,16 @@ def _reads_per_step(pair, batch: int, sampler=None) -> tuple[float, int]:
 
 
 def test_host_reads_per_step_do_not_grow_with_the_batch(close_pair):
-    """The acceptance of every row is one tensor computation with one host read (and the probabilities' finiteness
-    check one more): 2 reads per step at B = 1 and at B = 6. Control: with a per-row sampler (any rule other than
-    the decoder's own runs row by row) the reads per step grow with B."""
+    """The acceptance of every row is one tensor computation with one host read: sampled (T = 1), the probabilities'
+    finiteness check is one more, 2 reads per step at B = 1 and at B = 6; greedy, the check rides on the acceptance's
+    read (the argmax of the logits, no probabilities), 1 read per step at both. Control: with a per-row sampler (any
+    rule other than the decoder's own runs row by row) the reads per step grow with B."""
     from learn2draft.sampling import speculative_sample
 
-    one, drafted_one = _reads_per_step(close_pair, 1)
-    six, drafted_six = _reads_per_step(close_pair, 6)
-    assert drafted_one > 0 and drafted_six > 0  # the steps verified drafted tokens
-    assert one == six == 2.0
+    for sampling, reads in ((T1, 2.0), (GREEDY, 1.0)):
+        one, drafted_one = _reads_per_step(close_pair, 1, sampling=sampling)
+        six, drafted_six = _reads_per_step(close_pair, 6, sampling=sampling)
+        assert drafted_one > 0 and drafted_six > 0  # the steps verified drafted tokens
+        assert one == six == reads, sampling
     per_row = lambda p, q, x, g=None: speculative_sample(p, q, x, g)  # noqa: E731 (not the decoder's own)
     assert _reads_per_step(close_pair, 6, per_row)[0] > _reads_per_step(close_pair, 1, per_row)[0] + 2

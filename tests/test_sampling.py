@@ -11,6 +11,7 @@ import torch
 from learn2draft.sampling import (
     SamplingConfig,
     _inverse_cdf,
+    greedy_accept_rows,
     sample_from,
     sample_rows,
     speculative_sample,
@@ -513,3 +514,47 @@ def test_sample_rows_is_the_inverse_cdf_per_row():
         sample_rows(torch.cat([w[:1], torch.zeros(1, 15, dtype=w.dtype)]), torch.rand(2, dtype=torch.float64))
     with pytest.raises(ValueError, match="negative"):
         sample_rows(-w, torch.rand(6, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("dense_q", [False, True])
+def test_greedy_acceptance_from_logits_is_the_sampler_on_the_greedy_one_hot_rows(dense_q):
+    """greedy_accept_rows (raw logits, no uniform) returns exactly what speculative_sample_rows returns on the greedy
+    SamplingConfig's probabilities (one-hot on the first maximal logit) for any q and any uniforms: 300 random
+    batches at depths 0–4, bf16 logits rounded so that ties occur, drafted tokens equal to the target's argmax on
+    about half the positions (so that runs of accepted tokens, rejections and bonus tokens all occur)."""
+    cfg = SamplingConfig()
+    seen = set()
+    for seed in range(300):
+        g = torch.Generator().manual_seed(seed)
+        B = int(torch.randint(1, 6, (1,), generator=g))
+        gammas = torch.randint(0, 5, (B,), generator=g).tolist()
+        N, M = sum(gammas) + B, sum(gammas)
+        logits = (torch.randn(N, 12, generator=g) * 2).round().to(torch.bfloat16)  # integer-valued: frequent ties
+        top = logits.float().max(-1).indices
+        t_rows = [a + j for a, gam in zip(np.cumsum([0] + [gm + 1 for gm in gammas])[:-1], gammas) for j in range(gam)]
+        x = torch.where(torch.rand(M, generator=g) < 0.6, top[t_rows], torch.randint(0, 12, (M,), generator=g))
+        q = None
+        if dense_q and M:  # any q that could have proposed x
+            q = torch.rand(M, 12, generator=g, dtype=torch.float64)
+            q[torch.arange(M), x] += 1.0
+            q = q / q.sum(-1, keepdim=True)
+        u = torch.rand(N, generator=g, dtype=torch.float64)
+        want = speculative_sample_rows(cfg.probs_rows(logits).double(), q, x, gammas, u)
+        got = greedy_accept_rows(logits, x, gammas)
+        assert got == want, seed
+        seen.update((t == gam) for t, gam in zip(got[0], gammas) if gam)
+    assert seen == {True, False}  # both full acceptance and rejections occurred
+
+
+def test_greedy_acceptance_refuses_bad_input():
+    logits = torch.randn(5, 10)
+    with pytest.raises(ValueError, match="num_draft"):
+        greedy_accept_rows(logits, torch.zeros(0, dtype=torch.long), [])
+    with pytest.raises(ValueError, match="target_logits"):
+        greedy_accept_rows(logits, torch.zeros(2, dtype=torch.long), [2])  # 3 rows needed, 5 given
+    with pytest.raises(ValueError, match="Σ γ_i = 3"):
+        greedy_accept_rows(logits, torch.zeros(2, dtype=torch.long), [2, 1])
+    bad = logits.clone()
+    bad[3, 4] = float("nan")
+    with pytest.raises(ValueError, match="draft model returned NaN"):
+        greedy_accept_rows(bad, torch.zeros(3, dtype=torch.long), [2, 1], source="draft model")
