@@ -37,6 +37,7 @@ from learn2draft.replay.hybrid import HYBRID_T_POSITIVE_REFUSAL, HybridReplay, h
 from learn2draft.replay.latency import LatencyProfile, load_profiles
 from learn2draft.replay.outcome import tokens_per_second
 from learn2draft.replay.traces import TraceSet, load_traces
+from learn2draft.state import DraftState
 
 HYBRID_REPLAY_ENV_ID = "learn2draft/HybridReplay-v0"
 
@@ -218,6 +219,27 @@ class HybridReplayEnv(gym.Env):
     def can_draft(self) -> bool:
         """Whether one more token may be drafted (the neural drafter always has a proposal)."""
         return self._j < self._r.limit[self._t]
+
+    def state(self, observation: np.ndarray | None = None) -> DraftState:
+        """The :class:`learn2draft.state.DraftState` of the current decision (as the hybrid decoder's
+        :meth:`SpeculativeDecoder.state` for the same position): the integer depth, this cycle's confidences and
+        entropies, the lookup's drafter features, the hybrid features as ``extra_features`` and the observation
+        (its ``features()``).
+
+        Args:
+            observation: the current observation when the caller holds it (what :meth:`reset` or :meth:`step`
+                returned), float32 (len(FEATURE_NAMES) + len(HYBRID_FEATURE_NAMES),); None: built again.
+        """
+        obs = self._obs() if observation is None else observation
+        t = self._t
+        return DraftState(
+            depth=self._j, max_depth=self.max_depth,
+            committed_len=self.lookup_traces.prompts[self.prompt_index].prompt_len + t, generated=t,
+            max_new_tokens=self.max_new_tokens, accepted_history=tuple(self._history),
+            last_accept_fraction=self._laf, confidences=tuple(self._confs), entropies=tuple(self._ents),
+            vocab_size=self.vocab_size, drafter_features=self._r.look_feats[min(t + self._j, self._r.n)],
+            extra_features=obs[len(FEATURE_NAMES):], observation=obs,
+        )
 
     def _obs(self) -> np.ndarray:
         r, t, j = self._r, self._t, self._j

@@ -18,6 +18,11 @@ cycle, the accepted lengths of the cycles so far and the last cycle's τ / depth
 replay state — the same vector the real environment would show in that state. For speed the parts
 that depend on (t, j) only are built once per prompt with ``build_features`` and the history
 entries are filled in per step (tests check the result against ``build_features``).
+:meth:`SpecDecodeReplayEnv.state` is the :class:`learn2draft.state.DraftState` at (t, j) — the
+integer depth j, the trace's confidences, entropies and drafter features, the history — carrying
+that precomputed vector as its ``observation``: what :func:`replay_controller` hands a controller's
+:meth:`~learn2draft.control.DraftController.decide`, so a rule reads the same integers and floats
+as on the real decoder and a learned policy the same vector.
 
 A cycle that starts at t and verifies at depth j (0 ≤ j ≤ the chain available at t, capped by
 ``max_depth`` and the tokens left, as :attr:`SpeculativeDecoder.depth_limit` caps it) has the outcome
@@ -67,6 +72,7 @@ from learn2draft.names import run_seed
 from learn2draft.replay.latency import LatencyProfile, load_profiles
 from learn2draft.replay.outcome import ChainReplay, chain_replay, tokens_per_second
 from learn2draft.replay.traces import PromptTrace, TraceSet, TreeTraceSet, load_traces
+from learn2draft.state import DraftState
 
 REPLAY_ENV_ID = "learn2draft/SpecDecodeReplay-v0"
 EPISODE_MODES = ("generation", "cycle")
@@ -269,6 +275,7 @@ class SpecDecodeReplayEnv(gym.Env):
             self._history: list[int] = []
             self._hist = np.zeros(HISTORY, dtype=np.float32)
             self._laf = np.float32(1.0)
+            self._fraction = 1.0  # τ / depth of the last cycle, as the decoder keeps it (the feature is its float32)
             self._in_generation = True
         self._needs_reset = False
         info = {"prompt_index": self.prompt_index, "generated": self._t, "new_generation": not continuing,
@@ -282,6 +289,27 @@ class SpecDecodeReplayEnv(gym.Env):
         if self.profile_features:
             return np.concatenate((obs, self._profile_obs[self.profile_index]))
         return obs
+
+    def state(self, observation: np.ndarray | None = None) -> DraftState:
+        """The :class:`learn2draft.state.DraftState` of the current decision (as
+        :meth:`SpeculativeDecoder.state` for the same position): the integer depth j, the trace's confidences and
+        entropies of the chain's first j tokens and its drafter features before step j, the generation's history,
+        and as ``observation`` the env's precomputed vector (its ``features()``).
+
+        Args:
+            observation: the current observation when the caller holds it (what :meth:`reset` or :meth:`step`
+                returned), float32 (observation_space.shape); None: built again.
+        """
+        t, j = self._t, self._j
+        pt = self.traces.prompts[self.prompt_index]
+        return DraftState(
+            depth=j, max_depth=self.max_depth, committed_len=pt.prompt_len + t, generated=t,
+            max_new_tokens=self.max_new_tokens, accepted_history=tuple(self._history),
+            last_accept_fraction=self._fraction, confidences=tuple(pt.confidence[t, :j].tolist()),
+            entropies=tuple(pt.entropy[t, :j].tolist()), vocab_size=self.vocab_size,
+            drafter_features=pt.drafter_features[t, j],
+            observation=self._obs() if observation is None else observation,
+        )
 
     def can_draft(self) -> bool:
         """Whether drafting one more token is possible now (as :meth:`SpeculativeDecoder.can_draft`)."""
@@ -320,7 +348,8 @@ class SpecDecodeReplayEnv(gym.Env):
         h = self._history[-HISTORY:][::-1]
         self._hist = np.zeros(HISTORY, dtype=np.float32)
         self._hist[: len(h)] = [min(x / max(self.max_depth, 1), 1.0) for x in h]
-        self._laf = np.float32(tau / j if j else 1.0)
+        self._fraction = tau / j if j else 1.0
+        self._laf = np.float32(self._fraction)
         t += emitted
         self._t, self._j = t, 0
         finished = t >= r.n
@@ -352,8 +381,9 @@ def replay_controller(env: SpecDecodeReplayEnv, controller, prompt_indices: Sequ
     """Score any :class:`learn2draft.DraftController` (fixed γ, heuristics, an exported policy) in replay.
 
     Each generation is driven as :meth:`SpeculativeDecoder.run_cycle` drives the real loop: before each draft
-    step, if the depth is below the controller's ``max_depth`` and drafting is possible, the controller sees
-    the observation and says CONTINUE or STOP; otherwise the cycle verifies. ``controller.reset()`` starts each
+    step, if the depth is below the controller's ``max_depth`` and drafting is possible, the controller is asked
+    :meth:`~learn2draft.control.DraftController.decide` on the env's :meth:`~SpecDecodeReplayEnv.state` (its
+    observation the env's precomputed vector) and says CONTINUE or STOP; otherwise the cycle verifies. ``controller.reset()`` starts each
     generation. The env's episode mode does not matter (generations are followed across cycle episodes).
 
     Args:
@@ -392,7 +422,7 @@ def replay_controller(env: SpecDecodeReplayEnv, controller, prompt_indices: Sequ
                 choice = [STOP]  # the controller's action when it is asked (a hybrid's may be CONTINUE_NEURAL)
 
                 def decide(o=obs, choice=choice) -> bool:
-                    choice[0] = as_action(controller.continue_drafting(o))
+                    choice[0] = as_action(controller.decide(env.state(o)))
                     return choice[0] != STOP
 
                 go = keeps_drafting(controller, env.depth, env.can_draft, decide)

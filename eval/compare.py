@@ -76,7 +76,7 @@ def load_learned_tree(directory: str | Path, drafter: str) -> tuple[DraftControl
     :func:`policies.load.load_tree_policy` and read what it was trained with.
 
     Returns:
-        ``(controller, settings)``: a controller with ``continue_drafting`` and
+        ``(controller, settings)``: a controller with ``decide`` and
         ``verification_size``; settings: the policy's recorded tree settings
         (:func:`policies.load.tree_settings`, else the run's or export's settings; ``{}`` when none),
         with the controller's ``width``/``top_k`` when it has them (see :func:`tree_shape_from`).

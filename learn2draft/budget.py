@@ -30,14 +30,14 @@ How a user (and :mod:`eval.serve`) wires the budget::
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from learn2draft.control import DraftController
-from learn2draft.features import FEATURE_NAMES
 
-_DEPTH = FEATURE_NAMES.index("depth")
+if TYPE_CHECKING:
+    from learn2draft.state import DraftState
 
 
 # --------------------------------------------------------------------------------------------- per batch size
@@ -150,9 +150,9 @@ class BatchSizeTable(DraftController):
         """Read the step's :class:`~learn2draft.state.LoadState` (its ``batch_size``) before the row drafts."""
         self.gamma = self.gamma_for(int(load.batch_size))
 
-    def continue_drafting(self, features: np.ndarray) -> bool:
-        depth = round(float(features[_DEPTH]) * max(self.max_depth, 1))
-        return depth < self.gamma
+    def decide(self, state: DraftState) -> bool:
+        """CONTINUE while ``state.depth`` (the integer depth) is below the step's γ."""
+        return state.depth < self.gamma
 
     def __repr__(self) -> str:
         return f"BatchSizeTable({self.to_vllm()})"

@@ -3,9 +3,12 @@
 A :class:`DraftController` is asked two things by the one cycle of
 :class:`learn2draft.decoding.SpeculativeDecoder` (chain and tree alike):
 
-1. before each draft step, :meth:`DraftController.continue_drafting` on the observation of
-   :meth:`SpeculativeDecoder.features` — :data:`CONTINUE` (draft one more token, or one more tree
-   level) or :data:`STOP` (verify now). The decision precedes the draw, which keeps the output law
+1. before each draft step, :meth:`DraftController.decide` on the typed
+   :class:`learn2draft.state.DraftState` of :meth:`SpeculativeDecoder.state` — :data:`CONTINUE` (draft
+   one more token, or one more tree level) or :data:`STOP` (verify now). A hand rule reads the state's
+   integers and floats (``state.depth``, ``state.confidences``, ``state.drafter_features``); a learned
+   policy reads the float32 observation :meth:`DraftState.features` builds (the one feature builder,
+   which an exported ONNX graph takes). The decision precedes the draw, which keeps the output law
    exact (Leviathan et al. 2023; for deterministic tree candidates, the recursive accept-or-remove
    rule);
 2. for a draft tree only, and only when the controller overrides it,
@@ -30,7 +33,7 @@ import numpy as np
 from learn2draft.names import DECODER_MAX_DEPTH
 
 if TYPE_CHECKING:
-    from learn2draft.state import LoadState
+    from learn2draft.state import DraftState, LoadState
 
 #: Verify the tokens drafted so far (at depth 0: a plain autoregressive target step).
 STOP = 0
@@ -76,8 +79,8 @@ class DraftController(ABC):
             sets it to the ``max_depth`` it was trained with, and a decoder or replay env with
             another ``max_depth`` refuses it (:func:`check_depth_feature_scale`).
 
-    Implementations: :class:`FixedDepthController` (fixed γ), :class:`FixedTreeController`
-    (fixed (depth, V)), the rules, PPO policies and ONNX exports of :mod:`policies`.
+    Subclasses implement :meth:`decide`. Implementations: :class:`FixedDepthController` (fixed γ),
+    :class:`FixedTreeController` (fixed (depth, V)), the rules, PPO policies and ONNX exports of :mod:`policies`.
     """
 
     max_depth: int = DECODER_MAX_DEPTH
@@ -102,10 +105,15 @@ class DraftController(ABC):
         :attr:`reads_load` is set: a per-batch-size table or a load-aware step policy picks the step's γ here."""
 
     @abstractmethod
-    def continue_drafting(self, features: np.ndarray) -> bool | int:
-        """``features``: float32 (n_features,) from :func:`learn2draft.features.build_features` (for a hybrid
-        drafter followed by :data:`learn2draft.features.HYBRID_FEATURE_NAMES`). Returns STOP (False / 0) or
-        CONTINUE (True / 1); a hybrid controller may return :data:`CONTINUE_NEURAL` (2) (see :func:`as_action`)."""
+    def decide(self, state: DraftState) -> int | bool:
+        """The depth decision before the next draft step, from ``state`` (a :class:`learn2draft.state.DraftState`:
+        the decoder's, or a replay environment's for the same position). A rule reads its fields (``state.depth``
+        is the integer depth); a learned policy reads ``state.features()``, float32 (len(FEATURE_NAMES) + k,) (a
+        hybrid drafter's k = len(HYBRID_FEATURE_NAMES) features after :data:`learn2draft.features.FEATURE_NAMES`).
+
+        Returns:
+            STOP (False / 0) or CONTINUE (True / 1); a hybrid controller may return :data:`CONTINUE_NEURAL` (2)
+            (checked by :func:`as_action`, which raises ValueError on anything else)."""
 
     def verification_size(self, features: np.ndarray, depth: int) -> int:
         """Tree nodes V to verify, from float32 (len(SIZE_FEATURE_NAMES),) size features and the
@@ -195,7 +203,7 @@ class FixedDepthController(DraftController):
             raise ValueError(f"num_draft_tokens must be an integer ≥ 0, got {num_draft_tokens!r}.")
         self.num_draft_tokens = self.max_depth = int(num_draft_tokens)
 
-    def continue_drafting(self, features: np.ndarray) -> bool:
+    def decide(self, state: DraftState) -> bool:
         return True  # the decoder stops at max_depth
 
     def __call__(self, load: Any, rows: Any) -> np.ndarray:
@@ -220,7 +228,7 @@ class FixedTreeController(DraftController):
                 raise ValueError(f"{name} must be an integer ≥ 0, got {v!r}.")
         self.max_depth, self.verify_size = int(depth), int(verify_size)
 
-    def continue_drafting(self, features: np.ndarray) -> bool:
+    def decide(self, state: DraftState) -> bool:
         return True  # the decoder stops at max_depth
 
     def verification_size(self, features: np.ndarray, depth: int) -> int:

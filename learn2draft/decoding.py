@@ -8,8 +8,9 @@ One *cycle*:
 
 1. a :class:`learn2draft.drafters.Drafter` (draft model, feature-level head or prompt lookup)
    proposes tokens one at a time (:meth:`SpeculativeDecoder.draft_step`); before each step a
-   :class:`DraftController` sees the features (:mod:`learn2draft.features`) and says CONTINUE or
-   STOP — the decision precedes the draw, which keeps the output law exact;
+   :class:`DraftController` sees the :class:`learn2draft.state.DraftState` (a learned policy its
+   :mod:`learn2draft.features` vector) and says CONTINUE or STOP — the decision precedes the draw,
+   which keeps the output law exact;
 2. the target verifies the γ drafted tokens plus the bonus position in one forward pass
    (:meth:`SpeculativeDecoder.verify`);
 3. :func:`learn2draft.sampling.speculative_sample` accepts a prefix of length τ and emits one
@@ -615,7 +616,9 @@ class SpeculativeDecoder:
 
     # ----------------------------------------------------------------- decisions
     def decide(self, controller: DraftController) -> int:
-        """Ask ``controller`` STOP or CONTINUE on :meth:`features`, its time charged to the cycle; returns the action
+        """Ask ``controller`` STOP or CONTINUE on :meth:`state` (:meth:`DraftController.decide`; a rule reads its
+        fields, a learned policy builds :meth:`DraftState.features` from it), its time charged to the cycle —
+        building the state included; returns the action
         (:func:`learn2draft.control.as_action`: 0 STOP, 1 CONTINUE — with lookup on a hybrid drafter — or 2 CONTINUE
         with a hybrid's neural drafter), truthy when drafting goes on.
 
@@ -623,7 +626,7 @@ class SpeculativeDecoder:
             ValueError: the controller returned something else.
         """
         t0 = self.clock.now()
-        action = as_action(controller.continue_drafting(self.features()))
+        action = as_action(controller.decide(self.state()))
         self._cycle_other += self.clock.now() - t0
         return action
 

@@ -1,14 +1,16 @@
 """The draft state: everything a drafting policy may see at a decision, in one typed object.
 
 :meth:`learn2draft.decoding.SpeculativeDecoder.state` returns a :class:`DraftState` before every
-decision (chain or tree); the observation vectors a policy reads are built from it —
-:meth:`DraftState.features` (:func:`learn2draft.features.build_features`, the depth decision) and
-:meth:`DraftState.size_features` (:func:`learn2draft.features.build_size_features`, a tree's
-verification-size decision). The raw values stay available as integers and floats
-(``state.depth``, ``state.tree_nodes``, ``state.entropies``) for code that holds the decoder, and
-``max_depth`` is the declared scale of the depth features. The controller protocol itself still
-passes the float32 vectors (what an exported ONNX policy reads); the rules of :mod:`policies.rules`
-round the depth back from them exactly (depth / max_depth with their own ``max_depth``).
+decision (chain or tree), and the controller protocol passes it as it is
+(:meth:`learn2draft.control.DraftController.decide`). A hand rule (:mod:`policies.rules`) reads the
+raw values — the integer ``state.depth``, ``state.confidences``, ``state.drafter_features`` — with no
+trip through a scaled float vector. A learned policy reads the observation vectors, built here and
+nowhere else: :meth:`DraftState.features` (:func:`learn2draft.features.build_features`, the depth
+decision; what an exported ONNX policy reads) and :meth:`DraftState.size_features`
+(:func:`learn2draft.features.build_size_features`, a tree's verification-size decision);
+``max_depth`` is the declared scale of the depth features. A replay environment (:mod:`envs.replay`)
+that precomputes its observations hands them in as :attr:`DraftState.observation` beside the same
+raw values, so a rule decides in replay exactly as on the decoder and a policy sees the same vector.
 
 Every field is known before the decision it informs (no drafted token's value is read before it
 is drawn), which is what keeps the output law exact whatever a policy does with it.
@@ -47,6 +49,10 @@ class DraftState:
         extra_features: float32 (k,) appended to the depth observation: a hybrid drafter's
             :data:`learn2draft.features.HYBRID_FEATURE_NAMES` (the lookup's lookahead score, the last token's source,
             the target's view of the last committed token); empty for a single drafter.
+        observation: float32 (n,) the depth observation already built for this state (a replay environment's
+            precomputed vector, equal to what :meth:`features` would build from the other fields, possibly followed
+            by what that environment appends, e.g. profile features), returned by :meth:`features`; None (the
+            decoder's): :meth:`features` builds it.
     """
 
     depth: int
@@ -62,11 +68,18 @@ class DraftState:
     drafter_features: np.ndarray = field(repr=False)
     tree_scores: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))
     extra_features: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, dtype=np.float32))
+    observation: np.ndarray | None = field(repr=False, default=None, compare=False)
 
     @property
     def tree_nodes(self) -> int:
         """N, the drafted tree nodes (0 for a chain)."""
         return int(self.tree_scores.size)
+
+    @property
+    def last_confidence(self) -> float:
+        """The max raw draft probability of the last drafted token, 0 at depth 0 (the ``last_confidence``
+        feature before its float32 cast)."""
+        return self.confidences[-1] if self.confidences else 0.0
 
     @property
     def last_entropy(self) -> float:
@@ -75,7 +88,11 @@ class DraftState:
 
     def features(self) -> np.ndarray:
         """The depth decision's observation, float32 (len(FEATURE_NAMES) + len(extra_features),) in [0, 1]
-        (:func:`learn2draft.features.build_features`, then :attr:`extra_features`)."""
+        (:func:`learn2draft.features.build_features`, then :attr:`extra_features`); :attr:`observation` as it is
+        when set. The one builder of this vector: the decoder, the replay environments' precomputation and every
+        learned-policy adapter read it from here."""
+        if self.observation is not None:
+            return self.observation
         base = build_features(
             context_len=self.committed_len + self.depth, depth=self.depth, max_depth=max(self.max_depth, 1),
             accepted_history=self.accepted_history, confidences=self.confidences, last_entropy=self.last_entropy,

@@ -387,8 +387,8 @@ class TreeSpeculativeDecoder(SpeculativeDecoder):
 
     One cycle (:meth:`run_cycle`):
 
-    1. before each depth the controller says CONTINUE or STOP (:meth:`DraftController.continue_drafting`
-       on :meth:`features`, as for a chain; the confidences are the best frontier node's); each
+    1. before each depth the controller says CONTINUE or STOP (:meth:`DraftController.decide`
+       on :meth:`state`, as for a chain; the confidences are the best frontier node's); each
        :meth:`draft_step` expands the ``width`` best nodes of the deepest level with their top-``top_k``
        children (:meth:`learn2draft.drafters.Drafter.propose_topk`), every scored node kept;
     2. the size decision: a controller that overrides :meth:`DraftController.verification_size`

@@ -3,8 +3,9 @@ load-aware policy of the batched loop (:class:`LoadAwarePolicy`). The hand rules
 drafter's rules, the speed guard, the per-batch-size table, adaptive verification) are in :mod:`policies.rules`.
 
 The per-cycle ones plug into :meth:`learn2draft.SpeculativeDecoder.run_cycle` / ``generate`` as a
-:class:`learn2draft.DraftController`: before each draft step they receive the feature vector
-(float32, shape ``(len(FEATURE_NAMES),)``, see :mod:`learn2draft.features`) and answer with an
+:class:`learn2draft.DraftController`: before each draft step :meth:`PolicyController.decide` receives the
+:class:`learn2draft.state.DraftState`, builds its feature vector with :meth:`~learn2draft.state.DraftState.features`
+(float32, shape ``(len(FEATURE_NAMES),)``, see :mod:`learn2draft.features`: the one builder) and answers with an
 action of :class:`envs.SpecDecodeEnv`'s action space — ``0`` = STOP (verify now), ``1`` = CONTINUE.
 
 Importing this module imports neither stable-baselines3 nor onnxruntime: :class:`SB3Controller`
@@ -22,7 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,12 +32,16 @@ from learn2draft.features import FEATURE_NAMES
 from learn2draft.names import DEFAULT_MAX_DEPTH
 from policies.layout import DEPTH_DIR, POLICY_CONFIG_FILE, RUN_CONFIG_FILE
 
+if TYPE_CHECKING:
+    from learn2draft.state import DraftState
+
 
 class PolicyController(DraftController):
     """Wrap any callable ``features -> action`` as a :class:`DraftController`.
 
     Args:
-        policy: called with float32 features of shape ``(len(FEATURE_NAMES),)``; returns 0 (STOP) or
+        policy: called with the state's float32 features (:meth:`learn2draft.state.DraftState.features`, shape
+            ``(len(FEATURE_NAMES),)``; a hybrid drafter's features after them); returns 0 (STOP) or
             1 (CONTINUE) as an int, numpy scalar or 1-element array.
         max_depth: the most tokens drafted per cycle (≥ 0); the decoder also caps the depth.
 
@@ -64,8 +69,10 @@ class PolicyController(DraftController):
         float32 feature vector."""
         return as_action(self.policy(np.asarray(features, dtype=np.float32)), self.n_actions)
 
-    def continue_drafting(self, features: np.ndarray) -> bool | int:
-        a = self.act(features)
+    def decide(self, state: DraftState) -> bool | int:
+        """The policy's action on ``state.features()`` (the one feature builder; a profile-conditioned
+        :class:`OnnxController` appends its profile features to it)."""
+        a = self.act(state.features())
         return a if self.n_actions == 3 else a == CONTINUE
 
     def __repr__(self) -> str:
@@ -202,7 +209,7 @@ class OnnxController(PolicyController):
             raise ValueError(f"{self.path} takes float32 observations of shape ({self.n_features},) or (batch, "
                              f"{self.n_features}), got shape {obs.shape}"
                              + (" (a profile-conditioned policy: the loop's features are completed by "
-                                "the controller's profile features in continue_drafting)" if self.profile_features is not None
+                                "the controller's profile features in decide)" if self.profile_features is not None
                                 else "") + ".")
         return obs.reshape(-1, self.n_features)
 

@@ -17,8 +17,9 @@ transformers picked the plain :class:`~transformers.generation.candidate_generat
 (a draft model sharing the target's tokenizer); every other case (no assistant, prompt lookup,
 assistant early exit, different tokenizers, MTP, …) gets transformers' own generator unchanged.
 
-What the policy decides. :class:`PolicyCandidateGenerator` asks the policy before each draft token,
-with the float32 feature vector of :mod:`learn2draft.features` (the one this project's loop builds):
+What the policy decides. :class:`PolicyCandidateGenerator` asks the policy before each draft token
+(:meth:`learn2draft.control.DraftController.decide`), with a :class:`learn2draft.state.DraftState` whose
+float32 feature vector of :mod:`learn2draft.features` is the one this project's loop builds:
 at depth 0 in ``get_candidates`` — STOP returns zero candidates, and transformers' loop then does a
 plain target step (greedy argmax, or a draw from the target's processed distribution) — and after each
 drafted token inside the assistant's own ``generate()`` call, through a
@@ -199,7 +200,7 @@ class PolicyCandidateGenerator(AssistedCandidateGenerator):
         assistant_model, generation_config, model_kwargs, inputs_tensor, logits_processor: as
             transformers passes them to ``AssistedCandidateGenerator``.
         controller: a :class:`learn2draft.decoding.DraftController` (e.g. the ONNX policy from
-            :func:`policies.load_policy`), asked ``continue_drafting(features)`` before each draft token;
+            :func:`policies.load_policy`), asked ``decide(state)`` (:meth:`state`) before each draft token;
             its ``max_depth`` caps the candidates per cycle, and the depth features are divided by its
             ``depth_feature_scale`` (the ``max_depth`` it was trained with; its ``max_depth`` if absent).
 
@@ -238,24 +239,29 @@ class PolicyCandidateGenerator(AssistedCandidateGenerator):
         controller.reset()
 
     # ----------------------------------------------------------- policy
-    def features(self, depth: int) -> np.ndarray:
-        """float32 ``(len(FEATURE_NAMES),)``: the observation before drafting token ``depth + 1`` of this cycle, built
-        by :meth:`learn2draft.state.DraftState.features` (the one feature builder; HF's draft model has no lookup
-        features, so they are zeros)."""
+    def state(self, depth: int) -> DraftState:
+        """The :class:`learn2draft.state.DraftState` before drafting token ``depth + 1`` of this cycle (HF's draft
+        model has no lookup features, so they are zeros), on the controller's depth-feature scale."""
         return DraftState(
             depth=depth, max_depth=self.depth_scale, committed_len=self._cur_len,
             generated=self._cur_len - self.prompt_len, max_new_tokens=self.max_new_tokens,
             accepted_history=tuple(self.accepted_history), last_accept_fraction=self.last_accept_fraction,
             confidences=tuple(self._confidences), entropies=(self._last_entropy,), vocab_size=self._vocab,
             drafter_features=np.zeros(NUM_DRAFTER_FEATURES, dtype=np.float32),
-        ).features()
+        )
+
+    def features(self, depth: int) -> np.ndarray:
+        """float32 ``(len(FEATURE_NAMES),)``: the observation before drafting token ``depth + 1`` of this cycle, built
+        by :meth:`learn2draft.state.DraftState.features` (the one feature builder) from :meth:`state`."""
+        return self.state(depth).features()
 
     def _decide(self, depth: int) -> bool:
-        """Ask the policy whether to draft one more token at ``depth``; record the decision."""
+        """Ask the controller whether to draft one more token at ``depth`` (:meth:`DraftController.decide` on
+        :meth:`state`); record the decision and the state's observation."""
         cycle = self.cycles[-1]
-        feats = self.features(depth)
-        go = bool(self.controller.continue_drafting(feats))
-        cycle.features.append(feats)
+        state = self.state(depth)
+        go = bool(self.controller.decide(state))
+        cycle.features.append(state.features())
         cycle.actions.append(CONTINUE if go else STOP)
         return go
 

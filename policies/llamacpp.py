@@ -202,7 +202,8 @@ class PolicyDraftModel(_draft_model_base()):
 
     Args:
         policy: an exported lookup depth policy (folder, or a training run holding ``policy/``), a controller with
-            ``continue_drafting(features) -> bool`` and ``max_depth``, or None (fixed γ).
+            ``decide(state) -> bool`` (a :class:`learn2draft.control.DraftController`) and ``max_depth``, or None
+            (fixed γ).
         num_pred_tokens: the fixed γ when ``policy`` is None.
         max_new_tokens: the generation budget the ``progress`` feature and the depth limit read; set it per
             generation with :meth:`start` (``generate_tokens`` does).
@@ -329,14 +330,14 @@ class PolicyDraftModel(_draft_model_base()):
                 if not toks:
                     break
                 buf[base: base + len(toks)] = toks
-                obs = np.stack([DraftState(
+                states = [DraftState(
                     depth=d, max_depth=self.max_depth, committed_len=n, generated=generated,
                     max_new_tokens=g.max_new_tokens, accepted_history=tuple(g.accepted_history),
                     last_accept_fraction=g.last_accept_fraction,
                     confidences=tuple(confidences) + tuple(confs[: d - len(drafted)]), entropies=(0.0,) * d,
-                    vocab_size=self.vocab_size, drafter_features=self.drafter.features(seq[: n + d])).features()
-                    for d in range(len(drafted), len(drafted) + len(toks))])
-                keep = int(np.argmin(np.append(self._decide(obs), False)))
+                    vocab_size=self.vocab_size, drafter_features=self.drafter.features(seq[: n + d]))
+                    for d in range(len(drafted), len(drafted) + len(toks))]
+                keep = int(np.argmin(np.append(self._decide(states), False)))
                 drafted += [int(t) for t in toks[:keep]]
                 confidences += list(confs[:keep])
                 if keep < len(toks) or len(toks) < k:
@@ -344,19 +345,23 @@ class PolicyDraftModel(_draft_model_base()):
         self.drafter.observe_tokens(drafted, n)
         return drafted
 
-    def _decide(self, obs: np.ndarray) -> np.ndarray:
-        """bool (d,): CONTINUE at each depth's observation (float32 (d, n_features))."""
+    def _decide(self, states: list[DraftState]) -> np.ndarray:
+        """bool (d,): CONTINUE at each of ``states`` (consecutive depths of one chain). An exported ONNX policy
+        decides them in one batched call on their stacked :meth:`DraftState.features` (float32 (d, n_features));
+        another controller is asked :meth:`~learn2draft.control.DraftController.decide` in order, up to its first
+        STOP (a rule builds no vector)."""
         from policies.controllers import OnnxController
 
         c = self.controller
         if isinstance(c, OnnxController) and c.profile_features is None:
+            obs = np.stack([s.features() for s in states])
             return np.asarray(c.actions(obs)).reshape(-1) != 0
         out = []
-        for row in obs:  # another controller: asked in order, up to its first STOP
-            out.append(bool(c.continue_drafting(row)))
+        for state in states:  # another controller: asked in order, up to its first STOP
+            out.append(bool(c.decide(state)))
             if not out[-1]:
                 break
-        return np.asarray(out + [False] * (len(obs) - len(out)), dtype=bool)
+        return np.asarray(out + [False] * (len(states) - len(out)), dtype=bool)
 
     def __repr__(self) -> str:
         what = f"policy={self.policy_dir or self.controller!r}" if self.controller is not None else \

@@ -1,9 +1,11 @@
 """The hand rules: every hand-written decision rule of this project in one place (issue 41), beside the learned
 policies of :mod:`policies.controllers`.
 
-Per cycle (a :class:`learn2draft.control.DraftController` each: before each draft step it reads the float32
-feature vector of :func:`learn2draft.features.build_features`, shape ``(len(FEATURE_NAMES),)``, and answers
-``0`` = STOP or ``1`` = CONTINUE; the hybrid rules answer ``CONTINUE_LOOKUP`` (1) or ``CONTINUE_NEURAL`` (2)):
+Per cycle (a :class:`learn2draft.control.DraftController` each: before each draft step its
+:meth:`~learn2draft.control.DraftController.decide` reads the :class:`learn2draft.state.DraftState` — the integer
+``state.depth``, ``state.confidences``, ``state.drafter_features``, a hybrid drafter's ``state.extra_features``; no
+rule builds or decodes the float32 observation vector — and answers ``0`` = STOP or ``1`` = CONTINUE; the hybrid
+rules answer ``CONTINUE_LOOKUP`` (1) or ``CONTINUE_NEURAL`` (2)):
 
 * :class:`ConfidenceThresholdController` — draft while the draft's confidence in its last token stays high
   (Hugging Face assisted generation's ``assistant_confidence_threshold``);
@@ -29,7 +31,7 @@ Per batched step (one γ or one verification budget for the rows of a step, read
 The one fixed-γ controller, :class:`learn2draft.control.FixedDepthController` (γ = 0: no speculation), serves the
 real loop and the replay alike and stays in the engine with the protocol.
 
-Every rule decides from the features, the load and measured past steps, before the next token is drawn: the output
+Every rule decides from the draft state, the load and measured past steps, before the next token is drawn: the output
 law is unchanged whatever it decides. Importing this module imports neither stable-baselines3 nor onnxruntime.
 """
 
@@ -37,7 +39,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -53,11 +55,12 @@ from learn2draft.drafters.lookup import MATCH_LEN_SCALE
 from learn2draft.features import FEATURE_NAMES, HYBRID_FEATURE_NAMES
 from learn2draft.names import DEFAULT_MAX_DEPTH
 
-_LAST_CONFIDENCE = FEATURE_NAMES.index("last_confidence")
-_DEPTH = FEATURE_NAMES.index("depth")
-_MATCH_LEN = FEATURE_NAMES.index("match_len")
-_LOOKUP_AVAILABLE = len(FEATURE_NAMES) + HYBRID_FEATURE_NAMES.index("lookup_available")
-_LOOKUP_SCORE = len(FEATURE_NAMES) + HYBRID_FEATURE_NAMES.index("lookup_score")
+if TYPE_CHECKING:
+    from learn2draft.state import DraftState
+
+_MATCH_LEN = 0  # state.drafter_features: (match_len, match_count) of prompt lookup
+_LOOKUP_AVAILABLE = HYBRID_FEATURE_NAMES.index("lookup_available")  # in state.extra_features
+_LOOKUP_SCORE = HYBRID_FEATURE_NAMES.index("lookup_score")
 
 
 # --------------------------------------------------------------------------------------------- per cycle
@@ -67,13 +70,14 @@ class ConfidenceThresholdController(DraftController):
     Draft at least ``min_depth`` tokens; after that, STOP as soon as the last drafted token's
     max draft probability (feature ``last_confidence``) is below ``threshold``. This is the rule of
     Hugging Face assisted generation's ``assistant_confidence_threshold`` (checked after each draft
-    token), except that the decision is taken before the next token is drawn, as the law requires.
+    token), except that the decision is taken before the next token is drawn, as the law requires. It reads
+    ``state.depth`` and ``state.last_confidence`` (the raw probability, not its float32 feature).
 
     Args:
         threshold: in [0, 1]; 0 always drafts to ``max_depth``.
         max_depth: the most tokens drafted per cycle (≥ 0).
-        min_depth: tokens always drafted first (0 ≤ min_depth ≤ max_depth). The depth is read from
-            the ``depth`` feature, so build the decoder with the same ``max_depth``.
+        min_depth: tokens always drafted first (0 ≤ min_depth ≤ max_depth). Build the decoder with the same
+            ``max_depth`` (its ``depth_feature_scale``: a decoder with another one refuses it).
 
     Raises:
         ValueError: an argument is out of range.
@@ -88,12 +92,10 @@ class ConfidenceThresholdController(DraftController):
         self.max_depth = self.depth_feature_scale = int(max_depth)
         self.min_depth = int(min_depth)
 
-    def continue_drafting(self, features: np.ndarray) -> bool:
-        # "depth" is depth / the decoder's max_depth, assumed equal to this controller's max_depth.
-        depth = round(float(features[_DEPTH]) * self.max_depth)
-        if depth < self.min_depth:
+    def decide(self, state: DraftState) -> bool:
+        if state.depth < self.min_depth:
             return True
-        return float(features[_LAST_CONFIDENCE]) >= self.threshold
+        return state.last_confidence >= self.threshold
 
     def __repr__(self) -> str:
         return (f"ConfidenceThresholdController(threshold={self.threshold}, max_depth={self.max_depth}, "
@@ -126,12 +128,11 @@ class MatchLengthController(DraftController):
     def reset(self) -> None:
         self._budget = 0
 
-    def continue_drafting(self, features: np.ndarray) -> bool:
-        depth = round(float(features[_DEPTH]) * self.max_depth)
-        if depth == 0:
-            match = round(float(features[_MATCH_LEN]) * MATCH_LEN_SCALE)
+    def decide(self, state: DraftState) -> bool:
+        if state.depth == 0:  # the match length in tokens: the drafter's feature is min(length, 16) / 16
+            match = round(float(state.drafter_features[_MATCH_LEN]) * MATCH_LEN_SCALE)
             self._budget = 0 if match < self.min_match else min(self.max_depth, max(1, round(self.scale * match)))
-        return depth < self._budget
+        return state.depth < self._budget
 
     def __repr__(self) -> str:
         return f"MatchLengthController(max_depth={self.max_depth}, scale={self.scale}, min_match={self.min_match})"
@@ -140,8 +141,8 @@ class MatchLengthController(DraftController):
 class _HybridRule(DraftController):
     """A hand rule for a hybrid drafter (:class:`learn2draft.drafters.hybrid.HybridDrafter`): at depth 0 it picks the
     cycle's source and budget (:meth:`_plan`), then drafts with that source up to the budget; a lookup cycle stops
-    where lookup has no proposal. Reads the hybrid observation (:data:`learn2draft.features.HYBRID_FEATURE_NAMES`
-    after :data:`FEATURE_NAMES`).
+    where lookup has no proposal. Reads ``state.depth`` and the hybrid drafter's ``state.extra_features``
+    (:data:`learn2draft.features.HYBRID_FEATURE_NAMES`).
 
     Raises:
         ValueError: ``num_draft_tokens`` < 1 or ``max_depth`` < ``num_draft_tokens``.
@@ -158,17 +159,21 @@ class _HybridRule(DraftController):
     def reset(self) -> None:
         self._source, self._budget = CONTINUE_NEURAL, 0
 
-    def _plan(self, features: np.ndarray) -> tuple[int, int]:
+    def _plan(self, hybrid: np.ndarray) -> tuple[int, int]:
+        """(source, budget) of the cycle from float32 (len(HYBRID_FEATURE_NAMES),) hybrid features at depth 0."""
         raise NotImplementedError
 
-    def continue_drafting(self, features: np.ndarray) -> int:
-        if features.shape[0] <= _LOOKUP_SCORE:
+    def decide(self, state: DraftState) -> int:
+        """Raises:
+            ValueError: ``state`` has no hybrid drafter's features (a single drafter's state)."""
+        hybrid = state.extra_features
+        if hybrid.shape[0] != len(HYBRID_FEATURE_NAMES):
             raise ValueError(f"{self!r} reads a hybrid drafter's observation ({len(FEATURE_NAMES) + len(HYBRID_FEATURE_NAMES)}"
-                             f" features), got {features.shape[0]}: run it with --drafter lookup+model or lookup+head.")
-        depth = round(float(features[_DEPTH]) * self.max_depth)
-        if depth == 0:
-            self._source, self._budget = self._plan(features)
-        if depth >= self._budget or (self._source == CONTINUE_LOOKUP and features[_LOOKUP_AVAILABLE] < 0.5):
+                             f" features), got {len(FEATURE_NAMES) + hybrid.shape[0]}: run it with --drafter lookup+model "
+                             "or lookup+head.")
+        if state.depth == 0:
+            self._source, self._budget = self._plan(hybrid)
+        if state.depth >= self._budget or (self._source == CONTINUE_LOOKUP and hybrid[_LOOKUP_AVAILABLE] < 0.5):
             return STOP
         return self._source
 
@@ -187,7 +192,7 @@ class SingleSourceController(_HybridRule):
         super().__init__(num_draft_tokens, max_depth)
         self.source = source
 
-    def _plan(self, features: np.ndarray) -> tuple[int, int]:
+    def _plan(self, hybrid: np.ndarray) -> tuple[int, int]:
         return self.source, self.num_draft_tokens
 
     def __repr__(self) -> str:
@@ -200,8 +205,8 @@ class LookupFirstController(_HybridRule):
     (up to ``num_draft_tokens``, fewer where the match ends), else ``num_draft_tokens`` tokens with the neural drafter.
     """
 
-    def _plan(self, features: np.ndarray) -> tuple[int, int]:
-        src = CONTINUE_LOOKUP if features[_LOOKUP_AVAILABLE] >= 0.5 else CONTINUE_NEURAL
+    def _plan(self, hybrid: np.ndarray) -> tuple[int, int]:
+        src = CONTINUE_LOOKUP if hybrid[_LOOKUP_AVAILABLE] >= 0.5 else CONTINUE_NEURAL
         return src, self.num_draft_tokens
 
 
@@ -211,9 +216,9 @@ class SuffixScoreController(_HybridRule):
     score exceeds the neural drafter's ``num_draft_tokens``, draft the whole lookup chain (up to ``max_depth``), else
     ``num_draft_tokens`` tokens with the neural drafter."""
 
-    def _plan(self, features: np.ndarray) -> tuple[int, int]:
-        score = float(features[_LOOKUP_SCORE]) * self.max_depth
-        if features[_LOOKUP_AVAILABLE] >= 0.5 and score > self.num_draft_tokens:
+    def _plan(self, hybrid: np.ndarray) -> tuple[int, int]:
+        score = float(hybrid[_LOOKUP_SCORE]) * self.max_depth
+        if hybrid[_LOOKUP_AVAILABLE] >= 0.5 and score > self.num_draft_tokens:
             return CONTINUE_LOOKUP, self.max_depth
         return CONTINUE_NEURAL, self.num_draft_tokens
 
@@ -245,9 +250,8 @@ class _StepGammaController(DraftController):
     def observe_load(self, load: Any) -> None:
         self.gamma = self.policy.gamma(load)
 
-    def continue_drafting(self, features: np.ndarray) -> bool:
-        depth = round(float(features[_DEPTH]) * self.max_depth)
-        return depth < self.gamma
+    def decide(self, state: DraftState) -> bool:
+        return state.depth < self.gamma
 
     def __repr__(self) -> str:
         return f"a row of {self.policy!r}"

@@ -24,6 +24,7 @@ import numpy as np
 from learn2draft.decoding import DraftController
 from learn2draft.features import SIZE_FEATURE_NAMES, SIZE_NODE_SCALE
 from learn2draft.names import DEFAULT_MAX_DEPTH, DEFAULT_TREE_TOP_K, DEFAULT_TREE_WIDTH, check_verify_sizes
+from learn2draft.state import DraftState
 from policies.controllers import OnnxController
 
 _TREE_NODES = SIZE_FEATURE_NAMES.index("tree_nodes")
@@ -85,10 +86,10 @@ class TreePolicyController(DraftController):
         if self.depth_policy is not None:
             self.depth_policy.reset()
 
-    def continue_drafting(self, features: np.ndarray) -> bool:
-        """The depth policy's decision on the loop's features (always CONTINUE without one: the
+    def decide(self, state: DraftState) -> bool:
+        """The depth policy's decision on the loop's state (always CONTINUE without one: the
         controller's ``max_depth`` = the fixed depth stops drafting)."""
-        return True if self.depth_policy is None else bool(self.depth_policy.continue_drafting(features))
+        return True if self.depth_policy is None else bool(self.depth_policy.decide(state))
 
     def size_action(self, size_features: np.ndarray) -> int:
         """The size policy's action (argmax of its logits) for float32 ``(len(SIZE_FEATURE_NAMES),)`` features."""

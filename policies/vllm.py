@@ -39,7 +39,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from learn2draft.decoding import DraftController
@@ -49,6 +48,7 @@ from learn2draft.features import (
     ENGINE_HISTORY,
     ENGINE_MIN_DEPTH,
 )
+from learn2draft.state import DraftState
 
 
 def load_mlp(onnx_path: str | Path) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -209,7 +209,8 @@ class ProtocolController(DraftController):
 
     Args:
         policy: a ``DraftLengthPolicy``; its ``num_spec_tokens`` is this controller's ``max_depth``.
-        decoder: the decoder it drives (its draft confidences are the top-1 probabilities).
+        decoder: the decoder it drives; each decision reads that decoder's :class:`learn2draft.state.DraftState`
+            (``state.depth``, and ``state.confidences``: the draft's top-1 probabilities).
     """
 
     def __init__(self, policy, decoder):
@@ -219,15 +220,15 @@ class ProtocolController(DraftController):
         self.depth_feature_scale = self.max_depth
         self.k_valid: list[int] = []  # per cycle, for tests and reports
 
-    def continue_drafting(self, features: np.ndarray) -> bool:
-        depth = self.decoder.depth
+    def decide(self, state: DraftState) -> bool:
+        depth = state.depth
         if depth == 0:
             self.policy.reset()
             return True
         if depth < ENGINE_MIN_DEPTH:
             return True
         step = depth - ENGINE_MIN_DEPTH
-        probs = torch.tensor([self.decoder.confidences[-1]], dtype=torch.float32)
+        probs = torch.tensor([state.confidences[-1]], dtype=torch.float32)
         self.policy.update(step, probs)
         k = self.policy.k_valid_gpu
         k = self.max_depth if k is None else int(k)

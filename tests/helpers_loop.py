@@ -11,11 +11,24 @@ import torch
 from transformers import DynamicCache
 
 from learn2draft.decoding import DraftController
-from learn2draft.features import FEATURE_NAMES
 from learn2draft.sampling import SamplingConfig, speculative_sample
+from learn2draft.state import DraftState
 
-DEPTH = FEATURE_NAMES.index("depth")
-LAST_CONFIDENCE = FEATURE_NAMES.index("last_confidence")
+
+def draft_state(depth: int = 0, max_depth: int = 8, confidences: Iterable[float] = (),
+                drafter_features: Iterable[float] = (0.0, 0.0), extra_features: Iterable[float] = (),
+                observation: np.ndarray | None = None, **fields) -> DraftState:
+    """A :class:`DraftState` for a controller's ``decide`` outside a decoder: the given depth, confidences,
+    drafter features (float32 (2,)), extra (hybrid) features and precomputed ``observation``; the other fields
+    (``committed_len``, ``generated``, ``max_new_tokens``, ``accepted_history``, ``last_accept_fraction``,
+    ``entropies``, ``vocab_size``) plausible defaults unless given in ``fields``."""
+    confidences = tuple(float(c) for c in confidences)
+    kw = {"committed_len": 16, "generated": 0, "max_new_tokens": 64, "accepted_history": (),
+          "last_accept_fraction": 1.0, "entropies": (0.0,) * len(confidences), "vocab_size": 32, **fields}
+    return DraftState(depth=depth, max_depth=max_depth, confidences=confidences,
+                      drafter_features=np.asarray(list(drafter_features), dtype=np.float32),
+                      extra_features=np.asarray(list(extra_features), dtype=np.float32),
+                      observation=None if observation is None else np.asarray(observation, dtype=np.float32), **kw)
 
 
 def bias_token(model: torch.nn.Module, token: int, bias: float, positions: Iterable[int] | None = None) -> list:
@@ -99,8 +112,7 @@ def greedy_reference(model, prompt: torch.Tensor, n: int, V: int, eos: Iterable[
 class ScheduleController(DraftController):
     """Drafts ``schedule[c % len(schedule)]`` tokens in cycle c (cycles counted at depth 0).
 
-    The depth is read from the ``depth`` feature, so build the decoder with ``max_depth`` equal
-    to this controller's ``max_depth`` (the largest entry)."""
+    The depth is the state's (``state.depth``); its ``max_depth`` is the largest entry."""
 
     def __init__(self, schedule: list[int]):
         self.schedule, self.max_depth = list(schedule), max(schedule)
@@ -109,12 +121,11 @@ class ScheduleController(DraftController):
     def reset(self) -> None:
         self.cycle, self.planned = -1, []
 
-    def continue_drafting(self, features: np.ndarray) -> bool:
-        depth = round(float(features[DEPTH]) * self.max_depth)
-        if depth == 0:
+    def decide(self, state: DraftState) -> bool:
+        if state.depth == 0:
             self.cycle += 1
             self.planned.append(self.schedule[self.cycle % len(self.schedule)])
-        return depth < self.planned[-1]
+        return state.depth < self.planned[-1]
 
 
 class ConfidencePolicy(DraftController):
@@ -124,10 +135,10 @@ class ConfidencePolicy(DraftController):
     def __init__(self, threshold: float = 0.5, max_depth: int = 8):
         self.threshold, self.max_depth = threshold, max_depth
 
-    def continue_drafting(self, features: np.ndarray) -> bool:
-        if round(float(features[DEPTH]) * self.max_depth) == 0:
+    def decide(self, state: DraftState) -> bool:
+        if state.depth == 0:
             return True
-        return float(features[LAST_CONFIDENCE]) >= self.threshold
+        return state.last_confidence >= self.threshold
 
     def __repr__(self) -> str:
         return f"ConfidencePolicy(threshold={self.threshold}, max_depth={self.max_depth})"

@@ -429,9 +429,9 @@ class _RowController(ScheduleController):
         super().__init__(schedule)
         self.row = row
 
-    def continue_drafting(self, features):
+    def decide(self, state):
         _Current.row = self.row
-        return super().continue_drafting(features)
+        return super().decide(state)
 
 
 class _Current:

@@ -52,7 +52,7 @@ class SourceController(FixedDepthController):
         super().__init__(gamma)
         self.sources, self.asked = list(sources), 0
 
-    def continue_drafting(self, features):
+    def decide(self, state):
         self.asked += 1
         return self.sources[(self.asked - 1) % len(self.sources)]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers_loop import draft_state
 
 from learn2draft.budget import (
     AdaptiveVerification,
@@ -15,19 +16,14 @@ from learn2draft.budget import (
     parse_batch_size_table,
     profile_step_cost,
 )
-from learn2draft.features import FEATURE_NAMES
 from learn2draft.state import LoadState
-
-DEPTH = FEATURE_NAMES.index("depth")
 
 
 def _drafted(ctrl, max_depth: int) -> int:
     """Tokens the controller drafts in one cycle of a decoder with ``max_depth`` (the decoder's depth rule)."""
-    f = np.zeros(len(FEATURE_NAMES), dtype=np.float32)
     d = 0
     while d < min(ctrl.max_depth, max_depth):
-        f[DEPTH] = d / max_depth
-        if not ctrl.continue_drafting(f):
+        if not ctrl.decide(draft_state(d, max_depth)):
             break
         d += 1
     return d

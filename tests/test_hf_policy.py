@@ -33,11 +33,10 @@ class PlannedDepths(DraftController):
     def reset(self):
         self.cycle = -1
 
-    def continue_drafting(self, features):
-        depth = round(float(features[DEPTH]) * self.max_depth)
-        if depth == 0:
+    def decide(self, state):
+        if state.depth == 0:
             self.cycle += 1
-        return depth < self.plan[self.cycle % len(self.plan)]
+        return state.depth < self.plan[self.cycle % len(self.plan)]
 
 
 def greedy(model, ids, n=NEW, **kw):

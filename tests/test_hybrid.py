@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import tiny_llama
 from helpers_law import RandomChain, check_law, fixed_depth
-from helpers_loop import greedy_reference, noisy_copy, tiny_head_drafter
+from helpers_loop import draft_state, greedy_reference, noisy_copy, tiny_head_drafter
 
 from eval.law import LEVIATHAN_RULE, RESAMPLE_FROM_TARGET_RULE, format_law_table, law_check, resample_from_target_rule
 from learn2draft.control import CONTINUE_LOOKUP, CONTINUE_NEURAL, STOP, DraftController, FixedDepthController
@@ -83,7 +83,7 @@ class RandomSource(DraftController):
     def reset(self) -> None:
         pass  # one stream across generations: each draw of the law check sees different decisions
 
-    def continue_drafting(self, features):
+    def decide(self, state):
         if self.rng.random() < 0.25:
             return STOP
         return int(self.rng.choice([CONTINUE_LOOKUP, CONTINUE_NEURAL]))
@@ -123,9 +123,8 @@ def test_every_cycle_mixes_sources_when_asked(close_pair):
     class LookupThenNeural(DraftController):
         max_depth = 4
 
-        def continue_drafting(self, features):
-            depth = round(float(features[FEATURE_NAMES.index("depth")]) * self.max_depth)
-            return CONTINUE_LOOKUP if depth < 2 else CONTINUE_NEURAL
+        def decide(self, state):
+            return CONTINUE_LOOKUP if state.depth < 2 else CONTINUE_NEURAL
 
     for neural in ("model", "head"):
         dec = SpeculativeDecoder(close_pair, GREEDY, max_new_tokens=30, max_depth=4, drafter=hybrid(close_pair, neural))
@@ -176,7 +175,7 @@ def test_hybrid_law_check_on_tiny_models_passes_and_flags_the_wrong_rule(tiny_to
     class NeuralFirst(DraftController):  # the draft model's q decides most (lookup's point masses barely show the bug)
         max_depth = 1
 
-        def continue_drafting(self, features):
+        def decide(self, state):
             return CONTINUE_NEURAL
 
     # on test_law_real's prompt, where the wrong rule is known to show at 400 draws
@@ -211,26 +210,23 @@ def test_hybrid_observation_and_lookahead(close_pair):
 
 
 def test_rules_choose_their_source():
-    n = len(FEATURE_NAMES)
-
     def feats(depth, max_depth, available, score):
-        f = np.zeros(n + len(HYBRID_FEATURE_NAMES), dtype=np.float32)
-        f[FEATURE_NAMES.index("depth")] = depth / max_depth
-        f[n + HYBRID_FEATURE_NAMES.index("lookup_available")] = available
-        f[n + HYBRID_FEATURE_NAMES.index("lookup_score")] = score / max_depth
-        return f
+        hyb = np.zeros(len(HYBRID_FEATURE_NAMES), dtype=np.float32)
+        hyb[HYBRID_FEATURE_NAMES.index("lookup_available")] = available
+        hyb[HYBRID_FEATURE_NAMES.index("lookup_score")] = score / max_depth
+        return draft_state(depth, max_depth, extra_features=hyb)
 
     first = LookupFirstController(3, 8)
-    assert first.continue_drafting(feats(0, 8, 1, 0.2)) == CONTINUE_LOOKUP  # a match, however weak: lookup
-    assert first.continue_drafting(feats(1, 8, 0, 0)) == STOP  # the lookup chain ran out
-    assert first.continue_drafting(feats(0, 8, 0, 0)) == CONTINUE_NEURAL
-    assert first.continue_drafting(feats(3, 8, 0, 0)) == STOP  # k reached
+    assert first.decide(feats(0, 8, 1, 0.2)) == CONTINUE_LOOKUP  # a match, however weak: lookup
+    assert first.decide(feats(1, 8, 0, 0)) == STOP  # the lookup chain ran out
+    assert first.decide(feats(0, 8, 0, 0)) == CONTINUE_NEURAL
+    assert first.decide(feats(3, 8, 0, 0)) == STOP  # k reached
     arctic = SuffixScoreController(2, 8)
-    assert arctic.continue_drafting(feats(0, 8, 1, 1.5)) == CONTINUE_NEURAL  # score 1.5 ≤ k = 2
-    assert arctic.continue_drafting(feats(0, 8, 1, 3.0)) == CONTINUE_LOOKUP
-    assert arctic.continue_drafting(feats(5, 8, 1, 1.0)) == CONTINUE_LOOKUP  # the whole lookup chain, up to max_depth
+    assert arctic.decide(feats(0, 8, 1, 1.5)) == CONTINUE_NEURAL  # score 1.5 ≤ k = 2
+    assert arctic.decide(feats(0, 8, 1, 3.0)) == CONTINUE_LOOKUP
+    assert arctic.decide(feats(5, 8, 1, 1.0)) == CONTINUE_LOOKUP  # the whole lookup chain, up to max_depth
     with pytest.raises(ValueError, match="hybrid"):
-        arctic.continue_drafting(np.zeros(n, dtype=np.float32))
+        arctic.decide(draft_state(0, 8))  # a single drafter's state: no hybrid features
     with pytest.raises(ValueError, match="num_draft_tokens"):
         LookupFirstController(0)
 
@@ -247,7 +243,7 @@ def test_bad_hybrid_inputs(close_pair):
     dec = SpeculativeDecoder(close_pair, GREEDY, max_new_tokens=10, max_depth=4, drafter=d)
 
     class Bad(DraftController):
-        def continue_drafting(self, features):
+        def decide(self, state):
             return 3
 
     with pytest.raises(ValueError, match="CONTINUE_NEURAL"):

@@ -56,9 +56,9 @@ class ScriptedPolicy:
     def __init__(self, depth: int, max_depth: int = 8):
         self.depth, self.max_depth, self.asked = depth, max_depth, 0
 
-    def continue_drafting(self, features: np.ndarray) -> bool:
+    def decide(self, state) -> bool:
         self.asked += 1
-        return round(float(features[1]) * self.max_depth) < self.depth
+        return state.depth < self.depth
 
 
 def test_accepted_length_is_inferred_from_the_history():
@@ -96,8 +96,8 @@ def test_batched_decisions_equal_asking_before_every_token():
         def __init__(self, c):
             self.c, self.max_depth = c, c.max_depth
 
-        def continue_drafting(self, f):
-            return bool(self.c.continue_drafting(f))
+        def decide(self, state):
+            return bool(self.c.decide(state))
 
     tok = load_tokenizer(DEFAULT_TARGET)
     calls, depths = 0, []

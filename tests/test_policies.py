@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers_loop import draft_state
 
 from envs import SpecDecodeEnv
 from learn2draft import FEATURE_NAMES, FixedDepthController, SpeculativeDecoder
@@ -79,27 +80,100 @@ def test_policy_controller_sees_features_and_stops(tiny_pair):
 @pytest.mark.parametrize("bad", [2, -1, np.array([0, 1]), "go"])
 def test_policy_controller_rejects_invalid_actions(bad):
     with pytest.raises(ValueError, match="action"):
-        PolicyController(lambda f: bad).continue_drafting(np.zeros(N, np.float32))
+        PolicyController(lambda f: bad).decide(draft_state(observation=np.zeros(N, np.float32)))
 
 
 def test_policy_controller_accepts_numpy_outputs():
     c = PolicyController(lambda f: np.array([1]))
-    assert c.continue_drafting(np.zeros(N, np.float32))
-    assert not PolicyController(lambda f: np.int64(0)).continue_drafting(np.zeros(N, np.float32))
+    assert c.decide(draft_state(observation=np.zeros(N, np.float32)))
+    assert not PolicyController(lambda f: np.int64(0)).decide(draft_state(observation=np.zeros(N, np.float32)))
     with pytest.raises(ValueError):
         PolicyController(lambda f: 0, max_depth=-1)
+
+
+def test_learned_policy_builds_its_vector_with_draft_state_features(tiny_pair, monkeypatch):
+    """The decoder hands a learned policy its DraftState, and the policy's vector is the one
+    DraftState.features() built (the one builder): every vector the policy saw is an array that builder returned,
+    equal to build_features on the state's fields. A rule is handed the same states and builds no vector."""
+    from learn2draft.state import DraftState
+
+    built, seen = [], []
+    real_features = DraftState.features
+
+    def features(self):
+        out = real_features(self)
+        built.append((self, out))
+        return out
+
+    monkeypatch.setattr(DraftState, "features", features)
+    decode(tiny_pair, PolicyController(lambda f: (seen.append(f), 1)[1], max_depth=3))
+    assert seen and len(built) >= len(seen)
+    ids = {id(out) for _, out in built}
+    assert all(id(f) in ids for f in seen)  # np.asarray(float32) passes the builder's array itself
+    for state, out in built:
+        assert state.observation is None
+        np.testing.assert_array_equal(out, real_features(state))
+    policy_calls = len(built)
+
+    built.clear()
+
+    class NoVector(ConfidenceThresholdController):
+        def decide(self, state):
+            n = len(built)
+            action = super().decide(state)
+            assert len(built) == n  # the rule read the state's fields, not its vector
+            return action
+
+    decode(tiny_pair, NoVector(threshold=0.2, max_depth=3))
+    assert len(built) < policy_calls  # only the cycle results' observations (one per cycle), none per decision
+
+
+@pytest.mark.parametrize("max_depth", [1, 4, 8, 2**25])
+def test_rules_decide_on_the_integer_depth(max_depth):
+    """The rules read state.depth, an int: the decision is exact at every depth, even where depth / max_depth as
+    float32 (the depth feature) no longer gives the depth back (max_depth = 2**25, depth = max_depth - 1)."""
+    from learn2draft.budget import BatchSizeTable
+    from learn2draft.state import LoadState
+    from policies.rules import MatchLengthController, _StepGammaController
+
+    depths = sorted({0, 1, max_depth - 1, max_depth} | set(range(min(max_depth, 9))))
+    if max_depth == 2**25:  # the float round trip the rules no longer make
+        d = max_depth - 1
+        assert round(float(np.float32(d / max_depth)) * max_depth) != d
+    conf = ConfidenceThresholdController(threshold=0.5, max_depth=max_depth, min_depth=max_depth - 1)
+    for d in depths:  # the last drafted token's confidence (none at depth 0: 0)
+        assert conf.decide(draft_state(d, max_depth, confidences=[0.1][:d])) == (d < max_depth - 1)
+        assert conf.decide(draft_state(d, max_depth, confidences=[0.9][:d])) == (d < max_depth - 1 or d > 0)
+
+    class Step:  # a step policy: γ = max_depth - 1
+        def __init__(self):
+            self.max_depth = max_depth
+
+        def gamma(self, load):
+            return max_depth - 1
+
+    row = _StepGammaController(Step())
+    row.observe_load(LoadState(1, 1, (10,)))
+    table = BatchSizeTable([[1, 1, max_depth - 1]], max_depth=max_depth)
+    table.observe_load(LoadState(1, 1, (10,)))
+    for d in depths:
+        assert row.decide(draft_state(d, max_depth)) == (d < max_depth - 1)
+        assert table.decide(draft_state(d, max_depth)) == (d < max_depth - 1)
+
+    match = MatchLengthController(max_depth=max_depth)
+    for match_len in (0, 1, 3, 16):  # the drafter's match_len feature is min(length, 16) / 16
+        budget = min(max_depth, match_len)
+        assert match.decide(draft_state(0, max_depth, drafter_features=(match_len / 16, 0.0))) == (budget > 0)
+        for d in depths[1:]:
+            assert match.decide(draft_state(d, max_depth)) == (d < budget)
 
 
 # ------------------------------------------------------------------ heuristic baseline
 def test_confidence_threshold_controller_rule():
     c = ConfidenceThresholdController(threshold=0.4, max_depth=4, min_depth=1)
-    f = np.zeros(N, np.float32)
-    assert c.continue_drafting(f)  # depth 0 < min_depth
-    f[FEATURE_NAMES.index("depth")] = 1 / 4
-    f[FEATURE_NAMES.index("last_confidence")] = 0.3
-    assert not c.continue_drafting(f)
-    f[FEATURE_NAMES.index("last_confidence")] = 0.5
-    assert c.continue_drafting(f)
+    assert c.decide(draft_state(0, 4))  # depth 0 < min_depth
+    assert not c.decide(draft_state(1, 4, confidences=[0.3]))
+    assert c.decide(draft_state(1, 4, confidences=[0.5]))
     for kw in ({"threshold": 1.5}, {"max_depth": 2, "min_depth": 3}, {"min_depth": -1}):
         with pytest.raises(ValueError):
             ConfidenceThresholdController(**kw)
@@ -219,9 +293,13 @@ def test_runtime_path_needs_no_rl_code(export_dir):
     function-level imports included, is tests/test_layering.py)."""
     code = (
         "import sys, numpy as np\n"
+        "from learn2draft.state import DraftState\n"
         "from policies import load_policy\n"
         f"c = load_policy({str(export_dir)!r})\n"
-        f"c.continue_drafting(np.zeros({N}, np.float32))\n"
+        "s = DraftState(depth=0, max_depth=c.max_depth, committed_len=4, generated=0, max_new_tokens=8,\n"
+        "               accepted_history=(), last_accept_fraction=1.0, confidences=(), entropies=(), vocab_size=32,\n"
+        "               drafter_features=np.zeros(2, np.float32))\n"
+        "c.decide(s)\n"
         "bad = [m for m in ('stable_baselines3', 'gymnasium', 'wandb') if m in sys.modules]\n"
         "assert not bad, bad\n"
         "print('ok')\n"

@@ -21,12 +21,14 @@ from envs import CONTINUE, REPLAY_ENV_ID, STOP, SpecDecodeEnv, SpecDecodeReplayE
 from envs.replay import measure_steps_per_second, replay_controller
 from eval.oracle import evaluate_policy, oracle_prompt, oracle_report
 from learn2draft import FixedDepthController, SpeculativeDecoder, build_features
+from learn2draft.control import DraftController
 from learn2draft.drafters import make_drafter
 from learn2draft.models import make_pair
 from learn2draft.replay.latency import SHIPPED_PROFILES_DIR, DrafterCost, LatencyProfile, load_profile
 from learn2draft.replay.traces import TraceSet, load_traces
 from learn2draft.sampling import SamplingConfig
 from learn2draft.traces import record_traces
+from policies.rules import ConfidenceThresholdController, MatchLengthController
 
 REPO = Path(__file__).resolve().parent.parent
 PROMPTS = ["w1 w2 w3 w4", "w5 w6 w5 w6 w5", "w7 w8 w9 w10 w11", "w12", "w13 w14 w15 w13 w14"]
@@ -164,6 +166,49 @@ def test_fast_observation_equals_build_features(pairs):
                 laf = info["accepted"] / info["depth"] if info["depth"] else 1.0
             if term or trunc:
                 break
+
+
+class _Recorded(DraftController):
+    """A controller that asks ``inner`` and records every decision: (depth, confidences, drafter features,
+    observation, action)."""
+
+    def __init__(self, inner):
+        self.inner, self.max_depth, self.log = inner, inner.max_depth, []
+        self.depth_feature_scale = inner.depth_feature_scale
+
+    def reset(self):
+        self.inner.reset()
+
+    def decide(self, state):
+        action = self.inner.decide(state)
+        self.log.append((state.depth, state.confidences, tuple(state.drafter_features.tolist()),
+                         state.features().tolist(), bool(action)))
+        return action
+
+
+@pytest.mark.parametrize("drafter,make", [
+    ("model", lambda: ConfidenceThresholdController(threshold=0.3, max_depth=D, min_depth=1)),
+    ("head", lambda: ConfidenceThresholdController(threshold=0.99, max_depth=D, min_depth=1)),
+    ("lookup", lambda: MatchLengthController(max_depth=D)),
+], ids=["confidence-model", "confidence-head", "match-length-lookup"])
+def test_a_rule_decides_in_replay_as_on_the_real_loop(pairs, drafter, make):
+    """replay_controller hands a rule the replay env's DraftState: at every decision of every prompt the rule sees
+    the same integer depth, confidences and drafter features as on the real decoder (float64 models: the recorder's
+    and the loop's confidences are equal), the same observation vector, and decides the same."""
+    pair, tr = pairs["noisy64"], traces_for(pairs, "noisy64", drafter)
+    env = SpecDecodeReplayEnv(tr, linear_profile())
+    actions = set()
+    for i, pt in enumerate(tr.prompts):
+        if i not in env._usable:
+            continue
+        real, rep = _Recorded(make()), _Recorded(make())
+        dec = SpeculativeDecoder(pair, max_new_tokens=N, max_depth=D, drafter=drafter_for(drafter, pair))
+        g = dec.generate(torch.as_tensor(pt.prompt_ids), real, seed=i)
+        assert g.tokens == pt.output.tolist()
+        replay_controller(env, rep, prompt_indices=[i])
+        assert rep.log == real.log, i
+        actions |= {a for *_, a in real.log}
+    assert actions == {True, False}  # the rule both continued and stopped
 
 
 # ------------------------------------------------------------------ rewards
@@ -723,7 +768,7 @@ def test_train_a_profile_conditioned_policy_export_and_load(pairs, tiny_model_di
         graph_actions, seen = ctrl.actions, []
         ctrl.actions = lambda x, seen=seen, g=graph_actions: (seen.append(np.asarray(x).copy()), g(x))[1]
         for act in (1, 1, 0, 1, 0, 1, 1, 1):
-            assert ctrl.continue_drafting(obs[: len(FEATURE_NAMES)]) == bool(graph_actions(obs)[0])
+            assert ctrl.decide(env.state(obs[: len(FEATURE_NAMES)])) == bool(graph_actions(obs)[0])
             np.testing.assert_array_equal(seen[-1].reshape(-1), obs)  # the graph got the env's full observation
             obs, _, term, trunc, _ = env.step(act)
             if term or trunc:

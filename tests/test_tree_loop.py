@@ -218,7 +218,7 @@ class ScoreSizeController(DraftController):
     def __init__(self):
         self.seen = []
 
-    def continue_drafting(self, features):
+    def decide(self, state):
         return True
 
     def verification_size(self, features, depth):

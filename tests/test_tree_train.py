@@ -98,7 +98,7 @@ def test_size_env_depth_controller_and_fixed_depth(noisy_pair):
     class AlwaysStop(DraftController):  # a collapsed depth policy: the size env still drafts one level
         max_depth = 3
 
-        def continue_drafting(self, features):
+        def decide(self, state):
             return False
 
     env.set_depth(AlwaysStop())
