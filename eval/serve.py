@@ -834,7 +834,7 @@ def _markdown(report: dict) -> list[str]:
         md.append("")
     if report.get("guard"):
         md += [f"### the speed guard ({report['guard']['settings']}), after the last level", "",
-               "| batch size | policy tok/s (steps) | plain tok/s (steps) | slowest request tok/s: policy / plain | "
+               "| batch sizes | policy tok/s (steps) | plain tok/s (steps) | slowest request tok/s: policy / plain | "
                "winner | policy's γ > 0 steps run plain |",
                "|---|---|---|---|---|---|"]
         for b, v in report["guard"]["batch_sizes"].items():
@@ -842,7 +842,7 @@ def _markdown(report: dict) -> list[str]:
                     for a, x in v["arms"].items()}
             slow = {a: (f"{x['slowest_request_tokens_per_second']:.1f}"
                         if x.get("slowest_request_tokens_per_second") else "–") for a, x in v["arms"].items()}
-            md.append(f"| {b} | {cell.get('policy', '–')} | {cell.get('plain', '–')} | {slow.get('policy', '–')} / "
+            md.append(f"| {v.get('batch_sizes', b)} | {cell.get('policy', '–')} | {cell.get('plain', '–')} | {slow.get('policy', '–')} / "
                       f"{slow.get('plain', '–')} | {v['winner']} | {v['overruled']} of {v['policy_speculated']} |")
         md.append("")
     if report.get("same_batch"):

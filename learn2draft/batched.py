@@ -148,14 +148,16 @@ class RequestResult:
 class BatchStep:
     """One step of the batch: ``rows`` (request id → its :class:`CycleResult`), the step's clock seconds (drafting
     of every row + the one forward + every row's acceptance), the batch size, the longest row's verified tokens
-    (``tokens_per_row``, k = max γ + 1) and the tokens the target forward fed (``tokens_fed``: Σ (γ_i + 1) for ragged
-    verification, B × k padded)."""
+    (``tokens_per_row``, k = max γ + 1), the tokens the target forward fed (``tokens_fed``: Σ (γ_i + 1) for ragged
+    verification, B × k padded; joining prompts included) and of those the joining requests' prompt tokens
+    (``prefill_tokens``, a mixed prefill: :meth:`BatchedSpeculativeDecoder.add_many` with ``mixed=True``)."""
 
     rows: dict[int, CycleResult]
     seconds: float
     batch_size: int
     tokens_per_row: int
     tokens_fed: int = 0
+    prefill_tokens: int = 0
 
     @property
     def tokens(self) -> int:
@@ -480,6 +482,7 @@ class BatchedSpeculativeDecoder:
             **({} if not self.steps else dict(last_step_batch=self.steps[-1].batch_size,
                                               last_step_tokens=self.steps[-1].tokens,
                                               last_step_seconds=self.steps[-1].seconds,
+                                              last_step_prefill_tokens=self.steps[-1].prefill_tokens,
                                               last_step_row_ids=tuple(self.steps[-1].rows),
                                               last_step_row_tokens=tuple(len(c.tokens) for c in
                                                                          self.steps[-1].rows.values()))))
@@ -660,7 +663,8 @@ class BatchedSpeculativeDecoder:
             done += self._admit(join_logits, join_hidden)
         if done:
             self._drop(done)
-        step = BatchStep(results, self.clock.now() - t_start, batch, k, fed)
+        prefill = fed - sum(int(t.numel()) for t in tokens) if joining else 0  # the joining prompts' tokens
+        step = BatchStep(results, self.clock.now() - t_start, batch, k, fed, prefill)
         self.steps.append(step)
         return step
 

@@ -128,6 +128,8 @@ class LoadState:
             rows committed and its wall-clock seconds (drafting + the one forward + acceptance; a join's prefill is
             not in it); 0 before the first step. What an online check of measured tokens/s reads
             (:class:`policies.rules.SpeculationGuard`).
+        last_step_prefill_tokens: prompt tokens of requests that joined inside the previous step's forward (a mixed
+            prefill; its seconds include their prefill), 0 when none did.
         last_step_row_ids, last_step_row_tokens: the previous step's rows (request ids) and the tokens each committed,
             in the same order (empty before the first step): what the check reads for each request's own tokens/s,
             the inverse of its inter-token latency.
@@ -146,6 +148,7 @@ class LoadState:
     last_step_batch: int = 0
     last_step_tokens: int = 0
     last_step_seconds: float = 0.0
+    last_step_prefill_tokens: int = 0
     last_step_row_ids: tuple[int, ...] = ()
     last_step_row_tokens: tuple[int, ...] = ()
 

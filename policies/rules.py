@@ -257,6 +257,12 @@ class _StepGammaController(DraftController):
         return f"a row of {self.policy!r}"
 
 
+def batch_bucket(batch_size: int) -> int:
+    """The bucket of a batch size, named by its largest size: 1, 2, 4 (3–4), 8 (5–8), 16 (9–16), … — the smallest
+    power of two ≥ ``batch_size`` (the ranges of vLLM's ``num_speculative_tokens_per_batch_size`` tables)."""
+    return 1 << max(int(batch_size) - 1, 0).bit_length()
+
+
 def _ratio(pairs: Any) -> tuple[float, float]:
     """Σ tokens / Σ seconds over ``pairs`` of (tokens, seconds) (n ≥ 1, Σ seconds > 0), and its standard error: the
     ratio estimator's √(Σ (tokensᵢ − rate · secondsᵢ)² / (n (n − 1))) / mean seconds (Cochran, *Sampling
@@ -281,10 +287,18 @@ class SpeculationGuard:
     speculates where plain decoding is faster — measured on a 2-core CPU in bf16: 0.81–0.89× no speculation at
     concurrency 16. The check compares Learning to Draft's reward itself, measured wall-clock tokens/s.
 
+    Batch sizes are pooled in buckets, as vLLM's per-batch-size tables are written: 1, 2, 3–4, 5–8, 9–16, … (each
+    named by its largest size, :func:`batch_bucket`). Under a closed loop or arrivals the batch size moves by one or
+    two rows from step to step, and per exact size the arms were measured in a few steps each (an ``eval.serve`` run
+    at concurrency 16 ran steps at every size from 9 to 16, 2 to 76 of them). "At B" below means in B's bucket.
+
     How: for each batch size B it keeps two arms, *policy* (the steps at B where the policy's γ > 0 was run) and
     *plain* (steps at B run with γ = 0, the policy's own γ = 0 included), each the last ``window`` steps' committed
     tokens and seconds, read from the next step's :class:`learn2draft.state.LoadState` (``last_step_*``); an arm's
-    rate is its summed tokens / summed seconds over that window. A window, not a fast moving average: a speculating
+    rate is its summed tokens / summed seconds over that window. A step whose forward also prefilled joining requests
+    (``last_step_prefill_tokens`` > 0: a mixed prefill) is not counted: its seconds are mostly the prompts', work
+    every request costs once whatever the arm, and a speculating arm, finishing requests sooner, would carry more of
+    it. A window, not a fast moving average: a speculating
     step's tokens vary from 1 to γ + 1 per row, and at B = 1 an average of weight 0.25 (the first design) read a
     few unlucky steps as a verdict — in a simulation of speculation 1.24× faster than plain decoding (γ = 8, α = 0.6)
     it ran plain on 65–93 % of 400 steps over 10 seeds, and in ``eval.serve`` on a Xeon (float32, concurrency 1) the
@@ -292,6 +306,16 @@ class SpeculationGuard:
     was only measured in short probes and its low reading stuck. The winner at B is *plain* only when plain
     decoding's rate exceeds the policy's by more than ``confidence`` standard errors of their difference
     (:meth:`rate_error`), else *policy*: the trained policy is trusted until the measurements say otherwise.
+    In the simulation above, over 20 seeds of 400 steps at B = 1, the guard ran the policy on 91 % of the steps where
+    it is 1.24× faster (20 % before) and on 12 % where it is 0.83× as fast (the first ``explore_every`` steps and the
+    probes; 9 % before). Before both arms are measured at B the winner is *plain* when the nearest smaller batch size
+    with both arms measured has plain as its winner (a batched verification feeds B × (γ + 1) tokens, so speculation's relative
+    cost grows with B: the premise of vLLM's ``num_speculative_tokens_per_batch_size``), else *policy*. A step whose
+    policy γ > 0 runs the winner's γ, except during a probe: ``probe_steps`` consecutive steps of the other arm after
+    every ``interval`` steps of the winner at B; the interval starts at ``explore_every``, doubles (up to
+    ``max_explore_every``) while a probe leaves the winner unchanged and falls back to ``explore_every`` when the
+    winner changes, so the check follows a machine whose speed drifts and a load whose best move changes, at a
+    probing cost that shrinks while nothing changes.
 
     Inter-token latency (``latency=True``): a speculating step lasts longer than a plain one, and a row whose drafts
     are rejected still commits one token in it, so the batch can gain tokens/s while that request's inter-token
@@ -303,16 +327,6 @@ class SpeculationGuard:
     plain decoding's slowest request is faster than the policy's by more than ``confidence`` standard errors of their
     difference: speculation runs only where neither the batch nor its slowest request measures slower. Without
     per-row measurements (a load state that does not carry them) only the batch's tokens/s is compared.
-    In the simulation above, over 20 seeds of 400 steps at B = 1, the guard ran the policy on 91 % of the steps where
-    it is 1.24× faster (20 % before) and on 12 % where it is 0.83× as fast (the first ``explore_every`` steps and the
-    probes; 9 % before). Before both arms are measured at B the winner is *plain* when the nearest smaller batch size
-    with both arms measured has plain as its winner (a batched verification feeds B × (γ + 1) tokens, so speculation's relative
-    cost grows with B: the premise of vLLM's ``num_speculative_tokens_per_batch_size``), else *policy*. A step whose
-    policy γ > 0 runs the winner's γ, except during a probe: ``probe_steps`` consecutive steps of the other arm after
-    every ``interval`` steps of the winner at B; the interval starts at ``explore_every``, doubles (up to
-    ``max_explore_every``) while a probe leaves the winner unchanged and falls back to ``explore_every`` when the
-    winner changes, so the check follows a machine whose speed drifts and a load whose best move changes, at a
-    probing cost that shrinks while nothing changes.
 
     The decision reads only measured past steps and the load, before any row drafts: the output law is unchanged,
     whatever it decides (each row's tokens still come from the exact sampler). Keep one guard for a whole stream:
@@ -371,7 +385,7 @@ class SpeculationGuard:
         self.latency = latency
         # B → arm → [deque of (tokens, seconds, ((request id, tokens), ...)), steps measured]
         self._stats: dict[int, dict[str, list]] = {}
-        self._sched: dict[int, dict[str, Any]] = {}  # B → the probing schedule at B
+        self._sched: dict[int, dict[str, Any]] = {}  # bucket → its probing schedule
         self._pending: tuple[int, str] | None = None  # (B, arm) of the step decided last, awaiting its measurement
         self._decided: tuple[Any, int] = (None, 0)
         self.decisions: list[tuple[int, int, int, str]] = []
@@ -384,10 +398,10 @@ class SpeculationGuard:
         if pending is None or int(getattr(load, "last_step_batch", 0)) != pending[0]:
             return  # a new decoder, or a step this guard did not decide
         seconds = float(load.last_step_seconds)
-        if seconds <= 0:
-            return
+        if seconds <= 0 or int(getattr(load, "last_step_prefill_tokens", 0)) > 0:
+            return  # nothing measured, or a step that also prefilled joining requests
         B, arm = pending
-        stat = self._stats.setdefault(B, {}).setdefault(arm, [deque(maxlen=self.window), 0])
+        stat = self._stats.setdefault(batch_bucket(B), {}).setdefault(arm, [deque(maxlen=self.window), 0])
         rows = tuple(zip(getattr(load, "last_step_row_ids", ()), getattr(load, "last_step_row_tokens", ())))
         stat[0].append((float(load.last_step_tokens), seconds, rows))
         stat[1] += 1
@@ -395,20 +409,20 @@ class SpeculationGuard:
     def rate(self, batch_size: int, arm: str) -> float | None:
         """The measured tokens/s of ``arm`` (``"policy"`` or ``"plain"``) at ``batch_size`` rows (None: not yet
         measured)."""
-        stat = self._stats.get(int(batch_size), {}).get(arm)
+        stat = self._stats.get(batch_bucket(batch_size), {}).get(arm)
         return _ratio((t, sec) for t, sec, _ in stat[0])[0] if stat else None
 
     def rate_error(self, batch_size: int, arm: str) -> float:
         """The standard error of :meth:`rate` (tokens/s) at ``batch_size`` over the window's n steps (the ratio
         estimator's, :func:`_ratio`); infinite below 2 steps (the spread is unknown)."""
-        stat = self._stats.get(int(batch_size), {}).get(arm)
+        stat = self._stats.get(batch_bucket(batch_size), {}).get(arm)
         return _ratio((t, sec) for t, sec, _ in stat[0])[1] if stat else float("inf")
 
     def slowest_request(self, batch_size: int, arm: str) -> tuple[float, float] | None:
         """The lowest own tokens/s of a request in ``arm``'s window at ``batch_size`` — its tokens / the seconds of
         the window's steps it ran in, over the requests with at least two such steps — and that rate's standard
         error (:func:`_ratio`); None when no request has two steps (or the load states carried no rows)."""
-        stat = self._stats.get(int(batch_size), {}).get(arm)
+        stat = self._stats.get(batch_bucket(batch_size), {}).get(arm)
         per: dict[int, list[tuple[float, float]]] = {}
         for _, sec, rows in stat[0] if stat else ():
             for rid, tokens in rows:
@@ -430,12 +444,12 @@ class SpeculationGuard:
                 if slow_q[0] - slow_p[0] > margin:
                     return self.PLAIN
             return self.POLICY
-        below = [b for b in self._stats if b < batch_size and len(self._stats[b]) == 2]
+        below = [b for b in self._stats if b < batch_bucket(batch_size) and len(self._stats[b]) == 2]
         return self.winner(max(below)) if below else self.POLICY
 
     # ------------------------------------------------------------------ decisions
     def _choose(self, B: int) -> str:
-        s = self._sched.setdefault(B, {"left": self.explore_every, "interval": self.explore_every, "probe_left": 0,
+        s = self._sched.setdefault(batch_bucket(B), {"left": self.explore_every, "interval": self.explore_every, "probe_left": 0,
                                        "probe_arm": None, "probed": False, "last": None})
         if s["probe_left"] > 0:
             s["probe_left"] -= 1
@@ -483,16 +497,18 @@ class SpeculationGuard:
         return self.policy
 
     def summary(self) -> dict:
-        """Per batch size measured: each arm's tokens/s, its slowest request's tokens/s (None: not measured) and
-        steps, the winner, the steps where the policy chose γ > 0 and how many of them the guard ran plain (for
+        """Per batch-size bucket measured (keyed by its largest size, :func:`batch_bucket`; ``batch_sizes`` names
+        its range, e.g. ``"5-8"``): each arm's tokens/s, its slowest request's tokens/s (None: not measured) and
+        steps counted, the winner, the steps where the policy chose γ > 0 and how many of them the guard ran plain (for
         reports)."""
         out = {}
         for B in sorted(self._stats):
             arms = {a: {"tokens_per_second": self.rate(B, a), "steps": int(v[1]),
                         "slowest_request_tokens_per_second": (self.slowest_request(B, a) or (None,))[0]}
                     for a, v in self._stats[B].items()}
-            decided = [d for d in self.decisions if d[0] == B and d[1] > 0]
-            out[B] = {"arms": arms, "winner": self.winner(B),
+            decided = [d for d in self.decisions if batch_bucket(d[0]) == B and d[1] > 0]
+            lo = B // 2 + 1 if B > 1 else 1
+            out[B] = {"batch_sizes": str(B) if lo == B else f"{lo}-{B}", "arms": arms, "winner": self.winner(B),
                       "policy_speculated": len(decided), "overruled": sum(1 for d in decided if d[2] == 0)}
         return out
 
@@ -505,5 +521,5 @@ class SpeculationGuard:
 __all__ = [
     "AdaptiveVerification", "BatchSizeTable", "ConfidenceThresholdController", "LookupFirstController",
     "MatchLengthController", "OnlineAcceptanceEstimator", "SingleSourceController", "SpeculationGuard",
-    "SuffixScoreController", "choose_budget", "profile_step_cost",
+    "SuffixScoreController", "batch_bucket", "choose_budget", "profile_step_cost",
 ]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from learn2draft.state import LoadState
-from policies.rules import SpeculationGuard
+from policies.rules import SpeculationGuard, batch_bucket
 
 
 class FixedStepPolicy:
@@ -147,7 +147,7 @@ def test_the_real_loop_gives_the_guard_each_steps_measurement_and_keeps_the_gree
     class Recording(FixedStepPolicy):
         def gamma(self, load):
             seen.append((load.last_step_batch, load.last_step_tokens, load.last_step_seconds))
-            rows.append((load.last_step_row_ids, load.last_step_row_tokens))
+            rows.append((load.last_step_row_ids, load.last_step_row_tokens, load.last_step_prefill_tokens))
             return self.g
 
     guard = SpeculationGuard(Recording(3), explore_every=2, max_explore_every=4, probe_steps=1)
@@ -157,11 +157,19 @@ def test_the_real_loop_gives_the_guard_each_steps_measurement_and_keeps_the_gree
     out = serve(dec, [Request(p, seed=i) for i, p in enumerate(prompts)], guard, concurrency=2)
     assert len(guard.decisions) == len(dec.steps) == len(seen)
     assert seen[0] == (0, 0, 0.0)
-    assert rows[0] == ((), ())
-    for prev, now, (ids, toks) in zip(dec.steps, seen[1:], rows[1:]):
+    assert rows[0] == ((), (), 0)
+    for prev, now, (ids, toks, prefill) in zip(dec.steps, seen[1:], rows[1:]):
         assert now == (prev.batch_size, prev.tokens, prev.seconds)
         assert ids == tuple(prev.rows) and toks == tuple(len(c.tokens) for c in prev.rows.values())
         assert sum(toks) == prev.tokens and len(ids) == prev.batch_size
+        assert prefill == prev.prefill_tokens
+    # the requests that joined while others ran were prefilled inside a step (mixed prefill): those steps carry their
+    # prompts' tokens, and the guard counts every decided step but those and the last (never measured)
+    joined = [st for st in dec.steps if st.prefill_tokens]
+    assert joined and all(st.prefill_tokens == st.tokens_fed - sum(c.depth + 1 for c in st.rows.values())
+                          for st in joined)
+    counted = sum(v[1] for arms in guard._stats.values() for v in arms.values())
+    assert counted == len(dec.steps) - 1 - sum(1 for st in dec.steps[:-1] if st.prefill_tokens)
     for step, (B, _, g, _) in zip(dec.steps, guard.decisions):
         assert step.batch_size == B and all(c.depth <= g for c in step.rows.values())
     assert {g for _, _, g, _ in guard.decisions} == {0, 3}  # probes ran both arms
@@ -326,3 +334,32 @@ def test_slowest_request_is_the_lowest_own_rate_among_requests_with_two_steps():
     plain = SpeculationGuard(FixedStepPolicy(2))
     drive(plain, 2, 20, lambda i: 1.0, lambda i: 2.0)
     assert plain.slowest_request(2, "policy") is None and plain.slowest_request(2, "plain") is None
+
+
+def test_batch_sizes_are_pooled_in_power_of_two_buckets():
+    """1, 2, 3–4, 5–8, 9–16: speculation measured slower at sizes 5, 6, 7 and 8 in turn (a few steps each, as under a
+    closed loop whose batch moves) pools into one verdict for the 5–8 bucket; sizes 3–4 keep their own."""
+    assert [batch_bucket(b) for b in (1, 2, 3, 4, 5, 8, 9, 16, 17)] == [1, 2, 4, 4, 8, 8, 16, 16, 32]
+    guard = SpeculationGuard(FixedStepPolicy(3), explore_every=4, max_explore_every=8, probe_steps=1)
+    first = True
+    for _ in range(10):
+        for B in (5, 6, 7, 8):
+            drive(guard, B, 5, lambda i: 10.0, lambda i: 20.0, first=first)
+            first = False
+    assert guard.winner(5) == guard.winner(8) == "plain" and guard.winner(4) == "policy"
+    s = guard.summary()
+    assert list(s) == [8] and s[8]["batch_sizes"] == "5-8"
+    assert s[8]["arms"]["plain"]["tokens_per_second"] == pytest.approx(20.0)
+    assert s[8]["arms"]["policy"]["steps"] + s[8]["arms"]["plain"]["steps"] == 199  # 200 steps, the last unmeasured
+
+
+def test_a_step_that_prefilled_joining_requests_is_not_measured():
+    """A mixed-prefill step's seconds are mostly the joining prompts': the guard counts no arm for it."""
+    guard = SpeculationGuard(FixedStepPolicy(2), explore_every=2, max_explore_every=2, probe_steps=1)
+    last = LoadState(4, 16, (50,) * 4)
+    for i in range(12):
+        guard.gamma(last)
+        last = LoadState(4, 16, (50,) * 4, last_step_batch=4, last_step_tokens=8, last_step_seconds=0.1,
+                         last_step_prefill_tokens=300 if i % 2 else 0)
+    guard.gamma(last)
+    assert sum(v[1] for v in guard._stats[4].values()) == 6  # the 6 steps without a join of the 12 measured
