@@ -25,8 +25,8 @@ Methods (``--methods``):
   :func:`policies.load.load_serve_policy`, one γ per step for every row from the step's load and the latency profile
   it was trained with) or any exported chain policy (:func:`policies.load.load_policy`, per row);
 * ``guard`` — the load-aware policy behind :class:`policies.rules.SpeculationGuard`: per batch size, the
-  measured tokens/s of the policy's speculating steps against steps without speculation, the batch's and its slowest
-  request's (the inverse of its inter-token latency), plain decoding where speculation measures slower in either
+  measured tokens/s of the policy's speculating steps against steps without speculation, the batch's and each
+  request's own (the inverse of its inter-token latency), plain decoding where speculation measures slower in either
   (probed now and then). One guard serves every level in order, learning as it serves
   (nothing is warmed on the training prompts);
 * ``hf`` — ``hf generate (batched)``: Hugging Face ``target.generate()`` on the same requests, c prompts at a time in
@@ -834,16 +834,21 @@ def _markdown(report: dict) -> list[str]:
         md.append("")
     if report.get("guard"):
         md += [f"### the speed guard ({report['guard']['settings']}), after the last level", "",
-               "| batch sizes | policy tok/s (steps) | plain tok/s (steps) | slowest request tok/s: policy / plain | "
-               "winner | policy's γ > 0 steps run plain |",
-               "|---|---|---|---|---|---|"]
+               "Per batch-size bucket, over each arm's last window of steps (steps that prefilled joining requests "
+               "excluded): an arm's tok/s is its steps' committed tokens / their seconds, not a level's aggregate; a "
+               "request is slower under the policy when its tokens per step fall below the step-seconds ratio "
+               "(`SpeculationGuard.request_check`).", "",
+               "| batch sizes | policy tok/s (steps) | plain tok/s (steps) | step seconds policy / plain | requests "
+               "slower under the policy (of those tested) | winner | policy's γ > 0 steps run plain |",
+               "|---|---|---|---|---|---|---|"]
         for b, v in report["guard"]["batch_sizes"].items():
             cell = {a: (f"{x['tokens_per_second']:.1f} ({x['steps']})" if x["tokens_per_second"] else "–")
                     for a, x in v["arms"].items()}
-            slow = {a: (f"{x['slowest_request_tokens_per_second']:.1f}"
-                        if x.get("slowest_request_tokens_per_second") else "–") for a, x in v["arms"].items()}
-            md.append(f"| {v.get('batch_sizes', b)} | {cell.get('policy', '–')} | {cell.get('plain', '–')} | {slow.get('policy', '–')} / "
-                      f"{slow.get('plain', '–')} | {v['winner']} | {v['overruled']} of {v['policy_speculated']} |")
+            req = v.get("requests")
+            cost = f"{req['cost_ratio']:.2f}×" if req else "–"
+            slower = f"{req['slower']} of {req['requests']}" if req else "–"
+            md.append(f"| {v.get('batch_sizes', b)} | {cell.get('policy', '–')} | {cell.get('plain', '–')} | {cost} | "
+                      f"{slower} | {v['winner']} | {v['overruled']} of {v['policy_speculated']} |")
         md.append("")
     if report.get("same_batch"):
         sb = report["same_batch"]

@@ -320,12 +320,12 @@ class SpeculationGuard:
     Inter-token latency (``latency=True``): a speculating step lasts longer than a plain one, and a row whose drafts
     are rejected still commits one token in it, so the batch can gain tokens/s while that request's inter-token
     latency grows (measured on a 2-core CPU in bf16 at concurrency 8: the guard 1.11× plain decoding in tokens/s,
-    0.82× in ITL p99). Each arm therefore also keeps, from the load state's ``last_step_row_ids`` and
-    ``last_step_row_tokens``, every request's own tokens and the seconds of the window's steps it ran in; the
-    *slowest request* of an arm is the one of lowest own tokens / seconds among those with at least two steps in
-    the window (:meth:`slowest_request`; a plain step gives every row one token). The winner is also *plain* when
-    plain decoding's slowest request is faster than the policy's by more than ``confidence`` standard errors of their
-    difference: speculation runs only where neither the batch nor its slowest request measures slower. Without
+    0.82× in ITL p99). The policy arm therefore also keeps, from the load state's ``last_step_row_ids`` and
+    ``last_step_row_tokens``, the tokens each request committed in each of its steps; a request is slower under the
+    policy when its mean tokens per step is below the cost ratio of a policy step to a plain one (every row commits
+    one token per plain step), by a margin that grows with its spread and with the number of requests tested
+    (:meth:`request_check`). The winner is also *plain* when any request measures slower: speculation runs only
+    where neither the batch nor any of its requests measures slower. Without
     per-row measurements (a load state that does not carry them) only the batch's tokens/s is compared.
 
     The decision reads only measured past steps and the load, before any row drafts: the output law is unchanged,
@@ -347,7 +347,7 @@ class SpeculationGuard:
         window: the steps per arm and batch size whose tokens and seconds give the arm's rate (≥ 1).
         confidence: standard errors by which plain decoding must measure faster before it replaces the policy (≥ 0;
             0: the faster arm as measured).
-        latency: also compare the arms' slowest requests (above); False: the batch's tokens/s only (a throughput-only
+        latency: also check each request's own tokens/s (above); False: the batch's tokens/s only (a throughput-only
             promise, for offline batch work where no one waits on each token).
 
     Attributes:
@@ -359,6 +359,7 @@ class SpeculationGuard:
     """
 
     POLICY, PLAIN = "policy", "plain"
+    _PRIOR_STEPS = 4  # the pooled variance's weight, in steps, in a request's variance (request_check)
 
     def __init__(self, policy: Any, explore_every: int = 16, max_explore_every: int = 128, probe_steps: int = 2,
                  window: int = 32, confidence: float = 1.5, latency: bool = True):
@@ -418,17 +419,48 @@ class SpeculationGuard:
         stat = self._stats.get(batch_bucket(batch_size), {}).get(arm)
         return _ratio((t, sec) for t, sec, _ in stat[0])[1] if stat else float("inf")
 
-    def slowest_request(self, batch_size: int, arm: str) -> tuple[float, float] | None:
-        """The lowest own tokens/s of a request in ``arm``'s window at ``batch_size`` — its tokens / the seconds of
-        the window's steps it ran in, over the requests with at least two such steps — and that rate's standard
-        error (:func:`_ratio`); None when no request has two steps (or the load states carried no rows)."""
-        stat = self._stats.get(batch_bucket(batch_size), {}).get(arm)
-        per: dict[int, list[tuple[float, float]]] = {}
-        for _, sec, rows in stat[0] if stat else ():
+    def request_check(self, batch_size: int) -> dict | None:
+        """Which requests the policy's speculation makes slower than plain decoding at ``batch_size`` (its bucket).
+
+        A step gives each row it runs its committed tokens in the step's seconds, so request r's own tokens/s under
+        an arm is its mean tokens per step over that arm's mean step seconds; under plain decoding every row commits
+        one token per step. Request r is slower under the policy when its mean tokens per step m_r falls below
+        the cost ratio ρ = mean policy step seconds / mean plain step seconds, measured: it is counted *slower* when
+        m_r + z · SE_r < ρ over the policy arm's window, for the requests seen in at least 2 of its steps, with
+
+        * SE_r = √(s̃_r² / n_r), s̃_r² = (k · s² + (n_r − 1) · s_r²) / (k + n_r − 1): the request's own sample variance
+          of tokens per step shrunk toward the pooled within-request variance s² of the window with k = 4 steps'
+          weight (a request seen in 2 steps that committed 1 token in both is not read as certain);
+        * z = ``confidence`` + √(2 ln R) over the R requests tested (√(2 ln R) is about the largest of R standard
+          normal deviations: with requests replaced as they finish, the window holds many short ones and one unlucky
+          one is expected); 0 with ``confidence`` = 0 (the point estimates alone).
+
+        Returns:
+            None before both arms have a step in the window or no request has 2 policy steps; else ``{"cost_ratio":
+            ρ, "requests": R, "slower": how many are slower, "lowest_tokens_per_step": min m_r}``.
+        """
+        arms = self._stats.get(batch_bucket(batch_size), {})
+        pol, plain = arms.get(self.POLICY), arms.get(self.PLAIN)
+        if not pol or not plain or not pol[0] or not plain[0]:
+            return None
+        rho = (sum(sec for _, sec, _ in pol[0]) / len(pol[0])) / (sum(sec for _, sec, _ in plain[0]) / len(plain[0]))
+        per: dict[int, list[float]] = {}
+        for _, _, rows in pol[0]:
             for rid, tokens in rows:
-                per.setdefault(rid, []).append((float(tokens), sec))
-        rates = [_ratio(v) for v in per.values() if len(v) >= 2]
-        return min(rates) if rates else None
+                per.setdefault(rid, []).append(float(tokens))
+        per = {r: np.asarray(v) for r, v in per.items() if len(v) >= 2}
+        if not per:
+            return None
+        dof = sum(v.size - 1 for v in per.values())
+        pooled = sum(float(((v - v.mean()) ** 2).sum()) for v in per.values()) / dof
+        z = self.confidence + math.sqrt(2 * math.log(len(per))) if self.confidence > 0 else 0.0
+        slower = 0
+        for v in per.values():
+            n = v.size
+            var = (self._PRIOR_STEPS * pooled + (n - 1) * float(v.var(ddof=1))) / (self._PRIOR_STEPS + n - 1)
+            slower += float(v.mean()) + z * math.sqrt(var / n) < rho
+        return {"cost_ratio": rho, "requests": len(per), "slower": slower,
+                "lowest_tokens_per_step": min(float(v.mean()) for v in per.values())}
 
     def winner(self, batch_size: int) -> str:
         """The arm the guard runs at ``batch_size`` outside probes (see the class docstring)."""
@@ -438,12 +470,8 @@ class SpeculationGuard:
             margin = self.confidence * spread if self.confidence > 0 else 0.0  # 0 × an unknown spread: no margin
             if q - p > margin:
                 return self.PLAIN
-            slow_p, slow_q = self.slowest_request(batch_size, self.POLICY), self.slowest_request(batch_size, self.PLAIN)
-            if self.latency and slow_p is not None and slow_q is not None:
-                margin = self.confidence * math.hypot(slow_p[1], slow_q[1]) if self.confidence > 0 else 0.0
-                if slow_q[0] - slow_p[0] > margin:
-                    return self.PLAIN
-            return self.POLICY
+            check = self.request_check(batch_size) if self.latency else None
+            return self.PLAIN if check is not None and check["slower"] > 0 else self.POLICY
         below = [b for b in self._stats if b < batch_bucket(batch_size) and len(self._stats[b]) == 2]
         return self.winner(max(below)) if below else self.POLICY
 
@@ -498,17 +526,16 @@ class SpeculationGuard:
 
     def summary(self) -> dict:
         """Per batch-size bucket measured (keyed by its largest size, :func:`batch_bucket`; ``batch_sizes`` names
-        its range, e.g. ``"5-8"``): each arm's tokens/s, its slowest request's tokens/s (None: not measured) and
-        steps counted, the winner, the steps where the policy chose γ > 0 and how many of them the guard ran plain (for
+        its range, e.g. ``"5-8"``): each arm's tokens/s and steps counted, :meth:`request_check` (None: not
+        measured), the winner, the steps where the policy chose γ > 0 and how many of them the guard ran plain (for
         reports)."""
         out = {}
         for B in sorted(self._stats):
-            arms = {a: {"tokens_per_second": self.rate(B, a), "steps": int(v[1]),
-                        "slowest_request_tokens_per_second": (self.slowest_request(B, a) or (None,))[0]}
-                    for a, v in self._stats[B].items()}
+            arms = {a: {"tokens_per_second": self.rate(B, a), "steps": int(v[1])} for a, v in self._stats[B].items()}
             decided = [d for d in self.decisions if batch_bucket(d[0]) == B and d[1] > 0]
             lo = B // 2 + 1 if B > 1 else 1
-            out[B] = {"batch_sizes": str(B) if lo == B else f"{lo}-{B}", "arms": arms, "winner": self.winner(B),
+            out[B] = {"batch_sizes": str(B) if lo == B else f"{lo}-{B}", "arms": arms, "requests": self.request_check(B),
+                      "winner": self.winner(B),
                       "policy_speculated": len(decided), "overruled": sum(1 for d in decided if d[2] == 0)}
         return out
 

@@ -163,11 +163,7 @@ def test_the_real_loop_gives_the_guard_each_steps_measurement_and_keeps_the_gree
         assert ids == tuple(prev.rows) and toks == tuple(len(c.tokens) for c in prev.rows.values())
         assert sum(toks) == prev.tokens and len(ids) == prev.batch_size
         assert prefill == prev.prefill_tokens
-    # the requests that joined while others ran were prefilled inside a step (mixed prefill): those steps carry their
-    # prompts' tokens, and the guard counts every decided step but those and the last (never measured)
-    joined = [st for st in dec.steps if st.prefill_tokens]
-    assert joined and all(st.prefill_tokens == st.tokens_fed - sum(c.depth + 1 for c in st.rows.values())
-                          for st in joined)
+    # the guard counts every decided step but those that prefilled joining requests and the last (never measured)
     counted = sum(v[1] for arms in guard._stats.values() for v in arms.values())
     assert counted == len(dec.steps) - 1 - sum(1 for st in dec.steps[:-1] if st.prefill_tokens)
     for step, (B, _, g, _) in zip(dec.steps, guard.decisions):
@@ -305,35 +301,125 @@ def test_where_one_request_gains_nothing_the_guard_keeps_its_inter_token_latency
 def test_where_every_request_gains_the_latency_check_lets_the_policy_speculate():
     """Every row accepts 60 % (E[1 + τ] ≈ 2.3 tokens per step, at most γ = 4) in 1.3× a plain step's seconds: each
     request's own tokens/s is ≈ 1.8× plain decoding's, so the latency check must not stop the policy (≥ 80 % of 400
-    steps over 10 seeds speculate), and the summary reports both arms' slowest request."""
+    steps over 10 seeds speculate), and the summary reports the request check (none slower, the cost ratio)."""
     runs = []
     for seed in range(10):
         guard = SpeculationGuard(FixedStepPolicy(4))
         runs.append(drive_rows(guard, 400, seed, 0.052, [0.6] * 4))
     assert sum(sum(g > 0 for g in r) for r in runs) / 4000 >= 0.80
-    arms = guard.summary()[4]["arms"]
-    slow_p, slow_q = arms["policy"]["slowest_request_tokens_per_second"], arms["plain"]["slowest_request_tokens_per_second"]
-    assert slow_p is not None and slow_q is not None and slow_p > 1.3 * slow_q
+    check = guard.summary()[4]["requests"]
+    assert check["slower"] == 0 and check["requests"] == 4 and 1.1 < check["cost_ratio"] < 1.5
+    assert check["lowest_tokens_per_step"] > 1.8
 
 
-def test_slowest_request_is_the_lowest_own_rate_among_requests_with_two_steps():
-    """The slowest request: own tokens / seconds of the steps it ran in, over requests seen in ≥ 2 steps; None
-    without row measurements (a load state that carries none compares the batch's tokens/s alone)."""
-    guard = SpeculationGuard(FixedStepPolicy(2))
-    steps = [((0, 1), (3, 1), 1.0), ((0, 1, 2), (3, 2, 1), 2.0), ((0, 2), (1, 1), 1.0)]
-    last = (0, 0, 0.0, (), ())
-    for ids, toks, sec in steps + [((), (), 0.0)]:
-        guard.gamma(LoadState(len(ids) or 1, 16, (50,) * (len(ids) or 1), last_step_batch=last[0],
-                              last_step_tokens=last[1], last_step_seconds=last[2], last_step_row_ids=last[3],
-                              last_step_row_tokens=last[4]))
-        last = (len(ids), sum(toks), sec, ids, toks)
-    # steps at B = 2, 3, 2: at B = 2 request 0 ran twice (4 tokens in 2 s) and request 1 and 2 once each
-    rate, err = guard.slowest_request(2, "policy")
-    assert rate == pytest.approx(2.0) and err == pytest.approx(1.0)  # √((1² + 1²) / (2 · 1)) / 1 s
-    assert guard.slowest_request(3, "policy") is None  # nobody ran two steps at B = 3
+def drive_turnover(guard, steps: int, seed: int, B: int, spec_tokens, spec_seconds: float, plain_seconds: float,
+                   length: tuple[int, int]) -> float:
+    """B rows whose requests are replaced as they finish (each needs a length drawn from ``length`` tokens, new
+    request ids as in serve): a speculating step commits a draw from ``spec_tokens`` per row in ``spec_seconds``
+    (±10 %), a plain one 1 token per row in ``plain_seconds`` (±10 %). Returns the share of steps run plain."""
+    import random
+
+    rng = random.Random(seed)
+    rows, nxt = list(range(B)), B
+    left = {r: rng.randint(*length) for r in rows}
+    last, plain = LoadState(B, B, (50,) * B), 0
+    for _ in range(steps):
+        g = guard.gamma(last)
+        toks = [rng.choice(spec_tokens) if g > 0 else 1 for _ in rows]
+        sec = (spec_seconds if g > 0 else plain_seconds) * rng.uniform(0.9, 1.1)
+        plain += g == 0
+        last = LoadState(B, B, (50,) * B, last_step_batch=B, last_step_tokens=sum(toks), last_step_seconds=sec,
+                         last_step_row_ids=tuple(rows), last_step_row_tokens=tuple(toks))
+        for i, r in enumerate(list(rows)):
+            left[r] -= toks[i]
+            if left[r] <= 0:
+                rows[i], left[nxt] = nxt, rng.randint(*length)
+                nxt += 1
+    return plain / steps
+
+
+@pytest.mark.parametrize("B", [1, 4, 8])
+def test_requests_replaced_as_they_finish_do_not_read_as_slower_when_every_one_gains(B):
+    """Requests of 8–20 tokens replaced as they finish, every one 1.33× faster with speculation (1, 3 or 4 tokens per
+    step, mean 2.67, in 2× a plain step's seconds): the window holds many short requests, and one with two unlucky
+    steps must not make the guard run plain. Over 10 seeds of 400 steps the guard runs plain on ≤ 15 % of the steps
+    (the first design, the lowest own rate among the requests, ran plain on 83–93 % here)."""
+    shares = [drive_turnover(SpeculationGuard(FixedStepPolicy(4)), 400, seed, B, (1, 3, 4), 0.10, 0.05, (8, 20))
+              for seed in range(10)]
+    assert sum(shares) / len(shares) <= 0.15
+
+
+def test_a_request_that_gains_nothing_is_found_among_requests_replaced_as_they_finish():
+    """The same stream at B = 4 where one row (its requests in turn) commits 1 token per speculating step: its
+    requests are slower than plain decoding (1 token in 2× the seconds), and the guard runs plain on ≥ 80 % of the
+    steps over 10 seeds, while the throughput-only guard keeps speculating (the batch gains: 3 × 2.67 + 1 tokens in
+    2× the seconds is 2.25 tokens per plain step's seconds against 4 ... 1.13×)."""
+    import random
+
+    def run(latency: bool, seed: int) -> float:
+        rng = random.Random(seed)
+        guard = SpeculationGuard(FixedStepPolicy(4), latency=latency)
+        B, rows, nxt = 4, [0, 1, 2, 3], 4
+        left = {r: rng.randint(8, 20) for r in rows}
+        last, plain = LoadState(B, B, (50,) * B), 0
+        for _ in range(400):
+            g = guard.gamma(last)
+            toks = [(1 if i == 3 else rng.choice((1, 3, 4))) if g > 0 else 1 for i in range(B)]
+            sec = (0.10 if g > 0 else 0.05) * rng.uniform(0.9, 1.1)
+            plain += g == 0
+            last = LoadState(B, B, (50,) * B, last_step_batch=B, last_step_tokens=sum(toks), last_step_seconds=sec,
+                             last_step_row_ids=tuple(rows), last_step_row_tokens=tuple(toks))
+            for i, r in enumerate(list(rows)):
+                left[r] -= toks[i]
+                if left[r] <= 0:
+                    rows[i], left[nxt] = nxt, rng.randint(8, 20)
+                    nxt += 1
+        return plain / 400
+
+    assert sum(run(True, s) for s in range(10)) / 10 >= 0.80
+    assert sum(run(False, s) for s in range(10)) / 10 <= 0.10
+
+
+def test_request_check_counts_a_request_below_the_cost_ratio():
+    """request_check: the cost ratio is mean policy step seconds / mean plain step seconds; a request seen in ≥ 2
+    policy steps whose tokens per step stay below it is counted slower; equal arms (1 token per step in equal
+    seconds) count nobody (a tie is not a loss); None without the plain arm or without row measurements."""
+    def feed(guard, steps):
+        last = LoadState(2, 16, (50, 50))
+        for ids, toks, sec in steps + [((), (), 0.0)]:
+            guard.gamma(last)
+            last = LoadState(2, 16, (50, 50), last_step_batch=2, last_step_tokens=sum(toks), last_step_seconds=sec,
+                             last_step_row_ids=ids, last_step_row_tokens=toks)
+
+    class Alternating(FixedStepPolicy):  # γ > 0 on even steps, γ = 0 (the policy's own plain step) on odd ones
+        def __init__(self):
+            super().__init__(2)
+            self.i = -1
+
+        def gamma(self, load):
+            self.i += 1
+            return 2 if self.i % 2 == 0 else 0
+
+    # throughput-only while feeding (the batch's rates tie, so every step runs as the policy asked), then the check
+    guard = SpeculationGuard(Alternating(), explore_every=1000, max_explore_every=1000, confidence=0, latency=False)
+    steps = []
+    for _ in range(6):
+        steps += [((0, 1), (1, 3), 0.2), ((0, 1), (1, 1), 0.1)]  # policy: 2× the seconds; row 0 gains nothing
+    feed(guard, steps)
+    check = guard.request_check(2)
+    assert check == {"cost_ratio": pytest.approx(2.0), "requests": 2, "slower": 1, "lowest_tokens_per_step": 1.0}
+    assert guard.winner(2) == "policy"
+    guard.latency = True
+    assert guard.winner(2) == "plain"
+    tie = SpeculationGuard(Alternating(), explore_every=1000, max_explore_every=1000)
+    feed(tie, [((0, 1), (1, 1), 0.1)] * 12)
+    assert tie.request_check(2)["slower"] == 0 and tie.winner(2) == "policy"
+    alone = SpeculationGuard(FixedStepPolicy(2))
+    feed(alone, [((0, 1), (1, 3), 0.2)] * 6)
+    assert alone.request_check(2) is None  # no plain step measured
     plain = SpeculationGuard(FixedStepPolicy(2))
     drive(plain, 2, 20, lambda i: 1.0, lambda i: 2.0)
-    assert plain.slowest_request(2, "policy") is None and plain.slowest_request(2, "plain") is None
+    assert plain.request_check(2) is None  # no row measurements
 
 
 def test_batch_sizes_are_pooled_in_power_of_two_buckets():
@@ -363,3 +449,21 @@ def test_a_step_that_prefilled_joining_requests_is_not_measured():
                          last_step_prefill_tokens=300 if i % 2 else 0)
     guard.gamma(last)
     assert sum(v[1] for v in guard._stats[4].values()) == 6  # the 6 steps without a join of the 12 measured
+
+
+def test_a_mixed_prefill_step_reports_its_joining_prompts_tokens(tiny_pair):
+    """A request added with mixed=True while another row runs is prefilled inside the next step's forward: that step's
+    prefill_tokens is its prompt's length (the forward's tokens beyond the rows' γ + 1 each), the next load state
+    carries it, and a step without a join reports 0."""
+    from learn2draft.batched import BatchedSpeculativeDecoder
+    from learn2draft.control import FixedDepthController
+
+    dec = BatchedSpeculativeDecoder(tiny_pair, "lookup", max_new_tokens=12, max_depth=4, max_batch=2)
+    dec.add(torch.tensor([3, 4, 5, 3, 4, 5, 3, 4]), FixedDepthController(3))
+    first = dec.step()
+    assert first.prefill_tokens == 0 and dec.load().last_step_prefill_tokens == 0
+    dec.add_many([torch.tensor([6, 7, 6, 7, 6, 7, 1])], [FixedDepthController(3)], mixed=True)
+    step = dec.step()
+    assert step.prefill_tokens == 7
+    assert step.tokens_fed == 7 + sum(c.depth + 1 for c in step.rows.values())
+    assert dec.load().last_step_prefill_tokens == 7 and dec.batch_size == 2
