@@ -125,8 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "training run holding one, for the learned row; default: none")
     cli.add_profile_arg(p)
     p.add_argument("--methods", default="nospec,fixed,table,adaptive,hf",
-                   help=f"comma-separated, of {', '.join(METHODS)} (with --policy: policy and guard are added "
-                        "unless named)")
+                   help=f"comma-separated, of {', '.join(METHODS)} (with --policy: policy and guard are both added "
+                        "when neither is named; name one of them to run only the named ones)")
     p.add_argument("--concurrency", default="1,2,4,8,16", help="closed-loop concurrency levels")
     p.add_argument("--arrival-rates", default="0.25,0.5,1,2",
                    help="Poisson arrival rates in requests/s (seeded arrivals), comma-separated; '' for none")

@@ -717,11 +717,16 @@ def serve(decoder: BatchedSpeculativeDecoder, requests: Sequence[Request],
 
     Raises:
         ValueError: ``concurrency`` < 1.
+        TypeError: ``controller`` is a controller itself, or not callable, instead of a factory.
     """
     import time
 
     if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
         raise ValueError(f"concurrency must be an integer ≥ 1, got {concurrency!r}.")
+    if isinstance(controller, DraftController) or not callable(controller):
+        raise TypeError(f"serve() takes a factory that builds one controller per request (controllers keep "
+                        f"per-request state), e.g. `lambda: FixedDepthController(2)`, a controller class, or a "
+                        f"SpeculationGuard; got {controller!r}.")
     t0 = decoder.clock.now()
     queue = [(0.0 if concurrency else float(r.arrival), i) for i, r in enumerate(requests)]
     heapq.heapify(queue)

@@ -104,6 +104,19 @@ class DraftController(ABC):
         :class:`learn2draft.state.LoadState` (rows, contexts, the previous step's measured tokens and seconds), when
         :attr:`reads_load` is set: a per-batch-size table or a load-aware step policy picks the step's γ here."""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Refuse, where it is defined, a controller written for the protocol's former method: one that defines
+        ``continue_drafting(features)`` but no :meth:`decide`.
+
+        Raises:
+            TypeError: naming the class and what to write instead.
+        """
+        super().__init_subclass__(**kwargs)
+        if "continue_drafting" in cls.__dict__ and getattr(cls.decide, "__isabstractmethod__", False):
+            raise TypeError(f"{cls.__name__} defines continue_drafting(features), which controllers no longer have: "
+                            "implement decide(self, state) instead (state is a learn2draft.state.DraftState; "
+                            "state.features() is the float32 vector continue_drafting took, state.depth the depth).")
+
     @abstractmethod
     def decide(self, state: DraftState) -> int | bool:
         """The depth decision before the next draft step, from ``state`` (a :class:`learn2draft.state.DraftState`:

@@ -422,9 +422,7 @@ def speculative_sample_rows(
                          "be None).")
     if draft_tokens.dtype.is_floating_point or draft_tokens.dtype.is_complex or draft_tokens.dtype == torch.bool:
         raise ValueError(f"draft_tokens must hold integer token ids (int64), got dtype {draft_tokens.dtype}.")
-    gammas = [int(g) for g in num_draft]
-    if not gammas or min(gammas) < 0:
-        raise ValueError(f"num_draft must hold B ≥ 1 counts γ_i ≥ 0, got {list(num_draft)}.")
+    gammas = _draft_counts(num_draft)
     B, M = len(gammas), sum(gammas)
     N = M + B
     _check_shape("target_probs", target_probs, N, None)
@@ -485,6 +483,14 @@ def speculative_sample_rows(
     return taus, tokens
 
 
+def _draft_counts(num_draft: Sequence[int]) -> list[int]:
+    """``num_draft`` as B ≥ 1 host ints γ_i ≥ 0; raises ValueError for none, a negative or a fractional count."""
+    gammas = [int(g) for g in num_draft]
+    if not gammas or min(gammas) < 0 or any(g != v for g, v in zip(gammas, num_draft)):
+        raise ValueError(f"num_draft must hold B ≥ 1 integer counts γ_i ≥ 0, got {list(num_draft)}.")
+    return gammas
+
+
 def _packed_index(gammas: list[int], dev: torch.device) -> tuple[torch.Tensor, ...]:
     """The index tensors of B packed chains (row i: γ_i = ``gammas[i]`` drafted tokens and γ_i + 1 target rows, after
     those of rows 0..i−1), built on the host and copied in one transfer: int64 ``start_t`` (B,) each row's first
@@ -532,12 +538,21 @@ def greedy_accept_rows(target_logits: torch.Tensor, draft_tokens: torch.Tensor, 
     Returns:
         ``(num_accepted, next_tokens)``, host lists of B ints.
 
+    A drafted id outside [0, V) is never accepted (it differs from every argmax) and is not refused: the decoders
+    pass their drafters' ids (:func:`speculative_sample_rows` with ``validate=True`` refuses it).
+
     Raises:
-        ValueError: ``num_draft`` empty or negative, shapes that disagree with it, or NaN / infinite logits.
+        ValueError: inputs that are not tensors, logits that are not floating point, drafted ids that are not
+            integers, ``num_draft`` empty, negative or fractional, shapes that disagree with it, or NaN / infinite
+            logits.
     """
-    gammas = [int(g) for g in num_draft]
-    if not gammas or min(gammas) < 0:
-        raise ValueError(f"num_draft must hold B ≥ 1 counts γ_i ≥ 0, got {list(num_draft)}.")
+    if not (isinstance(target_logits, torch.Tensor) and isinstance(draft_tokens, torch.Tensor)):
+        raise ValueError("target_logits and draft_tokens must be torch tensors.")
+    if not target_logits.dtype.is_floating_point:
+        raise ValueError(f"target_logits must be floating-point logits, got dtype {target_logits.dtype}.")
+    if draft_tokens.dtype.is_floating_point or draft_tokens.dtype.is_complex or draft_tokens.dtype == torch.bool:
+        raise ValueError(f"draft_tokens must hold integer token ids (int64), got dtype {draft_tokens.dtype}.")
+    gammas = _draft_counts(num_draft)
     B, M = len(gammas), sum(gammas)
     _check_shape("target_logits", target_logits, M + B, None)
     if draft_tokens.numel() != M:

@@ -73,6 +73,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.candidate_generator import AssistedCandidateGenerator
 
+from learn2draft.control import as_action
 from learn2draft.decoding import DraftController
 from learn2draft.drafters.base import NUM_DRAFTER_FEATURES
 from learn2draft.state import DraftState
@@ -234,7 +235,7 @@ class PolicyCandidateGenerator(AssistedCandidateGenerator):
         self._stop = _PolicyStop(self)
         self._cur_len = self.prompt_len
         self._confidences: list[float] = []
-        self._last_entropy = 0.0
+        self._entropies: list[float] = []
         self._vocab = 2
         controller.reset()
 
@@ -246,7 +247,7 @@ class PolicyCandidateGenerator(AssistedCandidateGenerator):
             depth=depth, max_depth=self.depth_scale, committed_len=self._cur_len,
             generated=self._cur_len - self.prompt_len, max_new_tokens=self.max_new_tokens,
             accepted_history=tuple(self.accepted_history), last_accept_fraction=self.last_accept_fraction,
-            confidences=tuple(self._confidences), entropies=(self._last_entropy,), vocab_size=self._vocab,
+            confidences=tuple(self._confidences), entropies=tuple(self._entropies), vocab_size=self._vocab,
             drafter_features=np.zeros(NUM_DRAFTER_FEATURES, dtype=np.float32),
         )
 
@@ -260,14 +261,14 @@ class PolicyCandidateGenerator(AssistedCandidateGenerator):
         :meth:`state`); record the decision and the state's observation."""
         cycle = self.cycles[-1]
         state = self.state(depth)
-        go = bool(self.controller.decide(state))
+        go = bool(as_action(self.controller.decide(state), n_actions=2))  # one clear error for a bad answer
         cycle.features.append(state.features())
         cycle.actions.append(CONTINUE if go else STOP)
         return go
 
     def _draft_token_stats(self, confidence: float, entropy: float, vocab: int) -> None:
         self._confidences.append(confidence)
-        self._last_entropy = entropy
+        self._entropies.append(entropy)
         self._vocab = max(int(vocab), 2)
 
     def _stop_after_token(self, input_ids: torch.LongTensor) -> bool:
@@ -296,7 +297,7 @@ class PolicyCandidateGenerator(AssistedCandidateGenerator):
         input_ids = input_ids.to(self.assistant_model.device)
         min_new, max_new = self._calculate_new_tokens(input_ids)
         self._cur_len = int(input_ids.shape[-1])
-        self._confidences, self._last_entropy = [], 0.0
+        self._confidences, self._entropies = [], []
         cycle = HFCycle(start=self._cur_len, limit=max(0, int(max_new)))
         self.cycles.append(cycle)
         if cycle.limit == 0:

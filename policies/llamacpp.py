@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from learn2draft.control import as_action
 from learn2draft.drafters.lookup import DEFAULT_MAX_NGRAM, LookupDrafter
 from learn2draft.state import DraftState
 
@@ -358,7 +359,7 @@ class PolicyDraftModel(_draft_model_base()):
             return np.asarray(c.actions(obs)).reshape(-1) != 0
         out = []
         for state in states:  # another controller: asked in order, up to its first STOP
-            out.append(bool(c.decide(state)))
+            out.append(bool(as_action(c.decide(state), n_actions=2)))  # one clear error for a bad answer
             if not out[-1]:
                 break
         return np.asarray(out + [False] * (len(states) - len(out)), dtype=bool)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from learn2draft.control import as_action
 from learn2draft.decoding import DraftController
 from learn2draft.features import SIZE_FEATURE_NAMES, SIZE_NODE_SCALE
 from learn2draft.names import DEFAULT_MAX_DEPTH, DEFAULT_TREE_TOP_K, DEFAULT_TREE_WIDTH, check_verify_sizes
@@ -89,7 +90,7 @@ class TreePolicyController(DraftController):
     def decide(self, state: DraftState) -> bool:
         """The depth policy's decision on the loop's state (always CONTINUE without one: the
         controller's ``max_depth`` = the fixed depth stops drafting)."""
-        return True if self.depth_policy is None else bool(self.depth_policy.decide(state))
+        return True if self.depth_policy is None else bool(as_action(self.depth_policy.decide(state), n_actions=2))
 
     def size_action(self, size_features: np.ndarray) -> int:
         """The size policy's action (argmax of its logits) for float32 ``(len(SIZE_FEATURE_NAMES),)`` features."""

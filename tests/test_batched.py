@@ -546,3 +546,14 @@ def test_host_reads_per_step_do_not_grow_with_the_batch(close_pair):
         assert one == six == reads, sampling
     per_row = lambda p, q, x, g=None: speculative_sample(p, q, x, g)  # noqa: E731 (not the decoder's own)
     assert _reads_per_step(close_pair, 6, per_row)[0] > _reads_per_step(close_pair, 1, per_row)[0] + 2
+
+
+def test_serve_refuses_a_controller_instance_with_a_factory_named(tiny_pair):
+    """serve() builds one controller per request from a factory; a controller instance (or anything not callable) is
+    refused before any request runs, with what to pass instead."""
+    dec = BatchedSpeculativeDecoder(tiny_pair, "lookup", max_new_tokens=4, max_depth=2, max_batch=2)
+    reqs = [Request(torch.tensor([3, 4, 5, 3, 4]))]
+    for bad in (FixedDepthController(2), 3):
+        with pytest.raises(TypeError, match="factory that builds one controller per request"):
+            serve(dec, reqs, bad, concurrency=1)
+    assert not dec.steps

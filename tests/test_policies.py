@@ -536,3 +536,23 @@ def test_an_empty_or_bogus_drafter_config_is_refused_not_read_as_model(export_di
     with pytest.raises(ValueError, match="unknown drafter 'bogus'.*model, head, lookup"):
         policy_drafter(d)
     assert policy_drafter(export_dir) == "model"  # an export that records no drafter: the draft model's
+
+
+def test_a_controller_written_for_continue_drafting_is_refused_with_the_new_method_named():
+    """A class that defines the protocol's former continue_drafting(features) and no decide is refused where it is
+    defined, with the method to write; one that defines decide (whatever else it has) is a controller."""
+    from learn2draft.control import DraftController
+
+    with pytest.raises(TypeError, match=r"Old defines continue_drafting.*implement decide\(self, state\)"):
+        class Old(DraftController):
+            def continue_drafting(self, features):
+                return True
+
+    class Both(DraftController):
+        def continue_drafting(self, features):
+            return True
+
+        def decide(self, state):
+            return False
+
+    assert Both().decide(None) is False

@@ -554,6 +554,14 @@ def test_greedy_acceptance_refuses_bad_input():
         greedy_accept_rows(logits, torch.zeros(2, dtype=torch.long), [2])  # 3 rows needed, 5 given
     with pytest.raises(ValueError, match="Σ γ_i = 3"):
         greedy_accept_rows(logits, torch.zeros(2, dtype=torch.long), [2, 1])
+    with pytest.raises(ValueError, match="integer counts"):
+        greedy_accept_rows(torch.randn(5, 10), torch.zeros(3, dtype=torch.long), [1.5, 1.5])
+    with pytest.raises(ValueError, match="torch tensors"):
+        greedy_accept_rows(logits, [0, 0, 0], [2, 1])
+    with pytest.raises(ValueError, match="integer token ids"):
+        greedy_accept_rows(logits, torch.zeros(3), [2, 1])
+    with pytest.raises(ValueError, match="floating-point"):
+        greedy_accept_rows(torch.zeros(5, 10, dtype=torch.long), torch.zeros(3, dtype=torch.long), [2, 1])
     bad = logits.clone()
     bad[3, 4] = float("nan")
     with pytest.raises(ValueError, match="draft model returned NaN"):
