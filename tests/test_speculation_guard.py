@@ -315,17 +315,19 @@ def test_where_every_request_gains_the_latency_check_lets_the_policy_speculate()
 def drive_turnover(guard, steps: int, seed: int, B: int, spec_tokens, spec_seconds: float, plain_seconds: float,
                    length: tuple[int, int]) -> float:
     """B rows whose requests are replaced as they finish (each needs a length drawn from ``length`` tokens, new
-    request ids as in serve): a speculating step commits a draw from ``spec_tokens`` per row in ``spec_seconds``
-    (±10 %), a plain one 1 token per row in ``plain_seconds`` (±10 %). Returns the share of steps run plain."""
+    request ids as in serve): a speculating step commits a draw from ``spec_tokens`` per row (a tuple of choices for
+    every row, or a list of B tuples, one per row) in ``spec_seconds`` (±10 %), a plain one 1 token per row in
+    ``plain_seconds`` (±10 %). Returns the share of steps run plain."""
     import random
 
+    per_row = spec_tokens if isinstance(spec_tokens, list) else [spec_tokens] * B
     rng = random.Random(seed)
     rows, nxt = list(range(B)), B
     left = {r: rng.randint(*length) for r in rows}
     last, plain = LoadState(B, B, (50,) * B), 0
     for _ in range(steps):
         g = guard.gamma(last)
-        toks = [rng.choice(spec_tokens) if g > 0 else 1 for _ in rows]
+        toks = [rng.choice(choices) if g > 0 else 1 for choices in per_row]
         sec = (spec_seconds if g > 0 else plain_seconds) * rng.uniform(0.9, 1.1)
         plain += g == 0
         last = LoadState(B, B, (50,) * B, last_step_batch=B, last_step_tokens=sum(toks), last_step_seconds=sec,
@@ -354,27 +356,9 @@ def test_a_request_that_gains_nothing_is_found_among_requests_replaced_as_they_f
     requests are slower than plain decoding (1 token in 2× the seconds), and the guard runs plain on ≥ 80 % of the
     steps over 10 seeds, while the throughput-only guard keeps speculating (the batch gains: 3 × 2.67 + 1 tokens in
     2× the seconds is 2.25 tokens per plain step's seconds against 4 ... 1.13×)."""
-    import random
-
     def run(latency: bool, seed: int) -> float:
-        rng = random.Random(seed)
-        guard = SpeculationGuard(FixedStepPolicy(4), latency=latency)
-        B, rows, nxt = 4, [0, 1, 2, 3], 4
-        left = {r: rng.randint(8, 20) for r in rows}
-        last, plain = LoadState(B, B, (50,) * B), 0
-        for _ in range(400):
-            g = guard.gamma(last)
-            toks = [(1 if i == 3 else rng.choice((1, 3, 4))) if g > 0 else 1 for i in range(B)]
-            sec = (0.10 if g > 0 else 0.05) * rng.uniform(0.9, 1.1)
-            plain += g == 0
-            last = LoadState(B, B, (50,) * B, last_step_batch=B, last_step_tokens=sum(toks), last_step_seconds=sec,
-                             last_step_row_ids=tuple(rows), last_step_row_tokens=tuple(toks))
-            for i, r in enumerate(list(rows)):
-                left[r] -= toks[i]
-                if left[r] <= 0:
-                    rows[i], left[nxt] = nxt, rng.randint(8, 20)
-                    nxt += 1
-        return plain / 400
+        return drive_turnover(SpeculationGuard(FixedStepPolicy(4), latency=latency), 400, seed, 4,
+                              [(1, 3, 4)] * 3 + [(1,)], 0.10, 0.05, (8, 20))
 
     assert sum(run(True, s) for s in range(10)) / 10 >= 0.80
     assert sum(run(False, s) for s in range(10)) / 10 <= 0.10
