@@ -836,17 +836,20 @@ def _markdown(report: dict) -> list[str]:
         md += [f"### the speed guard ({report['guard']['settings']}), after the last level", "",
                "Per batch-size bucket, over each arm's last window of steps (steps that prefilled joining requests "
                "excluded): an arm's tok/s is its steps' committed tokens / their seconds, not a level's aggregate; a "
-               "request is slower under the policy when its tokens per step fall below the step-seconds ratio "
+               "request is slower under the policy when its tokens per step fall below the step-seconds ratio, or, "
+               "when it drafted nothing (idle), as soon as that ratio measures above 1 "
                "(`SpeculationGuard.request_check`).", "",
                "| batch sizes | policy tok/s (steps) | plain tok/s (steps) | step seconds policy / plain | requests "
-               "slower under the policy (of those tested) | winner | policy's γ > 0 steps run plain |",
+               "slower under the policy (of those tested; idle) | winner | policy's γ > 0 steps run plain |",
                "|---|---|---|---|---|---|---|"]
         for b, v in report["guard"]["batch_sizes"].items():
             cell = {a: (f"{x['tokens_per_second']:.1f} ({x['steps']})" if x["tokens_per_second"] else "–")
                     for a, x in v["arms"].items()}
             req = v.get("requests")
-            cost = f"{req['cost_ratio']:.2f}×" if req else "–"
-            slower = f"{req['slower']} of {req['requests']}" if req else "–"
+            cost = (f"{req['cost_ratio']:.2f}× ± {req['cost_ratio_error']:.2f}" if req and "cost_ratio_error" in req
+                    else f"{req['cost_ratio']:.2f}×" if req else "–")
+            slower = f"{req['slower']} of {req['requests']}" + (f"; {req['idle']} idle" if req and "idle" in req
+                                                                 else "") if req else "–"
             md.append(f"| {v.get('batch_sizes', b)} | {cell.get('policy', '–')} | {cell.get('plain', '–')} | {cost} | "
                       f"{slower} | {v['winner']} | {v['overruled']} of {v['policy_speculated']} |")
         md.append("")

@@ -485,7 +485,9 @@ class BatchedSpeculativeDecoder:
                                               last_step_prefill_tokens=self.steps[-1].prefill_tokens,
                                               last_step_row_ids=tuple(self.steps[-1].rows),
                                               last_step_row_tokens=tuple(len(c.tokens) for c in
-                                                                         self.steps[-1].rows.values()))))
+                                                                         self.steps[-1].rows.values()),
+                                              last_step_row_drafted=tuple(c.verify_size for c in
+                                                                          self.steps[-1].rows.values()))))
 
     def _draft(self, ctrls: list[DraftController]) -> None:
         """The drafting half of a step, depth by depth (lockstep) for every row with its own controller ``ctrls[i]``.

@@ -133,6 +133,8 @@ class LoadState:
         last_step_row_ids, last_step_row_tokens: the previous step's rows (request ids) and the tokens each committed,
             in the same order (empty before the first step): what the check reads for each request's own tokens/s,
             the inverse of its inter-token latency.
+        last_step_row_drafted: the drafted tokens each of those rows verified in the previous step (0: the row
+            decoded plainly in it, its one token certain; empty when not measured).
     """
 
     batch_size: int
@@ -151,6 +153,7 @@ class LoadState:
     last_step_prefill_tokens: int = 0
     last_step_row_ids: tuple[int, ...] = ()
     last_step_row_tokens: tuple[int, ...] = ()
+    last_step_row_drafted: tuple[int, ...] = ()
 
     @property
     def tokens_in_flight(self) -> int:

@@ -324,7 +324,9 @@ class SpeculationGuard:
     ``last_step_row_tokens``, the tokens each request committed in each of its steps; a request is slower under the
     policy when its mean tokens per step is below the cost ratio of a policy step to a plain one (every row commits
     one token per plain step), by a margin that grows with its spread and with the number of requests tested
-    (:meth:`request_check`). The winner is also *plain* when any request measures slower: speculation runs only
+    (:meth:`request_check`); a request that drafted nothing in its policy steps commits one token per step for
+    certain, and is slower as soon as the policy's steps measure longer than plain ones. The winner is also *plain*
+    when any request measures slower: speculation runs only
     where neither the batch nor any of its requests measures slower. Without
     per-row measurements (a load state that does not carry them) only the batch's tokens/s is compared.
 
@@ -403,7 +405,9 @@ class SpeculationGuard:
             return  # nothing measured, or a step that also prefilled joining requests
         B, arm = pending
         stat = self._stats.setdefault(batch_bucket(B), {}).setdefault(arm, [deque(maxlen=self.window), 0])
-        rows = tuple(zip(getattr(load, "last_step_row_ids", ()), getattr(load, "last_step_row_tokens", ())))
+        ids, toks = getattr(load, "last_step_row_ids", ()), getattr(load, "last_step_row_tokens", ())
+        drafted = getattr(load, "last_step_row_drafted", ()) or (None,) * len(ids)
+        rows = tuple(zip(ids, toks, drafted))
         stat[0].append((float(load.last_step_tokens), seconds, rows))
         stat[1] += 1
 
@@ -435,32 +439,52 @@ class SpeculationGuard:
           normal deviations: with requests replaced as they finish, the window holds many short ones and one unlucky
           one is expected); 0 with ``confidence`` = 0 (the point estimates alone).
 
+        A request whose rows drafted nothing in every one of its policy steps (``last_step_row_drafted``: prompt
+        lookup found no match, the policy gave the row nothing to verify) committed exactly one token per step, with
+        no spread to estimate: it decoded plainly inside longer steps. It is *idle*, and slower when the cost ratio
+        itself measures above 1 — ρ − ``confidence`` · SE(ρ) > 1, SE(ρ) by the delta method over the two arms' step
+        seconds (a single test, so no √(2 ln R)); the statistical test above would give it the pooled spread of rows
+        whose drafts were accepted or not, and with few steps per request it has no power (an ``eval.serve`` run on
+        2 CPU cores, 9–16 rows: 56 requests in 30 policy steps, none found slower, while the cost ratio was 1.43 and
+        the lowest request committed 1.0 token per step).
+
         Returns:
             None before both arms have a step in the window or no request has 2 policy steps; else ``{"cost_ratio":
-            ρ, "requests": R, "slower": how many are slower, "lowest_tokens_per_step": min m_r}``.
+            ρ, "cost_ratio_error": SE(ρ) (infinite below 2 steps per arm), "requests": R, "idle": how many are idle,
+            "slower": how many are slower (idle ones included), "lowest_tokens_per_step": min m_r}``.
         """
         arms = self._stats.get(batch_bucket(batch_size), {})
         pol, plain = arms.get(self.POLICY), arms.get(self.PLAIN)
         if not pol or not plain or not pol[0] or not plain[0]:
             return None
-        rho = (sum(sec for _, sec, _ in pol[0]) / len(pol[0])) / (sum(sec for _, sec, _ in plain[0]) / len(plain[0]))
+        a = np.asarray([sec for _, sec, _ in pol[0]])
+        b = np.asarray([sec for _, sec, _ in plain[0]])
+        rho = float(a.mean() / b.mean())
+        rho_se = (rho * math.sqrt(a.var(ddof=1) / (a.size * a.mean() ** 2) + b.var(ddof=1) / (b.size * b.mean() ** 2))
+                  if a.size >= 2 and b.size >= 2 else float("inf"))
         per: dict[int, list[float]] = {}
+        drafted: dict[int, bool] = {}  # request → drafted in any of its policy steps (True when not measured)
         for _, _, rows in pol[0]:
-            for rid, tokens in rows:
+            for rid, tokens, d in rows:
                 per.setdefault(rid, []).append(float(tokens))
+                drafted[rid] = drafted.get(rid, False) or d is None or d > 0
         per = {r: np.asarray(v) for r, v in per.items() if len(v) >= 2}
         if not per:
             return None
+        idle = [r for r in per if not drafted[r]]
         dof = sum(v.size - 1 for v in per.values())
         pooled = sum(float(((v - v.mean()) ** 2).sum()) for v in per.values()) / dof
         z = self.confidence + math.sqrt(2 * math.log(len(per))) if self.confidence > 0 else 0.0
         slower = 0
-        for v in per.values():
+        for r, v in per.items():
+            if not drafted[r]:  # one token per step, certain: slower when the steps measure longer
+                slower += rho - (self.confidence * rho_se if self.confidence > 0 else 0.0) > 1.0
+                continue
             n = v.size
             var = (self._PRIOR_STEPS * pooled + (n - 1) * float(v.var(ddof=1))) / (self._PRIOR_STEPS + n - 1)
             slower += float(v.mean()) + z * math.sqrt(var / n) < rho
-        return {"cost_ratio": rho, "requests": len(per), "slower": slower,
-                "lowest_tokens_per_step": min(float(v.mean()) for v in per.values())}
+        return {"cost_ratio": rho, "cost_ratio_error": rho_se, "requests": len(per), "idle": len(idle),
+                "slower": slower, "lowest_tokens_per_step": min(float(v.mean()) for v in per.values())}
 
     def winner(self, batch_size: int) -> str:
         """The arm the guard runs at ``batch_size`` outside probes (see the class docstring)."""

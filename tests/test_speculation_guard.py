@@ -135,7 +135,8 @@ def test_bad_settings_are_refused():
 
 
 def test_the_real_loop_gives_the_guard_each_steps_measurement_and_keeps_the_greedy_output(tiny_pair):
-    """In the batched decoder: every step's load state carries the previous step's batch size, tokens and seconds;
+    """In the batched decoder: every step's load state carries the previous step's batch size, tokens and seconds,
+    and each row's request id, committed tokens and drafted tokens verified;
     the guard decides one γ per step, every row drafts at most it, and each row's greedy output equals the target's
     own (the guard reads only the past)."""
     from helpers_loop import greedy_reference
@@ -147,7 +148,8 @@ def test_the_real_loop_gives_the_guard_each_steps_measurement_and_keeps_the_gree
     class Recording(FixedStepPolicy):
         def gamma(self, load):
             seen.append((load.last_step_batch, load.last_step_tokens, load.last_step_seconds))
-            rows.append((load.last_step_row_ids, load.last_step_row_tokens, load.last_step_prefill_tokens))
+            rows.append((load.last_step_row_ids, load.last_step_row_tokens, load.last_step_prefill_tokens,
+                         load.last_step_row_drafted))
             return self.g
 
     guard = SpeculationGuard(Recording(3), explore_every=2, max_explore_every=4, probe_steps=1)
@@ -157,12 +159,16 @@ def test_the_real_loop_gives_the_guard_each_steps_measurement_and_keeps_the_gree
     out = serve(dec, [Request(p, seed=i) for i, p in enumerate(prompts)], guard, concurrency=2)
     assert len(guard.decisions) == len(dec.steps) == len(seen)
     assert seen[0] == (0, 0, 0.0)
-    assert rows[0] == ((), (), 0)
-    for prev, now, (ids, toks, prefill) in zip(dec.steps, seen[1:], rows[1:]):
+    assert rows[0] == ((), (), 0, ())
+    for prev, now, (ids, toks, prefill, drafted) in zip(dec.steps, seen[1:], rows[1:]):
         assert now == (prev.batch_size, prev.tokens, prev.seconds)
         assert ids == tuple(prev.rows) and toks == tuple(len(c.tokens) for c in prev.rows.values())
         assert sum(toks) == prev.tokens and len(ids) == prev.batch_size
         assert prefill == prev.prefill_tokens
+        assert drafted == tuple(c.verify_size for c in prev.rows.values()) and all(
+            len(c.tokens) <= d + 1 for c, d in zip(prev.rows.values(), drafted))
+    assert any(d == 0 for *_, drafted in rows[1:] for d in drafted) and any(
+        d > 0 for *_, drafted in rows[1:] for d in drafted)
     # the guard counts every decided step but those that prefilled joining requests and the last (never measured)
     counted = sum(v[1] for arms in guard._stats.values() for v in arms.values())
     assert counted == len(dec.steps) - 1 - sum(1 for st in dec.steps[:-1] if st.prefill_tokens)
@@ -313,11 +319,12 @@ def test_where_every_request_gains_the_latency_check_lets_the_policy_speculate()
 
 
 def drive_turnover(guard, steps: int, seed: int, B: int, spec_tokens, spec_seconds: float, plain_seconds: float,
-                   length: tuple[int, int]) -> float:
+                   length: tuple[int, int], idle_rows: int = 0) -> float:
     """B rows whose requests are replaced as they finish (each needs a length drawn from ``length`` tokens, new
     request ids as in serve): a speculating step commits a draw from ``spec_tokens`` per row (a tuple of choices for
     every row, or a list of B tuples, one per row) in ``spec_seconds`` (±10 %), a plain one 1 token per row in
-    ``plain_seconds`` (±10 %). Returns the share of steps run plain."""
+    ``plain_seconds`` (±10 %). The last ``idle_rows`` rows draft nothing (1 token, 0 drafted, in every step; the
+    others verify γ drafted tokens in a speculating step). Returns the share of steps run plain."""
     import random
 
     per_row = spec_tokens if isinstance(spec_tokens, list) else [spec_tokens] * B
@@ -327,11 +334,13 @@ def drive_turnover(guard, steps: int, seed: int, B: int, spec_tokens, spec_secon
     last, plain = LoadState(B, B, (50,) * B), 0
     for _ in range(steps):
         g = guard.gamma(last)
-        toks = [rng.choice(choices) if g > 0 else 1 for choices in per_row]
+        idle = [i >= B - idle_rows for i in range(B)]
+        toks = [rng.choice(choices) if g > 0 and not z else 1 for choices, z in zip(per_row, idle)]
         sec = (spec_seconds if g > 0 else plain_seconds) * rng.uniform(0.9, 1.1)
         plain += g == 0
         last = LoadState(B, B, (50,) * B, last_step_batch=B, last_step_tokens=sum(toks), last_step_seconds=sec,
-                         last_step_row_ids=tuple(rows), last_step_row_tokens=tuple(toks))
+                         last_step_row_ids=tuple(rows), last_step_row_tokens=tuple(toks),
+                         last_step_row_drafted=tuple(0 if z else g for z in idle))
         for i, r in enumerate(list(rows)):
             left[r] -= toks[i]
             if left[r] <= 0:
@@ -364,6 +373,27 @@ def test_a_request_that_gains_nothing_is_found_among_requests_replaced_as_they_f
     assert sum(run(False, s) for s in range(10)) / 10 <= 0.10
 
 
+@pytest.mark.parametrize("B", [8, 16])
+def test_a_request_that_drafts_nothing_turns_the_guard_plain_where_speculating_steps_cost_more(B):
+    """At B = 8 and 16, two rows draft nothing (prompt lookup finds no match: 1 token, 0 drafted, every step) while
+    the others gain well (1–5 tokens, mean 3, per speculating step), and a speculating step takes 1.3× a plain one:
+    the batch gains, but the idle requests' inter-token latency grows by 30 %. With requests of 8–20 tokens replaced
+    as they finish, each is seen in only a few steps, which the statistical test alone cannot call (it ran plain on
+    ≤ 10 % of the steps here); the idle test turns the guard plain on ≥ 80 % of 400 steps over 10 seeds. The
+    control: where a speculating step costs what a plain one does (1.0×: a memory-bound GPU step), the same idle
+    rows lose nothing and the guard speculates (≤ 15 % plain)."""
+    def share(spec_seconds: float) -> float:
+        return sum(drive_turnover(SpeculationGuard(FixedStepPolicy(4)), 400, seed, B, (1, 2, 3, 4, 5), spec_seconds,
+                                  0.05, (8, 20), idle_rows=2) for seed in range(10)) / 10
+
+    assert share(0.065) >= 0.80
+    assert share(0.05) <= 0.15
+    guard = SpeculationGuard(FixedStepPolicy(4))
+    drive_turnover(guard, 400, 0, B, (1, 2, 3, 4, 5), 0.065, 0.05, (8, 20), idle_rows=2)
+    check = guard.request_check(B)
+    assert check["idle"] >= 1 and check["slower"] >= check["idle"] and check["cost_ratio"] > 1.1
+
+
 def test_request_check_counts_a_request_below_the_cost_ratio():
     """request_check: the cost ratio is mean policy step seconds / mean plain step seconds; a request seen in ≥ 2
     policy steps whose tokens per step stay below it is counted slower; equal arms (1 token per step in equal
@@ -391,7 +421,8 @@ def test_request_check_counts_a_request_below_the_cost_ratio():
         steps += [((0, 1), (1, 3), 0.2), ((0, 1), (1, 1), 0.1)]  # policy: 2× the seconds; row 0 gains nothing
     feed(guard, steps)
     check = guard.request_check(2)
-    assert check == {"cost_ratio": pytest.approx(2.0), "requests": 2, "slower": 1, "lowest_tokens_per_step": 1.0}
+    assert check == {"cost_ratio": pytest.approx(2.0), "cost_ratio_error": pytest.approx(0.0), "requests": 2,
+                     "idle": 0, "slower": 1, "lowest_tokens_per_step": 1.0}
     assert guard.winner(2) == "policy"
     guard.latency = True
     assert guard.winner(2) == "plain"
