@@ -1,7 +1,7 @@
 """The reward of every environment and its scale, in one place.
 
 A cycle's reward is its rate — tokens emitted over the cycle's seconds
-(:attr:`learn2draft.decoding.CycleResult.tokens_per_second` on the real loop, the outcome model's
+(:attr:`learn2draft.metrics.CycleResult.tokens_per_second` on the real loop, the outcome model's
 emitted / seconds in replay) — divided by ``reward_scale``, paid at the step that verifies (0 at
 drafting steps):
 

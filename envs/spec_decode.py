@@ -50,9 +50,10 @@ from gymnasium import spaces
 
 from envs.reward import check_reward_scale, cycle_reward
 from learn2draft.control import ACTION_MEANINGS, CONTINUE, STOP, SizeDecider
-from learn2draft.decoding import CycleResult, SpeculativeDecoder
+from learn2draft.decoding import SpeculativeDecoder
 from learn2draft.drafters import Drafter
 from learn2draft.features import FEATURE_NAMES
+from learn2draft.metrics import CycleResult
 from learn2draft.models import DEFAULT_DRAFT, DEFAULT_TARGET, ModelPair, load_pair, parse_dtype
 from learn2draft.names import DEFAULT_MAX_DEPTH
 from learn2draft.sampling import SamplingConfig

@@ -24,7 +24,7 @@ verified and ``info["requested_size"]`` the V of the action. :class:`policies.tr
 applies the same cap at deployment.
 
 Reward (both): the cycle's emitted tokens over its wall-clock seconds / ``reward_scale``
-(:attr:`learn2draft.decoding.CycleResult.tokens_per_second`), paid at the verifying step, exactly as
+(:attr:`learn2draft.metrics.CycleResult.tokens_per_second`), paid at the verifying step, exactly as
 :class:`envs.SpecDecodeEnv`. In :class:`TreeSizeEnv` the cycle's seconds include the drafting done in
 :meth:`~TreeSizeEnv.reset` (the decoder times its own calls, so nothing the caller does between calls
 counts). Wall-clock rewards are not reproducible: both are registered ``nondeterministic``.

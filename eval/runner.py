@@ -338,7 +338,7 @@ def ratio_stats(a: dict, b: dict) -> dict:
             "min": float(ra.min()), "max": float(ra.max()), "per_repeat": ra.tolist()}
 
 
-#: The convention of τ in every table, stated once (:attr:`learn2draft.decoding.CycleResult.num_accepted`).
+#: The convention of τ in every table, stated once (:attr:`learn2draft.metrics.CycleResult.num_accepted`).
 TAU_NOTE = ("τ: mean accepted length per drafting cycle — draft tokens accepted, the corrected or bonus token "
             "excluded; α: accepted / drafted tokens (for a tree: accepted / drafted levels).")
 

@@ -14,7 +14,8 @@ from learn2draft._lazy import lazy_exports
 _EXPORTS = {
     "learn2draft.batched": ("BatchedSpeculativeDecoder",),
     "learn2draft.control": ("CONTINUE", "STOP", "DraftController", "FixedDepthController", "FixedTreeController"),
-    "learn2draft.decoding": ("CycleResult", "DraftAction", "GenerationResult", "SpeculativeDecoder"),
+    "learn2draft.decoding": ("SpeculativeDecoder",),
+    "learn2draft.metrics": ("CycleResult", "DraftAction", "GenerationResult"),
     "learn2draft.state": ("DraftState", "LoadState"),
     "learn2draft.features": ("FEATURE_NAMES", "build_features", "feature_spec"),
     "learn2draft.models": ("ModelLoadError", "ModelPair", "TokenizerMismatchError", "load_pair", "make_pair"),

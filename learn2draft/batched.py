@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -56,9 +56,10 @@ import torch
 
 from learn2draft.batch_cache import BatchCache
 from learn2draft.control import DraftController, check_depth_feature_scale, keeps_drafting, warn_precision_mismatch
-from learn2draft.decoding import CycleResult, SpeculativeDecoder, check_decoder_settings
+from learn2draft.decoding import SpeculativeDecoder, check_decoder_settings
 from learn2draft.drafters import make_drafter
 from learn2draft.drafters.base import Drafter
+from learn2draft.metrics import BatchStep, CycleResult, RequestResult
 from learn2draft.models import ModelPair
 from learn2draft.names import DECODER_MAX_DEPTH
 from learn2draft.sampling import (
@@ -92,82 +93,6 @@ class _Row(SpeculativeDecoder):
         valid = committed_before + accepted
         self.target_len = min(self.target_len, valid)  # the batch rolls the row's cache back to this length
         self.drafter.rollback(valid)
-
-
-@dataclass
-class RequestResult:
-    """One finished (or stopped) request of a batch.
-
-    Attributes:
-        request_id: as returned by :meth:`BatchedSpeculativeDecoder.add`.
-        prompt_ids, tokens: the prompt and the generated ids.
-        cycles: the row's :class:`~learn2draft.decoding.CycleResult` of every step it took part in (its
-            ``verify_seconds`` is the shared batched forward).
-        arrival, first_token, finish: clock readings (seconds, :class:`~learn2draft.timing.DeviceClock`) when the
-            request arrived (was submitted), when its first token was committed and when it finished.
-        token_times: clock reading of each committed token (tokens of one step share the step's reading).
-    """
-
-    request_id: int
-    prompt_ids: list[int]
-    tokens: list[int]
-    cycles: list[CycleResult]
-    arrival: float
-    first_token: float
-    finish: float
-    token_times: list[float] = field(repr=False, default_factory=list)
-
-    @property
-    def ttft_seconds(self) -> float:
-        """Time to first token: arrival to the first committed token (queueing + prefill)."""
-        return self.first_token - self.arrival
-
-    @property
-    def latency_seconds(self) -> float:
-        """Request latency: arrival to the last token."""
-        return self.finish - self.arrival
-
-    @property
-    def tokens_per_second(self) -> float:
-        """This request's generated tokens / its latency (queueing and prefill included)."""
-        return len(self.tokens) / self.latency_seconds if self.latency_seconds > 0 else 0.0
-
-    @property
-    def inter_token_seconds(self) -> np.ndarray:
-        """float64 (n − 1,): the gaps between consecutive committed tokens (0 within one step's tokens)."""
-        return np.diff(np.asarray(self.token_times, dtype=np.float64))
-
-    @property
-    def mean_inter_token_seconds(self) -> float:
-        """(finish − first token) / (tokens − 1), the mean ITL (TPOT)."""
-        n = len(self.tokens)
-        return (self.finish - self.first_token) / (n - 1) if n > 1 else 0.0
-
-
-@dataclass
-class BatchStep:
-    """One step of the batch: ``rows`` (request id → its :class:`CycleResult`), the step's clock seconds (drafting
-    of every row + the one forward + every row's acceptance), the batch size, the longest row's verified tokens
-    (``tokens_per_row``, k = max γ + 1), the tokens the target forward fed (``tokens_fed``: Σ (γ_i + 1) for ragged
-    verification, B × k padded; joining prompts included) and of those the joining requests' prompt tokens
-    (``prefill_tokens``, a mixed prefill: :meth:`BatchedSpeculativeDecoder.add_many` with ``mixed=True``)."""
-
-    rows: dict[int, CycleResult]
-    seconds: float
-    batch_size: int
-    tokens_per_row: int
-    tokens_fed: int = 0
-    prefill_tokens: int = 0
-
-    @property
-    def tokens(self) -> int:
-        """Tokens committed by all rows this step."""
-        return sum(len(c.tokens) for c in self.rows.values())
-
-    @property
-    def tokens_per_second(self) -> float:
-        """Aggregate committed tokens / step seconds (the reward of a load-aware policy)."""
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
 class BatchedSpeculativeDecoder:
@@ -229,7 +154,7 @@ class BatchedSpeculativeDecoder:
         if verification not in ("ragged", "padded"):
             raise ValueError(f"verification must be 'ragged' or 'padded', got {verification!r}.")
         self.verification = verification
-        #: steps taken, and their :class:`BatchStep` summaries (seconds, batch size, tokens)
+        #: steps taken, and their :class:`~learn2draft.metrics.BatchStep` summaries (seconds, batch size, tokens)
         self.steps: list[BatchStep] = []
 
     # ---------------------------------------------------------------- requests
@@ -385,8 +310,8 @@ class BatchedSpeculativeDecoder:
         return row
 
     def _record(self, row: _Row, arrival: float, first_token: float | None) -> int:
-        """Open the :class:`RequestResult` of a row (its first token committed at ``first_token``; None: not yet
-        prefilled, set by :meth:`_admit`); returns its request id."""
+        """Open the :class:`~learn2draft.metrics.RequestResult` of a row (its first token committed at
+        ``first_token``; None: not yet prefilled, set by :meth:`_admit`); returns its request id."""
         rid = self._next_id
         self._next_id += 1
         t = float("nan") if first_token is None else first_token
@@ -408,7 +333,7 @@ class BatchedSpeculativeDecoder:
         """Stop a running request (e.g. the client left) and drop its row; the other rows are not touched.
 
         Returns:
-            the request's :class:`RequestResult` (its tokens so far).
+            the request's :class:`~learn2draft.metrics.RequestResult` (its tokens so far).
 
         Raises:
             KeyError: the request is not running.
@@ -598,7 +523,8 @@ class BatchedSpeculativeDecoder:
             waiting: requests queued behind the batch (for the load state).
 
         Returns:
-            the :class:`BatchStep` (each row's :class:`CycleResult`, the step's seconds).
+            the :class:`~learn2draft.metrics.BatchStep` (each row's :class:`~learn2draft.metrics.CycleResult`, the
+            step's seconds).
 
         Raises:
             RuntimeError: no row is running.
@@ -715,7 +641,7 @@ def serve(decoder: BatchedSpeculativeDecoder, requests: Sequence[Request],
             (:meth:`BatchedSpeculativeDecoder.add_many` with ``mixed=True``); False: in a forward of their own first.
 
     Returns:
-        the :class:`RequestResult` of every request, in the order of ``requests``.
+        the :class:`~learn2draft.metrics.RequestResult` of every request, in the order of ``requests``.
 
     Raises:
         ValueError: ``concurrency`` < 1.
@@ -753,4 +679,4 @@ def serve(decoder: BatchedSpeculativeDecoder, requests: Sequence[Request],
     return [decoder.result(ids[i]) for i in range(len(requests))]
 
 
-__all__ = ["BatchStep", "BatchedSpeculativeDecoder", "Request", "RequestResult", "VerificationBudget", "serve"]
+__all__ = ["BatchedSpeculativeDecoder", "Request", "VerificationBudget", "serve"]

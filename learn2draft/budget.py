@@ -24,7 +24,7 @@ How a user (and :mod:`eval.serve`) wires the budget::
 
 ``av(margins, load)`` is called by the step after drafting and remembers the margins and the counts it returned;
 ``av.observe(step)`` (the ``on_step`` hook) reads each row's accepted length τ from the step's
-:class:`~learn2draft.decoding.CycleResult` and turns it into labels for the estimator.
+:class:`~learn2draft.metrics.CycleResult` and turns it into labels for the estimator.
 """
 
 from __future__ import annotations
@@ -453,7 +453,7 @@ class AdaptiveVerification:
         """Learn from a finished step (the ``on_step`` hook of :func:`learn2draft.batched.serve`).
 
         Args:
-            step: the :class:`learn2draft.batched.BatchStep`; its ``rows`` (in batch order) hold each row's
+            step: the :class:`learn2draft.metrics.BatchStep`; its ``rows`` (in batch order) hold each row's
                 ``num_accepted`` τ, ``verify_size`` and ``finished``.
             margins: per row, the drafted tokens' margins; default those of the last budget call.
 

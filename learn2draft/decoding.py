@@ -32,14 +32,13 @@ verification the valid prefix is ``committed + accepted`` minus the last token, 
 been fed to the target yet. Draft *trees* (EAGLE-2 drafting, top-V verification with a tree
 attention mask, the accepted path's entries gathered into the cache) are
 :class:`learn2draft.tree.TreeSpeculativeDecoder`, a subclass of this decoder; the
-:class:`DraftAction` a cycle executes (its ``CycleResult.action``) carries the verification size
+:class:`~learn2draft.metrics.DraftAction` a cycle executes (its ``CycleResult.action``) carries the verification size
 (equal to the depth for a chain, the tree nodes verified for a tree).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -61,6 +60,7 @@ from learn2draft.drafters.base import Drafter, raw_distribution_stats
 from learn2draft.drafters.hybrid import NEURAL_SOURCE, HybridDrafter
 from learn2draft.drafters.model import ModelDrafter
 from learn2draft.features import build_hybrid_features
+from learn2draft.metrics import CycleResult, GenerationResult
 from learn2draft.models import ModelPair, check_prompt_ids
 from learn2draft.names import DECODER_MAX_DEPTH
 from learn2draft.sampling import SamplingConfig, sample_from, speculative_sample
@@ -68,104 +68,6 @@ from learn2draft.state import DraftState
 from learn2draft.timing import DeviceClock
 
 Sampler = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Generator | None], tuple[int, int]]
-
-
-@dataclass(frozen=True)
-class DraftAction:
-    """What one cycle does: draft ``depth`` tokens, verify ``verify_size`` of them (a chain
-    controller decides it step by step; :attr:`CycleResult.action` records it).
-
-    For a chain drafter ``verify_size == depth``. For a draft tree (EAGLE-2 style) ``depth`` is
-    the number of sequential draft forwards and ``verify_size`` the number of tree nodes sent
-    to the target.
-    """
-
-    depth: int
-    verify_size: int
-
-
-@dataclass
-class CycleResult:
-    """The outcome of one draft/verify cycle.
-
-    Attributes:
-        tokens: ids emitted this cycle (τ + 1, fewer at EOS or ``max_new_tokens``).
-        depth: tokens drafted (γ); ``verify_size``: tokens verified.
-        num_accepted: accepted length τ (accepted prefix only, and only tokens actually emitted:
-            drafted tokens accepted after an EOS do not count).
-        draft_seconds, verify_seconds: device-synchronised seconds in the draft / target forwards
-            and the sampling that goes with them; ``other_seconds``: the rest of the cycle
-            (acceptance, cache rollback, features, controller decisions when timed).
-        finished: generation ended (EOS emitted or ``max_new_tokens`` reached).
-        features: observation for the next decision (start of the next cycle).
-        neural_drafted: of the ``depth`` drafted tokens, those a hybrid drafter's neural source drafted (0 for a
-            single drafter).
-    """
-
-    tokens: list[int]
-    depth: int
-    verify_size: int
-    num_accepted: int
-    draft_seconds: float
-    verify_seconds: float
-    other_seconds: float
-    finished: bool
-    features: np.ndarray = field(repr=False, default=None)
-    neural_drafted: int = 0
-
-    @property
-    def action(self) -> DraftAction:
-        """The (depth, verification size) this cycle executed."""
-        return DraftAction(self.depth, self.verify_size)
-
-    @property
-    def seconds(self) -> float:
-        """Cycle seconds: draft + verify + other."""
-        return self.draft_seconds + self.verify_seconds + self.other_seconds
-
-    @property
-    def tokens_per_second(self) -> float:
-        return len(self.tokens) / self.seconds if self.seconds > 0 else 0.0
-
-
-@dataclass
-class GenerationResult:
-    """A whole generation. Times in seconds, ``tokens_per_second`` = new tokens / wall seconds
-    (prefill included), ``ttft_seconds`` = time to the first emitted token."""
-
-    prompt_ids: list[int]
-    tokens: list[int]
-    cycles: list[CycleResult]
-    wall_seconds: float
-    ttft_seconds: float
-
-    @property
-    def tokens_per_second(self) -> float:
-        return len(self.tokens) / self.wall_seconds if self.wall_seconds > 0 else 0.0
-
-    @property
-    def mean_accepted(self) -> float:
-        """Mean accepted length τ over cycles that drafted at least one token (0 if none did)."""
-        t = [c.num_accepted for c in self.cycles if c.depth > 0]
-        return float(np.mean(t)) if t else 0.0
-
-    @property
-    def acceptance_rate(self) -> float:
-        """Accepted / drafted tokens over the generation."""
-        d = sum(c.depth for c in self.cycles)
-        return sum(c.num_accepted for c in self.cycles) / d if d else 0.0
-
-    @property
-    def overhead_fraction(self) -> float:
-        """Share of cycle time outside the two models' forwards."""
-        tot = sum(c.seconds for c in self.cycles)
-        return sum(c.other_seconds for c in self.cycles) / tot if tot else 0.0
-
-    @property
-    def mean_inter_token_seconds(self) -> float:
-        """(wall − TTFT) / (new tokens − 1)."""
-        n = len(self.tokens)
-        return (self.wall_seconds - self.ttft_seconds) / (n - 1) if n > 1 else 0.0
 
 
 def check_decoder_settings(max_new_tokens: int, max_depth: int) -> None:
@@ -571,7 +473,8 @@ class SpeculativeDecoder:
         return CycleResult(emitted, depth, verified, tau, draft_s, t2 - t1, other_s, self.finished, feats, neural)
 
     def _next_features(self) -> np.ndarray | None:
-        """The next decision's observation for the :class:`CycleResult` (the environments read it)."""
+        """The next decision's observation for the :class:`~learn2draft.metrics.CycleResult` (the environments read
+        it)."""
         return self.features()
 
     def _draft_q(self, p: torch.Tensor) -> torch.Tensor:
@@ -665,7 +568,7 @@ class SpeculativeDecoder:
             size: a tree's size decider, asked when this call verifies (None: the decoder's ``verify_size``).
 
         Returns:
-            the :class:`CycleResult` when this call verified, else None.
+            the :class:`~learn2draft.metrics.CycleResult` when this call verified, else None.
 
         Raises:
             RuntimeError: not started or finished.
@@ -745,6 +648,4 @@ class SpeculativeDecoder:
         )
 
 
-__all__ = [
-    "CycleResult", "DraftAction", "DraftController", "FixedDepthController", "GenerationResult", "SpeculativeDecoder",
-]
+__all__ = ["DraftController", "FixedDepthController", "SpeculativeDecoder"]

@@ -156,7 +156,7 @@ def test_cli_without_prompt_on_a_terminal_says_how_to_pass_one(monkeypatch, caps
 
 
 def test_describe_cycle_prints_a_character_split_across_cycles_whole(tok):
-    from learn2draft.decoding import CycleResult
+    from learn2draft.metrics import CycleResult
 
     ids = tok(" 日本", add_special_tokens=False).input_ids
     assert len(ids) >= 3
@@ -166,7 +166,7 @@ def test_describe_cycle_prints_a_character_split_across_cycles_whole(tok):
 
 
 def test_describe_cycle_marks_corrected_and_bonus(tok):
-    from learn2draft.decoding import CycleResult
+    from learn2draft.metrics import CycleResult
 
     ids = tok(" a b c", add_special_tokens=False).input_ids
     full = CycleResult(ids, 2, 2, 2, 0.0, 0.0, 0.0, False)

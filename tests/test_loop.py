@@ -291,7 +291,7 @@ def test_real_greedy_speculative_equals_autoregressive(default_pair, real_greedy
 
 
 def test_cycle_records_the_action_it_executed(tiny_pair):
-    from learn2draft.decoding import DraftAction
+    from learn2draft.metrics import DraftAction
 
     dec = SpeculativeDecoder(tiny_pair, max_new_tokens=20)
     r = dec.generate(torch.tensor([1, 5, 9]), FixedDepthController(3))

@@ -6,7 +6,7 @@ does not have) that turns a cycle's shape into seconds:
     seconds(d, c) = d · (draft_step(c) + step_overhead) + verify(d + 1, c) + cycle_overhead
 
 for a chain cycle that drafts d tokens at context length c (committed tokens). The terms are the
-ones :class:`learn2draft.decoding.CycleResult` measures:
+ones :class:`learn2draft.metrics.CycleResult` measures:
 
 * ``verify(n, c)`` — ``verify_seconds``: one target forward over n = d + 1 new tokens (the last
   committed token and the d drafted ones) after c cached tokens, and the processing of its logits;
