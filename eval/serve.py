@@ -840,7 +840,7 @@ def _markdown(report: dict) -> list[str]:
                "when it drafted nothing (idle), as soon as that ratio measures above 1 "
                "(`SpeculationGuard.request_check`).", "",
                "| batch sizes | policy tok/s (steps) | plain tok/s (steps) | step seconds policy / plain | requests "
-               "slower under the policy (of those tested; idle) | winner | policy's γ > 0 steps run plain |",
+               "slower under the policy (of those tested; idle) | winner | steps run plain by the guard (of all) |",
                "|---|---|---|---|---|---|---|"]
         for b, v in report["guard"]["batch_sizes"].items():
             cell = {a: (f"{x['tokens_per_second']:.1f} ({x['steps']})" if x["tokens_per_second"] else "–")
@@ -851,7 +851,7 @@ def _markdown(report: dict) -> list[str]:
             slower = f"{req['slower']} of {req['requests']}" + (f"; {req['idle']} idle" if req and "idle" in req
                                                                  else "") if req else "–"
             md.append(f"| {v.get('batch_sizes', b)} | {cell.get('policy', '–')} | {cell.get('plain', '–')} | {cost} | "
-                      f"{slower} | {v['winner']} | {v['overruled']} of {v['policy_speculated']} |")
+                      f"{slower} | {v['winner']} | {v['overruled']} of {v.get('steps', v['policy_speculated'])} |")
         md.append("")
     if report.get("same_batch"):
         sb = report["same_batch"]

@@ -257,6 +257,10 @@ class _StepGammaController(DraftController):
         return f"a row of {self.policy!r}"
 
 
+#: Relative differences below this are float rounding, not measurements: a tie is not a loss (winner, request_check).
+_TIE = 1e-9
+
+
 def batch_bucket(batch_size: int) -> int:
     """The bucket of a batch size, named by its largest size: 1, 2, 4 (3–4), 8 (5–8), 16 (9–16), … — the smallest
     power of two ≥ ``batch_size`` (the ranges of vLLM's ``num_speculative_tokens_per_batch_size`` tables)."""
@@ -310,8 +314,9 @@ class SpeculationGuard:
     it is 1.24× faster (20 % before) and on 12 % where it is 0.83× as fast (the first ``explore_every`` steps and the
     probes; 9 % before). Before both arms are measured at B the winner is *plain* when the nearest smaller batch size
     with both arms measured has plain as its winner (a batched verification feeds B × (γ + 1) tokens, so speculation's relative
-    cost grows with B: the premise of vLLM's ``num_speculative_tokens_per_batch_size``), else *policy*. A step whose
-    policy γ > 0 runs the winner's γ, except during a probe: ``probe_steps`` consecutive steps of the other arm after
+    cost grows with B: the premise of vLLM's ``num_speculative_tokens_per_batch_size``), else *policy*. Each step runs
+    the winner's arm — the policy's γ (the policy is asked only then; its γ = 0 is a plain step) or γ = 0 — except
+    during a probe: ``probe_steps`` consecutive steps of the other arm after
     every ``interval`` steps of the winner at B; the interval starts at ``explore_every``, doubles (up to
     ``max_explore_every``) while a probe leaves the winner unchanged and falls back to ``explore_every`` when the
     winner changes, so the check follows a machine whose speed drifts and a load whose best move changes, at a
@@ -325,7 +330,7 @@ class SpeculationGuard:
     policy when its mean tokens per step is below the cost ratio of a policy step to a plain one (every row commits
     one token per plain step), by a margin that grows with its spread and with the number of requests tested
     (:meth:`request_check`); a request that drafted nothing in its policy steps commits one token per step for
-    certain, and is slower as soon as the policy's steps measure longer than plain ones. The winner is also *plain*
+    certain, and is slower as soon as the steps it ran in measure longer than plain ones. The winner is also *plain*
     when any request measures slower: speculation runs only
     where neither the batch nor any of its requests measures slower. Without
     per-row measurements (a load state that does not carry them) only the batch's tokens/s is compared.
@@ -354,7 +359,8 @@ class SpeculationGuard:
 
     Attributes:
         decisions: per step decided, ``(batch_size, policy_gamma, gamma, arm)`` with arm ``"policy"`` or ``"plain"``
-            (the arm the step's measurement counts for).
+            (the arm the step's measurement counts for); ``policy_gamma`` is None where the guard ran plain without
+            asking the policy.
 
     Raises:
         ValueError: a setting out of range, or a ``policy`` without ``gamma`` and ``max_depth``.
@@ -391,7 +397,8 @@ class SpeculationGuard:
         self._sched: dict[int, dict[str, Any]] = {}  # bucket → its probing schedule
         self._pending: tuple[int, str] | None = None  # (B, arm) of the step decided last, awaiting its measurement
         self._decided: tuple[Any, int] = (None, 0)
-        self.decisions: list[tuple[int, int, int, str]] = []
+        self._checked: dict = {}  # the last request_check, by bucket and steps measured
+        self.decisions: list[tuple[int, int | None, int, str]] = []
 
     # ------------------------------------------------------------------ measurements
     def _learn(self, load: Any) -> None:
@@ -440,33 +447,45 @@ class SpeculationGuard:
           one is expected); 0 with ``confidence`` = 0 (the point estimates alone).
 
         A request whose rows drafted nothing in every one of its policy steps (``last_step_row_drafted``: prompt
-        lookup found no match, the policy gave the row nothing to verify) committed exactly one token per step, with
-        no spread to estimate: it decoded plainly inside longer steps. It is *idle*, and slower when the cost ratio
-        itself measures above 1 — ρ − ``confidence`` · SE(ρ) > 1, SE(ρ) by the delta method over the two arms' step
-        seconds (a single test, so no √(2 ln R)); the statistical test above would give it the pooled spread of rows
-        whose drafts were accepted or not, and with few steps per request it has no power (an ``eval.serve`` run on
-        2 CPU cores, 9–16 rows: 56 requests in 30 policy steps, none found slower, while the cost ratio was 1.43 and
-        the lowest request committed 1.0 token per step).
+        lookup found no match, so the row verified nothing) committed exactly one token per step, with no spread to
+        estimate: it decoded plainly inside the policy's steps. It is *idle*, and slower when the steps it ran in
+        measure longer than plain ones: (mean S_r − mean P) / √(s² (1 / n_r + 1 / n_P)) > z, S_r its policy steps'
+        seconds, P the plain arm's and s² the step seconds' variance pooled over both arms' windows (a probe gives
+        the plain arm 2 steps, too few for a variance of its own); the same z. Its own steps, not the arm's mean:
+        alone in the batch (B = 1) an idle request's steps are plain steps, whatever the policy's other steps cost.
+        The statistical test above would give it the pooled spread of rows whose drafts were accepted or not, and
+        with few steps per request it has no power (an ``eval.serve`` run on 2 CPU cores, 9–16 rows: 56 requests in
+        30 policy steps, none found slower, while the cost ratio was 1.43 and the lowest request committed 1.0 token
+        per step).
 
         Returns:
             None before both arms have a step in the window or no request has 2 policy steps; else ``{"cost_ratio":
-            ρ, "cost_ratio_error": SE(ρ) (infinite below 2 steps per arm), "requests": R, "idle": how many are idle,
-            "slower": how many are slower (idle ones included), "lowest_tokens_per_step": min m_r}``.
+            ρ, "cost_ratio_error": its standard error by the delta method (infinite below 2 steps per arm),
+            "requests": R, "idle": how many are idle, "slower": how many are slower (idle ones included),
+            "lowest_tokens_per_step": min m_r}``.
         """
         arms = self._stats.get(batch_bucket(batch_size), {})
         pol, plain = arms.get(self.POLICY), arms.get(self.PLAIN)
         if not pol or not plain or not pol[0] or not plain[0]:
             return None
+        key = (batch_bucket(batch_size), pol[1], plain[1], self.confidence)  # changes only with a measured step
+        if key not in self._checked:
+            self._checked = {key: self._request_check(pol, plain)}
+        return self._checked[key]
+
+    def _request_check(self, pol: list, plain: list) -> dict | None:
         a = np.asarray([sec for _, sec, _ in pol[0]])
         b = np.asarray([sec for _, sec, _ in plain[0]])
         rho = float(a.mean() / b.mean())
         rho_se = (rho * math.sqrt(a.var(ddof=1) / (a.size * a.mean() ** 2) + b.var(ddof=1) / (b.size * b.mean() ** 2))
                   if a.size >= 2 and b.size >= 2 else float("inf"))
         per: dict[int, list[float]] = {}
+        secs: dict[int, list[float]] = {}  # request → the seconds of its policy steps
         drafted: dict[int, bool] = {}  # request → drafted in any of its policy steps (True when not measured)
-        for _, _, rows in pol[0]:
+        for _, sec, rows in pol[0]:
             for rid, tokens, d in rows:
                 per.setdefault(rid, []).append(float(tokens))
+                secs.setdefault(rid, []).append(sec)
                 drafted[rid] = drafted.get(rid, False) or d is None or d > 0
         per = {r: np.asarray(v) for r, v in per.items() if len(v) >= 2}
         if not per:
@@ -475,14 +494,19 @@ class SpeculationGuard:
         dof = sum(v.size - 1 for v in per.values())
         pooled = sum(float(((v - v.mean()) ** 2).sum()) for v in per.values()) / dof
         z = self.confidence + math.sqrt(2 * math.log(len(per))) if self.confidence > 0 else 0.0
+        # the step seconds' variance pooled over both arms' windows (either arm alone may hold 2 steps: a probe)
+        sec_var = (float(((a - a.mean()) ** 2).sum() + ((b - b.mean()) ** 2).sum()) / (a.size + b.size - 2)
+                   if a.size + b.size > 2 else float("inf"))
         slower = 0
         for r, v in per.items():
-            if not drafted[r]:  # one token per step, certain: slower when the steps measure longer
-                slower += rho - (self.confidence * rho_se if self.confidence > 0 else 0.0) > 1.0
+            if not drafted[r]:  # one token per step, certain: slower when its steps measure longer than plain ones
+                s_r = np.asarray(secs[r])
+                gap = float(s_r.mean() - b.mean())
+                slower += gap > z * math.sqrt(sec_var * (1 / s_r.size + 1 / b.size)) + _TIE * b.mean()
                 continue
             n = v.size
             var = (self._PRIOR_STEPS * pooled + (n - 1) * float(v.var(ddof=1))) / (self._PRIOR_STEPS + n - 1)
-            slower += float(v.mean()) + z * math.sqrt(var / n) < rho
+            slower += float(v.mean()) + z * math.sqrt(var / n) < rho * (1 - _TIE)
         return {"cost_ratio": rho, "cost_ratio_error": rho_se, "requests": len(per), "idle": len(idle),
                 "slower": slower, "lowest_tokens_per_step": min(float(v.mean()) for v in per.values())}
 
@@ -492,7 +516,7 @@ class SpeculationGuard:
         if p is not None and q is not None:
             spread = math.hypot(self.rate_error(batch_size, self.POLICY), self.rate_error(batch_size, self.PLAIN))
             margin = self.confidence * spread if self.confidence > 0 else 0.0  # 0 × an unknown spread: no margin
-            if q - p > margin:
+            if q - p > margin + _TIE * p:
                 return self.PLAIN
             check = self.request_check(batch_size) if self.latency else None
             return self.PLAIN if check is not None and check["slower"] > 0 else self.POLICY
@@ -524,10 +548,14 @@ class SpeculationGuard:
         if self._decided[0] is load:
             return self._decided[1]
         self._learn(load)
-        g_policy = int(self.policy.gamma(load))
         B = int(load.batch_size)
-        arm = self.PLAIN if g_policy <= 0 else self._choose(B)
-        g = g_policy if arm == self.POLICY else 0
+        arm = self._choose(B)
+        # the policy is asked only for a step its answer can run: a plain step costs no policy inference and reads
+        # none of the load's per-row lookaheads (``draftable``, built on first read by the batched decoder)
+        g_policy = int(self.policy.gamma(load)) if arm == self.POLICY else None
+        g = g_policy if g_policy is not None and g_policy > 0 else 0
+        if g == 0:
+            arm = self.PLAIN  # the policy's own γ = 0 is a plain step, measured as one
         self._pending, self._decided = (B, arm), (load, g)
         self.decisions.append((B, g_policy, g, arm))
         return g
@@ -551,16 +579,17 @@ class SpeculationGuard:
     def summary(self) -> dict:
         """Per batch-size bucket measured (keyed by its largest size, :func:`batch_bucket`; ``batch_sizes`` names
         its range, e.g. ``"5-8"``): each arm's tokens/s and steps counted, :meth:`request_check` (None: not
-        measured), the winner, the steps where the policy chose γ > 0 and how many of them the guard ran plain (for
-        reports)."""
+        measured), the winner, the steps decided, those the policy speculated in (asked, γ > 0) and those the guard
+        ran plain without asking the policy (``overruled``) (for reports)."""
         out = {}
         for B in sorted(self._stats):
             arms = {a: {"tokens_per_second": self.rate(B, a), "steps": int(v[1])} for a, v in self._stats[B].items()}
-            decided = [d for d in self.decisions if batch_bucket(d[0]) == B and d[1] > 0]
+            decided = [d for d in self.decisions if batch_bucket(d[0]) == B]
             lo = B // 2 + 1 if B > 1 else 1
             out[B] = {"batch_sizes": str(B) if lo == B else f"{lo}-{B}", "arms": arms, "requests": self.request_check(B),
-                      "winner": self.winner(B),
-                      "policy_speculated": len(decided), "overruled": sum(1 for d in decided if d[2] == 0)}
+                      "winner": self.winner(B), "steps": len(decided),
+                      "policy_speculated": sum(1 for d in decided if d[1] is not None and d[1] > 0),
+                      "overruled": sum(1 for d in decided if d[1] is None)}
         return out
 
     def __repr__(self) -> str:

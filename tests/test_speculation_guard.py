@@ -145,14 +145,14 @@ def test_the_real_loop_gives_the_guard_each_steps_measurement_and_keeps_the_gree
 
     seen, rows = [], []
 
-    class Recording(FixedStepPolicy):
-        def gamma(self, load):
+    class Recording(SpeculationGuard):  # every step's load state, whether or not the policy is asked
+        def _learn(self, load):
             seen.append((load.last_step_batch, load.last_step_tokens, load.last_step_seconds))
             rows.append((load.last_step_row_ids, load.last_step_row_tokens, load.last_step_prefill_tokens,
                          load.last_step_row_drafted))
-            return self.g
+            super()._learn(load)
 
-    guard = SpeculationGuard(Recording(3), explore_every=2, max_explore_every=4, probe_steps=1)
+    guard = Recording(FixedStepPolicy(3), explore_every=2, max_explore_every=4, probe_steps=1)
     prompts = [torch.tensor([3, 4, 5, 3, 4, 5, 3, 4]), torch.tensor([6, 7, 6, 7, 6, 7]), torch.tensor([8, 9, 10, 8, 9]),
                torch.tensor([5, 6, 5, 6, 5])]
     dec = BatchedSpeculativeDecoder(tiny_pair, "lookup", max_new_tokens=12, max_depth=4, max_batch=2)
@@ -391,7 +391,35 @@ def test_a_request_that_drafts_nothing_turns_the_guard_plain_where_speculating_s
     guard = SpeculationGuard(FixedStepPolicy(4))
     drive_turnover(guard, 400, 0, B, (1, 2, 3, 4, 5), 0.065, 0.05, (8, 20), idle_rows=2)
     check = guard.request_check(B)
-    assert check["idle"] >= 1 and check["slower"] >= check["idle"] and check["cost_ratio"] > 1.1
+    assert check["idle"] >= 1 and check["slower"] >= 1 and check["cost_ratio"] > 1.1
+
+
+def test_an_idle_request_alone_in_the_batch_is_not_read_as_slower():
+    """B = 1, requests of 8–20 tokens in turn, every other one idle (prompt lookup finds nothing: 1 token, 0 drafted,
+    in a plain step's seconds, since nothing is verified beside it) and the others 2.2× faster (3 tokens per step in
+    1.36× the seconds). The idle requests' own steps cost what plain steps do, so the guard must keep speculating
+    (≤ 15 % plain over 10 seeds of 400 steps): an idle request is judged by the steps it ran in, not by the policy
+    arm's mean step (the first version of the idle test did, and in an eval.serve run the guard ran plain on 333 of
+    the 509 steps at B = 1 where the policy asked to speculate, its speculation measured 2.8× faster)."""
+    import random
+
+    shares = []
+    for seed in range(10):
+        guard, rng = SpeculationGuard(FixedStepPolicy(4)), random.Random(seed)
+        rid, left, last, plain = 0, rng.randint(8, 20), LoadState(1, 1, (50,)), 0
+        for _ in range(400):
+            g = guard.gamma(last)
+            idle = rid % 2 == 1
+            tok, drafted = (1, 0) if g == 0 or idle else (3, g)
+            sec = (0.068 if drafted else 0.05) * rng.uniform(0.9, 1.1)
+            plain += g == 0
+            last = LoadState(1, 1, (50,), last_step_batch=1, last_step_tokens=tok, last_step_seconds=sec,
+                             last_step_row_ids=(rid,), last_step_row_tokens=(tok,), last_step_row_drafted=(drafted,))
+            left -= tok
+            if left <= 0:
+                rid, left = rid + 1, rng.randint(8, 20)
+        shares.append(plain / 400)
+    assert sum(shares) / len(shares) <= 0.15
 
 
 def test_request_check_counts_a_request_below_the_cost_ratio():
@@ -414,15 +442,15 @@ def test_request_check_counts_a_request_below_the_cost_ratio():
             self.i += 1
             return 2 if self.i % 2 == 0 else 0
 
-    # throughput-only while feeding (the batch's rates tie, so every step runs as the policy asked), then the check
+    # throughput-only while feeding (the batch gains a little, so every step runs as the policy asked), then the check
     guard = SpeculationGuard(Alternating(), explore_every=1000, max_explore_every=1000, confidence=0, latency=False)
     steps = []
     for _ in range(6):
-        steps += [((0, 1), (1, 3), 0.2), ((0, 1), (1, 1), 0.1)]  # policy: 2× the seconds; row 0 gains nothing
+        steps += [((0, 1), (1, 3), 0.19), ((0, 1), (1, 1), 0.1)]  # policy: 1.9× the seconds; row 0 gains nothing
     feed(guard, steps)
     check = guard.request_check(2)
-    assert check == {"cost_ratio": pytest.approx(2.0), "cost_ratio_error": pytest.approx(0.0), "requests": 2,
-                     "idle": 0, "slower": 1, "lowest_tokens_per_step": 1.0}
+    assert check == {"cost_ratio": pytest.approx(1.9), "cost_ratio_error": pytest.approx(0.0, abs=1e-9),
+                     "requests": 2, "idle": 0, "slower": 1, "lowest_tokens_per_step": 1.0}
     assert guard.winner(2) == "policy"
     guard.latency = True
     assert guard.winner(2) == "plain"
