@@ -502,11 +502,11 @@ class SpeculationGuard:
             if not drafted[r]:  # one token per step, certain: slower when its steps measure longer than plain ones
                 s_r = np.asarray(secs[r])
                 gap = float(s_r.mean() - b.mean())
-                slower += gap > z * math.sqrt(sec_var * (1 / s_r.size + 1 / b.size)) + _TIE * b.mean()
+                slower += bool(gap > z * math.sqrt(sec_var * (1 / s_r.size + 1 / b.size)) + _TIE * float(b.mean()))
                 continue
             n = v.size
             var = (self._PRIOR_STEPS * pooled + (n - 1) * float(v.var(ddof=1))) / (self._PRIOR_STEPS + n - 1)
-            slower += float(v.mean()) + z * math.sqrt(var / n) < rho * (1 - _TIE)
+            slower += bool(float(v.mean()) + z * math.sqrt(var / n) < rho * (1 - _TIE))
         return {"cost_ratio": rho, "cost_ratio_error": rho_se, "requests": len(per), "idle": len(idle),
                 "slower": slower, "lowest_tokens_per_step": min(float(v.mean()) for v in per.values())}
 

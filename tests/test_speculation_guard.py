@@ -5,6 +5,8 @@ measured tokens and seconds)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -392,6 +394,9 @@ def test_a_request_that_drafts_nothing_turns_the_guard_plain_where_speculating_s
     drive_turnover(guard, 400, 0, B, (1, 2, 3, 4, 5), 0.065, 0.05, (8, 20), idle_rows=2)
     check = guard.request_check(B)
     assert check["idle"] >= 1 and check["slower"] >= 1 and check["cost_ratio"] > 1.1
+    # the summary is what eval.serve writes to serve.json: plain Python numbers (an int64 count failed its last write)
+    assert all(type(check[k]) is int for k in ("requests", "idle", "slower"))
+    json.dumps(guard.summary())
 
 
 def test_an_idle_request_alone_in_the_batch_is_not_read_as_slower():
@@ -510,3 +515,17 @@ def test_a_mixed_prefill_step_reports_its_joining_prompts_tokens(tiny_pair):
     assert step.prefill_tokens == 7
     assert step.tokens_fed == 7 + sum(c.depth + 1 for c in step.rows.values())
     assert dec.load().last_step_prefill_tokens == 7 and dec.batch_size == 2
+
+
+def test_a_report_with_numpy_numbers_is_written_whole(tmp_path):
+    """eval.header.write_report writes numpy scalars and arrays as numbers (a 20-minute eval.serve run lost its
+    serve.json to an int64 count), and still refuses what JSON cannot hold, naming its type."""
+    import numpy as np
+
+    from eval.header import write_report
+
+    report = {"slower": np.int64(3), "ratio": np.float64(1.5), "flags": np.array([True, False]), "n": 2}
+    write_report(tmp_path, "r", report, ["# r"], lambda rep, path: path.write_bytes(b""))
+    assert json.loads((tmp_path / "r.json").read_text()) == {"slower": 3, "ratio": 1.5, "flags": [True, False], "n": 2}
+    with pytest.raises(TypeError, match="object"):
+        write_report(tmp_path, "bad", {"x": object()}, ["# bad"], lambda rep, path: None)
