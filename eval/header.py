@@ -188,7 +188,7 @@ def sampling_text(s) -> str:
     return ", ".join(f"{k}={v}" for k, v in s.items())
 
 
-def _json_scalar(value):
+def json_scalar(value):
     """A numpy scalar or array as its Python value, for ``json.dumps`` (a report of a long run must not fail at its
     last write over a number's type).
 
@@ -211,7 +211,7 @@ def write_report(out, name: str, report: dict, md: list[str], plot) -> None:
     out = Path(out)
     text = "\n".join(md)
     (out / f"{name}.md").write_text(text + "\n")
-    (out / f"{name}.json").write_text(json.dumps(report, indent=2, default=_json_scalar))
+    (out / f"{name}.json").write_text(json.dumps(report, indent=2, default=json_scalar))
     plot(report, out / f"{name}.png")
     print("\n" + text)
     print(f"Wrote {out / f'{name}.md'}, {out / f'{name}.json'} and {out / f'{name}.png'}.")

@@ -412,7 +412,7 @@ def poisson_arrivals(rate: float, n: int, seed: int) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------- the run
 def _run(args) -> int:
     from eval.__main__ import make_out_dir
-    from eval.header import finish_header, header_lines, run_header
+    from eval.header import finish_header, header_lines, json_scalar, run_header
     from eval.runner import encode_all
     from learn2draft.cli import load_models, model_names, set_threads, stderr_line
     from learn2draft.prompts import load_prompt_file_records, load_prompt_records, load_prompts, prompt_set_splits
@@ -558,7 +558,10 @@ def _run(args) -> int:
                                  "order": [m if m == HF else m.name for m in order],
                                  "methods": {n: res[n] for n in [m if m == HF else m.name for m in rows]}})
         # what is measured so far survives a Ctrl-C or a crash of a later level (removed when the run completes)
-        (out / PARTIAL_FILE).write_text(json.dumps({**report, "partial": True}, indent=1, default=str))
+        if guard is not None:  # the guard's state so far, kept with the levels
+            report["guard"] = {"settings": repr(guard),
+                               "batch_sizes": {str(b): v for b, v in guard.summary().items()}}
+        (out / PARTIAL_FILE).write_text(json.dumps({**report, "partial": True}, indent=1, default=json_scalar))
         stderr_line(f"eval.serve: {len(report['levels'])}/{len(levels)} levels measured (so far in "
                     f"{out / PARTIAL_FILE})")
     if "nospec" in s.methods and "hf" in s.methods:  # the goal's own setting: the same 8 prompts in one batch
@@ -836,8 +839,9 @@ def _markdown(report: dict) -> list[str]:
         md += [f"### the speed guard ({report['guard']['settings']}), after the last level", "",
                "Per batch-size bucket, over each arm's last window of steps (steps that prefilled joining requests "
                "excluded): an arm's tok/s is its steps' committed tokens / their seconds, not a level's aggregate; a "
-               "request is slower under the policy when its tokens per step fall below the step-seconds ratio, or, "
-               "when it drafted nothing (idle), as soon as that ratio measures above 1 "
+               "request still running is slower under the policy when its tokens per step fall below the "
+               "step-seconds ratio; the idle ones (they drafted nothing) are slower together when the steps they ran "
+               "in measure longer than plain steps, by `confidence` standard errors "
                "(`SpeculationGuard.request_check`).", "",
                "| batch sizes | policy tok/s (steps) | plain tok/s (steps) | step seconds policy / plain | requests "
                "slower under the policy (of those tested; idle) | winner | steps run plain by the guard (of all) |",
@@ -851,7 +855,7 @@ def _markdown(report: dict) -> list[str]:
             slower = f"{req['slower']} of {req['requests']}" + (f"; {req['idle']} idle" if req and "idle" in req
                                                                  else "") if req else "–"
             md.append(f"| {v.get('batch_sizes', b)} | {cell.get('policy', '–')} | {cell.get('plain', '–')} | {cost} | "
-                      f"{slower} | {v['winner']} | {v['overruled']} of {v.get('steps', v['policy_speculated'])} |")
+                      f"{slower} | {v['winner']} | {v.get('plain_unasked', '–')} of {v.get('steps', '–')} |")
         md.append("")
     if report.get("same_batch"):
         sb = report["same_batch"]

@@ -401,7 +401,7 @@ class BatchedSpeculativeDecoder:
         return LoadState(
             len(self.rows), self.max_batch, tuple(int(r.ids.numel()) for r in self.rows), waiting,
             last_taus=tuple(c.num_accepted if c else 0 for c in last), last_depths=tuple(c.depth if c else 0 for c in last),
-            draftable=_Lazy(lambda rows=tuple(self.rows): tuple(_draftable(r) for r in rows)),
+            draftable=_Lazy([(r, r.ids, r.depth_limit) for r in self.rows]), row_ids=tuple(self._ids),
             tokens_left=tuple(self.max_new_tokens - r.generated for r in self.rows),
             max_depth=self.max_depth, max_new_tokens=self.max_new_tokens,
             **({} if not self.steps else dict(last_step_batch=self.steps[-1].batch_size,
@@ -598,16 +598,19 @@ class BatchedSpeculativeDecoder:
 
 
 class _Lazy(Sequence):
-    """A tuple of ints computed on first read: a load state's ``draftable`` runs a lookahead per row (prompt lookup's
-    n-gram search, ~0.4 ms a row on a 2-core CPU), which only a learned load-aware policy reads; a step whose
-    controllers never read it (a guard that runs plain, a fixed table) does not pay for it."""
+    """A load state's ``draftable``, computed on first read: per row, the tokens its drafter can propose after the
+    committed tokens the row held when the load state was built (:func:`_draftable`; the ids and depth limit are
+    kept then, committed tokens are never rewritten). It runs a lookahead per row (prompt lookup's n-gram search,
+    ~0.4 ms a row on a 2-core CPU) that only a learned load-aware policy reads: a step whose controllers never read
+    it (a guard that runs plain, a fixed table) does not pay for it. Reads as, compares equal to and pickles as the
+    tuple of ints."""
 
-    def __init__(self, compute: Callable[[], tuple[int, ...]]):
-        self._compute, self._value = compute, None
+    def __init__(self, rows: list):
+        self._rows, self._value = rows, None
 
     def _get(self) -> tuple[int, ...]:
         if self._value is None:
-            self._value, self._compute = self._compute(), None
+            self._value, self._rows = tuple(_draftable(*r) for r in self._rows), None
         return self._value
 
     def __getitem__(self, i):
@@ -622,17 +625,19 @@ class _Lazy(Sequence):
     def __hash__(self) -> int:
         return hash(self._get())
 
+    def __reduce__(self):
+        return tuple, (self._get(),)
+
     def __repr__(self) -> str:
         return repr(self._get())
 
 
-def _draftable(row: SpeculativeDecoder) -> int:
-    """The tokens ``row``'s drafter can propose now, at most its depth limit: a lookahead's chain (prompt lookup, the
-    hybrids' lookup), else the depth limit when it has a proposal."""
-    limit = row.depth_limit
+def _draftable(row: SpeculativeDecoder, seq: torch.Tensor, limit: int) -> int:
+    """The tokens ``row``'s drafter can propose after its committed tokens ``seq`` (int64 (n,)), at most ``limit`` (its
+    depth limit then): a lookahead's chain (prompt lookup, the hybrids' lookup), else the limit when it has a
+    proposal."""
     if limit <= 0:
         return 0
-    seq = row.ids
     if hasattr(row.drafter, "lookahead"):
         return len(row.drafter.lookahead(seq, limit)[0])
     return limit if row.drafter.can_propose(seq) else 0

@@ -154,7 +154,6 @@ class GenerationResult:
         return (self.wall_seconds - self.ttft_seconds) / (n - 1) if n > 1 else 0.0
 
 
-
 @dataclass
 class RequestResult:
     """One finished (or stopped) request of a batch.

@@ -18,6 +18,7 @@ is drawn), which is what keeps the output law exact whatever a policy does with 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -135,6 +136,8 @@ class LoadState:
             the inverse of its inter-token latency.
         last_step_row_drafted: the drafted tokens each of those rows verified in the previous step (0: the row
             decoded plainly in it, its one token certain; empty when not measured).
+        row_ids: the request ids of the rows running this step, in batch order (empty when not given): a check of
+            measured requests tests those still running.
     """
 
     batch_size: int
@@ -143,7 +146,7 @@ class LoadState:
     waiting: int = 0
     last_taus: tuple[int, ...] = ()
     last_depths: tuple[int, ...] = ()
-    draftable: tuple[int, ...] = ()
+    draftable: Sequence[int] = ()
     tokens_left: tuple[int, ...] = ()
     max_depth: int = 0
     max_new_tokens: int = 0
@@ -154,6 +157,7 @@ class LoadState:
     last_step_row_ids: tuple[int, ...] = ()
     last_step_row_tokens: tuple[int, ...] = ()
     last_step_row_drafted: tuple[int, ...] = ()
+    row_ids: tuple[int, ...] = ()
 
     @property
     def tokens_in_flight(self) -> int:

@@ -329,8 +329,8 @@ class SpeculationGuard:
     ``last_step_row_tokens``, the tokens each request committed in each of its steps; a request is slower under the
     policy when its mean tokens per step is below the cost ratio of a policy step to a plain one (every row commits
     one token per plain step), by a margin that grows with its spread and with the number of requests tested
-    (:meth:`request_check`); a request that drafted nothing in its policy steps commits one token per step for
-    certain, and is slower as soon as the steps it ran in measure longer than plain ones. The winner is also *plain*
+    (:meth:`request_check`); the requests that drafted nothing in their policy steps commit one token per step for
+    certain, and are slower as soon as the steps they ran in measure longer than plain ones. The winner is also *plain*
     when any request measures slower: speculation runs only
     where neither the batch nor any of its requests measures slower. Without
     per-row measurements (a load state that does not carry them) only the batch's tokens/s is compared.
@@ -392,12 +392,13 @@ class SpeculationGuard:
             raise ValueError(f"latency must be True or False, got {latency!r}.")
         self.probe_steps, self.window, self.confidence = probe_steps, int(window), float(confidence)
         self.latency = latency
-        # B → arm → [deque of (tokens, seconds, ((request id, tokens), ...)), steps measured]
+        # bucket → arm → [deque of (tokens, seconds, ((request id, tokens, drafted or None), ...)), steps measured]
         self._stats: dict[int, dict[str, list]] = {}
         self._sched: dict[int, dict[str, Any]] = {}  # bucket → its probing schedule
         self._pending: tuple[int, str] | None = None  # (B, arm) of the step decided last, awaiting its measurement
         self._decided: tuple[Any, int] = (None, 0)
-        self._checked: dict = {}  # the last request_check, by bucket and steps measured
+        self._checked: dict = {}  # the last request_check, by bucket, steps measured and running requests
+        self._running: frozenset | None = None  # the request ids running now (None: the load states do not say)
         self.decisions: list[tuple[int, int | None, int, str]] = []
 
     # ------------------------------------------------------------------ measurements
@@ -413,8 +414,10 @@ class SpeculationGuard:
         B, arm = pending
         stat = self._stats.setdefault(batch_bucket(B), {}).setdefault(arm, [deque(maxlen=self.window), 0])
         ids, toks = getattr(load, "last_step_row_ids", ()), getattr(load, "last_step_row_tokens", ())
-        drafted = getattr(load, "last_step_row_drafted", ()) or (None,) * len(ids)
-        rows = tuple(zip(ids, toks, drafted))
+        drafted = getattr(load, "last_step_row_drafted", ())
+        if len(drafted) != len(ids):  # not measured (or not row by row): no row is known to be idle
+            drafted = (None,) * len(ids)
+        rows = tuple(zip(ids, toks, drafted)) if len(toks) == len(ids) else ()
         stat[0].append((float(load.last_step_tokens), seconds, rows))
         stat[1] += 1
 
@@ -437,7 +440,9 @@ class SpeculationGuard:
         an arm is its mean tokens per step over that arm's mean step seconds; under plain decoding every row commits
         one token per step. Request r is slower under the policy when its mean tokens per step m_r falls below
         the cost ratio ρ = mean policy step seconds / mean plain step seconds, measured: it is counted *slower* when
-        m_r + z · SE_r < ρ over the policy arm's window, for the requests seen in at least 2 of its steps, with
+        m_r + z · SE_r < ρ over the policy arm's window, for the requests seen in at least 2 of its steps and still
+        running (the load state's ``row_ids``, when it gives them: a finished request cannot be helped, and its steps
+        would hold a verdict for 16 probes after it left), with
 
         * SE_r = √(s̃_r² / n_r), s̃_r² = (k · s² + (n_r − 1) · s_r²) / (k + n_r − 1): the request's own sample variance
           of tokens per step shrunk toward the pooled within-request variance s² of the window with k = 4 steps'
@@ -448,19 +453,24 @@ class SpeculationGuard:
 
         A request whose rows drafted nothing in every one of its policy steps (``last_step_row_drafted``: prompt
         lookup found no match, so the row verified nothing) committed exactly one token per step, with no spread to
-        estimate: it decoded plainly inside the policy's steps. It is *idle*, and slower when the steps it ran in
-        measure longer than plain ones: (mean S_r − mean P) / √(s² (1 / n_r + 1 / n_P)) > z, S_r its policy steps'
-        seconds, P the plain arm's and s² the step seconds' variance pooled over both arms' windows (a probe gives
-        the plain arm 2 steps, too few for a variance of its own); the same z. Its own steps, not the arm's mean:
-        alone in the batch (B = 1) an idle request's steps are plain steps, whatever the policy's other steps cost.
-        The statistical test above would give it the pooled spread of rows whose drafts were accepted or not, and
-        with few steps per request it has no power (an ``eval.serve`` run on 2 CPU cores, 9–16 rows: 56 requests in
-        30 policy steps, none found slower, while the cost ratio was 1.43 and the lowest request committed 1.0 token
-        per step).
+        estimate: it decoded plainly inside the policy's steps. It is *idle*. The idle requests are tested together,
+        once, on the steps they ran in: they are all slower when those steps' mean seconds exceed the plain arm's,
+        (mean S − mean P) / √(s² (1 / n_S + 1 / n_P)) > ``confidence``, S the seconds of the policy steps that
+        carried at least one idle request (each step once), P the plain arm's and s² the step seconds' variance
+        pooled over both arms' windows (a probe gives the plain arm 2 steps, too few for a variance of its own).
+
+        Why so: the statistical test above would give an idle request the pooled spread of rows whose drafts were
+        accepted or not, and with few steps per request it has no power (an ``eval.serve`` run on 2 CPU cores,
+        9–16 rows: 56 requests in 30 policy steps, none found slower, while the cost ratio was 1.43 and the lowest
+        request committed 1.0 token per step); one test per idle request needs the multiplicity margin √(2 ln R) and
+        lost the same way (none of 13 idle requests found slower at a cost ratio of 1.16 ± 0.08 in 10 policy
+        steps). The steps they ran in, not the arm's mean: alone in the batch (B = 1) an idle request's steps are
+        plain steps but for the policy's own inference and lookup, whatever the policy's other steps cost (comparing the
+        arm's mean, the guard ran plain on 333 of 509 steps at B = 1 where speculation measured 2.8× faster).
 
         Returns:
             None before both arms have a step in the window or no request has 2 policy steps; else ``{"cost_ratio":
-            ρ, "cost_ratio_error": its standard error by the delta method (infinite below 2 steps per arm),
+            ρ, "cost_ratio_error": its standard error by the delta method (None below 2 steps per arm),
             "requests": R, "idle": how many are idle, "slower": how many are slower (idle ones included),
             "lowest_tokens_per_step": min m_r}``.
         """
@@ -468,10 +478,12 @@ class SpeculationGuard:
         pol, plain = arms.get(self.POLICY), arms.get(self.PLAIN)
         if not pol or not plain or not pol[0] or not plain[0]:
             return None
-        key = (batch_bucket(batch_size), pol[1], plain[1], self.confidence)  # changes only with a measured step
+        # changes only with a measured step or the running requests
+        key = (batch_bucket(batch_size), pol[1], plain[1], self.confidence, self._running)
         if key not in self._checked:
             self._checked = {key: self._request_check(pol, plain)}
-        return self._checked[key]
+        found = self._checked[key]
+        return None if found is None else dict(found)
 
     def _request_check(self, pol: list, plain: list) -> dict | None:
         a = np.asarray([sec for _, sec, _ in pol[0]])
@@ -480,14 +492,13 @@ class SpeculationGuard:
         rho_se = (rho * math.sqrt(a.var(ddof=1) / (a.size * a.mean() ** 2) + b.var(ddof=1) / (b.size * b.mean() ** 2))
                   if a.size >= 2 and b.size >= 2 else float("inf"))
         per: dict[int, list[float]] = {}
-        secs: dict[int, list[float]] = {}  # request → the seconds of its policy steps
         drafted: dict[int, bool] = {}  # request → drafted in any of its policy steps (True when not measured)
         for _, sec, rows in pol[0]:
             for rid, tokens, d in rows:
                 per.setdefault(rid, []).append(float(tokens))
-                secs.setdefault(rid, []).append(sec)
                 drafted[rid] = drafted.get(rid, False) or d is None or d > 0
-        per = {r: np.asarray(v) for r, v in per.items() if len(v) >= 2}
+        per = {r: np.asarray(v) for r, v in per.items() if len(v) >= 2
+               and (self._running is None or r in self._running)}  # a finished request cannot be helped now
         if not per:
             return None
         idle = [r for r in per if not drafted[r]]
@@ -498,16 +509,20 @@ class SpeculationGuard:
         sec_var = (float(((a - a.mean()) ** 2).sum() + ((b - b.mean()) ** 2).sum()) / (a.size + b.size - 2)
                    if a.size + b.size > 2 else float("inf"))
         slower = 0
+        if idle:  # one token per step, certain: slower together when the steps they ran in measure longer
+            ids = set(idle)
+            s_idle = np.asarray([sec for _, sec, rows in pol[0] if any(rid in ids for rid, _, _ in rows)])
+            gap = float(s_idle.mean() - b.mean())
+            margin = self.confidence * math.sqrt(sec_var * (1 / s_idle.size + 1 / b.size)) if self.confidence > 0 else 0.0
+            slower += len(idle) if gap > margin + _TIE * float(b.mean()) else 0
         for r, v in per.items():
-            if not drafted[r]:  # one token per step, certain: slower when its steps measure longer than plain ones
-                s_r = np.asarray(secs[r])
-                gap = float(s_r.mean() - b.mean())
-                slower += bool(gap > z * math.sqrt(sec_var * (1 / s_r.size + 1 / b.size)) + _TIE * float(b.mean()))
+            if not drafted[r]:
                 continue
             n = v.size
             var = (self._PRIOR_STEPS * pooled + (n - 1) * float(v.var(ddof=1))) / (self._PRIOR_STEPS + n - 1)
             slower += bool(float(v.mean()) + z * math.sqrt(var / n) < rho * (1 - _TIE))
-        return {"cost_ratio": rho, "cost_ratio_error": rho_se, "requests": len(per), "idle": len(idle),
+        return {"cost_ratio": rho, "cost_ratio_error": rho_se if math.isfinite(rho_se) else None,
+                "requests": len(per), "idle": len(idle),
                 "slower": slower, "lowest_tokens_per_step": min(float(v.mean()) for v in per.values())}
 
     def winner(self, batch_size: int) -> str:
@@ -549,6 +564,7 @@ class SpeculationGuard:
             return self._decided[1]
         self._learn(load)
         B = int(load.batch_size)
+        self._running = frozenset(getattr(load, "row_ids", ())) or None
         arm = self._choose(B)
         # the policy is asked only for a step its answer can run: a plain step costs no policy inference and reads
         # none of the load's per-row lookaheads (``draftable``, built on first read by the batched decoder)
@@ -580,7 +596,7 @@ class SpeculationGuard:
         """Per batch-size bucket measured (keyed by its largest size, :func:`batch_bucket`; ``batch_sizes`` names
         its range, e.g. ``"5-8"``): each arm's tokens/s and steps counted, :meth:`request_check` (None: not
         measured), the winner, the steps decided, those the policy speculated in (asked, γ > 0) and those the guard
-        ran plain without asking the policy (``overruled``) (for reports)."""
+        ran plain without asking the policy (``plain_unasked``, probes included) (for reports)."""
         out = {}
         for B in sorted(self._stats):
             arms = {a: {"tokens_per_second": self.rate(B, a), "steps": int(v[1])} for a, v in self._stats[B].items()}
@@ -589,7 +605,7 @@ class SpeculationGuard:
             out[B] = {"batch_sizes": str(B) if lo == B else f"{lo}-{B}", "arms": arms, "requests": self.request_check(B),
                       "winner": self.winner(B), "steps": len(decided),
                       "policy_speculated": sum(1 for d in decided if d[1] is not None and d[1] > 0),
-                      "overruled": sum(1 for d in decided if d[1] is None)}
+                      "plain_unasked": sum(1 for d in decided if d[1] is None)}
         return out
 
     def __repr__(self) -> str:

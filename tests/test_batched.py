@@ -557,3 +557,30 @@ def test_serve_refuses_a_controller_instance_with_a_factory_named(tiny_pair):
         with pytest.raises(TypeError, match="factory that builds one controller per request"):
             serve(dec, reqs, bad, concurrency=1)
     assert not dec.steps
+
+
+def test_the_load_states_draftable_is_the_rows_when_it_was_built(tiny_pair):
+    """LoadState.draftable is computed on first read (a lookahead per row) but for the committed tokens and depth
+    limit the rows held when the load state was built: read after more steps it equals a read at once, while a new
+    load state then reads less (fewer tokens left, the control); it pickles and compares as a tuple of ints; and it
+    carries the running rows' request ids."""
+    import pickle
+
+    from learn2draft.batched import BatchedSpeculativeDecoder
+    from learn2draft.control import FixedDepthController
+
+    prompts = [torch.tensor([3, 4, 5, 3, 4, 5, 3, 4, 5, 3, 4]), torch.tensor([6, 7, 8, 6, 7, 8, 6, 7])]
+    a = BatchedSpeculativeDecoder(tiny_pair, "model", max_new_tokens=12, max_depth=8, max_batch=2)
+    b = BatchedSpeculativeDecoder(tiny_pair, "model", max_new_tokens=12, max_depth=8, max_batch=2)
+    for dec in (a, b):
+        dec.add_many(prompts, [FixedDepthController(2) for _ in prompts], [0, 1])
+        dec.step()
+    now, later = a.load(), b.load()
+    at_once = tuple(now.draftable)
+    for _ in range(2):
+        b.step()
+    assert len(b.rows) == 2 and any(d > 0 for d in at_once)
+    assert tuple(later.draftable) == at_once and later.draftable == at_once
+    assert tuple(b.load().draftable) != at_once  # the rows now: fewer tokens left
+    assert pickle.loads(pickle.dumps(now)).draftable == at_once
+    assert now.row_ids == tuple(a._ids) and len(now.row_ids) == 2
