@@ -594,15 +594,20 @@ class SpeculationGuard:
 
     def summary(self) -> dict:
         """Per batch-size bucket measured (keyed by its largest size, :func:`batch_bucket`; ``batch_sizes`` names
-        its range, e.g. ``"5-8"``): each arm's tokens/s and steps counted, :meth:`request_check` (None: not
-        measured), the winner, the steps decided, those the policy speculated in (asked, γ > 0) and those the guard
+        its range, e.g. ``"5-8"``): each arm's tokens/s and steps counted, :meth:`request_check` over every request
+        in the window, finished ones included (None: not measured), the winner, the steps decided, those the policy speculated in (asked, γ > 0) and those the guard
         ran plain without asking the policy (``plain_unasked``, probes included) (for reports)."""
         out = {}
+        running, self._running = self._running, None  # a report covers every request in the window, not the last step's
+        try:
+            checks = {B: self.request_check(B) for B in self._stats}
+        finally:
+            self._running = running
         for B in sorted(self._stats):
             arms = {a: {"tokens_per_second": self.rate(B, a), "steps": int(v[1])} for a, v in self._stats[B].items()}
             decided = [d for d in self.decisions if batch_bucket(d[0]) == B]
             lo = B // 2 + 1 if B > 1 else 1
-            out[B] = {"batch_sizes": str(B) if lo == B else f"{lo}-{B}", "arms": arms, "requests": self.request_check(B),
+            out[B] = {"batch_sizes": str(B) if lo == B else f"{lo}-{B}", "arms": arms, "requests": checks[B],
                       "winner": self.winner(B), "steps": len(decided),
                       "policy_speculated": sum(1 for d in decided if d[1] is not None and d[1] > 0),
                       "plain_unasked": sum(1 for d in decided if d[1] is None)}

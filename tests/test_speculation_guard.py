@@ -601,3 +601,32 @@ def test_a_finished_idle_request_does_not_hold_the_guard_plain():
     check = guard.request_check(1)
     check["slower"] = 99
     assert guard.request_check(1)["slower"] != 99 and guard.winner(1) == winner
+
+
+def test_the_decision_tests_running_requests_and_the_report_every_request_in_the_window():
+    """Request 0 drafted nothing in 6 policy steps that cost 2× a plain one, request 1 gained: while request 0 runs,
+    the check finds it slower and the winner is plain; once the load state's running rows are request 1 alone, the
+    decision no longer counts request 0, but summary() (a report) still does."""
+    class Alternating(FixedStepPolicy):
+        def __init__(self):
+            super().__init__(2)
+            self.i = -1
+
+        def gamma(self, load):
+            self.i += 1
+            return 2 if self.i % 2 == 0 else 0
+
+    guard = SpeculationGuard(Alternating(), explore_every=1000, max_explore_every=1000, latency=False)
+    last = LoadState(2, 16, (50, 50), row_ids=(0, 1))
+    for k in range(12):
+        g = guard.gamma(last)
+        toks, drafted, sec = ((1, 3), (0, 2), 0.2) if g else ((1, 1), (0, 0), 0.1)
+        sec *= 1 + 0.01 * (k % 3)
+        last = LoadState(2, 16, (50, 50), last_step_batch=2, last_step_tokens=sum(toks), last_step_seconds=sec,
+                         last_step_row_ids=(0, 1), last_step_row_tokens=toks, last_step_row_drafted=drafted,
+                         row_ids=(0, 1))
+    guard.gamma(last)
+    assert guard.request_check(2)["idle"] == 1 and guard.request_check(2)["slower"] >= 1
+    guard.gamma(LoadState(2, 16, (50, 50), row_ids=(1, 2)))  # request 0 has finished
+    assert guard.request_check(2) is None or guard.request_check(2)["idle"] == 0
+    assert guard.summary()[2]["requests"]["idle"] == 1
