@@ -376,21 +376,21 @@ class SpeculationGuard:
                 or depth < 1:
             raise ValueError(f"SpeculationGuard needs a step policy with gamma(load) and an integer max_depth ≥ 1, got "
                              f"{policy!r}.")
-        if not (all(isinstance(v, int) and not isinstance(v, bool) for v in (explore_every, max_explore_every))
+        if not (all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in (explore_every, max_explore_every))
                 and 1 <= explore_every <= max_explore_every):
             raise ValueError(f"explore_every ({explore_every!r}) and max_explore_every ({max_explore_every!r}) must be "
                              "integers with 1 ≤ explore_every ≤ max_explore_every.")
-        if not isinstance(probe_steps, int) or isinstance(probe_steps, bool) or probe_steps < 1:
+        if not isinstance(probe_steps, (int, np.integer)) or isinstance(probe_steps, bool) or probe_steps < 1:
             raise ValueError(f"probe_steps must be an integer ≥ 1, got {probe_steps!r}.")
         if not isinstance(window, (int, np.integer)) or isinstance(window, bool) or window < 1:
             raise ValueError(f"window must be an integer ≥ 1, got {window!r}.")
         if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0.0 <= confidence < math.inf:
             raise ValueError(f"confidence must be a finite number ≥ 0, got {confidence!r}.")
         self.policy, self.max_depth = policy, int(policy.max_depth)
-        self.explore_every, self.max_explore_every = explore_every, max_explore_every
+        self.explore_every, self.max_explore_every = int(explore_every), int(max_explore_every)
         if not isinstance(latency, bool):
             raise ValueError(f"latency must be True or False, got {latency!r}.")
-        self.probe_steps, self.window, self.confidence = probe_steps, int(window), float(confidence)
+        self.probe_steps, self.window, self.confidence = int(probe_steps), int(window), float(confidence)
         self.latency = latency
         # bucket → arm → [deque of (tokens, seconds, ((request id, tokens, drafted or None), ...)), steps measured]
         self._stats: dict[int, dict[str, list]] = {}

@@ -256,11 +256,12 @@ def test_a_chain_policy_trained_in_another_precision_warns_once_per_precision_in
 
 def test_confidence_zero_follows_the_faster_arm_as_measured_even_after_one_step():
     """confidence=0 compares the rates alone: an arm with one step (an unknown spread) must not turn the comparison
-    into NaN and keep the slower policy; a numpy integer window is a window."""
+    into NaN and keep the slower policy; numpy integer settings are integers (as a config loaded with numpy gives)."""
     import numpy as np
 
-    guard = SpeculationGuard(FixedStepPolicy(4), explore_every=4, max_explore_every=8, probe_steps=1, confidence=0,
-                             window=np.int64(8))
+    guard = SpeculationGuard(FixedStepPolicy(4), explore_every=np.int64(4), max_explore_every=np.int32(8),
+                             probe_steps=np.int64(1), confidence=0, window=np.int64(8))
+    assert type(guard.explore_every) is int and type(guard.probe_steps) is int
     gammas = drive(guard, 2, 6, lambda i: 1.0, lambda i: 10.0)
     assert gammas[:4] == [4] * 4 and gammas[4] == 0  # the probe: plain decoding's first (and only) step
     assert guard.rate(2, "plain") == pytest.approx(10.0) and guard.winner(2) == "plain" and gammas[5] == 0
