@@ -24,6 +24,19 @@ class FixedStepPolicy:
         return self.g
 
 
+class EveryKth(FixedStepPolicy):
+    """A step policy that asks for γ on every k-th step it is asked (the first included) and for γ = 0 (its own
+    plain step) otherwise."""
+
+    def __init__(self, gamma: int, k: int, max_depth: int = 4):
+        super().__init__(gamma, max_depth)
+        self.k, self.i = k, -1
+
+    def gamma(self, load) -> int:
+        self.i += 1
+        return self.g if self.i % self.k == 0 else 0
+
+
 def drive(guard, batch_size: int, steps: int, rate_policy, rate_plain, first: bool = True) -> list[int]:
     """Run ``steps`` synthetic steps at ``batch_size`` rows: a speculating step commits 2 tokens per row at
     ``rate_policy(i)`` tokens/s, a plain one 1 per row at ``rate_plain(i)``. Returns the γ of every step."""
@@ -439,17 +452,9 @@ def test_request_check_counts_a_request_below_the_cost_ratio():
             last = LoadState(2, 16, (50, 50), last_step_batch=2, last_step_tokens=sum(toks), last_step_seconds=sec,
                              last_step_row_ids=ids, last_step_row_tokens=toks)
 
-    class Alternating(FixedStepPolicy):  # γ > 0 on even steps, γ = 0 (the policy's own plain step) on odd ones
-        def __init__(self):
-            super().__init__(2)
-            self.i = -1
-
-        def gamma(self, load):
-            self.i += 1
-            return 2 if self.i % 2 == 0 else 0
-
-    # throughput-only while feeding (the batch gains a little, so every step runs as the policy asked), then the check
-    guard = SpeculationGuard(Alternating(), explore_every=1000, max_explore_every=1000, confidence=0, latency=False)
+    # γ > 0 on even steps, γ = 0 on odd ones; throughput-only while feeding (the batch gains a little, so every step
+    # runs as the policy asked), then the check
+    guard = SpeculationGuard(EveryKth(2, 2), explore_every=1000, max_explore_every=1000, confidence=0, latency=False)
     steps = []
     for _ in range(6):
         steps += [((0, 1), (1, 3), 0.19), ((0, 1), (1, 1), 0.1)]  # policy: 1.9× the seconds; row 0 gains nothing
@@ -460,7 +465,7 @@ def test_request_check_counts_a_request_below_the_cost_ratio():
     assert guard.winner(2) == "policy"
     guard.latency = True
     assert guard.winner(2) == "plain"
-    tie = SpeculationGuard(Alternating(), explore_every=1000, max_explore_every=1000)
+    tie = SpeculationGuard(EveryKth(2, 2), explore_every=1000, max_explore_every=1000)
     feed(tie, [((0, 1), (1, 1), 0.1)] * 12)
     assert tie.request_check(2)["slower"] == 0 and tie.winner(2) == "policy"
     alone = SpeculationGuard(FixedStepPolicy(2))
@@ -540,17 +545,8 @@ def test_idle_requests_are_found_slower_from_a_few_probe_steps():
     about 15 %, the one-sided 1.5-SE test read once its verdict sticks)."""
     import random
 
-    class Probing(FixedStepPolicy):
-        def __init__(self):
-            super().__init__(4, 8)
-            self.i = -1
-
-        def gamma(self, load):
-            self.i += 1
-            return 4 if self.i % 6 == 0 else 0
-
     def run(spec_seconds: float, seed: int):
-        guard, rng = SpeculationGuard(Probing(), explore_every=1000, max_explore_every=1000), random.Random(seed)
+        guard, rng = SpeculationGuard(EveryKth(4, 6, 8), explore_every=1000, max_explore_every=1000), random.Random(seed)
         B, last = 16, LoadState(16, 16, (50,) * 16)
         for _ in range(40):
             g = guard.gamma(last)
@@ -608,16 +604,7 @@ def test_the_decision_tests_running_requests_and_the_report_every_request_in_the
     """Request 0 drafted nothing in 6 policy steps that cost 2× a plain one, request 1 gained: while request 0 runs,
     the check finds it slower and the winner is plain; once the load state's running rows are request 1 alone, the
     decision no longer counts request 0, but summary() (a report) still does."""
-    class Alternating(FixedStepPolicy):
-        def __init__(self):
-            super().__init__(2)
-            self.i = -1
-
-        def gamma(self, load):
-            self.i += 1
-            return 2 if self.i % 2 == 0 else 0
-
-    guard = SpeculationGuard(Alternating(), explore_every=1000, max_explore_every=1000, latency=False)
+    guard = SpeculationGuard(EveryKth(2, 2), explore_every=1000, max_explore_every=1000, latency=False)
     last = LoadState(2, 16, (50, 50), row_ids=(0, 1))
     for k in range(12):
         g = guard.gamma(last)
