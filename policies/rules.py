@@ -330,7 +330,8 @@ class SpeculationGuard:
     policy when its mean tokens per step is below the cost ratio of a policy step to a plain one (every row commits
     one token per plain step), by a margin that grows with its spread and with the number of requests tested
     (:meth:`request_check`); the requests that drafted nothing in their policy steps commit one token per step for
-    certain, and are slower as soon as the steps they ran in measure longer than plain ones. The winner is also *plain*
+    certain, and are slower when the steps they ran in measure longer than plain ones by ``confidence`` standard
+    errors. The winner is also *plain*
     when any request measures slower: speculation runs only
     where neither the batch nor any of its requests measures slower. Without
     per-row measurements (a load state that does not carry them) only the batch's tokens/s is compared.
@@ -595,8 +596,9 @@ class SpeculationGuard:
     def summary(self) -> dict:
         """Per batch-size bucket measured (keyed by its largest size, :func:`batch_bucket`; ``batch_sizes`` names
         its range, e.g. ``"5-8"``): each arm's tokens/s and steps counted, :meth:`request_check` over every request
-        in the window, finished ones included (None: not measured), the winner, the steps decided, those the policy speculated in (asked, γ > 0) and those the guard
-        ran plain without asking the policy (``plain_unasked``, probes included) (for reports)."""
+        in the window, finished ones included (None: not measured), the winner, the steps decided, those the policy
+        speculated in (asked, γ > 0) and those the guard ran plain without asking the policy (``plain_unasked``,
+        probes included) (for reports)."""
         out = {}
         running, self._running = self._running, None  # a report covers every request in the window, not the last step's
         try:
