@@ -29,6 +29,12 @@ def tokens_per_second(tokens: float, seconds: float) -> float:
     return tokens / seconds if seconds > 0 else 0.0
 
 
+def tpot_seconds(tokens: int, seconds_after_first: float) -> float:
+    """The mean inter-token latency (TPOT): the seconds from the first token to the last over the ``tokens`` − 1 gaps
+    between them; 0.0 for fewer than 2 tokens (vLLM's benchmark defines TPOT so)."""
+    return seconds_after_first / (tokens - 1) if tokens > 1 else 0.0
+
+
 def percentiles(values: Iterable[float], empty: float | None = None) -> dict[str, float | None]:
     """``{"mean", "p50", "p90", "p99"}`` of ``values`` (numpy's linear interpolation between order statistics), each
     ``empty`` when there are no values.
@@ -150,8 +156,7 @@ class GenerationResult:
     @property
     def mean_inter_token_seconds(self) -> float:
         """(wall − TTFT) / (new tokens − 1)."""
-        n = len(self.tokens)
-        return (self.wall_seconds - self.ttft_seconds) / (n - 1) if n > 1 else 0.0
+        return tpot_seconds(len(self.tokens), self.wall_seconds - self.ttft_seconds)
 
 
 @dataclass
@@ -200,8 +205,7 @@ class RequestResult:
     @property
     def mean_inter_token_seconds(self) -> float:
         """(finish − first token) / (tokens − 1), the mean ITL (TPOT)."""
-        n = len(self.tokens)
-        return (self.finish - self.first_token) / (n - 1) if n > 1 else 0.0
+        return tpot_seconds(len(self.tokens), self.finish - self.first_token)
 
 
 @dataclass
@@ -232,6 +236,6 @@ class BatchStep:
 
 
 __all__ = [
-    "PERCENTILES", "BatchStep", "CycleResult", "DraftAction", "GenerationResult", "RequestResult", "percentiles",
-    "tau_histogram", "tokens_per_second",
+    "PERCENTILES", "BatchStep", "CycleResult", "DraftAction", "GenerationResult", "RequestResult",
+    "percentiles", "tau_histogram", "tokens_per_second", "tpot_seconds",
 ]
