@@ -1,7 +1,8 @@
 """``python -m eval.serve``: speculation under load — the serving benchmark of issue 17.
 
 Many requests share one target forward per step (:class:`learn2draft.batched.BatchedSpeculativeDecoder`, continuous
-batching). On the same held-out prompts and seeds, methods interleaved per level (a rotated order), two sweeps:
+batching). On the same held-out prompts and seeds, methods interleaved per level (a rotated order; with ``--passes N``
+every method runs N times per level, the order rotated per pass and reversed on odd passes), two sweeps:
 
 * fixed concurrency ``--concurrency`` (a closed loop: c requests run at once, a finished one is replaced at once);
 * Poisson arrivals ``--arrival-rates`` (requests/s; seeded exponential gaps; an open loop up to ``--max-batch`` rows).
@@ -37,7 +38,8 @@ stream's start to the last token), per-request tokens/s, TTFT, inter-token laten
 (finish − first token) / (tokens − 1), i.e. TPOT; ``itl_gaps``: the pooled gaps between the steps that emitted
 tokens) and request latency at p50 / p90 / p99; the process's peak memory after the method ran; acceptance α
 (accepted / drafted) and τ (accepted per row-step that drafted); ratios to no speculation (tokens/s, and ITL as
-no-spec ITL / method ITL, so ≥ 1 is never slower). TTFT and latency count from a request's arrival under Poisson
+no-spec ITL / method ITL, so ≥ 1 is never slower; over several passes the median of each pass's own ratio, with its
+min–max, and the method's record is its median pass: :func:`combine_passes`). TTFT and latency count from a request's arrival under Poisson
 arrivals (queueing included) and, in a closed loop, from when a free row let it in (:func:`admissions`), as a
 closed-loop client measures them. ``serve.png`` plots
 throughput against concurrency (and arrival rate) per method. The report opens with the header of
@@ -138,6 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--requests-per-slot", type=int, default=4,
                    help="a closed loop of concurrency c serves max(--num-requests, this × c) requests, so that the "
                         "batch stays full and refills (0: --num-requests at every level)")
+    p.add_argument("--passes", type=int, default=1,
+                   help="measured passes per level, every method in each (the order rotated per pass and reversed on "
+                        "odd passes): the ratios to no speculation are the median over passes of the same pass's "
+                        "ratios, reported with their min–max, so that the machine's drift within a level is read, "
+                        "not charged to one method")
     p.add_argument("--num-train-requests", type=int, default=8,
                    help="training-split requests per calibration run (at concurrency c at least --requests-per-slot "
                         "× c, as the measured levels)")
@@ -203,6 +210,7 @@ def check_args(args) -> Settings:
     if args.requests_per_slot < 0:
         raise ValueError(f"--requests-per-slot must be ≥ 0, got {args.requests_per_slot}.")
     for flag, v in (("--num-requests", args.num_requests), ("--num-train-requests", args.num_train_requests),
+                    ("--passes", args.passes),
                     ("--max-new-tokens", args.max_new_tokens), ("--refit-every", args.refit_every),
                     ("--cost-repeats", args.cost_repeats)):
         if v < 1:
@@ -472,7 +480,7 @@ def _run(args) -> int:
     run = {"drafter": rs.drafter, "lookup_min_ngram": rs.lookup_min_ngram, "policy": args.policy, "methods": s.methods, "concurrency": s.levels,
            "arrival_rates": s.rates, "max_batch": s.max_batch, "num_requests": args.num_requests,
            "requests_per_slot": args.requests_per_slot,
-           "max_new_tokens": args.max_new_tokens, "gammas": s.gammas, "max_depth": s.max_depth,
+           "max_new_tokens": args.max_new_tokens, "passes": args.passes, "gammas": s.gammas, "max_depth": s.max_depth,
            "learned_max_depth": getattr(policy, "max_depth", None) if policy is not None else None,
            "calibration_concurrency": args.calibration_concurrency, "seed": args.seed}
     report = {"header": header, "settings": run}
@@ -534,7 +542,8 @@ def _run(args) -> int:
         elif "policy" in s.methods:
             methods.append(ServeMethod(LEARNED, lambda: policy, decoder_max_depth(policy)))
 
-    # 3. the measured sweeps, methods interleaved (rotated) per level
+    # 3. the measured sweeps: per level, --passes passes of every method, in an order rotated per level and pass
+    # (reversed on odd passes), so that a method's place in the level's minutes averages out over passes
     levels = [("concurrency", c) for c in s.levels] + [("arrival_rate", r) for r in s.rates]
     report["levels"] = []
     for li, (kind, value) in enumerate(levels):
@@ -542,21 +551,26 @@ def _run(args) -> int:
         arrivals = None if kind == "concurrency" else poisson_arrivals(value, n, args.seed + 7919 * li)
         reqs = make_requests(held, n, args.seed, 0, arrivals)
         rows = list(methods) + ([HF] if "hf" in s.methods and kind == "concurrency" else [])
-        k = li % len(rows)
-        order = rows[k:] + rows[:k]
-        res = {}
-        for m in order:
-            if m == HF:
-                res[HF] = run_hf_batched(pair, sampling, args.max_new_tokens, reqs, value)
-            else:
-                res[m.name] = m.run(requests=reqs, concurrency=value if kind == "concurrency" else None,
-                                    max_batch=value if kind == "concurrency" else s.max_batch, **common)
-            name = m if m == HF else m.name
-            stderr_line(f"eval.serve: {kind} {value}: {name}: {res[name]['aggregate_tokens_per_second']:.1f} tok/s")
-        _ratios(res)
-        report["levels"].append({"kind": kind, "value": value, "num_requests": n,
-                                 "order": [m if m == HF else m.name for m in order],
-                                 "methods": {n: res[n] for n in [m if m == HF else m.name for m in rows]}})
+        names = [m if m == HF else m.name for m in rows]
+        passes, orders = [], []
+        for p in range(args.passes):
+            order = pass_order(rows, li + p, reverse=p % 2 == 1)
+            res = {}
+            for m in order:
+                name = m if m == HF else m.name
+                if m == HF:
+                    res[HF] = run_hf_batched(pair, sampling, args.max_new_tokens, reqs, value)
+                else:
+                    res[name] = m.run(requests=reqs, concurrency=value if kind == "concurrency" else None,
+                                      max_batch=value if kind == "concurrency" else s.max_batch, **common)
+                stderr_line(f"eval.serve: {kind} {value}" + (f" pass {p + 1}/{args.passes}" if args.passes > 1 else "")
+                            + f": {name}: {res[name]['aggregate_tokens_per_second']:.1f} tok/s")
+            _ratios(res)
+            passes.append({nm: res[nm] for nm in names})
+            orders.append([m if m == HF else m.name for m in order])
+        report["levels"].append({"kind": kind, "value": value, "num_requests": n, "order": orders[0],
+                                 "orders": orders, "methods": combine_passes(passes),
+                                 **({"passes": passes} if len(passes) > 1 else {})})
         # what is measured so far survives a Ctrl-C or a crash of a later level (removed when the run completes)
         if guard is not None:  # the guard's state so far, kept with the levels
             report["guard"] = {"settings": repr(guard),
@@ -704,9 +718,19 @@ def _calibrate(s: Settings, args, train, common: dict, av) -> dict:
     return out
 
 
+def pass_order(rows: list, k: int, reverse: bool = False) -> list:
+    """``rows`` rotated left by ``k`` (mod their number), reversed when ``reverse``: a level's run order in one pass."""
+    k %= len(rows)
+    order = rows[k:] + rows[:k]
+    return order[::-1] if reverse else order
+
+
+RATIO_KEYS = ("tokens_per_second", "itl_p50", "itl_p99")
+
+
 def _ratios(res: dict) -> None:
-    """Add ``ratio_to_no_spec`` to every method of a level: tokens/s over no-spec's, ITL p50/p99 as no-spec's over
-    the method's (≥ 1: not slower)."""
+    """Add ``ratio_to_no_spec`` to every method of one pass of a level: tokens/s over no-spec's, ITL p50/p99 as
+    no-spec's over the method's (≥ 1: not slower)."""
     base = res.get(NOSPEC)
     for m in res.values():
         if base is None:
@@ -716,6 +740,54 @@ def _ratios(res: dict) -> None:
         for q in ("p50", "p99"):
             r[f"itl_{q}"] = _div(base["itl_seconds"][q], m["itl_seconds"][q])
         m["ratio_to_no_spec"] = r
+
+
+def _pass_ratio(passes: list[dict], name: str, base: str, key: str) -> list[float] | None:
+    """Per pass, ``name``'s ``key`` ratio to ``base`` (one of :data:`RATIO_KEYS`: tokens/s over base's, or base's ITL
+    p50/p99 over the method's), both measured in that pass; None when a pass lacks either or a value."""
+    out = []
+    for res in passes:
+        a, b = res.get(name), res.get(base)
+        if a is None or b is None:
+            return None
+        if key == "tokens_per_second":
+            r = _div(a["aggregate_tokens_per_second"], b["aggregate_tokens_per_second"])
+        else:
+            q = key.split("_")[1]
+            r = _div(b["itl_seconds"][q], a["itl_seconds"][q])
+        if r is None:
+            return None
+        out.append(float(r))
+    return out
+
+
+def combine_passes(passes: list[dict]) -> dict:
+    """One level's methods over its passes (``passes``: per pass, method name → summary with ``ratio_to_no_spec``).
+
+    Each method's record is its pass with the median aggregate tokens/s (the lower median for an even number: every
+    number in it is one pass's own), with ``ratio_to_no_spec`` replaced by the median over passes of the per-pass
+    ratios (each against no speculation in the same pass: paired, so drift between passes cancels) and
+    ``ratio_spread``: per ratio, [min, max] over passes. One pass: that pass, spread [r, r].
+    """
+    out = {}
+    for name in passes[0]:
+        runs = sorted(passes, key=lambda res: res[name]["aggregate_tokens_per_second"])
+        rec = dict(runs[(len(runs) - 1) // 2][name])
+        rec["passes"] = len(passes)
+        rec["tokens_per_second_passes"] = [res[name]["aggregate_tokens_per_second"] for res in passes]
+        if NOSPEC in passes[0]:
+            per = {k: _pass_ratio(passes, name, NOSPEC, k) for k in RATIO_KEYS}
+            rec["ratio_to_no_spec"] = {k: None if v is None else float(np.median(v)) for k, v in per.items()}
+            rec["ratio_spread"] = {k: None if v is None else [min(v), max(v)] for k, v in per.items()}
+        out[name] = rec
+    return out
+
+
+def level_ratio(level: dict, name: str, base: str, key: str = "tokens_per_second") -> float | None:
+    """The median over a level's passes of ``name``'s per-pass ``key`` ratio to ``base`` (:func:`_pass_ratio`);
+    a report without ``passes`` (one pass) reads its ``methods``."""
+    r = _pass_ratio(level.get("passes") or [level["methods"]], name, base, key)
+    return None if r is None else float(np.median(r))
 
 
 def _div(a, b):
@@ -732,15 +804,16 @@ def serve_verdicts(report: dict) -> list[dict]:
     * learned ≥ 1.00× the per-batch-size table and ≥ 1.00× adaptive verification at every level (tokens/s);
     * the same four for the learned policy behind the speed guard, when that row ran;
     * no speculation ≥ 0.95× hf generate (batched) on the same 8 prompts in one batch (:func:`same_batch`).
+
+    A level's ratio is the median over its passes of the ratio measured within each pass (:func:`level_ratio`).
     """
     from eval.verdicts import FAIL, NOT_MEASURED, PASS
 
     roles, levels = report["roles"], report["levels"]
 
-    def tps(level, role):
-        name = roles.get(role)
-        m = level["methods"].get(name) if name else None
-        return m["aggregate_tokens_per_second"] if m else None
+    def ratio(level, role, base, key="tokens_per_second"):
+        a, b = roles.get(role), roles.get(base)
+        return level_ratio(level, a, b, key) if a and b else None
 
     def entry(claim, threshold, measured, against):
         verdict = NOT_MEASURED if measured is None else PASS if measured >= threshold else FAIL
@@ -750,14 +823,12 @@ def serve_verdicts(report: dict) -> list[dict]:
     def worst(role, base, with_itl=False):
         vals = []
         for lv in levels:
-            a, b = tps(lv, role), tps(lv, base)
-            if a is None or b is None:
-                return None, ""
-            r = [(a / b, "tok/s")]
+            r = [(ratio(lv, role, base), "tok/s")]
             if with_itl:
-                m, n = lv["methods"][roles[role]], lv["methods"][roles[base]]
-                r += [(_div(n["itl_seconds"][q], m["itl_seconds"][q]) or 0.0, f"ITL {q}") for q in ("p50", "p99")]
-            v, what = min(r)
+                r += [(ratio(lv, role, base, f"itl_{q}"), f"ITL {q}") for q in ("p50", "p99")]
+            if r[0][0] is None:
+                return None, ""
+            v, what = min((x or 0.0, w) for x, w in r)
             vals.append((v, f"{lv['kind']} {lv['value']}" + (f" ({what})" if with_itl else "")))
         return min(vals) if vals else (None, "")
 
@@ -769,9 +840,8 @@ def serve_verdicts(report: dict) -> list[dict]:
         v, at = worst(who, "no_spec", with_itl=True)
         out.append(entry(f"{label} ≥ 1.00× no speculation at every level (tok/s, ITL p50/p99)", 1.00, v,
                          f"{roles.get('no_spec')}, worst at {at}"))
-        ratios = [(tps(lv, who), tps(lv, "fixed")) for lv in conc]
-        g = (float(np.exp(np.mean([np.log(a / b) for a, b in ratios])))
-             if ratios and all(a and b for a, b in ratios) else None)
+        ratios = [ratio(lv, who, "fixed") for lv in conc]
+        g = float(np.exp(np.mean(np.log(ratios)))) if ratios and all(ratios) else None
         out.append(entry(f"{label} ≥ 1.10× best fixed γ (geomean over concurrency)", 1.10, g, str(roles.get("fixed"))))
         for role, name in (("table", "per-batch-size table"), ("adaptive", "adaptive verification")):
             v, at = worst(who, role)
@@ -792,6 +862,15 @@ def _num(x) -> str:
     return "–" if x is None else f"{x:.2f}"
 
 
+def _ratio_cell(m: dict, key: str) -> str:
+    """A method's ratio to no speculation, with its [min–max] over passes when there were several."""
+    r = (m.get("ratio_to_no_spec") or {}).get(key)
+    if r is None:
+        return "–"
+    lo_hi = (m.get("ratio_spread") or {}).get(key)
+    return f"{r:.2f}" + (f" [{lo_hi[0]:.2f}–{lo_hi[1]:.2f}]" if lo_hi and m.get("passes", 1) > 1 else "")
+
+
 def _markdown(report: dict) -> list[str]:
     from eval.verdicts import verdict_lines
 
@@ -800,7 +879,10 @@ def _markdown(report: dict) -> list[str]:
     counts = (f"at least {st['num_requests']} requests per level ({per} × c at concurrency c)" if per
               else f"{st['num_requests']} requests per level")
     md = [f"Drafter: {st['drafter']}; {counts}, {st['max_new_tokens']} new tokens; "
-          f"methods interleaved per level (rotated order); adaptive verification drafts up to {st['max_depth']}"
+          + (f"{st['passes']} passes per level, methods in a rotated order (reversed on odd passes); ratios to no "
+             "speculation are the median over passes of each pass's own ratio, [min–max] beside it"
+             if st.get("passes", 1) > 1 else "methods interleaved per level (rotated order)")
+          + f"; adaptive verification drafts up to {st['max_depth']}"
           + (f", the learned policy up to its own max_depth {st['learned_max_depth']}"
              if st.get("learned_max_depth") else "") + ".", ""]
     if "best_fixed_gamma" in cal:
@@ -815,13 +897,13 @@ def _markdown(report: dict) -> list[str]:
         md += [f"### {lv['kind'].replace('_', ' ')} {lv['value']}" + (" requests/s" if lv["kind"] == "arrival_rate"
                                                                          else "")
                + (f" ({lv['num_requests']} requests)" if lv.get("num_requests") else ""), "",
-               "| method | tok/s | × no-spec | req tok/s p50 | TTFT ms p50/p90/p99 | ITL ms p50/p90/p99 | "
-               "latency s p50/p99 | α | τ | peak MB |",
-               "|---|---|---|---|---|---|---|---|---|---|"]
+               "| method | tok/s | × no-spec tok/s | × no-spec ITL p50 | × no-spec ITL p99 | req tok/s p50 | "
+               "TTFT ms p50/p90/p99 | ITL ms p50/p90/p99 | latency s p50/p99 | α | τ | peak MB |",
+               "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for name, m in lv["methods"].items():
-            r = (m.get("ratio_to_no_spec") or {}).get("tokens_per_second")
+            rs = " | ".join(_ratio_cell(m, k) for k in RATIO_KEYS)
             t, i, lat = m["ttft_seconds"], m["itl_seconds"], m["latency_seconds"]
-            md.append(f"| {name} | {m['aggregate_tokens_per_second']:.1f} | {'–' if r is None else f'{r:.2f}'} | "
+            md.append(f"| {name} | {m['aggregate_tokens_per_second']:.1f} | {rs} | "
                       f"{m['per_request_tokens_per_second']['p50']:.1f} | {_ms(t['p50'])}/{_ms(t['p90'])}/"
                       f"{_ms(t['p99'])} | {_ms(i['p50'])}/{_ms(i['p90'])}/{_ms(i['p99'])} | {lat['p50']:.2f}/"
                       f"{lat['p99']:.2f} | {_num(m['alpha'])} | {_num(m['tau'])} | "
@@ -868,8 +950,8 @@ def _markdown(report: dict) -> list[str]:
 
 
 def plot_serve(report: dict, path: Path) -> None:
-    """Aggregate tokens/s against concurrency (and against the arrival rate, when measured), one line per method;
-    saved as PNG."""
+    """Aggregate tokens/s against concurrency (and against the arrival rate, when measured), one line per method (the
+    median pass; bars: min–max over passes); saved as PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -881,8 +963,11 @@ def plot_serve(report: dict, path: Path) -> None:
         lvs = [lv for lv in report["levels"] if lv["kind"] == kind]
         names = list(dict.fromkeys(n for lv in lvs for n in lv["methods"]))
         for n in names:
-            pts = [(lv["value"], lv["methods"][n]["aggregate_tokens_per_second"]) for lv in lvs if n in lv["methods"]]
-            ax.plot(*zip(*pts), marker="o", label=n, ls="--" if n == HF else "-")
+            ms = [(lv["value"], lv["methods"][n]) for lv in lvs if n in lv["methods"]]
+            x, y = [v for v, _ in ms], [m["aggregate_tokens_per_second"] for _, m in ms]
+            runs = [m.get("tokens_per_second_passes") or [m["aggregate_tokens_per_second"]] for _, m in ms]
+            err = [[yi - min(r) for yi, r in zip(y, runs)], [max(r) - yi for yi, r in zip(y, runs)]]
+            ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=n, ls="--" if n == HF else "-")
         if kind == "concurrency":
             ax.set_xscale("log", base=2)
             ax.set_xticks([lv["value"] for lv in lvs], [str(lv["value"]) for lv in lvs])

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from eval.serve import main as serve_main
-from eval.serve import poisson_arrivals
+from eval.serve import pass_order, poisson_arrivals
 
 
 def _prompts(tmp_path):
@@ -96,10 +96,18 @@ def test_serve_with_a_learned_policy(tiny_model_dirs, tmp_path):
 
     out = tmp_path / "serve"
     argv = _tiny(tiny_model_dirs, tmp_path, "--concurrency", "1", "--arrival-rates", "", "--methods", "nospec,fixed",
-                 "--policy", str(default_policy_dir("lookup", "float32")), "--out", str(out))
+                 "--policy", str(default_policy_dir("lookup", "float32")), "--passes", "2", "--out", str(out))
     assert serve_main(argv) == 0
     assert not (out / "serve-partial.json").exists()  # written after each level, removed once the run completes
     rep = json.loads((out / "serve.json").read_text())
+    lv = rep["levels"][0]  # --passes 2: every method twice, the second pass rotated once more and reversed
+    assert len(lv["passes"]) == 2 and lv["orders"][1] == pass_order(lv["orders"][0], 1, reverse=True)
+    for name, m in lv["methods"].items():
+        assert m["passes"] == 2 and m["tokens_per_second_passes"] == [p[name]["aggregate_tokens_per_second"]
+                                                                      for p in lv["passes"]]
+        lo, hi = m["ratio_spread"]["tokens_per_second"]
+        assert lo <= m["ratio_to_no_spec"]["tokens_per_second"] <= hi
+    assert "2 passes per level" in (out / "serve.md").read_text()
     names = set(rep["levels"][0]["methods"])
     assert "learned policy" in names and "no speculation (γ=0)" in names and len(names) == 3
     learned = rep["levels"][0]["methods"]["learned policy"]
@@ -121,6 +129,7 @@ def test_serve_with_a_learned_policy(tiny_model_dirs, tmp_path):
     (["--arrival-rates", "0"], "--arrival-rates '0'"),
     (["--calibration-concurrency", "3"], "--calibration-concurrency 3 is not one of"),
     (["--num-requests", "0"], "--num-requests must be ≥ 1"),
+    (["--passes", "0"], "--passes must be ≥ 1"),
     (["--requests-per-slot", "-1"], "--requests-per-slot must be ≥ 0"),
     (["--policy", "policies/defaults/lookup+model-bfloat16", "--drafter", "lookup"], "a hybrid (lookup+model) policy"),
     (["--policy", "no/such/dir"], "--policy no/such/dir: no such directory"),
@@ -236,3 +245,37 @@ def test_sim_vs_real_replays_each_closed_loop_level_beside_its_measurement():
     assert cell["real"] == 100.0 and cell["error"] == pytest.approx(cell["sim"] / 100.0 - 1)
     # the table at c = 4 is γ = 0: it replays exactly as no speculation
     assert out["concurrency 4"]["per-batch-size table"]["sim"] == out["concurrency 4"]["no speculation (γ=0)"]["sim"]
+
+
+def _method(tps: float, itl_p50: float, itl_p99: float) -> dict:
+    return {"aggregate_tokens_per_second": tps, "itl_seconds": {"p50": itl_p50, "p99": itl_p99}}
+
+
+def test_passes_are_read_as_paired_ratios_so_drift_between_passes_cancels():
+    """Three passes where the machine slows down in pass 2 and no speculation happens to run in pass 3's fast
+    minutes: the level's ratio is the median of each pass's own ratio (1.04), not the ratio of the methods' median
+    tok/s (60 / 80 = 0.75), and each record is one pass's own numbers."""
+    from eval.serve import NOSPEC, _ratios, combine_passes, level_ratio, pass_order, serve_verdicts
+
+    assert pass_order([1, 2, 3], 1) == [2, 3, 1] and pass_order([1, 2, 3], 4, reverse=True) == [1, 3, 2]
+    passes = [{NOSPEC: _method(100, 0.10, 0.20), "m": _method(105, 0.095, 0.21)},
+              {NOSPEC: _method(50, 0.20, 0.40), "m": _method(52, 0.19, 0.38)},
+              {NOSPEC: _method(80, 0.125, 0.25), "m": _method(60, 0.16, 0.30)}]
+    for res in passes:
+        _ratios(res)
+    methods = combine_passes(passes)
+    m = methods["m"]
+    assert m["aggregate_tokens_per_second"] == 60 and m["passes"] == 3  # the median pass's record (pass 3)
+    assert m["tokens_per_second_passes"] == [105, 52, 60]
+    assert m["ratio_to_no_spec"]["tokens_per_second"] == pytest.approx(1.04)
+    assert m["ratio_spread"]["tokens_per_second"] == pytest.approx([0.75, 1.05])
+    assert m["ratio_to_no_spec"]["itl_p99"] == pytest.approx(0.20 / 0.21)  # median of (0.952, 1.053, 0.833)
+    assert methods[NOSPEC]["ratio_spread"]["tokens_per_second"] == [1.0, 1.0]
+    level = {"kind": "concurrency", "value": 4, "methods": methods, "passes": passes}
+    assert level_ratio(level, "m", NOSPEC) == pytest.approx(1.04)
+    assert level_ratio({"methods": passes[2]}, "m", NOSPEC) == pytest.approx(0.75)  # one pass: that pass
+    report = {"roles": {"no_spec": NOSPEC, "learned": "m"}, "levels": [level]}
+    never = next(v for v in serve_verdicts(report) if v["claim"].startswith("learned ≥ 1.00× no speculation"))
+    # the worst of the paired medians: tok/s 1.04, ITL p50 median(1.053, 1.053, 0.781) = 1.053, ITL p99 0.952
+    assert never["measured"] == pytest.approx(0.20 / 0.21) and never["verdict"] == "FAIL"
+    assert "ITL p99" in never["against"]
