@@ -2,7 +2,7 @@
 
 Many requests share one target forward per step (:class:`learn2draft.batched.BatchedSpeculativeDecoder`, continuous
 batching). On the same held-out prompts and seeds, methods interleaved per level (a rotated order; with ``--passes N``
-every method runs N times per level, the order rotated per pass and reversed on odd passes), two sweeps:
+every method runs N times per level, passes in pairs of opposite orders: :func:`pass_order`), two sweeps:
 
 * fixed concurrency ``--concurrency`` (a closed loop: c requests run at once, a finished one is replaced at once);
 * Poisson arrivals ``--arrival-rates`` (requests/s; seeded exponential gaps; an open loop up to ``--max-batch`` rows).
@@ -38,11 +38,11 @@ stream's start to the last token), per-request tokens/s, TTFT, inter-token laten
 (finish − first token) / (tokens − 1), i.e. TPOT; ``itl_gaps``: the pooled gaps between the steps that emitted
 tokens) and request latency at p50 / p90 / p99; the process's peak memory after the method ran; acceptance α
 (accepted / drafted) and τ (accepted per row-step that drafted); ratios to no speculation (tokens/s, and ITL as
-no-spec ITL / method ITL, so ≥ 1 is never slower; over several passes the median of each pass's own ratio, with its
-min–max, and the method's record is its median pass: :func:`combine_passes`). TTFT and latency count from a request's arrival under Poisson
-arrivals (queueing included) and, in a closed loop, from when a free row let it in (:func:`admissions`), as a
-closed-loop client measures them. ``serve.png`` plots
-throughput against concurrency (and arrival rate) per method. The report opens with the header of
+no-spec ITL / method ITL, so ≥ 1 is never slower; over several passes the median of each pass's own ratio,
+with its min–max, and the method's record is its median pass: :func:`combine_passes`). TTFT and latency count from
+a request's arrival under Poisson arrivals (queueing included) and, in a closed loop, from when a free row let it in
+(:func:`admissions`), as a closed-loop client measures them. ``serve.png`` plots throughput against concurrency (and
+arrival rate) per method. The report opens with the header of
 :mod:`eval.header` (machine, precision, sampling, …) and ends with verdict lines for issue 17's goals (PASS / FAIL /
 not measured).
 
@@ -72,7 +72,7 @@ from learn2draft.prompts import PROMPT_SETS
 from learn2draft.settings import RunSettings
 
 DEFAULT_OUT = "runs/serve"
-#: Written after each measured level and removed when the run completes: what an interrupted run measured.
+#: Written after each measured pass of a level and removed when the run completes: what an interrupted run measured.
 PARTIAL_FILE = "serve-partial.json"
 METHODS = ("nospec", "fixed", "table", "adaptive", "policy", "guard", "hf")
 NOSPEC, HF = "no speculation (γ=0)", "hf generate (batched)"
@@ -141,10 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a closed loop of concurrency c serves max(--num-requests, this × c) requests, so that the "
                         "batch stays full and refills (0: --num-requests at every level)")
     p.add_argument("--passes", type=int, default=1,
-                   help="measured passes per level, every method in each (the order rotated per pass and reversed on "
-                        "odd passes): the ratios to no speculation are the median over passes of the same pass's "
-                        "ratios, reported with their min–max, so that the machine's drift within a level is read, "
-                        "not charged to one method")
+                   help="measured passes per level, every method in each, passes in pairs of opposite orders (A B C, "
+                        "C B A, then rotated): the ratios to no speculation and the verdicts are the median over "
+                        "passes of the ratio measured within each pass, reported with their min–max, so that the "
+                        "machine's drift within a level is read, not charged to one method. The run takes about N "
+                        "times as long; an odd N (3) makes each method's shown tok/s the median pass's own (an even N "
+                        "shows the lower middle pass, while its ratio is the mean of the two middle ones)")
     p.add_argument("--num-train-requests", type=int, default=8,
                    help="training-split requests per calibration run (at concurrency c at least --requests-per-slot "
                         "× c, as the measured levels)")
@@ -168,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=64, help="per request")
     p.add_argument("--seed", type=int, default=0, help="seeds the requests' sampling and the arrivals")
     cli.add_out_arg(p, f"the results directory (default: {DEFAULT_OUT}): serve.json, serve.md, serve.png; "
-                       "serve-partial.json after each level while it runs (kept if interrupted)")
+                       "serve-partial.json after each pass of a level while it runs (kept if interrupted)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the results of an earlier run in --out (else such a folder is refused)")
     cli.add_model_args(p)
@@ -542,8 +544,8 @@ def _run(args) -> int:
         elif "policy" in s.methods:
             methods.append(ServeMethod(LEARNED, lambda: policy, decoder_max_depth(policy)))
 
-    # 3. the measured sweeps: per level, --passes passes of every method, in an order rotated per level and pass
-    # (reversed on odd passes), so that a method's place in the level's minutes averages out over passes
+    # 3. the measured sweeps: per level, --passes passes of every method, in pairs of opposite orders (pass_order), so
+    # that a method's place in the level's minutes averages out over passes
     levels = [("concurrency", c) for c in s.levels] + [("arrival_rate", r) for r in s.rates]
     report["levels"] = []
     for li, (kind, value) in enumerate(levels):
@@ -554,7 +556,7 @@ def _run(args) -> int:
         names = [m if m == HF else m.name for m in rows]
         passes, orders = [], []
         for p in range(args.passes):
-            order = pass_order(rows, li + p, reverse=p % 2 == 1)
+            order = pass_order(rows, li, p)
             res = {}
             for m in order:
                 name = m if m == HF else m.name
@@ -568,14 +570,16 @@ def _run(args) -> int:
             _ratios(res)
             passes.append({nm: res[nm] for nm in names})
             orders.append([m if m == HF else m.name for m in order])
-        report["levels"].append({"kind": kind, "value": value, "num_requests": n, "order": orders[0],
-                                 "orders": orders, "methods": combine_passes(passes),
-                                 **({"passes": passes} if len(passes) > 1 else {})})
-        # what is measured so far survives a Ctrl-C or a crash of a later level (removed when the run completes)
-        if guard is not None:  # the guard's state so far, kept with the levels
-            report["guard"] = {"settings": repr(guard),
-                               "batch_sizes": {str(b): v for b, v in guard.summary().items()}}
-        (out / PARTIAL_FILE).write_text(json.dumps({**report, "partial": True}, indent=1, default=json_scalar))
+            level = {"kind": kind, "value": value, "num_requests": n, "order": orders[0], "orders": orders,
+                     "methods": combine_passes(passes), **({"passes": passes} if len(passes) > 1 else {})}
+            # what is measured so far survives a Ctrl-C or a crash of a later pass (removed when the run completes);
+            # a level with fewer passes than asked is the one that was running
+            if guard is not None:  # the guard's state so far, kept with the levels
+                report["guard"] = {"settings": repr(guard),
+                                   "batch_sizes": {str(b): v for b, v in guard.summary().items()}}
+            so_far = {**report, "levels": [*report["levels"], level], "partial": True}
+            (out / PARTIAL_FILE).write_text(json.dumps(so_far, indent=1, default=json_scalar))
+        report["levels"].append(level)
         stderr_line(f"eval.serve: {len(report['levels'])}/{len(levels)} levels measured (so far in "
                     f"{out / PARTIAL_FILE})")
     if "nospec" in s.methods and "hf" in s.methods:  # the goal's own setting: the same 8 prompts in one batch
@@ -718,11 +722,13 @@ def _calibrate(s: Settings, args, train, common: dict, av) -> dict:
     return out
 
 
-def pass_order(rows: list, k: int, reverse: bool = False) -> list:
-    """``rows`` rotated left by ``k`` (mod their number), reversed when ``reverse``: a level's run order in one pass."""
-    k %= len(rows)
+def pass_order(rows: list, level: int, p: int) -> list:
+    """The run order of ``rows`` in pass ``p`` of level ``level``: rotated left by ``level + p // 2`` and reversed on
+    odd passes, so that passes come in pairs run in opposite orders (A B C, C B A, then B C A, A C B, …): over a pair
+    each method's mean place in the level's minutes is the middle, so a drift linear in time cancels."""
+    k = (level + p // 2) % len(rows)
     order = rows[k:] + rows[:k]
-    return order[::-1] if reverse else order
+    return order[::-1] if p % 2 else order
 
 
 RATIO_KEYS = ("tokens_per_second", "itl_p50", "itl_p99")
@@ -770,13 +776,14 @@ def combine_passes(passes: list[dict]) -> dict:
     ``ratio_spread``: per ratio, [min, max] over passes. One pass: that pass, spread [r, r].
     """
     out = {}
-    for name in passes[0]:
-        runs = sorted(passes, key=lambda res: res[name]["aggregate_tokens_per_second"])
+    for name in dict.fromkeys(n for res in passes for n in res):  # every method of any pass, in first-seen order
+        mine = [res for res in passes if name in res]  # an interrupted level may lack a method in its last pass
+        runs = sorted(mine, key=lambda res: res[name]["aggregate_tokens_per_second"])
         rec = dict(runs[(len(runs) - 1) // 2][name])
-        rec["passes"] = len(passes)
-        rec["tokens_per_second_passes"] = [res[name]["aggregate_tokens_per_second"] for res in passes]
-        if NOSPEC in passes[0]:
-            per = {k: _pass_ratio(passes, name, NOSPEC, k) for k in RATIO_KEYS}
+        rec["passes"] = len(mine)
+        rec["tokens_per_second_passes"] = [res[name]["aggregate_tokens_per_second"] for res in mine]
+        if all(NOSPEC in res for res in mine):
+            per = {k: _pass_ratio(mine, name, NOSPEC, k) for k in RATIO_KEYS}
             rec["ratio_to_no_spec"] = {k: None if v is None else float(np.median(v)) for k, v in per.items()}
             rec["ratio_spread"] = {k: None if v is None else [min(v), max(v)] for k, v in per.items()}
         out[name] = rec
@@ -828,7 +835,8 @@ def serve_verdicts(report: dict) -> list[dict]:
                 r += [(ratio(lv, role, base, f"itl_{q}"), f"ITL {q}") for q in ("p50", "p99")]
             if r[0][0] is None:
                 return None, ""
-            v, what = min((x or 0.0, w) for x, w in r)
+            # an ITL ratio that could not be measured (no request had 2 tokens) is left out, not read as 0
+            v, what = min((x, w) for x, w in r if x is not None)
             vals.append((v, f"{lv['kind']} {lv['value']}" + (f" ({what})" if with_itl else "")))
         return min(vals) if vals else (None, "")
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from eval.serve import main as serve_main
-from eval.serve import pass_order, poisson_arrivals
+from eval.serve import poisson_arrivals
 
 
 def _prompts(tmp_path):
@@ -100,8 +100,8 @@ def test_serve_with_a_learned_policy(tiny_model_dirs, tmp_path):
     assert serve_main(argv) == 0
     assert not (out / "serve-partial.json").exists()  # written after each level, removed once the run completes
     rep = json.loads((out / "serve.json").read_text())
-    lv = rep["levels"][0]  # --passes 2: every method twice, the second pass rotated once more and reversed
-    assert len(lv["passes"]) == 2 and lv["orders"][1] == pass_order(lv["orders"][0], 1, reverse=True)
+    lv = rep["levels"][0]  # --passes 2: every method twice, the second pass in the first one's reverse order
+    assert len(lv["passes"]) == 2 and lv["orders"][1] == lv["orders"][0][::-1]
     for name, m in lv["methods"].items():
         assert m["passes"] == 2 and m["tokens_per_second_passes"] == [p[name]["aggregate_tokens_per_second"]
                                                                       for p in lv["passes"]]
@@ -257,7 +257,14 @@ def test_passes_are_read_as_paired_ratios_so_drift_between_passes_cancels():
     tok/s (60 / 80 = 0.75), and each record is one pass's own numbers."""
     from eval.serve import NOSPEC, _ratios, combine_passes, level_ratio, pass_order, serve_verdicts
 
-    assert pass_order([1, 2, 3], 1) == [2, 3, 1] and pass_order([1, 2, 3], 4, reverse=True) == [1, 3, 2]
+    # passes in pairs of opposite orders, the pairs rotated; the level shifts the rotation
+    assert [pass_order("ABC", 0, p) for p in range(4)] == ["ABC", "CBA", "BCA", "ACB"]
+    assert pass_order("ABC", 1, 0) == "BCA" and pass_order("ABC", 1, 1) == "ACB"
+    for rows in ("ABC", "ABCDEFG"):
+        assert len({pass_order(rows, 2, p)[0] for p in range(3)}) == 3  # three passes: no method opens two
+        for pair in (0, 2):  # over each pair of passes every method's mean place is the middle (linear drift cancels)
+            assert {m: pass_order(rows, 2, pair).index(m) + pass_order(rows, 2, pair + 1).index(m)
+                    for m in rows} == {m: len(rows) - 1 for m in rows}
     passes = [{NOSPEC: _method(100, 0.10, 0.20), "m": _method(105, 0.095, 0.21)},
               {NOSPEC: _method(50, 0.20, 0.40), "m": _method(52, 0.19, 0.38)},
               {NOSPEC: _method(80, 0.125, 0.25), "m": _method(60, 0.16, 0.30)}]
@@ -279,3 +286,25 @@ def test_passes_are_read_as_paired_ratios_so_drift_between_passes_cancels():
     # the worst of the paired medians: tok/s 1.04, ITL p50 median(1.053, 1.053, 0.781) = 1.053, ITL p99 0.952
     assert never["measured"] == pytest.approx(0.20 / 0.21) and never["verdict"] == "FAIL"
     assert "ITL p99" in never["against"]
+
+
+def test_an_unmeasured_itl_is_left_out_of_the_verdict_and_a_missing_method_is_not_an_error():
+    """A method whose requests all had one token has no ITL: its verdict reads tok/s alone instead of a false 0.0
+    FAIL; a method missing from the last pass of an interrupted level is combined over the passes that ran it."""
+    from eval.serve import NOSPEC, _ratios, combine_passes, serve_verdicts
+
+    one_token = {"aggregate_tokens_per_second": 110.0, "itl_seconds": {"p50": None, "p99": None}}
+    passes = [{NOSPEC: _method(100, 0.10, 0.20), "m": dict(one_token)},
+              {NOSPEC: _method(100, 0.10, 0.20), "m": dict(one_token)}]
+    for res in passes:
+        _ratios(res)
+    level = {"kind": "concurrency", "value": 2, "methods": combine_passes(passes), "passes": passes}
+    report = {"roles": {"no_spec": NOSPEC, "learned": "m"}, "levels": [level]}
+    never = next(v for v in serve_verdicts(report) if v["claim"].startswith("learned ≥ 1.00× no speculation"))
+    assert never["measured"] == pytest.approx(1.1) and never["verdict"] == "PASS" and "tok/s" in never["against"]
+
+    partial = [{NOSPEC: _method(100, 0.1, 0.2), "m": _method(120, 0.09, 0.2)}, {NOSPEC: _method(90, 0.1, 0.2)}]
+    for res in partial:
+        _ratios(res)
+    m = combine_passes(partial)["m"]
+    assert m["passes"] == 1 and m["ratio_to_no_spec"]["tokens_per_second"] == pytest.approx(1.2)
