@@ -734,33 +734,32 @@ def pass_order(rows: list, level: int, p: int) -> list:
 RATIO_KEYS = ("tokens_per_second", "itl_p50", "itl_p99")
 
 
+def _ratio(m: dict, base: dict, key: str) -> float | None:
+    """Method record ``m`` against ``base`` (two records of one pass) in ``key``, one of :data:`RATIO_KEYS`: tokens/s
+    as m's over base's, ITL p50/p99 as base's over m's (≥ 1: not slower); None when a value is missing or 0."""
+    if key == "tokens_per_second":
+        return _div(m["aggregate_tokens_per_second"], base["aggregate_tokens_per_second"])
+    q = key.split("_")[1]
+    return _div(base["itl_seconds"][q], m["itl_seconds"][q])
+
+
 def _ratios(res: dict) -> None:
-    """Add ``ratio_to_no_spec`` to every method of one pass of a level: tokens/s over no-spec's, ITL p50/p99 as
-    no-spec's over the method's (≥ 1: not slower)."""
+    """Add ``ratio_to_no_spec`` (:func:`_ratio` for each of :data:`RATIO_KEYS`) to every method of one pass of a
+    level."""
     base = res.get(NOSPEC)
     for m in res.values():
-        if base is None:
-            m["ratio_to_no_spec"] = None
-            continue
-        r = {"tokens_per_second": _div(m["aggregate_tokens_per_second"], base["aggregate_tokens_per_second"])}
-        for q in ("p50", "p99"):
-            r[f"itl_{q}"] = _div(base["itl_seconds"][q], m["itl_seconds"][q])
-        m["ratio_to_no_spec"] = r
+        m["ratio_to_no_spec"] = None if base is None else {k: _ratio(m, base, k) for k in RATIO_KEYS}
 
 
 def _pass_ratio(passes: list[dict], name: str, base: str, key: str) -> list[float] | None:
-    """Per pass, ``name``'s ``key`` ratio to ``base`` (one of :data:`RATIO_KEYS`: tokens/s over base's, or base's ITL
-    p50/p99 over the method's), both measured in that pass; None when a pass lacks either or a value."""
+    """Per pass, ``name``'s :func:`_ratio` to ``base`` in ``key``, both measured in that pass; None when a pass lacks
+    either or a value."""
     out = []
     for res in passes:
         a, b = res.get(name), res.get(base)
         if a is None or b is None:
             return None
-        if key == "tokens_per_second":
-            r = _div(a["aggregate_tokens_per_second"], b["aggregate_tokens_per_second"])
-        else:
-            q = key.split("_")[1]
-            r = _div(b["itl_seconds"][q], a["itl_seconds"][q])
+        r = _ratio(a, b, key)
         if r is None:
             return None
         out.append(float(r))
