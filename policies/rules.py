@@ -434,7 +434,7 @@ class SpeculationGuard:
         stat = self._stats.get(batch_bucket(batch_size), {}).get(arm)
         return _ratio((t, sec) for t, sec, _ in stat[0])[1] if stat else float("inf")
 
-    def request_check(self, batch_size: int) -> dict | None:
+    def request_check(self, batch_size: int, every_request: bool = False) -> dict | None:
         """Which requests the policy's speculation makes slower than plain decoding at ``batch_size`` (its bucket).
 
         A step gives each row it runs its committed tokens in the step's seconds, so request r's own tokens/s under
@@ -469,6 +469,10 @@ class SpeculationGuard:
         plain steps but for the policy's own inference and lookup, whatever the policy's other steps cost (comparing the
         arm's mean, the guard ran plain on 333 of 509 steps at B = 1 where speculation measured 2.8× faster).
 
+        Args:
+            every_request: test every request in the window, finished ones included (a report's view), instead of
+                only those still running.
+
         Returns:
             None before both arms have a step in the window or no request has 2 policy steps; else ``{"cost_ratio":
             ρ, "cost_ratio_error": its standard error by the delta method (None below 2 steps per arm),
@@ -479,14 +483,15 @@ class SpeculationGuard:
         pol, plain = arms.get(self.POLICY), arms.get(self.PLAIN)
         if not pol or not plain or not pol[0] or not plain[0]:
             return None
+        running = None if every_request else self._running
         # changes only with a measured step or the running requests
-        key = (batch_bucket(batch_size), pol[1], plain[1], self.confidence, self._running)
+        key = (batch_bucket(batch_size), pol[1], plain[1], self.confidence, running)
         if key not in self._checked:
-            self._checked = {key: self._request_check(pol, plain)}
+            self._checked = {key: self._request_check(pol, plain, running)}
         found = self._checked[key]
         return None if found is None else dict(found)
 
-    def _request_check(self, pol: list, plain: list) -> dict | None:
+    def _request_check(self, pol: list, plain: list, running: frozenset | None) -> dict | None:
         a = np.asarray([sec for _, sec, _ in pol[0]])
         b = np.asarray([sec for _, sec, _ in plain[0]])
         rho = float(a.mean() / b.mean())
@@ -499,7 +504,7 @@ class SpeculationGuard:
                 per.setdefault(rid, []).append(float(tokens))
                 drafted[rid] = drafted.get(rid, False) or d is None or d > 0
         per = {r: np.asarray(v) for r, v in per.items() if len(v) >= 2
-               and (self._running is None or r in self._running)}  # a finished request cannot be helped now
+               and (running is None or r in running)}  # a finished request cannot be helped now
         if not per:
             return None
         idle = [r for r in per if not drafted[r]]
@@ -600,11 +605,7 @@ class SpeculationGuard:
         speculated in (asked, γ > 0) and those the guard ran plain without asking the policy (``plain_unasked``,
         probes included) (for reports)."""
         out = {}
-        running, self._running = self._running, None  # a report covers every request in the window, not the last step's
-        try:
-            checks = {B: self.request_check(B) for B in self._stats}
-        finally:
-            self._running = running
+        checks = {B: self.request_check(B, every_request=True) for B in self._stats}  # not only the last step's
         for B in sorted(self._stats):
             arms = {a: {"tokens_per_second": self.rate(B, a), "steps": int(v[1])} for a, v in self._stats[B].items()}
             decided = [d for d in self.decisions if batch_bucket(d[0]) == B]
