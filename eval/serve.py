@@ -886,7 +886,7 @@ def _markdown(report: dict) -> list[str]:
     counts = (f"at least {st['num_requests']} requests per level ({per} × c at concurrency c)" if per
               else f"{st['num_requests']} requests per level")
     md = [f"Drafter: {st['drafter']}; {counts}, {st['max_new_tokens']} new tokens; "
-          + (f"{st['passes']} passes per level, methods in a rotated order (reversed on odd passes); ratios to no "
+          + (f"{st['passes']} passes per level, in pairs of opposite orders (rotated per pair); ratios to no "
              "speculation are the median over passes of each pass's own ratio, [min–max] beside it"
              if st.get("passes", 1) > 1 else "methods interleaved per level (rotated order)")
           + f"; adaptive verification drafts up to {st['max_depth']}"
