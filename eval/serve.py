@@ -931,10 +931,13 @@ def _markdown(report: dict) -> list[str]:
                "request still running is slower under the policy when its tokens per step fall below the "
                "step-seconds ratio; the idle ones (they drafted nothing) are slower together when the steps they ran "
                "in measure longer than plain steps, by `confidence` standard errors "
-               "(`SpeculationGuard.request_check`).", "",
+               "(`SpeculationGuard.request_check`); a request that drafted nothing but can draft at the step being "
+               "decided is tested as a drafting one (idle reads: the decisions that found idle requests, and of the "
+               "idle requests they found, those that could draft then).", "",
                "| batch sizes | policy tok/s (steps) | plain tok/s (steps) | step seconds policy / plain | requests "
-               "slower under the policy (of those tested; idle) | winner | steps run plain by the guard (of all) |",
-               "|---|---|---|---|---|---|---|"]
+               "slower under the policy (of those tested; idle) | winner | steps run plain by the guard (of all) | "
+               "idle reads: decisions, idle requests (could draft) |",
+               "|---|---|---|---|---|---|---|---|"]
         for b, v in report["guard"]["batch_sizes"].items():
             cell = {a: (f"{x['tokens_per_second']:.1f} ({x['steps']})" if x["tokens_per_second"] else "–")
                     for a, x in v["arms"].items()}
@@ -944,7 +947,9 @@ def _markdown(report: dict) -> list[str]:
             slower = f"{req['slower']} of {req['requests']}" + (f"; {req['idle']} idle" if req and "idle" in req
                                                                  else "") if req else "–"
             md.append(f"| {v.get('batch_sizes', b)} | {cell.get('policy', '–')} | {cell.get('plain', '–')} | {cost} | "
-                      f"{slower} | {v['winner']} | {v.get('plain_unasked', '–')} of {v.get('steps', '–')} |")
+                      f"{slower} | {v['winner']} | {v.get('plain_unasked', '–')} of {v.get('steps', '–')} | "
+                      + (f"{r['decisions']}, {r['idle']} ({r['draftable_now']}) |" if (r := v.get("idle_reads"))
+                         else "– |"))
         md.append("")
     if report.get("same_batch"):
         sb = report["same_batch"]

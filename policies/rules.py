@@ -400,6 +400,11 @@ class SpeculationGuard:
         self._decided: tuple[Any, int] = (None, 0)
         self._checked: dict = {}  # the last request_check, by bucket, steps measured and running requests
         self._running: frozenset | None = None  # the request ids running now (None: the load states do not say)
+        self._load: Any = None  # the load state of the step being decided (its ``draftable``: request_check)
+        self._serial = 0  # load states decided: a live request_check reads the current one's ``draftable``
+        # bucket → [live checks that found idle requests, idle requests found, of them draftable at the check]
+        self._idle_reads: dict[int, list[int]] = {}
+        self._last_check: dict | None = None  # the request check the last winner() ran (read by _choose)
         self.decisions: list[tuple[int, int | None, int, str]] = []
 
     # ------------------------------------------------------------------ measurements
@@ -469,6 +474,14 @@ class SpeculationGuard:
         plain steps but for the policy's own inference and lookup, whatever the policy's other steps cost (comparing the
         arm's mean, the guard ran plain on 333 of 509 steps at B = 1 where speculation measured 2.8× faster).
 
+        Live (not ``every_request``), a request is idle only while its row still cannot draft: one whose row can
+        draft at the step being decided (the load state's ``draftable`` > 0, when it carries one) is tested as a
+        drafting request instead (``idle_draftable_now`` counts them). Why: once the guard runs plain, a request read
+        as idle gets policy steps only in probes, so it stayed idle for the guard after prompt lookup had found a
+        match for it, and its verdict held the whole bucket plain (an ``eval.serve`` run on 2 CPU cores in bf16: at
+        3–8 rows the policy's steps measured 1.5–1.9× plain decoding's tokens/s, the guard ran plain on 876 of
+        1,304 steps, and at the run's end both buckets' plain verdicts came from 1–3 idle requests alone).
+
         Args:
             every_request: test every request in the window, finished ones included (a report's view), instead of
                 only those still running.
@@ -476,7 +489,8 @@ class SpeculationGuard:
         Returns:
             None before both arms have a step in the window or no request has 2 policy steps; else ``{"cost_ratio":
             ρ, "cost_ratio_error": its standard error by the delta method (None below 2 steps per arm),
-            "requests": R, "idle": how many are idle, "slower": how many are slower (idle ones included),
+            "requests": R, "idle": how many are idle, "idle_draftable_now": how many drafted nothing in their
+            policy steps but can draft now (live only; else 0), "slower": how many are slower (idle ones included),
             "lowest_tokens_per_step": min m_r}``.
         """
         arms = self._stats.get(batch_bucket(batch_size), {})
@@ -484,14 +498,28 @@ class SpeculationGuard:
         if not pol or not plain or not pol[0] or not plain[0]:
             return None
         running = None if every_request else self._running
-        # changes only with a measured step or the running requests
-        key = (batch_bucket(batch_size), pol[1], plain[1], self.confidence, running)
+        # changes only with a measured step, the running requests or (live) the load state
+        key = (batch_bucket(batch_size), pol[1], plain[1], self.confidence, running,
+               None if every_request else self._serial)
         if key not in self._checked:
-            self._checked = {key: self._request_check(pol, plain, running)}
+            live = None if every_request else self._draftable_now
+            self._checked = {key: self._request_check(pol, plain, running, live)}
         found = self._checked[key]
         return None if found is None else dict(found)
 
-    def _request_check(self, pol: list, plain: list, running: frozenset | None) -> dict | None:
+    def _draftable_now(self, ids: list) -> set:
+        """Of request ids ``ids``, those whose row can draft at the step being decided (its load state's
+        ``draftable`` > 0; the per-row lookahead runs here, once per load state, only when a request is idle). Empty
+        when the load state does not say."""
+        load = self._load
+        rows, can = getattr(load, "row_ids", ()), getattr(load, "draftable", ())
+        if not rows or len(can) != len(rows):
+            return set()
+        now = dict(zip(rows, can))
+        return {r for r in ids if now.get(r, 0) > 0}
+
+    def _request_check(self, pol: list, plain: list, running: frozenset | None,
+                       draftable_now: Any = None) -> dict | None:
         a = np.asarray([sec for _, sec, _ in pol[0]])
         b = np.asarray([sec for _, sec, _ in plain[0]])
         rho = float(a.mean() / b.mean())
@@ -508,6 +536,12 @@ class SpeculationGuard:
         if not per:
             return None
         idle = [r for r in per if not drafted[r]]
+        woke: set = set()
+        if idle and draftable_now is not None:  # the live check: an idle request that can draft now is not idle
+            woke = draftable_now(idle)
+            for r in woke:
+                drafted[r] = True
+            idle = [r for r in idle if r not in woke]
         dof = sum(v.size - 1 for v in per.values())
         pooled = sum(float(((v - v.mean()) ** 2).sum()) for v in per.values()) / dof
         z = self.confidence + math.sqrt(2 * math.log(len(per))) if self.confidence > 0 else 0.0
@@ -528,18 +562,20 @@ class SpeculationGuard:
             var = (self._PRIOR_STEPS * pooled + (n - 1) * float(v.var(ddof=1))) / (self._PRIOR_STEPS + n - 1)
             slower += bool(float(v.mean()) + z * math.sqrt(var / n) < rho * (1 - _TIE))
         return {"cost_ratio": rho, "cost_ratio_error": rho_se if math.isfinite(rho_se) else None,
-                "requests": len(per), "idle": len(idle),
+                "requests": len(per), "idle": len(idle), "idle_draftable_now": len(woke),
                 "slower": slower, "lowest_tokens_per_step": min(float(v.mean()) for v in per.values())}
 
     def winner(self, batch_size: int) -> str:
         """The arm the guard runs at ``batch_size`` outside probes (see the class docstring)."""
         p, q = self.rate(batch_size, self.POLICY), self.rate(batch_size, self.PLAIN)
+        self._last_check = None
         if p is not None and q is not None:
             spread = math.hypot(self.rate_error(batch_size, self.POLICY), self.rate_error(batch_size, self.PLAIN))
             margin = self.confidence * spread if self.confidence > 0 else 0.0  # 0 × an unknown spread: no margin
             if q - p > margin + _TIE * p:
                 return self.PLAIN
             check = self.request_check(batch_size) if self.latency else None
+            self._last_check = check
             return self.PLAIN if check is not None and check["slower"] > 0 else self.POLICY
         below = [b for b in self._stats if b < batch_bucket(batch_size) and len(self._stats[b]) == 2]
         return self.winner(max(below)) if below else self.POLICY
@@ -557,6 +593,12 @@ class SpeculationGuard:
                              else min(2 * s["interval"], self.max_explore_every))
             s["left"], s["probed"] = s["interval"], False
         s["last"] = w
+        check, self._last_check = self._last_check, None  # the request check winner() ran (None: none ran)
+        if check is not None and check["idle"] + check["idle_draftable_now"] > 0:
+            reads = self._idle_reads.setdefault(batch_bucket(B), [0, 0, 0])
+            reads[0] += 1
+            reads[1] += check["idle"] + check["idle_draftable_now"]
+            reads[2] += check["idle_draftable_now"]
         if s["left"] <= 0:  # `interval` steps of the winner since the last probe: probe the other arm
             s["probe_arm"] = self.PLAIN if w == self.POLICY else self.POLICY
             s["probe_left"], s["probed"] = self.probe_steps - 1, True
@@ -571,9 +613,11 @@ class SpeculationGuard:
         self._learn(load)
         B = int(load.batch_size)
         self._running = frozenset(getattr(load, "row_ids", ())) or None
+        self._load, self._serial = load, self._serial + 1
         arm = self._choose(B)
         # the policy is asked only for a step its answer can run: a plain step costs no policy inference and reads
-        # none of the load's per-row lookaheads (``draftable``, built on first read by the batched decoder)
+        # the load's per-row lookaheads (``draftable``, built on first read by the batched decoder) only when a
+        # request in the window is idle (request_check)
         g_policy = int(self.policy.gamma(load)) if arm == self.POLICY else None
         g = g_policy if g_policy is not None and g_policy > 0 else 0
         if g == 0:
@@ -603,14 +647,18 @@ class SpeculationGuard:
         its range, e.g. ``"5-8"``): each arm's tokens/s and steps counted, :meth:`request_check` over every request
         in the window, finished ones included (None: not measured), the winner, the steps decided, those the policy
         speculated in (asked, γ > 0) and those the guard ran plain without asking the policy (``plain_unasked``,
-        probes included) (for reports)."""
+        probes included) (for reports); ``idle_reads``: over the steps decided, the decisions whose request check
+        found requests that drafted nothing in their policy steps, how many such requests in all, and how many of
+        those could draft at the time (tested as drafting requests, not as idle)."""
         out = {}
         checks = {B: self.request_check(B, every_request=True) for B in self._stats}  # not only the last step's
         for B in sorted(self._stats):
             arms = {a: {"tokens_per_second": self.rate(B, a), "steps": int(v[1])} for a, v in self._stats[B].items()}
             decided = [d for d in self.decisions if batch_bucket(d[0]) == B]
             lo = B // 2 + 1 if B > 1 else 1
+            reads = self._idle_reads.get(B, [0, 0, 0])
             out[B] = {"batch_sizes": str(B) if lo == B else f"{lo}-{B}", "arms": arms, "requests": checks[B],
+                      "idle_reads": {"decisions": reads[0], "idle": reads[1], "draftable_now": reads[2]},
                       "winner": self.winner(B), "steps": len(decided),
                       "policy_speculated": sum(1 for d in decided if d[1] is not None and d[1] > 0),
                       "plain_unasked": sum(1 for d in decided if d[1] is None)}
