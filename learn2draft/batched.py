@@ -598,26 +598,31 @@ class BatchedSpeculativeDecoder:
 
 
 class _Lazy(Sequence):
-    """A load state's ``draftable``, computed on first read: per row, the tokens its drafter can propose after the
-    committed tokens the row held when the load state was built (:func:`_draftable`; the ids and depth limit are
-    kept then, committed tokens are never rewritten). It runs a lookahead per row (prompt lookup's n-gram search,
-    ~0.4 ms a row on a 2-core CPU) that only a learned load-aware policy reads: a step whose controllers never read
-    it (a guard that runs plain, a fixed table) does not pay for it. Reads as, compares equal to and pickles as the
-    tuple of ints."""
+    """A load state's ``draftable``, computed on read, row by row: per row, the tokens its drafter can propose after
+    the committed tokens the row held when the load state was built (:func:`_draftable`; the ids and depth limit are
+    kept then, committed tokens are never rewritten). Each row runs a lookahead (prompt lookup's n-gram search, ~0.3 ms
+    a row on a 2-core CPU), so a row is computed only when read: a step whose controllers never read it (a fixed
+    table) pays nothing, and the speed guard, which reads only its idle requests' rows, pays for those. Reads as,
+    compares equal to and pickles as the tuple of ints."""
 
     def __init__(self, rows: list):
-        self._rows, self._value = rows, None
+        self._rows, self._values = rows, [None] * len(rows)
+
+    def _at(self, i: int) -> int:
+        if self._values[i] is None:
+            self._values[i] = _draftable(*self._rows[i])
+        return self._values[i]
 
     def _get(self) -> tuple[int, ...]:
-        if self._value is None:
-            self._value, self._rows = tuple(_draftable(*r) for r in self._rows), None
-        return self._value
+        return tuple(self._at(i) for i in range(len(self._values)))
 
     def __getitem__(self, i):
-        return self._get()[i]
+        if isinstance(i, slice):
+            return self._get()[i]
+        return self._at(range(len(self._values))[i])
 
     def __len__(self) -> int:
-        return len(self._get())
+        return len(self._values)
 
     def __eq__(self, other) -> bool:
         return self._get() == (other._get() if isinstance(other, _Lazy) else other)

@@ -150,6 +150,11 @@ class BatchSizeTable(DraftController):
         """Read the step's :class:`~learn2draft.state.LoadState` (its ``batch_size``) before the row drafts."""
         self.gamma = self.gamma_for(int(load.batch_size))
 
+    @property
+    def step_depth(self) -> int:
+        """The step's γ: the depth rule stops there without asking :meth:`decide`."""
+        return self.gamma
+
     def decide(self, state: DraftState) -> bool:
         """CONTINUE while ``state.depth`` (the integer depth) is below the step's γ."""
         return state.depth < self.gamma

@@ -96,6 +96,14 @@ class DraftController(ABC):
     #: verification budget runs.
     reads_load: bool = False
 
+    @property
+    def step_depth(self) -> int:
+        """The most tokens this controller lets the current cycle draft: :attr:`max_depth`, or, for a per-step
+        controller (a per-batch-size table, a load-aware step policy), the step's γ read in :meth:`observe_load`.
+        The depth rule (:func:`keeps_drafting`) stops there without building the state or asking :meth:`decide`
+        (at γ = 0, a step of plain decoding costs what one without a controller does)."""
+        return self.max_depth
+
     def reset(self) -> None:  # noqa: B027 (optional hook, a no-op by default)
         """Called at the start of each generation."""
 
@@ -254,10 +262,11 @@ class FixedTreeController(DraftController):
 def keeps_drafting(controller: DraftController, depth: int, can_draft: Callable[[], bool], decide: Callable[[], bool],
                    min_depth: int = 0) -> bool:
     """The one depth rule of a cycle, on the real loop and in replay: draft one more step when the depth is
-    below the controller's ``max_depth``, a draft is possible (``can_draft()``: below the decoder's depth
-    limit, and the drafter has a proposal) and the controller says CONTINUE (``decide()``, asked only then);
-    the first ``min_depth`` steps are drafted without asking (a size decision needs a tree)."""
-    return depth < max(controller.max_depth, min_depth) and can_draft() and (depth < min_depth or decide())
+    below the controller's :attr:`~DraftController.step_depth` (its ``max_depth``, or a step policy's γ), a draft is
+    possible (``can_draft()``: below the decoder's depth limit, and the drafter has a proposal) and the controller
+    says CONTINUE (``decide()``, asked only then); the first ``min_depth`` steps are drafted without asking (a size
+    decision needs a tree)."""
+    return depth < max(controller.step_depth, min_depth) and can_draft() and (depth < min_depth or decide())
 
 
 def decides_verification_size(controller: DraftController) -> bool:

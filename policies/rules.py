@@ -250,6 +250,11 @@ class _StepGammaController(DraftController):
     def observe_load(self, load: Any) -> None:
         self.gamma = self.policy.gamma(load)
 
+    @property
+    def step_depth(self) -> int:
+        """The step's γ: the depth rule stops there without asking :meth:`decide`."""
+        return min(int(self.gamma), self.max_depth)
+
     def decide(self, state: DraftState) -> bool:
         return state.depth < self.gamma
 
@@ -509,14 +514,14 @@ class SpeculationGuard:
 
     def _draftable_now(self, ids: list) -> set:
         """Of request ids ``ids``, those whose row can draft at the step being decided (its load state's
-        ``draftable`` > 0; the per-row lookahead runs here, once per load state, only when a request is idle). Empty
+        ``draftable`` > 0; a row's lookahead runs here, once per load state, only for an idle request's row). Empty
         when the load state does not say."""
         load = self._load
         rows, can = getattr(load, "row_ids", ()), getattr(load, "draftable", ())
         if not rows or len(can) != len(rows):
             return set()
-        now = dict(zip(rows, can))
-        return {r for r in ids if now.get(r, 0) > 0}
+        index = {r: i for i, r in enumerate(rows)}  # only the idle rows' lookaheads run (a lazy ``draftable``)
+        return {r for r in ids if r in index and can[index[r]] > 0}
 
     def _request_check(self, pol: list, plain: list, running: frozenset | None,
                        draftable_now: Any = None) -> dict | None:

@@ -584,3 +584,24 @@ def test_the_load_states_draftable_is_the_rows_when_it_was_built(tiny_pair):
     assert tuple(b.load().draftable) != at_once  # the rows now: fewer tokens left
     assert pickle.loads(pickle.dumps(now)).draftable == at_once
     assert now.row_ids == tuple(a._ids) and len(now.row_ids) == 2
+
+
+def test_the_load_states_draftable_runs_a_rows_lookahead_only_when_that_row_is_read(tiny_pair, monkeypatch):
+    """Reading one row of LoadState.draftable runs that row's lookahead alone (the speed guard reads only its idle
+    requests' rows), each row at most once, and reading the whole gives the same values as reading row by row."""
+    import learn2draft.batched as lb
+    from learn2draft.control import FixedDepthController
+
+    prompts = [torch.tensor([3, 4, 5, 3, 4, 5, 3, 4, 5, 3, 4]), torch.tensor([6, 7, 8, 6, 7, 8, 6, 7]),
+               torch.tensor([9, 10, 9, 10, 9, 10])]
+    dec = lb.BatchedSpeculativeDecoder(tiny_pair, "lookup", max_new_tokens=12, max_depth=8, max_batch=3)
+    dec.add_many(prompts, [FixedDepthController(2) for _ in prompts], [0, 1, 2])
+    dec.step()
+    real, seen = lb._draftable, []
+    monkeypatch.setattr(lb, "_draftable", lambda row, seq, limit: seen.append(row) or real(row, seq, limit))
+    load = dec.load()
+    assert len(load.draftable) == 3 and seen == []
+    one = load.draftable[1]
+    assert seen == [dec.rows[1]] and load.draftable[-2] == one and len(seen) == 1
+    whole = tuple(load.draftable)
+    assert len(seen) == 3 and whole[1] == one and list(whole) == [real(r, r.ids, r.depth_limit) for r in dec.rows]

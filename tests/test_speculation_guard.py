@@ -194,6 +194,36 @@ def test_the_real_loop_gives_the_guard_each_steps_measurement_and_keeps_the_gree
         assert r.tokens == greedy_reference(tiny_pair.target, p, 12, tiny_pair.vocab_size, eos=tiny_pair.eos_token_ids)
 
 
+@pytest.mark.parametrize("step_gamma", [0, 2])
+def test_a_plain_step_of_a_step_controller_asks_no_row_for_its_state(tiny_pair, monkeypatch, step_gamma):
+    """At a step γ of 0, the rows of a step policy (behind the guard or not) and of a per-batch-size table stop at the
+    depth rule (``step_depth``): no row builds its DraftState, runs its drafter's proposal check or asks its
+    controller, as no speculation does (before, every row did, and a guard's plain step at 8 rows measured
+    8–29 ms over no speculation's 55–60 ms on 2 CPU cores in bf16). The control: at γ = 2 the rows draft and ask."""
+    from learn2draft.batched import BatchedSpeculativeDecoder, Request, serve
+    from learn2draft.budget import BatchSizeTable
+    from learn2draft.decoding import SpeculativeDecoder
+    from policies.rules import _StepGammaController
+
+    calls = []
+    real_state, real_can = SpeculativeDecoder.state, SpeculativeDecoder.can_draft
+    monkeypatch.setattr(SpeculativeDecoder, "state", lambda self: calls.append("state") or real_state(self))
+    monkeypatch.setattr(SpeculativeDecoder, "can_draft", lambda self: calls.append("can") or real_can(self))
+    prompts = [torch.tensor([3, 4, 5, 3, 4, 5, 3, 4]), torch.tensor([6, 7, 6, 7, 6, 7]), torch.tensor([8, 9, 10, 8, 9]),
+               torch.tensor([5, 6, 5, 6, 5])]
+    for make in (lambda: _StepGammaController(FixedStepPolicy(step_gamma)),
+                 SpeculationGuard(FixedStepPolicy(step_gamma)),
+                 lambda: BatchSizeTable([[1, 4, step_gamma]], max_depth=4)):
+        calls.clear()
+        dec = BatchedSpeculativeDecoder(tiny_pair, "lookup", max_new_tokens=12, max_depth=4, max_batch=2)
+        serve(dec, [Request(p, seed=i) for i, p in enumerate(prompts)], make, concurrency=2)
+        drafted = sum(c.depth for st in dec.steps for c in st.rows.values())
+        if step_gamma == 0:
+            assert calls == [] and drafted == 0
+        else:
+            assert "can" in calls and drafted > 0
+
+
 def test_a_step_policy_trained_in_another_precision_warns_once_per_stream_in_the_batched_decoder(tiny_pair):
     """The serving path warns as SpeculativeDecoder.generate does: a load-aware policy (alone or behind the guard)
     trained in bfloat16 and served by a float32 target raises PrecisionMismatchWarning once for the policy — named
