@@ -66,7 +66,7 @@ from pathlib import Path
 import numpy as np
 
 from learn2draft import cli
-from learn2draft.cli import HelpFormatter, plain_doc, run_cli
+from learn2draft.cli import HelpFormatter, note_on_interrupt, plain_doc, run_cli
 from learn2draft.metrics import percentiles
 from learn2draft.prompts import PROMPT_SETS
 from learn2draft.settings import RunSettings
@@ -548,6 +548,8 @@ def _run(args) -> int:
     # that a method's place in the level's minutes averages out over passes
     levels = [("concurrency", c) for c in s.levels] + [("arrival_rate", r) for r in s.rates]
     report["levels"] = []
+    wrote_partial: list[bool] = []
+    note_on_interrupt(lambda: f"the passes measured so far are in {out / PARTIAL_FILE}" if wrote_partial else None)
     for li, (kind, value) in enumerate(levels):
         n = level_requests(kind, value, args)
         arrivals = None if kind == "concurrency" else poisson_arrivals(value, n, args.seed + 7919 * li)
@@ -579,6 +581,7 @@ def _run(args) -> int:
                                    "batch_sizes": {str(b): v for b, v in guard.summary().items()}}
             so_far = {**report, "levels": [*report["levels"], level], "partial": True}
             (out / PARTIAL_FILE).write_text(json.dumps(so_far, indent=1, default=json_scalar))
+            wrote_partial.append(True)
         report["levels"].append(level)
         stderr_line(f"eval.serve: {len(report['levels'])}/{len(levels)} levels measured (so far in "
                     f"{out / PARTIAL_FILE})")

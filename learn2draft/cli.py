@@ -114,10 +114,23 @@ def quiet_library_noise() -> None:
             warnings.filterwarnings("ignore", message=re.escape(start), category=source)
 
 
+#: What a Ctrl-C leaves behind, registered by the running command (:func:`note_on_interrupt`).
+_INTERRUPT_NOTES: list = []
+
+
+def note_on_interrupt(note) -> None:
+    """Register ``note() -> str | None``, read by :func:`run_cli` on a Ctrl-C: what the command has kept so far
+    (e.g. ``"the passes measured so far are in runs/serve/serve-partial.json"``; None: nothing yet). The notes are
+    cleared when the next command starts."""
+    _INTERRUPT_NOTES.append(note)
+
+
 def run_cli(parser: argparse.ArgumentParser, run, argv: list[str] | None) -> int:
     """Parse ``argv`` (after :func:`prepare_parser`) and call ``run(args)``; bad input (ValueError, OSError, RuntimeError)
     becomes one ``error:`` line on stderr and exit code 2 instead of a traceback, and Ctrl-C one
-    ``interrupted`` line and exit code 130 (files are written whole or not at all by the commands)."""
+    ``interrupted`` line and exit code 130, naming what the command kept (:func:`note_on_interrupt`; files are
+    written whole or not at all by the commands)."""
+    _INTERRUPT_NOTES.clear()
     prepare_parser(parser)
     args = parser.parse_args(argv)
     quiet_library_noise()
@@ -141,7 +154,9 @@ def run_cli(parser: argparse.ArgumentParser, run, argv: list[str] | None) -> int
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"{parser.prog}: interrupted (Ctrl-C) before it finished; nothing more was written.", file=sys.stderr)
+        kept = [n for n in (note() for note in _INTERRUPT_NOTES) if n]
+        print(f"{parser.prog}: interrupted (Ctrl-C) before it finished; "
+              + ("; ".join(kept) + "." if kept else "nothing more was written."), file=sys.stderr)
         return 130
     finally:
         warnings.showwarning = shown

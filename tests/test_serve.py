@@ -308,3 +308,32 @@ def test_an_unmeasured_itl_is_left_out_of_the_verdict_and_a_missing_method_is_no
         _ratios(res)
     m = combine_passes(partial)["m"]
     assert m["passes"] == 1 and m["ratio_to_no_spec"]["tokens_per_second"] == pytest.approx(1.2)
+
+
+def test_a_ctrl_c_names_the_partial_file_it_leaves(tiny_model_dirs, tmp_path, monkeypatch, capsys):
+    """A Ctrl-C during the second level: exit code 130, the first level kept in serve-partial.json, and the one
+    interrupted line names that file (it said "nothing more was written"); a Ctrl-C before the first pass is written
+    says nothing was."""
+    import eval.serve as es
+
+    real = es.ServeMethod.run
+
+    def run(self, *a, **k):
+        if k.get("concurrency") == stop_at:
+            raise KeyboardInterrupt
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(es.ServeMethod, "run", run)
+    out = tmp_path / "serve"
+    stop_at = 2  # level 1 (c = 1) is measured and written; level 2's first run is interrupted
+    argv = _tiny(tiny_model_dirs, tmp_path, "--methods", "nospec", "--concurrency", "1,2", "--arrival-rates", "",
+                 "--out", str(out))
+    assert serve_main(argv) == 130
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "interrupted (Ctrl-C)" in err and str(out / "serve-partial.json") in err
+    kept = json.loads((out / "serve-partial.json").read_text())
+    assert kept["partial"] and [(lv["kind"], lv["value"]) for lv in kept["levels"]] == [("concurrency", 1)]
+    stop_at = 1  # the start-up's warm-up runs at concurrency 1: interrupted before any pass is written
+    assert serve_main([*argv, "--overwrite"]) == 130
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "nothing more was written" in err and "serve-partial" not in err
