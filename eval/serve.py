@@ -440,7 +440,12 @@ def _run(args) -> int:
             run_settings,
         )
 
-        spec = read_json(resolve_export_dir(args.policy) / FEATURE_SPEC_FILE)
+        spec_file = resolve_export_dir(args.policy) / FEATURE_SPEC_FILE
+        if not spec_file.is_file():
+            raise ValueError(f"--policy {args.policy}: no policy export there (no {FEATURE_SPEC_FILE}); pass an "
+                             "export (policies/defaults/…, python -m policies.export) or a training run "
+                             "(python -m train --out RUN).")
+        spec = read_json(spec_file)
         # a load-aware policy (one γ per step from the load, --serve-loads) or a chain policy (per row)
         policy = (load_serve_policy(args.policy, profile=args.profile) if spec.get("kind") == "serve"
                   else load_policy(args.policy, profile=args.profile))
@@ -935,8 +940,10 @@ def _markdown(report: dict) -> list[str]:
                "step-seconds ratio; the idle ones (they drafted nothing) are slower together when the steps they ran "
                "in measure longer than plain steps, by `confidence` standard errors "
                "(`SpeculationGuard.request_check`); a request that drafted nothing but can draft at the step being "
-               "decided is tested as a drafting one (idle reads: the decisions that found idle requests, and of the "
-               "idle requests they found, those that could draft then).", "",
+               "decided is tested as a drafting one. The slower/idle column is this report's view over every "
+               "request in the window, without that test; idle reads are the guard's own decisions: how many found "
+               "idle requests, the idle requests they found summed over those decisions (a request counts at every "
+               "decision that found it), and of those, the ones that could draft then.", "",
                "| batch sizes | policy tok/s (steps) | plain tok/s (steps) | step seconds policy / plain | requests "
                "slower under the policy (of those tested; idle) | winner | steps run plain by the guard (of all) | "
                "idle reads: decisions, idle requests (could draft) |",

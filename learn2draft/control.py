@@ -266,7 +266,8 @@ def keeps_drafting(controller: DraftController, depth: int, can_draft: Callable[
     possible (``can_draft()``: below the decoder's depth limit, and the drafter has a proposal) and the controller
     says CONTINUE (``decide()``, asked only then); the first ``min_depth`` steps are drafted without asking (a size
     decision needs a tree)."""
-    return depth < max(controller.step_depth, min_depth) and can_draft() and (depth < min_depth or decide())
+    cap = getattr(controller, "step_depth", controller.max_depth)  # a controller-like object without DraftController
+    return depth < max(cap, min_depth) and can_draft() and (depth < min_depth or decide())
 
 
 def decides_verification_size(controller: DraftController) -> bool:

@@ -196,10 +196,10 @@ class PolicyDraftModel(_draft_model_base()):
     """Prompt lookup with an exported depth policy, as a ``llama_cpp`` draft model.
 
     At each call: infer τ of the previous proposal from the history, then draft one token at a time while the
-    policy says CONTINUE (:func:`learn2draft.control.keeps_drafting`'s rule: below ``max_depth`` and the
-    generation's budget, a match exists, and the policy continues), with the same features as this project's own
-    loop (:class:`learn2draft.state.DraftState`: context, depth, past τ, the lookup's confidences, match length and
-    count, progress). With ``policy=None`` and ``num_pred_tokens=γ`` it drafts up to γ tokens every step (fixed γ).
+    policy says CONTINUE (:func:`learn2draft.control.keeps_drafting`'s rule: below the controller's ``step_depth``,
+    its ``max_depth`` here, and the generation's budget, a match exists, and the policy continues), with the same
+    features as this project's own loop (:class:`learn2draft.state.DraftState`: context, depth, past τ, the
+    lookup's confidences, match length and count, progress). With ``policy=None`` and ``num_pred_tokens=γ`` it drafts up to γ tokens every step (fixed γ).
 
     Args:
         policy: an exported lookup depth policy (folder, or a training run holding ``policy/``), a controller with

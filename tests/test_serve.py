@@ -133,6 +133,7 @@ def test_serve_with_a_learned_policy(tiny_model_dirs, tmp_path):
     (["--requests-per-slot", "-1"], "--requests-per-slot must be ≥ 0"),
     (["--policy", "policies/defaults/lookup+model-bfloat16", "--drafter", "lookup"], "a hybrid (lookup+model) policy"),
     (["--policy", "no/such/dir"], "--policy no/such/dir: no such directory"),
+    (["--policy", "tests"], "--policy tests: no policy export there"),  # a folder, but no export in it
     (["--temperature", "-1"], "--temperature must be ≥ 0"),
     (["--concurrency", "4", "--calibration-concurrency", "4", "--max-batch", "2"],
      "--max-batch 2 is below the largest --concurrency 4"),

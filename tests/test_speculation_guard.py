@@ -709,3 +709,18 @@ def test_the_decision_tests_running_requests_and_the_report_every_request_in_the
     guard.gamma(LoadState(2, 16, (50, 50), row_ids=(1, 2)))  # request 0 has finished
     assert guard.request_check(2) is None or guard.request_check(2)["idle"] == 0
     assert guard.summary()[2]["requests"]["idle"] == 1
+
+
+def test_a_controller_like_object_without_step_depth_still_meets_the_depth_rule():
+    """keeps_drafting reads a DraftController's step_depth; a controller-like object that does not subclass it (a
+    user's own, with max_depth and decide) is capped by its max_depth, as before."""
+    from learn2draft.control import keeps_drafting
+
+    class Duck:
+        max_depth = 2
+
+        def decide(self, state):
+            return True
+
+    assert keeps_drafting(Duck(), 0, lambda: True, lambda: True)
+    assert not keeps_drafting(Duck(), 2, lambda: True, lambda: True)
