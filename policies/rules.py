@@ -589,7 +589,6 @@ class SpeculationGuard:
     def _choose(self, B: int) -> str:
         s = self._sched.setdefault(batch_bucket(B), {"left": self.explore_every, "interval": self.explore_every, "probe_left": 0,
                                        "probe_arm": None, "probed": False, "last": None})
-        self._last_check = None  # not one a report's winner() call left (summary)
         if s["probe_left"] > 0:
             s["probe_left"] -= 1
             return s["probe_arm"]
