@@ -943,11 +943,14 @@ def _markdown(report: dict) -> list[str]:
                "decided is tested as a drafting one. The slower/idle column is this report's view over every "
                "request in the window, without that test; idle reads are the guard's own decisions: how many found "
                "idle requests, the idle requests they found summed over those decisions (a request counts at every "
-               "decision that found it), and of those, the ones that could draft then.", "",
+               "decision that found it), and of those, the ones that could draft then. Plain steps by reason "
+               "(`SpeculationGuard.PLAIN_REASONS`): the plain arm's rate led, the request check found idle (or only "
+               "drafting) requests slower, a smaller bucket's verdict before both arms were measured here, a probe, "
+               "or the policy chose γ = 0.", "",
                "| batch sizes | policy tok/s (steps) | plain tok/s (steps) | step seconds policy / plain | requests "
                "slower under the policy (of those tested; idle) | winner | steps run plain by the guard (of all) | "
-               "idle reads: decisions, idle requests (could draft) |",
-               "|---|---|---|---|---|---|---|---|"]
+               "idle reads: decisions, idle requests (could draft) | plain steps by reason |",
+               "|---|---|---|---|---|---|---|---|---|"]
         for b, v in report["guard"]["batch_sizes"].items():
             cell = {a: (f"{x['tokens_per_second']:.1f} ({x['steps']})" if x["tokens_per_second"] else "–")
                     for a, x in v["arms"].items()}
@@ -959,7 +962,8 @@ def _markdown(report: dict) -> list[str]:
             md.append(f"| {v.get('batch_sizes', b)} | {cell.get('policy', '–')} | {cell.get('plain', '–')} | {cost} | "
                       f"{slower} | {v['winner']} | {v.get('plain_unasked', '–')} of {v.get('steps', '–')} | "
                       + (f"{r['decisions']}, {r['idle']} ({r['draftable_now']}) |" if (r := v.get("idle_reads"))
-                         else "– |"))
+                         else "– |")
+                      + f" {', '.join(f'{k} {n}' for k, n in v.get('plain_reasons', {}).items() if n) or '–'} |")
         md.append("")
     if report.get("same_batch"):
         sb = report["same_batch"]

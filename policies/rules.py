@@ -373,6 +373,11 @@ class SpeculationGuard:
     """
 
     POLICY, PLAIN = "policy", "plain"
+    #: Why a step ran plain (``summary()[B]["plain_reasons"]``): ``rate`` (the plain arm's tokens/s led by the
+    #: margin), ``request_idle`` / ``request_drafting`` (the request check found idle requests slower, or only
+    #: drafting ones), ``smaller_bucket`` (both arms not yet measured here; a smaller bucket's winner is plain),
+    #: ``probe`` (a probe of the plain arm), ``policy_gamma_0`` (the policy was asked and chose γ = 0).
+    PLAIN_REASONS = ("rate", "request_idle", "request_drafting", "smaller_bucket", "probe", "policy_gamma_0")
     _PRIOR_STEPS = 4  # the pooled variance's weight, in steps, in a request's variance (request_check)
 
     def __init__(self, policy: Any, explore_every: int = 16, max_explore_every: int = 128, probe_steps: int = 2,
@@ -410,6 +415,9 @@ class SpeculationGuard:
         # bucket → [live checks that found idle requests, idle requests found, of them draftable at the check]
         self._idle_reads: dict[int, list[int]] = {}
         self._last_check: dict | None = None  # the request check the last winner() ran (read by _choose)
+        self._why: str | None = None  # why the last winner() was plain (one of PLAIN_REASONS; None: policy)
+        # bucket → reason → steps run plain for it (PLAIN_REASONS)
+        self._plain_reasons: dict[int, dict[str, int]] = {}
         self.decisions: list[tuple[int, int | None, int, str]] = []
 
     # ------------------------------------------------------------------ measurements
@@ -496,7 +504,7 @@ class SpeculationGuard:
             ρ, "cost_ratio_error": its standard error by the delta method (None below 2 steps per arm),
             "requests": R, "idle": how many are idle, "idle_draftable_now": how many drafted nothing in their
             policy steps but can draft now (live only; else 0), "slower": how many are slower (idle ones included),
-            "lowest_tokens_per_step": min m_r}``.
+            "slower_idle": how many of them are idle, "lowest_tokens_per_step": min m_r}``.
         """
         arms = self._stats.get(batch_bucket(batch_size), {})
         pol, plain = arms.get(self.POLICY), arms.get(self.PLAIN)
@@ -553,13 +561,14 @@ class SpeculationGuard:
         # the step seconds' variance pooled over both arms' windows (either arm alone may hold 2 steps: a probe)
         sec_var = (float(((a - a.mean()) ** 2).sum() + ((b - b.mean()) ** 2).sum()) / (a.size + b.size - 2)
                    if a.size + b.size > 2 else float("inf"))
-        slower = 0
+        slower = idle_slower = 0
         if idle:  # one token per step, certain: slower together when the steps they ran in measure longer
             ids = set(idle)
             s_idle = np.asarray([sec for _, sec, rows in pol[0] if any(rid in ids for rid, _, _ in rows)])
             gap = float(s_idle.mean() - b.mean())
             margin = self.confidence * math.sqrt(sec_var * (1 / s_idle.size + 1 / b.size)) if self.confidence > 0 else 0.0
-            slower += len(idle) if gap > margin + _TIE * float(b.mean()) else 0
+            idle_slower = len(idle) if gap > margin + _TIE * float(b.mean()) else 0
+            slower += idle_slower
         for r, v in per.items():
             if not drafted[r]:
                 continue
@@ -568,22 +577,31 @@ class SpeculationGuard:
             slower += bool(float(v.mean()) + z * math.sqrt(var / n) < rho * (1 - _TIE))
         return {"cost_ratio": rho, "cost_ratio_error": rho_se if math.isfinite(rho_se) else None,
                 "requests": len(per), "idle": len(idle), "idle_draftable_now": len(woke),
-                "slower": slower, "lowest_tokens_per_step": min(float(v.mean()) for v in per.values())}
+                "slower": slower, "slower_idle": idle_slower,
+                "lowest_tokens_per_step": min(float(v.mean()) for v in per.values())}
 
     def winner(self, batch_size: int) -> str:
         """The arm the guard runs at ``batch_size`` outside probes (see the class docstring)."""
         p, q = self.rate(batch_size, self.POLICY), self.rate(batch_size, self.PLAIN)
-        self._last_check = None
+        self._last_check, self._why = None, None
         if p is not None and q is not None:
             spread = math.hypot(self.rate_error(batch_size, self.POLICY), self.rate_error(batch_size, self.PLAIN))
             margin = self.confidence * spread if self.confidence > 0 else 0.0  # 0 × an unknown spread: no margin
             if q - p > margin + _TIE * p:
+                self._why = "rate"
                 return self.PLAIN
             check = self.request_check(batch_size) if self.latency else None
             self._last_check = check
-            return self.PLAIN if check is not None and check["slower"] > 0 else self.POLICY
+            if check is not None and check["slower"] > 0:
+                self._why = "request_idle" if check.get("slower_idle", 0) > 0 else "request_drafting"
+                return self.PLAIN
+            return self.POLICY
         below = [b for b in self._stats if b < batch_bucket(batch_size) and len(self._stats[b]) == 2]
-        return self.winner(max(below)) if below else self.POLICY
+        if not below:
+            return self.POLICY
+        w = self.winner(max(below))
+        self._last_check, self._why = None, ("smaller_bucket" if w == self.PLAIN else None)
+        return w
 
     # ------------------------------------------------------------------ decisions
     def _choose(self, B: int) -> str:
@@ -591,6 +609,7 @@ class SpeculationGuard:
                                        "probe_arm": None, "probed": False, "last": None})
         if s["probe_left"] > 0:
             s["probe_left"] -= 1
+            self._why = "probe" if s["probe_arm"] == self.PLAIN else None
             return s["probe_arm"]
         w = self.winner(B)
         if s["probed"]:  # the probe's steps are measured now: back off while it changed nothing
@@ -607,6 +626,7 @@ class SpeculationGuard:
         if s["left"] <= 0:  # `interval` steps of the winner since the last probe: probe the other arm
             s["probe_arm"] = self.PLAIN if w == self.POLICY else self.POLICY
             s["probe_left"], s["probed"] = self.probe_steps - 1, True
+            self._why = "probe" if s["probe_arm"] == self.PLAIN else None
             return s["probe_arm"]
         s["left"] -= 1
         return w
@@ -626,7 +646,10 @@ class SpeculationGuard:
         g_policy = int(self.policy.gamma(load)) if arm == self.POLICY else None
         g = g_policy if g_policy is not None and g_policy > 0 else 0
         if g == 0:
+            why = self._why if arm == self.PLAIN else "policy_gamma_0"
             arm = self.PLAIN  # the policy's own γ = 0 is a plain step, measured as one
+            reasons = self._plain_reasons.setdefault(batch_bucket(B), dict.fromkeys(self.PLAIN_REASONS, 0))
+            reasons[why] = reasons.get(why, 0) + 1
         self._pending, self._decided = (B, arm), (load, g)
         self.decisions.append((B, g_policy, g, arm))
         return g
@@ -652,7 +675,8 @@ class SpeculationGuard:
         its range, e.g. ``"5-8"``): each arm's tokens/s and steps counted, :meth:`request_check` over every request
         in the window, finished ones included (None: not measured), the winner, the steps decided, those the policy
         speculated in (asked, γ > 0) and those the guard ran plain without asking the policy (``plain_unasked``,
-        probes included) (for reports); ``idle_reads``: over the steps decided, the decisions whose request check
+        probes included) (for reports); ``plain_reasons``: the steps run plain, by why (:attr:`PLAIN_REASONS`);
+        ``idle_reads``: over the steps decided, the decisions whose request check
         found requests that drafted nothing in their policy steps, how many such requests in all, and how many of
         those could draft at the time (tested as drafting requests, not as idle)."""
         out = {}
@@ -666,7 +690,8 @@ class SpeculationGuard:
                       "idle_reads": {"decisions": reads[0], "idle": reads[1], "draftable_now": reads[2]},
                       "winner": self.winner(B), "steps": len(decided),
                       "policy_speculated": sum(1 for d in decided if d[1] is not None and d[1] > 0),
-                      "plain_unasked": sum(1 for d in decided if d[1] is None)}
+                      "plain_unasked": sum(1 for d in decided if d[1] is None),
+                      "plain_reasons": dict(self._plain_reasons.get(B, dict.fromkeys(self.PLAIN_REASONS, 0)))}
         return out
 
     def __repr__(self) -> str:

@@ -101,6 +101,35 @@ def test_an_unmeasured_batch_size_inherits_a_smaller_ones_plain_verdict():
     assert drive(guard, 8, 3, lambda i: 10.0, lambda i: 20.0, first=False) == [0, 0, 0]
 
 
+def test_every_plain_step_is_counted_once_with_why_it_ran_plain():
+    """``summary()[B]["plain_reasons"]`` splits the plain steps by why: where speculation measures at half plain
+    decoding's rate, the first probe's 2 steps are ``probe`` and the rest ``rate``; a policy that asks for γ = 0 gives
+    ``policy_gamma_0``; an unmeasured bucket started plain by a smaller one's verdict gives ``smaller_bucket``; idle
+    requests measured slower give ``request_idle``. Each count sums to the steps the guard ran plain."""
+    guard = SpeculationGuard(FixedStepPolicy(3), explore_every=16, max_explore_every=64, probe_steps=2)
+    gammas = drive(guard, 16, 400, lambda i: 50.0, lambda i: 100.0)
+    why = guard.summary()[16]["plain_reasons"]
+    assert set(why) == set(SpeculationGuard.PLAIN_REASONS)
+    assert why["probe"] == 2 and why["rate"] == sum(g == 0 for g in gammas) - 2
+    assert sum(why.values()) == sum(g == 0 for g in gammas)
+
+    own = SpeculationGuard(FixedStepPolicy(0), explore_every=1, max_explore_every=1, probe_steps=1)
+    drive(own, 8, 50, lambda i: 1e6, lambda i: 1.0)
+    why = own.summary()[8]["plain_reasons"]
+    # explore_every = 1: every other step is a probe of the plain arm; the policy was asked on the rest and said 0
+    assert why["policy_gamma_0"] == 25 and why["probe"] == 25
+
+    inherit = SpeculationGuard(FixedStepPolicy(3), explore_every=4, max_explore_every=8, probe_steps=1)
+    drive(inherit, 4, 40, lambda i: 10.0, lambda i: 20.0)
+    drive(inherit, 8, 3, lambda i: 10.0, lambda i: 20.0, first=False)
+    assert inherit.summary()[8]["plain_reasons"]["smaller_bucket"] == 3
+
+    idle = SpeculationGuard(FixedStepPolicy(4))
+    drive_turnover(idle, 400, 0, 8, (1, 2, 3, 4, 5), 0.065, 0.05, (8, 20), idle_rows=2)
+    why = idle.summary()[8]["plain_reasons"]
+    assert why["request_idle"] > why["rate"] and sum(why.values()) == sum(d[2] == 0 for d in idle.decisions)
+
+
 def drive_noisy(guard, steps: int, seed: int, spec_seconds: float, gamma: int = 8, alpha: float = 0.6,
                 plain_seconds: float = 0.030) -> list[int]:
     """One row (B = 1) whose speculating steps accept a geometric run of drafted tokens (each accepted with
@@ -551,8 +580,8 @@ def test_request_check_counts_a_request_below_the_cost_ratio():
     feed(guard, steps)
     check = guard.request_check(2)
     assert check == {"cost_ratio": pytest.approx(1.9), "cost_ratio_error": pytest.approx(0.0, abs=1e-9),
-                     "requests": 2, "idle": 0, "idle_draftable_now": 0, "slower": 1,
-                         "lowest_tokens_per_step": 1.0}
+                     "requests": 2, "idle": 0, "idle_draftable_now": 0, "slower": 1, "slower_idle": 0,
+                     "lowest_tokens_per_step": 1.0}
     assert guard.winner(2) == "policy"
     guard.latency = True
     assert guard.winner(2) == "plain"
