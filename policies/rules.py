@@ -456,16 +456,17 @@ class SpeculationGuard:
         """Which requests the policy's speculation makes slower than plain decoding at ``batch_size`` (its bucket).
 
         A step gives each row it runs its committed tokens in the step's seconds, so request r's own tokens/s under
-        an arm is its mean tokens per step over that arm's mean step seconds; under plain decoding every row commits
-        one token per step. Request r is slower under the policy when its mean tokens per step m_r falls below
-        the cost ratio ρ = mean policy step seconds / mean plain step seconds, measured: it is counted *slower* when
-        m_r + z · SE_r < ρ over the policy arm's window, for the requests seen in at least 2 of its steps and still
-        running (the load state's ``row_ids``, when it gives them: a finished request cannot be helped, and its steps
-        would hold a verdict for 16 probes after it left), with
+        the policy is its tokens over the seconds of the steps it ran in; under plain decoding every row commits one
+        token per step of mean seconds P̄ (the plain arm's window). Each of r's policy steps i therefore gains
+        g_i = t_i − s_i / P̄ tokens over plain decoding (t_i its tokens, s_i the step's seconds: s_i / P̄ plain steps
+        fit in it), and r is slower under the policy when its mean gain is below 0, measured: it is counted *slower*
+        when mean g + z · SE_r < 0 over the policy arm's window, for the requests seen in at least 2 of its steps and
+        still running (the load state's ``row_ids``, when it gives them: a finished request cannot be helped, and its
+        steps would hold a verdict for 16 probes after it left), with
 
         * SE_r = √(s̃_r² / n_r), s̃_r² = (k · s² + (n_r − 1) · s_r²) / (k + n_r − 1): the request's own sample variance
-          of tokens per step shrunk toward the pooled within-request variance s² of the window with k = 4 steps'
-          weight (a request seen in 2 steps that committed 1 token in both is not read as certain);
+          of g shrunk toward the pooled within-request variance s² of the window with k = 4 steps' weight (a request
+          seen in 2 steps that committed 1 token in both is not read as certain);
         * z = ``confidence`` + √(2 ln R) over the R requests tested (√(2 ln R) is about the largest of R standard
           normal deviations: with requests replaced as they finish, the window holds many short ones and one unlucky
           one is expected); 0 with ``confidence`` = 0 (the point estimates alone).
@@ -478,7 +479,15 @@ class SpeculationGuard:
         carried at least one idle request (each step once), P the plain arm's and s² the step seconds' variance
         pooled over both arms' windows (a probe gives the plain arm 2 steps, too few for a variance of its own).
 
-        Why so: the statistical test above would give an idle request the pooled spread of rows whose drafts were
+        Why each request's own steps, not the arm's mean step seconds ρ · P̄ (the first version compared the mean
+        tokens per step m_r with ρ = mean policy step seconds / P̄): a request that rarely finds a match runs in
+        steps the policy keeps short (a small γ, or a row that drafts nothing), and at one row its steps are the
+        batch's; against the arm's mean, which its drafting neighbours' γ = 8 steps set, it read as slower while
+        it was not (an ``eval.serve`` run on 2 AMD EPYC cores in bf16: at B = 1 the guard ran plain on 27 steps for
+        such requests, its policy arm measuring 2.4× plain decoding's tokens/s). ρ is still reported
+        (``cost_ratio``).
+
+        Why so for idle requests: the statistical test above would give an idle request the pooled spread of rows whose drafts were
         accepted or not, and with few steps per request it has no power (an ``eval.serve`` run on 2 CPU cores,
         9–16 rows: 56 requests in 30 policy steps, none found slower, while the cost ratio was 1.43 and the lowest
         request committed 1.0 token per step); one test per idle request needs the multiplicity margin √(2 ln R) and
@@ -539,13 +548,16 @@ class SpeculationGuard:
         rho_se = (rho * math.sqrt(a.var(ddof=1) / (a.size * a.mean() ** 2) + b.var(ddof=1) / (b.size * b.mean() ** 2))
                   if a.size >= 2 and b.size >= 2 else float("inf"))
         per: dict[int, list[float]] = {}
+        gain: dict[int, list[float]] = {}  # per step: the request's tokens − the plain steps that fit in its seconds
         drafted: dict[int, bool] = {}  # request → drafted in any of its policy steps (True when not measured)
         for _, sec, rows in pol[0]:
             for rid, tokens, d in rows:
                 per.setdefault(rid, []).append(float(tokens))
+                gain.setdefault(rid, []).append(float(tokens) - sec / float(b.mean()))
                 drafted[rid] = drafted.get(rid, False) or d is None or d > 0
         per = {r: np.asarray(v) for r, v in per.items() if len(v) >= 2
                and (running is None or r in running)}  # a finished request cannot be helped now
+        gain = {r: np.asarray(gain[r]) for r in per}
         if not per:
             return None
         idle = [r for r in per if not drafted[r]]
@@ -555,8 +567,8 @@ class SpeculationGuard:
             for r in woke:
                 drafted[r] = True
             idle = [r for r in idle if r not in woke]
-        dof = sum(v.size - 1 for v in per.values())
-        pooled = sum(float(((v - v.mean()) ** 2).sum()) for v in per.values()) / dof
+        dof = sum(v.size - 1 for v in gain.values())
+        pooled = sum(float(((v - v.mean()) ** 2).sum()) for v in gain.values()) / dof
         z = self.confidence + math.sqrt(2 * math.log(len(per))) if self.confidence > 0 else 0.0
         # the step seconds' variance pooled over both arms' windows (either arm alone may hold 2 steps: a probe)
         sec_var = (float(((a - a.mean()) ** 2).sum() + ((b - b.mean()) ** 2).sum()) / (a.size + b.size - 2)
@@ -569,12 +581,12 @@ class SpeculationGuard:
             margin = self.confidence * math.sqrt(sec_var * (1 / s_idle.size + 1 / b.size)) if self.confidence > 0 else 0.0
             idle_slower = len(idle) if gap > margin + _TIE * float(b.mean()) else 0
             slower += idle_slower
-        for r, v in per.items():
+        for r, v in gain.items():
             if not drafted[r]:
                 continue
             n = v.size
             var = (self._PRIOR_STEPS * pooled + (n - 1) * float(v.var(ddof=1))) / (self._PRIOR_STEPS + n - 1)
-            slower += bool(float(v.mean()) + z * math.sqrt(var / n) < rho * (1 - _TIE))
+            slower += bool(float(v.mean()) + z * math.sqrt(var / n) < -_TIE * rho)
         return {"cost_ratio": rho, "cost_ratio_error": rho_se if math.isfinite(rho_se) else None,
                 "requests": len(per), "idle": len(idle), "idle_draftable_now": len(woke),
                 "slower": slower, "slower_idle": idle_slower,
