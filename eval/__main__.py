@@ -120,7 +120,8 @@ def add_overwrite_argument(p: argparse.ArgumentParser) -> None:
                         "there); without it such a folder is refused")
 
 
-def make_out_dir(out: Path, results: tuple[str, ...] = (), overwrite: bool = False) -> Path:
+def make_out_dir(out: Path, results: tuple[str, ...] = (), overwrite: bool = False,
+                 partial: tuple[str, ...] = ()) -> Path:
     """Create the output directory (before the slow work, so that a bad ``--out`` fails first). A directory created
     here that is still empty when the process exits (the run failed before writing anything) is removed again.
 
@@ -130,12 +131,15 @@ def make_out_dir(out: Path, results: tuple[str, ...] = (), overwrite: bool = Fal
             ``overwrite`` they are moved into ``OUT/previous-run/`` here, so that none of them is read as this run's,
             and that folder is removed when the process exits after writing every result anew; a run that is
             interrupted or fails first leaves them there (the message on standard error says so).
+        partial: files a run writes while it runs and removes when it ends (``eval.serve``'s passes so far): an
+            earlier run's are refused and moved like ``results``, so that none passes for this run's, but this run
+            is not required to leave them.
 
     Raises:
         ValueError: naming ``--out``: it is a file, cannot be created, or holds an earlier run's ``results``
             without ``overwrite``.
     """
-    earlier = earlier_results(out, results, overwrite)
+    earlier = earlier_results(out, tuple(results) + tuple(partial), overwrite)
     if earlier:  # --overwrite: none may pass for this run's (a plot, say), and none is lost before this run's are written
         keep = out / PREVIOUS_RUN_DIR
         shutil.rmtree(keep, ignore_errors=True)

@@ -2,7 +2,8 @@
 
 Many requests share one target forward per step (:class:`learn2draft.batched.BatchedSpeculativeDecoder`, continuous
 batching). On the same held-out prompts and seeds, methods interleaved per level (a rotated order; with ``--passes N``
-every method runs N times per level, passes in pairs of opposite orders: :func:`pass_order`), two sweeps:
+every method runs N times per level, passes in pairs of opposite orders, so that a drift linear in time cancels),
+two sweeps:
 
 * fixed concurrency ``--concurrency`` (a closed loop: c requests run at once, a finished one is replaced at once);
 * Poisson arrivals ``--arrival-rates`` (requests/s; seeded exponential gaps; an open loop up to ``--max-batch`` rows).
@@ -74,6 +75,8 @@ from learn2draft.settings import RunSettings
 DEFAULT_OUT = "runs/serve"
 #: Written after each measured pass of a level and removed when the run completes: what an interrupted run measured.
 PARTIAL_FILE = "serve-partial.json"
+#: What a finished run writes in ``--out`` (:func:`_write`).
+RESULT_FILES = ("serve.json", "serve.md", "serve.png")
 METHODS = ("nospec", "fixed", "table", "adaptive", "policy", "guard", "hf")
 NOSPEC, HF = "no speculation (γ=0)", "hf generate (batched)"
 TABLE, ADAPTIVE, LEARNED = "per-batch-size table", "adaptive verification (vLLM)", "learned policy"
@@ -172,7 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_out_arg(p, f"the results directory (default: {DEFAULT_OUT}): serve.json, serve.md, serve.png; "
                        "serve-partial.json after each pass of a level while it runs (kept if interrupted)")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace the results of an earlier run in --out (else such a folder is refused)")
+                   help="replace the results of an earlier run in --out: they move to --out/previous-run/ when the "
+                        "run starts and are deleted once this run has written its own (an interrupted run leaves them "
+                        "there); without it such a folder is refused")
     cli.add_model_args(p)
     cli.add_sampling_args(p)
     cli.add_device_args(p)
@@ -239,7 +244,7 @@ def check_args(args) -> Settings:
     if args.policy is not None and not Path(args.policy).is_dir():
         raise FileNotFoundError(f"--policy {args.policy}: no such directory (an export or a training run).")
     out = Path(args.out or DEFAULT_OUT).expanduser()
-    earlier_results(out, ("serve.json", PARTIAL_FILE), args.overwrite)  # replaced when the run writes its own
+    earlier_results(out, (*RESULT_FILES, PARTIAL_FILE), args.overwrite)  # moved aside at start (make_out_dir)
     sampling = cli.sampling_config(args)  # a bad sampling flag or --seed fails here
     if "hf" in methods and (sampling.prefix_dependent or sampling.min_p):
         raise ValueError("--min-p, --repetition-penalty and --presence-penalty: the hf generate (batched) row supports "
@@ -472,7 +477,7 @@ def _run(args) -> int:
     sampling = cli.sampling_config(args)
     threads = set_threads(args, cfg.get("threads"))
     target, draft = model_names(args.target, args.draft, cfg)
-    out = make_out_dir(s.out)
+    out = make_out_dir(s.out, RESULT_FILES, args.overwrite, partial=(PARTIAL_FILE,))
     # auto's widths: the largest batch this run decodes (--max-batch, else its largest concurrency) and its depth
     rs = RunSettings.resolve(device=s.device, dtype=args.dtype, threads=threads, batch=s.max_batch,
                              depths=(s.max_depth, *s.gammas), target=target, draft=draft, drafter=drafter,
@@ -886,6 +891,28 @@ def _ratio_cell(m: dict, key: str) -> str:
     return f"{r:.2f}" + (f" [{lo_hi[0]:.2f}–{lo_hi[1]:.2f}]" if lo_hi and m.get("passes", 1) > 1 else "")
 
 
+#: Per-pass readings of one method at one level further apart than this factor (largest / smallest) are flagged in
+#: serve.md: a pass was likely disturbed (another process on the machine, a stall), and its median is not trusted.
+PASS_DISAGREEMENT = 1.5
+
+
+def disagreeing_passes(level: dict) -> list[str]:
+    """The methods of ``level`` (a combined level, :func:`combine_passes`) whose passes disagree: their tokens/s, or
+    their tokens/s ratio to no speculation, ranging over more than :data:`PASS_DISAGREEMENT`× from the smallest pass
+    to the largest. Returns one phrase per such method (none for one pass)."""
+    out = []
+    for name, m in level["methods"].items():
+        runs = [x for x in m.get("tokens_per_second_passes") or [] if x]
+        lo_hi = (m.get("ratio_spread") or {}).get("tokens_per_second")
+        spreads = [(max(runs) / min(runs), f"{min(runs):.1f}–{max(runs):.1f} tok/s")] if len(runs) > 1 else []
+        if lo_hi and lo_hi[0] and m.get("passes", 1) > 1:
+            spreads.append((lo_hi[1] / lo_hi[0], f"{lo_hi[0]:.2f}–{lo_hi[1]:.2f}× no speculation"))
+        worst = max(spreads, default=None)
+        if worst is not None and worst[0] > PASS_DISAGREEMENT:
+            out.append(f"{name} {worst[1]} ({worst[0]:.1f}× apart)")
+    return out
+
+
 def _markdown(report: dict) -> list[str]:
     from eval.verdicts import verdict_lines
 
@@ -924,6 +951,9 @@ def _markdown(report: dict) -> list[str]:
                       f"{lat['p99']:.2f} | {_num(m['alpha'])} | {_num(m['tau'])} | "
                       f"{m['peak_memory_bytes'] / 2**20:.0f} |")
         md.append("")
+        if (apart := disagreeing_passes(lv)):
+            md += [f"**The passes disagree** (more than {PASS_DISAGREEMENT}× apart): {'; '.join(apart)}. A pass was "
+                   "likely disturbed (another process, a stall): rerun this level alone before reading its ratios.", ""]
     if report.get("sim_vs_real"):
         md += ["### replay against the measurement (closed loop; error = sim / real − 1)", "",
                "| level | " + " | ".join(next(iter(report["sim_vs_real"].values()), {}).keys()) + " |",

@@ -311,6 +311,27 @@ def test_an_unmeasured_itl_is_left_out_of_the_verdict_and_a_missing_method_is_no
     assert m["passes"] == 1 and m["ratio_to_no_spec"]["tokens_per_second"] == pytest.approx(1.2)
 
 
+def test_passes_that_disagree_are_flagged_in_the_report():
+    """A pass disturbed by a stall (a method at a third of its speed in one pass) is named in serve.md's level with
+    its spread; passes within 1.5× of each other are not."""
+    from eval.serve import NOSPEC, _ratios, combine_passes, disagreeing_passes
+
+    passes = [{NOSPEC: _method(100, 0.1, 0.2), "m": _method(120, 0.09, 0.2)},
+              {NOSPEC: _method(104, 0.1, 0.2), "m": _method(40, 0.2, 0.4)},  # m stalled in this pass
+              {NOSPEC: _method(98, 0.1, 0.2), "m": _method(118, 0.09, 0.2)}]
+    for res in passes:
+        _ratios(res)
+    level = {"kind": "concurrency", "value": 2, "methods": combine_passes(passes)}
+    apart = disagreeing_passes(level)
+    assert len(apart) == 1 and apart[0] == "m 0.38–1.20× no speculation (3.1× apart)"
+    calm = [{NOSPEC: _method(100, 0.1, 0.2), "m": _method(120, 0.09, 0.2)},
+            {NOSPEC: _method(90, 0.1, 0.2), "m": _method(100, 0.1, 0.2)}]
+    for res in calm:
+        _ratios(res)
+    assert disagreeing_passes({"methods": combine_passes(calm)}) == []
+    assert disagreeing_passes({"methods": combine_passes(calm[:1])}) == []
+
+
 def test_a_ctrl_c_names_the_partial_file_it_leaves(tiny_model_dirs, tmp_path, monkeypatch, capsys):
     """A Ctrl-C during the second level: exit code 130, the first level kept in serve-partial.json, and the one
     interrupted line names that file (it said "nothing more was written"); a Ctrl-C before the first pass is written
@@ -338,3 +359,6 @@ def test_a_ctrl_c_names_the_partial_file_it_leaves(tiny_model_dirs, tmp_path, mo
     assert serve_main([*argv, "--overwrite"]) == 130
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "nothing more was written" in err and "serve-partial" not in err
+    # --overwrite moved the first run's partial file aside at the start: none passes for this run's, none is lost
+    assert not (out / "serve-partial.json").exists()
+    assert json.loads((out / "previous-run" / "serve-partial.json").read_text()) == kept
