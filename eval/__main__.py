@@ -133,19 +133,23 @@ def make_out_dir(out: Path, results: tuple[str, ...] = (), overwrite: bool = Fal
             interrupted or fails first leaves them there (the message on standard error says so).
         partial: files a run writes while it runs and removes when it ends (``eval.serve``'s passes so far): an
             earlier run's are refused and moved like ``results``, so that none passes for this run's, but this run
-            is not required to leave them.
+            is not required to leave them. Moving only partial files keeps what ``previous-run/`` holds (the
+            complete results an interrupted run had moved there); moving results replaces it. With ``overwrite``
+            a ``previous-run/`` left by an interrupted run is removed once this run has written every result.
 
     Raises:
         ValueError: naming ``--out``: it is a file, cannot be created, or holds an earlier run's ``results``
             without ``overwrite``.
     """
     earlier = earlier_results(out, tuple(results) + tuple(partial), overwrite)
+    keep = out / PREVIOUS_RUN_DIR
     if earlier:  # --overwrite: none may pass for this run's (a plot, say), and none is lost before this run's are written
-        keep = out / PREVIOUS_RUN_DIR
-        shutil.rmtree(keep, ignore_errors=True)
-        keep.mkdir()
+        if any(name in results for name in earlier):  # a newer run's results: they replace what previous-run/ kept
+            shutil.rmtree(keep, ignore_errors=True)
+        keep.mkdir(exist_ok=True)  # only an interrupted run's partial files: kept beside the results kept there
         for name in earlier:
             os.replace(out / name, keep / name)
+    if overwrite and keep.is_dir():  # removed once this run has written every result (an earlier one's too)
         atexit.register(_settle_previous_run, out, tuple(results))
     created = not out.exists()
     try:

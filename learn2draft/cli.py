@@ -38,10 +38,12 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 
 def plain_doc(text: str | None) -> str:
-    """A docstring as plain text for ``--help``: ````x```` → x, ``:func:`x``` → x, ``**x**`` → x."""
+    """A docstring as plain text for ``--help``: ````x```` → x, ``:func:`x``` → x, ``**x**`` → x, a line's closing
+    ``::`` → ``:``."""
     text = text or ""
     text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", text)
     text = re.sub(r"``([^`]+)``", r"\1", text)
+    text = re.sub(r"::$", ":", text, flags=re.M)  # reST's literal-block marker
     return re.sub(r"\*\*([^*]+)\*\*", r"\1", text)
 
 
@@ -337,7 +339,8 @@ def add_drafter_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup, d
         help="what drafts: model (the draft model), head (a feature-level head on the target's hidden states), "
              "lookup (prompt lookup, model-free), or a hybrid, lookup+model / lookup+head (the policy picks the "
              "source before each token); only model and lookup+model load a draft model (default: the drafter the "
-             "policy was trained with in eval and eval.benchmark, lookup in policies.generate, model elsewhere)")
+             "policy was trained with in eval, eval.benchmark and eval.serve; lookup in eval.serve without a policy "
+             "and in policies.generate; model elsewhere)")
     parser.add_argument(
         "--lookup-min-ngram", type=int, default=None, metavar="N",
         help="prompt lookup's shortest n-gram match, 1 to 4 (vLLM's prompt_lookup_min; Hugging Face prompt lookup "

@@ -332,9 +332,9 @@ class SpeculationGuard:
     latency grows (measured on a 2-core CPU in bf16 at concurrency 8: the guard 1.11× plain decoding in tokens/s,
     0.82× in ITL p99). The policy arm therefore also keeps, from the load state's ``last_step_row_ids`` and
     ``last_step_row_tokens``, the tokens each request committed in each of its steps; a request is slower under the
-    policy when its mean tokens per step is below the cost ratio of a policy step to a plain one (every row commits
-    one token per plain step), by a margin that grows with its spread and with the number of requests tested
-    (:meth:`request_check`); the requests that drafted nothing in their policy steps commit one token per step for
+    policy when, in the steps it ran in, it committed fewer tokens than plain steps of the same seconds would have
+    (every row commits one token per plain step), by a margin that grows with its spread and with the number of
+    requests tested (:meth:`request_check`); the requests that drafted nothing in their policy steps commit one token per step for
     certain, and are slower when the steps they ran in measure longer than plain ones by ``confidence`` standard
     errors. The winner is also *plain*
     when any request measures slower: speculation runs only
@@ -466,7 +466,8 @@ class SpeculationGuard:
 
         * SE_r = √(s̃_r² / n_r), s̃_r² = (k · s² + (n_r − 1) · s_r²) / (k + n_r − 1): the request's own sample variance
           of g shrunk toward the pooled within-request variance s² of the window with k = 4 steps' weight (a request
-          seen in 2 steps that committed 1 token in both is not read as certain);
+          seen in 2 steps that committed 1 token in both is not read as certain); P̄ is taken as known (its own
+          standard error, large when the plain arm holds only a probe's 2 steps, is not in SE_r);
         * z = ``confidence`` + √(2 ln R) over the R requests tested (√(2 ln R) is about the largest of R standard
           normal deviations: with requests replaced as they finish, the window holds many short ones and one unlucky
           one is expected); 0 with ``confidence`` = 0 (the point estimates alone).

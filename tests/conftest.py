@@ -117,3 +117,18 @@ def default_pair():
     from learn2draft.models import load_pair
 
     return load_pair()
+
+
+@pytest.fixture(autouse=True)
+def _no_previous_run_note_at_exit():
+    """A test that runs a command with ``--overwrite`` in this process registers the at-exit settling of
+    ``OUT/previous-run/`` (:func:`eval.__main__.make_out_dir`); its note would print when the pytest worker exits,
+    long after the test and about a temporary folder. Tests that check the settling call it themselves."""
+    yield
+    import sys
+
+    main = sys.modules.get("eval.__main__")
+    if main is not None:
+        import atexit
+
+        atexit.unregister(main._settle_previous_run)

@@ -422,3 +422,35 @@ def test_overwrite_keeps_the_earlier_results_until_the_new_ones_are_written(tmp_
         (out / name).write_text("new")
     _settle_previous_run(out, ("a.md", "a.json"))
     assert not (out / PREVIOUS_RUN_DIR).exists() and (out / "a.md").read_text() == "new"
+
+
+def test_an_interrupted_runs_partial_file_never_replaces_the_complete_results_kept(tmp_path, monkeypatch):
+    """A finished run (A), then an --overwrite run (B) interrupted after writing its partial file, then another
+    --overwrite run (C) interrupted before writing anything: A's complete results stay in previous-run/ (moving B's
+    partial file there deleted them), beside B's partial file; a fourth --overwrite run that writes every result
+    removes previous-run/ at exit, though it found no earlier file in --out itself."""
+    import atexit
+
+    from eval.__main__ import PREVIOUS_RUN_DIR, _settle_previous_run, make_out_dir
+
+    registered = []
+    monkeypatch.setattr(atexit, "register", lambda f, *a: registered.append((f, a)))
+    results, partial = ("a.json", "a.md"), ("a-partial.json",)
+    out = tmp_path / "serve"
+    out.mkdir()
+    for name in results:
+        (out / name).write_text("A")
+    make_out_dir(out, results, overwrite=True, partial=partial)  # B starts: A moves aside
+    (out / "a-partial.json").write_text("B")  # B is interrupted after its first pass
+    make_out_dir(out, results, overwrite=True, partial=partial)  # C starts, and is interrupted at once
+    keep = out / PREVIOUS_RUN_DIR
+    assert sorted(p.name for p in keep.iterdir()) == ["a-partial.json", "a.json", "a.md"]
+    assert (keep / "a.json").read_text() == "A" and (keep / "a-partial.json").read_text() == "B"
+    assert not any((out / n).exists() for n in (*results, *partial))
+    registered.clear()
+    make_out_dir(out, results, overwrite=True, partial=partial)  # D: nothing earlier in --out, previous-run/ there
+    assert registered and registered[-1][0] is _settle_previous_run
+    for name in results:
+        (out / name).write_text("D")
+    _settle_previous_run(*registered[-1][1])
+    assert not keep.exists() and (out / "a.json").read_text() == "D"
