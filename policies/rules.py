@@ -334,9 +334,9 @@ class SpeculationGuard:
     ``last_step_row_tokens``, the tokens each request committed in each of its steps; a request is slower under the
     policy when, in the steps it ran in, it committed fewer tokens than plain steps of the same seconds would have
     (every row commits one token per plain step), by a margin that grows with its spread and with the number of
-    requests tested (:meth:`request_check`); the requests that drafted nothing in their policy steps commit one token per step for
-    certain, and are slower when the steps they ran in measure longer than plain ones by ``confidence`` standard
-    errors. The winner is also *plain*
+    requests tested (:meth:`request_check`); the requests that drafted nothing in their policy steps commit one
+    token per step for certain, and are slower when the steps they ran in measure longer than plain ones by
+    ``confidence`` standard errors. The winner is also *plain*
     when any request measures slower: speculation runs only
     where neither the batch nor any of its requests measures slower. Without
     per-row measurements (a load state that does not carry them) only the batch's tokens/s is compared.
@@ -488,8 +488,8 @@ class SpeculationGuard:
         such requests, its policy arm measuring 2.4× plain decoding's tokens/s). ρ is still reported
         (``cost_ratio``).
 
-        Why so for idle requests: the statistical test above would give an idle request the pooled spread of rows whose drafts were
-        accepted or not, and with few steps per request it has no power (an ``eval.serve`` run on 2 CPU cores,
+        Why so for idle requests: the statistical test above would give an idle request the pooled spread of rows
+        whose drafts were accepted or not, and with few steps per request it has no power (an ``eval.serve`` run on 2 CPU cores,
         9–16 rows: 56 requests in 30 policy steps, none found slower, while the cost ratio was 1.43 and the lowest
         request committed 1.0 token per step); one test per idle request needs the multiplicity margin √(2 ln R) and
         lost the same way (none of 13 idle requests found slower at a cost ratio of 1.16 ± 0.08 in 10 policy
