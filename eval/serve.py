@@ -972,7 +972,8 @@ def _markdown(report: dict) -> list[str]:
                "decision that found it), and of those, the ones that could draft then. Plain steps by reason "
                "(`SpeculationGuard.PLAIN_REASONS`): the plain arm's rate led, the request check found idle (or only "
                "drafting) requests slower, a smaller bucket's verdict before both arms were measured here, a probe, "
-               "or the policy chose γ = 0; counted over the whole run (the other columns read the last window), "
+               "or the policy chose γ = 0; counted over the whole run, as the steps in brackets, the steps run plain and "
+               "the idle reads are (the tok/s, the step-seconds ratio and the slower requests read the last window), "
                "they sum to the steps run plain by the guard plus the policy's own γ = 0 steps.", "",
                "| batch sizes | policy tok/s (steps) | plain tok/s (steps) | step seconds policy / plain | requests "
                "slower under the policy (of those tested; idle) | winner | steps run plain by the guard (of all) | "
@@ -997,7 +998,7 @@ def _markdown(report: dict) -> list[str]:
         md += [f"### the same {sb['batch']} prompts in one batch ({sb['repeats']} interleaved repeats)", "",
                f"no speculation {np.mean(sb['no_spec_tokens_per_second']):.1f} tok/s, hf generate (batched) "
                f"{np.mean(sb['hf_tokens_per_second']):.1f} tok/s: ratio {sb['ratio']:.3f}.", ""]
-    md += ["## Verdicts (issue 17's goals; aggregate tokens/s ratios on held-out prompts)", "", "```",
+    md += ["## Verdicts (the serving goals; aggregate tokens/s ratios on held-out prompts)", "", "```",
            *verdict_lines(report["verdicts"]), "```", ""]
     return md
 
