@@ -16,9 +16,14 @@ slot ≥ the length (a rejected draft's) is never attended to: query j of row r 
 0 … ``start_r`` + j only, ``start_r`` being the row's length before the forward. The running rows are always rows
 0 … B − 1 (a leaving row is removed by compaction), so a step's attention reads views of the cache, never copies.
 
-Per forward and layer: two ``index_put_`` for the new keys and values, then per group of rows one scatter of the
-queries into a (rows, max k, heads, head_dim) block, one ``scaled_dot_product_attention`` with a boolean mask and one
-gather back. Rows feeding at most :data:`SHORT_ROW_TOKENS` tokens (verification) form one group; a longer row (a
+Per forward and layer: two ``index_put_`` for the new keys and values, then per group of rows the queries as a
+(rows, max k, heads, head_dim) block (a view of the packed queries when every row of the group feeds the same number
+of tokens, else one scatter into a zero block and one gather back) and one ``scaled_dot_product_attention`` with a
+boolean mask. Grouped-query attention runs on the key/value heads: the ``heads // kv_heads`` query heads that share a
+key/value head are stacked as that head's queries (``rep × k`` of them per row), so the cache's keys and values are
+read as they are, never repeated per query head. This is ``transformers``' ``pack_gqa`` for one query token (its SDPA
+path while decoding), extended to k tokens by repeating the row's mask ``rep`` times: the same products and sums as
+SDPA's ``enable_gqa``, which on the CPU is several times slower (``docs/results/2026-12-07-packed-gqa-attention.md``). Rows feeding at most :data:`SHORT_ROW_TOKENS` tokens (verification) form one group; a longer row (a
 prompt's prefill, mixed into a step or not) is a group of its own, so the padding of a block stays within rows of
 like length and never reaches the token-wise layers that cost the most.
 
@@ -54,8 +59,10 @@ SHORT_ROW_TOKENS = 32
 class _Group:
     """Rows of one attention call: ``row0``/``nrows`` (cache rows, contiguous), the packed tokens ``first`` … ``last``
     − 1 that are theirs, each token's row within the group ``token_row`` and index within its row ``token_off``
-    (int64 (n,)), the longest row's tokens ``kmax``, the slots read ``slots`` and ``mask`` bool
-    (nrows, 1, kmax, slots): which slots each (row, query) attends to."""
+    (int64 (n,)), the longest row's tokens ``kmax``, the slots read ``slots``, ``mask`` bool
+    (nrows, 1, rep × kmax, slots): which slots each (row, query) attends to, repeated for the ``rep`` query heads that
+    share a key/value head (query j of head r of a key/value head at ``r × kmax + j``), and ``uniform``: every row feeds
+    ``kmax`` tokens (the group's packed queries are its block, row by row)."""
 
     row0: int
     nrows: int
@@ -66,6 +73,7 @@ class _Group:
     token_row: torch.Tensor
     token_off: torch.Tensor
     mask: torch.Tensor
+    uniform: bool
 
 
 @dataclass
@@ -106,16 +114,22 @@ def _ragged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     keys, values = c.keys[module.layer_idx], c.values[module.layer_idx]
     keys[plan.cache_row, :, plan.slot] = key[0].transpose(0, 1)  # (N, kv_heads, head_dim) into each (row, slot)
     values[plan.cache_row, :, plan.slot] = value[0].transpose(0, 1)
-    heads, d = query.shape[1], query.shape[3]
+    heads, d, kv = query.shape[1], query.shape[3], keys.shape[1]
     qs = query[0].transpose(0, 1)  # (N, heads, head_dim)
     outs = []
     for g in plan.groups:
-        q = query.new_zeros(g.nrows, g.kmax, heads, d)
-        q[g.token_row, g.token_off] = qs[g.first : g.last]
+        if g.uniform:  # the packed queries are the block already
+            q = qs[g.first : g.last].view(g.nrows, g.kmax, heads, d)
+        else:
+            q = query.new_zeros(g.nrows, g.kmax, heads, d)
+            q[g.token_row, g.token_off] = qs[g.first : g.last]
+        # head h reads key/value head h // rep: the rep heads of a key/value head become rep × kmax queries of it
+        q = q.permute(0, 2, 1, 3).reshape(g.nrows, kv, heads // kv * g.kmax, d)
         r = slice(g.row0, g.row0 + g.nrows)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys[r, :, : g.slots], values[r, :, : g.slots],
-                                             attn_mask=g.mask, scale=scaling, enable_gqa=heads != keys.shape[1])
-        outs.append(out.transpose(1, 2)[g.token_row, g.token_off])
+        out = F.scaled_dot_product_attention(q, keys[r, :, : g.slots], values[r, :, : g.slots], attn_mask=g.mask,
+                                             scale=scaling)
+        out = out.reshape(g.nrows, heads, g.kmax, d).transpose(1, 2)  # (nrows, kmax, heads, head_dim)
+        outs.append(out.reshape(-1, heads, d) if g.uniform else out[g.token_row, g.token_off])
     return (outs[0] if len(outs) == 1 else torch.cat(outs))[None], None  # (1, N, heads, head_dim)
 
 
@@ -164,6 +178,7 @@ class BatchCache:
         cfg = model.config
         self.model = model
         self.kv_heads = cfg.num_key_value_heads
+        self.rep = cfg.num_attention_heads // cfg.num_key_value_heads  # query heads per key/value head
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.num_layers = cfg.num_hidden_layers
         self.lengths: list[int] = []
@@ -293,8 +308,10 @@ class BatchCache:
             slots_g = max(starts[r] + counts[r] for r in range(i, j))
             # query q of a row attends to slots ≤ start + q; a padding query (q ≥ k) to those of the row's last token
             last = s_t[:, None] + torch.minimum(torch.arange(kmax_g, device=dev)[None], (k_t - 1)[:, None])
-            mask = (torch.arange(slots_g, device=dev)[None, None] <= last[:, :, None])[:, None]
-            groups.append(_Group(row0 + i, nr, lo, hi, kmax_g, slots_g, g_row, g_off, mask))
+            mask = torch.arange(slots_g, device=dev)[None, None] <= last[:, :, None]  # (nr, kmax, slots)
+            mask = mask[:, None, None].expand(nr, 1, self.rep, kmax_g, slots_g).reshape(nr, 1, -1, slots_g)
+            groups.append(_Group(row0 + i, nr, lo, hi, kmax_g, slots_g, g_row, g_off, mask,
+                                 min(counts[i:j]) == kmax_g))
         plan = _Plan(self, cache_row, slot_t, groups)
         ids = torch.cat([t.to(dev) for t in tokens])[None]
         _ACTIVE.append(plan)

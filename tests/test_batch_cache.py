@@ -97,3 +97,30 @@ def test_a_failed_prefill_leaves_the_batch_as_it_was(tiny_tok):
     while alone.rows:
         alone.step()
     assert dec.result(b).tokens == alone.result(r).tokens and len(dec.result(a).tokens) == 6
+
+
+def test_rows_feeding_the_same_count_attend_as_a_view_and_equal_the_plain_forward(model):
+    """A group whose rows all feed k tokens reads its queries as a view (``uniform``), at k = 1 (plain decoding) and
+    k = 4 (verification), with grouped-query attention run on the key/value heads (2 query heads per key/value head in
+    the tiny model): every logit equals the row's plain forward (1e-4). The control: a row's slot rolled back by one
+    gives other logits."""
+    assert model.config.num_attention_heads // model.config.num_key_value_heads == 2  # the packed-GQA path runs
+    rng = np.random.default_rng(1)
+    V = model.config.vocab_size
+    c = BatchCache(model)
+    c.add_rows(3)
+    seqs = [rng.integers(3, V, n).tolist() for n in (5, 9, 12)]
+    c.forward(0, [torch.tensor(s) for s in seqs])
+    for k in (1, 4, 1):
+        new = [rng.integers(3, V, k).tolist() for _ in seqs]
+        logits, _ = c.forward(0, [torch.tensor(t) for t in new])
+        for i, (s, t) in enumerate(zip(seqs, new)):
+            with torch.inference_mode():
+                ref = model(input_ids=torch.tensor([s + t])).logits[0, len(s):]
+            assert float((logits[i * k:(i + 1) * k] - ref).abs().max()) < 1e-4
+            seqs[i] = s + t
+    c.set_length(1, c.lengths[1] - 1)  # row 1 forgets its last token: its next logits differ from the full sequence's
+    logits, _ = c.forward(0, [torch.tensor([7])] * 3)
+    with torch.inference_mode():
+        ref = model(input_ids=torch.tensor([seqs[1] + [7]])).logits[0, -1]
+    assert float((logits[1] - ref).abs().max()) > 1e-2
