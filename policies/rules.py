@@ -327,6 +327,16 @@ class SpeculationGuard:
     winner changes, so the check follows a machine whose speed drifts and a load whose best move changes, at a
     probing cost that shrinks while nothing changes.
 
+    Content (at most :attr:`CONTENT_ROWS` rows): a policy step whose rows cannot draft (prompt lookup has no match)
+    commits one token a row in a little more than a plain step's seconds (the lookup and the policy's inference), so
+    after a stretch of such content the arm's window measured below plain decoding and the guard ran plain into the
+    next stretch of matches, learning of it only from probes every 16–128 steps (an ``eval.serve`` run on 2 AMD EPYC
+    cores in bf16, one row: 234 steps plain for the rate while the policy arm measured 1.45× plain decoding's
+    tokens/s at the end). When plain decoding leads by the rate and some rows can draft now (the load state's
+    ``draftable``), the rate is read again over the policy steps in which at least that share of rows drafted
+    (``last_step_row_drafted``); the policy runs when those measure at least plain decoding's rate, by the same margin
+    (:meth:`_drafting_steps_win`). The decision still reads only the past and the load: the law is unchanged.
+
     Inter-token latency (``latency=True``): a speculating step lasts longer than a plain one, and a row whose drafts
     are rejected still commits one token in it, so the batch can gain tokens/s while that request's inter-token
     latency grows (measured on a 2-core CPU in bf16 at concurrency 8: the guard 1.11× plain decoding in tokens/s,
@@ -378,6 +388,9 @@ class SpeculationGuard:
     #: drafting ones), ``smaller_bucket`` (both arms not yet measured here; a smaller bucket's winner is plain),
     #: ``probe`` (a probe of the plain arm), ``policy_gamma_0`` (the policy was asked and chose γ = 0).
     PLAIN_REASONS = ("rate", "request_idle", "request_drafting", "smaller_bucket", "probe", "policy_gamma_0")
+    #: The most rows whose ``draftable`` the rate check reads (:meth:`_drafting_steps_win`; a prompt-lookup
+    #: lookahead per row, about 0.3 ms on a 2-core CPU, paid on the steps where plain decoding leads by the rate).
+    CONTENT_ROWS = 4
     _PRIOR_STEPS = 4  # the pooled variance's weight, in steps, in a request's variance (request_check)
 
     def __init__(self, policy: Any, explore_every: int = 16, max_explore_every: int = 128, probe_steps: int = 2,
@@ -418,6 +431,9 @@ class SpeculationGuard:
         self._why: str | None = None  # why the last winner() was plain (one of PLAIN_REASONS; None: policy)
         # bucket → reason → steps run plain for it (PLAIN_REASONS)
         self._plain_reasons: dict[int, dict[str, int]] = {}
+        # bucket → the policy arm's last ``window`` steps in which rows drafted: (tokens, seconds, share of rows
+        # that drafted, rows); a window of their own, which a stretch of steps without matches does not push out
+        self._drafting: dict[int, deque] = {}
         self.decisions: list[tuple[int, int | None, int, str]] = []
 
     # ------------------------------------------------------------------ measurements
@@ -439,6 +455,10 @@ class SpeculationGuard:
         rows = tuple(zip(ids, toks, drafted)) if len(toks) == len(ids) else ()
         stat[0].append((float(load.last_step_tokens), seconds, rows))
         stat[1] += 1
+        share = sum(1 for _, _, d in rows if d is not None and d > 0) / len(rows) if rows else 0.0
+        if arm == self.POLICY and share > 0 and all(d is not None for _, _, d in rows):
+            self._drafting.setdefault(batch_bucket(B), deque(maxlen=self.window)).append(
+                (float(load.last_step_tokens), seconds, share, rows))
 
     def rate(self, batch_size: int, arm: str) -> float | None:
         """The measured tokens/s of ``arm`` (``"policy"`` or ``"plain"``) at ``batch_size`` rows (None: not yet
@@ -452,7 +472,7 @@ class SpeculationGuard:
         stat = self._stats.get(batch_bucket(batch_size), {}).get(arm)
         return _ratio((t, sec) for t, sec, _ in stat[0])[1] if stat else float("inf")
 
-    def request_check(self, batch_size: int, every_request: bool = False) -> dict | None:
+    def request_check(self, batch_size: int, every_request: bool = False, like_now: bool = False) -> dict | None:
         """Which requests the policy's speculation makes slower than plain decoding at ``batch_size`` (its bucket).
 
         A step gives each row it runs its committed tokens in the step's seconds, so request r's own tokens/s under
@@ -508,6 +528,9 @@ class SpeculationGuard:
         Args:
             every_request: test every request in the window, finished ones included (a report's view), instead of
                 only those still running.
+            like_now: read the policy steps like the one being decided instead of the arm's window: those in which
+                at least the share of rows that can draft now drafted (:meth:`_like_now`; the rate check's steps
+                when it was decided on them, :meth:`_drafting_steps_win`).
 
         Returns:
             None before both arms have a step in the window or no request has 2 policy steps; else ``{"cost_ratio":
@@ -520,10 +543,14 @@ class SpeculationGuard:
         pol, plain = arms.get(self.POLICY), arms.get(self.PLAIN)
         if not pol or not plain or not pol[0] or not plain[0]:
             return None
+        if like_now:
+            pol = [self._like_now(batch_size), pol[1]]
+            if not pol[0]:
+                return None
         running = None if every_request else self._running
         # changes only with a measured step, the running requests or (live) the load state
         key = (batch_bucket(batch_size), pol[1], plain[1], self.confidence, running,
-               None if every_request else self._serial)
+               None if every_request else self._serial, like_now)
         if key not in self._checked:
             live = None if every_request else self._draftable_now
             self._checked = {key: self._request_check(pol, plain, running, live)}
@@ -593,6 +620,34 @@ class SpeculationGuard:
                 "slower": slower, "slower_idle": idle_slower,
                 "lowest_tokens_per_step": min(float(v.mean()) for v in per.values())}
 
+    def _like_now(self, batch_size: int) -> list:
+        """The policy's last ``window`` steps in which rows drafted, of them those where at least the share of rows
+        that can draft now (the load state's ``draftable``) drafted, as (tokens, seconds, rows); empty when no row can
+        draft now, the batch has more than :attr:`CONTENT_ROWS` rows or the load state does not say."""
+        can = getattr(self._load, "draftable", ())
+        if batch_size > self.CONTENT_ROWS or len(can) != batch_size:
+            return []
+        share = sum(1 for c in can if c > 0) / batch_size
+        if share == 0:
+            return []
+        return [(t, sec, rows) for t, sec, drafted, rows in self._drafting.get(batch_bucket(batch_size), ())
+                if drafted >= share]
+
+    def _drafting_steps_win(self, batch_size: int, plain_rate: float) -> bool:
+        """Whether the policy's last ``window`` steps in which rows drafted (each step's
+        ``last_step_row_drafted``), of them those where at least the share of rows that can draft now drafted (the
+        load state's ``draftable``), measure at least ``plain_rate`` (tokens/s), by the winner's margin: the rate check
+        read on steps like the one being decided. False when no row can draft now, the batch has more than
+        :attr:`CONTENT_ROWS` rows, the load states do not say, or fewer than 2 such steps were measured (the check then
+        reads the arm's window, as before)."""
+        steps = [(t, sec) for t, sec, _ in self._like_now(batch_size)]
+        if len(steps) < 2:
+            return False
+        rate, err = _ratio(steps)
+        spread = math.hypot(err, self.rate_error(batch_size, self.PLAIN))
+        margin = self.confidence * spread if self.confidence > 0 else 0.0
+        return not plain_rate - rate > margin + _TIE * rate
+
     def winner(self, batch_size: int) -> str:
         """The arm the guard runs at ``batch_size`` outside probes (see the class docstring)."""
         p, q = self.rate(batch_size, self.POLICY), self.rate(batch_size, self.PLAIN)
@@ -600,10 +655,13 @@ class SpeculationGuard:
         if p is not None and q is not None:
             spread = math.hypot(self.rate_error(batch_size, self.POLICY), self.rate_error(batch_size, self.PLAIN))
             margin = self.confidence * spread if self.confidence > 0 else 0.0  # 0 × an unknown spread: no margin
+            like_now = False
             if q - p > margin + _TIE * p:
-                self._why = "rate"
-                return self.PLAIN
-            check = self.request_check(batch_size) if self.latency else None
+                if not self._drafting_steps_win(batch_size, q):
+                    self._why = "rate"
+                    return self.PLAIN
+                like_now = True  # the request check reads the same steps
+            check = self.request_check(batch_size, like_now=like_now) if self.latency else None
             self._last_check = check
             if check is not None and check["slower"] > 0:
                 self._why = "request_idle" if check.get("slower_idle", 0) > 0 else "request_drafting"
