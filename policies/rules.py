@@ -713,7 +713,8 @@ class SpeculationGuard:
         arm = self._choose(B)
         # the policy is asked only for a step its answer can run: a plain step costs no policy inference and reads
         # the load's per-row lookaheads (``draftable``, built on first read by the batched decoder) only when a
-        # request in the window is idle (request_check)
+        # request in the window is idle (request_check) or, at up to CONTENT_ROWS rows, plain leads by the rate
+        # (_like_now)
         g_policy = int(self.policy.gamma(load)) if arm == self.POLICY else None
         g = g_policy if g_policy is not None and g_policy > 0 else 0
         if g == 0:
