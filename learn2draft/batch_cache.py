@@ -22,10 +22,13 @@ of tokens, else one scatter into a zero block and one gather back) and one ``sca
 boolean mask. Grouped-query attention runs on the key/value heads: the ``heads // kv_heads`` query heads that share a
 key/value head are stacked as that head's queries (``rep × k`` of them per row), so the cache's keys and values are
 read as they are, never repeated per query head. This is ``transformers``' ``pack_gqa`` for one query token (its SDPA
-path while decoding), extended to k tokens by repeating the row's mask ``rep`` times: the same products and sums as
-SDPA's ``enable_gqa``, which on the CPU is several times slower (``docs/results/2026-12-07-packed-gqa-attention.md``). Rows feeding at most :data:`SHORT_ROW_TOKENS` tokens (verification) form one group; a longer row (a
-prompt's prefill, mixed into a step or not) is a group of its own, so the padding of a block stays within rows of
-like length and never reaches the token-wise layers that cost the most.
+path while decoding), extended to k tokens by repeating the row's mask ``rep`` times: the attention that SDPA's
+``enable_gqa`` computes (outputs equal to float rounding), which on the CPU is several times slower
+(``docs/results/2026-12-07-packed-gqa-attention.md``).
+
+Rows feeding at most :data:`SHORT_ROW_TOKENS` tokens (verification) form one group; a longer row (a prompt's prefill,
+mixed into a step or not) is a group of its own, so the padding of a block stays within rows of like length and never
+reaches the token-wise layers that cost the most.
 
 One forward at a time per model: a forward routes the model's attention to this module for its duration (the
 config's ``_attn_implementation``), so two threads must not run the same model at once while one of them is here.

@@ -602,8 +602,9 @@ class _Lazy(Sequence):
     the committed tokens the row held when the load state was built (:func:`_draftable`; the ids and depth limit are
     kept then, committed tokens are never rewritten). Each row runs a lookahead (prompt lookup's n-gram search, ~0.3 ms
     a row on a 2-core CPU), so a row is computed only when read: a step whose controllers never read it (a fixed
-    table) pays nothing, and the speed guard, which reads only its idle requests' rows, pays for those. Reads as,
-    compares equal to and pickles as the tuple of ints."""
+    table) pays nothing, and the speed guard pays for the rows it reads: its idle requests', and every row's at up to 4
+    rows when plain decoding leads by the rate (its content check). Reads as, compares equal to and pickles as the
+    tuple of ints."""
 
     def __init__(self, rows: list):
         self._rows, self._values = rows, [None] * len(rows)

@@ -334,8 +334,11 @@ class SpeculationGuard:
     cores in bf16, one row: 234 steps plain for the rate while the policy arm measured 1.45× plain decoding's
     tokens/s at the end). When plain decoding leads by the rate and some rows can draft now (the load state's
     ``draftable``), the rate is read again over the policy steps in which at least that share of rows drafted
-    (``last_step_row_drafted``); the policy runs when those measure at least plain decoding's rate, by the same margin
-    (:meth:`_drafting_steps_win`). The decision still reads only the past and the load: the law is unchanged.
+    (``last_step_row_drafted``; a window of their own, which a stretch without matches does not push out); the policy
+    runs unless plain decoding's rate exceeds theirs by more than the same margin (:meth:`_drafting_steps_win`), and
+    the request check then reads the same steps; so does a request check that finds requests slower on the arm's
+    window while such steps exist. The decision still reads only the past and the load: the law is
+    unchanged.
 
     Inter-token latency (``latency=True``): a speculating step lasts longer than a plain one, and a row whose drafts
     are rejected still commits one token in it, so the batch can gain tokens/s while that request's inter-token
@@ -624,20 +627,22 @@ class SpeculationGuard:
         """The policy's last ``window`` steps in which rows drafted, of them those where at least the share of rows
         that can draft now (the load state's ``draftable``) drafted, as (tokens, seconds, rows); empty when no row can
         draft now, the batch has more than :attr:`CONTENT_ROWS` rows or the load state does not say."""
+        window = self._drafting.get(batch_bucket(batch_size), ())
+        if batch_size > self.CONTENT_ROWS or len(window) < 2:  # before the rows' lookaheads run
+            return []
         can = getattr(self._load, "draftable", ())
-        if batch_size > self.CONTENT_ROWS or len(can) != batch_size:
+        if len(can) != batch_size:
             return []
         share = sum(1 for c in can if c > 0) / batch_size
         if share == 0:
             return []
-        return [(t, sec, rows) for t, sec, drafted, rows in self._drafting.get(batch_bucket(batch_size), ())
-                if drafted >= share]
+        return [(t, sec, rows) for t, sec, drafted, rows in window if drafted >= share]
 
     def _drafting_steps_win(self, batch_size: int, plain_rate: float) -> bool:
         """Whether the policy's last ``window`` steps in which rows drafted (each step's
         ``last_step_row_drafted``), of them those where at least the share of rows that can draft now drafted (the
-        load state's ``draftable``), measure at least ``plain_rate`` (tokens/s), by the winner's margin: the rate check
-        read on steps like the one being decided. False when no row can draft now, the batch has more than
+        load state's ``draftable``), measure fast enough: ``plain_rate`` (tokens/s) does not exceed their rate by more
+        than the winner's margin (the rate check read on steps like the one being decided). False when no row can draft now, the batch has more than
         :attr:`CONTENT_ROWS` rows, the load states do not say, or fewer than 2 such steps were measured (the check then
         reads the arm's window, as before)."""
         steps = [(t, sec) for t, sec, _ in self._like_now(batch_size)]
@@ -662,6 +667,8 @@ class SpeculationGuard:
                     return self.PLAIN
                 like_now = True  # the request check reads the same steps
             check = self.request_check(batch_size, like_now=like_now) if self.latency else None
+            if check is not None and check["slower"] > 0 and not like_now and self._like_now(batch_size):
+                check = self.request_check(batch_size, like_now=True)  # the requests on steps like the next one
             self._last_check = check
             if check is not None and check["slower"] > 0:
                 self._why = "request_idle" if check.get("slower_idle", 0) > 0 else "request_drafting"

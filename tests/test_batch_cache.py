@@ -99,21 +99,33 @@ def test_a_failed_prefill_leaves_the_batch_as_it_was(tiny_tok):
     assert dec.result(b).tokens == alone.result(r).tokens and len(dec.result(a).tokens) == 6
 
 
-def test_rows_feeding_the_same_count_attend_as_a_view_and_equal_the_plain_forward(model):
+def test_rows_feeding_the_same_count_attend_as_a_view_and_equal_the_plain_forward(model, monkeypatch):
     """A group whose rows all feed k tokens reads its queries as a view (``uniform``), at k = 1 (plain decoding) and
     k = 4 (verification), with grouped-query attention run on the key/value heads (2 query heads per key/value head in
     the tiny model): every logit equals the row's plain forward (1e-4). The control: a row's slot rolled back by one
     gives other logits."""
     assert model.config.num_attention_heads // model.config.num_key_value_heads == 2  # the packed-GQA path runs
+    import learn2draft.batch_cache as bc
+
+    plans = []
+
+    class Recorded(bc._Plan):  # every forward's attention plan, to see which groups read their queries as a view
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            plans.append(self)
+
+    monkeypatch.setattr(bc, "_Plan", Recorded)
     rng = np.random.default_rng(1)
     V = model.config.vocab_size
     c = BatchCache(model)
     c.add_rows(3)
     seqs = [rng.integers(3, V, n).tolist() for n in (5, 9, 12)]
     c.forward(0, [torch.tensor(s) for s in seqs])
+    assert [g.uniform for g in plans[-1].groups] == [False]  # prompts of 5, 9 and 12 tokens: a scatter
     for k in (1, 4, 1):
         new = [rng.integers(3, V, k).tolist() for _ in seqs]
         logits, _ = c.forward(0, [torch.tensor(t) for t in new])
+        assert [g.uniform for g in plans[-1].groups] == [True]
         for i, (s, t) in enumerate(zip(seqs, new)):
             with torch.inference_mode():
                 ref = model(input_ids=torch.tensor([s + t])).logits[0, len(s):]

@@ -536,57 +536,78 @@ def test_a_request_is_judged_by_the_seconds_of_its_own_steps_not_by_the_arms_mea
     assert why["request_drafting"] > why["rate"] and why["request_drafting"] > 0
 
 
-def stretches_at_one_row(guard, seed: int, match: tuple, match_cost: float, say_draftable: bool = True,
-                         steps: int = 400) -> tuple[float, float]:
-    """B = 1, one long request whose content alternates between stretches of 20–60 steps where prompt lookup has a
-    match (``draftable`` 4: a speculating step commits one of ``match`` tokens in ``match_cost`` × a plain step's
-    seconds) and stretches where it has none (``draftable`` 0: a speculating step drafts nothing and commits 1 token
-    in 1.08× a plain step's seconds, the lookup and the policy's inference); a plain step commits 1 token in 50 ms;
-    ±10 %. With ``say_draftable`` False the load states carry no ``draftable``. Returns the share of the match steps
-    run with the policy and the tokens/s."""
+def stretches_at_rows(guard, seed: int, match: tuple, match_cost: float, say_draftable: bool = True, B: int = 1,
+                      steps: int = 400) -> tuple[float, float]:
+    """B rows, one long request each, whose content alternates together between stretches of 20–60 steps where
+    prompt lookup has a match (``draftable`` 4: in a speculating step each row commits one of ``match`` tokens, the
+    step taking ``match_cost`` × a plain step's seconds) and stretches where it has none (``draftable`` 0: a
+    speculating step drafts nothing and commits 1 token a row in 1.08× a plain step's seconds, the lookup and the
+    policy's inference); a plain step commits 1 token a row in 50 ms; ±10 %. With ``say_draftable`` False the load
+    states carry no ``draftable``. Returns the share of the match steps run with the policy and the tokens/s."""
     import random
 
     rng = random.Random(seed)
     left, matched, ran, n_match, tokens, seconds = rng.randint(20, 60), False, 0, 0, 0, 0.0
+    ids = tuple(range(B))
 
     def load(**kw) -> LoadState:
-        return LoadState(1, 1, (50,), row_ids=(0,), **({"draftable": (4 if matched else 0,)} if say_draftable else {}),
-                         **kw)
+        said = {"draftable": (4 if matched else 0,) * B} if say_draftable else {}
+        return LoadState(B, B, (50,) * B, row_ids=ids, **said, **kw)
 
     last = load()
     for _ in range(steps):
         g = guard.gamma(last)
-        if g == 0:
-            tok, drafted, cost = 1, 0, 1.0
-        else:
-            tok, drafted, cost = (rng.choice(match), g, match_cost) if matched else (1, 0, 1.08)
-        n_match, ran = n_match + matched, ran + (matched and g > 0)
+        drafting = g > 0 and matched
+        toks = tuple(rng.choice(match) if drafting else 1 for _ in ids)
+        cost = 1.0 if g == 0 else match_cost if matched else 1.08
+        n_match, ran = n_match + matched, ran + drafting
         sec = 0.05 * cost * rng.uniform(0.9, 1.1)
-        tokens, seconds = tokens + tok, seconds + sec
+        tokens, seconds = tokens + sum(toks), seconds + sec
         left -= 1
         if left == 0:
             matched, left = not matched, rng.randint(20, 60)
-        last = load(last_step_batch=1, last_step_tokens=tok, last_step_seconds=sec, last_step_row_ids=(0,),
-                    last_step_row_tokens=(tok,), last_step_row_drafted=(drafted,))
+        last = load(last_step_batch=B, last_step_tokens=sum(toks), last_step_seconds=sec, last_step_row_ids=ids,
+                    last_step_row_tokens=toks, last_step_row_drafted=(g if drafting else 0,) * B)
     return ran / n_match, tokens / seconds
 
 
-def test_at_one_row_the_rate_is_read_on_steps_whose_row_drafted_when_it_can_draft_now():
-    """At one row, stretches of content where prompt lookup matches (speculation 2.5× plain decoding's tokens/s)
-    alternate with stretches where it does not (a policy step costs 1.08× a plain one for 1 token). Read over every
-    policy step, the rate fell below plain decoding's after a dry stretch and the guard ran plain into the next
-    matches. Told each step's ``draftable``, it reads the rate over the steps whose row drafted while the row can
-    draft: over 10 seeds of 400 steps it runs the policy on ≥ 80 % of the match steps and measures ≥ 1.15× the
-    tokens/s of the guard that is not told (measured: 91 % against 41 %, 1.28×). The control: where the matching
-    steps lose (1.25 tokens in 1.5× a plain step's seconds: 0.83×) the told guard runs the policy on ≤ 25 % of the
-    match steps (measured 9 %)."""
-    told = [stretches_at_one_row(SpeculationGuard(FixedStepPolicy(4)), s, (1, 3, 4, 5), 1.3) for s in range(10)]
-    blind = [stretches_at_one_row(SpeculationGuard(FixedStepPolicy(4)), s, (1, 3, 4, 5), 1.3, False)
+@pytest.mark.parametrize("B", [1, 2])
+def test_at_few_rows_the_rate_is_read_on_steps_whose_rows_drafted_when_they_can_draft_now(B):
+    """At one or two rows, stretches of content where prompt lookup matches (speculation 2.5× plain decoding's
+    tokens/s) alternate with stretches where it does not (a policy step costs 1.08× a plain one for 1 token a row).
+    Read over every policy step, the rate fell below plain decoding's after a dry stretch and the guard ran plain into
+    the next matches. Told each step's ``draftable``, it reads the rate over the steps whose rows drafted while the
+    rows can draft: over 10 seeds of 400 steps it runs the policy on ≥ 80 % of the match steps and measures ≥ 1.15×
+    the tokens/s of the guard that is not told (measured: one row 91 % against 41 %, 1.28×; two rows 92 % against
+    45 %, 1.24×). The control: where the matching steps lose (1.25 tokens in 1.5× a plain step's seconds: 0.83×) the
+    told guard runs the policy on ≤ 25 % of the match steps (measured: 9 % and 8 %)."""
+    told = [stretches_at_rows(SpeculationGuard(FixedStepPolicy(4)), s, (1, 3, 4, 5), 1.3, B=B) for s in range(10)]
+    blind = [stretches_at_rows(SpeculationGuard(FixedStepPolicy(4)), s, (1, 3, 4, 5), 1.3, False, B=B)
              for s in range(10)]
     assert sum(r for r, _ in told) / 10 >= 0.80
     assert sum(t for _, t in told) >= 1.15 * sum(t for _, t in blind)
-    losing = [stretches_at_one_row(SpeculationGuard(FixedStepPolicy(4)), s, (1, 1, 1, 2), 1.5) for s in range(10)]
+    losing = [stretches_at_rows(SpeculationGuard(FixedStepPolicy(4)), s, (1, 1, 1, 2), 1.5, B=B) for s in range(10)]
     assert sum(r for r, _ in losing) / 10 <= 0.25
+
+
+def test_above_content_rows_the_guard_reads_its_rate_over_the_arms_window():
+    """At more rows than ``CONTENT_ROWS`` (4) the content rule is off (it would read every row's ``draftable``, a
+    lookahead each): at 6 rows the guard decides as one with the rule off everywhere (``CONTENT_ROWS`` 0), over 10
+    seeds of 400 steps, identical results. The control: with ``CONTENT_ROWS`` 8 its decisions at 6 rows differ."""
+
+    class Off(SpeculationGuard):
+        CONTENT_ROWS = 0
+
+    class Wide(SpeculationGuard):
+        CONTENT_ROWS = 8
+
+    assert SpeculationGuard.CONTENT_ROWS == 4
+    wide_differs = 0
+    for s in range(10):
+        guarded = stretches_at_rows(SpeculationGuard(FixedStepPolicy(4)), s, (1, 3, 4, 5), 1.3, B=6)
+        assert guarded == stretches_at_rows(Off(FixedStepPolicy(4)), s, (1, 3, 4, 5), 1.3, B=6)
+        wide_differs += guarded != stretches_at_rows(Wide(FixedStepPolicy(4)), s, (1, 3, 4, 5), 1.3, B=6)
+    assert wide_differs >= 5
 
 
 def drive_waking(guard, steps: int, seed: int, B: int, idle_tokens: int, say_draftable: bool,
