@@ -458,8 +458,9 @@ class SpeculationGuard:
         rows = tuple(zip(ids, toks, drafted)) if len(toks) == len(ids) else ()
         stat[0].append((float(load.last_step_tokens), seconds, rows))
         stat[1] += 1
-        share = sum(1 for _, _, d in rows if d is not None and d > 0) / len(rows) if rows else 0.0
-        if arm == self.POLICY and share > 0 and all(d is not None for _, _, d in rows):
+        share = (sum(1 for _, _, d in rows if d > 0) / len(rows)
+                 if rows and all(d is not None for _, _, d in rows) else 0.0)  # 0: none drafted, or not measured
+        if arm == self.POLICY and share > 0:
             self._drafting.setdefault(batch_bucket(B), deque(maxlen=self.window)).append(
                 (float(load.last_step_tokens), seconds, share, rows))
 
@@ -641,27 +642,29 @@ class SpeculationGuard:
     def _drafting_steps_win(self, batch_size: int, plain_rate: float) -> bool:
         """Whether the policy's last ``window`` steps in which rows drafted (each step's
         ``last_step_row_drafted``), of them those where at least the share of rows that can draft now drafted (the
-        load state's ``draftable``), measure fast enough: ``plain_rate`` (tokens/s) does not exceed their rate by more
-        than the winner's margin (the rate check read on steps like the one being decided). False when no row can draft now, the batch has more than
-        :attr:`CONTENT_ROWS` rows, the load states do not say, or fewer than 2 such steps were measured (the check then
-        reads the arm's window, as before)."""
+        load state's ``draftable``), measure fast enough: ``plain_rate`` (tokens/s) does not lead their rate by the
+        winner's margin (:meth:`_plain_leads`; the rate check read on steps like the one being decided). False when no
+        row can draft now, the batch has more than :attr:`CONTENT_ROWS` rows, the load states do not say, or fewer
+        than 2 such steps were measured (the check then reads the arm's window, as before)."""
         steps = [(t, sec) for t, sec, _ in self._like_now(batch_size)]
         if len(steps) < 2:
             return False
         rate, err = _ratio(steps)
-        spread = math.hypot(err, self.rate_error(batch_size, self.PLAIN))
-        margin = self.confidence * spread if self.confidence > 0 else 0.0
-        return not plain_rate - rate > margin + _TIE * rate
+        return not self._plain_leads(rate, err, plain_rate, self.rate_error(batch_size, self.PLAIN))
+
+    def _plain_leads(self, policy_rate: float, policy_err: float, plain_rate: float, plain_err: float) -> bool:
+        """Whether plain decoding's rate exceeds the policy's by more than ``confidence`` standard errors of their
+        difference (tokens/s; no margin at ``confidence`` 0, even where a spread is unknown)."""
+        margin = self.confidence * math.hypot(policy_err, plain_err) if self.confidence > 0 else 0.0
+        return plain_rate - policy_rate > margin + _TIE * policy_rate
 
     def winner(self, batch_size: int) -> str:
         """The arm the guard runs at ``batch_size`` outside probes (see the class docstring)."""
         p, q = self.rate(batch_size, self.POLICY), self.rate(batch_size, self.PLAIN)
         self._last_check, self._why = None, None
         if p is not None and q is not None:
-            spread = math.hypot(self.rate_error(batch_size, self.POLICY), self.rate_error(batch_size, self.PLAIN))
-            margin = self.confidence * spread if self.confidence > 0 else 0.0  # 0 × an unknown spread: no margin
             like_now = False
-            if q - p > margin + _TIE * p:
+            if self._plain_leads(p, self.rate_error(batch_size, self.POLICY), q, self.rate_error(batch_size, self.PLAIN)):
                 if not self._drafting_steps_win(batch_size, q):
                     self._why = "rate"
                     return self.PLAIN
