@@ -113,7 +113,8 @@ def earlier_results(out: Path, results: tuple[str, ...], overwrite: bool) -> lis
 
 
 def add_overwrite_argument(p: argparse.ArgumentParser) -> None:
-    """``--overwrite`` of ``python -m eval`` and ``python -m eval.benchmark`` (see :func:`make_out_dir`)."""
+    """``--overwrite`` of ``python -m eval``, ``python -m eval.benchmark`` and ``python -m eval.serve`` (see
+    :func:`make_out_dir`)."""
     p.add_argument("--overwrite", action="store_true",
                    help="replace the results of an earlier run in --out: they move to --out/previous-run/ when the "
                         "run starts and are deleted once this run has written its own (an interrupted run leaves them "

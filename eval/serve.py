@@ -121,6 +121,8 @@ def parse_methods(text: str, has_policy: bool) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from eval.__main__ import add_overwrite_argument
+
     p = argparse.ArgumentParser(prog="python -m eval.serve", description=plain_doc(__doc__),
                                 formatter_class=HelpFormatter)
     cli.add_drafter_arg(p, None)
@@ -174,10 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seeds the requests' sampling and the arrivals")
     cli.add_out_arg(p, f"the results directory (default: {DEFAULT_OUT}): serve.json, serve.md, serve.png; "
                        "serve-partial.json after each pass of a level while it runs (kept if interrupted)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace the results of an earlier run in --out: they move to --out/previous-run/ when the "
-                        "run starts and are deleted once this run has written its own (an interrupted run leaves them "
-                        "there); without it such a folder is refused")
+    add_overwrite_argument(p)
     cli.add_model_args(p)
     cli.add_sampling_args(p)
     cli.add_device_args(p)
