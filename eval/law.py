@@ -313,6 +313,11 @@ class _ForwardMemo:
     to the cache between two calls that is not a crop: ``torch.cat`` gives new storage, and an in-place edit changes
     the sums of the first layer's keys per position; both are stamped after each call and compared at the next.
 
+    A chain decoder feeds its target through the ragged forward of a :class:`learn2draft.batch_cache.BatchCache` (one
+    row): such a forward (no ``cache=``; its plan is the batch cache's active one) is replayed the same way, its history
+    kept per cache row and cut at the row's length (rolling back sets the length), its keys/values written into the
+    row's slots. A ragged forward over several rows computes and leaves every row's history unique.
+
     Memory: each entry keeps its logits ((1, n, V) in the model's dtype), hidden state and keys/values; new
     entries stop being stored past ``max_bytes`` (the replayed ones still serve).
     """
@@ -359,19 +364,90 @@ class _ForwardMemo:
         if hist is None:
             hist = []
             setattr(cache, self._HISTORY, hist)
-        length, kept = cache.get_seq_length(), 0
+        return self._cut(hist, cache.get_seq_length(), self._unseen_write(cache))
+
+    @staticmethod
+    def _cut(hist: list, length: int, unseen: bool) -> list:
+        """``hist`` (the forwards that wrote a cache, as (ids, tokens kept)) cut to the cache's ``length``, in place;
+        replaced by one unique entry when the cache was written by something not seen here (``unseen``, or lengths
+        that do not add up)."""
+        kept = 0
         for i, (ids, n) in enumerate(hist):
-            if kept + n > length:  # cropped inside this forward's entries: keep its first ones
+            if kept + n > length:  # cut inside this forward's entries: keep its first ones
                 del hist[i:]
                 if length > kept:
                     hist.append((ids, length - kept))
                 break
             kept += n
-        if self._unseen_write(cache) or sum(n for _, n in hist) != length:  # written by something not seen here: nothing is replayed
+        if unseen or sum(n for _, n in hist) != length:  # nothing is replayed on it
             hist[:] = [(object(), length)] if length else []
         return hist
 
+    def _store(self, key, entry) -> None:
+        """Keep ``entry`` (tensors, or tuples / lists of them, or None) under ``key`` while within ``max_bytes``."""
+        if self._bytes >= self._max_bytes:
+            return
+        self._memo[key] = entry
+
+        def size(x):
+            if isinstance(x, torch.Tensor):
+                return x.numel() * x.element_size()
+            return sum(size(y) for y in x) if isinstance(x, (list, tuple)) else 0
+
+        self._bytes += size(entry)
+
+    def _ragged(self, plan, input_ids, kwargs):
+        """A ragged forward of ``plan`` (:class:`learn2draft.batch_cache.BatchCache`): replayed, or computed and
+        stored, for a forward over one row with the keyword arguments the batch cache passes; else computed, every
+        row's history made unique."""
+        cache = plan.cache
+        rows = getattr(cache, self._HISTORY, None)
+        if rows is None:
+            rows = {}
+            setattr(cache, self._HISTORY, rows)
+        if len(plan.groups) != 1 or plan.groups[0].nrows != 1 or not set(kwargs) <= {
+                "position_ids", "use_cache", "output_hidden_states", "logits_to_keep"}:
+            rows.clear()  # the rows' histories no longer add up to their lengths: nothing is replayed on them
+            return self._wrapped(input_ids=input_ids, **kwargs)
+        row, start, n = plan.groups[0].row0, cache.lengths[plan.groups[0].row0], int(input_ids.shape[-1])
+        hist, before = rows.get(row, ([], None))
+        now = self._row_stamp(cache, row, start)
+        unseen = before is not None and (now[0] != before[0] or not torch.equal(now[1], before[1][:start]))
+        hist = self._cut(hist, start, unseen or (before is not None and before[1].numel() < start))
+        hidden = bool(kwargs.get("output_hidden_states"))
+        keep = kwargs.get("logits_to_keep", 0)
+        ids = tuple(input_ids.reshape(-1).tolist())
+        key = ("ragged", hidden, tuple(keep.tolist()) if isinstance(keep, torch.Tensor) else int(keep), tuple(hist),
+               ids)
+        hit = self._memo.get(key)
+        slots = slice(start, start + n)
+        if hit is None:
+            self.misses += 1
+            out = self._wrapped(input_ids=input_ids, **kwargs)
+            last = out.hidden_states[-1].clone() if hidden else None
+            kv = [(k[row, :, slots].clone(), v[row, :, slots].clone()) for k, v in zip(cache.keys, cache.values)]
+            self._store(key, (out.logits.clone(), kv, last))
+        else:
+            self.hits += 1
+            logits, kv, last = hit
+            for (k, v), keys, values in zip(kv, cache.keys, cache.values):
+                keys[row, :, slots] = k
+                values[row, :, slots] = v
+            out = SimpleNamespace(logits=logits.clone(), hidden_states=None if last is None else (last.clone(),))
+        rows[row] = (hist + [(ids, n)], self._row_stamp(cache, row, start + n))
+        return out
+
+    @staticmethod
+    def _row_stamp(cache, row: int, length: int):
+        """A batch cache row's first layer's keys: their storage and the sum of each of its first ``length`` slots."""
+        keys = cache.keys[0]
+        return keys.untyped_storage().data_ptr(), keys[row, :, :length].double().sum(dim=(0, 2))
+
     def __call__(self, input_ids=None, cache=None, **kwargs):
+        from learn2draft.batch_cache import _ACTIVE  # the plan of the batch cache's forward now running
+
+        if cache is None and _ACTIVE and _ACTIVE[-1].cache.model is self:
+            return self._ragged(_ACTIVE[-1], input_ids, kwargs)
         out = self._forward(input_ids, cache, **kwargs)
         if cache is not None and getattr(cache, "layers", None) is not None:
             setattr(cache, self._STAMP, self._stamp(cache))
@@ -403,10 +479,7 @@ class _ForwardMemo:
             if grown == len(ids) and self._bytes < self._max_bytes:
                 last = out.hidden_states[-1].clone() if hidden else None
                 kv = [(la.keys[..., start:, :].clone(), la.values[..., start:, :].clone()) for la in cache.layers]
-                entry = (out.logits.clone(), kv, last)
-                self._memo[key] = entry
-                self._bytes += sum(t.numel() * t.element_size() for t in (entry[0], *(x for p in kv for x in p),
-                                                                          *(() if last is None else (last,))))
+                self._store(key, (out.logits.clone(), kv, last))
             if grown:
                 hist.append((ids if grown == len(ids) else object(), grown))
             return out

@@ -211,7 +211,7 @@ class BatchCache:
         """Make room for ``rows`` rows of ``slots`` slots (capacities doubled as needed)."""
         cap_r, cap_s = self.keys[0].shape[0], self.keys[0].shape[2]
         if rows > cap_r or slots > cap_s:
-            self._alloc(max(2 * cap_r, rows, 4) if rows > cap_r else cap_r,
+            self._alloc(max(2 * cap_r, rows) if rows > cap_r else cap_r,
                         max(2 * cap_s, slots, 64) if slots > cap_s else cap_s)
 
     def add_rows(self, n: int) -> range:

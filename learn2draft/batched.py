@@ -78,9 +78,12 @@ VerificationBudget = Callable[[list[np.ndarray], LoadState], Sequence[int]]
 
 
 class _Row(SpeculativeDecoder):
-    """One request of a batch: :class:`SpeculativeDecoder`'s per-row state and cycle, with the target's cache kept by
-    the batch (:class:`learn2draft.batch_cache.BatchCache`). Rolling back records the row's valid prefix (the batch
-    sets the row's cache length to it) instead of cropping a cache."""
+    """One request of a batch: :class:`SpeculativeDecoder`'s per-row state and cycle, its target cache row
+    (:attr:`~SpeculativeDecoder.cache_row`) one of the batch's :class:`learn2draft.batch_cache.BatchCache`, which the
+    batch feeds in one forward for all rows; rolling back sets that row's length, as for a sequence decoded alone."""
+
+    def _open_target_cache(self) -> BatchCache:
+        return self.target_cache  # the batch's, set before start(); the batch opens the row and numbers it
 
     def charge_draft(self, seconds: float) -> None:
         """Add ``seconds`` (a share of a batched draft forward) to this cycle's draft seconds."""
@@ -88,11 +91,6 @@ class _Row(SpeculativeDecoder):
 
     def _next_features(self) -> None:
         return None  # a batch row's controller builds its own observation when it decides (no env reads it here)
-
-    def _rollback(self, plan: Any, committed_before: int, accepted: int) -> None:
-        valid = committed_before + accepted
-        self.target_len = min(self.target_len, valid)  # the batch rolls the row's cache back to this length
-        self.drafter.rollback(valid)
 
 
 class BatchedSpeculativeDecoder:
@@ -294,6 +292,7 @@ class BatchedSpeculativeDecoder:
             res.token_times = [t] * r.generated
             if r.finished:
                 done.append(len(self.rows))
+            r.cache_row = len(self.rows)  # the joining rows' cache rows follow the running ones, in order
             self.rows.append(r)
             self._ids.append(rid)
             self._controllers[rid] = c
@@ -305,6 +304,7 @@ class BatchedSpeculativeDecoder:
         controller is reset."""
         row = _Row(self.pair, self.sampling, self.max_new_tokens, self.max_depth, seed=seed,
                    drafter=self._make_drafter())
+        row.target_cache = self.cache
         controller.reset()
         row.start(prompt_ids, seed, prefill=prefill)
         return row
@@ -352,6 +352,8 @@ class BatchedSpeculativeDecoder:
         self.rows = [self.rows[i] for i in keep]
         self._ids = [self._ids[i] for i in keep]
         self.cache.keep_rows(keep + list(range(b, b + len(self._joining))))  # joining rows' slots follow
+        for i, row in enumerate(self.rows):
+            row.cache_row = i
 
     # -------------------------------------------------------------------- step
     def _batched_forward(self, tokens: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None, int]:
@@ -583,8 +585,6 @@ class BatchedSpeculativeDecoder:
             r.finish = now
             if res.finished:
                 done.append(i)
-        for i, row in enumerate(self.rows):  # rollback by length: the rejected drafts' slots are never attended to
-            self.cache.set_length(i, row.target_len)
         k = max(int(t.numel()) for t in tokens)
         batch = len(self.rows)
         if joining:  # the requests whose prefill rode on this forward draw their first token and join

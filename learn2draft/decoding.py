@@ -29,7 +29,10 @@ decision for the gymnasium environments (:mod:`envs`). A trace recorder plugs in
 Cache invariant: the target's cache holds keys/values for a prefix of the sequence
 ``committed + drafted``; every forward feeds exactly the tokens after that prefix. After
 verification the valid prefix is ``committed + accepted`` minus the last token, which has not
-been fed to the target yet. Draft *trees* (EAGLE-2 drafting, top-V verification with a tree
+been fed to the target yet. A chain keeps it in one row of :class:`learn2draft.batch_cache.BatchCache`, the batched
+decoder's cache, and feeds it through the same ragged forward: a sequence decoded alone is a batch of one, and rolling
+back is setting the row's length (a target that forward does not support, and a tree, keep Hugging Face's
+``DynamicCache``). Draft *trees* (EAGLE-2 drafting, top-V verification with a tree
 attention mask, the accepted path's entries gathered into the cache) are
 :class:`learn2draft.tree.TreeSpeculativeDecoder`, a subclass of this decoder; the
 :class:`~learn2draft.metrics.DraftAction` a cycle executes (its ``CycleResult.action``) carries the verification size
@@ -45,6 +48,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from learn2draft.batch_cache import BatchCache, check_supported
 from learn2draft.control import (
     DraftController,
     FixedDepthController,
@@ -131,6 +135,11 @@ class SpeculativeDecoder:
         self._target_row: torch.Tensor | None = None  # raw target logits (V,) where the last committed token was drawn
         self._target_stats: tuple[torch.Tensor, np.ndarray] | None = None  # (that row, its stats), computed once
         self.clock = DeviceClock(pair.device)
+        #: The target's cache: a row (:attr:`cache_row`) of a :class:`~learn2draft.batch_cache.BatchCache` for a chain
+        #: on a target its ragged forward supports, else a ``DynamicCache``; reused from one :meth:`start` to the next.
+        self.target_cache: BatchCache | DynamicCache | None = None
+        self.cache_row = 0
+        self._ragged: bool | None = None  # whether the ragged forward runs the target (checked at the first start)
         #: Seconds of the last cycle's parts: ``draft``, ``select_mask`` (preparing the verification),
         #: ``forward`` (target forward and its probabilities), ``sample`` (acceptance), ``gather`` (commit,
         #: cache rollback and drafter rollback) and ``cycle``.
@@ -165,7 +174,7 @@ class SpeculativeDecoder:
         self._buf[: self.prompt_len] = prompt_ids
         self._n = self.prompt_len
         self.generator = torch.Generator(device=self.pair.device).manual_seed(self.seed if seed is None else seed)
-        self.target_cache = DynamicCache()
+        self.target_cache = self._open_target_cache()
         self.target_len = 0
         self._target_row = None
         self._verify_logits: torch.Tensor | None = None
@@ -176,7 +185,28 @@ class SpeculativeDecoder:
         self._started = True
         self.drafter.start(prompt_ids)
         if prefill:
-            self._first_token(self._target_forward(self.ids)[-1:])
+            self._first_token(self._target_forward(self.ids, last_only=True))
+
+    def _open_target_cache(self) -> BatchCache | DynamicCache:
+        """The target's cache for a new sequence: one row of a :class:`~learn2draft.batch_cache.BatchCache` (this
+        decoder's, reused, with room for the prompt and ``max_new_tokens``) for a chain on a target whose attention the
+        ragged forward runs (:func:`~learn2draft.batch_cache.check_supported`), else an empty ``DynamicCache``."""
+        cache = self.target_cache
+        if not isinstance(cache, BatchCache):
+            if self._ragged is None:
+                try:
+                    check_supported(self.pair.target)
+                    self._ragged = self.shape == "chain"
+                except ValueError:
+                    self._ragged = False
+            if not self._ragged:
+                return DynamicCache()
+            cache = BatchCache(self.pair.target)
+        cache.keep_rows([])
+        cache.add_rows(1)
+        cache.reserve(1, self.prompt_len + self.max_new_tokens + 1)
+        self.cache_row = 0
+        return cache
 
     def _first_token(self, logits: torch.Tensor, token: int | None = None) -> list[int]:
         """Draw and commit the first token from the prefill's last logits (float (1, V)); a batched prefill
@@ -280,17 +310,23 @@ class SpeculativeDecoder:
 
     # --------------------------------------------------------------- forwards
     @torch.inference_mode()
-    def _target_forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def _target_forward(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:
         """Feed ``tokens`` (int64 (n,)) to the target after its cached prefix (``target_len``
-        tokens); return logits float (n, V). Passes the last hidden states to the drafter when it
-        reads them."""
+        tokens); return logits float (n, V), or (1, V) for the last token alone (``last_only``: a prefill).
+        Passes the last hidden states (all n) to the drafter when it reads them."""
         need_hidden = self.drafter.needs_target_hidden
-        out = self.pair.target(
-            input_ids=tokens.unsqueeze(0), cache=self.target_cache, use_cache=True, output_hidden_states=need_hidden
-        )
+        cache = self.target_cache
+        if isinstance(cache, BatchCache):
+            keep = torch.tensor([tokens.numel() - 1], device=tokens.device) if last_only else None
+            logits, hidden = cache.forward(self.cache_row, [tokens], keep=keep, output_hidden=need_hidden)
+        else:
+            out = self.pair.target(input_ids=tokens.unsqueeze(0), cache=cache, use_cache=True,
+                                   output_hidden_states=need_hidden)
+            logits, hidden = out.logits[0, -1:] if last_only else out.logits[0], (
+                out.hidden_states[-1][0] if need_hidden else None)
         if need_hidden:
-            self.drafter.observe_target(out.hidden_states[-1][0], self.target_len)
-        return out.logits[0, :, : self.pair.vocab_size]
+            self.drafter.observe_target(hidden, self.target_len)
+        return logits[:, : self.pair.vocab_size]
 
     def _seq(self) -> torch.Tensor:
         """int64 (L + generated + γ,): committed + this cycle's drafted chain (a view of the token buffer)."""
@@ -409,10 +445,16 @@ class SpeculativeDecoder:
         return self.drafted[:tau], nxt
 
     def _rollback(self, plan: Any, committed_before: int, accepted: int) -> None:
-        """Crop the target's cache to the committed prefix + the accepted drafts and roll the drafter back."""
+        """Roll the target's cache back to the committed prefix + the accepted drafts (a batch cache row: its length,
+        so the rejected drafts' slots, and a padded verification's padding, are never attended to; a ``DynamicCache``:
+        cropped) and roll the drafter back."""
         valid = committed_before + accepted  # same tokens in the drafted and the committed sequence
-        if self.target_len > valid:
-            self.target_cache.crop(-(self.target_len - valid))
+        cache = self.target_cache
+        if isinstance(cache, BatchCache):
+            self.target_len = min(self.target_len, valid)
+            cache.set_length(self.cache_row, self.target_len)
+        elif self.target_len > valid:
+            cache.crop(-(self.target_len - valid))
             self.target_len = valid
         self.drafter.rollback(valid)
 

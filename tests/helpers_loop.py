@@ -35,20 +35,32 @@ def bias_token(model: torch.nn.Module, token: int, bias: float, positions: Itera
     """Add ``bias`` to ``token``'s logit wherever the model predicts the token at an absolute
     sequence index in ``positions`` (all positions when None).
 
-    Works with the cache the decoder passes (``cache=``): row j of a forward that feeds n tokens
-    after a cache of length c predicts index c + j + 1. Returns the hook handles (``.remove()``).
+    Row j of a forward's logits predicts the index after its token's position: ``position_ids[j] + 1`` when the
+    forward passes positions (the ragged forward of :class:`learn2draft.batch_cache.BatchCache`: slot = position),
+    else c + j + 1 for a forward that feeds n tokens after a ``cache=`` of length c; ``logits_to_keep`` (an int: the
+    last ones; a tensor: those indices) is applied to those rows. Returns the hook handles (``.remove()``).
     """
     pos = None if positions is None else set(positions)
     state = {}
 
     def pre(module, args, kwargs):
-        cache = kwargs.get("cache")
-        state["past"] = cache.get_seq_length() if cache is not None else 0
+        ids, given = kwargs["input_ids"], kwargs.get("position_ids")
+        if given is not None:
+            predicts = given[0] + 1
+        else:
+            cache = kwargs.get("cache")
+            past = cache.get_seq_length() if cache is not None else 0
+            predicts = past + torch.arange(ids.shape[1]) + 1
+        keep = kwargs.get("logits_to_keep", 0)
+        if isinstance(keep, torch.Tensor):
+            predicts = predicts[keep.to(predicts.device)]
+        elif keep:
+            predicts = predicts[-keep:]
+        state["predicts"] = predicts.tolist()
 
     def post(module, args, kwargs, out):
-        n = out.logits.shape[1]
-        for j in range(n):
-            if pos is None or state["past"] + j + 1 in pos:
+        for j, index in enumerate(state["predicts"]):
+            if pos is None or index in pos:
                 out.logits[:, j, token] += bias
         return out
 

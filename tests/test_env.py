@@ -196,8 +196,11 @@ def test_terminated_at_eos(tiny_tok):
     with pytest.raises(ValueError, match="first token"):
         env.reset(seed=0)
     hook.remove()
-    # EOS from every forward but the prefill (which feeds the whole prompt, more than one token).
-    target.lm_head.register_forward_hook(lambda m, i, o: o + boost if o.shape[1] == 1 else o)
+    # EOS from every forward but the prefill (which feeds the whole prompt, more than one token; it computes the
+    # last position's logits alone, so the forward's input, not its logits, tells it apart).
+    fed = {}
+    target.register_forward_pre_hook(lambda m, a, kw: fed.update(n=kw["input_ids"].shape[1]), with_kwargs=True)
+    target.lm_head.register_forward_hook(lambda m, i, o: o + boost if fed["n"] == 1 else o)
     env.reset(seed=0)
     _, _, term, trunc, info = env.step(STOP)
     assert term and not trunc and info["generation_finished"]

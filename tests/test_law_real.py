@@ -159,6 +159,59 @@ def test_forward_memo_replays_only_the_same_cache_history(tiny_law_pair):
             assert memo.misses - before == misses[run], (script, run)
 
 
+def _run_ragged_script(model, cache, script):
+    """The batch-cache version of :func:`_run_script`, on ``cache`` (a BatchCache of ``model``) emptied and given one
+    row: forwards ("f", ids) of row 0, cuts ("c", n: its length set n back), an in-place edit ("e", factor) and a
+    forward over two rows ("2", ids: a second row opened and both fed ``ids``). The logits of each forward and row 0's
+    keys over its length in every layer."""
+    cache.keep_rows([])
+    cache.add_rows(1)
+    logits = []
+    with torch.inference_mode():
+        for op, arg in script:
+            if op == "f":
+                logits.append(cache.forward(0, [torch.tensor(arg)])[0])
+            elif op == "2":
+                cache.add_rows(1)
+                logits.append(cache.forward(0, [torch.tensor(arg)] * 2)[0])
+            elif op == "e":
+                for keys in cache.keys:
+                    keys.mul_(arg)
+            else:
+                cache.set_length(0, cache.lengths[0] - arg)
+        return logits, [keys[0, :, : cache.lengths[0]].clone() for keys in cache.keys]
+
+
+def test_forward_memo_replays_ragged_forwards_only_on_the_same_row_history(tiny_law_pair):
+    """The chain decoder's forwards run on a batch cache row: a forward is replayed only when the row holds the
+    entries of the same forwards cut at the same length (the logits and the row's keys equal the plain model's bit for
+    bit); other chunking, an in-place edit or a forward over two rows makes the next forward compute. The cache is
+    reused from script to script, emptied, as the decoder reuses its own."""
+    from learn2draft.batch_cache import BatchCache
+
+    model = tiny_law_pair.target
+    memo = _ForwardMemo(model)
+    plain_cache, memo_cache = BatchCache(model), BatchCache(memo)
+    p = PROMPT.tolist()
+    scripts = [
+        [("f", p), ("f", [4, 5, 6]), ("c", 1), ("f", [7])],  # keeps 4, 5 of the 3-token forward
+        [("f", p), ("f", [4, 5, 6]), ("c", 2), ("f", [5, 7])],  # keeps 4: same tokens as above, other history
+        [("f", p), ("f", [4]), ("f", [5]), ("f", [7])],  # same tokens as the first, other chunking
+        [("f", p), ("e", 0.5), ("f", [7])],  # nothing is replayed after an in-place edit
+        [("f", p), ("2", [4]), ("f", [7])],  # nor after a forward over two rows (not counted: it is not memoised)
+    ]
+    expected_misses = [(3, 0), (1, 0), (3, 0), (1, 1), (1, 1)]  # first run of each script, then its second
+    for script, misses in zip(scripts, expected_misses):
+        want = _run_ragged_script(model, plain_cache, script)
+        for run in range(2):
+            before = memo.misses
+            got = _run_ragged_script(memo, memo_cache, script)
+            assert all(torch.equal(a, b) for a, b in zip(got[0], want[0])), (script, run)
+            assert all(torch.equal(a, b) for a, b in zip(got[1], want[1])), (script, run)
+            assert memo.misses - before == misses[run], (script, run)
+    assert memo.hits > 0
+
+
 def test_first_tokens_stop_at_eos(tiny_tok):
     V = len(tiny_tok)
     m = tiny_llama(V, 0)

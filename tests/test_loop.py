@@ -22,6 +22,7 @@ from helpers_loop import (
     noisy_copy,
 )
 
+from learn2draft.batch_cache import BatchCache
 from learn2draft.decoding import FixedDepthController, SpeculativeDecoder
 from learn2draft.models import TokenizerMismatchError, make_pair
 from learn2draft.sampling import SamplingConfig
@@ -55,20 +56,25 @@ def model_without_eos(V, seed=0, layers=2):
 
 def check_caches(dec: SpeculativeDecoder) -> None:
     """Cache bookkeeping and content after a cycle: lengths agree, and each cache holds exactly the
-    keys/values of a full (cache-free) forward over the committed prefix it claims."""
+    keys/values of a full (cache-free) forward over the committed prefix it claims. The target's cache is a row of a
+    BatchCache (a chain on the tiny Llama): fed the rest of the sequence, then set back to its length (the slots
+    written past it are never attended to); the drafter's a DynamicCache, fed on a copy."""
     n = dec.ids.numel()
-    assert dec.target_len == dec.target_cache.get_seq_length() == n - 1
+    target = dec.target_cache
+    assert isinstance(target, BatchCache) and target.rows == 1
+    assert dec.target_len == target.lengths[dec.cache_row] == n - 1
     drafter = dec.drafter
     assert drafter.cache_len == drafter.cache.get_seq_length() <= n - 1
-    for model, cache, length in ((dec.pair.target, dec.target_cache, dec.target_len),
-                                 (drafter.model, drafter.cache, drafter.cache_len)):
-        if length == 0:
-            continue
-        c2 = copy.deepcopy(cache)
-        with torch.inference_mode():
-            cached = model(input_ids=dec.ids[length:][None], cache=c2, use_cache=True).logits[0, -1]
-            full = model(input_ids=dec.ids[None]).logits[0, -1]
-        torch.testing.assert_close(cached, full, rtol=1e-4, atol=1e-4)
+    with torch.inference_mode():
+        cached, _ = target.forward(dec.cache_row, [dec.ids[dec.target_len:]])
+        target.set_length(dec.cache_row, dec.target_len)
+        torch.testing.assert_close(cached[-1], dec.pair.target(input_ids=dec.ids[None]).logits[0, -1],
+                                   rtol=1e-4, atol=1e-4)
+        if drafter.cache_len:
+            c2 = copy.deepcopy(drafter.cache)
+            cached = drafter.model(input_ids=dec.ids[drafter.cache_len:][None], cache=c2, use_cache=True).logits[0, -1]
+            torch.testing.assert_close(cached, drafter.model(input_ids=dec.ids[None]).logits[0, -1],
+                                       rtol=1e-4, atol=1e-4)
 
 
 # ----------------------------------------------------------------------------------------- EOS
