@@ -12,6 +12,9 @@ two sweeps:
 Methods (``--methods``):
 
 * ``nospec`` — no speculation (γ = 0): batched autoregressive decoding;
+* ``aa`` — no speculation again, a second arm of the same method (an A/A control): its ratios to ``nospec`` are
+  what the never-slower test reads when nothing differs, the noise floor of that test on this machine and load
+  (a verdict line of its own, not a goal);
 * ``fixed`` — the best single fixed γ of ``--gammas``, chosen on the *training* prompts at
   ``--calibration-concurrency`` (default 1: the γ a user tunes at batch 1);
 * ``table`` — the grid-tuned per-batch-size table (vLLM's ``num_speculative_tokens_per_batch_size``,
@@ -77,8 +80,9 @@ DEFAULT_OUT = "runs/serve"
 PARTIAL_FILE = "serve-partial.json"
 #: What a finished run writes in ``--out`` (:func:`_write`).
 RESULT_FILES = ("serve.json", "serve.md", "serve.png")
-METHODS = ("nospec", "fixed", "table", "adaptive", "policy", "guard", "hf")
+METHODS = ("nospec", "aa", "fixed", "table", "adaptive", "policy", "guard", "hf")
 NOSPEC, HF = "no speculation (γ=0)", "hf generate (batched)"
+NOSPEC_AGAIN = "no speculation again (A/A)"
 TABLE, ADAPTIVE, LEARNED = "per-batch-size table", "adaptive verification (vLLM)", "learned policy"
 GUARDED = "learned + speed guard"
 
@@ -526,6 +530,8 @@ def _run(args) -> int:
     methods = []
     if "nospec" in s.methods:
         methods.append(nospec)
+    if "aa" in s.methods:
+        methods.append(ServeMethod(NOSPEC_AGAIN, lambda: FixedDepthController(0), 0))
     if "fixed" in s.methods:
         g = calib["best_fixed_gamma"]
         methods.append(ServeMethod(f"fixed γ={g} (best at c={args.calibration_concurrency})",
@@ -601,6 +607,7 @@ def _run(args) -> int:
                               "biases": av.estimator.biases.tolist(),
                               "rejected_slopes": av.estimator.rejected_slopes}
     report["roles"] = {"no_spec": NOSPEC if "nospec" in s.methods else None,
+                       "aa": NOSPEC_AGAIN if "aa" in s.methods else None,
                        "fixed": next((m.name for m in methods if m.name.startswith("fixed")), None),
                        "table": TABLE if "table" in s.methods else None,
                        "adaptive": ADAPTIVE if av is not None else None,
@@ -821,7 +828,10 @@ def serve_verdicts(report: dict) -> list[dict]:
     * learned ≥ 1.10× the best single fixed γ, geometric mean over the concurrency sweep;
     * learned ≥ 1.00× the per-batch-size table and ≥ 1.00× adaptive verification at every level (tokens/s);
     * the same four for the learned policy behind the speed guard, when that row ran;
-    * no speculation ≥ 1.00× hf generate (batched) on the same 8 prompts in one batch (:func:`same_batch`).
+    * no speculation ≥ 1.00× hf generate (batched) on the same 8 prompts in one batch (:func:`same_batch`);
+    * with the A/A control (``--methods aa``): the never-slower test applied to no speculation run again, verdict
+      ``control`` (not a goal): the smallest ratio a method identical to no speculation measures at some level, what
+      a learned row's shortfall of the same size cannot be told apart from.
 
     A level's ratio is the median over its passes of the ratio measured within each pass (:func:`level_ratio`).
     """
@@ -865,6 +875,11 @@ def serve_verdicts(report: dict) -> list[dict]:
         for role, name in (("table", "per-batch-size table"), ("adaptive", "adaptive verification")):
             v, at = worst(who, role)
             out.append(entry(f"{label} ≥ 1.00× {name} at every level", 1.00, v, f"{roles.get(role)}, worst at {at}"))
+    if roles.get("aa") and roles.get("no_spec"):
+        v, at = worst("aa", "no_spec", with_itl=True)
+        out.append({**entry("A/A control: no speculation again ≥ 1.00× no speculation at every level (tok/s, ITL "
+                            "p50/p99)", 1.00, v, f"{roles['no_spec']}, worst at {at}"),
+                    **({"verdict": "control"} if v is not None else {})})
     sb = report.get("same_batch")
     out.append(entry(f"no speculation at B={sb['batch'] if sb else 8} ≥ 1.00× hf generate (batched)", 1.00,
                      sb["ratio"] if sb else None,

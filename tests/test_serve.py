@@ -95,7 +95,7 @@ def test_serve_with_a_learned_policy(tiny_model_dirs, tmp_path):
     from policies.layout import default_policy_dir
 
     out = tmp_path / "serve"
-    argv = _tiny(tiny_model_dirs, tmp_path, "--concurrency", "1", "--arrival-rates", "", "--methods", "nospec,fixed",
+    argv = _tiny(tiny_model_dirs, tmp_path, "--concurrency", "1", "--arrival-rates", "", "--methods", "nospec,aa,fixed",
                  "--policy", str(default_policy_dir("lookup", "float32")), "--passes", "2", "--out", str(out))
     assert serve_main(argv) == 0
     assert not (out / "serve-partial.json").exists()  # written after each level, removed once the run completes
@@ -109,13 +109,15 @@ def test_serve_with_a_learned_policy(tiny_model_dirs, tmp_path):
         assert lo <= m["ratio_to_no_spec"]["tokens_per_second"] <= hi
     assert "2 passes per level" in (out / "serve.md").read_text()
     names = set(rep["levels"][0]["methods"])
-    assert "learned policy" in names and "no speculation (γ=0)" in names and len(names) == 3
+    assert {"learned policy", "no speculation (γ=0)", "no speculation again (A/A)"} <= names and len(names) == 4
     learned = rep["levels"][0]["methods"]["learned policy"]
     assert learned["aggregate_tokens"] == sum(r["tokens"] for r in learned["requests"])
     verdicts = {v["claim"]: v["verdict"] for v in rep["verdicts"]}
     assert verdicts["learned ≥ 1.00× no speculation at every level (tok/s, ITL p50/p99)"] in ("PASS", "FAIL")
     assert verdicts["learned ≥ 1.10× best fixed γ (geomean over concurrency)"] in ("PASS", "FAIL")
     assert verdicts["learned ≥ 1.00× adaptive verification at every level"] == "not measured"
+    assert verdicts["A/A control: no speculation again ≥ 1.00× no speculation at every level (tok/s, ITL p50/p99)"] \
+        == "control"
 
 
 @pytest.mark.parametrize("flags, words", [
@@ -309,6 +311,26 @@ def test_an_unmeasured_itl_is_left_out_of_the_verdict_and_a_missing_method_is_no
         _ratios(res)
     m = combine_passes(partial)["m"]
     assert m["passes"] == 1 and m["ratio_to_no_spec"]["tokens_per_second"] == pytest.approx(1.2)
+
+
+def test_the_a_a_control_reads_the_never_slower_test_on_no_speculation_run_again():
+    """The A/A row (no speculation again) gets the never-slower test's reading as a control line: its worst ratio to
+    no speculation over levels and the three measures (here ITL p99 0.20 / 0.22 at c = 4), verdict "control", never
+    PASS or FAIL; without the row there is no such line."""
+    from eval.serve import NOSPEC, NOSPEC_AGAIN, _ratios, combine_passes, serve_verdicts
+
+    levels = []
+    for c, again in ((2, _method(101, 0.10, 0.20)), (4, _method(99, 0.10, 0.22))):
+        passes = [{NOSPEC: _method(100, 0.10, 0.20), NOSPEC_AGAIN: again}]
+        for res in passes:
+            _ratios(res)
+        levels.append({"kind": "concurrency", "value": c, "methods": combine_passes(passes), "passes": passes})
+    report = {"roles": {"no_spec": NOSPEC, "aa": NOSPEC_AGAIN}, "levels": levels}
+    aa = [v for v in serve_verdicts(report) if v["claim"].startswith("A/A control")]
+    assert len(aa) == 1 and aa[0]["verdict"] == "control" and aa[0]["measured"] == pytest.approx(0.20 / 0.22)
+    assert "concurrency 4 (ITL p99)" in aa[0]["against"]
+    report["roles"]["aa"] = None
+    assert not [v for v in serve_verdicts(report) if v["claim"].startswith("A/A control")]
 
 
 def test_passes_that_disagree_are_flagged_in_the_report():
