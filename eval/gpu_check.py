@@ -52,6 +52,8 @@ TEST_FILES = ("tests/test_loop.py", "tests/test_tree_loop.py", "tests/test_tree_
 PACKAGES = ("torch", "transformers", "tokenizers", "numpy", "gymnasium", "stable-baselines3", "gguf", "onnxruntime",
             "pytest")
 _READS = ("item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__")
+#: The packages whose Python function calls :class:`HostSyncCounter` counts (``python_calls``).
+OWN_PACKAGES = ("learn2draft", "policies")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,6 +87,11 @@ class HostSyncCounter:
     ``draft_step``, ``decide`` and ``verify``; anything else is ``"other"``. On the CPU the reads are counted for
     CPU tensors, so the dry run exercises the counting (such reads cost nothing there, and some of them, on
     tensors the code keeps on the host on purpose, are no synchronisation on a GPU either).
+
+    ``python_calls``: calls of Python functions defined in this project's packages (:data:`OWN_PACKAGES`; through
+    ``sys.setprofile``, so the counted run is slower and is never the timed one). PyTorch's and transformers' own
+    Python (a model's modules, per layer) is left out: what grows with the batch's rows is the decoder's own
+    per-row work, the count issue 41 asks to be constant in B.
     """
 
     def __init__(self, device):
@@ -147,6 +154,15 @@ class HostSyncCounter:
             return orig_now(clock)
 
         DeviceClock.now = now
+        root = Path(__file__).resolve().parent.parent
+        own = tuple(str(root / p) + os.sep for p in OWN_PACKAGES)
+
+        def profile(frame, event, arg):
+            if event == "call" and frame.f_code.co_filename.startswith(own):
+                counter._add("python_calls")
+
+        self._saved_profile = sys.getprofile()
+        sys.setprofile(profile)
         if self.device.type == "cuda":
             self._catch = warnings.catch_warnings(record=True)
             self._warnings = self._catch.__enter__()
@@ -159,6 +175,7 @@ class HostSyncCounter:
 
         from learn2draft.timing import DeviceClock
 
+        sys.setprofile(self._saved_profile)
         if self.device.type == "cuda":
             torch.cuda.set_sync_debug_mode("default")
             self._take_warnings()
@@ -245,8 +262,9 @@ def batched_check(pair, prompts, batch_sizes, max_new_tokens: int, depth: int) -
     closed-loop concurrency B of ``batch_sizes`` (B requests over ``prompts``), at fixed γ = 0 and γ = ``depth``:
     the median milliseconds of a step with all B rows (the decoder's device-synchronised clock), the aggregate
     tokens/s, and, on one more run, the host reads (and on CUDA the synchronisations) per batched step
-    (:class:`HostSyncCounter` on ``step``) — what the per-row host work costs a GPU, beside the forward it drives.
-    One warm-up run per B first."""
+    (:class:`HostSyncCounter` on ``step``) — what the per-row host work costs a GPU, beside the forward it drives —
+    and the calls of this project's Python functions per step (``python_calls_per_step``: constant in B when a step
+    has no per-row Python). One warm-up run per B first."""
     import statistics
 
     from learn2draft.batched import BatchedSpeculativeDecoder, Request, serve
@@ -276,6 +294,7 @@ def batched_check(pair, prompts, batch_sizes, max_new_tokens: int, depth: int) -
                         "full_step_ms": round(1e3 * statistics.median(full), 3),
                         "tokens_per_second": round(sum(st.tokens for st in steps) / wall, 2) if wall else 0.0,
                         "host_reads_per_step": syncs.get("host_reads", 0),
+                        "python_calls_per_step": syncs.get("python_calls", 0),
                         "cuda_syncs_per_step": syncs.get("cuda_syncs")})
     return out
 
@@ -473,11 +492,13 @@ def format_report(report: dict) -> str:
         lines.append("")
     if report.get("batched"):
         lines += ["## Batched loop: prompt lookup, closed loop of B requests", "",
-                  "| B | γ | steps | step ms (all B rows) | tokens/s | host reads / step | CUDA syncs / step |",
-                  "| --- | --- | --- | --- | --- | --- | --- |"]
+                  "| B | γ | steps | step ms (all B rows) | tokens/s | host reads / step | CUDA syncs / step | "
+                  "our Python calls / step |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for b in report["batched"]:
             lines.append(f"| {b['batch_size']} | {b['depth']} | {b['steps']} | {b['full_step_ms']} | "
-                         f"{b['tokens_per_second']} | {b['host_reads_per_step']} | {b['cuda_syncs_per_step'] or '–'} |")
+                         f"{b['tokens_per_second']} | {b['host_reads_per_step']} | {b['cuda_syncs_per_step'] or '–'} | "
+                         f"{b.get('python_calls_per_step', '–')} |")
         lines.append("")
     if report.get("profiles"):
         lines += ["## Profiles", ""]

@@ -69,5 +69,9 @@ def test_dry_run_counts_host_reads_per_draft_token(dry_run):
     # every row's acceptance in one call: the host reads per step do not grow with B (greedy: 1, the argmax with the
     # finite check)
     assert {b["host_reads_per_step"] for b in batched} == {1.0}, batched
+    # the project's own Python calls per step are counted (the decoder's step, its rows' tails, the controllers)
+    calls = {(b["batch_size"], b["depth"]): b["python_calls_per_step"] for b in batched}
+    assert all(c > 0 for c in calls.values()), calls
+    assert "our Python calls / step" in (out / "report.md").read_text()
     assert "## Batched loop" in (out / "report.md").read_text()
     assert model["tokens"] > 0 and model["cycle_ms"]["verify"] > 0
