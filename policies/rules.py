@@ -425,6 +425,7 @@ class SpeculationGuard:
         self._pending: tuple[int, str] | None = None  # (B, arm) of the step decided last, awaiting its measurement
         self._decided: tuple[Any, int] = (None, 0)
         self._checked: dict = {}  # the last request_check, by bucket, steps measured and running requests
+        self._sums: tuple | None = None  # (key, per-request sums) of the last policy window read (_window_sums)
         self._running: frozenset | None = None  # the request ids running now (None: the load states do not say)
         self._load: Any = None  # the load state of the step being decided (its ``draftable``: request_check)
         self._serial = 0  # load states decided: a live request_check reads the current one's ``draftable``
@@ -572,57 +573,91 @@ class SpeculationGuard:
         index = {r: i for i, r in enumerate(rows)}  # only the idle rows' lookaheads run (a lazy ``draftable``)
         return {r for r in ids if r in index and can[index[r]] > 0}
 
+    def _window_sums(self, pol: list, running: frozenset | None) -> dict:
+        """What :meth:`_request_check` reads of the policy arm's window ``pol`` that does not change while no policy
+        step is measured (in a stretch of plain steps it is asked every step): the steps' seconds, and per request
+        seen in at least 2 of them and still running (``running``; None: all) its steps n, mean tokens, mean seconds of
+        its steps, the centred sums of squares and products of its tokens t and seconds s (Σ(t − t̄)², Σ(t − t̄)(s − s̄),
+        Σ(s − s̄)²), whether it drafted in any of them, and the seconds of each step. Kept for the last window seen
+        (keyed by the window's steps themselves, compared by identity first and then by value, and ``running``)."""
+        key = (running, tuple(pol[0]))
+        cached = self._sums
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        per: dict[int, list] = {}  # request → [tokens of each of its steps], [seconds of those steps], drafted
+        for step_i, (_, sec, rows) in enumerate(pol[0]):
+            for rid, tokens, d in rows:
+                e = per.setdefault(rid, [[], [], False, []])
+                e[0].append(float(tokens))
+                e[1].append(sec)
+                e[2] = e[2] or d is None or d > 0
+                e[3].append(step_i)
+        ids = [r for r, e in per.items() if len(e[0]) >= 2 and (running is None or r in running)]
+        t = [np.asarray(per[r][0]) for r in ids]
+        sec = [np.asarray(per[r][1]) for r in ids]
+        tm = np.asarray([x.mean() for x in t])
+        sm = np.asarray([x.mean() for x in sec])
+        sums = {
+            "step_seconds": np.asarray([sec for _, sec, _ in pol[0]]),
+            "ids": ids,
+            "n": np.asarray([x.size for x in t], dtype=float),
+            "t_mean": tm, "s_mean": sm,
+            "tt": np.asarray([((x - m) ** 2).sum() for x, m in zip(t, tm)]),
+            "ts": np.asarray([((x - a) * (y - b)).sum() for x, y, a, b in zip(t, sec, tm, sm)]),
+            "ss": np.asarray([((y - b) ** 2).sum() for y, b in zip(sec, sm)]),
+            "drafted": {r: per[r][2] for r in ids},
+            "steps_of": {r: per[r][3] for r in ids},
+        }
+        self._sums = (key, sums)
+        return sums
+
     def _request_check(self, pol: list, plain: list, running: frozenset | None,
                        draftable_now: Any = None) -> dict | None:
-        a = np.asarray([sec for _, sec, _ in pol[0]])
+        w = self._window_sums(pol, running)
+        a = w["step_seconds"]
         b = np.asarray([sec for _, sec, _ in plain[0]])
-        rho = float(a.mean() / b.mean())
-        rho_se = (rho * math.sqrt(a.var(ddof=1) / (a.size * a.mean() ** 2) + b.var(ddof=1) / (b.size * b.mean() ** 2))
+        bm = float(b.mean())
+        rho = float(a.mean() / bm)
+        rho_se = (rho * math.sqrt(a.var(ddof=1) / (a.size * a.mean() ** 2) + b.var(ddof=1) / (b.size * bm ** 2))
                   if a.size >= 2 and b.size >= 2 else float("inf"))
-        per: dict[int, list[float]] = {}
-        gain: dict[int, list[float]] = {}  # per step: the request's tokens − the plain steps that fit in its seconds
-        drafted: dict[int, bool] = {}  # request → drafted in any of its policy steps (True when not measured)
-        for _, sec, rows in pol[0]:
-            for rid, tokens, d in rows:
-                per.setdefault(rid, []).append(float(tokens))
-                gain.setdefault(rid, []).append(float(tokens) - sec / float(b.mean()))
-                drafted[rid] = drafted.get(rid, False) or d is None or d > 0
-        per = {r: np.asarray(v) for r, v in per.items() if len(v) >= 2
-               and (running is None or r in running)}  # a finished request cannot be helped now
-        gain = {r: np.asarray(gain[r]) for r in per}
-        if not per:
+        ids = w["ids"]
+        if not ids:
             return None
-        idle = [r for r in per if not drafted[r]]
+        # per request, its gain per step over plain decoding g_i = t_i − s_i / P̄: mean and centred sum of squares
+        n = w["n"]
+        g_mean = w["t_mean"] - w["s_mean"] / bm
+        g_ss = np.maximum(w["tt"] - 2 * w["ts"] / bm + w["ss"] / bm ** 2, 0.0)
+        drafted = dict(w["drafted"])
+        idle = [r for r in ids if not drafted[r]]
         woke: set = set()
         if idle and draftable_now is not None:  # the live check: an idle request that can draft now is not idle
             woke = draftable_now(idle)
             for r in woke:
                 drafted[r] = True
             idle = [r for r in idle if r not in woke]
-        dof = sum(v.size - 1 for v in gain.values())
-        pooled = sum(float(((v - v.mean()) ** 2).sum()) for v in gain.values()) / dof
-        z = self.confidence + math.sqrt(2 * math.log(len(per))) if self.confidence > 0 else 0.0
+        dof = float((n - 1).sum())
+        pooled = float(g_ss.sum()) / dof
+        z = self.confidence + math.sqrt(2 * math.log(len(ids))) if self.confidence > 0 else 0.0
         # the step seconds' variance pooled over both arms' windows (either arm alone may hold 2 steps: a probe)
-        sec_var = (float(((a - a.mean()) ** 2).sum() + ((b - b.mean()) ** 2).sum()) / (a.size + b.size - 2)
+        sec_var = (float(((a - a.mean()) ** 2).sum() + ((b - bm) ** 2).sum()) / (a.size + b.size - 2)
                    if a.size + b.size > 2 else float("inf"))
         slower = idle_slower = 0
         if idle:  # one token per step, certain: slower together when the steps they ran in measure longer
-            ids = set(idle)
-            s_idle = np.asarray([sec for _, sec, rows in pol[0] if any(rid in ids for rid, _, _ in rows)])
-            gap = float(s_idle.mean() - b.mean())
+            steps = sorted({i for r in idle for i in w["steps_of"][r]})
+            s_idle = a[steps]
+            gap = float(s_idle.mean() - bm)
             margin = self.confidence * math.sqrt(sec_var * (1 / s_idle.size + 1 / b.size)) if self.confidence > 0 else 0.0
-            idle_slower = len(idle) if gap > margin + _TIE * float(b.mean()) else 0
+            idle_slower = len(idle) if gap > margin + _TIE * bm else 0
             slower += idle_slower
-        for r, v in gain.items():
-            if not drafted[r]:
-                continue
-            n = v.size
-            var = (self._PRIOR_STEPS * pooled + (n - 1) * float(v.var(ddof=1))) / (self._PRIOR_STEPS + n - 1)
-            slower += bool(float(v.mean()) + z * math.sqrt(var / n) < -_TIE * rho)
+        mask = np.asarray([drafted[r] for r in ids])
+        if mask.any():
+            k = self._PRIOR_STEPS
+            var = (k * pooled + g_ss[mask]) / (k + n[mask] - 1)  # (n − 1) · s_r² is the centred sum of squares
+            slower += int(np.count_nonzero(g_mean[mask] + z * np.sqrt(var / n[mask]) < -_TIE * rho))
         return {"cost_ratio": rho, "cost_ratio_error": rho_se if math.isfinite(rho_se) else None,
-                "requests": len(per), "idle": len(idle), "idle_draftable_now": len(woke),
+                "requests": len(ids), "idle": len(idle), "idle_draftable_now": len(woke),
                 "slower": slower, "slower_idle": idle_slower,
-                "lowest_tokens_per_step": min(float(v.mean()) for v in per.values())}
+                "lowest_tokens_per_step": float(w["t_mean"].min())}
 
     def _like_now(self, batch_size: int) -> list:
         """The policy's last ``window`` steps in which rows drafted, of them those where at least the share of rows
