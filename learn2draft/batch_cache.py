@@ -30,8 +30,10 @@ Rows feeding at most :data:`SHORT_ROW_TOKENS` tokens (verification) form one gro
 mixed into a step or not) is a group of its own, so the padding of a block stays within rows of like length and never
 reaches the token-wise layers that cost the most.
 
-One forward at a time per model: a forward routes the model's attention to this module for its duration (the
-config's ``_attn_implementation``), so two threads must not run the same model at once while one of them is here.
+One ragged forward at a time per process: a forward routes the model's attention to this module for its duration
+(the config's ``_attn_implementation``) and the layers read the forward's plan from this module, so forwards from
+several threads (two decoders generating at once, e.g. a server calling ``generate()`` from its request threads) take
+turns behind one lock instead of reading each other's plan.
 
 Supported targets: decoder-only Hugging Face models whose attention layers call ``ALL_ATTENTION_FUNCTIONS`` with
 their ``layer_idx`` and use full (not sliding-window) causal attention: Llama (the embedded SmolLM2), Qwen2/3,
@@ -40,6 +42,7 @@ Mistral without a sliding window, and others of that shape. :func:`check_support
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -92,6 +95,7 @@ class _Plan:
 
 
 _ACTIVE: list[_Plan] = []  # the plan of the forward now running (a stack of at most one)
+_FORWARD_LOCK = threading.Lock()  # one ragged forward at a time: _ACTIVE and the config's attention are shared
 
 
 def _ragged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -317,13 +321,14 @@ class BatchCache:
                                  min(counts[i:j]) == kmax_g))
         plan = _Plan(self, cache_row, slot_t, groups)
         ids = torch.cat([t.to(dev) for t in tokens])[None]
-        _ACTIVE.append(plan)
-        try:
-            with self._ragged():
-                out = self.model(input_ids=ids, position_ids=slot_t[None], use_cache=False,
-                                 output_hidden_states=output_hidden, logits_to_keep=0 if keep is None else keep)
-        finally:
-            _ACTIVE.pop()
+        with _FORWARD_LOCK:  # another thread's forward would read this plan, or restore the config under this one
+            _ACTIVE.append(plan)
+            try:
+                with self._ragged():
+                    out = self.model(input_ids=ids, position_ids=slot_t[None], use_cache=False,
+                                     output_hidden_states=output_hidden, logits_to_keep=0 if keep is None else keep)
+            finally:
+                _ACTIVE.pop()
         for i, k in enumerate(counts):
             self.lengths[row0 + i] += k
         return out.logits[0], (out.hidden_states[-1][0] if output_hidden else None)

@@ -136,3 +136,63 @@ def test_rows_feeding_the_same_count_attend_as_a_view_and_equal_the_plain_forwar
     with torch.inference_mode():
         ref = model(input_ids=torch.tensor([seqs[1] + [7]])).logits[0, -1]
     assert float((logits[1] - ref).abs().max()) > 1e-2
+
+
+def test_forwards_from_two_threads_take_turns_and_each_reads_its_own_rows(model):
+    """Two threads feed the same model through two batch caches at once (two decoders generating side by side). A
+    hook makes the worst interleaving likely: thread A, inside its forward, waits for thread B to enter the model, and
+    B, inside its own, waits for A to finish. Without the lock B's plan would be the one A's layers read (and A would
+    restore the model's attention under B); with it B enters only after A, both waits time out at most once, and each
+    thread's logits and cache equal those of its forward run alone."""
+    import threading
+
+    torch.manual_seed(0)
+    prompts = {"A": torch.randint(3, 60, (9,)), "B": torch.randint(3, 60, (5,))}
+
+    def alone(name):
+        cache = BatchCache(model)
+        cache.add_rows(1)
+        with torch.inference_mode():
+            logits, _ = cache.forward(0, [prompts[name]])
+        return logits, cache.keys[0][0, :, : cache.lengths[0]].clone()
+
+    want = {name: alone(name) for name in prompts}
+    b_entered, a_done = threading.Event(), threading.Event()
+
+    def on_model(module, args, kwargs):
+        if threading.current_thread().name == "B":
+            b_entered.set()
+
+    def on_layer0(module, args, kwargs):
+        name = threading.current_thread().name
+        if name == "A":
+            b_entered.wait(0.3)  # with the lock B cannot enter before A finishes: this times out
+        elif name == "B":
+            a_done.wait(0.3)
+
+    hooks = [model.register_forward_pre_hook(on_model, with_kwargs=True),
+             model.model.layers[0].register_forward_pre_hook(on_layer0, with_kwargs=True)]
+    got, errors = {}, []
+
+    def run(name):
+        try:
+            got[name] = alone(name)
+        except Exception as e:  # noqa: BLE001 (reported by the assertion below)
+            errors.append(f"{name}: {e!r}")
+        finally:
+            if name == "A":
+                a_done.set()
+
+    try:
+        threads = [threading.Thread(target=run, args=(n,), name=n) for n in ("A", "B")]
+        threads[0].start()
+        threads[1].start()
+        for t in threads:
+            t.join(10)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert not errors, errors
+    for name in prompts:
+        torch.testing.assert_close(got[name][0], want[name][0], rtol=0, atol=0)
+        torch.testing.assert_close(got[name][1], want[name][1], rtol=0, atol=0)
