@@ -80,8 +80,9 @@ class HostSyncCounter:
 
     While active it patches ``torch.Tensor`` so that every host read of a tensor on ``device`` (``.item()``,
     ``.tolist()``, ``.numpy()``, ``bool()``, ``int()``, ``float()``, ``__index__``) and, off the CPU, every copy of
-    one to the CPU (``.cpu()``, ``.to("cpu")``) is counted, and :class:`learn2draft.timing.DeviceClock` readings
-    (one device synchronisation each off the CPU) are counted apart. On CUDA it also turns on
+    one to the CPU (``.cpu()``, ``.to("cpu")``) is counted, and the readings of a waiting
+    :class:`learn2draft.timing.DeviceClock` (one device synchronisation each off the CPU; on the CPU the ones that
+    would be, so that the dry run counts them too) are counted apart (``clock_syncs``). On CUDA it also turns on
     ``torch.cuda.set_sync_debug_mode("warn")`` and counts the warnings: every synchronising CUDA call, the
     host-to-device copies of pageable memory included. Phases: :meth:`watch` wraps a decoder's ``start``,
     ``draft_step``, ``decide`` and ``verify``; anything else is ``"other"``. On the CPU the reads are counted for
@@ -149,7 +150,7 @@ class HostSyncCounter:
         self._saved_clock = orig_now
 
         def now(clock):
-            if clock.device.type != "cpu":
+            if getattr(clock, "waits", True):  # a waiting clock's reading: one device synchronisation off the CPU
                 counter._add("clock_syncs")
             return orig_now(clock)
 
@@ -295,6 +296,7 @@ def batched_check(pair, prompts, batch_sizes, max_new_tokens: int, depth: int) -
                         "tokens_per_second": round(sum(st.tokens for st in steps) / wall, 2) if wall else 0.0,
                         "host_reads_per_step": syncs.get("host_reads", 0),
                         "python_calls_per_step": syncs.get("python_calls", 0),
+                        "clock_syncs_per_step": syncs.get("clock_syncs", 0),
                         "cuda_syncs_per_step": syncs.get("cuda_syncs")})
     return out
 
@@ -492,12 +494,13 @@ def format_report(report: dict) -> str:
         lines.append("")
     if report.get("batched"):
         lines += ["## Batched loop: prompt lookup, closed loop of B requests", "",
-                  "| B | γ | steps | step ms (all B rows) | tokens/s | host reads / step | CUDA syncs / step | "
-                  "our Python calls / step |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+                  "| B | γ | steps | step ms (all B rows) | tokens/s | host reads / step | clock syncs / step | "
+                  "CUDA syncs / step | our Python calls / step |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for b in report["batched"]:
             lines.append(f"| {b['batch_size']} | {b['depth']} | {b['steps']} | {b['full_step_ms']} | "
-                         f"{b['tokens_per_second']} | {b['host_reads_per_step']} | {b['cuda_syncs_per_step'] or '–'} | "
+                         f"{b['tokens_per_second']} | {b['host_reads_per_step']} | {b.get('clock_syncs_per_step', '–')} | "
+                         f"{b['cuda_syncs_per_step'] or '–'} | "
                          f"{b.get('python_calls_per_step', '–')} |")
         lines.append("")
     if report.get("profiles"):

@@ -80,7 +80,14 @@ VerificationBudget = Callable[[list[np.ndarray], LoadState], Sequence[int]]
 class _Row(SpeculativeDecoder):
     """One request of a batch: :class:`SpeculativeDecoder`'s per-row state and cycle, its target cache row
     (:attr:`~SpeculativeDecoder.cache_row`) one of the batch's :class:`learn2draft.batch_cache.BatchCache`, which the
-    batch feeds in one forward for all rows; rolling back sets that row's length, as for a sequence decoded alone."""
+    batch feeds in one forward for all rows; rolling back sets that row's length, as for a sequence decoded alone.
+    Its clock reads the host's time without waiting for the device: the batch's own clock waits where a step's work
+    is timed (the step, the batched drafter forwards), and a row's readings (its decisions, draws and verification
+    tail, host work after the step's one host read) would otherwise synchronise a GPU several times per row."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.clock = DeviceClock(self.pair.device, synchronize=False)
 
     def _open_target_cache(self) -> BatchCache:
         return self.target_cache  # the batch's, set before start(); the batch opens the row and numbers it
@@ -577,14 +584,15 @@ class BatchedSpeculativeDecoder:
                  else row._verification_probs(plan, logits[rows], None if probs is None else probs[rows]))
             res = row._finish_verification(plan, p, t0, t1, t2, None if decided is None else decided[i])
             results[rid] = res
-            now = self.clock.now()
+            if res.finished:
+                done.append(i)
+        now = self.clock.now()  # every row's tokens of this step are committed: one reading, not one per row
+        for rid, res in results.items():
             r = self._results[rid]
             r.tokens.extend(res.tokens)
             r.cycles.append(res)
             r.token_times.extend([now] * len(res.tokens))
             r.finish = now
-            if res.finished:
-                done.append(i)
         k = max(int(t.numel()) for t in tokens)
         batch = len(self.rows)
         if joining:  # the requests whose prefill rode on this forward draw their first token and join

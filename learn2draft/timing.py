@@ -12,11 +12,23 @@ import torch
 
 
 class DeviceClock:
-    """A clock that waits for ``device`` before reading ``time.perf_counter()`` (seconds)."""
+    """A clock that waits for ``device`` before reading ``time.perf_counter()`` (seconds).
 
-    def __init__(self, device: torch.device | str):
+    Args:
+        device: the device whose queued work a reading waits for.
+        synchronize: False reads the host's clock without waiting (no device synchronisation): for host-side
+            bookkeeping inside a step whose own clock waits, e.g. the rows of a batched step
+            (:class:`learn2draft.batched.BatchedSpeculativeDecoder`), where a waiting reading per row would
+            synchronise a GPU several times per row and step.
+    """
+
+    def __init__(self, device: torch.device | str, synchronize: bool = True):
         self.device = torch.device(device)
-        if self.device.type == "cuda":
+        #: whether a reading waits for the device (on the CPU there is nothing to wait for either way)
+        self.waits = bool(synchronize)
+        if not synchronize:
+            self._sync = lambda: None
+        elif self.device.type == "cuda":
             self._sync = lambda: torch.cuda.synchronize(self.device)
         elif self.device.type == "mps":
             self._sync = torch.mps.synchronize

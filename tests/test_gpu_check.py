@@ -73,5 +73,9 @@ def test_dry_run_counts_host_reads_per_draft_token(dry_run):
     calls = {(b["batch_size"], b["depth"]): b["python_calls_per_step"] for b in batched}
     assert all(c > 0 for c in calls.values()), calls
     assert "our Python calls / step" in (out / "report.md").read_text()
+    # the readings of a waiting clock (a device synchronisation each off the CPU) do not grow with B: the rows'
+    # clocks do not wait, and the token times are read once per step
+    syncs = {(b["batch_size"], b["depth"]): b["clock_syncs_per_step"] for b in batched}
+    assert syncs[(64, 0)] == syncs[(1, 0)] and syncs[(64, 4)] == syncs[(1, 4)] and syncs[(1, 0)] > 0, syncs
     assert "## Batched loop" in (out / "report.md").read_text()
     assert model["tokens"] > 0 and model["cycle_ms"]["verify"] > 0
