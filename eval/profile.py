@@ -169,30 +169,57 @@ def token_stream(pair, length: int):
 def measure_verify(pair, sampling, seq, contexts: list[int], tokens: list[int], repeats: int,
                    output_hidden: bool = False) -> list[list[float]]:
     """Median seconds of one target forward over n tokens after c cached ones plus ``sampling.probs`` of its logits
-    (the decoder's ``verify_seconds``), as float (len(contexts), len(tokens)). Sizes are interleaved (a rotated
+    (the decoder's ``verify_seconds``), as float (len(contexts), len(tokens)), on the cache the chain decoder keeps:
+    a row of :class:`learn2draft.batch_cache.BatchCache` fed by its ragged forward for a target that forward supports
+    (:func:`learn2draft.batch_cache.check_supported`), else a ``DynamicCache`` (as
+    :meth:`learn2draft.decoding.SpeculativeDecoder._open_target_cache` chooses). Sizes are interleaved (a rotated
     order per repeat); one unrecorded warm-up pass per context."""
     import torch
     from transformers import DynamicCache
 
+    from learn2draft.batch_cache import BatchCache, check_supported
     from learn2draft.timing import DeviceClock
 
+    try:
+        check_supported(pair.target)
+        ragged = True
+    except ValueError:
+        ragged = False
     clock = DeviceClock(pair.device)
     V = pair.vocab_size
     table = []
     with torch.inference_mode():
         for c in contexts:
-            cache = DynamicCache()
-            pair.target(input_ids=seq[None, :c], cache=cache, use_cache=True)
+            if ragged:
+                cache = BatchCache(pair.target)
+                cache.add_rows(1)
+                cache.reserve(1, c + max(tokens))
+                cache.forward(0, [seq[:c]], keep=torch.tensor([c - 1], device=seq.device))
+
+                def forward(n, c=c, cache=cache):
+                    return cache.forward(0, [seq[c:c + n]], output_hidden=output_hidden)[0]
+
+                def rollback(n, c=c, cache=cache):
+                    cache.set_length(0, c)
+            else:
+                cache = DynamicCache()
+                pair.target(input_ids=seq[None, :c], cache=cache, use_cache=True)
+
+                def forward(n, c=c, cache=cache):
+                    return pair.target(input_ids=seq[None, c:c + n], cache=cache, use_cache=True,
+                                       output_hidden_states=output_hidden).logits[0]
+
+                def rollback(n, cache=cache):
+                    cache.crop(-n)
             times = {n: [] for n in tokens}
             for rep in range(repeats + 1):
                 k = rep % len(tokens)
                 for n in tokens[k:] + tokens[:k]:
                     t0 = clock.now()
-                    out = pair.target(input_ids=seq[None, c:c + n], cache=cache, use_cache=True,
-                                      output_hidden_states=output_hidden)
-                    sampling.probs(out.logits[0, :, :V], seq[: c + 1], seq[c + 1:c + n], source="target")
+                    logits = forward(n)
+                    sampling.probs(logits[:, :V], seq[: c + 1], seq[c + 1:c + n], source="target")
                     dt = clock.now() - t0
-                    cache.crop(-n)
+                    rollback(n)
                     if rep:
                         times[n].append(dt)
             table.append([statistics.median(times[n]) for n in tokens])

@@ -108,14 +108,17 @@ def parse_methods(text: str, has_policy: bool) -> list[str]:
     are both added unless ``--methods`` names one of them (then only the named ones run).
 
     Raises:
-        ValueError: an unknown method, an empty item between commas, none, or ``policy`` / ``guard`` without
-            ``--policy``.
+        ValueError: an unknown method, an empty item between commas, none, ``aa`` without ``nospec``, or
+            ``policy`` / ``guard`` without ``--policy``.
     """
     keys = cli.comma_items(text, "--methods", f"name one or more of {', '.join(METHODS)} joined by commas")
     bad = [m for m in keys if m not in METHODS]
     if bad or not keys:
         raise ValueError(f"--methods {text!r}: unknown method {bad[0]!r}; choose from {', '.join(METHODS)}." if bad
                          else f"--methods {text!r}: name at least one of {', '.join(METHODS)}.")
+    if "aa" in keys and "nospec" not in keys:
+        raise ValueError(f"--methods {text!r}: aa needs nospec (the A/A control is no speculation run again beside "
+                         "it).")
     for k in ("policy", "guard"):
         if k in keys and not has_policy:
             raise ValueError(f"--methods {k} needs --policy DIR (an exported load-aware or chain policy).")
@@ -877,8 +880,8 @@ def serve_verdicts(report: dict) -> list[dict]:
             out.append(entry(f"{label} ≥ 1.00× {name} at every level", 1.00, v, f"{roles.get(role)}, worst at {at}"))
     if roles.get("aa") and roles.get("no_spec"):
         v, at = worst("aa", "no_spec", with_itl=True)
-        out.append({**entry("A/A control: no speculation again ≥ 1.00× no speculation at every level (tok/s, ITL "
-                            "p50/p99)", 1.00, v, f"{roles['no_spec']}, worst at {at}"),
+        out.append({**entry("A/A control (not a goal: the test's noise): no speculation again ≥ 1.00× no speculation "
+                            "at every level (tok/s, ITL p50/p99)", 1.00, v, f"{roles['no_spec']}, worst at {at}"),
                     **({"verdict": "control"} if v is not None else {})})
     sb = report.get("same_batch")
     out.append(entry(f"no speculation at B={sb['batch'] if sb else 8} ≥ 1.00× hf generate (batched)", 1.00,

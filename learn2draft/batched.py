@@ -78,8 +78,8 @@ VerificationBudget = Callable[[list[np.ndarray], LoadState], Sequence[int]]
 
 
 class _Row(SpeculativeDecoder):
-    """One request of a batch: :class:`SpeculativeDecoder`'s per-row state and cycle, its target cache row
-    (:attr:`~SpeculativeDecoder.cache_row`) one of the batch's :class:`learn2draft.batch_cache.BatchCache`, which the
+    """One request of a batch: :class:`SpeculativeDecoder`'s per-row state and cycle. Its target cache is a row
+    (:attr:`~SpeculativeDecoder.cache_row`) of the batch's :class:`learn2draft.batch_cache.BatchCache`, which the
     batch feeds in one forward for all rows; rolling back sets that row's length, as for a sequence decoded alone.
     Its clock reads the host's time without waiting for the device: the batch's own clock waits where a step's work
     is timed (the step, the batched drafter forwards), and a row's readings (its decisions, draws and verification
@@ -237,7 +237,7 @@ class BatchedSpeculativeDecoder:
             raise RuntimeError(f"{n} requests do not fit: {len(self._joining)} more are joining the batch of "
                                f"{len(self.rows)} of {self.max_batch} rows.")
         now = self.clock.now()
-        rows = [self._new_row(prompt, c, seed, prefill=False) for prompt, c, seed in zip(prompts, controllers, seeds)]
+        rows = [self._new_row(prompt, c, seed) for prompt, c, seed in zip(prompts, controllers, seeds)]
         self.cache.add_rows(n)  # after the running rows and those already joining
         rids = [self._record(r, now if arrivals is None else float(arrivals[i]), None) for i, r in enumerate(rows)]
         self._joining += list(zip(rows, controllers, rids))
@@ -306,14 +306,14 @@ class BatchedSpeculativeDecoder:
         self._joining = []
         return done
 
-    def _new_row(self, prompt_ids: torch.Tensor, controller: DraftController, seed: int, prefill: bool) -> _Row:
-        """A new row with its own drafter, started on ``prompt_ids`` (its prefill forward run when ``prefill``); the
-        controller is reset."""
+    def _new_row(self, prompt_ids: torch.Tensor, controller: DraftController, seed: int) -> _Row:
+        """A new row with its own drafter, started on ``prompt_ids`` without its prefill (the batch opens its cache
+        row and runs the prefill, alone or mixed into a step: :meth:`add_many`); the controller is reset."""
         row = _Row(self.pair, self.sampling, self.max_new_tokens, self.max_depth, seed=seed,
                    drafter=self._make_drafter())
         row.target_cache = self.cache
         controller.reset()
-        row.start(prompt_ids, seed, prefill=prefill)
+        row.start(prompt_ids, seed, prefill=False)
         return row
 
     def _record(self, row: _Row, arrival: float, first_token: float | None) -> int:

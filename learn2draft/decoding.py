@@ -15,7 +15,8 @@ One *cycle*:
    (:meth:`SpeculativeDecoder.verify`);
 3. :func:`learn2draft.sampling.speculative_sample` accepts a prefix of length τ and emits one
    corrected or bonus token, so τ + 1 tokens are committed (fewer at EOS / ``max_new_tokens``);
-4. the target's KV cache is cropped back to the committed length and the drafter rolled back.
+4. the target's KV cache is rolled back to the committed length (a batch cache row: its length set; a
+   ``DynamicCache``: cropped) and the drafter rolled back.
 
 The cycle exists once, here: :meth:`SpeculativeDecoder.draft` (the drafting loop: ask the
 controller, :meth:`~SpeculativeDecoder.draft_step`, repeat), the size decision

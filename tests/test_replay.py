@@ -897,3 +897,40 @@ def test_every_shipped_profile_loads_by_its_bare_name():
         assert load_profile(name).name, name
     with pytest.raises(FileNotFoundError, match="shipped: cpu-2core"):
         load_profile("h200-llama-9.9-1b")
+
+
+def test_the_verification_profile_times_the_cache_the_chain_decoder_keeps(tiny_tok, monkeypatch):
+    """eval.profile's verification seconds come from the forward the chain decoder runs: a batch-cache row's ragged
+    forward for a target it supports (a Llama: one prefill and one forward per timed size, every one counted here),
+    a DynamicCache forward for one it does not (a Mistral with a sliding window: no ragged forward at all); both give
+    a (contexts × tokens) table of positive seconds."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from eval.profile import measure_verify
+    from learn2draft.batch_cache import BatchCache
+    from learn2draft.decoding import SpeculativeDecoder
+    from learn2draft.models import make_pair
+    from learn2draft.sampling import SamplingConfig
+
+    calls = []
+    forward = BatchCache.forward
+    monkeypatch.setattr(BatchCache, "forward", lambda self, *a, **k: calls.append(1) or forward(self, *a, **k))
+    V = len(tiny_tok)
+    seq = torch.arange(3, 43) % (V - 3) + 3
+    llama = make_pair(tiny_llama(V, 0), None, tiny_tok)
+    table = measure_verify(llama, SamplingConfig(), seq, [8, 16], [1, 3], repeats=2)
+    assert len(table) == 2 and all(len(row) == 2 and min(row) > 0 for row in table)
+    assert len(calls) == 2 * (1 + 3 * 2)  # per context: the prefill, then (repeats + 1 warm-up) × 2 sizes
+    torch.manual_seed(0)
+    mistral = MistralForCausalLM(MistralConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                               num_attention_heads=4, num_key_value_heads=2, sliding_window=8)).eval()
+    windowed = make_pair(mistral, None, tiny_tok)
+    calls.clear()
+    table = measure_verify(windowed, SamplingConfig(), seq, [8], [1, 3], repeats=2)
+    assert len(calls) == 0 and len(table) == 1 and min(table[0]) > 0
+    # and the decoder on that target keeps a DynamicCache (what the profile timed)
+    from learn2draft.drafters import make_drafter
+
+    dec = SpeculativeDecoder(windowed, max_new_tokens=2, drafter=make_drafter("lookup", windowed))
+    dec.start(seq[:8])
+    assert type(dec.target_cache).__name__ == "DynamicCache" and not calls
