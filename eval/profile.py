@@ -171,20 +171,16 @@ def measure_verify(pair, sampling, seq, contexts: list[int], tokens: list[int], 
     """Median seconds of one target forward over n tokens after c cached ones plus ``sampling.probs`` of its logits
     (the decoder's ``verify_seconds``), as float (len(contexts), len(tokens)), on the cache the chain decoder keeps:
     a row of :class:`learn2draft.batch_cache.BatchCache` fed by its ragged forward for a target that forward supports
-    (:func:`learn2draft.batch_cache.check_supported`), else a ``DynamicCache`` (as
+    (:func:`learn2draft.batch_cache.is_supported`), else a ``DynamicCache`` (as
     :meth:`learn2draft.decoding.SpeculativeDecoder._open_target_cache` chooses). Sizes are interleaved (a rotated
     order per repeat); one unrecorded warm-up pass per context."""
     import torch
     from transformers import DynamicCache
 
-    from learn2draft.batch_cache import BatchCache, check_supported
+    from learn2draft.batch_cache import BatchCache, is_supported
     from learn2draft.timing import DeviceClock
 
-    try:
-        check_supported(pair.target)
-        ragged = True
-    except ValueError:
-        ragged = False
+    ragged = is_supported(pair.target)
     clock = DeviceClock(pair.device)
     V = pair.vocab_size
     table = []

@@ -174,6 +174,16 @@ def check_supported(model: PreTrainedModel) -> None:
                          f"{name!r} (each with a layer_idx, dispatching through transformers' AttentionInterface).")
 
 
+def is_supported(model: PreTrainedModel) -> bool:
+    """Whether the ragged forward runs ``model`` (:func:`check_supported` raises nothing): where the chain decoder
+    keeps its target cache in a :class:`BatchCache` row, and so where a latency profile times one."""
+    try:
+        check_supported(model)
+    except ValueError:
+        return False
+    return True
+
+
 class BatchCache:
     """The target's KV cache of B rows, per row by length, and :meth:`forward`, the ragged forward over it.
 
@@ -343,4 +353,4 @@ class BatchCache:
         return out.logits[0], (out.hidden_states[-1][0] if output_hidden else None)
 
 
-__all__ = ["ATTENTION_NAME", "BatchCache", "check_supported"]
+__all__ = ["ATTENTION_NAME", "BatchCache", "check_supported", "is_supported"]

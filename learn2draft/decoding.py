@@ -49,7 +49,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from learn2draft.batch_cache import BatchCache, check_supported
+from learn2draft.batch_cache import BatchCache, is_supported
 from learn2draft.control import (
     DraftController,
     FixedDepthController,
@@ -191,15 +191,11 @@ class SpeculativeDecoder:
     def _open_target_cache(self) -> BatchCache | DynamicCache:
         """The target's cache for a new sequence: one row of a :class:`~learn2draft.batch_cache.BatchCache` (this
         decoder's, reused, with room for the prompt and ``max_new_tokens``) for a chain on a target whose attention the
-        ragged forward runs (:func:`~learn2draft.batch_cache.check_supported`), else an empty ``DynamicCache``."""
+        ragged forward runs (:func:`~learn2draft.batch_cache.is_supported`), else an empty ``DynamicCache``."""
         cache = self.target_cache
         if not isinstance(cache, BatchCache):
             if self._ragged is None:
-                try:
-                    check_supported(self.pair.target)
-                    self._ragged = self.shape == "chain"
-                except ValueError:
-                    self._ragged = False
+                self._ragged = self.shape == "chain" and is_supported(self.pair.target)
             if not self._ragged:
                 return DynamicCache()
             cache = BatchCache(self.pair.target)
