@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from eval.runner import TreeShape, decoder_max_depth, make_decoder
+from learn2draft.batch_cache import _ACTIVE  # the plan of the batch cache's forward now running
 from learn2draft.decoding import DraftController, FixedDepthController, Sampler
 from learn2draft.models import ModelPair
 from learn2draft.sampling import SamplingConfig, speculative_sample, tree_speculative_sample
@@ -355,6 +356,12 @@ class _ForwardMemo:
         now = self._stamp(cache)
         if now is None:
             return False  # emptied: nothing left to replay on
+        return self._changed(before, now)
+
+    @staticmethod
+    def _changed(before, now) -> bool:
+        """Whether stamp ``now`` (storage, per-position sums) is not ``before`` cut to its length: other storage, more
+        positions, or other sums (a write the memo did not see)."""
         return now[0] != before[0] or now[1].numel() > before[1].numel() or not torch.equal(
             now[1], before[1][: now[1].numel()])
 
@@ -412,8 +419,7 @@ class _ForwardMemo:
         row, start, n = plan.groups[0].row0, cache.lengths[plan.groups[0].row0], int(input_ids.shape[-1])
         hist, before = rows.get(row, ([], None))
         now = self._row_stamp(cache, row, start)
-        unseen = before is not None and (now[0] != before[0] or not torch.equal(now[1], before[1][:start]))
-        hist = self._cut(hist, start, unseen or (before is not None and before[1].numel() < start))
+        hist = self._cut(hist, start, before is not None and self._changed(before, now))
         hidden = bool(kwargs.get("output_hidden_states"))
         keep = kwargs.get("logits_to_keep", 0)
         ids = tuple(input_ids.reshape(-1).tolist())
@@ -444,8 +450,6 @@ class _ForwardMemo:
         return keys.untyped_storage().data_ptr(), keys[row, :, :length].double().sum(dim=(0, 2))
 
     def __call__(self, input_ids=None, cache=None, **kwargs):
-        from learn2draft.batch_cache import _ACTIVE  # the plan of the batch cache's forward now running
-
         if cache is None and _ACTIVE and _ACTIVE[-1].cache.model is self:
             return self._ragged(_ACTIVE[-1], input_ids, kwargs)
         out = self._forward(input_ids, cache, **kwargs)
