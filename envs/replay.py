@@ -1,8 +1,10 @@
 """The draft-depth environment replayed from recorded traces and a latency profile — no model runs.
 
-:class:`SpecDecodeReplayEnv` (registered as ``learn2draft/SpecDecodeReplay-v0``) has the observation
-and action spaces of the real-loop environment :class:`envs.spec_decode.SpecDecodeEnv`, the same step
-semantics and the same reward formula; only where the numbers come from differs:
+:class:`SpecDecodeReplayEnv` (registered as ``learn2draft/SpecDecodeReplay-v0``) is the one depth environment
+(:class:`envs.spec_decode.DepthEnv`, whose step, reward and termination the real-loop
+:class:`envs.spec_decode.SpecDecodeEnv` runs too) over the replay backend,
+:class:`learn2draft.replay.backend.ReplayDecoder` (the real decoder's API, no model): the same observation and
+action spaces, step semantics and reward formula; only where the numbers come from differs:
 
 * what the drafter and the target agree on comes from a trace (:mod:`learn2draft.replay.traces`): the
   drafted chain at every position, its draft-side features, and the acceptance probability of each
@@ -17,7 +19,8 @@ cycle, the accepted lengths of the cycles so far and the last cycle's τ / depth
 (the confidences and entropies of its first j tokens, the drafter features before step j) and the
 replay state — the same vector the real environment would show in that state. For speed the parts
 that depend on (t, j) only are built once per prompt with ``build_features`` and the history
-entries are filled in per step (tests check the result against ``build_features``).
+entries are filled in per step (the backend's :meth:`~learn2draft.replay.backend.ReplayDecoder.static_observations`;
+tests check the result against ``build_features``).
 :meth:`SpecDecodeReplayEnv.state` is the :class:`learn2draft.state.DraftState` at (t, j) — the
 integer depth j, the trace's confidences, entropies and drafter features, the history — carrying
 that precomputed vector as its ``observation``: what :func:`replay_controller` hands a controller's
@@ -60,27 +63,27 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
 from envs.reward import check_reward_scale, cycle_reward, relative_speeds
-from learn2draft.control import CONTINUE, STOP, as_action, check_depth_feature_scale, keeps_drafting
-from learn2draft.features import FEATURE_NAMES, HISTORY, PROFILE_FEATURE_NAMES, build_features
+from envs.spec_decode import DepthEnv
+from learn2draft.control import STOP, as_action, check_depth_feature_scale, keeps_drafting
+from learn2draft.features import FEATURE_NAMES, PROFILE_FEATURE_NAMES
 from learn2draft.features import profile_features as profile_feature_vector
+from learn2draft.metrics import CycleResult
 from learn2draft.names import run_seed
-from learn2draft.replay.latency import LatencyProfile, load_profiles
-from learn2draft.replay.outcome import ChainReplay, chain_replay, tokens_per_second
-from learn2draft.replay.traces import PromptTrace, TraceSet, TreeTraceSet, load_traces
+from learn2draft.replay.backend import ReplayDecoder
+from learn2draft.replay.latency import LatencyProfile
+from learn2draft.replay.outcome import ChainReplay, tokens_per_second
+from learn2draft.replay.traces import TraceSet, TreeTraceSet
 from learn2draft.state import DraftState
 
 REPLAY_ENV_ID = "learn2draft/SpecDecodeReplay-v0"
 EPISODE_MODES = ("generation", "cycle")
-_HIST = np.asarray([FEATURE_NAMES.index(f"accepted_len_t-{i + 1}") for i in range(HISTORY)])
-_LAF = FEATURE_NAMES.index("last_accept_fraction")
 
 
-class SpecDecodeReplayEnv(gym.Env):
+class SpecDecodeReplayEnv(DepthEnv):
     """Draft-depth control replayed from traces and a latency profile.
 
     Args:
@@ -112,8 +115,6 @@ class SpecDecodeReplayEnv(gym.Env):
         FileNotFoundError: a trace or profile file is missing.
     """
 
-    metadata = {"render_modes": []}
-
     def __init__(
         self,
         traces: TraceSet | str | Path | Sequence[str | Path],
@@ -126,47 +127,34 @@ class SpecDecodeReplayEnv(gym.Env):
         profile_features: bool = False,
     ):
         super().__init__()
-        if isinstance(traces, TreeTraceSet):
-            raise ValueError("SpecDecodeReplayEnv replays chain traces; these are draft-tree traces (recorded with "
-                             "--tree): record chain traces without --tree (python -m eval.oracle reads tree traces).")
-        self.traces = traces if isinstance(traces, TraceSet) else load_traces(traces)
-        if profile is None:
-            raise ValueError("profile is required: the latency profile(s) the replayed cycles cost (a file from "
-                             "`python -m eval.profile`, a shipped name such as 'cpu-2core' or 'gpu-like', or several).")
-        self.profiles = load_profiles(profile)
-        self.profile = self.profiles[0]  # the profile of the current generation
-        self.profile_index = 0
-        tr = self.traces
         reward_scale = check_reward_scale(reward_scale)
         if episode not in EPISODE_MODES:
             raise ValueError(f"episode must be one of {EPISODE_MODES}, got {episode!r}.")
-        self.max_depth = tr.max_depth if max_depth is None else max_depth
-        self.max_new_tokens = tr.max_new_tokens if max_new_tokens is None else max_new_tokens
-        if not (isinstance(self.max_depth, int) and 0 <= self.max_depth <= tr.max_depth):
-            raise ValueError(f"max_depth must be an integer in [0, {tr.max_depth}] (the traces hold chains of up to "
-                             f"{tr.max_depth} tokens), got {max_depth!r}; record deeper traces for more.")
-        if not (isinstance(self.max_new_tokens, int) and 2 <= self.max_new_tokens <= tr.max_new_tokens):
-            raise ValueError(f"max_new_tokens must be an integer in [2, {tr.max_new_tokens}] (the traces' length), "
-                             f"got {max_new_tokens!r}.")
-        self.drafter = tr.drafter
-        for prof in self.profiles:
-            prof.cost(self.drafter)  # raises ValueError if the profile lacks the drafter
-            prof.verify(self.max_depth + 1, 0)  # raises ValueError if the verify table is too small
+        if isinstance(traces, TreeTraceSet):
+            raise ValueError("SpecDecodeReplayEnv replays chain traces; these are draft-tree traces (recorded with "
+                             "--tree): record chain traces without --tree (python -m eval.oracle reads tree traces).")
+        #: the backend: the replay decoder (the traces, the profiles, the outcome model and the observations)
+        self.decoder = ReplayDecoder(traces, profile, max_new_tokens=max_new_tokens, max_depth=max_depth)
+        d = self.decoder
+        self.traces, self.profiles = d.traces, d.profiles
+        self.profile = self.profiles[0]  # the profile of the current generation
+        self.profile_index = 0
+        self.max_depth, self.max_new_tokens = d.max_depth, d.max_new_tokens
+        self.drafter = d.drafter_name
         self.profile_features = bool(profile_features)
         self._profile_obs = [profile_feature_vector(prof, self.drafter) if self.profile_features else None
                              for prof in self.profiles]
-        self.vocab_size = int(tr.header["vocab_size"])
-        self.deterministic = tr.deterministic
+        self.vocab_size = d.vocab_size
+        self.deterministic = d.deterministic
         self.reward_scale = reward_scale
         self.episode = episode
+        tr = self.traces
         self.prompt_indices = list(range(len(tr))) if prompt_indices is None else [int(i) for i in prompt_indices]
         if not self.prompt_indices or not all(0 <= i < len(tr) for i in self.prompt_indices):
             raise ValueError(f"prompt_indices must be a non-empty list of indices in [0, {len(tr)}).")
-        self._usable = [i for i in self.prompt_indices if min(tr.prompts[i].n, self.max_new_tokens) > 1]
+        self._usable = d.usable(self.prompt_indices)
         if not self._usable:
             raise ValueError("Every traced generation ends at its first token (EOS): no drafting decision to make.")
-        self._replays: dict[tuple[int, int], ChainReplay] = {}
-        self._observations: dict[int, np.ndarray] = {}
         # Per-profile reward normalisation: rewards are relative to each profile's plain decoding.
         self._relative_speed = (relative_speeds([self.autoregressive_rate(k) for k in range(len(self.profiles))])
                                 if len(self.profiles) > 1 else [1.0])
@@ -175,61 +163,34 @@ class SpecDecodeReplayEnv(gym.Env):
         self.observation_space = spaces.Box(0.0, 1.0, shape=(width,), dtype=np.float32)
         self.action_space = spaces.Discrete(2)
         self.prompt_index: int | None = None
+        self.last_cycle = None
         self._needs_reset = True
         self._in_generation = False
 
-    # ------------------------------------------------------------------ precomputation
+    # ------------------------------------------------------------------ the replay backend's tables
     def replay_data(self, index: int, profile_index: int | None = None) -> ChainReplay:
         """The outcome model of trace prompt ``index`` with profile ``profile_index`` (default: the current
-        generation's): :func:`learn2draft.replay.outcome.chain_replay` at the env's ``max_depth`` and
-        ``max_new_tokens``, built on first use."""
-        k = self.profile_index if profile_index is None else int(profile_index)
-        r = self._replays.get((index, k))
-        if r is None:
-            r = self._replays[(index, k)] = chain_replay(self.traces.prompts[index], self.profiles[k], self.drafter,
-                                                         self.max_depth, self.max_new_tokens)
-        return r
+        generation's): :meth:`learn2draft.replay.backend.ReplayDecoder.replay_data`."""
+        return self.decoder.replay_data(index, self.profile_index if profile_index is None else profile_index)
 
-    def _static_observations(self, index: int) -> np.ndarray:
-        """float32 (n+1, D+1, len(FEATURE_NAMES)): prompt ``index``'s observation at (t, j) with an empty history
-        (the profile-independent part; the history entries are filled in per step), built on first use."""
-        obs = self._observations.get(index)
-        if obs is None:
-            obs = self._observations[index] = self._prepare(self.traces.prompts[index], self.replay_data(index).avail)
-        return obs
-
-    def _prepare(self, pt: PromptTrace, avail: np.ndarray) -> np.ndarray:
-        D, N = self.max_depth, self.max_new_tokens
-        n = avail.shape[0] - 1
-        static = np.zeros((n + 1, D + 1, len(FEATURE_NAMES)), dtype=np.float32)
-        P = pt.prompt_len
-        for tt in range(1, n + 1):
-            conf = pt.confidence[tt].tolist()
-            ent = pt.entropy[tt].tolist()
-            for j in range(int(avail[tt]) + 1):
-                static[tt, j] = build_features(
-                    context_len=P + tt + j, depth=j, max_depth=max(D, 1), accepted_history=[], confidences=conf[:j],
-                    last_entropy=ent[j - 1] if j else 0.0, vocab_size=self.vocab_size, last_accept_fraction=1.0,
-                    generated=tt, max_new_tokens=N, drafter_features=pt.drafter_features[tt, j],
-                )
-        return static
+    @property
+    def _r(self) -> ChainReplay:
+        """The current generation's outcome model."""
+        return self.decoder.replay
 
     def autoregressive_rate(self, profile_index: int = 0) -> float:
         """tokens/s of plain decoding (depth 0 every cycle) over the replayed prompts with profile
         ``profile_index``: all generated tokens (the prefill's first one included) over the summed cycle
         seconds — the ``cycle_tokens_per_s`` that ``python -m train`` measures on the real loop for its
         reward scale."""
-        tokens = seconds = 0.0
-        for i in self._usable:
-            r = self.replay_data(i, profile_index)
-            tokens += r.n
-            seconds += float(r.total[1:r.n, 0].sum())
-        return tokens_per_second(tokens, seconds)
+        return self.decoder.autoregressive_rate(profile_index, self._usable)
 
-    # ------------------------------------------------------------------ gymnasium API
+    # ------------------------------------------------------------------ the env's hooks
+    _NEW_GENERATION_OPTIONS = ("prompt_index", "profile_index")
+
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
         """Start a generation (or, in ``episode="cycle"`` mode, continue the current one); as
-        :meth:`envs.spec_decode.SpecDecodeEnv.reset`.
+        :meth:`envs.spec_decode.DepthEnv.reset`.
 
         Args:
             seed: seeds ``self.np_random``: the prompt draw and, at T > 0, the acceptance draws.
@@ -241,138 +202,71 @@ class SpecDecodeReplayEnv(gym.Env):
             ValueError: ``prompt_index`` out of range, not among ``prompt_indices``, or a prompt whose
                 generation ends at its first token; ``profile_index`` out of range.
         """
-        super().reset(seed=seed)
-        options = options or {}
-        continuing = (self.episode == "cycle" and seed is None and not options.get("new_generation")
-                      and "prompt_index" not in options and "profile_index" not in options and self._in_generation)
-        if not continuing:
-            k = options.get("profile_index")
-            if k is None:  # a draw only with several profiles: one profile keeps the single-profile random stream
-                k = int(self.np_random.integers(len(self.profiles))) if len(self.profiles) > 1 else 0
-            elif not (isinstance(k, numbers.Integral) and 0 <= k < len(self.profiles)):
-                raise ValueError(f"profile_index must be an integer in [0, {len(self.profiles)}) (the env's profiles: "
-                                 f"{', '.join(p.name for p in self.profiles)}), got {k!r}.")
-            self.profile_index, self.profile = int(k), self.profiles[int(k)]
-            idx = options.get("prompt_index")
-            if idx is None:
-                for _ in range(100):  # as the real env: redraw prompts whose generation ends at the first token
-                    idx = self.prompt_indices[int(self.np_random.integers(len(self.prompt_indices)))]
-                    if idx in self._usable:
-                        break
-                else:
-                    idx = self._usable[0]
+        return super().reset(seed=seed, options=options)
+
+    def _start_generation(self, options: dict[str, Any]) -> None:
+        k = options.get("profile_index")
+        if k is None:  # a draw only with several profiles: one profile keeps the single-profile random stream
+            k = int(self.np_random.integers(len(self.profiles))) if len(self.profiles) > 1 else 0
+        elif not (isinstance(k, numbers.Integral) and 0 <= k < len(self.profiles)):
+            raise ValueError(f"profile_index must be an integer in [0, {len(self.profiles)}) (the env's profiles: "
+                             f"{', '.join(p.name for p in self.profiles)}), got {k!r}.")
+        self.profile_index, self.profile = int(k), self.profiles[int(k)]
+        idx = options.get("prompt_index")
+        if idx is None:
+            for _ in range(100):  # as the real env: redraw prompts whose generation ends at the first token
+                idx = self.prompt_indices[int(self.np_random.integers(len(self.prompt_indices)))]
+                if idx in self._usable:
+                    break
             else:
-                idx = int(idx)
-                if idx not in self.prompt_indices:
-                    raise ValueError(f"prompt_index must be one of the replayed prompts (0..{len(self.traces) - 1}"
-                                     f"{'' if len(self.prompt_indices) == len(self.traces) else ', restricted'}), got {idx}.")
-                if idx not in self._usable:
-                    raise ValueError(f"Prompt {idx} ends at its first token (EOS): no drafting decision to make.")
-            self.prompt_index = idx
-            self._r = self.replay_data(idx)
-            self._static = self._static_observations(idx)
-            self._t, self._j = 1, 0
-            self._history: list[int] = []
-            self._hist = np.zeros(HISTORY, dtype=np.float32)
-            self._laf = np.float32(1.0)
-            self._fraction = 1.0  # τ / depth of the last cycle, as the decoder keeps it (the feature is its float32)
-            self._in_generation = True
-        self._needs_reset = False
-        info = {"prompt_index": self.prompt_index, "generated": self._t, "new_generation": not continuing,
-                "profile_index": self.profile_index}
-        return self._obs(), info
+                idx = self._usable[0]
+        else:
+            idx = int(idx)
+            if idx not in self.prompt_indices:
+                raise ValueError(f"prompt_index must be one of the replayed prompts (0..{len(self.traces) - 1}"
+                                 f"{'' if len(self.prompt_indices) == len(self.traces) else ', restricted'}), got {idx}.")
+            if idx not in self._usable:
+                raise ValueError(f"Prompt {idx} ends at its first token (EOS): no drafting decision to make.")
+        self.prompt_index = idx
+        self.decoder.start(idx, profile_index=self.profile_index, rng=self.np_random)
+
+    def _observation(self, features: np.ndarray) -> np.ndarray:
+        if self.profile_features:
+            return np.concatenate((features, self._profile_obs[self.profile_index]))
+        return features
+
+    def _reward(self, res: CycleResult) -> float:
+        return cycle_reward(res.tokens_per_second, self.reward_scale, self._relative_speed[self.profile_index])
+
+    def _ended_by_eos(self, res: CycleResult) -> bool:
+        return self.decoder.ended_by_eos
+
+    def _info_extra(self) -> dict[str, Any]:
+        return {"profile_index": self.profile_index}
 
     def _obs(self) -> np.ndarray:
-        obs = self._static[self._t, self._j].copy()
-        obs[_HIST] = self._hist
-        obs[_LAF] = self._laf
-        if self.profile_features:
-            return np.concatenate((obs, self._profile_obs[self.profile_index]))
-        return obs
+        """The current observation (the backend's features, and the profile's when the env appends them)."""
+        return self._observation(self.decoder.features())
 
     def state(self, observation: np.ndarray | None = None) -> DraftState:
         """The :class:`learn2draft.state.DraftState` of the current decision (as
-        :meth:`SpeculativeDecoder.state` for the same position): the integer depth j, the trace's confidences and
-        entropies of the chain's first j tokens and its drafter features before step j, the generation's history,
-        and as ``observation`` the env's precomputed vector (its ``features()``).
+        :meth:`SpeculativeDecoder.state` for the same position): the backend's
+        (:meth:`learn2draft.replay.backend.ReplayDecoder.state`), with ``observation`` the env's.
 
         Args:
             observation: the current observation when the caller holds it (what :meth:`reset` or :meth:`step`
                 returned), float32 (observation_space.shape); None: built again.
         """
-        t, j = self._t, self._j
-        pt = self.traces.prompts[self.prompt_index]
-        return DraftState(
-            depth=j, max_depth=self.max_depth, committed_len=pt.prompt_len + t, generated=t,
-            max_new_tokens=self.max_new_tokens, accepted_history=tuple(self._history),
-            last_accept_fraction=self._fraction, confidences=tuple(pt.confidence[t, :j].tolist()),
-            entropies=tuple(pt.entropy[t, :j].tolist()), vocab_size=self.vocab_size,
-            drafter_features=pt.drafter_features[t, j],
-            observation=self._obs() if observation is None else observation,
-        )
+        return self.decoder.state(self._obs() if observation is None else observation)
 
     def can_draft(self) -> bool:
         """Whether drafting one more token is possible now (as :meth:`SpeculativeDecoder.can_draft`)."""
-        return self._j < self._r.avail[self._t]
+        return self.decoder.can_draft()
 
     @property
     def depth(self) -> int:
         """Tokens drafted in the current cycle."""
-        return self._j
-
-    def step(self, action) -> tuple[np.ndarray, float, bool, bool, dict]:
-        """Apply STOP (0) or CONTINUE (1); as :meth:`envs.spec_decode.SpecDecodeEnv.step`.
-
-        Raises:
-            ValueError: ``action`` is not 0 or 1.
-            RuntimeError: called before :meth:`reset` or after the episode ended.
-        """
-        if type(action) is not int or not 0 <= action <= 1:  # the fast path: a Python int 0 or 1
-            if not self.action_space.contains(action):
-                raise ValueError(f"Invalid action {action!r}: valid actions are {STOP} = STOP (verify now) and "
-                                 f"{CONTINUE} = CONTINUE (draft one more token).")
-            action = int(action)
-        if self._needs_reset:
-            raise RuntimeError("The episode has ended (or never started): call reset() first.")
-        r, t, j = self._r, self._t, self._j
-        avail = r.avail[t]
-        if action == CONTINUE and j < avail:
-            j += 1
-            if j < avail:
-                self._j = j
-                return self._obs(), 0.0, False, False, {"depth": j, "verified": False, "prompt_index": self.prompt_index,
-                                                         "generated": t}
-        # Verify the j drafted tokens: the outcome model (τ counts only emitted tokens).
-        tau, emitted, seconds = r.cycle(t, j, None if self.deterministic else self.np_random)
-        self._history.append(tau)
-        h = self._history[-HISTORY:][::-1]
-        self._hist = np.zeros(HISTORY, dtype=np.float32)
-        self._hist[: len(h)] = [min(x / max(self.max_depth, 1), 1.0) for x in h]
-        self._fraction = tau / j if j else 1.0
-        self._laf = np.float32(self._fraction)
-        t += emitted
-        self._t, self._j = t, 0
-        finished = t >= r.n
-        self._in_generation = not finished
-        rate = emitted / seconds
-        info = {
-            "depth": j, "verified": True, "prompt_index": self.prompt_index, "tokens": emitted, "accepted": tau,
-            "seconds": seconds, "draft_seconds": float(r.draft[t - emitted, j]),
-            "verify_seconds": float(r.verify[t - emitted, j]), "other_seconds": float(r.other[t - emitted, j]),
-            "tokens_per_second": rate, "forced": action == CONTINUE, "generation_finished": finished, "generated": t,
-            "profile_index": self.profile_index,
-        }
-        if self.episode == "cycle":
-            terminated, truncated = True, False
-        else:
-            terminated, truncated = finished and r.eos, finished and not r.eos
-        self._needs_reset = terminated or truncated
-        reward = cycle_reward(rate, self.reward_scale, self._relative_speed[self.profile_index])
-        return self._obs(), reward, terminated, truncated, info
-
-    def action_meanings(self) -> dict[int, str]:
-        """``{0: "STOP (verify now)", 1: "CONTINUE (draft one more token)"}``."""
-        return {STOP: "STOP (verify now)", CONTINUE: "CONTINUE (draft one more token)"}
+        return self.decoder.depth
 
 
 # --------------------------------------------------------------------------- scoring
@@ -455,7 +349,7 @@ def measure_steps_per_second(env: SpecDecodeReplayEnv, steps: int = 200_000, see
     actions = rng.integers(0, 2, size=steps).tolist()
     env.reset(seed=seed)
     for i in env._usable:  # build every prompt's tables before timing
-        env._static_observations(i)
+        env.decoder.static_observations(i)
     t0 = time.perf_counter()
     for a in actions:
         _, _, term, trunc, _ = env.step(a)

@@ -1,4 +1,8 @@
-"""A gymnasium environment around the real draft/verify loop (:class:`learn2draft.SpeculativeDecoder`).
+"""The draft-depth environment over a decoder backend: the real draft/verify loop
+(:class:`learn2draft.SpeculativeDecoder`, :class:`SpecDecodeEnv`) or the replay
+(:class:`learn2draft.replay.backend.ReplayDecoder`, :class:`envs.replay.SpecDecodeReplayEnv`). :class:`DepthEnv`
+holds the one step, reward and termination; the two differ only in how a generation starts and where a cycle's
+numbers come from.
 
 At every step the agent sees the features of the current cycle (:func:`learn2draft.features.build_features`,
 known *before* the decision) and chooses
@@ -61,7 +65,121 @@ from learn2draft.sampling import SamplingConfig
 EPISODE_MODES = ("generation", "cycle")
 
 
-class SpecDecodeEnv(gym.Env):
+class DepthEnv(gym.Env):
+    """The one draft-depth environment over a backend with the decoder's API (:class:`learn2draft.control.CycleDriver`:
+    ``step``, ``features``, ``depth``, ``generated``, ``clock``): :class:`SpecDecodeEnv` (the real decoder) and
+    :class:`envs.replay.SpecDecodeReplayEnv` (the replay backend) build it; the step, its reward, info and
+    termination are this class's (see :class:`SpecDecodeEnv` for what they are).
+
+    A subclass sets ``decoder``, ``episode``, ``reward_scale``, ``action_space`` / ``observation_space``, and
+    implements :meth:`_start_generation` (draw a prompt and start the backend on it); it may override
+    :meth:`_observation` (append to the backend's features), :meth:`_reward`, :meth:`_ended_by_eos` and
+    :meth:`_info_extra`.
+    """
+
+    metadata = {"render_modes": []}
+    #: A tree's verification-size decider, asked when a step verifies (:class:`envs.tree.TreeDepthEnv` sets it).
+    size_decider: SizeDecider | None = None
+    #: ``reset(options=...)`` keys that start a new generation in cycle mode.
+    _NEW_GENERATION_OPTIONS = ("prompt_index",)
+
+    # ------------------------------------------------------------------ hooks
+    def _start_generation(self, options: dict[str, Any]) -> None:
+        """Draw (or take from ``options``) a prompt, set ``prompt_index`` and start the backend on it."""
+        raise NotImplementedError
+
+    def _observation(self, features: np.ndarray) -> np.ndarray:
+        """The observation from the backend's features (float32 (len(FEATURE_NAMES),))."""
+        return features
+
+    def _reward(self, res: CycleResult) -> float:
+        """The verifying step's reward: :func:`envs.reward.cycle_reward` of the cycle's tokens/s."""
+        return cycle_reward(res.tokens_per_second, self.reward_scale)
+
+    def _ended_by_eos(self, res: CycleResult) -> bool:
+        """Whether the cycle ``res`` ended the generation with EOS (else it ran to ``max_new_tokens``)."""
+        raise NotImplementedError
+
+    def _info_extra(self) -> dict[str, Any]:
+        """Entries added to the reset's and every verifying step's info."""
+        return {}
+
+    # ------------------------------------------------------------------ gymnasium API
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        """Start a generation (or, in ``episode="cycle"`` mode, continue the current one).
+
+        Args:
+            seed: seeds ``self.np_random`` (through ``super().reset``), which draws the prompt and the backend's
+                sampling seed (real) or acceptance draws (replay at T > 0).
+            options: ``{"prompt_index": i}`` forces prompt ``i``; ``{"new_generation": True}`` forces a new
+                generation in cycle mode (and the subclass's own, e.g. the replay's ``profile_index``).
+
+        Returns:
+            ``(observation, info)``.
+
+        Raises:
+            ValueError: ``prompt_index`` out of range, or (see the subclass) a prompt without a decision to make.
+        """
+        super().reset(seed=seed)
+        options = options or {}
+        continuing = (self.episode == "cycle" and seed is None and not options.get("new_generation")
+                      and not any(k in options for k in self._NEW_GENERATION_OPTIONS) and self._in_generation)
+        if not continuing:
+            self._start_generation(options)
+            self._in_generation = True
+        self._needs_reset = False
+        info = {"prompt_index": self.prompt_index, "generated": self.decoder.generated,
+                "new_generation": not continuing, **self._info_extra()}
+        return self._observation(self.decoder.features()), info
+
+    def step(self, action) -> tuple[np.ndarray, float, bool, bool, dict]:
+        """Apply STOP (0) or CONTINUE (1); see :class:`SpecDecodeEnv` for reward, termination and info.
+
+        Raises:
+            ValueError: ``action`` is not 0 or 1.
+            RuntimeError: called before :meth:`reset` or after the episode ended.
+        """
+        if type(action) is not int or not 0 <= action <= 1:  # the fast path: a Python int 0 or 1
+            if not self.action_space.contains(action):
+                raise ValueError(
+                    f"Invalid action {action!r}: valid actions are "
+                    + ", ".join(f"{a} = {m}" for a, m in ACTION_MEANINGS.items()) + "."
+                )
+            action = int(action)
+        if self._needs_reset:
+            raise RuntimeError("The episode has ended (or never started): call reset() first.")
+        d = self.decoder
+        res = d.step(action == CONTINUE, self.size_decider)  # the one cycle's step
+        if res is None:
+            t0 = d.clock.now()
+            obs = d.features()
+            d.add_other_seconds(d.clock.now() - t0)  # as CycleDriver.decide charges the state to the cycle
+            info = {"depth": d.depth, "verified": False, "prompt_index": self.prompt_index, "generated": d.generated}
+            return self._observation(obs), 0.0, False, False, info
+        self.last_cycle = res
+        self._in_generation = not res.finished
+        info: dict[str, Any] = {
+            "depth": res.depth, "verified": True, "prompt_index": self.prompt_index,
+            "tokens": len(res.tokens), "accepted": res.num_accepted, "seconds": res.seconds,
+            "draft_seconds": res.draft_seconds, "verify_seconds": res.verify_seconds,
+            "other_seconds": res.other_seconds, "tokens_per_second": res.tokens_per_second,
+            "forced": action == CONTINUE,  # a CONTINUE that verified: the depth limit or the drafter decided
+            "generation_finished": res.finished, "generated": d.generated, **self._info_extra(),
+        }
+        if self.episode == "cycle":
+            terminated, truncated = True, False
+        else:
+            eos = res.finished and self._ended_by_eos(res)
+            terminated, truncated = eos, res.finished and not eos
+        self._needs_reset = terminated or truncated
+        return self._observation(res.features.copy()), float(self._reward(res)), terminated, truncated, info
+
+    def action_meanings(self) -> dict[int, str]:
+        """``{0: "STOP (verify now)", 1: "CONTINUE (draft one more token)"}``."""
+        return dict(ACTION_MEANINGS)
+
+
+class SpecDecodeEnv(DepthEnv):
     """Draft-depth control as a gymnasium environment, on the real speculative decoder.
 
     Args:
@@ -97,10 +215,6 @@ class SpecDecodeEnv(gym.Env):
             ``episode``, or a prompt longer than the context window.
         learn2draft.ModelLoadError: ``pair`` is None and a model cannot be loaded.
     """
-
-    metadata = {"render_modes": []}
-    #: A tree's verification-size decider, asked when a step verifies (:class:`envs.tree.TreeDepthEnv` sets it).
-    size_decider: SizeDecider | None = None
 
     def __init__(
         self,
@@ -166,102 +280,38 @@ class SpecDecodeEnv(gym.Env):
         """
         return self.pair.encode_prompt(prompt, chat=self.chat)
 
-    # ------------------------------------------------------------------ gymnasium API
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
-        """Start a generation (or, in ``episode="cycle"`` mode, continue the current one).
-
-        Args:
-            seed: seeds ``self.np_random`` (through ``super().reset``), which draws the prompt and
-                the decoder's sampling seed.
-            options: ``{"prompt_index": i}`` forces prompt ``i``; ``{"new_generation": True}``
-                forces a new generation in cycle mode.
-
-        Returns:
-            ``(observation, info)``; observation float32 ``(len(FEATURE_NAMES),)``.
+    # ------------------------------------------------------------------ the real backend
+    def _start_generation(self, options: dict[str, Any]) -> None:
+        """A prompt drawn with ``self.np_random`` (or ``options["prompt_index"]``) and the decoder started on it
+        with a sampling seed drawn the same way; a prompt whose generation ends at its first token (EOS) has no
+        decision and is drawn again.
 
         Raises:
-            ValueError: ``prompt_index`` out of range.
+            ValueError: ``prompt_index`` out of range, a forced prompt that ends at its first token, or every
+                drawn prompt does.
         """
-        super().reset(seed=seed)
-        options = options or {}
         d = self.decoder
-        continuing = (
-            self.episode == "cycle" and seed is None and not options.get("new_generation")
-            and "prompt_index" not in options and self._in_generation
-        )
-        if not continuing:
-            idx = options.get("prompt_index")
-            if idx is None:
-                idx = int(self.np_random.integers(len(self.prompt_ids)))
-            elif not 0 <= int(idx) < len(self.prompt_ids):
-                raise ValueError(f"prompt_index must be in [0, {len(self.prompt_ids)}), got {idx}.")
-            for _ in range(100):  # the prefill emits the first token; a generation ended by it has no decision
-                self.prompt_index = int(idx)
-                d.start(self.prompt_ids[self.prompt_index], seed=int(self.np_random.integers(2**31 - 1)))
-                if not d.finished:
-                    break
-                if "prompt_index" in options:
-                    raise ValueError(f"Prompt {idx} ends at its first token (EOS): no drafting decision to make.")
-                idx = int(self.np_random.integers(len(self.prompt_ids)))
-            else:
-                raise ValueError("Every drawn prompt ended at its first token (EOS): pass other prompts.")
-            self._in_generation = True
-        self._needs_reset = False
-        info = {"prompt_index": self.prompt_index, "generated": d.generated, "new_generation": not continuing}
-        return d.features(), info
+        idx = options.get("prompt_index")
+        if idx is None:
+            idx = int(self.np_random.integers(len(self.prompt_ids)))
+        elif not 0 <= int(idx) < len(self.prompt_ids):
+            raise ValueError(f"prompt_index must be in [0, {len(self.prompt_ids)}), got {idx}.")
+        for _ in range(100):  # the prefill emits the first token; a generation ended by it has no decision
+            self.prompt_index = int(idx)
+            d.start(self.prompt_ids[self.prompt_index], seed=int(self.np_random.integers(2**31 - 1)))
+            if not d.finished:
+                return
+            if "prompt_index" in options:
+                raise ValueError(f"Prompt {idx} ends at its first token (EOS): no drafting decision to make.")
+            idx = int(self.np_random.integers(len(self.prompt_ids)))
+        raise ValueError("Every drawn prompt ended at its first token (EOS): pass other prompts.")
 
-    def step(self, action) -> tuple[np.ndarray, float, bool, bool, dict]:
-        """Apply STOP (0) or CONTINUE (1); see the class docstring for reward, termination and info.
-
-        Raises:
-            ValueError: ``action`` is not 0 or 1.
-            RuntimeError: called before :meth:`reset` or after the episode ended.
-        """
-        if not self.action_space.contains(action):
-            raise ValueError(
-                f"Invalid action {action!r}: valid actions are "
-                + ", ".join(f"{a} = {m}" for a, m in ACTION_MEANINGS.items()) + "."
-            )
-        if self._needs_reset:
-            raise RuntimeError("The episode has ended (or never started): call reset() first.")
-        d = self.decoder
-        action = int(action)
-        res = d.step(action == CONTINUE, self.size_decider)  # the one cycle's step
-        info: dict[str, Any] = {
-            "depth": d.depth if res is None else res.depth, "verified": res is not None,
-            "prompt_index": self.prompt_index,
-        }
-        if res is None:
-            t0 = d.clock.now()
-            obs = d.features()
-            d.add_other_seconds(d.clock.now() - t0)  # as SpeculativeDecoder.decide charges features() to the cycle
-            info["generated"] = d.generated
-            return obs, 0.0, False, False, info
-        self.last_cycle = res
-        forced = action == CONTINUE  # a CONTINUE that verified: the depth limit or the drafter decided
-        self._in_generation = not res.finished
-        reward = cycle_reward(res.tokens_per_second, self.reward_scale)
-        info.update(
-            tokens=len(res.tokens), accepted=res.num_accepted, seconds=res.seconds,
-            draft_seconds=res.draft_seconds, verify_seconds=res.verify_seconds, other_seconds=res.other_seconds,
-            tokens_per_second=res.tokens_per_second, forced=forced, generation_finished=res.finished,
-            generated=d.generated,
-        )
-        eos = res.finished and bool(res.tokens) and res.tokens[-1] in self.pair.eos_token_ids
-        if self.episode == "cycle":
-            terminated, truncated = True, False
-        else:
-            terminated, truncated = eos, res.finished and not eos
-        self._needs_reset = terminated or truncated
-        return res.features.copy(), float(reward), terminated, truncated, info
-
-    def action_meanings(self) -> dict[int, str]:
-        """``{0: "STOP (verify now)", 1: "CONTINUE (draft one more token)"}``."""
-        return dict(ACTION_MEANINGS)
+    def _ended_by_eos(self, res: CycleResult) -> bool:
+        return bool(res.tokens) and res.tokens[-1] in self.pair.eos_token_ids
 
     def generated_tokens(self) -> list[int]:
         """Token ids emitted so far in the current generation (prompt excluded)."""
         return self.decoder.ids[self.decoder.prompt_len :].tolist()
 
 
-__all__ = ["ACTION_MEANINGS", "CONTINUE", "EPISODE_MODES", "STOP", "SpecDecodeEnv"]
+__all__ = ["ACTION_MEANINGS", "CONTINUE", "DepthEnv", "EPISODE_MODES", "STOP", "SpecDecodeEnv"]

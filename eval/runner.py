@@ -19,6 +19,7 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 from learn2draft.cli import progress as cli_progress
+from learn2draft.control import CycleDriver
 from learn2draft.decoding import DraftController, Sampler, SpeculativeDecoder
 from learn2draft.drafters import Drafter, make_drafter
 from learn2draft.metrics import percentiles, tau_histogram
@@ -148,19 +149,22 @@ class DecoderMethod(Method):
     this shape (:func:`make_decoder`) under ``controller`` — a
     :class:`learn2draft.tree.FixedTreeController` (depth, V) or a learned tree policy (depth and
     verification size); a controller that does not decide V verifies every drafted node; ``min_ngram``: prompt
-    lookup's shortest n-gram match (:func:`make_decoder`).
+    lookup's shortest n-gram match (:func:`make_decoder`); ``decoder``: run on this backend instead of building one
+    from ``pair`` (any :class:`learn2draft.control.CycleDriver`, e.g. the replay backend
+    :class:`learn2draft.replay.backend.ReplayDecoder`: :mod:`eval.simreal` predicts with the same method on it;
+    ``pair``, ``sampling``, ``max_new_tokens`` and the drafter arguments are then unused).
 
     Raises:
         ValueError: as :func:`make_decoder`."""
 
-    def __init__(self, name: str, pair: ModelPair, controller: DraftController, sampling: SamplingConfig,
+    def __init__(self, name: str, pair: ModelPair | None, controller: DraftController, sampling: SamplingConfig,
                  max_new_tokens: int, drafter: str | Drafter = "model", head: str | None = None,
-                 tree: TreeShape | None = None, min_ngram: int | None = None):
+                 tree: TreeShape | None = None, min_ngram: int | None = None, decoder: CycleDriver | None = None):
         # The decoder's max_depth is the controller's (decoder_max_depth): the depth features are
         # scaled by it, so a policy must see the scale it was trained with.
         self.name, self.controller, self.tree = name, controller, tree
-        self.decoder = make_decoder(pair, sampling, max_new_tokens, decoder_max_depth(controller), drafter, head, tree,
-                                    min_ngram=min_ngram)
+        self.decoder = decoder if decoder is not None else make_decoder(
+            pair, sampling, max_new_tokens, decoder_max_depth(controller), drafter, head, tree, min_ngram=min_ngram)
 
     def run(self, prompt_ids: torch.Tensor, seed: int) -> RunRecord:
         r = self.decoder.generate(prompt_ids, self.controller, seed=seed)

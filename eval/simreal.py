@@ -3,10 +3,14 @@
 For every method — fixed depths (--gammas) and each --policy (a replay-trained one, a real-loop-trained
 one, …) — on the prompts of the traces:
 
-* predicted: the method scored in the replay environment (envs.replay.replay_controller, over the
-  replay outcome model learn2draft.replay.outcome) with the traces and the latency profile;
-* measured: the method run on the real models (the traces' target, draft and drafter), interleaved
+* predicted: the method run on the replay backend (learn2draft.replay.backend.ReplayDecoder: the
+  traces and the latency profile through the replay outcome model, no model);
+* measured: the method run on the real decoder (the traces' target, draft and drafter), interleaved
   prompt by prompt, with the decoder's device-synchronised clocks.
+
+Both are the same call on two backends of one interface: eval.runner's DecoderMethod runs
+``decoder.generate(prompt, controller)`` on each, through the one measurement loop
+(eval.runner.run_interleaved), and both sides' numbers are read from its records the same way.
 
 Both rates are all generated tokens over summed cycle seconds (the quantity the environments reward;
 prefill excluded). The measured rate includes the controller's decision time (the loop charges it to
@@ -31,30 +35,30 @@ from pathlib import Path
 from learn2draft.cli import HelpFormatter, add_device_args, add_profile_arg, comma_items, plain_doc, run_cli
 
 
-def replay_envs(traces, profile, controllers: dict) -> dict:
-    """The replay environments :func:`sim_vs_real` scores the controllers in, one per ``max_depth`` (a controller's
-    depth-feature scale, else the traces'), built as ``python -m eval.oracle`` builds its own: the profile is checked
-    against the traces there (costs for their drafter, a verify table deep enough), without any model.
+def replay_backends(traces, profile, controllers: dict) -> dict:
+    """The replay backends :func:`sim_vs_real` predicts with, one per ``max_depth`` (a controller's depth-feature
+    scale, else the traces'): the profile is checked against the traces there (costs for their drafter, a verify
+    table deep enough), without any model.
 
     Returns:
-        ``{max_depth: envs.replay.SpecDecodeReplayEnv}``.
+        ``{max_depth: learn2draft.replay.backend.ReplayDecoder}``.
 
     Raises:
         ValueError: the profile lacks the traces' drafter, its verify table is too small, or a ``max_depth`` exceeds
             the traces'.
     """
-    from envs.replay import SpecDecodeReplayEnv
+    from learn2draft.replay.backend import ReplayDecoder
 
-    envs = {}
+    backends = {}
     for ctrl in controllers.values():
         md = ctrl.depth_feature_scale or traces.max_depth
-        if md not in envs:
-            envs[md] = SpecDecodeReplayEnv(traces, profile, max_depth=md)
-    return envs
+        if md not in backends:
+            backends[md] = ReplayDecoder(traces, profile, max_depth=md)
+    return backends
 
 
 def sim_vs_real(pair, traces, profile, controllers: dict, drafter=None, repeats: int = 1, seed: int = 0,
-                progress=None, envs: dict | None = None) -> dict:
+                progress=None, backends: dict | None = None) -> dict:
     """Predicted (replay) and measured (real loop) tokens/s of each controller on the traces' prompts.
 
     Args:
@@ -66,7 +70,7 @@ def sim_vs_real(pair, traces, profile, controllers: dict, drafter=None, repeats:
         repeats: real generations per prompt (the replay at T > 0 uses 20 per prompt).
         seed: the sampling seed of the i-th replayed prompt in repeat k is ``seed + 1000·k + i``; the real runs go
             through :func:`eval.runner.run_interleaved` (the one measurement loop: rotated method order).
-        envs: the replay environments of :func:`replay_envs` (built here when None).
+        backends: the replay backends of :func:`replay_backends` (built here when None).
 
     Returns:
         ``{"methods": {name: {"predicted_tokens_per_s", "measured_tokens_per_s", "error", "measured_wall_tokens_per_s",
@@ -76,7 +80,6 @@ def sim_vs_real(pair, traces, profile, controllers: dict, drafter=None, repeats:
     """
     import torch
 
-    from envs.replay import replay_controller
     from eval.runner import DecoderMethod, run_interleaved
     from learn2draft.drafters import make_drafter
     from learn2draft.replay.outcome import tokens_per_second
@@ -91,28 +94,33 @@ def sim_vs_real(pair, traces, profile, controllers: dict, drafter=None, repeats:
         def drafter():
             return make_drafter(traces.drafter, pair, head=head, min_ngram=min_ngram)
 
-    envs = replay_envs(traces, profile, controllers) if envs is None else envs
-    methods, runners = {}, []
+    backends = replay_backends(traces, profile, controllers) if backends is None else backends
+    methods, runners, replays = {}, [], []
     for name, ctrl in controllers.items():
         md = ctrl.depth_feature_scale or traces.max_depth
-        env = envs[md]
-        pred = replay_controller(env, ctrl, repeats=1 if env.deterministic else 20, seed=seed)
-        methods[name] = {"predicted_tokens_per_s": pred["tokens_per_s"], "predicted_mean_depth": pred["mean_depth"],
-                         "predicted_mean_accepted": pred["mean_accepted"], "max_depth": md}
+        methods[name] = {"max_depth": md}
+        replays.append(DecoderMethod(name, None, ctrl, sampling, traces.max_new_tokens, decoder=backends[md]))
         runners.append(DecoderMethod(name, pair, ctrl, sampling, traces.max_new_tokens, drafter=drafter()))
-    idx = list(next(iter(envs.values()))._usable)
+    idx = next(iter(backends.values())).usable()
     prompts = [torch.as_tensor(traces.prompts[i].prompt_ids) for i in idx]
+    # predicted: the same runs on the replay backend (T > 0: 20 acceptance draws per prompt)
+    predicted = run_interleaved(replays, prompts, 1 if traces.deterministic else 20, seed=seed, progress=False)
     runners[0].run(prompts[0], seed=seed)  # warm-up: the first forwards allocate
     records = run_interleaved(runners, prompts, repeats, seed=seed, desc="sim vs real", progress=progress is not None)
+
+    def rates(rs, key: str) -> dict:
+        cycles = sum(r.cycles for r in rs)
+        return {f"{key}_tokens_per_s": tokens_per_second(sum(r.new_tokens for r in rs), sum(r.cycle_seconds for r in rs)),
+                f"{key}_mean_depth": sum(r.drafted for r in rs) / cycles if cycles else 0.0,
+                f"{key}_mean_accepted": sum(r.accepted for r in rs) / cycles if cycles else 0.0}
+
     mismatches = 0
     for n, m in methods.items():
         rs = [r for r in records if r.method == n]
-        cycles = sum(r.cycles for r in rs)
-        tokens = sum(r.new_tokens for r in rs)
-        m["measured_tokens_per_s"] = tokens_per_second(tokens, sum(r.cycle_seconds for r in rs))
-        m["measured_wall_tokens_per_s"] = tokens_per_second(tokens, sum(r.wall_seconds for r in rs))
-        m["measured_mean_depth"] = sum(r.drafted for r in rs) / cycles if cycles else 0.0
-        m["measured_mean_accepted"] = sum(r.accepted for r in rs) / cycles if cycles else 0.0
+        m.update(rates([r for r in predicted if r.method == n], "predicted"))
+        m.update(rates(rs, "measured"))
+        m["measured_wall_tokens_per_s"] = tokens_per_second(sum(r.new_tokens for r in rs),
+                                                            sum(r.wall_seconds for r in rs))
         m["error"] = m["predicted_tokens_per_s"] / m["measured_tokens_per_s"] - 1 if m["measured_tokens_per_s"] else None
         if traces.deterministic:
             mismatches += sum(r.tokens != traces.prompts[idx[r.prompt_index]].output[: traces.max_new_tokens].tolist()
@@ -202,7 +210,7 @@ def _run(args) -> int:
         controllers[Path(p).name or str(p)] = load_policy(export, profile=profile)
     if not controllers:
         raise ValueError("Nothing to measure: pass --policy and/or --gammas.")
-    envs = replay_envs(traces, profile, controllers)  # the profile checked against the traces before the models load
+    backends = replay_backends(traces, profile, controllers)  # the profile checked against the traces before the models load
     threads = set_threads(args)
     device = resolve_device(args.device)
     t0 = time.perf_counter()
@@ -211,7 +219,7 @@ def _run(args) -> int:
                                    target=target, draft=draft, drafter=traces.drafter)
     pair = load_models(settings, traces.drafter, progress=stderr_line)
     rep = sim_vs_real(pair, traces, profile, controllers, repeats=args.repeats, seed=args.seed,
-                      progress=lambda m: print(m, file=sys.stderr), envs=envs)
+                      progress=lambda m: print(m, file=sys.stderr), backends=backends)
     rep["seconds"] = round(time.perf_counter() - t0, 1)
     print(format_table(rep))
     if args.json:
@@ -220,7 +228,7 @@ def _run(args) -> int:
     return 0
 
 
-__all__ = ["build_parser", "format_table", "main", "replay_envs", "sim_vs_real"]
+__all__ = ["build_parser", "format_table", "main", "replay_backends", "sim_vs_real"]
 
 
 if __name__ == "__main__":

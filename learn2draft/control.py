@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from learn2draft.metrics import CycleResult, GenerationResult
 from learn2draft.names import DECODER_MAX_DEPTH
 
 if TYPE_CHECKING:
@@ -325,8 +326,160 @@ def as_size(value: Any) -> int:
     return int(v)
 
 
+class CycleDriver:
+    """How a controller drives a cycle, once for every backend: the real decoder
+    (:class:`learn2draft.decoding.SpeculativeDecoder`, its tree subclass) and the replay backend
+    (:class:`learn2draft.replay.backend.ReplayDecoder`, no model: a trace and a latency profile). A backend keeps its
+    own state and cycle parts; this class asks the controller and applies its answers, so a controller, an
+    environment (:mod:`envs.spec_decode`) or a comparison (:mod:`eval.simreal`) drives both through the same calls.
+
+    What a backend provides:
+
+    * ``clock`` (``now()``: seconds; the replay's advances by the replayed seconds) and ``_cycle_other`` (float
+      seconds, the cycle's time outside the forwards, to which decisions are charged);
+    * ``_hybrid`` (a hybrid drafter: a CONTINUE's source is selected with ``drafter.select``), ``shape``
+      (``"chain"`` or ``"tree"``), ``max_depth``, ``prompt_len``, ``finished``, ``depth`` (tokens drafted this
+      cycle) and ``ids`` (the committed prompt + generated ids, sliceable, with ``tolist()``);
+    * ``start(prompt_ids, seed)``, ``can_draft()``, ``draft_step()``, ``verify(verify_size)`` →
+      :class:`learn2draft.metrics.CycleResult`, ``state()`` → :class:`learn2draft.state.DraftState`,
+      ``size_features()`` and ``target_dtype`` (the precision a policy is checked against; None: none).
+    """
+
+    def add_other_seconds(self, seconds: float) -> None:
+        """Charge time spent outside the decoder (e.g. a controller's decision) to the current cycle."""
+        self._cycle_other += seconds
+
+    # ----------------------------------------------------------------- decisions
+    def decide(self, controller: DraftController) -> int:
+        """Ask ``controller`` STOP or CONTINUE on ``state()`` (:meth:`DraftController.decide`; a rule reads its
+        fields, a learned policy builds :meth:`~learn2draft.state.DraftState.features` from it), its time charged to
+        the cycle — building the state included; returns the action (:func:`as_action`: 0 STOP, 1 CONTINUE — with
+        lookup on a hybrid drafter — or 2 CONTINUE with a hybrid's neural drafter), truthy when drafting goes on.
+
+        Raises:
+            ValueError: the controller returned something else.
+        """
+        t0 = self.clock.now()
+        action = as_action(controller.decide(self.state()))
+        self._cycle_other += self.clock.now() - t0
+        return action
+
+    def _choose(self, action: int) -> bool:
+        """Apply a CONTINUE's source (a hybrid drafter: 1 lookup, 2 neural; one drafter: any CONTINUE) before the
+        draw; returns whether the action drafts."""
+        if action and self._hybrid:
+            self.drafter.select(action - 1)
+        return bool(action)
+
+    def decide_size(self, decider: SizeDecider | None) -> int | None:
+        """A tree's verification size V from ``decider(size_features, depth)``, its time charged to the
+        cycle; None (the decoder's default) without a decider or for a chain, which verifies every token.
+
+        Raises:
+            ValueError: the decider did not return one integer ≥ 0.
+        """
+        if decider is None or self.shape == "chain":
+            return None
+        t0 = self.clock.now()
+        v = as_size(decider(self.size_features(), self.depth))
+        self._cycle_other += self.clock.now() - t0
+        return v
+
+    # ----------------------------------------------------------------- driving
+    def step(self, draft_more: bool, size: SizeDecider | None = None) -> CycleResult | None:
+        """Apply one depth decision: draft one more token (``draft_more`` and ``can_draft()``), or verify.
+
+        When a drafted token reaches the cycle's limit (depth limit, or no further proposal from
+        the drafter), verification happens in the same call. The gymnasium environments drive the
+        cycle through this step, one agent decision per call.
+
+        Args:
+            draft_more: CONTINUE (True / 1; with lookup on a hybrid drafter), CONTINUE with a hybrid's neural
+                drafter (2), or STOP (False / 0).
+            size: a tree's size decider, asked when this call verifies (None: the decoder's ``verify_size``).
+
+        Returns:
+            the :class:`~learn2draft.metrics.CycleResult` when this call verified, else None.
+
+        Raises:
+            RuntimeError: not started or finished.
+        """
+        if self._choose(as_action(draft_more)) and self.can_draft():
+            self.draft_step()
+            if self.can_draft():
+                return None
+        return self.verify(self.decide_size(size))
+
+    def draft(self, controller: DraftController, min_depth: int = 0) -> None:
+        """The drafting half of a cycle: draft while the controller says CONTINUE, up to the decoder's and
+        the controller's ``max_depth`` and while the drafter has proposals. The first ``min_depth`` steps
+        are drafted without asking (a size decision needs a tree). Decision times are charged to the cycle."""
+        while self.wants_draft(controller, min_depth):
+            self.draft_step()
+
+    def wants_draft(self, controller: DraftController, min_depth: int = 0) -> bool:
+        """Whether the cycle drafts one more token now: :func:`keeps_drafting` (the one depth rule) on this
+        decoder's depth and ``can_draft()``, asking ``controller`` (its time charged to the cycle) only when the rule
+        needs its answer; a hybrid's CONTINUE selects its source."""
+        return keeps_drafting(controller, self.depth, self.can_draft, lambda: self._choose(self.decide(controller)),
+                              min_depth)
+
+    def run_cycle(self, controller: DraftController) -> CycleResult:
+        """One whole cycle under ``controller``: :meth:`draft`, then the size decision when the controller
+        makes one (a tree controller), then ``verify``; returns its :class:`~learn2draft.metrics.CycleResult`."""
+        self.draft(controller)
+        size = controller.verification_size if decides_verification_size(controller) else None
+        return self.verify(self.decide_size(size))
+
+    def generate(self, prompt_ids, controller: DraftController, seed: int | None = None,
+                 on_tokens: Callable[[list[int], CycleResult | None], bool | None] | None = None) -> GenerationResult:
+        """Generate up to ``max_new_tokens`` after ``prompt_ids`` (int64 (L,) or (1, L)); stop at EOS
+        (emitted, nothing after).
+
+        The wall clock (``clock``) covers prefill, every cycle and the controller's decisions; TTFT is the
+        prefill (on the real decoder one target forward over the prompt and the first token's draw; in replay 0).
+
+        Args:
+            on_tokens: called as tokens are committed, for streaming: ``on_tokens(tokens, None)``
+                with the first token after the prefill, then ``on_tokens(cycle.tokens, cycle)``
+                after every cycle. Returning True stops the generation there (e.g. a stop string
+                was seen); its time is charged to the wall clock.
+
+        Returns:
+            a :class:`learn2draft.metrics.GenerationResult`.
+
+        Raises:
+            ValueError: ``controller`` reads the depth features on the scale of a ``max_depth``
+                (its ``depth_feature_scale``, e.g. a trained policy's) other than this decoder's.
+
+        Warns:
+            PrecisionMismatchWarning: ``controller`` was trained in another precision than the target runs in
+                (once per policy: :func:`warn_precision_mismatch`).
+        """
+        check_depth_feature_scale(controller, self.max_depth)
+        if self.target_dtype is not None:
+            warn_precision_mismatch(controller, self.target_dtype)  # once per policy, not per generation
+        controller.reset()
+        t0 = self.clock.now()
+        self.start(prompt_ids, seed)
+        ttft = self.clock.now() - t0
+        cycles = []
+        stop = bool(on_tokens and on_tokens(self.ids[self.prompt_len :].tolist(), None))
+        while not self.finished and not stop:
+            cycles.append(self.run_cycle(controller))
+            stop = bool(on_tokens and on_tokens(cycles[-1].tokens, cycles[-1]))
+        wall = self.clock.now() - t0
+        return GenerationResult(
+            prompt_ids=self.ids[: self.prompt_len].tolist(),
+            tokens=self.ids[self.prompt_len :].tolist(),
+            cycles=cycles,
+            wall_seconds=wall,
+            ttft_seconds=ttft,
+        )
+
+
 __all__ = [
-    "ACTION_MEANINGS", "CONTINUE", "CONTINUE_LOOKUP", "CONTINUE_NEURAL", "HYBRID_ACTION_MEANINGS", "STOP", "as_action", "DraftController", "PrecisionMismatchWarning", "precision_mismatch", "warn_precision_mismatch", "FixedDepthController", "FixedTreeController",
+    "ACTION_MEANINGS", "CONTINUE", "CONTINUE_LOOKUP", "CycleDriver", "CONTINUE_NEURAL", "HYBRID_ACTION_MEANINGS", "STOP", "as_action", "DraftController", "PrecisionMismatchWarning", "precision_mismatch", "warn_precision_mismatch", "FixedDepthController", "FixedTreeController",
     "SizeDecider", "as_size", "check_depth_feature_scale", "decides_verification_size", "keeps_drafting",
     "size_decider",
 ]

@@ -18,12 +18,12 @@ One *cycle*:
 4. the target's KV cache is rolled back to the committed length (a batch cache row: its length set; a
    ``DynamicCache``: cropped) and the drafter rolled back.
 
-The cycle exists once, here: :meth:`SpeculativeDecoder.draft` (the drafting loop: ask the
-controller, :meth:`~SpeculativeDecoder.draft_step`, repeat), the size decision
-(:meth:`~SpeculativeDecoder.decide_size`) and :meth:`~SpeculativeDecoder.verify` (prepare, one
-target forward, accept, commit, roll back, time). :meth:`~SpeculativeDecoder.run_cycle` (deployment,
-evaluation, trace recording) chains them; :meth:`~SpeculativeDecoder.step` applies one agent
-decision for the gymnasium environments (:mod:`envs`). A trace recorder plugs in through the
+The cycle exists once, here: :meth:`~SpeculativeDecoder.draft_step` and :meth:`~SpeculativeDecoder.verify`
+(prepare, one target forward, accept, commit, roll back, time). How a controller drives them — the drafting loop
+(ask the controller, draft, repeat), the size decision, :meth:`~SpeculativeDecoder.run_cycle` (deployment,
+evaluation, trace recording), :meth:`~SpeculativeDecoder.step` (one agent decision, for the gymnasium environments,
+:mod:`envs`) and :meth:`~SpeculativeDecoder.generate` — is :class:`learn2draft.control.CycleDriver`, which the
+replay backend (:class:`learn2draft.replay.backend.ReplayDecoder`: a trace and a latency profile, no model) shares. A trace recorder plugs in through the
 ``sampler`` hook. Controllers and actions: :mod:`learn2draft.control`; what a policy sees:
 :class:`learn2draft.state.DraftState`.
 
@@ -50,22 +50,12 @@ import torch
 from transformers import DynamicCache
 
 from learn2draft.batch_cache import BatchCache, is_supported
-from learn2draft.control import (
-    DraftController,
-    FixedDepthController,
-    SizeDecider,
-    as_action,
-    as_size,
-    check_depth_feature_scale,
-    decides_verification_size,
-    keeps_drafting,
-    warn_precision_mismatch,
-)
+from learn2draft.control import CycleDriver, DraftController, FixedDepthController
 from learn2draft.drafters.base import Drafter, raw_distribution_stats
 from learn2draft.drafters.hybrid import NEURAL_SOURCE, HybridDrafter
 from learn2draft.drafters.model import ModelDrafter
 from learn2draft.features import build_hybrid_features
-from learn2draft.metrics import CycleResult, GenerationResult
+from learn2draft.metrics import CycleResult
 from learn2draft.models import ModelPair, check_prompt_ids
 from learn2draft.names import DECODER_MAX_DEPTH
 from learn2draft.sampling import SamplingConfig, sample_from, speculative_sample
@@ -87,14 +77,14 @@ def check_decoder_settings(max_new_tokens: int, max_depth: int) -> None:
         raise ValueError(f"max_depth must be ≥ 0, got {max_depth}.")
 
 
-class SpeculativeDecoder:
+class SpeculativeDecoder(CycleDriver):
     """Speculative decoding of one sequence (batch size 1): a target (from a :class:`ModelPair`)
     and a :class:`~learn2draft.drafters.Drafter`. This class is THE cycle: a chain here, a draft
     tree in :class:`learn2draft.tree.TreeSpeculativeDecoder`, which overrides only the shape's
     parts (:meth:`draft_step`, :meth:`depth`, :meth:`_prepare_verification`,
-    :meth:`_verification_forward`, :meth:`_accept`, :meth:`_rollback`); the decisions, the control
-    loop (:meth:`draft`), the per-decision :meth:`step`, the verification tail and the timing live
-    here once.
+    :meth:`_verification_forward`, :meth:`_accept`, :meth:`_rollback`); the verification tail and the timing
+    live here once, and the decisions' loop (:meth:`draft`, :meth:`step`, :meth:`run_cycle`, :meth:`generate`) is
+    :class:`learn2draft.control.CycleDriver`'s, shared with the replay backend.
 
     Args:
         pair: the models; ``pair.target`` verifies, ``pair.draft`` drafts unless ``drafter`` is given.
@@ -552,139 +542,10 @@ class SpeculativeDecoder:
         if self.finished:
             raise RuntimeError("Generation finished (EOS or max_new_tokens): call start() for a new prompt.")
 
-    def add_other_seconds(self, seconds: float) -> None:
-        """Charge time spent outside the decoder (e.g. a controller's decision) to the current cycle."""
-        self._cycle_other += seconds
-
-    # ----------------------------------------------------------------- decisions
-    def decide(self, controller: DraftController) -> int:
-        """Ask ``controller`` STOP or CONTINUE on :meth:`state` (:meth:`DraftController.decide`; a rule reads its
-        fields, a learned policy builds :meth:`DraftState.features` from it), its time charged to the cycle —
-        building the state included; returns the action
-        (:func:`learn2draft.control.as_action`: 0 STOP, 1 CONTINUE — with lookup on a hybrid drafter — or 2 CONTINUE
-        with a hybrid's neural drafter), truthy when drafting goes on.
-
-        Raises:
-            ValueError: the controller returned something else.
-        """
-        t0 = self.clock.now()
-        action = as_action(controller.decide(self.state()))
-        self._cycle_other += self.clock.now() - t0
-        return action
-
-    def _choose(self, action: int) -> bool:
-        """Apply a CONTINUE's source (a hybrid drafter: 1 lookup, 2 neural; one drafter: any CONTINUE) before the
-        draw; returns whether the action drafts."""
-        if action and self._hybrid:
-            self.drafter.select(action - 1)
-        return bool(action)
-
-    def decide_size(self, decider: SizeDecider | None) -> int | None:
-        """A tree's verification size V from ``decider(size_features, depth)``, its time charged to the
-        cycle; None (the decoder's default) without a decider or for a chain, which verifies every token.
-
-        Raises:
-            ValueError: the decider did not return one integer ≥ 0.
-        """
-        if decider is None or self.shape == "chain":
-            return None
-        t0 = self.clock.now()
-        v = as_size(decider(self.size_features(), self.depth))
-        self._cycle_other += self.clock.now() - t0
-        return v
-
-    # ----------------------------------------------------------------- driving
-    def step(self, draft_more: bool, size: SizeDecider | None = None) -> CycleResult | None:
-        """Apply one depth decision: draft one more token (``draft_more`` and :meth:`can_draft`), or verify.
-
-        When a drafted token reaches the cycle's limit (depth limit, or no further proposal from
-        the drafter), verification happens in the same call. The gymnasium environments drive the
-        cycle through this step, one agent decision per call.
-
-        Args:
-            draft_more: CONTINUE (True / 1; with lookup on a hybrid drafter), CONTINUE with a hybrid's neural
-                drafter (2), or STOP (False / 0).
-            size: a tree's size decider, asked when this call verifies (None: the decoder's ``verify_size``).
-
-        Returns:
-            the :class:`~learn2draft.metrics.CycleResult` when this call verified, else None.
-
-        Raises:
-            RuntimeError: not started or finished.
-        """
-        if self._choose(as_action(draft_more)) and self.can_draft():
-            self.draft_step()
-            if self.can_draft():
-                return None
-        return self.verify(self.decide_size(size))
-
-    def draft(self, controller: DraftController, min_depth: int = 0) -> None:
-        """The drafting half of a cycle: draft while the controller says CONTINUE, up to the decoder's and
-        the controller's ``max_depth`` and while the drafter has proposals. The first ``min_depth`` steps
-        are drafted without asking (a size decision needs a tree). Decision times are charged to the cycle."""
-        while self.wants_draft(controller, min_depth):
-            self.draft_step()
-
-    def wants_draft(self, controller: DraftController, min_depth: int = 0) -> bool:
-        """Whether the cycle drafts one more token now: :func:`learn2draft.control.keeps_drafting` (the one depth
-        rule) on this decoder's depth and :meth:`can_draft`, asking ``controller`` (its time charged to the cycle)
-        only when the rule needs its answer; a hybrid's CONTINUE selects its source."""
-        return keeps_drafting(controller, self.depth, self.can_draft, lambda: self._choose(self.decide(controller)),
-                              min_depth)
-
-    def run_cycle(self, controller: DraftController) -> CycleResult:
-        """One whole cycle under ``controller``: :meth:`draft`, then the size decision when the controller
-        makes one (a tree controller), then :meth:`verify`."""
-        self.draft(controller)
-        size = controller.verification_size if decides_verification_size(controller) else None
-        return self.verify(self.decide_size(size))
-
-    def generate(
-        self,
-        prompt_ids: torch.Tensor,
-        controller: DraftController,
-        seed: int | None = None,
-        on_tokens: Callable[[list[int], CycleResult | None], bool | None] | None = None,
-    ) -> GenerationResult:
-        """Generate up to ``max_new_tokens`` after ``prompt_ids`` (int64 (L,) or (1, L)); stop at EOS
-        (emitted, nothing after).
-
-        The wall clock covers prefill, every cycle and the controller's decisions; TTFT is the
-        prefill (one target forward over the prompt and the first token's draw).
-
-        Args:
-            on_tokens: called as tokens are committed, for streaming: ``on_tokens(tokens, None)``
-                with the first token after the prefill, then ``on_tokens(cycle.tokens, cycle)``
-                after every cycle. Returning True stops the generation there (e.g. a stop string
-                was seen); its time is charged to the wall clock.
-
-        Raises:
-            ValueError: ``controller`` reads the depth features on the scale of a ``max_depth``
-                (its ``depth_feature_scale``, e.g. a trained policy's) other than this decoder's.
-
-        Warns:
-            PrecisionMismatchWarning: ``controller`` was trained in another precision than the target runs in
-                (once per policy: :func:`learn2draft.control.warn_precision_mismatch`).
-        """
-        check_depth_feature_scale(controller, self.max_depth)
-        warn_precision_mismatch(controller, self.pair.target.dtype)  # once per policy, not per generation
-        controller.reset()
-        t0 = self.clock.now()
-        self.start(prompt_ids, seed)
-        ttft = self.clock.now() - t0
-        cycles = []
-        stop = bool(on_tokens and on_tokens(self.ids[self.prompt_len :].tolist(), None))
-        while not self.finished and not stop:
-            cycles.append(self.run_cycle(controller))
-            stop = bool(on_tokens and on_tokens(cycles[-1].tokens, cycles[-1]))
-        wall = self.clock.now() - t0
-        return GenerationResult(
-            prompt_ids=self.ids[: self.prompt_len].tolist(),
-            tokens=self.ids[self.prompt_len :].tolist(),
-            cycles=cycles,
-            wall_seconds=wall,
-            ttft_seconds=ttft,
-        )
+    @property
+    def target_dtype(self):
+        """The target's precision (a ``torch.dtype``), which :meth:`generate` checks a trained policy against."""
+        return self.pair.target.dtype
 
 
 __all__ = ["DraftController", "FixedDepthController", "SpeculativeDecoder"]

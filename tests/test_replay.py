@@ -24,6 +24,7 @@ from learn2draft import FixedDepthController, SpeculativeDecoder, build_features
 from learn2draft.control import DraftController
 from learn2draft.drafters import make_drafter
 from learn2draft.models import make_pair
+from learn2draft.replay.backend import ReplayDecoder
 from learn2draft.replay.latency import SHIPPED_PROFILES_DIR, DrafterCost, LatencyProfile, load_profile
 from learn2draft.replay.traces import TraceSet, load_traces
 from learn2draft.sampling import SamplingConfig
@@ -155,7 +156,7 @@ def test_fast_observation_equals_build_features(pairs):
         obs, _ = env.reset(options={"prompt_index": i})
         pt, hist, laf = tr.prompts[i], [], 1.0
         while True:
-            t, j = env._t, env.depth
+            t, j = env.decoder.generated, env.depth
             ref = build_features(pt.prompt_len + t + j, j, 3, hist, pt.confidence[t, :j].tolist(),
                                  pt.entropy[t, j - 1] if j else 0.0, int(tr.header["vocab_size"]), laf, t, 12,
                                  pt.drafter_features[t, j])
@@ -209,6 +210,72 @@ def test_a_rule_decides_in_replay_as_on_the_real_loop(pairs, drafter, make):
         assert rep.log == real.log, i
         actions |= {a for *_, a in real.log}
     assert actions == {True, False}  # the rule both continued and stopped
+
+
+# ------------------------------------------------------------------ the replay backend = the real decoder's API
+@pytest.mark.parametrize("drafter,make,accepts", [
+    ("model", lambda: FixedDepthController(3), True),
+    ("lookup", lambda: MatchLengthController(max_depth=D), True),
+    ("head", lambda: ConfidenceThresholdController(threshold=0.6, max_depth=D, min_depth=1), False),
+], ids=["fixed-model", "match-length-lookup", "confidence-head"])
+def test_the_replay_backend_generates_as_the_real_decoder(pairs, drafter, make, accepts):
+    """Two backends of one interface: the same ``generate(prompt_ids, controller)`` call on the real decoder and on
+    the replay backend (float64 models, T = 0) commits the same tokens in the same cycles — each cycle's depth, τ,
+    tokens and finished flag equal — and the replay's wall seconds are its cycles' profile seconds (the profile's
+    formula by hand, to 1e-12; its TTFT is 0: the replay has no prefill)."""
+    pair, tr = pairs["noisy64"], traces_for(pairs, "noisy64", drafter)
+    rep = ReplayDecoder(tr, linear_profile())
+    cycles = accepted = drafted = 0
+    for i, pt in enumerate(tr.prompts):
+        if i not in rep.usable():
+            continue
+        dec = SpeculativeDecoder(pair, max_new_tokens=N, max_depth=D, drafter=drafter_for(drafter, pair))
+        real = dec.generate(torch.as_tensor(pt.prompt_ids), make(), seed=i)
+        replayed = rep.generate(torch.as_tensor(pt.prompt_ids), make(), seed=i)
+        assert replayed.tokens == real.tokens == pt.output.tolist()
+        assert replayed.prompt_ids == real.prompt_ids
+        shape = [[(c.depth, c.num_accepted, c.tokens, c.finished) for c in g.cycles] for g in (real, replayed)]
+        assert shape[0] == shape[1], i
+        t, by_hand = 1, 0.0
+        for c in replayed.cycles:
+            by_hand += direct_seconds(c.depth, pt.prompt_len + t)
+            t += len(c.tokens)
+        assert replayed.wall_seconds == pytest.approx(by_hand, rel=1e-12) and replayed.ttft_seconds == 0.0
+        cycles += len(real.cycles)
+        accepted += sum(c.num_accepted for c in real.cycles)
+        drafted += sum(c.depth for c in real.cycles)
+    assert cycles > 10 and drafted > 0 and (accepted > 0 or not accepts)  # the tiny random head: rarely accepted
+
+
+def test_the_replay_backend_refuses_what_it_cannot_replay(pairs):
+    """A prompt that is not among the traces', an index or profile out of range, drafting past the recorded chain,
+    a chain's verify_size other than its depth, and calls before start or after the end are one clear error each."""
+    tr = traces_for(pairs, "noisy", "model")
+    rep = ReplayDecoder(tr, linear_profile())
+    with pytest.raises(RuntimeError, match="start"):
+        rep.verify()
+    with pytest.raises(ValueError, match="not among the traces' 5 prompts"):
+        rep.start(torch.tensor([1, 2, 3, 4, 5, 6, 7]))
+    with pytest.raises(ValueError, match="prompt index must be in \\[0, 5\\)"):
+        rep.start(5)
+    with pytest.raises(ValueError, match="profile_index must be an integer in \\[0, 1\\)"):
+        rep.start(0, profile_index=1)
+    i = next(i for i in rep.usable() if rep.replay_data(i).avail[1] >= 1)
+    rep.start(tr.prompts[i].prompt_ids)
+    assert rep.prompt_index == i and rep.generated == 1 and rep.ids.tolist() == (
+        tr.prompts[i].prompt_ids.tolist() + tr.prompts[i].output[:1].tolist())
+    while rep.can_draft():
+        rep.draft_step()
+    with pytest.raises(RuntimeError, match="No further draft"):
+        rep.draft_step()
+    with pytest.raises(ValueError, match="verify_size must be"):
+        rep.verify(rep.depth + 1)
+    while not rep.finished:
+        rep.verify()
+    with pytest.raises(RuntimeError, match="finished"):
+        rep.verify()
+    with pytest.raises(ValueError, match="max_depth must be an integer in \\[0, 4\\]"):
+        ReplayDecoder(tr, linear_profile(), max_depth=5)
 
 
 # ------------------------------------------------------------------ rewards
@@ -350,7 +417,7 @@ def brute_force_seconds(env: SpecDecodeReplayEnv, index: int) -> float:
         total, k, done = 0.0, 0, False
         while not done:
             if k >= len(depths):
-                return None, env._t  # needs a longer sequence
+                return None, env.decoder.generated  # needs a longer sequence
             info = {"verified": False}
             for _ in range(depths[k]):
                 _, _, _, _, info = env.step(CONTINUE)

@@ -6,9 +6,12 @@
 * :mod:`.latency` — latency profiles (:class:`~.latency.LatencyProfile`): what each part of a cycle
   costs on one machine, with the shipped profiles in ``profiles/`` (``cpu-2core``, ``gpu-like``);
 * :mod:`.outcome` — the outcome model: given a trace prompt, a profile and a decision, a cycle's
-  accepted length τ, tokens emitted and seconds; and the tokens/s aggregate of replayed generations.
+  accepted length τ, tokens emitted and seconds; and the tokens/s aggregate of replayed generations;
+* :mod:`.backend` — the replay backend (:class:`~.backend.ReplayDecoder`): a chain decoder with the real decoder's
+  API (``start``, ``step``, ``run_cycle``, ``generate``, …) whose cycles come from :mod:`.outcome`.
 
-The replay environment (:mod:`envs.replay`), the oracle (:mod:`eval.oracle`) and sim-vs-real
-(:mod:`eval.simreal`) all score cycles through :mod:`.outcome`. Nothing here imports torch,
+The replay environment (:mod:`envs.replay`, the one depth environment over the backend), the oracle
+(:mod:`eval.oracle`) and sim-vs-real (:mod:`eval.simreal`, the same runs on the two backends) all score cycles
+through :mod:`.outcome`. Nothing here imports torch,
 transformers or anything above the engine (recording traces does: :mod:`learn2draft.traces`).
 """

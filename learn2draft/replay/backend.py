@@ -1,0 +1,322 @@
+"""The replay backend: a chain decoder with the real decoder's API, whose cycles come from a trace and a profile.
+
+:class:`ReplayDecoder` is driven by the same calls as :class:`learn2draft.decoding.SpeculativeDecoder` — ``start``,
+``can_draft``, ``draft_step``, ``verify``, ``state`` / ``features``, and the controller's loop they share,
+:class:`learn2draft.control.CycleDriver` (``step``, ``draft``, ``run_cycle``, ``generate``) — but runs no model:
+
+* what the drafter and the target agree on comes from a recorded trace (:mod:`learn2draft.replay.traces`): the chain
+  available at every position, its draft-side features, each drafted token's acceptance probability;
+* what a cycle costs comes from a latency profile (:mod:`learn2draft.replay.latency`); a cycle at position t that
+  verifies j drafted tokens has the outcome of the one outcome model, :meth:`learn2draft.replay.outcome.ChainReplay.cycle`
+  (τ; τ + 1 tokens emitted, fewer at EOS or ``max_new_tokens``; the profile's seconds), and :attr:`ReplayDecoder.clock`
+  advances by those seconds, so ``generate()``'s wall seconds are the replayed cycles' (the prefill and a controller's
+  own decision time are not in the replay: 0).
+
+So one environment (:class:`envs.spec_decode.DepthEnv`) serves the real loop and the replay, and sim-vs-real
+(:mod:`eval.simreal`) compares two backends of one interface: the same controller, the same ``generate`` call.
+
+At temperature 0 a replayed generation commits the recorded tokens, and its cycles' depths and τ are the real
+loop's for the same decisions (tested against the real decoder); at T > 0 τ is drawn from the recorded acceptance
+probabilities with the generator given at :meth:`ReplayDecoder.start` and the replay follows the recorded trajectory
+(see :mod:`learn2draft.replay.traces` for what that approximates).
+
+Numpy only.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from learn2draft.control import CycleDriver
+from learn2draft.features import FEATURE_NAMES, HISTORY, build_features
+from learn2draft.metrics import CycleResult
+from learn2draft.replay.latency import LatencyProfile, load_profiles
+from learn2draft.replay.outcome import ChainReplay, chain_replay, tokens_per_second
+from learn2draft.replay.traces import TraceSet, TreeTraceSet, load_traces
+from learn2draft.state import DraftState
+
+_HIST = np.asarray([FEATURE_NAMES.index(f"accepted_len_t-{i + 1}") for i in range(HISTORY)])
+_LAF = FEATURE_NAMES.index("last_accept_fraction")
+
+
+class ReplayClock:
+    """The replay's clock: :meth:`now` is the seconds replayed so far (every verified cycle's profile seconds), so a
+    caller that times the backend as it times the real decoder reads the replayed time."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def now(self) -> float:
+        return self.seconds
+
+
+class ReplayDecoder(CycleDriver):
+    """A chain decoder replayed from traces and latency profiles (see the module docstring).
+
+    Args:
+        traces: a :class:`learn2draft.replay.traces.TraceSet`, a trace file, or several (a list, or paths joined by
+            commas) recorded with the same settings (``python -m eval.record``).
+        profile: a :class:`learn2draft.replay.latency.LatencyProfile`, a profile file or a shipped profile's name, or
+            several (a list, or names joined by commas); each generation runs on the one :meth:`start` names.
+        max_new_tokens: tokens per generation, 2 ≤ it ≤ the traces' (None: the traces').
+        max_depth: the most tokens drafted per cycle and the scale of the depth features, ≤ the traces' (None: the
+            traces').
+
+    Attributes:
+        clock: a :class:`ReplayClock`.
+        prompt_index: the trace prompt of the current generation; ``profile_index`` its profile.
+
+    Raises:
+        ValueError: draft-tree traces, no profile, bad ``max_depth`` / ``max_new_tokens`` (the message says the
+            range), or a profile without the traces' drafter's costs or too small a verify table for ``max_depth``.
+        FileNotFoundError: a trace or profile file is missing.
+    """
+
+    shape = "chain"
+    _hybrid = False
+
+    def __init__(self, traces: TraceSet | str | Path | Sequence[str | Path],
+                 profile: LatencyProfile | str | Path | Sequence[LatencyProfile | str | Path] | None,
+                 max_new_tokens: int | None = None, max_depth: int | None = None):
+        if isinstance(traces, TreeTraceSet):
+            raise ValueError("The replay decoder replays chain traces; these are draft-tree traces (recorded with "
+                             "--tree): record chain traces without --tree (python -m eval.oracle reads tree traces).")
+        self.traces = tr = traces if isinstance(traces, TraceSet) else load_traces(traces)
+        if profile is None:
+            raise ValueError("profile is required: the latency profile(s) the replayed cycles cost (a file from "
+                             "`python -m eval.profile`, a shipped name such as 'cpu-2core' or 'gpu-like', or several).")
+        self.profiles = load_profiles(profile)
+        self.max_depth = tr.max_depth if max_depth is None else max_depth
+        self.max_new_tokens = tr.max_new_tokens if max_new_tokens is None else max_new_tokens
+        if not (isinstance(self.max_depth, int) and 0 <= self.max_depth <= tr.max_depth):
+            raise ValueError(f"max_depth must be an integer in [0, {tr.max_depth}] (the traces hold chains of up to "
+                             f"{tr.max_depth} tokens), got {max_depth!r}; record deeper traces for more.")
+        if not (isinstance(self.max_new_tokens, int) and 2 <= self.max_new_tokens <= tr.max_new_tokens):
+            raise ValueError(f"max_new_tokens must be an integer in [2, {tr.max_new_tokens}] (the traces' length), "
+                             f"got {max_new_tokens!r}.")
+        self.drafter_name = tr.drafter
+        for prof in self.profiles:
+            prof.cost(self.drafter_name)  # raises ValueError if the profile lacks the drafter
+            prof.verify(self.max_depth + 1, 0)  # raises ValueError if the verify table is too small
+        self.vocab_size = int(tr.header["vocab_size"])
+        self.deterministic = tr.deterministic
+        self.clock = ReplayClock()
+        self._index = {tuple(int(x) for x in pt.prompt_ids): i for i, pt in enumerate(tr.prompts)}
+        self._replays: dict[tuple[int, int], ChainReplay] = {}
+        self._observations: dict[int, np.ndarray] = {}
+        self._cycle_other = 0.0
+        self.prompt_index: int | None = None
+        self.profile_index = 0
+        self._started = False
+        self.finished = False
+
+    # ------------------------------------------------------------------ tables
+    def replay_data(self, index: int, profile_index: int | None = None) -> ChainReplay:
+        """The outcome model of trace prompt ``index`` with profile ``profile_index`` (default: the current
+        generation's): :func:`learn2draft.replay.outcome.chain_replay` at this decoder's ``max_depth`` and
+        ``max_new_tokens``, built on first use."""
+        k = self.profile_index if profile_index is None else int(profile_index)
+        r = self._replays.get((index, k))
+        if r is None:
+            r = self._replays[(index, k)] = chain_replay(self.traces.prompts[index], self.profiles[k],
+                                                         self.drafter_name, self.max_depth, self.max_new_tokens)
+        return r
+
+    def static_observations(self, index: int) -> np.ndarray:
+        """float32 (n+1, D+1, len(FEATURE_NAMES)): prompt ``index``'s observation at every (t, j) with an empty
+        history (:func:`learn2draft.features.build_features`; the history entries are filled in per step, so a step
+        costs a copy, not a feature build), built on first use."""
+        obs = self._observations.get(index)
+        if obs is None:
+            pt, avail = self.traces.prompts[index], self.replay_data(index).avail
+            D, N = self.max_depth, self.max_new_tokens
+            n = avail.shape[0] - 1
+            obs = np.zeros((n + 1, D + 1, len(FEATURE_NAMES)), dtype=np.float32)
+            for t in range(1, n + 1):
+                conf, ent = pt.confidence[t].tolist(), pt.entropy[t].tolist()
+                for j in range(int(avail[t]) + 1):
+                    obs[t, j] = build_features(
+                        context_len=pt.prompt_len + t + j, depth=j, max_depth=max(D, 1), accepted_history=[],
+                        confidences=conf[:j], last_entropy=ent[j - 1] if j else 0.0, vocab_size=self.vocab_size,
+                        last_accept_fraction=1.0, generated=t, max_new_tokens=N,
+                        drafter_features=pt.drafter_features[t, j])
+            self._observations[index] = obs
+        return obs
+
+    def usable(self, indices: Sequence[int] | None = None) -> list[int]:
+        """Of trace prompts ``indices`` (None: all), those whose replayed generation has a decision to make (it does
+        not end at its first token)."""
+        idx = range(len(self.traces)) if indices is None else indices
+        return [int(i) for i in idx if min(self.traces.prompts[int(i)].n, self.max_new_tokens) > 1]
+
+    def autoregressive_rate(self, profile_index: int = 0, indices: Sequence[int] | None = None) -> float:
+        """tokens/s of plain decoding (depth 0 every cycle) over the usable prompts of ``indices`` (None: all) with
+        profile ``profile_index``: all generated tokens (the prefill's first one included) over the summed cycle
+        seconds — the ``cycle_tokens_per_s`` that ``python -m train`` measures on the real loop for its reward
+        scale."""
+        tokens = seconds = 0.0
+        for i in self.usable(indices):
+            r = self.replay_data(i, profile_index)
+            tokens += r.n
+            seconds += float(r.total[1:r.n, 0].sum())
+        return tokens_per_second(tokens, seconds)
+
+    # ------------------------------------------------------------------ state
+    def start(self, prompt_ids, seed: int | None = None, *, profile_index: int | None = None,
+              rng: np.random.Generator | None = None) -> None:
+        """Start replaying the generation of a traced prompt: after it one token is generated (the recorded
+        prefill's), as after :meth:`SpeculativeDecoder.start`.
+
+        Args:
+            prompt_ids: the prompt's ids (int (L,) or (1, L), any array-like: one of the traces' prompts), or the
+                trace prompt's index (an int).
+            seed: seeds the T > 0 acceptance draws (ignored when ``rng`` is given; None: fresh entropy).
+            profile_index: which profile this generation runs on (None: the last one, at first 0).
+            rng: the generator of the T > 0 acceptance draws (e.g. an environment's ``np_random``).
+
+        Raises:
+            ValueError: a prompt that is not among the traces', an index or ``profile_index`` out of range.
+        """
+        if isinstance(prompt_ids, numbers.Integral) and not isinstance(prompt_ids, bool):
+            index = int(prompt_ids)
+            if not 0 <= index < len(self.traces):
+                raise ValueError(f"prompt index must be in [0, {len(self.traces)}) (the traces' prompts), got {index}.")
+        else:
+            key = tuple(int(x) for x in np.asarray(prompt_ids).reshape(-1))
+            if key not in self._index:
+                raise ValueError(f"This prompt ({len(key)} tokens) is not among the traces' {len(self.traces)} "
+                                 "prompts: the replay can only replay what was recorded (python -m eval.record).")
+            index = self._index[key]
+        if profile_index is not None:
+            if not (isinstance(profile_index, numbers.Integral) and 0 <= profile_index < len(self.profiles)):
+                raise ValueError(f"profile_index must be an integer in [0, {len(self.profiles)}) (the profiles: "
+                                 f"{', '.join(p.name for p in self.profiles)}), got {profile_index!r}.")
+            self.profile_index = int(profile_index)
+        self.prompt_index = index
+        self.replay = self.replay_data(index)
+        self._static = self.static_observations(index)
+        self._pt = self.traces.prompts[index]
+        self.prompt_len = int(self._pt.prompt_len)
+        self._rng = None if self.deterministic else (rng if rng is not None else np.random.default_rng(seed))
+        self._t, self._j = 1, 0
+        self.accepted_history: list[int] = []
+        self._hist = np.zeros(HISTORY, dtype=np.float32)
+        self.last_accept_fraction = 1.0
+        self._cycle_other = 0.0
+        self._started = True
+        self.finished = self.replay.n <= 1
+
+    @property
+    def ids(self) -> np.ndarray:
+        """int64 (L + generated,): the committed sequence (the prompt and the recorded tokens replayed so far)."""
+        return np.concatenate([np.asarray(self._pt.prompt_ids, dtype=np.int64),
+                               np.asarray(self._pt.output[: self._t], dtype=np.int64)])
+
+    @property
+    def generated(self) -> int:
+        return self._t
+
+    @property
+    def depth(self) -> int:
+        """Tokens drafted this cycle."""
+        return self._j
+
+    @property
+    def depth_limit(self) -> int:
+        """The most tokens this cycle may draft: ``max_depth`` capped so that τ + 1 ≤ tokens left."""
+        return max(0, min(self.max_depth, self.max_new_tokens - self._t - 1))
+
+    @property
+    def ended_by_eos(self) -> bool:
+        """The generation has finished with EOS (else it is running or ended at ``max_new_tokens``)."""
+        return self.finished and self.replay.eos
+
+    @property
+    def target_dtype(self) -> str | None:
+        """The precision the traces were recorded in (their header's ``dtype``), which ``generate`` checks a trained
+        policy against; None when the header does not say."""
+        return self.traces.header.get("dtype")
+
+    def can_draft(self) -> bool:
+        """Whether :meth:`draft_step` may run now: the trace's chain at this position (capped by the depth limit)
+        holds one more token."""
+        return self._started and not self.finished and self._j < self.replay.avail[self._t]
+
+    def features(self) -> np.ndarray:
+        """Observation for the next decision, float32 (len(FEATURE_NAMES),): the real decoder's
+        :meth:`~learn2draft.decoding.SpeculativeDecoder.features` in the same state."""
+        obs = self._static[self._t, self._j].copy()
+        obs[_HIST] = self._hist
+        obs[_LAF] = np.float32(self.last_accept_fraction)
+        return obs
+
+    def state(self, observation: np.ndarray | None = None) -> DraftState:
+        """What a policy may see at the next decision (as :meth:`SpeculativeDecoder.state` for the same position):
+        the integer depth j, the trace's confidences and entropies of the chain's first j tokens and its drafter
+        features before step j, the generation's history, and as ``observation`` the precomputed vector.
+
+        Args:
+            observation: the current observation when the caller holds it (e.g. one with a profile's features
+                appended); None: :meth:`features`.
+        """
+        t, j, pt = self._t, self._j, self._pt
+        return DraftState(
+            depth=j, max_depth=self.max_depth, committed_len=self.prompt_len + t, generated=t,
+            max_new_tokens=self.max_new_tokens, accepted_history=tuple(self.accepted_history),
+            last_accept_fraction=self.last_accept_fraction, confidences=tuple(pt.confidence[t, :j].tolist()),
+            entropies=tuple(pt.entropy[t, :j].tolist()), vocab_size=self.vocab_size,
+            drafter_features=pt.drafter_features[t, j],
+            observation=self.features() if observation is None else observation,
+        )
+
+    def _check_running(self) -> None:
+        if not self._started:
+            raise RuntimeError("Call start(prompt_ids) first.")
+        if self.finished:
+            raise RuntimeError("Generation finished (EOS or max_new_tokens): call start() for a new prompt.")
+
+    # ------------------------------------------------------------------ the cycle
+    def draft_step(self) -> None:
+        """Draft the trace's next token at this position.
+
+        Raises:
+            RuntimeError: not started, finished, or no further token can be drafted (check :meth:`can_draft`).
+        """
+        self._check_running()
+        if not self.can_draft():
+            raise RuntimeError(f"No further draft at depth {self._j}: call verify().")
+        self._j += 1
+
+    def verify(self, verify_size: int | None = None) -> CycleResult:
+        """Verify the j drafted tokens: the outcome model's τ, tokens emitted and seconds
+        (:meth:`~learn2draft.replay.outcome.ChainReplay.cycle`); the clock advances by the cycle's seconds (the
+        profile's, plus any :meth:`add_other_seconds`).
+
+        Raises:
+            ValueError: ``verify_size`` other than the depth (a chain verifies every drafted token).
+            RuntimeError: not started or finished.
+        """
+        self._check_running()
+        t, j, r = self._t, self._j, self.replay
+        if verify_size is not None and verify_size != j:
+            raise ValueError(f"A chain drafter verifies all drafted tokens: verify_size must be {j}, got {verify_size}.")
+        tau, emitted, _ = r.cycle(t, j, self._rng)
+        self.accepted_history.append(tau)
+        h = self.accepted_history[-HISTORY:][::-1]
+        self._hist = np.zeros(HISTORY, dtype=np.float32)
+        self._hist[: len(h)] = [min(x / max(self.max_depth, 1), 1.0) for x in h]
+        self.last_accept_fraction = tau / j if j else 1.0
+        other = float(r.other[t, j]) + self._cycle_other
+        res_draft, res_verify = float(r.draft[t, j]), float(r.verify[t, j])
+        self.clock.seconds += res_draft + res_verify + other
+        self._t, self._j, self._cycle_other = t + emitted, 0, 0.0
+        self.finished = self._t >= r.n
+        tokens = self._pt.output[t : t + emitted].tolist()
+        return CycleResult(tokens, j, j, tau, res_draft, res_verify, other, self.finished, self.features())
+
+
+__all__ = ["ReplayClock", "ReplayDecoder"]
