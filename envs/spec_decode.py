@@ -73,8 +73,9 @@ class DepthEnv(gym.Env):
 
     A subclass sets ``decoder``, ``episode``, ``reward_scale``, ``action_space`` / ``observation_space``, and
     implements :meth:`_start_generation` (draw a prompt and start the backend on it); it may override
-    :meth:`_observation` (append to the backend's features), :meth:`_reward`, :meth:`_ended_by_eos` and
-    :meth:`_info_extra`.
+    :meth:`_observation` (append to the backend's features), :meth:`_reward`, :meth:`_ended_by_eos`,
+    :meth:`_info_extra`, :meth:`_cycle_info` and :meth:`action_meanings` (with its ``action_space``: the hybrid
+    replay's three actions, :class:`envs.hybrid.HybridReplayEnv`).
     """
 
     metadata = {"render_modes": []}
@@ -102,6 +103,10 @@ class DepthEnv(gym.Env):
 
     def _info_extra(self) -> dict[str, Any]:
         """Entries added to the reset's and every verifying step's info."""
+        return {}
+
+    def _cycle_info(self, res: CycleResult) -> dict[str, Any]:
+        """Entries added to a verifying step's info about its cycle ``res``."""
         return {}
 
     # ------------------------------------------------------------------ gymnasium API
@@ -139,17 +144,17 @@ class DepthEnv(gym.Env):
             ValueError: ``action`` is not 0 or 1.
             RuntimeError: called before :meth:`reset` or after the episode ended.
         """
-        if type(action) is not int or not 0 <= action <= 1:  # the fast path: a Python int 0 or 1
+        if type(action) is not int or not 0 <= action < self.action_space.n:  # the fast path: a Python int
             if not self.action_space.contains(action):
                 raise ValueError(
                     f"Invalid action {action!r}: valid actions are "
-                    + ", ".join(f"{a} = {m}" for a, m in ACTION_MEANINGS.items()) + "."
+                    + ", ".join(f"{a} = {m}" for a, m in self.action_meanings().items()) + "."
                 )
             action = int(action)
         if self._needs_reset:
             raise RuntimeError("The episode has ended (or never started): call reset() first.")
         d = self.decoder
-        res = d.step(action == CONTINUE, self.size_decider)  # the one cycle's step
+        res = d.step(action, self.size_decider)  # the one cycle's step (a hybrid's 2: CONTINUE with its neural drafter)
         if res is None:
             t0 = d.clock.now()
             obs = d.features()
@@ -163,8 +168,9 @@ class DepthEnv(gym.Env):
             "tokens": len(res.tokens), "accepted": res.num_accepted, "seconds": res.seconds,
             "draft_seconds": res.draft_seconds, "verify_seconds": res.verify_seconds,
             "other_seconds": res.other_seconds, "tokens_per_second": res.tokens_per_second,
-            "forced": action == CONTINUE,  # a CONTINUE that verified: the depth limit or the drafter decided
+            "forced": action != STOP,  # a CONTINUE that verified: the depth limit or the drafter decided
             "generation_finished": res.finished, "generated": d.generated, **self._info_extra(),
+            **self._cycle_info(res),
         }
         if self.episode == "cycle":
             terminated, truncated = True, False

@@ -12,7 +12,10 @@
   advances by those seconds, so ``generate()``'s wall seconds are the replayed cycles' (the prefill and a controller's
   own decision time are not in the replay: 0).
 
-So one environment (:class:`envs.spec_decode.DepthEnv`) serves the real loop and the replay, and sim-vs-real
+:class:`HybridReplayDecoder` is the same for a hybrid drafter (prompt lookup + a neural drafter, the source chosen per
+token: actions 0 / 1 / 2), from a lookup trace set and a neural one (:mod:`learn2draft.replay.hybrid`).
+
+So one environment (:class:`envs.spec_decode.DepthEnv`) serves the real loop and the replays, and sim-vs-real
 (:mod:`eval.simreal`) compares two backends of one interface: the same controller, the same ``generate`` call.
 
 At temperature 0 a replayed generation commits the recorded tokens, and its cycles' depths and τ are the real
@@ -32,8 +35,9 @@ from pathlib import Path
 import numpy as np
 
 from learn2draft.control import CycleDriver
-from learn2draft.features import FEATURE_NAMES, HISTORY, build_features
+from learn2draft.features import FEATURE_NAMES, HISTORY, build_features, build_hybrid_features
 from learn2draft.metrics import CycleResult
+from learn2draft.replay.hybrid import HybridReplay, hybrid_oracle_seconds, hybrid_replay
 from learn2draft.replay.latency import LatencyProfile, load_profiles
 from learn2draft.replay.outcome import ChainReplay, chain_replay, tokens_per_second
 from learn2draft.replay.traces import TraceSet, TreeTraceSet, load_traces
@@ -319,4 +323,259 @@ class ReplayDecoder(CycleDriver):
         return CycleResult(tokens, j, j, tau, res_draft, res_verify, other, self.finished, self.features())
 
 
-__all__ = ["ReplayClock", "ReplayDecoder"]
+
+class HybridReplayDecoder(CycleDriver):
+    """A hybrid drafter's decoder (prompt lookup + a neural drafter, the source chosen per token) replayed from a
+    lookup trace set and a neural one (:mod:`learn2draft.replay.hybrid`, temperature 0), with the real decoder's API:
+    :meth:`step` takes 0 STOP, 1 CONTINUE with lookup, 2 CONTINUE with the neural drafter
+    (:data:`learn2draft.control.HYBRID_ACTION_MEANINGS`, what :class:`learn2draft.drafters.hybrid.HybridDrafter`
+    executes); lookup without a proposal falls back to the neural drafter, as on the real loop.
+
+    Args:
+        traces: ``(lookup TraceSet, neural TraceSet)`` (``envs.hybrid.split_hybrid_traces`` reads and checks files).
+        profile: a latency profile (object, file or shipped name) with costs for ``"lookup"`` and the neural drafter.
+        max_new_tokens, max_depth: ≤ the traces' (None: theirs; ``max_depth`` ≥ 1).
+
+    Attributes:
+        clock: a :class:`ReplayClock`; ``last_approximate``: the last verified cycle's outcome used the head
+            approximation (:mod:`learn2draft.replay.hybrid`).
+
+    Raises:
+        ValueError: settings out of range, a profile without the two drafters' costs or a verify table too small.
+    """
+
+    shape = "chain"
+    _hybrid = True
+
+    def __init__(self, traces: tuple[TraceSet, TraceSet], profile: LatencyProfile | str | Path,
+                 max_new_tokens: int | None = None, max_depth: int | None = None):
+        self.lookup_traces, self.neural_traces = traces
+        self.neural = self.neural_traces.drafter
+        self.profile = load_profiles(profile)[0]
+        self.profile.cost("lookup")
+        self.profile.cost(self.neural)
+        rec_d = self.lookup_traces.max_depth  # a draft model needs depth-0 rows only; a short head chain is approximated
+        rec_n = min(self.lookup_traces.max_new_tokens, self.neural_traces.max_new_tokens)
+        self.max_depth = rec_d if max_depth is None else max_depth
+        self.max_new_tokens = rec_n if max_new_tokens is None else max_new_tokens
+        if not (isinstance(self.max_depth, int) and 1 <= self.max_depth <= rec_d):
+            raise ValueError(f"max_depth must be an integer in [1, {rec_d}] (the traces' chains), got {max_depth!r}.")
+        if not (isinstance(self.max_new_tokens, int) and 2 <= self.max_new_tokens <= rec_n):
+            raise ValueError(f"max_new_tokens must be an integer in [2, {rec_n}], got {max_new_tokens!r}.")
+        self.profile.verify(self.max_depth + 1, 0)
+        self.vocab_size = int(self.lookup_traces.header["vocab_size"])
+        self.clock = ReplayClock()
+        self._replays: dict[int, HybridReplay] = {}
+        self._cycle_other = 0.0
+        self._source = 0
+        self.prompt_index: int | None = None
+        self.last_approximate = False
+        self._started = False
+        self.finished = False
+
+    def replay_data(self, index: int) -> HybridReplay:
+        """The :class:`~learn2draft.replay.hybrid.HybridReplay` of prompt ``index`` (built on first use)."""
+        r = self._replays.get(index)
+        if r is None:
+            r = self._replays[index] = hybrid_replay(self.lookup_traces.prompts[index], self.neural_traces.prompts[index],
+                                                     self.profile, self.neural, self.max_depth, self.max_new_tokens)
+        return r
+
+    def usable(self, indices: Sequence[int] | None = None) -> list[int]:
+        """Of prompts ``indices`` (None: all), those whose replayed generation has a decision to make."""
+        idx = range(len(self.lookup_traces)) if indices is None else indices
+        return [int(i) for i in idx if self.replay_data(int(i)).n > 1]
+
+    def autoregressive_rate(self, indices: Sequence[int] | None = None) -> float:
+        """tokens/s of plain decoding over the usable prompts of ``indices`` (None: all)."""
+        tokens = seconds = 0.0
+        for i in self.usable(indices):
+            r = self.replay_data(i)
+            tokens += r.n
+            seconds += sum(r.cycle_seconds(t, 0, False, 0.0) for t in range(1, r.n))
+        return tokens_per_second(tokens, seconds)
+
+    def oracle_rate(self, indices: Sequence[int] | None = None) -> float:
+        """tokens/s of the hindsight oracle (:func:`learn2draft.replay.hybrid.hybrid_oracle_seconds`) over the usable
+        prompts of ``indices`` (None: all)."""
+        tokens = seconds = 0.0
+        for i in self.usable(indices):
+            r = self.replay_data(i)
+            tokens += r.n
+            seconds += hybrid_oracle_seconds(r)[0]
+        return tokens_per_second(tokens, seconds)
+
+    # ------------------------------------------------------------------ state
+    def start(self, prompt_ids, seed: int | None = None) -> None:
+        """Start replaying prompt ``prompt_ids`` (its ids, one of the traces' prompts, or its index); ``seed`` is
+        unused (temperature 0).
+
+        Raises:
+            ValueError: a prompt not among the traces', or an index out of range.
+        """
+        n_prompts = len(self.lookup_traces)
+        if isinstance(prompt_ids, numbers.Integral) and not isinstance(prompt_ids, bool):
+            index = int(prompt_ids)
+            if not 0 <= index < n_prompts:
+                raise ValueError(f"prompt index must be in [0, {n_prompts}) (the traces' prompts), got {index}.")
+        else:
+            key = np.asarray(prompt_ids).reshape(-1)
+            index = next((i for i, pt in enumerate(self.lookup_traces.prompts) if np.array_equal(pt.prompt_ids, key)),
+                         None)
+            if index is None:
+                raise ValueError(f"This prompt ({key.size} tokens) is not among the traces' {n_prompts} prompts: the "
+                                 "replay can only replay what was recorded (python -m eval.record).")
+        self.prompt_index = index
+        self.replay = self.replay_data(index)
+        self._pt = self.lookup_traces.prompts[index]
+        self.prompt_len = int(self._pt.prompt_len)
+        self._t = 1
+        self.accepted_history: list[int] = []
+        self.last_accept_fraction = 1.0
+        self._source = 0
+        self._new_cycle()
+        self._started = True
+        self.finished = self.replay.n <= 1
+
+    def _new_cycle(self) -> None:
+        self._j, self._run, self._ok = 0, 0, True
+        self._confs: list[float] = []
+        self._ents: list[float] = []
+        self._sources: list[int] = []
+        self._since, self._draft_s, self._used, self._approx = 0, 0.0, False, False
+        self._cycle_other = 0.0
+
+    @property
+    def ids(self) -> np.ndarray:
+        """int64 (L + generated,): the prompt and the recorded tokens replayed so far."""
+        return np.concatenate([np.asarray(self._pt.prompt_ids, dtype=np.int64),
+                               np.asarray(self._pt.output[: self._t], dtype=np.int64)])
+
+    @property
+    def generated(self) -> int:
+        return self._t
+
+    @property
+    def depth(self) -> int:
+        """Tokens drafted this cycle."""
+        return self._j
+
+    @property
+    def ended_by_eos(self) -> bool:
+        """The generation has finished with EOS (else it is running or ended at ``max_new_tokens``)."""
+        return self.finished and self.replay.eos
+
+    @property
+    def target_dtype(self) -> str | None:
+        """The traces' precision (their header's ``dtype``)."""
+        return self.lookup_traces.header.get("dtype")
+
+    def can_draft(self) -> bool:
+        """Whether one more token may be drafted (the neural drafter always has a proposal)."""
+        return self._started and not self.finished and self._j < self.replay.limit[self._t]
+
+    def _choose(self, action: int) -> bool:
+        """A CONTINUE's source for the next draft (1 lookup, 2 neural: :meth:`HybridDrafter.select`'s)."""
+        if action:
+            self._source = int(action) - 1
+        return bool(action)
+
+    def features(self) -> np.ndarray:
+        """float32 (len(FEATURE_NAMES) + len(HYBRID_FEATURE_NAMES),): the vector the real decoder builds for a hybrid
+        drafter, from the traces with the same builders (the drafted tokens' confidences and entropies from whichever
+        source drafted them, the lookup's match features and lookahead here, the last token's source, the target's
+        view of the last committed token: zeros when the traces do not hold it)."""
+        r, t, j = self.replay, self._t, self._j
+        pos = t + j
+        D = self.max_depth
+        base = build_features(
+            context_len=self.prompt_len + pos, depth=j, max_depth=D, accepted_history=self.accepted_history,
+            confidences=self._confs, last_entropy=self._ents[-1] if self._ents else 0.0, vocab_size=self.vocab_size,
+            last_accept_fraction=self.last_accept_fraction, generated=t, max_new_tokens=self.max_new_tokens,
+            drafter_features=r.look_feats[min(pos, r.n)],
+        )
+        left = int(r.limit[t]) - j
+        chain = r.look_chain[min(pos, r.n)]
+        confs = [float(x) for x in chain[:max(left, 0)] if not np.isnan(x)] if r.look_avail[min(pos, r.n)] else []
+        hyb = build_hybrid_features(confs, D, bool(self._sources) and self._sources[-1] == 1, r.target[t],
+                                    self.vocab_size)
+        return np.concatenate((base, hyb))
+
+    def state(self, observation: np.ndarray | None = None) -> DraftState:
+        """The :class:`learn2draft.state.DraftState` of the current decision (as the hybrid decoder's): the integer
+        depth, this cycle's confidences and entropies, the lookup's drafter features, the hybrid features as
+        ``extra_features`` and the observation (None: :meth:`features`)."""
+        obs = self.features() if observation is None else observation
+        t, r = self._t, self.replay
+        return DraftState(
+            depth=self._j, max_depth=self.max_depth, committed_len=self.prompt_len + t, generated=t,
+            max_new_tokens=self.max_new_tokens, accepted_history=tuple(self.accepted_history),
+            last_accept_fraction=self.last_accept_fraction, confidences=tuple(self._confs),
+            entropies=tuple(self._ents), vocab_size=self.vocab_size,
+            drafter_features=r.look_feats[min(t + self._j, r.n)], extra_features=obs[len(FEATURE_NAMES):],
+            observation=obs,
+        )
+
+    def _check_running(self) -> None:
+        if not self._started:
+            raise RuntimeError("Call start(prompt_ids) first.")
+        if self.finished:
+            raise RuntimeError("Generation finished (EOS or max_new_tokens): call start() for a new prompt.")
+
+    # ------------------------------------------------------------------ the cycle
+    def draft_step(self) -> None:
+        """Draft the next token with the source chosen last (lookup without a proposal: the neural drafter).
+
+        Raises:
+            RuntimeError: not started, finished, or the depth limit reached (check :meth:`can_draft`).
+        """
+        self._check_running()
+        if not self.can_draft():
+            raise RuntimeError(f"No further draft at depth {self._j}: call verify().")
+        r, t, j = self.replay, self._t, self._j
+        src, ok = r.token(t, j, self._source)
+        self._draft_s += r.draft_seconds(t, src, self._since)
+        if src == 0:
+            self._since += 1
+            self._confs.append(float(r.look_conf[t + j]))
+            self._ents.append(0.0)
+        else:
+            self._since, self._used = 0, True
+            self._confs.append(float(r.neural_conf[t, j]))
+            self._ents.append(float(r.neural_ent[t, j]))
+            self._approx |= bool(r.approx[t, j])
+        self._sources.append(src)
+        self._ok = self._ok and ok
+        self._run += int(self._ok)
+        self._j = j + 1
+
+    def verify(self, verify_size: int | None = None) -> CycleResult:
+        """Verify the drafted tokens: τ is the greedy run of the mixed chain, τ + 1 tokens emitted (fewer at the end),
+        the profile's seconds (:meth:`~learn2draft.replay.hybrid.HybridReplay.cycle_seconds`); the clock advances.
+
+        Raises:
+            ValueError: ``verify_size`` other than the depth.
+            RuntimeError: not started or finished.
+        """
+        self._check_running()
+        r, t, d = self.replay, self._t, self._j
+        if verify_size is not None and verify_size != d:
+            raise ValueError(f"A chain drafter verifies all drafted tokens: verify_size must be {d}, got {verify_size}.")
+        emitted = min(self._run + 1, r.n - t)
+        tau = min(self._run, emitted)
+        seconds = r.cycle_seconds(t, d, self._used, self._draft_s) + self._cycle_other
+        draft_s, verify_s = self._draft_s, float(r.verify[t, d])
+        neural = sum(self._sources)
+        self.last_approximate = self._approx
+        self.accepted_history.append(tau)
+        self.last_accept_fraction = tau / d if d else 1.0
+        self.clock.seconds += seconds
+        self._t = t + emitted
+        self.finished = self._t >= r.n
+        tokens = self._pt.output[t : t + emitted].tolist()
+        self._new_cycle()
+        return CycleResult(tokens, d, d, tau, draft_s, verify_s, seconds - draft_s - verify_s, self.finished,
+                           self.features(), neural)
+
+
+__all__ = ["HybridReplayDecoder", "ReplayClock", "ReplayDecoder"]
