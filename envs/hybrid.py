@@ -32,52 +32,16 @@ from gymnasium import spaces
 
 from envs.replay import replay_controller
 from envs.reward import check_reward_scale
-from envs.spec_decode import DepthEnv
-from learn2draft.cli import comma_items
+from envs.spec_decode import EPISODE_MODES, DepthEnv
 from learn2draft.control import HYBRID_ACTION_MEANINGS
 from learn2draft.features import FEATURE_NAMES, HYBRID_FEATURE_NAMES
 from learn2draft.metrics import CycleResult
 from learn2draft.replay.backend import HybridReplayDecoder
-from learn2draft.replay.hybrid import HYBRID_T_POSITIVE_REFUSAL, HybridReplay
+from learn2draft.replay.hybrid import HybridReplay, split_hybrid_traces
 from learn2draft.replay.latency import LatencyProfile
-from learn2draft.replay.traces import TraceSet, load_traces
 from learn2draft.state import DraftState
 
 HYBRID_REPLAY_ENV_ID = "learn2draft/HybridReplay-v0"
-
-
-def split_hybrid_traces(traces: Sequence[str | Path] | str) -> tuple[TraceSet, TraceSet]:
-    """Load trace files and split them by drafter: the lookup traces and the neural (model or head) traces, each in the
-    order given (several files of one drafter are concatenated, as :func:`learn2draft.replay.traces.load_traces` does).
-
-    Raises:
-        ValueError: not exactly one neural drafter besides lookup, a drafter missing, T > 0 traces, the two sets
-            holding different prompts (the message names what to record), or an empty item between commas.
-    """
-    paths = (comma_items(traces, "trace files", "join the trace files with single commas, e.g. lookup.npz,model.npz")
-             if isinstance(traces, str) else [p for p in map(str, traces) if p])
-    groups: dict[str, list[str]] = {}
-    for p in paths:
-        groups.setdefault(load_traces(p).drafter, []).append(p)
-    neural = sorted(set(groups) - {"lookup"})
-    if "lookup" not in groups or len(neural) != 1:
-        raise ValueError(f"A hybrid drafter replays from lookup traces and the traces of ONE neural drafter (model or "
-                         f"head), got traces of {sorted(groups) or 'nothing'}: record both with python -m eval.record "
-                         "--drafter lookup and --drafter model (or head) on the same prompts, then pass them joined "
-                         "by commas.")
-    look, neu = load_traces(groups["lookup"]), load_traces(groups[neural[0]])
-    for ts in (look, neu):
-        if not ts.deterministic:
-            raise ValueError(HYBRID_T_POSITIVE_REFUSAL)
-    for key in ("target", "dtype", "sampling", "max_new_tokens", "chat"):
-        a, b = look.header.get(key), neu.header.get(key)
-        if a is not None and b is not None and a != b:
-            raise ValueError(f"The lookup traces and the {neural[0]} traces were recorded with different {key} ({a!r} vs "
-                             f"{b!r}): record both with the same settings (python -m eval.record).")
-    if len(look) != len(neu):
-        raise ValueError(f"The lookup traces hold {len(look)} prompts and the {neural[0]} traces {len(neu)}: record both "
-                         "on the same prompts in the same order.")
-    return look, neu
 
 
 class HybridReplayEnv(DepthEnv):
@@ -103,9 +67,8 @@ class HybridReplayEnv(DepthEnv):
                  max_depth: int | None = None, reward_scale: float = 1.0, prompt_indices: Sequence[int] | None = None,
                  episode: str = "cycle"):
         super().__init__()
-        pair = traces if isinstance(traces, tuple) else split_hybrid_traces(traces)
         #: the backend: the hybrid replay decoder (the two trace sets, the profile, the outcome model)
-        self.decoder = d = HybridReplayDecoder(pair, profile, max_new_tokens=max_new_tokens, max_depth=max_depth)
+        self.decoder = d = HybridReplayDecoder(traces, profile, max_new_tokens=max_new_tokens, max_depth=max_depth)
         self.lookup_traces, self.neural_traces = d.lookup_traces, d.neural_traces
         self.traces = self.lookup_traces  # the trace set whose header describes the run (train reads it)
         self.neural = d.neural
@@ -134,8 +97,8 @@ class HybridReplayEnv(DepthEnv):
         self.observation_space = spaces.Box(0.0, 1.0, shape=(width,), dtype=np.float32)
         self.action_space = spaces.Discrete(3)
         self.deterministic = True
-        if episode not in ("cycle", "generation"):
-            raise ValueError(f"episode must be 'cycle' or 'generation', got {episode!r}.")
+        if episode not in EPISODE_MODES:
+            raise ValueError(f"episode must be one of {EPISODE_MODES}, got {episode!r}.")
         self.episode = episode
         self.prompt_index: int | None = None
         self.last_cycle = None
@@ -155,11 +118,11 @@ class HybridReplayEnv(DepthEnv):
     def autoregressive_rate(self, profile_index: int = 0) -> float:
         """tokens/s of plain decoding over the replayed prompts (the reward scale ``python -m train`` uses; one
         profile: ``profile_index`` must be 0)."""
-        return self.decoder.autoregressive_rate(self._usable)
+        return self.decoder.autoregressive_rate(indices=self._usable)
 
     def oracle_rate(self) -> float:
         """tokens/s of the hindsight oracle (:func:`learn2draft.replay.hybrid.hybrid_oracle_seconds`) over the prompts."""
-        return self.decoder.oracle_rate(self._usable)
+        return self.decoder.oracle_rate(indices=self._usable)
 
     # ------------------------------------------------------------------ the env's hooks
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:

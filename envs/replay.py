@@ -67,7 +67,7 @@ import numpy as np
 from gymnasium import spaces
 
 from envs.reward import check_reward_scale, cycle_reward, relative_speeds
-from envs.spec_decode import DepthEnv
+from envs.spec_decode import EPISODE_MODES, DepthEnv
 from learn2draft.control import STOP, as_action, check_depth_feature_scale, keeps_drafting
 from learn2draft.features import FEATURE_NAMES, PROFILE_FEATURE_NAMES
 from learn2draft.features import profile_features as profile_feature_vector
@@ -76,11 +76,10 @@ from learn2draft.names import run_seed
 from learn2draft.replay.backend import ReplayDecoder
 from learn2draft.replay.latency import LatencyProfile
 from learn2draft.replay.outcome import ChainReplay, tokens_per_second
-from learn2draft.replay.traces import TraceSet, TreeTraceSet
+from learn2draft.replay.traces import TraceSet
 from learn2draft.state import DraftState
 
 REPLAY_ENV_ID = "learn2draft/SpecDecodeReplay-v0"
-EPISODE_MODES = ("generation", "cycle")
 
 
 class SpecDecodeReplayEnv(DepthEnv):
@@ -130,9 +129,6 @@ class SpecDecodeReplayEnv(DepthEnv):
         reward_scale = check_reward_scale(reward_scale)
         if episode not in EPISODE_MODES:
             raise ValueError(f"episode must be one of {EPISODE_MODES}, got {episode!r}.")
-        if isinstance(traces, TreeTraceSet):
-            raise ValueError("SpecDecodeReplayEnv replays chain traces; these are draft-tree traces (recorded with "
-                             "--tree): record chain traces without --tree (python -m eval.oracle reads tree traces).")
         #: the backend: the replay decoder (the traces, the profiles, the outcome model and the observations)
         self.decoder = ReplayDecoder(traces, profile, max_new_tokens=max_new_tokens, max_depth=max_depth)
         d = self.decoder
@@ -183,7 +179,7 @@ class SpecDecodeReplayEnv(DepthEnv):
         ``profile_index``: all generated tokens (the prefill's first one included) over the summed cycle
         seconds — the ``cycle_tokens_per_s`` that ``python -m train`` measures on the real loop for its
         reward scale."""
-        return self.decoder.autoregressive_rate(profile_index, self._usable)
+        return self.decoder.autoregressive_rate(profile_index, indices=self._usable)
 
     # ------------------------------------------------------------------ the env's hooks
     _NEW_GENERATION_OPTIONS = ("prompt_index", "profile_index")

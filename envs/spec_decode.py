@@ -138,10 +138,11 @@ class DepthEnv(gym.Env):
         return self._observation(self.decoder.features()), info
 
     def step(self, action) -> tuple[np.ndarray, float, bool, bool, dict]:
-        """Apply STOP (0) or CONTINUE (1); see :class:`SpecDecodeEnv` for reward, termination and info.
+        """Apply an action of ``action_space`` (STOP 0 or CONTINUE 1; a hybrid's CONTINUE with its neural drafter 2);
+        see :class:`SpecDecodeEnv` for reward, termination and info.
 
         Raises:
-            ValueError: ``action`` is not 0 or 1.
+            ValueError: an action outside ``action_space``.
             RuntimeError: called before :meth:`reset` or after the episode ended.
         """
         if type(action) is not int or not 0 <= action < self.action_space.n:  # the fast path: a Python int

@@ -57,6 +57,23 @@ def replay_backends(traces, profile, controllers: dict) -> dict:
     return backends
 
 
+def profile_mismatch(profile, traces, threads: int | None = None) -> str | None:
+    """What differs between where ``profile`` was measured (its ``machine``: precision, torch threads, CPU) and where
+    the traces were recorded or the real loop runs now (``threads``), as one sentence; None when nothing known
+    differs. A replay priced on another machine or precision predicts that machine's tokens/s, not this run's."""
+    m, h = profile.machine or {}, traces.header
+    hm = h.get("machine") or {}
+    diffs = []
+    for what, a, b in (("precision", m.get("dtype"), h.get("dtype")), ("CPU", m.get("cpu"), hm.get("cpu")),
+                       ("torch threads", m.get("torch_threads"), threads)):
+        if a is not None and b is not None and a != b:
+            diffs.append(f"{what} {a} (profile) against {b} ({'this run' if what == 'torch threads' else 'traces'})")
+    if not diffs:
+        return None
+    return (f"the profile {profile.name!r} was measured with another setting: {'; '.join(diffs)}. Its predictions "
+            "describe the profile's machine and precision: measure one here (python -m eval.profile) to compare.")
+
+
 def sim_vs_real(pair, traces, profile, controllers: dict, drafter=None, repeats: int = 1, seed: int = 0,
                 progress=None, backends: dict | None = None) -> dict:
     """Predicted (replay) and measured (real loop) tokens/s of each controller on the traces' prompts.
@@ -213,6 +230,9 @@ def _run(args) -> int:
     backends = replay_backends(traces, profile, controllers)  # the profile checked against the traces before the models load
     threads = set_threads(args)
     device = resolve_device(args.device)
+    note = profile_mismatch(profile, traces, threads)
+    if note:
+        stderr_line(f"note: {note}")
     t0 = time.perf_counter()
     target, draft = model_names(settings=traces.header)  # the traces' models
     settings = RunSettings.resolve(device=device, dtype=args.dtype, threads=threads, depths=(args.gammas,),
@@ -228,7 +248,7 @@ def _run(args) -> int:
     return 0
 
 
-__all__ = ["build_parser", "format_table", "main", "replay_backends", "sim_vs_real"]
+__all__ = ["build_parser", "format_table", "main", "profile_mismatch", "replay_backends", "sim_vs_real"]
 
 
 if __name__ == "__main__":

@@ -338,16 +338,23 @@ class CycleDriver:
     * ``clock`` (``now()``: seconds; the replay's advances by the replayed seconds) and ``_cycle_other`` (float
       seconds, the cycle's time outside the forwards, to which decisions are charged);
     * ``_hybrid`` (a hybrid drafter: a CONTINUE's source is selected with ``drafter.select``), ``shape``
-      (``"chain"`` or ``"tree"``), ``max_depth``, ``prompt_len``, ``finished``, ``depth`` (tokens drafted this
-      cycle) and ``ids`` (the committed prompt + generated ids, sliceable, with ``tolist()``);
+      (``"chain"`` or ``"tree"``), ``max_depth``, ``prompt_len``, ``_started``, ``finished``, ``depth`` (tokens
+      drafted this cycle) and ``ids`` (the committed prompt + generated ids, sliceable, with ``tolist()``);
     * ``start(prompt_ids, seed)``, ``can_draft()``, ``draft_step()``, ``verify(verify_size)`` →
       :class:`learn2draft.metrics.CycleResult`, ``state()`` → :class:`learn2draft.state.DraftState`,
-      ``size_features()`` and ``target_dtype`` (the precision a policy is checked against; None: none).
+      ``size_features()`` (a tree's only) and ``target_dtype`` (the precision a policy is checked against; None: none).
     """
 
     def add_other_seconds(self, seconds: float) -> None:
         """Charge time spent outside the decoder (e.g. a controller's decision) to the current cycle."""
         self._cycle_other += seconds
+
+    def _check_running(self) -> None:
+        """Raise RuntimeError before ``start`` (``_started`` False) or after the generation finished."""
+        if not self._started:
+            raise RuntimeError("Call start(prompt_ids) first.")
+        if self.finished:
+            raise RuntimeError("Generation finished (EOS or max_new_tokens): call start() for a new prompt.")
 
     # ----------------------------------------------------------------- decisions
     def decide(self, controller: DraftController) -> int:

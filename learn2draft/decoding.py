@@ -536,12 +536,6 @@ class SpeculativeDecoder(CycleDriver):
         self.finished = bool(eos_at) or self.generated >= self.max_new_tokens
         return emitted
 
-    def _check_running(self) -> None:
-        if not self._started:
-            raise RuntimeError("Call start(prompt_ids) first.")
-        if self.finished:
-            raise RuntimeError("Generation finished (EOS or max_new_tokens): call start() for a new prompt.")
-
     @property
     def target_dtype(self):
         """The target's precision (a ``torch.dtype``), which :meth:`generate` checks a trained policy against."""

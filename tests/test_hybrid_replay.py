@@ -151,3 +151,25 @@ def test_hybrid_traces_recorded_with_other_settings_are_refused(pair64, trace_pa
     env = HybridReplayEnv(trace_pair, linear_profile())
     cov = env.coverage
     assert cov["tokens_replayed"] <= cov["tokens_recorded"] and cov["prompts"] == len(PROMPTS_REPEATING)
+
+
+def test_the_hybrid_backend_checks_its_traces_and_profile(trace_pair):
+    """The hybrid replay backend takes the trace files or a checked (lookup, neural) pair: the pair in the wrong order,
+    no profile, several profiles and calls before start are one clear error each."""
+    from learn2draft.replay.backend import HybridReplayDecoder
+    from learn2draft.replay.traces import load_traces
+
+    look, neural = (load_traces(p) for p in trace_pair)
+    by_files = HybridReplayDecoder(trace_pair, linear_profile())
+    by_pair = HybridReplayDecoder((look, neural), linear_profile())
+    assert by_files.autoregressive_rate() == pytest.approx(by_pair.autoregressive_rate(), rel=1e-12)
+    with pytest.raises(ValueError, match="takes \\(lookup traces, model or head traces\\)"):
+        HybridReplayDecoder((neural, look), linear_profile())
+    with pytest.raises(ValueError, match="profile is required"):
+        HybridReplayDecoder(trace_pair, None)
+    with pytest.raises(ValueError, match="one latency profile, got 2"):
+        HybridReplayDecoder(trace_pair, [linear_profile(), "gpu-like"])
+    with pytest.raises(RuntimeError, match="Call start"):
+        by_files.features()
+    with pytest.raises(ValueError, match="max_depth must be an integer in \\[1, 4\\]"):
+        HybridReplayDecoder(trace_pair, linear_profile(), max_depth=0)

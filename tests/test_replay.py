@@ -252,8 +252,14 @@ def test_the_replay_backend_refuses_what_it_cannot_replay(pairs):
     a chain's verify_size other than its depth, and calls before start or after the end are one clear error each."""
     tr = traces_for(pairs, "noisy", "model")
     rep = ReplayDecoder(tr, linear_profile())
-    with pytest.raises(RuntimeError, match="start"):
-        rep.verify()
+    for call in (rep.verify, rep.features, rep.state, lambda: rep.ids, lambda: rep.run_cycle(FixedDepthController(2))):
+        with pytest.raises(RuntimeError, match="Call start"):
+            call()
+    with pytest.raises(ValueError, match="prompt_ids must be token ids"):
+        rep.start("w1 w2")
+    assert ReplayDecoder(tr, linear_profile(), max_depth=np.int64(3)).max_depth == 3
+    with pytest.raises(ValueError, match="max_depth must be an integer in \\[0, 4\\]"):
+        ReplayDecoder(tr, linear_profile(), max_depth=True)
     with pytest.raises(ValueError, match="not among the traces' 5 prompts"):
         rep.start(torch.tensor([1, 2, 3, 4, 5, 6, 7]))
     with pytest.raises(ValueError, match="prompt index must be in \\[0, 5\\)"):
@@ -641,6 +647,19 @@ def test_sim_vs_real_reproduces_the_cycle_structure(pairs):
         assert m["measured_tokens_per_s"] > 0 and m["error"] is not None
     assert rep["methods"]["γ=3"]["measured_mean_accepted"] > 0
     assert "| γ=3 |" in format_table(rep)
+
+
+def test_simreal_names_a_profile_measured_in_another_precision_or_thread_count(pairs):
+    """A profile measured in bf16 with 1 thread beside float32 traces run on 2 threads is named in one note (both
+    differences); the same profile without a machine says nothing."""
+    from eval.simreal import profile_mismatch
+
+    tr = traces_for(pairs, "noisy", "model")
+    prof = linear_profile()
+    assert profile_mismatch(prof, tr, 2) is None
+    prof.machine = {"dtype": "bfloat16", "torch_threads": 1}
+    note = profile_mismatch(prof, tr, 2)
+    assert "precision bfloat16 (profile) against float32 (traces)" in note and "torch threads 1 (profile) against 2" in note
 
 
 @pytest.mark.parametrize("command", ["eval.record", "eval.profile", "eval.oracle", "eval.simreal", "eval.acceptance"])

@@ -37,7 +37,13 @@ import numpy as np
 from learn2draft.control import CycleDriver
 from learn2draft.features import FEATURE_NAMES, HISTORY, build_features, build_hybrid_features
 from learn2draft.metrics import CycleResult
-from learn2draft.replay.hybrid import HybridReplay, hybrid_oracle_seconds, hybrid_replay
+from learn2draft.replay.hybrid import (
+    HybridReplay,
+    check_hybrid_traces,
+    hybrid_oracle_seconds,
+    hybrid_replay,
+    split_hybrid_traces,
+)
 from learn2draft.replay.latency import LatencyProfile, load_profiles
 from learn2draft.replay.outcome import ChainReplay, chain_replay, tokens_per_second
 from learn2draft.replay.traces import TraceSet, TreeTraceSet, load_traces
@@ -55,10 +61,110 @@ class ReplayClock:
         self.seconds = 0.0
 
     def now(self) -> float:
+        """The seconds replayed so far."""
         return self.seconds
 
 
-class ReplayDecoder(CycleDriver):
+class _TraceBackend(CycleDriver):
+    """What the two replay backends share: a chain replayed along one recorded greedy or sampled generation per
+    prompt (``_prompts``: the trace set whose prompts and outputs are replayed), the replay clock, the committed ids,
+    the position and depth, and the prompt lookup of :meth:`start`."""
+
+    shape = "chain"
+
+    def _init_replay(self, prompts: TraceSet) -> None:
+        self._prompts = prompts
+        self._pt = None
+        self._t, self._j = 1, 0
+        self._index = {tuple(int(x) for x in pt.prompt_ids): i for i, pt in enumerate(prompts.prompts)}
+        self.clock = ReplayClock()
+        self._cycle_other = 0.0
+        self.prompt_index: int | None = None
+        self._started = False
+        self.finished = False
+
+    @staticmethod
+    def _check_setting(name: str, value, default: int, low: int, high: int, why: str) -> int:
+        """``value`` (None: ``default``) as an int in [low, high] (an integer type, not a bool).
+
+        Raises:
+            ValueError: anything else; the message gives the range and ``why``.
+        """
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not low <= value <= high:
+            raise ValueError(f"{name} must be an integer in [{low}, {high}] {why}, got {value!r}.")
+        return int(value)
+
+    def _check_started(self) -> None:
+        if not self._started:
+            raise RuntimeError("Call start(prompt_ids) first.")
+
+    def _prompt_index(self, prompt_ids) -> int:
+        """The trace prompt of ``prompt_ids`` (its ids, any array-like, or its index).
+
+        Raises:
+            ValueError: a prompt not among the traces', or an index out of range.
+        """
+        n = len(self._prompts)
+        if isinstance(prompt_ids, numbers.Integral) and not isinstance(prompt_ids, bool):
+            if not 0 <= int(prompt_ids) < n:
+                raise ValueError(f"prompt index must be in [0, {n}) (the traces' prompts), got {int(prompt_ids)}.")
+            return int(prompt_ids)
+        ids = np.asarray(prompt_ids)
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError(f"prompt_ids must be token ids (integers) or a trace prompt's index, got {prompt_ids!r:.80}.")
+        key = tuple(int(x) for x in ids.reshape(-1))
+        if key not in self._index:
+            raise ValueError(f"This prompt ({len(key)} tokens) is not among the traces' {n} prompts: the replay can "
+                             "only replay what was recorded (python -m eval.record).")
+        return self._index[key]
+
+    @property
+    def ids(self) -> np.ndarray:
+        """int64 (L + generated,): the committed sequence (the prompt and the recorded tokens replayed so far).
+
+        Raises:
+            RuntimeError: before :meth:`start`.
+        """
+        self._check_started()
+        return np.concatenate([np.asarray(self._pt.prompt_ids, dtype=np.int64),
+                               np.asarray(self._pt.output[: self._t], dtype=np.int64)])
+
+    @property
+    def generated(self) -> int:
+        """Tokens generated so far (the prefill's first one included)."""
+        return self._t
+
+    @property
+    def depth(self) -> int:
+        """Tokens drafted this cycle."""
+        return self._j
+
+    @property
+    def ended_by_eos(self) -> bool:
+        """The generation has finished with EOS (else it is running or ended at ``max_new_tokens``)."""
+        return self.finished and self.replay.eos
+
+    @property
+    def target_dtype(self) -> str | None:
+        """The precision the traces were recorded in (their header's ``dtype``), which ``generate`` checks a trained
+        policy against; None when the header does not say."""
+        return self._prompts.header.get("dtype")
+
+    def usable(self, indices: Sequence[int] | None = None) -> list[int]:
+        """Of trace prompts ``indices`` (None: all), those whose replayed generation has a decision to make (it does
+        not end at its first token)."""
+        idx = range(len(self._prompts)) if indices is None else indices
+        return [int(i) for i in idx if self.replay_data(int(i)).n > 1]
+
+    def _check_verify_size(self, verify_size: int | None) -> None:
+        if verify_size is not None and verify_size != self._j:
+            raise ValueError(f"A chain drafter verifies all drafted tokens: verify_size must be {self._j}, got "
+                             f"{verify_size}.")
+
+
+class ReplayDecoder(_TraceBackend):
     """A chain decoder replayed from traces and latency profiles (see the module docstring).
 
     Args:
@@ -80,7 +186,6 @@ class ReplayDecoder(CycleDriver):
         FileNotFoundError: a trace or profile file is missing.
     """
 
-    shape = "chain"
     _hybrid = False
 
     def __init__(self, traces: TraceSet | str | Path | Sequence[str | Path],
@@ -94,29 +199,21 @@ class ReplayDecoder(CycleDriver):
             raise ValueError("profile is required: the latency profile(s) the replayed cycles cost (a file from "
                              "`python -m eval.profile`, a shipped name such as 'cpu-2core' or 'gpu-like', or several).")
         self.profiles = load_profiles(profile)
-        self.max_depth = tr.max_depth if max_depth is None else max_depth
-        self.max_new_tokens = tr.max_new_tokens if max_new_tokens is None else max_new_tokens
-        if not (isinstance(self.max_depth, int) and 0 <= self.max_depth <= tr.max_depth):
-            raise ValueError(f"max_depth must be an integer in [0, {tr.max_depth}] (the traces hold chains of up to "
-                             f"{tr.max_depth} tokens), got {max_depth!r}; record deeper traces for more.")
-        if not (isinstance(self.max_new_tokens, int) and 2 <= self.max_new_tokens <= tr.max_new_tokens):
-            raise ValueError(f"max_new_tokens must be an integer in [2, {tr.max_new_tokens}] (the traces' length), "
-                             f"got {max_new_tokens!r}.")
+        self.max_depth = self._check_setting(
+            "max_depth", max_depth, tr.max_depth, 0, tr.max_depth,
+            f"(the traces hold chains of up to {tr.max_depth} tokens; record deeper traces for more)")
+        self.max_new_tokens = self._check_setting("max_new_tokens", max_new_tokens, tr.max_new_tokens, 2,
+                                                  tr.max_new_tokens, "(the traces' length)")
         self.drafter_name = tr.drafter
         for prof in self.profiles:
             prof.cost(self.drafter_name)  # raises ValueError if the profile lacks the drafter
             prof.verify(self.max_depth + 1, 0)  # raises ValueError if the verify table is too small
         self.vocab_size = int(tr.header["vocab_size"])
         self.deterministic = tr.deterministic
-        self.clock = ReplayClock()
-        self._index = {tuple(int(x) for x in pt.prompt_ids): i for i, pt in enumerate(tr.prompts)}
+        self._init_replay(tr)
         self._replays: dict[tuple[int, int], ChainReplay] = {}
         self._observations: dict[int, np.ndarray] = {}
-        self._cycle_other = 0.0
-        self.prompt_index: int | None = None
         self.profile_index = 0
-        self._started = False
-        self.finished = False
 
     # ------------------------------------------------------------------ tables
     def replay_data(self, index: int, profile_index: int | None = None) -> ChainReplay:
@@ -151,13 +248,7 @@ class ReplayDecoder(CycleDriver):
             self._observations[index] = obs
         return obs
 
-    def usable(self, indices: Sequence[int] | None = None) -> list[int]:
-        """Of trace prompts ``indices`` (None: all), those whose replayed generation has a decision to make (it does
-        not end at its first token)."""
-        idx = range(len(self.traces)) if indices is None else indices
-        return [int(i) for i in idx if min(self.traces.prompts[int(i)].n, self.max_new_tokens) > 1]
-
-    def autoregressive_rate(self, profile_index: int = 0, indices: Sequence[int] | None = None) -> float:
+    def autoregressive_rate(self, profile_index: int = 0, *, indices: Sequence[int] | None = None) -> float:
         """tokens/s of plain decoding (depth 0 every cycle) over the usable prompts of ``indices`` (None: all) with
         profile ``profile_index``: all generated tokens (the prefill's first one included) over the summed cycle
         seconds — the ``cycle_tokens_per_s`` that ``python -m train`` measures on the real loop for its reward
@@ -185,16 +276,7 @@ class ReplayDecoder(CycleDriver):
         Raises:
             ValueError: a prompt that is not among the traces', an index or ``profile_index`` out of range.
         """
-        if isinstance(prompt_ids, numbers.Integral) and not isinstance(prompt_ids, bool):
-            index = int(prompt_ids)
-            if not 0 <= index < len(self.traces):
-                raise ValueError(f"prompt index must be in [0, {len(self.traces)}) (the traces' prompts), got {index}.")
-        else:
-            key = tuple(int(x) for x in np.asarray(prompt_ids).reshape(-1))
-            if key not in self._index:
-                raise ValueError(f"This prompt ({len(key)} tokens) is not among the traces' {len(self.traces)} "
-                                 "prompts: the replay can only replay what was recorded (python -m eval.record).")
-            index = self._index[key]
+        index = self._prompt_index(prompt_ids)
         if profile_index is not None:
             if not (isinstance(profile_index, numbers.Integral) and 0 <= profile_index < len(self.profiles)):
                 raise ValueError(f"profile_index must be an integer in [0, {len(self.profiles)}) (the profiles: "
@@ -215,35 +297,9 @@ class ReplayDecoder(CycleDriver):
         self.finished = self.replay.n <= 1
 
     @property
-    def ids(self) -> np.ndarray:
-        """int64 (L + generated,): the committed sequence (the prompt and the recorded tokens replayed so far)."""
-        return np.concatenate([np.asarray(self._pt.prompt_ids, dtype=np.int64),
-                               np.asarray(self._pt.output[: self._t], dtype=np.int64)])
-
-    @property
-    def generated(self) -> int:
-        return self._t
-
-    @property
-    def depth(self) -> int:
-        """Tokens drafted this cycle."""
-        return self._j
-
-    @property
     def depth_limit(self) -> int:
         """The most tokens this cycle may draft: ``max_depth`` capped so that τ + 1 ≤ tokens left."""
         return max(0, min(self.max_depth, self.max_new_tokens - self._t - 1))
-
-    @property
-    def ended_by_eos(self) -> bool:
-        """The generation has finished with EOS (else it is running or ended at ``max_new_tokens``)."""
-        return self.finished and self.replay.eos
-
-    @property
-    def target_dtype(self) -> str | None:
-        """The precision the traces were recorded in (their header's ``dtype``), which ``generate`` checks a trained
-        policy against; None when the header does not say."""
-        return self.traces.header.get("dtype")
 
     def can_draft(self) -> bool:
         """Whether :meth:`draft_step` may run now: the trace's chain at this position (capped by the depth limit)
@@ -253,6 +309,7 @@ class ReplayDecoder(CycleDriver):
     def features(self) -> np.ndarray:
         """Observation for the next decision, float32 (len(FEATURE_NAMES),): the real decoder's
         :meth:`~learn2draft.decoding.SpeculativeDecoder.features` in the same state."""
+        self._check_started()
         obs = self._static[self._t, self._j].copy()
         obs[_HIST] = self._hist
         obs[_LAF] = np.float32(self.last_accept_fraction)
@@ -267,6 +324,7 @@ class ReplayDecoder(CycleDriver):
             observation: the current observation when the caller holds it (e.g. one with a profile's features
                 appended); None: :meth:`features`.
         """
+        self._check_started()
         t, j, pt = self._t, self._j, self._pt
         return DraftState(
             depth=j, max_depth=self.max_depth, committed_len=self.prompt_len + t, generated=t,
@@ -276,12 +334,6 @@ class ReplayDecoder(CycleDriver):
             drafter_features=pt.drafter_features[t, j],
             observation=self.features() if observation is None else observation,
         )
-
-    def _check_running(self) -> None:
-        if not self._started:
-            raise RuntimeError("Call start(prompt_ids) first.")
-        if self.finished:
-            raise RuntimeError("Generation finished (EOS or max_new_tokens): call start() for a new prompt.")
 
     # ------------------------------------------------------------------ the cycle
     def draft_step(self) -> None:
@@ -306,8 +358,7 @@ class ReplayDecoder(CycleDriver):
         """
         self._check_running()
         t, j, r = self._t, self._j, self.replay
-        if verify_size is not None and verify_size != j:
-            raise ValueError(f"A chain drafter verifies all drafted tokens: verify_size must be {j}, got {verify_size}.")
+        self._check_verify_size(verify_size)
         tau, emitted, _ = r.cycle(t, j, self._rng)
         self.accepted_history.append(tau)
         h = self.accepted_history[-HISTORY:][::-1]
@@ -324,7 +375,7 @@ class ReplayDecoder(CycleDriver):
 
 
 
-class HybridReplayDecoder(CycleDriver):
+class HybridReplayDecoder(_TraceBackend):
     """A hybrid drafter's decoder (prompt lookup + a neural drafter, the source chosen per token) replayed from a
     lookup trace set and a neural one (:mod:`learn2draft.replay.hybrid`, temperature 0), with the real decoder's API:
     :meth:`step` takes 0 STOP, 1 CONTINUE with lookup, 2 CONTINUE with the neural drafter
@@ -332,7 +383,9 @@ class HybridReplayDecoder(CycleDriver):
     executes); lookup without a proposal falls back to the neural drafter, as on the real loop.
 
     Args:
-        traces: ``(lookup TraceSet, neural TraceSet)`` (``envs.hybrid.split_hybrid_traces`` reads and checks files).
+        traces: ``(lookup TraceSet, neural TraceSet)``, or the trace files of both (a list, or paths joined by commas:
+            :func:`learn2draft.replay.hybrid.split_hybrid_traces`); checked with
+            :func:`~learn2draft.replay.hybrid.check_hybrid_traces`.
         profile: a latency profile (object, file or shipped name) with costs for ``"lookup"`` and the neural drafter.
         max_new_tokens, max_depth: ≤ the traces' (None: theirs; ``max_depth`` ≥ 1).
 
@@ -341,37 +394,45 @@ class HybridReplayDecoder(CycleDriver):
             approximation (:mod:`learn2draft.replay.hybrid`).
 
     Raises:
-        ValueError: settings out of range, a profile without the two drafters' costs or a verify table too small.
+        ValueError: traces that cannot replay a hybrid together (see :func:`~learn2draft.replay.hybrid.check_hybrid_traces`),
+            no profile or several, settings out of range, a profile without the two drafters' costs or a verify table
+            too small.
+
+    Note: a cycle's depth is capped at the tokens left to the recorded end of the generation (its EOS), which the real
+    decoder does not know (it caps at ``max_new_tokens`` only): just before an EOS the replay drafts less than the
+    real loop would (the neural trace holds no rows past the end).
     """
 
-    shape = "chain"
     _hybrid = True
 
-    def __init__(self, traces: tuple[TraceSet, TraceSet], profile: LatencyProfile | str | Path,
-                 max_new_tokens: int | None = None, max_depth: int | None = None):
-        self.lookup_traces, self.neural_traces = traces
+    def __init__(self, traces: tuple[TraceSet, TraceSet] | str | Sequence[str | Path],
+                 profile: LatencyProfile | str | Path, max_new_tokens: int | None = None,
+                 max_depth: int | None = None):
+        if isinstance(traces, tuple) and len(traces) == 2 and all(isinstance(t, TraceSet) for t in traces):
+            self.lookup_traces, self.neural_traces = check_hybrid_traces(*traces)
+        else:
+            self.lookup_traces, self.neural_traces = split_hybrid_traces(traces)
         self.neural = self.neural_traces.drafter
-        self.profile = load_profiles(profile)[0]
+        if profile is None:
+            raise ValueError("profile is required: the latency profile the replayed cycles cost (a file from "
+                             "`python -m eval.profile` or a shipped name), with lookup's and the neural drafter's costs.")
+        profiles = load_profiles(profile)
+        if len(profiles) != 1:
+            raise ValueError(f"A hybrid drafter replays on one latency profile, got {len(profiles)}.")
+        self.profile = profiles[0]
         self.profile.cost("lookup")
         self.profile.cost(self.neural)
         rec_d = self.lookup_traces.max_depth  # a draft model needs depth-0 rows only; a short head chain is approximated
         rec_n = min(self.lookup_traces.max_new_tokens, self.neural_traces.max_new_tokens)
-        self.max_depth = rec_d if max_depth is None else max_depth
-        self.max_new_tokens = rec_n if max_new_tokens is None else max_new_tokens
-        if not (isinstance(self.max_depth, int) and 1 <= self.max_depth <= rec_d):
-            raise ValueError(f"max_depth must be an integer in [1, {rec_d}] (the traces' chains), got {max_depth!r}.")
-        if not (isinstance(self.max_new_tokens, int) and 2 <= self.max_new_tokens <= rec_n):
-            raise ValueError(f"max_new_tokens must be an integer in [2, {rec_n}], got {max_new_tokens!r}.")
+        self.max_depth = self._check_setting("max_depth", max_depth, rec_d, 1, rec_d, "(the traces' chains)")
+        self.max_new_tokens = self._check_setting("max_new_tokens", max_new_tokens, rec_n, 2, rec_n,
+                                                  "(the traces' length)")
         self.profile.verify(self.max_depth + 1, 0)
         self.vocab_size = int(self.lookup_traces.header["vocab_size"])
-        self.clock = ReplayClock()
+        self._init_replay(self.lookup_traces)
         self._replays: dict[int, HybridReplay] = {}
-        self._cycle_other = 0.0
         self._source = 0
-        self.prompt_index: int | None = None
         self.last_approximate = False
-        self._started = False
-        self.finished = False
 
     def replay_data(self, index: int) -> HybridReplay:
         """The :class:`~learn2draft.replay.hybrid.HybridReplay` of prompt ``index`` (built on first use)."""
@@ -381,12 +442,7 @@ class HybridReplayDecoder(CycleDriver):
                                                      self.profile, self.neural, self.max_depth, self.max_new_tokens)
         return r
 
-    def usable(self, indices: Sequence[int] | None = None) -> list[int]:
-        """Of prompts ``indices`` (None: all), those whose replayed generation has a decision to make."""
-        idx = range(len(self.lookup_traces)) if indices is None else indices
-        return [int(i) for i in idx if self.replay_data(int(i)).n > 1]
-
-    def autoregressive_rate(self, indices: Sequence[int] | None = None) -> float:
+    def autoregressive_rate(self, *, indices: Sequence[int] | None = None) -> float:
         """tokens/s of plain decoding over the usable prompts of ``indices`` (None: all)."""
         tokens = seconds = 0.0
         for i in self.usable(indices):
@@ -395,7 +451,7 @@ class HybridReplayDecoder(CycleDriver):
             seconds += sum(r.cycle_seconds(t, 0, False, 0.0) for t in range(1, r.n))
         return tokens_per_second(tokens, seconds)
 
-    def oracle_rate(self, indices: Sequence[int] | None = None) -> float:
+    def oracle_rate(self, *, indices: Sequence[int] | None = None) -> float:
         """tokens/s of the hindsight oracle (:func:`learn2draft.replay.hybrid.hybrid_oracle_seconds`) over the usable
         prompts of ``indices`` (None: all)."""
         tokens = seconds = 0.0
@@ -413,18 +469,7 @@ class HybridReplayDecoder(CycleDriver):
         Raises:
             ValueError: a prompt not among the traces', or an index out of range.
         """
-        n_prompts = len(self.lookup_traces)
-        if isinstance(prompt_ids, numbers.Integral) and not isinstance(prompt_ids, bool):
-            index = int(prompt_ids)
-            if not 0 <= index < n_prompts:
-                raise ValueError(f"prompt index must be in [0, {n_prompts}) (the traces' prompts), got {index}.")
-        else:
-            key = np.asarray(prompt_ids).reshape(-1)
-            index = next((i for i, pt in enumerate(self.lookup_traces.prompts) if np.array_equal(pt.prompt_ids, key)),
-                         None)
-            if index is None:
-                raise ValueError(f"This prompt ({key.size} tokens) is not among the traces' {n_prompts} prompts: the "
-                                 "replay can only replay what was recorded (python -m eval.record).")
+        index = self._prompt_index(prompt_ids)
         self.prompt_index = index
         self.replay = self.replay_data(index)
         self._pt = self.lookup_traces.prompts[index]
@@ -445,31 +490,6 @@ class HybridReplayDecoder(CycleDriver):
         self._since, self._draft_s, self._used, self._approx = 0, 0.0, False, False
         self._cycle_other = 0.0
 
-    @property
-    def ids(self) -> np.ndarray:
-        """int64 (L + generated,): the prompt and the recorded tokens replayed so far."""
-        return np.concatenate([np.asarray(self._pt.prompt_ids, dtype=np.int64),
-                               np.asarray(self._pt.output[: self._t], dtype=np.int64)])
-
-    @property
-    def generated(self) -> int:
-        return self._t
-
-    @property
-    def depth(self) -> int:
-        """Tokens drafted this cycle."""
-        return self._j
-
-    @property
-    def ended_by_eos(self) -> bool:
-        """The generation has finished with EOS (else it is running or ended at ``max_new_tokens``)."""
-        return self.finished and self.replay.eos
-
-    @property
-    def target_dtype(self) -> str | None:
-        """The traces' precision (their header's ``dtype``)."""
-        return self.lookup_traces.header.get("dtype")
-
     def can_draft(self) -> bool:
         """Whether one more token may be drafted (the neural drafter always has a proposal)."""
         return self._started and not self.finished and self._j < self.replay.limit[self._t]
@@ -485,6 +505,7 @@ class HybridReplayDecoder(CycleDriver):
         drafter, from the traces with the same builders (the drafted tokens' confidences and entropies from whichever
         source drafted them, the lookup's match features and lookahead here, the last token's source, the target's
         view of the last committed token: zeros when the traces do not hold it)."""
+        self._check_started()
         r, t, j = self.replay, self._t, self._j
         pos = t + j
         D = self.max_depth
@@ -505,6 +526,7 @@ class HybridReplayDecoder(CycleDriver):
         """The :class:`learn2draft.state.DraftState` of the current decision (as the hybrid decoder's): the integer
         depth, this cycle's confidences and entropies, the lookup's drafter features, the hybrid features as
         ``extra_features`` and the observation (None: :meth:`features`)."""
+        self._check_started()
         obs = self.features() if observation is None else observation
         t, r = self._t, self.replay
         return DraftState(
@@ -515,12 +537,6 @@ class HybridReplayDecoder(CycleDriver):
             drafter_features=r.look_feats[min(t + self._j, r.n)], extra_features=obs[len(FEATURE_NAMES):],
             observation=obs,
         )
-
-    def _check_running(self) -> None:
-        if not self._started:
-            raise RuntimeError("Call start(prompt_ids) first.")
-        if self.finished:
-            raise RuntimeError("Generation finished (EOS or max_new_tokens): call start() for a new prompt.")
 
     # ------------------------------------------------------------------ the cycle
     def draft_step(self) -> None:
@@ -559,8 +575,7 @@ class HybridReplayDecoder(CycleDriver):
         """
         self._check_running()
         r, t, d = self.replay, self._t, self._j
-        if verify_size is not None and verify_size != d:
-            raise ValueError(f"A chain drafter verifies all drafted tokens: verify_size must be {d}, got {verify_size}.")
+        self._check_verify_size(verify_size)
         emitted = min(self._run + 1, r.n - t)
         tau = min(self._run, emitted)
         seconds = r.cycle_seconds(t, d, self._used, self._draft_s) + self._cycle_other

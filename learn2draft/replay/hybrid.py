@@ -32,16 +32,68 @@ decisions about them are approximate. Numpy only.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from learn2draft.replay.latency import LatencyProfile
-from learn2draft.replay.traces import PromptTrace
+from learn2draft.replay.traces import PromptTrace, TraceSet, load_traces
 
 #: Hybrid replays are exact at temperature 0 only (a sampled trajectory's acceptance of a mixed chain is not recorded).
 HYBRID_T_POSITIVE_REFUSAL = ("Hybrid drafters replay from temperature-0 traces only: at T > 0 a mixed chain's acceptance "
                              "depends on draws the single-drafter traces do not hold. Record with --temperature 0.")
+
+
+def split_hybrid_traces(traces: Sequence[str | Path] | str) -> tuple[TraceSet, TraceSet]:
+    """Load trace files and split them by drafter: the lookup traces and the neural (model or head) traces, each in the
+    order given (several files of one drafter are concatenated, as :func:`learn2draft.replay.traces.load_traces` does).
+
+    Raises:
+        ValueError: not exactly one neural drafter besides lookup, a drafter missing, T > 0 traces, the two sets
+            holding different prompts (the message names what to record), or an empty item between commas.
+    """
+    from learn2draft.cli import comma_items
+
+    paths = (comma_items(traces, "trace files", "join the trace files with single commas, e.g. lookup.npz,model.npz")
+             if isinstance(traces, str) else [p for p in map(str, traces) if p])
+    groups: dict[str, list[str]] = {}
+    for p in paths:
+        groups.setdefault(load_traces(p).drafter, []).append(p)
+    neural = sorted(set(groups) - {"lookup"})
+    if "lookup" not in groups or len(neural) != 1:
+        raise ValueError(f"A hybrid drafter replays from lookup traces and the traces of ONE neural drafter (model or "
+                         f"head), got traces of {sorted(groups) or 'nothing'}: record both with python -m eval.record "
+                         "--drafter lookup and --drafter model (or head) on the same prompts, then pass them joined "
+                         "by commas.")
+    return check_hybrid_traces(load_traces(groups["lookup"]), load_traces(groups[neural[0]]))
+
+
+def check_hybrid_traces(look: TraceSet, neu: TraceSet) -> tuple[TraceSet, TraceSet]:
+    """Check that ``look`` (prompt lookup's traces) and ``neu`` (one neural drafter's) can replay a hybrid drafter
+    together, and return them.
+
+    Raises:
+        ValueError: ``look`` is not lookup's or ``neu`` not a neural drafter's, T > 0 traces, the two recorded with
+            different settings or holding a different number of prompts (the message names what to record).
+    """
+    if look.drafter != "lookup" or neu.drafter not in ("model", "head"):
+        raise ValueError(f"A hybrid replay takes (lookup traces, model or head traces), got ({look.drafter!r}, "
+                         f"{neu.drafter!r}) traces.")
+    neural = [neu.drafter]
+    for ts in (look, neu):
+        if not ts.deterministic:
+            raise ValueError(HYBRID_T_POSITIVE_REFUSAL)
+    for key in ("target", "dtype", "sampling", "max_new_tokens", "chat"):
+        a, b = look.header.get(key), neu.header.get(key)
+        if a is not None and b is not None and a != b:
+            raise ValueError(f"The lookup traces and the {neural[0]} traces were recorded with different {key} ({a!r} vs "
+                             f"{b!r}): record both with the same settings (python -m eval.record).")
+    if len(look) != len(neu):
+        raise ValueError(f"The lookup traces hold {len(look)} prompts and the {neural[0]} traces {len(neu)}: record both "
+                         "on the same prompts in the same order.")
+    return look, neu
 
 
 @dataclass
@@ -231,4 +283,5 @@ def hybrid_oracle_seconds(r: HybridReplay) -> tuple[float, np.ndarray]:
     return float(best[1]), choice
 
 
-__all__ = ["HYBRID_T_POSITIVE_REFUSAL", "HybridReplay", "agreed_length", "hybrid_oracle_seconds", "hybrid_replay"]
+__all__ = ["HYBRID_T_POSITIVE_REFUSAL", "HybridReplay", "agreed_length", "check_hybrid_traces", "hybrid_oracle_seconds",
+           "hybrid_replay", "split_hybrid_traces"]
