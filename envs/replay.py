@@ -68,7 +68,7 @@ from gymnasium import spaces
 
 from envs.reward import check_reward_scale, cycle_reward, relative_speeds
 from envs.spec_decode import EPISODE_MODES, DepthEnv
-from learn2draft.control import STOP, as_action, check_depth_feature_scale, keeps_drafting
+from learn2draft.control import check_depth_feature_scale
 from learn2draft.features import FEATURE_NAMES, PROFILE_FEATURE_NAMES
 from learn2draft.features import profile_features as profile_feature_vector
 from learn2draft.metrics import CycleResult
@@ -225,11 +225,7 @@ class SpecDecodeReplayEnv(DepthEnv):
                 raise ValueError(f"Prompt {idx} ends at its first token (EOS): no drafting decision to make.")
         self.prompt_index = idx
         self.decoder.start(idx, profile_index=self.profile_index, rng=self.np_random)
-
-    def _observation(self, features: np.ndarray) -> np.ndarray:
-        if self.profile_features:
-            return np.concatenate((features, self._profile_obs[self.profile_index]))
-        return features
+        self.decoder.observation_suffix = self._profile_obs[self.profile_index]  # None without profile features
 
     def _reward(self, res: CycleResult) -> float:
         return cycle_reward(res.tokens_per_second, self.reward_scale, self._relative_speed[self.profile_index])
@@ -270,10 +266,11 @@ def replay_controller(env: SpecDecodeReplayEnv, controller, prompt_indices: Sequ
                       repeats: int = 1, seed: int = 0, profile_index: int = 0) -> dict:
     """Score any :class:`learn2draft.DraftController` (fixed γ, heuristics, an exported policy) in replay.
 
-    Each generation is driven as :meth:`SpeculativeDecoder.run_cycle` drives the real loop: before each draft
-    step, if the depth is below the controller's ``max_depth`` and drafting is possible, the controller is asked
-    :meth:`~learn2draft.control.DraftController.decide` on the env's :meth:`~SpecDecodeReplayEnv.state` (its
-    observation the env's precomputed vector) and says CONTINUE or STOP; otherwise the cycle verifies. ``controller.reset()`` starts each
+    Each generation is driven by the replay backend's own cycle, :meth:`learn2draft.control.CycleDriver.run_cycle`
+    (what :meth:`SpeculativeDecoder.run_cycle` runs on the real loop): before each draft step, if the depth is below
+    the controller's ``max_depth`` and drafting is possible, the controller is asked
+    :meth:`~learn2draft.control.DraftController.decide` on the backend's state (its observation the env's vector, a
+    profile's features appended when the env appends them) and says CONTINUE or STOP; otherwise the cycle verifies. ``controller.reset()`` starts each
     generation. The env's episode mode does not matter (generations are followed across cycle episodes).
 
     Args:
@@ -306,27 +303,17 @@ def replay_controller(env: SpecDecodeReplayEnv, controller, prompt_indices: Sequ
     for k in range(repeats):
         for i in idx:
             controller.reset()
-            obs, _ = env.reset(seed=run_seed(seed, k, i), options={"prompt_index": i, "profile_index": profile_index})
-            tok, sec = env._r.n, 0.0
-            while True:
-                choice = [STOP]  # the controller's action when it is asked (a hybrid's may be CONTINUE_NEURAL)
-
-                def decide(o=obs, choice=choice) -> bool:
-                    choice[0] = as_action(controller.decide(env.state(o)))
-                    return choice[0] != STOP
-
-                go = keeps_drafting(controller, env.depth, env.can_draft, decide)
-                obs, _, _, _, info = env.step(choice[0] if go else STOP)
-                if info["verified"]:
-                    sec += info["seconds"]
-                    depths += info["depth"]
-                    taus += info["accepted"]
-                    neural += info.get("neural_drafted", 0)
-                    cycles += 1
-                    if info["generation_finished"]:
-                        break
-                    if env.episode == "cycle":
-                        obs, _ = env.reset()  # the next cycle of the same generation
+            env.reset(seed=run_seed(seed, k, i), options={"prompt_index": i, "profile_index": profile_index})
+            d, sec = env.decoder, 0.0
+            while not d.finished:  # the backend's own cycle, as generate() runs it (CycleDriver.run_cycle)
+                res = d.run_cycle(controller)
+                sec += res.seconds
+                depths += res.depth
+                taus += res.num_accepted
+                neural += res.neural_drafted
+                cycles += 1
+            tok = d.generated
+            env._needs_reset, env._in_generation = True, False  # the env's episode ended with the generation
             tokens += tok
             seconds += sec
             row = per.setdefault(i, [0.0, 0.0])

@@ -214,6 +214,9 @@ class ReplayDecoder(_TraceBackend):
         self._replays: dict[tuple[int, int], ChainReplay] = {}
         self._observations: dict[int, np.ndarray] = {}
         self.profile_index = 0
+        #: float32, appended to every observation (:meth:`features`): a profile's features for a profile-conditioned
+        #: policy (``envs.replay.SpecDecodeReplayEnv(profile_features=True)`` sets it per generation); None: nothing
+        self.observation_suffix: np.ndarray | None = None
 
     # ------------------------------------------------------------------ tables
     def replay_data(self, index: int, profile_index: int | None = None) -> ChainReplay:
@@ -308,12 +311,13 @@ class ReplayDecoder(_TraceBackend):
 
     def features(self) -> np.ndarray:
         """Observation for the next decision, float32 (len(FEATURE_NAMES),): the real decoder's
-        :meth:`~learn2draft.decoding.SpeculativeDecoder.features` in the same state."""
+        :meth:`~learn2draft.decoding.SpeculativeDecoder.features` in the same state (then :attr:`observation_suffix`
+        when set)."""
         self._check_started()
         obs = self._static[self._t, self._j].copy()
         obs[_HIST] = self._hist
         obs[_LAF] = np.float32(self.last_accept_fraction)
-        return obs
+        return obs if self.observation_suffix is None else np.concatenate((obs, self.observation_suffix))
 
     def state(self, observation: np.ndarray | None = None) -> DraftState:
         """What a policy may see at the next decision (as :meth:`SpeculativeDecoder.state` for the same position):
