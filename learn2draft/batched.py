@@ -38,7 +38,10 @@ seed a row's tokens are those of the row decoded alone (up to float rounding of 
 forward's seconds are split equally over the rows it fed (their ``draft_seconds``). A row that says STOP at a depth
 below its controller's ``max_depth`` was fed one token for nothing (rolled back after verification); a lone
 candidate decides first and proposes alone. A hybrid's rows decide first (the source follows the controller's
-answer), then the rows drafting with its neural drafter share one forward; prompt lookup proposes per row. Drafter
+answer), then the rows drafting with its neural drafter share one forward. Prompt lookup's rows (at least
+:data:`~learn2draft.drafters.lookup.MIN_ROWS_SEARCHED_TOGETHER` of them) find their chains in one array search over
+the rows before the first depth (:meth:`BatchedSpeculativeDecoder._lookahead_rows`), then decide and propose per row
+along them. Drafter
 forwards per step: max_i γ_i (+1 when the last rows stop below their controller's ``max_depth``) instead of
 Σ_i γ_i; only rows whose drafters share one module batch (a drafter name spawns every row's from one drafter).
 Trees are not batched (the batch runs chains).
@@ -59,6 +62,7 @@ from learn2draft.control import DraftController, check_depth_feature_scale, keep
 from learn2draft.decoding import SpeculativeDecoder, check_decoder_settings
 from learn2draft.drafters import make_drafter
 from learn2draft.drafters.base import Drafter
+from learn2draft.drafters.lookup import MIN_ROWS_SEARCHED_TOGETHER, LookupDrafter
 from learn2draft.metrics import BatchStep, CycleResult, RequestResult
 from learn2draft.models import ModelPair
 from learn2draft.names import DECODER_MAX_DEPTH
@@ -423,7 +427,7 @@ class BatchedSpeculativeDecoder:
                                               last_step_row_drafted=tuple(c.verify_size for c in
                                                                           self.steps[-1].rows.values()))))
 
-    def _draft(self, ctrls: list[DraftController]) -> None:
+    def _draft(self, ctrls: list[DraftController], load: LoadState | None = None) -> None:
         """The drafting half of a step, depth by depth (lockstep) for every row with its own controller ``ctrls[i]``.
 
         At each depth, the rows that :func:`learn2draft.control.keeps_drafting` (the one depth rule) lets draft
@@ -437,8 +441,12 @@ class BatchedSpeculativeDecoder:
         the same order, and a row that stops has only fed one more token to its drafter (rolled back after
         verification). A single candidate decides first and proposes alone (batch-1 cost). A hybrid's forward
         depends on the source its controller chooses: its rows decide first, then those drafting with a batched
-        neural drafter run one forward. Prompt lookup decides and proposes per row."""
+        neural drafter run one forward. Prompt lookup's rows find their chains in one search over the rows first
+        (:meth:`_lookahead_rows`; or the load state's ``draftable`` did this step), then decide and propose per row
+        along them (no row searches again)."""
         rows = self.rows
+        if not (load is not None and isinstance(load.draftable, _Lazy) and load.draftable.searched):
+            self._lookahead_rows(ctrls)  # unless the load state's draftable found the chains this step
         active = list(range(len(rows)))
         while active:
             cand = [i for i in active if rows[i].drafter.batched and not rows[i]._hybrid
@@ -456,6 +464,31 @@ class BatchedSpeculativeDecoder:
             for i in chosen:
                 rows[i].draft_step(prepared.get(i))
             active = nxt
+
+    def _lookahead_rows(self, ctrls: list[DraftController]) -> None:
+        """Prompt lookup's chains for the rows at once (:meth:`learn2draft.drafters.lookup.LookupDrafter.
+        lookahead_rows`: one array search over the rows per chain position instead of one search per row and depth),
+        each up to its controller's step depth and its depth limit, when at least
+        :data:`~learn2draft.drafters.lookup.MIN_ROWS_SEARCHED_TOGETHER` rows draft with prompt lookup this step. Each
+        drafter keeps its chain, so the rows' drafting along it does not search again; the call's seconds are split
+        equally over those rows' draft seconds. The tokens drafted are those of each row alone."""
+        rows = self.rows
+        idx = [i for i, r in enumerate(rows) if type(r.drafter) is LookupDrafter]
+        if len(idx) < MIN_ROWS_SEARCHED_TOGETHER:
+            return
+        # each row's step depth and depth limit (SpeculativeDecoder.depth_limit, read from its fields: this runs for
+        # every row of every step, before any row drafts)
+        caps = [min(ctrls[i].step_depth, rows[i].max_depth, rows[i].max_new_tokens - rows[i]._n + rows[i].prompt_len - 1)
+                for i in idx]
+        idx, caps = [i for i, k in zip(idx, caps) if k > 0], [k for k in caps if k > 0]
+        if len(idx) < MIN_ROWS_SEARCHED_TOGETHER:
+            return
+        clock = rows[idx[0]].clock  # host work: a clock that does not wait for the device
+        t0 = clock.now()
+        LookupDrafter.lookahead_rows([rows[i].drafter for i in idx], [rows[i]._buf[: rows[i]._n] for i in idx], caps)
+        share = (clock.now() - t0) / len(idx)
+        for i in idx:
+            rows[i]._cycle_draft += share  # charge_draft, inline
 
     def _prepare_drafts(self, idx: list[int]) -> dict[int, Any]:
         """One :meth:`~learn2draft.drafters.Drafter.prepare_batch` call per drafter type over rows ``idx`` (none for
@@ -550,7 +583,7 @@ class BatchedSpeculativeDecoder:
         if load is not None:
             for ctrl in ctrls:
                 ctrl.observe_load(load)
-        self._draft(ctrls)
+        self._draft(ctrls, load)
         if budget is not None:
             keep = list(budget([np.asarray(r.margins, dtype=np.float64) for r in self.rows], load))
             if len(keep) != len(self.rows):
@@ -606,20 +639,36 @@ class BatchedSpeculativeDecoder:
 
 
 class _Lazy(Sequence):
-    """A load state's ``draftable``, computed on read, row by row: per row, the tokens its drafter can propose after
-    the committed tokens the row held when the load state was built (:func:`_draftable`; the ids and depth limit are
-    kept then, committed tokens are never rewritten). Each row runs a lookahead (prompt lookup's n-gram search, ~0.3 ms
-    a row on a 2-core CPU), so a row is computed only when read: a step whose controllers never read it (a fixed
-    table) pays nothing, and the speed guard pays for the rows it reads: its idle requests', and every row's at up to 4
-    rows when plain decoding leads by the rate (its content check). Reads as, compares equal to and pickles as the
-    tuple of ints."""
+    """A load state's ``draftable``, computed on read: per row, the tokens its drafter can propose after the committed
+    tokens the row held when the load state was built (:func:`_draftable`; the ids and depth limit are kept then,
+    committed tokens are never rewritten). Each row runs a lookahead (prompt lookup's n-gram search, ~0.3 ms a row on
+    a 2-core CPU), so nothing is computed before a read: a step whose controllers never read it (a fixed table) pays
+    nothing. A read of a row computes that row alone, except where
+    :data:`~learn2draft.drafters.lookup.MIN_ROWS_SEARCHED_TOGETHER` or more rows draft with prompt lookup: the first
+    read of one of them finds all their chains in one array search over the rows
+    (:meth:`learn2draft.drafters.lookup.LookupDrafter.lookahead_rows`), which the step's drafting then reuses. Reads
+    as, compares equal to and pickles as the tuple of ints."""
 
     def __init__(self, rows: list):
         self._rows, self._values = rows, [None] * len(rows)
+        self._lookup = [i for i, (r, _, limit) in enumerate(rows) if type(r.drafter) is LookupDrafter and limit > 0]
+        if len(self._lookup) < MIN_ROWS_SEARCHED_TOGETHER:
+            self._lookup = []
+        #: whether a read found the prompt-lookup rows' chains in one search (each up to its depth limit: the step's
+        #: drafting then searches nothing)
+        self.searched = False
 
     def _at(self, i: int) -> int:
         if self._values[i] is None:
-            self._values[i] = _draftable(*self._rows[i])
+            if self._lookup and i in self._lookup:
+                rows = [self._rows[j] for j in self._lookup]
+                chains = LookupDrafter.lookahead_rows([r.drafter for r, _, _ in rows], [s for _, s, _ in rows],
+                                                      [limit for _, _, limit in rows])
+                for j, (toks, _) in zip(self._lookup, chains):
+                    self._values[j] = len(toks)
+                self._lookup, self.searched = [], True
+            else:
+                self._values[i] = _draftable(*self._rows[i])
         return self._values[i]
 
     def _get(self) -> tuple[int, ...]:

@@ -586,6 +586,87 @@ def test_the_load_states_draftable_is_the_rows_when_it_was_built(tiny_pair):
     assert now.row_ids == tuple(a._ids) and len(now.row_ids) == 2
 
 
+@pytest.mark.parametrize("sampling", [GREEDY, T1])
+def test_lookup_rows_searched_together_draft_what_each_row_drafts_alone(close_pair, monkeypatch, sampling):
+    """At MIN_ROWS_SEARCHED_TOGETHER or more prompt-lookup rows a step finds their chains in one array search over the
+    rows (LookupDrafter.lookahead_rows) and no row searches alone while they draft; each row's tokens, and its depth and
+    τ in every cycle, are those of the row decoded alone with its seed. Control: at fewer rows each row searches
+    alone."""
+    import learn2draft.batched as lb
+    from learn2draft.drafters.lookup import LookupDrafter
+
+    prompts = [PROMPTS[i % 4].repeat(2) for i in range(6)]
+    seeds = list(range(20, 26))
+    calls = {"rows": 0, "one": 0}
+    real_rows, real_find = LookupDrafter.lookahead_rows, LookupDrafter._find
+
+    def rows(*a, **k):
+        calls["rows"] += 1
+        return real_rows(*a, **k)
+
+    def one(self, *a):
+        calls["one"] += 1
+        return real_find(self, *a)
+
+    def run(n):
+        dec = lb.BatchedSpeculativeDecoder(close_pair, "lookup", sampling, max_new_tokens=16, max_depth=4, max_batch=n)
+        rids = dec.add_many(prompts[:n], [FixedDepthController(3) for _ in range(n)], seeds[:n])
+        calls.update(rows=0, one=0)
+        dec.step()
+        first = dict(calls)
+        while dec.rows:
+            dec.step()
+        return [dec.result(r) for r in rids], first
+
+    monkeypatch.setattr(LookupDrafter, "lookahead_rows", staticmethod(rows))
+    monkeypatch.setattr(LookupDrafter, "_find", one)
+    results, first = run(6)
+    assert first == {"rows": 1, "one": 0}
+    for i, res in enumerate(results):
+        ref = SpeculativeDecoder(close_pair, sampling, max_new_tokens=16, max_depth=4,
+                                 drafter=drafter_for("lookup", close_pair))
+        own = ref.generate(prompts[i], FixedDepthController(3), seed=seeds[i])
+        assert res.tokens == own.tokens, i
+        assert [(c.depth, c.num_accepted) for c in res.cycles] == [(c.depth, c.num_accepted) for c in own.cycles], i
+    assert sum(c.depth for r in results for c in r.cycles) > 0  # rows drafted
+    _, first = run(lb.MIN_ROWS_SEARCHED_TOGETHER - 1)
+    assert first["rows"] == 0 and first["one"] > 0
+
+
+def test_the_load_states_draftable_searches_many_lookup_rows_together(close_pair, monkeypatch):
+    """With MIN_ROWS_SEARCHED_TOGETHER or more prompt-lookup rows, the first read of LoadState.draftable finds every
+    row's chain in one search over the rows, the values those of each row's own lookahead, and the step's drafting that
+    follows searches nothing more."""
+    import learn2draft.batched as lb
+    from learn2draft.drafters.lookup import LookupDrafter
+
+    prompts = [PROMPTS[i % 4].repeat(2) for i in range(5)]
+    dec = lb.BatchedSpeculativeDecoder(close_pair, "lookup", max_new_tokens=16, max_depth=4, max_batch=5)
+    dec.add_many(prompts, [FixedDepthController(4) for _ in prompts], list(range(5)))
+
+    def own_chains():
+        out = []
+        for r in dec.rows:
+            d = LookupDrafter()
+            d.start(r.ids[:1])
+            out.append(len(d.lookahead(r.ids, r.depth_limit)[0]))
+        return out
+
+    while not any(own := own_chains()) and len(dec.rows) == 5:  # a step at which some row can draft
+        dec.step()
+    assert len(dec.rows) == 5
+    load = dec.load()
+    real, calls = LookupDrafter.lookahead_rows, []
+    monkeypatch.setattr(LookupDrafter, "lookahead_rows", staticmethod(lambda *a: calls.append(1) or real(*a)))
+    assert load.draftable[2] == own[2] and len(calls) == 1
+    assert tuple(load.draftable) == tuple(own) and len(calls) == 1 and any(own)
+    monkeypatch.setattr(LookupDrafter, "_find", None)  # any search from here fails
+    for r, c in zip(dec.rows, dec._controllers.values()):
+        c.observe_load(load)
+    dec._draft([dec._controllers[rid] for rid in dec._ids], load)
+    assert [r.depth for r in dec.rows] == own and len(calls) == 1
+
+
 def test_the_load_states_draftable_runs_a_rows_lookahead_only_when_that_row_is_read(tiny_pair, monkeypatch):
     """Reading one row of LoadState.draftable runs that row's lookahead alone (the speed guard reads only its idle
     requests' rows), each row at most once, and reading the whole gives the same values as reading row by row."""

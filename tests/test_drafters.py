@@ -136,6 +136,44 @@ def test_lookup_after_a_lookahead_matches_a_fresh_search():
         assert d.lookup(other) == fresh.lookup(other)
 
 
+def test_lookahead_over_rows_finds_each_rows_own_chain():
+    """LookupDrafter.lookahead_rows (one array search over rows) against each row's own lookahead: the same tokens,
+    confidences and kept matches (token, match length, count, confidence, margin: floats equal, not close), on 300
+    random batches of 1–8 rows of 1–60 tokens over 2–11 symbols (ties in the margin, matches long enough to reach the
+    16-token match-length cap), each row with its own n-gram sizes and limit (0 included); the drafting that follows
+    along the chain searches nothing. Control: a batch whose rows are decoded alone with one token changed differs."""
+    rng = np.random.default_rng(7)
+    differs = 0
+    for trial in range(300):
+        b, vocab = int(rng.integers(1, 9)), int(rng.integers(2, 12))
+        seqs = [t(rng.integers(0, vocab, size=int(rng.integers(1, 61))).tolist()) for _ in range(b)]
+        sizes = [(mx, int(rng.integers(1, mx + 1))) for mx in rng.integers(1, 6).repeat(b).tolist()]
+        sizes = [(int(rng.integers(1, 6)),) * 2 if i % 3 == 0 else s for i, s in enumerate(sizes)]
+        limits = rng.integers(0, 10, size=b).tolist()
+        own, rows = [], []
+        for s, (mx, mn), k in zip(seqs, sizes, limits):
+            d = LookupDrafter(mx, mn)
+            d.start(s[:1])
+            own.append((d.lookahead(s, k), d._ahead[2]))
+            rows.append(LookupDrafter(mx, mn))
+            rows[-1].start(s[:1])
+        got = LookupDrafter.lookahead_rows(rows, seqs, limits)
+        for (chain, matches), g, d, s, k in zip(own, got, rows, seqs, limits):
+            assert g == chain and d._ahead[2] == matches, trial
+            toks = chain[0]
+            if toks:  # drafting along it reads the kept matches
+                d._find = None  # a search would fail
+                assert d.lookup(torch.cat([s, t(toks[:-1])]))[0] == toks[-1]
+        if any(len(s) > 3 for s in seqs):
+            i = max(range(b), key=lambda j: len(seqs[j]))
+            changed = seqs[i].clone()
+            changed[-2] = vocab  # a symbol the row never had
+            d = LookupDrafter(*sizes[i])
+            d.start(changed[:1])
+            differs += d.lookahead(changed, limits[i]) != own[i][0]
+    assert differs > 20  # the control: the comparison can fail
+
+
 def test_bad_ngram_sizes_and_unknown_drafter(tiny_pair):
     with pytest.raises(ValueError, match="min_ngram"):
         LookupDrafter(max_ngram=1, min_ngram=2)

@@ -10,12 +10,17 @@ probability p(x) and otherwise draws from p with x removed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
 from learn2draft.drafters.base import NUM_DRAFTER_FEATURES, Drafter, DraftProposal
 
+#: The fewest rows :meth:`LookupDrafter.lookahead_rows` searches together (:func:`find_rows`); fewer are searched
+#: row by row, whose cost is below the array search's fixed cost (``eval/scripts/lookup_rows_bench.py``).
+MIN_ROWS_SEARCHED_TOGETHER = 4
 MATCH_LEN_SCALE = 16  # feature match_len = min(match length, 16) / 16
 MATCH_COUNT_SCALE = 8  # feature match_count = min(occurrences, 8) / 8
 DEFAULT_MAX_NGRAM = 4  # the longest n-gram tried (Hugging Face prompt lookup: max_matching_ngram_size, default 2)
@@ -145,6 +150,67 @@ class LookupDrafter(Drafter):
         self._ahead = (n, np.asarray(toks, dtype=np.int64), matches)  # the drafting that follows reuses the matches
         return toks, confs
 
+    @staticmethod
+    def lookahead_rows(drafters: Sequence[LookupDrafter], seqs: Sequence[torch.Tensor],
+                       limits: Sequence[int]) -> list[tuple[list[int], list[float]]]:
+        """:meth:`lookahead` for many rows at once: row i's chain after ``seqs[i]`` (int64 (n_i,)) up to
+        ``limits[i]`` tokens, found by one array computation over all rows per chain position and n-gram size
+        (:func:`find_rows`) instead of one search per row — the same tokens, confidences and matches as each
+        drafter's own :meth:`lookahead` (each drafter keeps its chain's matches, so its drafting along the chain
+        does not search again). Once fewer than :data:`MIN_ROWS_SEARCHED_TOGETHER` rows are still extending their
+        chains, those search row by row. The drafters may have different n-gram sizes.
+
+        Args:
+            drafters: one prompt lookup per row (distinct objects: each keeps its own row's state).
+            seqs: the rows' sequences (committed + drafted so far).
+            limits: the most tokens per row (≥ 0).
+
+        Returns:
+            per row, (tokens, confidences) as :meth:`lookahead` returns them.
+
+        Raises:
+            ValueError: mismatched lengths.
+        """
+        b = len(drafters)
+        if len(seqs) != b or len(limits) != b:
+            raise ValueError(f"lookahead_rows needs one sequence and one limit per drafter ({b} drafters, "
+                             f"{len(seqs)} sequences, {len(limits)} limits).")
+        ks = np.asarray([max(int(k), 0) for k in limits], dtype=np.int64)
+        hosts = [d._sync(s) for d, s in zip(drafters, seqs)]
+        lens = np.asarray([h.size for h in hosts], dtype=np.int64)
+        out: list[tuple[list[int], list[float]]] = [([], []) for _ in range(b)]
+        matches: list[list] = [[] for _ in range(b)]
+        kmax = int(ks.max()) if b else 0
+        if kmax > 0:
+            t = np.full((b, int(lens.max()) + kmax), -1, dtype=np.int64)  # -1 pads: never a token, never matched
+            for i, h in enumerate(hosts):
+                t[i, : h.size] = h
+            sizes = np.asarray([[d.max_ngram, d.min_ngram] for d in drafters], dtype=np.int64)
+            active = ks > 0
+            cur = lens.copy()
+            for _ in range(kmax):
+                idx = np.flatnonzero(active)
+                if idx.size == 0:
+                    break
+                if idx.size >= MIN_ROWS_SEARCHED_TOGETHER:
+                    found = find_rows(t[idx], cur[idx], sizes[idx, 0], sizes[idx, 1])
+                else:  # a few rows left: each alone costs less than the array search's fixed cost
+                    found = [drafters[i]._find(t[i, : cur[i]]) for i in idx]
+                for j, i in enumerate(idx):
+                    m = found[j]
+                    matches[i].append(m)
+                    if m is None:
+                        active[i] = False
+                        continue
+                    t[i, cur[i]] = m[0]
+                    out[i][0].append(m[0])
+                    out[i][1].append(m[3])
+                    cur[i] += 1
+                    active[i] = len(out[i][0]) < ks[i]
+        for d, n, (toks, _), m in zip(drafters, lens, out, matches):
+            d._ahead = (int(n), np.asarray(toks, dtype=np.int64), m)
+        return out
+
     def can_propose(self, seq: torch.Tensor) -> bool:
         return self.lookup(seq) is not None
 
@@ -177,4 +243,76 @@ class LookupDrafter(Drafter):
         return {"drafter": self.name, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram}
 
 
-__all__ = ["DEFAULT_MAX_NGRAM", "DEFAULT_MIN_NGRAM", "LookupDrafter"]
+def find_rows(t: np.ndarray, lens: np.ndarray, max_ngram: np.ndarray,
+              min_ngram: np.ndarray) -> list[tuple[int, int, int, float, float] | None]:
+    """:meth:`LookupDrafter._find` for many rows in one array computation: row i's match for the token after
+    ``t[i, :lens[i]]``, the same ``(token, match_len, count, confidence, margin)`` (or None) as the search of that
+    row alone.
+
+    For every position e of a row, the length of the common suffix of ``t[:e+1]`` and the row's sequence (up to the
+    largest n-gram size; one shifted comparison per size): the window of n tokens ending at e matches the last n
+    tokens when it is ≥ n. The row's n is the largest of its sizes with a match (a match of n is also one of every
+    smaller n, so that is its longest common suffix, capped), the latest match gives the token, the matches' next
+    tokens give the share followed by it (confidence) and the top-2 margin (their counts compared pairwise among
+    the matches), and the latest match's common suffix, read further back up to ``MATCH_LEN_SCALE``, its length.
+
+    Args:
+        t: int64 (B, L) the rows' tokens, padded past ``lens`` with −1 (never a token id).
+        lens: int64 (B,) each row's length.
+        max_ngram, min_ngram: int64 (B,) each row's n-gram sizes.
+
+    Returns:
+        per row, its match or None.
+    """
+    b, width = t.shape
+    out: list = [None] * b
+    nmax = int(max_ngram.max()) if b else 0
+    if b == 0 or width < 2:
+        return out
+    r = np.arange(b)
+    # e: the last position of a window, followed by a token inside the row (e ≤ len − 2)
+    e = np.arange(width - 1)
+    inside = e[None, :] <= (lens - 2)[:, None]
+    tail = np.take_along_axis(t, np.maximum(lens[:, None] - 1 - np.arange(nmax), 0), axis=1)  # (B, nmax) last tokens
+    run = np.zeros((b, width - 1), dtype=np.int64)  # common suffix length, up to nmax
+    same = inside.copy()
+    for j in range(min(nmax, width - 1)):  # position e compares t[e − j] with the row's j-th last token
+        same[:, :j] = False
+        same[:, j:] &= t[:, : width - 1 - j] == tail[:, j : j + 1]
+        run += same
+    n = np.minimum(np.minimum(run.max(axis=1), max_ngram), lens - 1)  # the longest size with a match
+    ok = n >= min_ngram
+    if not ok.any():
+        return out
+    sel = r[ok]
+    t, lens, run, n = t[sel], lens[sel], run[sel], n[sel]
+    rs = np.arange(sel.size)
+    hits = run >= n[:, None]
+    count = hits.sum(axis=1)
+    last = width - 2 - np.argmax(hits[:, ::-1], axis=1)  # the latest window's last position
+    nexts = t[:, 1:]
+    token = nexts[rs, last]
+    conf = (hits & (nexts == token[:, None])).sum(axis=1) / count
+    # top-2 counts of the matches' next tokens: the matches first (stable), compared pairwise
+    h = int(count.max())
+    order = np.argsort(~hits, axis=1, kind="stable")[:, :h]
+    hv = np.take_along_axis(nexts, order, axis=1)
+    valid = np.arange(h) < count[:, None]
+    pair = (hv[:, :, None] == hv[:, None, :]) & valid[:, None, :] & valid[:, :, None]
+    cnt = pair.sum(axis=2)  # per match, how many matches share its next token (0 for padding)
+    top = cnt.max(axis=1)
+    top_tok = hv[rs, np.argmax(cnt, axis=1)]
+    second = np.where(valid & (hv != top_tok[:, None]), cnt, 0).max(axis=1)
+    margin = (top - second) / count
+    # the match's length: its common suffix with the sequence (n tokens at least), read back up to MATCH_LEN_SCALE
+    back = np.arange(MATCH_LEN_SCALE)
+    pos = last[:, None] - back
+    eq = (np.take_along_axis(t, np.maximum(pos, 0), axis=1)
+          == np.take_along_axis(t, np.maximum(lens[:, None] - 1 - back, 0), axis=1)) & (pos >= 0)
+    length = np.maximum(np.cumprod(eq, axis=1).sum(axis=1), n)
+    for i, *m in zip(sel.tolist(), token.tolist(), length.tolist(), count.tolist(), conf.tolist(), margin.tolist()):
+        out[i] = tuple(m)
+    return out
+
+
+__all__ = ["DEFAULT_MAX_NGRAM", "DEFAULT_MIN_NGRAM", "LookupDrafter", "find_rows"]
