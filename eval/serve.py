@@ -34,6 +34,10 @@ Methods (``--methods``):
   request's own (the inverse of its inter-token latency), plain decoding where speculation measures slower in either
   (probed now and then). One guard serves every level in order, learning as it serves
   (nothing is warmed on the training prompts);
+* ``capped`` — ``guard`` with a step-time cap (:class:`learn2draft.budget.StepTimeCap`): in a step where a row drafted
+  nothing, the drafted tokens verified are cut (highest survival first) so that the step's seconds, priced by the
+  same cost profile as ``adaptive``, stay within ``--step-slack`` of a plain step's: that row's request, which cannot
+  gain from the step, waits at most that much longer for its token. A guard of its own (learning from its own steps);
 * ``hf`` — ``hf generate (batched)``: Hugging Face ``target.generate()`` on the same requests, c prompts at a time in
   one left-padded batch (closed loop only; a static batch waits for its slowest row).
 
@@ -80,11 +84,12 @@ DEFAULT_OUT = "runs/serve"
 PARTIAL_FILE = "serve-partial.json"
 #: What a finished run writes in ``--out`` (:func:`_write`).
 RESULT_FILES = ("serve.json", "serve.md", "serve.png")
-METHODS = ("nospec", "aa", "fixed", "table", "adaptive", "policy", "guard", "hf")
+METHODS = ("nospec", "aa", "fixed", "table", "adaptive", "policy", "guard", "capped", "hf")
 NOSPEC, HF = "no speculation (γ=0)", "hf generate (batched)"
 NOSPEC_AGAIN = "no speculation again (A/A)"
 TABLE, ADAPTIVE, LEARNED = "per-batch-size table", "adaptive verification (vLLM)", "learned policy"
 GUARDED = "learned + speed guard"
+CAPPED = "learned + guard + step-time cap"
 
 
 # ----------------------------------------------------------------------------------------------- parsing
@@ -105,11 +110,11 @@ def parse_rates(text: str) -> list[float]:
 
 def parse_methods(text: str, has_policy: bool) -> list[str]:
     """The ``--methods`` keys in :data:`METHODS` order. With ``--policy``, the learned rows ``policy`` and ``guard``
-    are both added unless ``--methods`` names one of them (then only the named ones run).
+    are both added unless ``--methods`` names one of the learned rows (then only the named ones run).
 
     Raises:
         ValueError: an unknown method, an empty item between commas, none, ``aa`` without ``nospec``, or
-            ``policy`` / ``guard`` without ``--policy``.
+            ``policy`` / ``guard`` / ``capped`` without ``--policy``.
     """
     keys = cli.comma_items(text, "--methods", f"name one or more of {', '.join(METHODS)} joined by commas")
     bad = [m for m in keys if m not in METHODS]
@@ -119,10 +124,10 @@ def parse_methods(text: str, has_policy: bool) -> list[str]:
     if "aa" in keys and "nospec" not in keys:
         raise ValueError(f"--methods {text!r}: aa needs nospec (the A/A control is no speculation run again beside "
                          "it).")
-    for k in ("policy", "guard"):
+    for k in ("policy", "guard", "capped"):
         if k in keys and not has_policy:
             raise ValueError(f"--methods {k} needs --policy DIR (an exported load-aware or chain policy).")
-    if has_policy and "policy" not in keys and "guard" not in keys:
+    if has_policy and not {"policy", "guard", "capped"} & set(keys):
         keys += ["policy", "guard"]
     return [m for m in METHODS if m in keys]
 
@@ -170,6 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--refit-every", type=int, default=100,
                    help="steps between the acceptance estimator's refits (vLLM: 100)")
     p.add_argument("--cost-repeats", type=int, default=5, help="timed forwards per shape of the cost table (median)")
+    p.add_argument("--step-slack", type=float, default=0.05,
+                   help="the capped method's allowed growth of a step over a plain step's seconds when a row drafted "
+                        "nothing (0.05: 5%%)")
     p.add_argument("--prompt-set", default="mixed", choices=list(PROMPT_SETS),
                    help="shipped prompts (training split for the calibration, held-out split measured)")
     p.add_argument("--sim-traces", default=None, metavar="TRACES",
@@ -228,6 +236,8 @@ def check_args(args) -> Settings:
                     ("--cost-repeats", args.cost_repeats)):
         if v < 1:
             raise ValueError(f"{flag} must be ≥ 1, got {v}.")
+    if not (np.isfinite(args.step_slack) and args.step_slack >= 0):
+        raise ValueError(f"--step-slack must be a finite number ≥ 0 (0.05: a step may grow 5%), got {args.step_slack}.")
     if ("fixed" in methods or "table" in methods) and args.calibration_concurrency not in levels:
         raise ValueError(f"--calibration-concurrency {args.calibration_concurrency} is not one of --concurrency "
                          f"{args.concurrency}.")
@@ -440,6 +450,7 @@ def _run(args) -> int:
 
     s = check_args(args)
     policy, guard, cfg, head, drafter = None, None, {}, args.head, None
+    capped: ServeMethod | None = None
     if args.policy:
         from policies.layout import FEATURE_SPEC_FILE, read_json, resolve_export_dir
         from policies.load import (
@@ -465,6 +476,9 @@ def _run(args) -> int:
                 raise ValueError(f"--methods guard: the policy in {args.policy} is a chain policy (per row); the "
                                  "speed guard wraps a load-aware one (python -m train --serve-loads).")
             s.methods.remove("guard")  # added by default: a chain policy has no step γ to guard
+        if "capped" in s.methods and spec.get("kind") != "serve":
+            raise ValueError(f"--methods capped: the policy in {args.policy} is a chain policy (per row); the step-time "
+                             "cap runs behind the speed guard of a load-aware one (python -m train --serve-loads).")
         trained = policy_drafter(args.policy)
         if "+" in trained:  # before the drafter check: no --drafter makes a hybrid policy run here
             raise ValueError(f"--policy {args.policy}: a hybrid ({trained}) policy; eval.serve runs load-aware and "
@@ -516,16 +530,17 @@ def _run(args) -> int:
     # first measured steps of the speed guard, which compares speculating steps against plain ones
     ServeMethod("warm-up", lambda: FixedDepthController(s.max_depth), s.max_depth).run(
         requests=make_requests(train, 2, args.seed, 2), concurrency=1, max_batch=1, **common)
-    av = None
-    if "adaptive" in s.methods:
-        from learn2draft.budget import AdaptiveVerification, profile_step_cost
-
+    av = prof = None
+    if "adaptive" in s.methods or "capped" in s.methods:  # the step's cost, as this machine prices it
         sizes = sorted({1, *s.levels, s.max_batch})
         context = int(np.median([int(p.numel()) for p in held])) + args.max_new_tokens // 2
         prof = batched_costs(pair, args, s, sampling, head, context, sizes, rs.drafter)
+        report["costs"] = {"profile": prof.to_dict(), "context": context}
+    if "adaptive" in s.methods:
+        from learn2draft.budget import AdaptiveVerification, profile_step_cost
+
         av = AdaptiveVerification(s.max_depth, cost=profile_step_cost(prof, rs.drafter, s.max_depth),
                                   refit_every=args.refit_every)
-        report["costs"] = {"profile": prof.to_dict(), "context": context}
 
     # 2. calibration on the training prompts: the γ grid per level (fixed, table), the adaptive rule's warm-up
     calib = _calibrate(s, args, train, common, av)
@@ -559,6 +574,13 @@ def _run(args) -> int:
 
                 guard = SpeculationGuard(policy)
                 methods.append(ServeMethod(GUARDED, guard, policy.max_depth))
+            if "capped" in s.methods:
+                from learn2draft.budget import StepTimeCap, profile_step_cost
+                from policies.rules import SpeculationGuard
+
+                cap = StepTimeCap(profile_step_cost(prof, rs.drafter, policy.max_depth), slack=args.step_slack)
+                capped = ServeMethod(CAPPED, SpeculationGuard(policy), policy.max_depth, cap)
+                methods.append(capped)
         elif "policy" in s.methods:
             methods.append(ServeMethod(LEARNED, lambda: policy, decoder_max_depth(policy)))
 
@@ -618,8 +640,11 @@ def _run(args) -> int:
                        "guarded": GUARDED if guard is not None else None, "hf": HF if "hf" in s.methods else None}
     if guard is not None:
         report["guard"] = {"settings": repr(guard), "batch_sizes": {str(b): v for b, v in guard.summary().items()}}
+    if capped is not None:  # its own guard, and what its cap cut
+        report["capped"] = {"cap": capped.budget.summary(), "guard": repr(capped.controller),
+                            "batch_sizes": {str(b): v for b, v in capped.controller.summary().items()}}
     if args.sim_traces:
-        prof = prof if av is not None else batched_costs(pair, args, s, sampling, head, int(np.median(
+        prof = prof if prof is not None else batched_costs(pair, args, s, sampling, head, int(np.median(
             [int(p.numel()) for p in held])) + args.max_new_tokens // 2, sorted({1, *s.levels, s.max_batch}), rs.drafter)
         report["sim_vs_real"] = sim_vs_real(report, args.sim_traces, prof, s, args, policy,
                                             calib.get("table"), calib.get("best_fixed_gamma"), rs.drafter)

@@ -19,6 +19,8 @@ Per batched step (one γ or one verification budget for the rows of a step, read
 :class:`learn2draft.state.LoadState`):
 
 * :class:`SpeculationGuard` — a step policy behind an online check of measured tokens/s per batch size;
+* :class:`StepTimeCap` — a verification budget that keeps a step within a slack of a plain step's seconds when a row
+  drafted nothing (defined in :mod:`learn2draft.budget`, re-exported as the two below);
 * :class:`BatchSizeTable` (vLLM's ``num_speculative_tokens_per_batch_size``) and :class:`AdaptiveVerification`
   (vLLM's adaptive verification, with :class:`OnlineAcceptanceEstimator`, :func:`choose_budget` and
   :func:`profile_step_cost`) are defined in :mod:`learn2draft.budget` and only re-exported here, so that every
@@ -47,6 +49,7 @@ from learn2draft.budget import (
     AdaptiveVerification,
     BatchSizeTable,
     OnlineAcceptanceEstimator,
+    StepTimeCap,
     choose_budget,
     profile_step_cost,
 )
@@ -819,6 +822,6 @@ class SpeculationGuard:
 
 __all__ = [
     "AdaptiveVerification", "BatchSizeTable", "ConfidenceThresholdController", "LookupFirstController",
-    "MatchLengthController", "OnlineAcceptanceEstimator", "SingleSourceController", "SpeculationGuard",
+    "MatchLengthController", "OnlineAcceptanceEstimator", "SingleSourceController", "SpeculationGuard", "StepTimeCap",
     "SuffixScoreController", "batch_bucket", "choose_budget", "profile_step_cost",
 ]

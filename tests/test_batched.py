@@ -200,6 +200,36 @@ def test_a_verification_budget_cuts_drafts_without_changing_greedy_output(close_
         dec.step(lambda m, load: [0, 0])
 
 
+def test_the_step_time_cap_cuts_drafts_beside_an_idle_row_without_changing_output(close_pair):
+    """learn2draft.budget.StepTimeCap in the real step: lookup rows that draft beside rows that cannot (prompts
+    without repeats) verify only what a slack of 0 lets through under a cost of one plain step per drafted token, so
+    nothing, while an idle row is there; each row's tokens are still its greedy output. Control: the same rows without
+    the cap verify drafted tokens."""
+    from learn2draft.budget import StepTimeCap
+
+    prompts = [PROMPTS[3].repeat(3), PROMPTS[1].repeat(3), torch.tensor([1, 2, 3, 4, 5, 6]),
+               torch.tensor([1, 11, 12, 13, 14, 15])]
+
+    def run(budget):
+        dec = BatchedSpeculativeDecoder(close_pair, "lookup", GREEDY, max_new_tokens=12, max_depth=4)
+        ids = [dec.add(p, FixedDepthController(4)) for p in prompts]
+        verified = 0
+        while dec.rows:
+            step = dec.step(budget)
+            verified += sum(c.verify_size for c in step.rows.values())
+        for p, rid in zip(prompts, ids):
+            assert dec.result(rid).tokens == greedy_reference(close_pair.target, p, 12, close_pair.vocab_size,
+                                                              eos=close_pair.eos_token_ids)
+        return verified
+
+    cap = StepTimeCap(lambda load, longest, verified: 1.0 + verified, slack=0.0)
+    assert run(None) > 0
+    run(cap)
+    cut = [(rows, idle, drafted, kept) for rows, idle, drafted, kept in cap.history if idle and drafted]
+    assert cut and all(kept == 0 for *_, kept in cut)  # beside an idle row nothing drafted was verified
+    assert cap.summary()["steps_cut"] == len(cut)
+
+
 def test_controllers_see_the_load(close_pair):
     """A controller that reads_load is handed each step's LoadState; one that does not is never asked (the load,
     a lookahead per row, is not built for it)."""

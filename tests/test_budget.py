@@ -1,5 +1,5 @@
 """learn2draft.budget on synthetic data (no models): the per-batch-size table, the online acceptance logistic,
-vLLM's adaptive-verification budget and its pricing by a latency profile."""
+vLLM's adaptive-verification budget and its pricing by a latency profile, the step-time cap."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from learn2draft.budget import (
     AdaptiveVerification,
     BatchSizeTable,
     OnlineAcceptanceEstimator,
+    StepTimeCap,
     choose_budget,
     fit_logistic,
     parse_batch_size_table,
@@ -184,10 +185,52 @@ def test_policies_rules_holds_every_hand_rule_and_re_exports_the_engines_load_ru
     import learn2draft.budget as budget
     import policies.rules as rules
 
-    for name in ("AdaptiveVerification", "BatchSizeTable", "OnlineAcceptanceEstimator", "choose_budget",
+    for name in ("AdaptiveVerification", "BatchSizeTable", "OnlineAcceptanceEstimator", "StepTimeCap", "choose_budget",
                  "profile_step_cost"):
         assert getattr(rules, name) is getattr(budget, name)
     for name in ("ConfidenceThresholdController", "MatchLengthController", "SingleSourceController",
                  "LookupFirstController", "SuffixScoreController", "SpeculationGuard"):
         assert getattr(rules, name).__module__ == "policies.rules"
         assert name in rules.__all__
+
+
+def _linear_cost(per_token: float, base: float = 1.0):
+    """A step's seconds: ``base`` + ``per_token`` × the drafted tokens verified (the longest draft costs nothing)."""
+    return lambda load, longest, verified: base + per_token * verified
+
+
+def test_the_step_time_cap_verifies_every_draft_unless_a_row_drafted_nothing():
+    """No row idle (every row can gain), or no row drafted: every drafted token is verified, whatever the cost."""
+    cap = StepTimeCap(_linear_cost(1.0), slack=0.0)
+    margins = [np.array([0.9, 0.8]), np.array([0.5])]
+    assert cap(margins, _load(2)) == [2, 1]
+    assert cap([np.zeros(0), np.zeros(0)], _load(2)) == [0, 0]
+    assert cap.history == [(2, 0, 3, 3), (2, 2, 0, 0)]
+
+
+def test_the_step_time_cap_keeps_the_step_within_its_slack_by_survival():
+    """A row drafted nothing: the kept slots' predicted seconds stay within (1 + slack) × a plain step's, one more slot
+    would exceed it, the slots kept are those of highest survival (the product of the margins along a row), each row a
+    prefix of its draft. Control: a slack that covers every slot keeps them all."""
+    margins = [np.array([0.9, 0.9, 0.2]), np.zeros(0), np.array([0.95, 0.1]), np.array([0.5, 0.5])]
+    survival = sorted(((-float(s), k, r) for r, m in enumerate(margins) for k, s in enumerate(np.cumprod(m))))
+    for slack in (0.0, 0.1, 0.25, 0.3, 0.55):
+        cap = StepTimeCap(_linear_cost(0.1), slack=slack)  # a slot costs 10% of a plain step
+        keep = cap(margins, _load(4))
+        n = sum(keep)
+        assert 1.0 + 0.1 * n <= 1.0 + slack + 1e-12 < 1.0 + 0.1 * (n + 1), (slack, keep)
+        top = [0, 0, 0, 0]
+        for _, k, r in survival[:n]:
+            top[r] = max(top[r], k + 1)
+        assert keep == top, (slack, keep)
+        assert all(k <= m.size for k, m in zip(keep, margins))
+    assert keep == [2, 0, 1, 2]  # slack 0.55: 5 slots, by survival 0.95, 0.9, 0.81, 0.5, 0.25
+    assert StepTimeCap(_linear_cost(0.1), slack=0.75)(margins, _load(4)) == [3, 0, 2, 2]  # 7 slots fit: all
+
+
+def test_the_step_time_cap_refuses_bad_settings():
+    for bad in (-0.1, float("inf"), float("nan"), True, "0.1"):
+        with pytest.raises(ValueError, match="slack must be a finite number"):
+            StepTimeCap(_linear_cost(0.1), slack=bad)
+    with pytest.raises(ValueError, match="needs the step's cost"):
+        StepTimeCap(None)

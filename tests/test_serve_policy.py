@@ -193,6 +193,28 @@ def test_eval_serve_runs_a_load_aware_policy_and_replays_it(serve_run, tiny_mode
     assert "the speed guard" in (out / "serve.md").read_text()
 
 
+def test_eval_serve_runs_the_guard_with_a_step_time_cap(serve_run, tiny_model_dirs, tmp_path):
+    """--methods capped: the load-aware policy behind its own speed guard, with a StepTimeCap priced by the start-up
+    cost profile; its row is measured at every level and the report carries what the cap saw."""
+    from eval.serve import main as serve_main
+
+    root, _ = serve_run
+    prompts = tmp_path / "p.json"
+    prompts.write_text(json.dumps(["a b c a b c a b", "d e d e d e", "f g h f g h", "i j k l m n"]))
+    out = tmp_path / "serve"
+    argv = ["--target", tiny_model_dirs[0], "--draft", tiny_model_dirs[1], "--prompts", str(prompts), "--device", "cpu",
+            "--dtype", "float32", "--max-new-tokens", "6", "--num-requests", "4", "--num-train-requests", "2",
+            "--methods", "nospec,capped", "--concurrency", "2", "--arrival-rates", "", "--max-depth", str(D),
+            "--cost-repeats", "1", "--step-slack", "0.02", "--policy", str(root / "run"), "--out", str(out)]
+    assert serve_main(argv) == 0
+    rep = json.loads((out / "serve.json").read_text())
+    assert all(set(lv["methods"]) == {"no speculation (γ=0)", "learned + guard + step-time cap"}
+               for lv in rep["levels"])
+    cap = rep["capped"]["cap"]
+    assert cap["slack"] == 0.02 and cap["steps"] > 0 and cap["verified"] <= cap["drafted"]
+    assert "costs" in rep and rep["capped"]["guard"].startswith("SpeculationGuard(")
+
+
 def test_eval_serve_methods_name_the_learned_rows(serve_run):
     from eval.serve import parse_methods
 
@@ -201,6 +223,7 @@ def test_eval_serve_methods_name_the_learned_rows(serve_run):
     assert parse_methods("policy,nospec", True) == ["nospec", "policy"]
     with pytest.raises(ValueError, match="--methods guard needs --policy"):
         parse_methods("nospec,guard", False)
+    assert parse_methods("capped,nospec", True) == ["nospec", "capped"]
 
 
 def test_the_wandb_summary_of_a_serve_run_has_each_methods_rate_per_load(serve_run, monkeypatch):
