@@ -637,7 +637,8 @@ def _run(args) -> int:
                        "table": TABLE if "table" in s.methods else None,
                        "adaptive": ADAPTIVE if av is not None else None,
                        "learned": LEARNED if any(m.name == LEARNED for m in methods) else None,
-                       "guarded": GUARDED if guard is not None else None, "hf": HF if "hf" in s.methods else None}
+                       "guarded": GUARDED if guard is not None else None,
+                       "capped": CAPPED if capped is not None else None, "hf": HF if "hf" in s.methods else None}
     if guard is not None:
         report["guard"] = {"settings": repr(guard), "batch_sizes": {str(b): v for b, v in guard.summary().items()}}
     if capped is not None:  # its own guard, and what its cap cut
@@ -855,7 +856,8 @@ def serve_verdicts(report: dict) -> list[dict]:
     * learned ≥ 1.00× no speculation at every level (the smallest of the tokens/s and ITL p50 / p99 ratios);
     * learned ≥ 1.10× the best single fixed γ, geometric mean over the concurrency sweep;
     * learned ≥ 1.00× the per-batch-size table and ≥ 1.00× adaptive verification at every level (tokens/s);
-    * the same four for the learned policy behind the speed guard, when that row ran;
+    * the same four for the learned policy behind the speed guard, and behind the guard with the step-time cap, when
+      those rows ran;
     * no speculation ≥ 1.00× hf generate (batched) on the same 8 prompts in one batch (:func:`same_batch`);
     * with the A/A control (``--methods aa``): the never-slower test applied to no speculation run again, verdict
       ``control`` (not a goal): the smallest ratio a method identical to no speculation measures at some level, what
@@ -891,9 +893,9 @@ def serve_verdicts(report: dict) -> list[dict]:
 
     out = []
     conc = [lv for lv in levels if lv["kind"] == "concurrency"]
-    for who, label in (("learned", "learned"), ("guarded", "learned + guard")):
-        if who == "guarded" and not roles.get(who):
-            continue  # a run without the guard row keeps the verdicts it always had
+    for who, label in (("learned", "learned"), ("guarded", "learned + guard"), ("capped", "learned + guard + cap")):
+        if who in ("guarded", "capped") and not roles.get(who):
+            continue  # a run without the row keeps the verdicts it always had
         v, at = worst(who, "no_spec", with_itl=True)
         out.append(entry(f"{label} ≥ 1.00× no speculation at every level (tok/s, ITL p50/p99)", 1.00, v,
                          f"{roles.get('no_spec')}, worst at {at}"))

@@ -553,10 +553,10 @@ class StepTimeCap:
         return keep
 
     def summary(self) -> dict:
-        """Over the steps seen: steps, those with a row that drafted nothing, those the cap cut, and the drafted and
-        verified tokens in all (for reports)."""
+        """Over the steps seen: steps, those the cap bounded (a row drafted nothing while another drafted), those it
+        cut, and the drafted and verified tokens in all (for reports)."""
         h = self.history
-        return {"steps": len(h), "steps_with_idle_rows": sum(1 for _, i, _, _ in h if i),
+        return {"steps": len(h), "steps_bounded": sum(1 for _, i, d, _ in h if i and d),
                 "steps_cut": sum(1 for _, _, d, v in h if v < d), "drafted": sum(d for _, _, d, _ in h),
                 "verified": sum(v for _, _, _, v in h), "slack": self.slack}
 
