@@ -300,7 +300,7 @@ class BatchCache:
         dev = self.model.device
         b = len(tokens)
         starts = self.lengths[row0 : row0 + b]
-        self.reserve(self.rows, max(s + k for s, k in zip(starts, counts)))
+        self.reserve(self.rows, max([s + k for s, k in zip(starts, counts)]))
         # the index tensors built on the host and sent in one copy (no device sync for a data-dependent size)
         counts_a, starts_a = np.asarray(counts), np.asarray(starts)
         token_row = np.repeat(np.arange(b), counts_a)
@@ -331,7 +331,7 @@ class BatchCache:
             s_t, k_t = idx[at + 2 * m : at + 2 * m + nr], idx[at + 2 * m + nr : at + 2 * m + 2 * nr]
             at += 2 * m + 2 * nr
             kmax_g = max(counts[i:j])
-            slots_g = max(starts[r] + counts[r] for r in range(i, j))
+            slots_g = max([starts[r] + counts[r] for r in range(i, j)])
             # query q of a row attends to slots ≤ start + q; a padding query (q ≥ k) to those of the row's last token
             last = s_t[:, None] + torch.minimum(torch.arange(kmax_g, device=dev)[None], (k_t - 1)[:, None])
             mask = torch.arange(slots_g, device=dev)[None, None] <= last[:, :, None]  # (nr, kmax, slots)

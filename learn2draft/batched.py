@@ -273,7 +273,7 @@ class BatchedSpeculativeDecoder:
     @staticmethod
     def _needs_hidden(rows: Sequence[_Row]) -> bool:
         """Whether a forward over ``rows`` must return the target's last hidden states (a row's drafter reads them)."""
-        return any(r.drafter.needs_target_hidden for r in rows)
+        return any([r.drafter.needs_target_hidden for r in rows])
 
     def _admit(self, last_logits: torch.Tensor, hidden: torch.Tensor | None) -> list[int]:
         """The joining rows after their prefill: each draws its first token from its prompt's last logits
@@ -381,7 +381,7 @@ class BatchedSpeculativeDecoder:
             logits, hidden = self.cache.forward(0, tokens, output_hidden=need_hidden)
             return logits[:, : self.pair.vocab_size], hidden, int(logits.shape[0])
 
-        k = max(int(t.numel()) for t in tokens)
+        k = max([int(t.numel()) for t in tokens])
         padded = [torch.cat([t, t[-1:].expand(k - t.numel())]) for t in tokens]
         real = torch.cat([torch.arange(t.numel()) + i * k for i, t in enumerate(tokens)]).to(self.pair.device)
         logits, hidden = self.cache.forward(0, padded, output_hidden=need_hidden)
@@ -530,11 +530,11 @@ class BatchedSpeculativeDecoder:
             RuntimeError: a row fed other than γ_i + 1 tokens (the target would have missed a committed token).
         """
         rows = self.rows
-        if any(r.sampler is not speculative_sample for r in rows):
+        if any([r.sampler is not speculative_sample for r in rows]):
             return None
         dev = logits.device
         gammas = [r.depth for r in rows]
-        if any(int(t.numel()) != g + 1 for t, g in zip(tokens, gammas)):
+        if any([int(t.numel()) != g + 1 for t, g in zip(tokens, gammas)]):
             raise RuntimeError("A row's verification fed other than its γ + 1 tokens: the target's cache is out of step "
                                "with its committed tokens.")
         x = torch.tensor([t for r in rows for t in r.drafted], dtype=torch.long).to(dev, non_blocking=True)
@@ -579,7 +579,7 @@ class BatchedSpeculativeDecoder:
         t_start = self.clock.now()
         ctrls = [self._controllers[rid] for rid in self._ids]
         # the load state only when something reads it (it runs a lookahead per row)
-        load = self.load(waiting) if budget is not None or any(c.reads_load for c in ctrls) else None
+        load = self.load(waiting) if budget is not None or any([c.reads_load for c in ctrls]) else None
         if load is not None:
             for ctrl in ctrls:
                 ctrl.observe_load(load)
@@ -603,7 +603,7 @@ class BatchedSpeculativeDecoder:
         # every row's acceptance in one call when no processor reads a row's prefix (else row by row); greedy
         # decoding reads the logits' argmax and forms no probabilities
         at_once = not self.sampling.prefix_dependent
-        greedy = at_once and self.sampling.greedy and all(r.sampler is speculative_sample for r in self.rows)
+        greedy = at_once and self.sampling.greedy and all([r.sampler is speculative_sample for r in self.rows])
         probs = self.sampling.probs_rows(logits, source="target") if at_once and not greedy else None
         decided = self._accept_rows(logits, probs, tokens) if at_once else None
         results: dict[int, CycleResult] = {}
@@ -626,7 +626,7 @@ class BatchedSpeculativeDecoder:
             r.cycles.append(res)
             r.token_times.extend([now] * len(res.tokens))
             r.finish = now
-        k = max(int(t.numel()) for t in tokens)
+        k = max([int(t.numel()) for t in tokens])
         batch = len(self.rows)
         if joining:  # the requests whose prefill rode on this forward draw their first token and join
             done += self._admit(join_logits, join_hidden)

@@ -486,7 +486,7 @@ def speculative_sample_rows(
 def _draft_counts(num_draft: Sequence[int]) -> list[int]:
     """``num_draft`` as B ≥ 1 host ints γ_i ≥ 0; raises ValueError for none, a negative or a fractional count."""
     gammas = [int(g) for g in num_draft]
-    if not gammas or min(gammas) < 0 or any(g != v for g, v in zip(gammas, num_draft)):
+    if not gammas or min(gammas) < 0 or any([g != v for g, v in zip(gammas, num_draft)]):
         raise ValueError(f"num_draft must hold B ≥ 1 integer counts γ_i ≥ 0, got {list(num_draft)}.")
     return gammas
 
