@@ -28,6 +28,9 @@ class DeviceClock:
         self.waits = bool(synchronize)
         if not synchronize:
             self._sync = lambda: None
+            # the host's clock itself: a reading is then one C call, no Python frame (a batched step reads each
+            # row's clock several times per row)
+            self.now = time.perf_counter
         elif self.device.type == "cuda":
             self._sync = lambda: torch.cuda.synchronize(self.device)
         elif self.device.type == "mps":
