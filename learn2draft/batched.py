@@ -450,7 +450,7 @@ class BatchedSpeculativeDecoder:
         active = list(range(len(rows)))
         while active:
             cand = [i for i in active if rows[i].drafter.batched and not rows[i]._hybrid
-                    and keeps_drafting(ctrls[i], rows[i].depth, rows[i].can_draft, lambda: True)]
+                    and keeps_drafting(ctrls[i], len(rows[i].drafted), rows[i].can_draft, lambda: True)]
             prepared = self._prepare_drafts(cand)
             nxt, chosen = [], []
             for i in active:  # a non-candidate's rule says no without asking its controller
@@ -533,7 +533,7 @@ class BatchedSpeculativeDecoder:
         if any([r.sampler is not speculative_sample for r in rows]):
             return None
         dev = logits.device
-        gammas = [r.depth for r in rows]
+        gammas = [len(r.drafted) for r in rows]  # chains: the depth is the drafted tokens
         if any([int(t.numel()) != g + 1 for t, g in zip(tokens, gammas)]):
             raise RuntimeError("A row's verification fed other than its γ + 1 tokens: the target's cache is out of step "
                                "with its committed tokens.")

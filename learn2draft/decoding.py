@@ -489,7 +489,7 @@ class SpeculativeDecoder(CycleDriver):
         t4 = self.clock.now()
         tau = min(len(accepted), len(emitted))  # drafted tokens accepted after an EOS are not emitted: not counted
         depth, verified = self.depth, self._verified_count(plan)
-        neural = sum(1 for src in self.drafted_sources if src == NEURAL_SOURCE)
+        neural = self.drafted_sources.count(NEURAL_SOURCE)
         self.accepted_history.append(tau)
         self.last_accept_fraction = tau / depth if depth else 1.0
         draft_s, other_s = self._cycle_draft, self._cycle_other
