@@ -145,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_profile_arg(p)
     p.add_argument("--methods", default="nospec,fixed,table,adaptive,hf",
                    help=f"comma-separated, of {', '.join(METHODS)} (with --policy: policy and guard are both added "
-                        "when neither is named; name one of them to run only the named ones)")
+                        "unless a learned row (policy, guard, capped) is named; then only the named ones run)")
     p.add_argument("--concurrency", default="1,2,4,8,16", help="closed-loop concurrency levels")
     p.add_argument("--arrival-rates", default="0.25,0.5,1,2",
                    help="Poisson arrival rates in requests/s (seeded arrivals), comma-separated; '' for none")
@@ -956,7 +956,7 @@ def disagreeing_passes(level: dict) -> list[str]:
 def _markdown(report: dict) -> list[str]:
     from eval.verdicts import verdict_lines
 
-    st, cal = report["settings"], report["calibration"]
+    st, cal, roles = report["settings"], report["calibration"], report.get("roles", {})
     per = st.get("requests_per_slot", 0)
     counts = (f"at least {st['num_requests']} requests per level ({per} × c at concurrency c)" if per
               else f"{st['num_requests']} requests per level")
@@ -964,7 +964,7 @@ def _markdown(report: dict) -> list[str]:
           + (f"{st['passes']} passes per level, in pairs of opposite orders (rotated per pair); ratios to no "
              "speculation are the median over passes of each pass's own ratio, [min–max] beside it"
              if st.get("passes", 1) > 1 else "methods interleaved per level (rotated order)")
-          + f"; adaptive verification drafts up to {st['max_depth']}"
+          + (f"; adaptive verification drafts up to {st['max_depth']}" if roles.get("adaptive") else "")
           + (f", the learned policy up to its own max_depth {st['learned_max_depth']}"
              if st.get("learned_max_depth") else "") + ".", ""]
     if "best_fixed_gamma" in cal:
@@ -973,7 +973,9 @@ def _markdown(report: dict) -> list[str]:
     if "costs" in report:
         c = report["costs"]
         vb = c["profile"]["verify_batch"]
-        md += [f"Adaptive verification's costs: latency profile {c['profile']['name']!r} (context {c['context']}): "
+        users = " and ".join(w for w, r in (("adaptive verification", "adaptive"), ("the step-time cap", "capped"))
+                             if roles.get(r))
+        md += [f"The step's costs ({users}): latency profile {c['profile']['name']!r} (context {c['context']}): "
                f"batch sizes {vb['batch_sizes']}, tokens per row {vb['tokens']}.", ""]
     for lv in report["levels"]:
         md += [f"### {lv['kind'].replace('_', ' ')} {lv['value']}" + (" requests/s" if lv["kind"] == "arrival_rate"
@@ -1037,6 +1039,15 @@ def _markdown(report: dict) -> list[str]:
                          else "– |")
                       + f" {', '.join(f'{k} {n}' for k, n in v.get('plain_reasons', {}).items() if n) or '–'} |")
         md.append("")
+    if report.get("capped"):
+        cap = report["capped"]["cap"]
+        md += [f"### the step-time cap (slack {cap['slack']}), over every level and pass", "",
+               f"{cap['steps']} steps; {cap.get('steps_bounded', '–')} bounded (a row drafted nothing beside one that "
+               f"drafted), {cap['steps_cut']} cut; {cap['verified']} of {cap['drafted']} drafted tokens verified. Its "
+               f"guard: {report['capped']['guard']}; per batch-size bucket, steps run plain (of all) and why: "
+               + "; ".join(f"{v.get('batch_sizes', b)}: {v.get('plain_unasked', '–')} of {v.get('steps', '–')} ("
+                           + (", ".join(f"{k} {n}" for k, n in v.get("plain_reasons", {}).items() if n) or "–") + ")"
+                           for b, v in report["capped"]["batch_sizes"].items()) + ".", ""]
     if report.get("same_batch"):
         sb = report["same_batch"]
         md += [f"### the same {sb['batch']} prompts in one batch ({sb['repeats']} interleaved repeats)", "",

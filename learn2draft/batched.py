@@ -58,7 +58,13 @@ import numpy as np
 import torch
 
 from learn2draft.batch_cache import BatchCache
-from learn2draft.control import DraftController, check_depth_feature_scale, keeps_drafting, warn_precision_mismatch
+from learn2draft.control import (
+    DraftController,
+    check_depth_feature_scale,
+    keeps_drafting,
+    step_cap,
+    warn_precision_mismatch,
+)
 from learn2draft.decoding import SpeculativeDecoder, check_decoder_settings
 from learn2draft.drafters import make_drafter
 from learn2draft.drafters.base import Drafter
@@ -473,22 +479,19 @@ class BatchedSpeculativeDecoder:
         drafter keeps its chain, so the rows' drafting along it does not search again; the call's seconds are split
         equally over those rows' draft seconds. The tokens drafted are those of each row alone."""
         rows = self.rows
-        idx = [i for i, r in enumerate(rows) if type(r.drafter) is LookupDrafter]
-        if len(idx) < MIN_ROWS_SEARCHED_TOGETHER:
+        if sum([type(r.drafter) is LookupDrafter for r in rows]) < MIN_ROWS_SEARCHED_TOGETHER:
             return
-        # each row's step depth and depth limit (SpeculativeDecoder.depth_limit, read from its fields: this runs for
-        # every row of every step, before any row drafts)
-        caps = [min(ctrls[i].step_depth, rows[i].max_depth, rows[i].max_new_tokens - rows[i]._n + rows[i].prompt_len - 1)
-                for i in idx]
-        idx, caps = [i for i, k in zip(idx, caps) if k > 0], [k for k in caps if k > 0]
-        if len(idx) < MIN_ROWS_SEARCHED_TOGETHER:
+        caps = [min(step_cap(c), r.depth_limit) if type(r.drafter) is LookupDrafter else 0 for r, c in zip(rows, ctrls)]
+        idx = _searched_together(rows, caps)
+        if not idx:
             return
         clock = rows[idx[0]].clock  # host work: a clock that does not wait for the device
         t0 = clock.now()
-        LookupDrafter.lookahead_rows([rows[i].drafter for i in idx], [rows[i]._buf[: rows[i]._n] for i in idx], caps)
+        LookupDrafter.lookahead_rows([rows[i].drafter for i in idx], [rows[i]._seq() for i in idx],
+                                     [caps[i] for i in idx])
         share = (clock.now() - t0) / len(idx)
         for i in idx:
-            rows[i]._cycle_draft += share  # charge_draft, inline
+            rows[i].charge_draft(share)
 
     def _prepare_drafts(self, idx: list[int]) -> dict[int, Any]:
         """One :meth:`~learn2draft.drafters.Drafter.prepare_batch` call per drafter type over rows ``idx`` (none for
@@ -646,14 +649,13 @@ class _Lazy(Sequence):
     nothing. A read of a row computes that row alone, except where
     :data:`~learn2draft.drafters.lookup.MIN_ROWS_SEARCHED_TOGETHER` or more rows draft with prompt lookup: the first
     read of one of them finds all their chains in one array search over the rows
-    (:meth:`learn2draft.drafters.lookup.LookupDrafter.lookahead_rows`), which the step's drafting then reuses. Reads
-    as, compares equal to and pickles as the tuple of ints."""
+    (:meth:`learn2draft.drafters.lookup.LookupDrafter.lookahead_rows`), which the step's drafting then reuses (its
+    seconds are the reader's, e.g. a controller's decision, as a row's own lookahead's were). Reads as, compares
+    equal to and pickles as the tuple of ints."""
 
     def __init__(self, rows: list):
         self._rows, self._values = rows, [None] * len(rows)
-        self._lookup = [i for i, (r, _, limit) in enumerate(rows) if type(r.drafter) is LookupDrafter and limit > 0]
-        if len(self._lookup) < MIN_ROWS_SEARCHED_TOGETHER:
-            self._lookup = []
+        self._lookup = _searched_together([r for r, _, _ in rows], [limit for _, _, limit in rows])
         #: whether a read found the prompt-lookup rows' chains in one search (each up to its depth limit: the step's
         #: drafting then searches nothing)
         self.searched = False
@@ -693,6 +695,14 @@ class _Lazy(Sequence):
 
     def __repr__(self) -> str:
         return repr(self._get())
+
+
+def _searched_together(rows: Sequence[SpeculativeDecoder], limits: Sequence[int]) -> list[int]:
+    """The rows whose prompt-lookup chains one search finds together (:meth:`~learn2draft.drafters.lookup.LookupDrafter.
+    lookahead_rows`): those drafting with prompt lookup (not a hybrid) with a limit above 0, when there are at least
+    :data:`~learn2draft.drafters.lookup.MIN_ROWS_SEARCHED_TOGETHER` of them; else none (each searches alone)."""
+    idx = [i for i, (r, k) in enumerate(zip(rows, limits)) if type(r.drafter) is LookupDrafter and k > 0]
+    return idx if len(idx) >= MIN_ROWS_SEARCHED_TOGETHER else []
 
 
 def _draftable(row: SpeculativeDecoder, seq: torch.Tensor, limit: int) -> int:

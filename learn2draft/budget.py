@@ -301,7 +301,7 @@ class OnlineAcceptanceEstimator:
 
 # --------------------------------------------------------------------------------------------- costs
 def profile_step_cost(profile: Any, drafter: str, max_depth: int, batch_context: str = "max",
-                      drafted_before: bool = True) -> Callable[[Any, int], float]:
+                      drafted_before: bool = True) -> Callable[..., float]:
     """The seconds of one batched step as a latency profile prices it, for :class:`AdaptiveVerification`.
 
     Args:
@@ -492,8 +492,9 @@ class StepTimeCap:
     under every speculating method against 53 ms without speculation, and set the inter-token latency p99 over
     requests. When at least one row drafted nothing, this budget keeps the step's predicted seconds within
     ``(1 + slack)`` × a plain step's at the same load (``cost(load, 0, 0)``), verifying the drafted tokens of highest
-    survival first (the product of the drafted tokens' top-2 margins along a row, shallow positions first on ties,
-    so each row keeps a prefix of its draft); so each such request is at most ``slack`` slower in that step. When
+    survival first (the product of the drafted tokens' top-2 margins along a row — a ranking, not a calibrated
+    acceptance probability as :class:`AdaptiveVerification`'s estimator gives —, shallow positions first on ties, so
+    each row keeps a prefix of its draft); so each such request is at most ``slack`` slower in that step. When
     every row drafted, every drafted token is verified (each row can gain). Its decision reads only the draft side
     and the load, so the output law is unchanged; a cut draft is rolled back before the forward
     (:meth:`learn2draft.decoding.SpeculativeDecoder.truncate_draft`).
@@ -518,8 +519,8 @@ class StepTimeCap:
 
     def __init__(self, cost: Callable[[Any, int, int], float], slack: float = 0.05):
         if not callable(cost):
-            raise ValueError(f"StepTimeCap needs the step's cost, e.g. profile_step_cost(profile, drafter, "
-                             f"max_depth); got {cost!r}.")
+            raise ValueError(f"StepTimeCap needs the step's cost, a callable (load, longest, verified) -> seconds, "
+                             f"e.g. profile_step_cost(profile, drafter, max_depth); got a {type(cost).__name__}.")
         if isinstance(slack, bool) or not isinstance(slack, (int, float, np.floating)) or not 0 <= slack < np.inf:
             raise ValueError(f"slack must be a finite number ≥ 0, got {slack!r}.")
         self.cost, self.slack = cost, float(slack)

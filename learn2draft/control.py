@@ -260,6 +260,12 @@ class FixedTreeController(DraftController):
         return f"FixedTreeController(depth={self.max_depth}, verify_size={self.verify_size})"
 
 
+def step_cap(controller: DraftController) -> int:
+    """The most tokens ``controller`` lets the current cycle draft: its :attr:`~DraftController.step_depth`, or the
+    ``max_depth`` of a controller-like object without one."""
+    return getattr(controller, "step_depth", controller.max_depth)
+
+
 def keeps_drafting(controller: DraftController, depth: int, can_draft: Callable[[], bool], decide: Callable[[], bool],
                    min_depth: int = 0) -> bool:
     """The one depth rule of a cycle, on the real loop and in replay: draft one more step when the depth is
@@ -267,8 +273,7 @@ def keeps_drafting(controller: DraftController, depth: int, can_draft: Callable[
     possible (``can_draft()``: below the decoder's depth limit, and the drafter has a proposal) and the controller
     says CONTINUE (``decide()``, asked only then); the first ``min_depth`` steps are drafted without asking (a size
     decision needs a tree)."""
-    cap = getattr(controller, "step_depth", controller.max_depth)  # a controller-like object without DraftController
-    return depth < max(cap, min_depth) and can_draft() and (depth < min_depth or decide())
+    return depth < max(step_cap(controller), min_depth) and can_draft() and (depth < min_depth or decide())
 
 
 def decides_verification_size(controller: DraftController) -> bool:
@@ -488,5 +493,5 @@ class CycleDriver:
 __all__ = [
     "ACTION_MEANINGS", "CONTINUE", "CONTINUE_LOOKUP", "CycleDriver", "CONTINUE_NEURAL", "HYBRID_ACTION_MEANINGS", "STOP", "as_action", "DraftController", "PrecisionMismatchWarning", "precision_mismatch", "warn_precision_mismatch", "FixedDepthController", "FixedTreeController",
     "SizeDecider", "as_size", "check_depth_feature_scale", "decides_verification_size", "keeps_drafting",
-    "size_decider",
+    "size_decider", "step_cap",
 ]

@@ -20,7 +20,7 @@ Per batched step (one γ or one verification budget for the rows of a step, read
 
 * :class:`SpeculationGuard` — a step policy behind an online check of measured tokens/s per batch size;
 * :class:`StepTimeCap` — a verification budget that keeps a step within a slack of a plain step's seconds when a row
-  drafted nothing (defined in :mod:`learn2draft.budget`, re-exported as the two below);
+  drafted nothing (defined in :mod:`learn2draft.budget` and re-exported here, like the two below);
 * :class:`BatchSizeTable` (vLLM's ``num_speculative_tokens_per_batch_size``) and :class:`AdaptiveVerification`
   (vLLM's adaptive verification, with :class:`OnlineAcceptanceEstimator`, :func:`choose_budget` and
   :func:`profile_step_cost`) are defined in :mod:`learn2draft.budget` and only re-exported here, so that every

@@ -663,6 +663,22 @@ def test_lookup_rows_searched_together_draft_what_each_row_drafts_alone(close_pa
     assert first["rows"] == 0 and first["one"] > 0
 
 
+def test_the_search_over_rows_takes_controller_like_objects_without_a_step_depth(close_pair):
+    """keeps_drafting takes any object with max_depth and decide (no DraftController needed); the step's search over
+    the rows reads its cap the same way (learn2draft.control.step_cap), at 4 rows as at 3."""
+    class Duck:
+        max_depth = 3
+
+        def decide(self, state):
+            return True
+
+    for n in (3, 4):
+        dec = BatchedSpeculativeDecoder(close_pair, "lookup", max_new_tokens=16, max_depth=4, max_batch=n)
+        dec.add_many([PROMPTS[i % 4].repeat(2) for i in range(n)], [FixedDepthController(3) for _ in range(n)])
+        dec._draft([Duck() for _ in range(n)])
+        assert all(r.depth <= 3 for r in dec.rows)  # at 4 rows the search ran (an AttributeError before the fix)
+
+
 def test_the_load_states_draftable_searches_many_lookup_rows_together(close_pair, monkeypatch):
     """With MIN_ROWS_SEARCHED_TOGETHER or more prompt-lookup rows, the first read of LoadState.draftable finds every
     row's chain in one search over the rows, the values those of each row's own lookahead, and the step's drafting that

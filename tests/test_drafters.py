@@ -174,6 +174,35 @@ def test_lookahead_over_rows_finds_each_rows_own_chain():
     assert differs > 20  # the control: the comparison can fail
 
 
+def test_lookahead_over_rows_refuses_a_shared_drafter_and_bad_limits():
+    seq = t([1, 2, 3, 1, 2])
+    d, e = LookupDrafter(), LookupDrafter()
+    for x in (d, e):
+        x.start(seq)
+    with pytest.raises(ValueError, match="a drafter is given for two rows"):
+        LookupDrafter.lookahead_rows([d, d], [seq, seq], [2, 2])
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match="limits must be integers ≥ 0"):
+            LookupDrafter.lookahead_rows([d, e], [seq, seq], [2, bad])
+    with pytest.raises(ValueError, match="one sequence and one limit per drafter"):
+        LookupDrafter.lookahead_rows([d, e], [seq], [2, 2])
+    assert LookupDrafter.lookahead_rows([], [], []) == []
+
+
+def test_the_search_over_rows_counts_a_rows_many_matches():
+    """One row with a 1,000-token run of one token (about 1,000 matches of every n-gram, their top-2 counts from the
+    sorted next tokens) beside 15 ordinary rows: the same chains, confidences and matches as each row's own search."""
+    rng = np.random.default_rng(0)
+    seqs = [t(rng.integers(0, 500, 1024).tolist()) for _ in range(16)]
+    seqs[3] = torch.cat([seqs[3][:24], torch.full((1000,), 7)])
+    own, rows = [LookupDrafter() for _ in seqs], [LookupDrafter() for _ in seqs]
+    for d, s in zip(own + rows, seqs + seqs):
+        d.start(s)
+    chains = [d.lookahead(s, 8) for d, s in zip(own, seqs)]
+    assert LookupDrafter.lookahead_rows(rows, seqs, [8] * 16) == chains and len(chains[3][0]) == 8
+    assert [d._ahead[2] for d in rows] == [d._ahead[2] for d in own]
+
+
 def test_bad_ngram_sizes_and_unknown_drafter(tiny_pair):
     with pytest.raises(ValueError, match="min_ngram"):
         LookupDrafter(max_ngram=1, min_ngram=2)

@@ -214,6 +214,7 @@ def test_eval_serve_runs_the_guard_with_a_step_time_cap(serve_run, tiny_model_di
     assert cap["slack"] == 0.02 and cap["steps"] > 0 and cap["verified"] <= cap["drafted"]
     assert "costs" in rep and rep["capped"]["guard"].startswith("SpeculationGuard(")
     assert rep["roles"]["capped"] == "learned + guard + step-time cap"
+    assert "the step-time cap (slack 0.02)" in (out / "serve.md").read_text()
     verdicts = {v["claim"]: v["verdict"] for v in rep["verdicts"]}
     assert verdicts["learned + guard + cap ≥ 1.00× no speculation at every level (tok/s, ITL p50/p99)"] in ("PASS",
                                                                                                           "FAIL")

@@ -4,11 +4,12 @@ Row by row is each row's own ``LookupDrafter.lookahead`` (what the batched decod
 row and chain position); over the rows is ``LookupDrafter.lookahead_rows`` (``learn2draft.drafters.lookup.find_rows``;
 what the batched step runs at ``MIN_ROWS_SEARCHED_TOGETHER`` or more prompt-lookup rows). The rows are a prompt
 split's prompts through the embedded tokenizer's chat template (no model weights), cycled to B rows; the two ways
-alternate per repeat, and the chains are checked equal. Prints per B the median milliseconds of each way and their
-ratio. Run
-alone on the machine (record ``uptime``)::
+run one after the other in every repeat, and the chains are checked equal. Below ``MIN_ROWS_SEARCHED_TOGETHER`` rows
+``lookahead_rows`` searches row by row itself (it is cheaper there), so its column at B < 4 is that fallback, not the
+array search. Prints per B the median milliseconds of each way and their ratio. Run alone on the machine (record
+``uptime``), on traces (``make demo`` records ``runs/demo-data/lookup.npz``)::
 
-    .venv/bin/python eval/scripts/lookup_rows_bench.py --prompt-split copy_heldout --batch-sizes 1,2,4,8,16,64 --depth 8
+    .venv/bin/python eval/scripts/lookup_rows_bench.py --traces runs/demo-data/lookup.npz --batch-sizes 1,2,4,8,16,64
 
 Host work only (numpy); the ratio is what the search costs a step's host, not a step's speed (a step also runs the
 target's forward: ``docs/results/2026-12-07-batch-lookup.md``). A prompt alone ends in the chat template's
@@ -30,7 +31,7 @@ def main() -> None:
     ap.add_argument("--prompt-split", default="copy_heldout", help="a prompt split (learn2draft.prompts)")
     ap.add_argument("--batch-sizes", default="1,2,4,8,16,64", help="rows B, comma-separated")
     ap.add_argument("--depth", type=int, default=8, help="each row's chain limit (γ)")
-    ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--repeats", type=int, default=50, help="timed repeats per B (the median is printed)")
     ap.add_argument("--traces", default=None, help="a trace file (.npz of python -m eval.record): rows are its prompts "
                     "and the first half of their recorded outputs (instead of --prompt-split's prompts)")
     a = ap.parse_args()
@@ -40,8 +41,9 @@ def main() -> None:
         sizes = [int(x) for x in comma_items(a.batch_sizes)]
     except ValueError:
         ap.error(f"--batch-sizes {a.batch_sizes!r}: use integers ≥ 1 joined by commas, e.g. 1,4,16")
-    if any(b < 1 for b in sizes) or a.depth < 1 or a.repeats < 1:
-        ap.error("--batch-sizes, --depth and --repeats must be ≥ 1")
+    for flag, bad in (("--batch-sizes", any(b < 1 for b in sizes)), ("--depth", a.depth < 1), ("--repeats", a.repeats < 1)):
+        if bad:
+            ap.error(f"{flag} must be ≥ 1")
 
     import torch
 

@@ -154,28 +154,34 @@ class LookupDrafter(Drafter):
     def lookahead_rows(drafters: Sequence[LookupDrafter], seqs: Sequence[torch.Tensor],
                        limits: Sequence[int]) -> list[tuple[list[int], list[float]]]:
         """:meth:`lookahead` for many rows at once: row i's chain after ``seqs[i]`` (int64 (n_i,)) up to
-        ``limits[i]`` tokens, found by one array computation over all rows per chain position and n-gram size
+        ``limits[i]`` tokens, found by one array computation over all rows per chain position
         (:func:`find_rows`) instead of one search per row — the same tokens, confidences and matches as each
         drafter's own :meth:`lookahead` (each drafter keeps its chain's matches, so its drafting along the chain
         does not search again). Once fewer than :data:`MIN_ROWS_SEARCHED_TOGETHER` rows are still extending their
         chains, those search row by row. The drafters may have different n-gram sizes.
 
         Args:
-            drafters: one prompt lookup per row (distinct objects: each keeps its own row's state).
-            seqs: the rows' sequences (committed + drafted so far).
-            limits: the most tokens per row (≥ 0).
+            drafters: one prompt lookup per row (distinct objects: each keeps its own row's state), each started on
+                its row (:meth:`start`: as for :meth:`lookahead`, a drafter reads its own host copy of the tokens, so
+                ``seqs[i]`` must continue what drafter i was started on and has observed).
+            seqs: the rows' sequences (committed + drafted so far), int64 (n_i,).
+            limits: the most tokens per row (integers ≥ 0).
 
         Returns:
             per row, (tokens, confidences) as :meth:`lookahead` returns them.
 
         Raises:
-            ValueError: mismatched lengths.
+            ValueError: mismatched lengths, a drafter given for two rows, or a limit that is not an integer ≥ 0.
         """
         b = len(drafters)
         if len(seqs) != b or len(limits) != b:
             raise ValueError(f"lookahead_rows needs one sequence and one limit per drafter ({b} drafters, "
                              f"{len(seqs)} sequences, {len(limits)} limits).")
-        ks = np.asarray([max(int(k), 0) for k in limits], dtype=np.int64)
+        if len({id(d) for d in drafters}) != b:
+            raise ValueError("lookahead_rows: a drafter is given for two rows; each row needs its own (spawn() one).")
+        if any(isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0 for k in limits):
+            raise ValueError(f"lookahead_rows: limits must be integers ≥ 0, got {list(limits)!r}.")
+        ks = np.asarray(limits, dtype=np.int64).reshape(b)
         hosts = [d._sync(s) for d, s in zip(drafters, seqs)]
         lens = np.asarray([h.size for h in hosts], dtype=np.int64)
         out: list[tuple[list[int], list[float]]] = [([], []) for _ in range(b)]
@@ -253,22 +259,25 @@ def find_rows(t: np.ndarray, lens: np.ndarray, max_ngram: np.ndarray,
     largest n-gram size; one shifted comparison per size): the window of n tokens ending at e matches the last n
     tokens when it is ≥ n. The row's n is the largest of its sizes with a match (a match of n is also one of every
     smaller n, so that is its longest common suffix, capped), the latest match gives the token, the matches' next
-    tokens give the share followed by it (confidence) and the top-2 margin (their counts compared pairwise among
-    the matches), and the latest match's common suffix, read further back up to ``MATCH_LEN_SCALE``, its length.
+    tokens give the share followed by it (confidence) and the top-2 margin (their counts, from the next tokens
+    sorted), and the latest match's common suffix, read further back up to ``MATCH_LEN_SCALE``, its length.
 
     Args:
         t: int64 (B, L) the rows' tokens, padded past ``lens`` with −1 (never a token id).
-        lens: int64 (B,) each row's length.
-        max_ngram, min_ngram: int64 (B,) each row's n-gram sizes.
+        lens: int64 (B,) each row's length (1 ≤ lens[i] ≤ L).
+        max_ngram, min_ngram: int64 (B,) each row's n-gram sizes (1 ≤ min_ngram ≤ max_ngram).
 
     Returns:
         per row, its match or None.
+
+    The arrays are not checked (the callers build them: :meth:`LookupDrafter.lookahead_rows`); other shapes or values
+    give numpy's errors or wrong matches.
     """
     b, width = t.shape
     out: list = [None] * b
-    nmax = int(max_ngram.max()) if b else 0
     if b == 0 or width < 2:
         return out
+    nmax = int(max_ngram.max())
     r = np.arange(b)
     # e: the last position of a window, followed by a token inside the row (e ≤ len − 2)
     e = np.arange(width - 1)
@@ -293,13 +302,20 @@ def find_rows(t: np.ndarray, lens: np.ndarray, max_ngram: np.ndarray,
     nexts = t[:, 1:]
     token = nexts[rs, last]
     conf = (hits & (nexts == token[:, None])).sum(axis=1) / count
-    # top-2 counts of the matches' next tokens: the matches first (stable), compared pairwise
+    # top-2 counts of the matches' next tokens: each row's next tokens at its matches, sorted, counted by runs of
+    # equal tokens (O(h log h) a row, h the most matches of a row; the padding sorts last and counts 0)
     h = int(count.max())
-    order = np.argsort(~hits, axis=1, kind="stable")[:, :h]
-    hv = np.take_along_axis(nexts, order, axis=1)
     valid = np.arange(h) < count[:, None]
-    pair = (hv[:, :, None] == hv[:, None, :]) & valid[:, None, :] & valid[:, :, None]
-    cnt = pair.sum(axis=2)  # per match, how many matches share its next token (0 for padding)
+    order = np.argsort(~hits, axis=1, kind="stable")[:, :h]  # the matches first
+    hv = np.sort(np.where(valid, np.take_along_axis(nexts, order, axis=1), np.iinfo(np.int64).max), axis=1)
+    at = np.arange(h)
+    starts = np.ones((sel.size, h), dtype=bool)
+    starts[:, 1:] = hv[:, 1:] != hv[:, :-1]  # a run of equal tokens starts here
+    ends = np.ones((sel.size, h), dtype=bool)
+    ends[:, :-1] = starts[:, 1:]  # … and ends here
+    first = np.maximum.accumulate(np.where(starts, at, 0), axis=1)
+    final = np.minimum.accumulate(np.where(ends, at, h)[:, ::-1], axis=1)[:, ::-1]
+    cnt = np.where(valid, final - first + 1, 0)  # per match, how many matches share its next token
     top = cnt.max(axis=1)
     top_tok = hv[rs, np.argmax(cnt, axis=1)]
     second = np.where(valid & (hv != top_tok[:, None]), cnt, 0).max(axis=1)
