@@ -134,21 +134,9 @@ class LookupDrafter(Drafter):
     def lookahead(self, seq: torch.Tensor, k: int) -> tuple[list[int], list[float]]:
         """The chain this drafter would propose after ``seq`` (int64 (n,)) if every token were accepted, up to ``k``
         tokens: (tokens, confidences). Deterministic; the drafter proposes the same afterwards (its matches are kept,
-        so that drafting along the chain does not search again)."""
-        n = seq.numel()
-        t = np.empty(n + max(int(k), 0), dtype=np.int64)
-        t[:n] = self._sync(seq)
-        toks, confs, matches = [], [], []
-        for i in range(max(int(k), 0)):
-            m = self._find(t[: n + i])
-            matches.append(m)
-            if m is None:
-                break
-            t[n + i] = m[0]
-            toks.append(m[0])
-            confs.append(m[3])
-        self._ahead = (n, np.asarray(toks, dtype=np.int64), matches)  # the drafting that follows reuses the matches
-        return toks, confs
+        so that drafting along the chain does not search again): :meth:`lookahead_rows` for this one row (a ``k``
+        below 0 reads as 0)."""
+        return LookupDrafter.lookahead_rows([self], [seq], [max(int(k), 0)])[0]
 
     @staticmethod
     def lookahead_rows(drafters: Sequence[LookupDrafter], seqs: Sequence[torch.Tensor],
