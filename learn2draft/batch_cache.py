@@ -266,6 +266,20 @@ class BatchCache:
             raise ValueError(f"Row {row} holds {self.lengths[row]} slots; cannot set its length to {length}.")
         self.lengths[row] = length
 
+    def set_lengths(self, rows: Sequence[int], lengths: Sequence[int]) -> None:
+        """:meth:`set_length` for many rows at once (row ``rows[i]`` to ``lengths[i]`` slots).
+
+        Raises:
+            ValueError: a length beyond what its row holds (no row is changed then).
+        """
+        held = self.lengths
+        bad = [(r, n) for r, n in zip(rows, lengths) if not 0 <= n <= held[r]]
+        if bad:
+            r, n = bad[0]
+            raise ValueError(f"Row {r} holds {held[r]} slots; cannot set its length to {n}.")
+        for r, n in zip(rows, lengths):
+            held[r] = n
+
     @contextmanager
     def _ragged(self):
         """The model's attention dispatched to :data:`ATTENTION_NAME` for the duration of one forward."""

@@ -14,9 +14,9 @@ steps, as in vLLM's and SGLang's schedulers. One step:
 3. every row accepts with the exact sampler on its own rows of the probabilities, all rows in one call
    (:func:`learn2draft.sampling.speculative_sample_rows`: tensor operations over the packed rows, one host read per
    step whatever B is, each row drawing its uniforms from its own generator), and commits τ_i + 1 tokens
-   (:meth:`~learn2draft.decoding.SpeculativeDecoder._finish_verification`, the one verification tail):
-   the law holds per row whatever the other rows do (Leviathan et al. 2023, applied to each row's
-   own p and q).
+   (:func:`learn2draft.decoding.finish_rows`, the one verification tail, over all rows at once: every row's tokens
+   in one write to the rows' token store, their cache rows rolled back by length together): the law holds per row
+   whatever the other rows do (Leviathan et al. 2023, applied to each row's own p and q).
 
 The target's KV cache (:class:`learn2draft.batch_cache.BatchCache`) is kept per row by length: row i's slot s holds
 the key of its token at position s, the row attends to its first ``target_len`` slots and the new tokens, and rolling
@@ -40,8 +40,10 @@ below its controller's ``max_depth`` was fed one token for nothing (rolled back 
 candidate decides first and proposes alone. A hybrid's rows decide first (the source follows the controller's
 answer), then the rows drafting with its neural drafter share one forward. Prompt lookup's rows (at least
 :data:`~learn2draft.drafters.lookup.MIN_ROWS_SEARCHED_TOGETHER` of them) find their chains in one array search over
-the rows before the first depth (:meth:`BatchedSpeculativeDecoder._lookahead_rows`), then decide and propose per row
-along them. Drafter
+the rows before the first depth (:meth:`BatchedSpeculativeDecoder._lookahead_rows`); those whose controller does not
+read the state (``reads_state`` False: a fixed γ, a per-batch-size table, a load-aware step policy's rows) draft their
+whole chains, up to their step depth, in one call for all of them (:meth:`BatchedSpeculativeDecoder._draft_chains`,
+:func:`learn2draft.decoding.draft_rows`), and the others decide and propose per row along them. Drafter
 forwards per step: max_i γ_i (+1 when the last rows stop below their controller's ``max_depth``) instead of
 Σ_i γ_i; only rows whose drafters share one module batch (a drafter name spawns every row's from one drafter).
 Trees are not batched (the batch runs chains).
@@ -65,7 +67,13 @@ from learn2draft.control import (
     step_cap,
     warn_precision_mismatch,
 )
-from learn2draft.decoding import SpeculativeDecoder, check_decoder_settings
+from learn2draft.decoding import (
+    SpeculativeDecoder,
+    chain_verification,
+    check_decoder_settings,
+    draft_rows,
+    finish_rows,
+)
 from learn2draft.drafters import make_drafter
 from learn2draft.drafters.base import Drafter
 from learn2draft.drafters.lookup import MIN_ROWS_SEARCHED_TOGETHER, LookupDrafter
@@ -106,8 +114,43 @@ class _Row(SpeculativeDecoder):
         """Add ``seconds`` (a share of a batched draft forward) to this cycle's draft seconds."""
         self._cycle_draft += seconds
 
-    def _next_features(self) -> None:
-        return None  # a batch row's controller builds its own observation when it decides (no env reads it here)
+    def _open_buffer(self, length: int) -> tuple[torch.Tensor, int]:
+        return self.token_rows.open(self, length)  # the batch's store: a step commits every row in one write
+
+
+class _TokenRows:
+    """The rows' token buffers as the rows of one int64 (slots, L) tensor, so that a step commits every row's tokens
+    in one indexed write (:func:`learn2draft.decoding.commit_rows`). A row's buffer is a view of its slot; a slot is
+    freed when its row leaves and reused by a later one; a row that needs more than L columns, or more slots than
+    there are, makes the tensor grow (capacities doubled, the rows' tokens copied and their views re-pointed)."""
+
+    def __init__(self, device: torch.device):
+        self.data = torch.empty(0, 0, dtype=torch.long, device=device)
+        self.owners: dict[int, SpeculativeDecoder] = {}  # slot → the row that holds it
+        self._free: list[int] = []
+
+    def open(self, row: SpeculativeDecoder, length: int) -> tuple[torch.Tensor, int]:
+        """A slot of at least ``length`` tokens for ``row``; returns (the store, the slot)."""
+        slots, width = self.data.shape
+        if length > width or not self._free:
+            rows = slots if self._free else max(2 * slots, 1)
+            grown = torch.empty(rows, max(2 * width, length) if length > width else width, dtype=torch.long,
+                                device=self.data.device)
+            grown[:slots, :width] = self.data
+            self._free += range(rows - 1, slots - 1, -1)
+            self.data = grown
+            for slot, r in self.owners.items():
+                r._store, r._buf = grown, grown[slot]
+        slot = self._free.pop()
+        self.owners[slot] = row
+        return self.data, slot
+
+    def close(self, rows: Sequence[SpeculativeDecoder]) -> None:
+        """Free the slots of ``rows`` (rows that left the batch)."""
+        for r in rows:
+            if self.owners.get(r._slot) is r:
+                del self.owners[r._slot]
+                self._free.append(r._slot)
 
 
 class BatchedSpeculativeDecoder:
@@ -166,6 +209,7 @@ class BatchedSpeculativeDecoder:
         self._joining: list[tuple[_Row, DraftController, int]] = []
         #: the target's KV cache, per row by length (row i of the cache is ``rows[i]``)
         self.cache = BatchCache(pair.target)
+        self.token_rows = _TokenRows(pair.device)
         if verification not in ("ragged", "padded"):
             raise ValueError(f"verification must be 'ragged' or 'padded', got {verification!r}.")
         self.verification = verification
@@ -247,7 +291,13 @@ class BatchedSpeculativeDecoder:
             raise RuntimeError(f"{n} requests do not fit: {len(self._joining)} more are joining the batch of "
                                f"{len(self.rows)} of {self.max_batch} rows.")
         now = self.clock.now()
-        rows = [self._new_row(prompt, c, seed) for prompt, c, seed in zip(prompts, controllers, seeds)]
+        rows = []
+        try:
+            for prompt, c, seed in zip(prompts, controllers, seeds):
+                rows.append(self._new_row(prompt, c, seed))
+        except BaseException:  # a bad prompt: the requests before it never joined either
+            self.token_rows.close(rows)
+            raise
         self.cache.add_rows(n)  # after the running rows and those already joining
         rids = [self._record(r, now if arrivals is None else float(arrivals[i]), None) for i, r in enumerate(rows)]
         self._joining += list(zip(rows, controllers, rids))
@@ -273,6 +323,7 @@ class BatchedSpeculativeDecoder:
         """Drop the joining requests (their results and their cache rows), as if they had never been added."""
         for _, _, rid in self._joining:
             del self._results[rid]
+        self.token_rows.close([r for r, _, _ in self._joining])
         self._joining = []
         self.cache.keep_rows(list(range(len(self.rows))))
 
@@ -321,7 +372,7 @@ class BatchedSpeculativeDecoder:
         row and runs the prefill, alone or mixed into a step: :meth:`add_many`); the controller is reset."""
         row = _Row(self.pair, self.sampling, self.max_new_tokens, self.max_depth, seed=seed,
                    drafter=self._make_drafter())
-        row.target_cache = self.cache
+        row.target_cache, row.token_rows = self.cache, self.token_rows
         controller.reset()
         row.start(prompt_ids, seed, prefill=False)
         return row
@@ -365,6 +416,7 @@ class BatchedSpeculativeDecoder:
         keep = [i for i in range(len(self.rows)) if i not in set(indices)]
         for i in indices:
             self._controllers.pop(self._ids[i], None)
+        self.token_rows.close([self.rows[i] for i in indices])
         b = len(self.rows)
         self.rows = [self.rows[i] for i in keep]
         self._ids = [self._ids[i] for i in keep]
@@ -451,9 +503,12 @@ class BatchedSpeculativeDecoder:
         (:meth:`_lookahead_rows`; or the load state's ``draftable`` did this step), then decide and propose per row
         along them (no row searches again)."""
         rows = self.rows
-        if not (load is not None and isinstance(load.draftable, _Lazy) and load.draftable.searched):
-            self._lookahead_rows(ctrls)  # unless the load state's draftable found the chains this step
-        active = list(range(len(rows)))
+        if load is not None and isinstance(load.draftable, _Lazy) and load.draftable.searched:
+            # the load state's draftable found these rows' chains this step, each up to its depth limit
+            searched = {i: min(step_cap(ctrls[i]), rows[i].depth_limit) for i in load.draftable.searched}
+        else:
+            searched = self._lookahead_rows(ctrls)
+        active = self._draft_chains(ctrls, searched) if searched else list(range(len(rows)))
         while active:
             cand = [i for i in active if rows[i].drafter.batched and not rows[i]._hybrid
                     and keeps_drafting(ctrls[i], len(rows[i].drafted), rows[i].can_draft, lambda: True)]
@@ -471,27 +526,60 @@ class BatchedSpeculativeDecoder:
                 rows[i].draft_step(prepared.get(i))
             active = nxt
 
-    def _lookahead_rows(self, ctrls: list[DraftController]) -> None:
+    def _draft_chains(self, ctrls: list[DraftController], searched: dict[int, int]) -> list[int]:
+        """Draft, in one :func:`~learn2draft.decoding.draft_rows` call, the whole chain of every prompt-lookup row
+        whose chain this step's search found (``searched``: row index → the most tokens it may draft, its step depth
+        capped by its depth limit; from :meth:`_lookahead_rows` or the load state's ``draftable``) and whose
+        controller does not read the state (``reads_state`` False: a fixed γ, a
+        per-batch-size table, a load-aware step policy's rows): such a row drafts its chain up to its step depth and
+        depth limit, which is what the depth rule lets it draft token by token, without asking. The call's seconds
+        are split equally over those rows' draft seconds. Returns the rows left to draft token by token: the others,
+        less the rows whose chain is empty (they have no proposal)."""
+        rows = self.rows
+        chained, props, done = [], [], set()
+        for i, cap in searched.items():
+            r = rows[i]
+            if getattr(ctrls[i], "reads_state", True):
+                continue
+            chain = r.drafter.chain(r._n, cap)
+            if chain is None:  # its search stopped below this limit: token by token
+                continue
+            done.add(i)
+            if chain:
+                chained.append(r)
+                props.append(chain)
+        if chained:
+            clock = chained[0].clock  # host work: a clock that does not wait for the device
+            t0 = clock.now()
+            draft_rows(chained, props)
+            share = (clock.now() - t0) / len(chained)
+            for r in chained:
+                r._cycle_draft += share  # charge_draft, without a call per row
+        return [i for i in range(len(rows)) if i not in done]
+
+    def _lookahead_rows(self, ctrls: list[DraftController]) -> dict[int, int]:
         """Prompt lookup's chains for the rows at once (:meth:`learn2draft.drafters.lookup.LookupDrafter.
         lookahead_rows`: one array search over the rows per chain position instead of one search per row and depth),
         each up to its controller's step depth and its depth limit, when at least
         :data:`~learn2draft.drafters.lookup.MIN_ROWS_SEARCHED_TOGETHER` rows draft with prompt lookup this step. Each
         drafter keeps its chain, so the rows' drafting along it does not search again; the call's seconds are split
-        equally over those rows' draft seconds. The tokens drafted are those of each row alone."""
+        equally over those rows' draft seconds. The tokens drafted are those of each row alone. Returns the rows
+        searched, row index → its limit (none when fewer use prompt lookup)."""
         rows = self.rows
         if sum([type(r.drafter) is LookupDrafter for r in rows]) < MIN_ROWS_SEARCHED_TOGETHER:
-            return
+            return {}
         caps = [min(step_cap(c), r.depth_limit) if type(r.drafter) is LookupDrafter else 0 for r, c in zip(rows, ctrls)]
         idx = _searched_together(rows, caps)
         if not idx:
-            return
+            return {}
         clock = rows[idx[0]].clock  # host work: a clock that does not wait for the device
         t0 = clock.now()
-        LookupDrafter.lookahead_rows([rows[i].drafter for i in idx], [rows[i]._seq() for i in idx],
-                                     [caps[i] for i in idx])
+        LookupDrafter.lookahead_rows([rows[i].drafter for i in idx], [rows[i]._buf[: rows[i]._n] for i in idx],
+                                     [caps[i] for i in idx])  # at depth 0: each row's committed tokens
         share = (clock.now() - t0) / len(idx)
         for i in idx:
-            rows[i].charge_draft(share)
+            rows[i]._cycle_draft += share  # charge_draft, without a call per row
+        return {i: caps[i] for i in idx}
 
     def _prepare_drafts(self, idx: list[int]) -> dict[int, Any]:
         """One :meth:`~learn2draft.drafters.Drafter.prepare_batch` call per drafter type over rows ``idx`` (none for
@@ -594,8 +682,7 @@ class BatchedSpeculativeDecoder:
             for row, n in zip(self.rows, keep):
                 row.truncate_draft(int(n))
         t0 = self.clock.now()
-        plans = [row._prepare_verification(None) for row in self.rows]
-        tokens = [row._verification_tokens(plan) for row, plan in zip(self.rows, plans)]
+        plans, tokens = chain_verification(self.rows)
         t1 = self.clock.now()
         joining = bool(self._joining)
         if joining:
@@ -609,19 +696,23 @@ class BatchedSpeculativeDecoder:
         greedy = at_once and self.sampling.greedy and all([r.sampler is speculative_sample for r in self.rows])
         probs = self.sampling.probs_rows(logits, source="target") if at_once and not greedy else None
         decided = self._accept_rows(logits, probs, tokens) if at_once else None
-        results: dict[int, CycleResult] = {}
-        done = []
-        a = 0
-        for i, (rid, row, plan, toks) in enumerate(zip(self._ids, self.rows, plans, tokens)):
-            rows, a = slice(a, a + int(toks.numel())), a + int(toks.numel())
-            if hidden is not None and row.drafter.needs_target_hidden:
-                row.drafter.observe_target(hidden[rows], row.target_len)
-            p = (row._observe_verification(plan, logits[rows]) if greedy
-                 else row._verification_probs(plan, logits[rows], None if probs is None else probs[rows]))
-            res = row._finish_verification(plan, p, t0, t1, t2, None if decided is None else decided[i])
-            results[rid] = res
-            if res.finished:
-                done.append(i)
+        rows = self.rows
+        starts = [0]
+        for t in tokens:
+            starts.append(starts[-1] + int(t.numel()))
+        if hidden is not None:  # the target's hidden states for the drafters that read them, before the tail
+            for row, a, b in zip(rows, starts, starts[1:]):
+                if row.drafter.needs_target_hidden:
+                    row.drafter.observe_target(hidden[a:b], row.target_len)
+        if decided is None:  # a processor reads each row's prefix, or a row has its own sampler: row by row
+            decided = [row._accept(plan, row._verification_probs(plan, logits[a:b], None if probs is None
+                                                                 else probs[a:b]))
+                       for row, plan, a, b in zip(rows, plans, starts, starts[1:])]
+            cycles = finish_rows(rows, plans, decided, t0, t1, t2)
+        else:
+            cycles = finish_rows(rows, plans, decided, t0, t1, t2, logits=logits, starts=starts)
+        results: dict[int, CycleResult] = dict(zip(self._ids, cycles))
+        done = [i for i, c in enumerate(cycles) if c.finished]
         now = self.clock.now()  # every row's tokens of this step are committed: one reading, not one per row
         for rid, res in results.items():
             r = self._results[rid]
@@ -644,7 +735,8 @@ class BatchedSpeculativeDecoder:
 class _Lazy(Sequence):
     """A load state's ``draftable``, computed on read: per row, the tokens its drafter can propose after the committed
     tokens the row held when the load state was built (:func:`_draftable`; the ids and depth limit are kept then,
-    committed tokens are never rewritten). Each row runs a lookahead (prompt lookup's n-gram search, ~0.3 ms a row on
+    committed tokens are never rewritten while the row runs: a row that leaves frees its slot of the token store for a
+    later request). Each row runs a lookahead (prompt lookup's n-gram search, ~0.3 ms a row on
     a 2-core CPU), so nothing is computed before a read: a step whose controllers never read it (a fixed table) pays
     nothing. A read of a row computes that row alone, except where
     :data:`~learn2draft.drafters.lookup.MIN_ROWS_SEARCHED_TOGETHER` or more rows draft with prompt lookup: the first
@@ -656,9 +748,9 @@ class _Lazy(Sequence):
     def __init__(self, rows: list):
         self._rows, self._values = rows, [None] * len(rows)
         self._lookup = _searched_together([r for r, _, _ in rows], [limit for _, _, limit in rows])
-        #: whether a read found the prompt-lookup rows' chains in one search (each up to its depth limit: the step's
-        #: drafting then searches nothing)
-        self.searched = False
+        #: the rows (indices) whose prompt-lookup chains a read found in one search (each up to its depth limit: the
+        #: step's drafting then searches nothing); empty before such a read
+        self.searched: list[int] = []
 
     def _at(self, i: int) -> int:
         if self._values[i] is None:
@@ -668,7 +760,7 @@ class _Lazy(Sequence):
                                                       [limit for _, _, limit in rows])
                 for j, (toks, _) in zip(self._lookup, chains):
                     self._values[j] = len(toks)
-                self._lookup, self.searched = [], True
+                self._lookup, self.searched = [], self._lookup
             else:
                 self._values[i] = _draftable(*self._rows[i])
         return self._values[i]

@@ -158,6 +158,8 @@ class BatchSizeTable(DraftController):
         """The step's γ: the depth rule stops there without asking :meth:`decide`."""
         return self.gamma
 
+    reads_state = False  # CONTINUE below the step's γ, where the depth rule stops
+
     def decide(self, state: DraftState) -> bool:
         """CONTINUE while ``state.depth`` (the integer depth) is below the step's γ."""
         return state.depth < self.gamma

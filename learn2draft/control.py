@@ -97,6 +97,12 @@ class DraftController(ABC):
     #: verification budget runs.
     reads_load: bool = False
 
+    #: Whether :meth:`decide` reads its state. False: the controller says CONTINUE at every depth below its
+    #: :attr:`step_depth` (a fixed γ, a per-step γ), where the depth rule stops anyway, so the decoder neither builds
+    #: the :class:`~learn2draft.state.DraftState` nor asks (its CONTINUE drafts with a hybrid's lookup). A subclass
+    #: that defines its own :meth:`decide` reads it again unless it sets this itself.
+    reads_state: bool = True
+
     @property
     def step_depth(self) -> int:
         """The most tokens this controller lets the current cycle draft: :attr:`max_depth`, or, for a per-step
@@ -121,6 +127,8 @@ class DraftController(ABC):
             TypeError: naming the class and what to write instead.
         """
         super().__init_subclass__(**kwargs)
+        if "decide" in cls.__dict__ and "reads_state" not in cls.__dict__:
+            cls.reads_state = True  # a decision of its own: asked, whatever the class it extends skipped
         if "continue_drafting" in cls.__dict__ and getattr(cls.decide, "__isabstractmethod__", False):
             raise TypeError(f"{cls.__name__} defines continue_drafting(features), which controllers no longer have: "
                             "implement decide(self, state) instead (state is a learn2draft.state.DraftState; "
@@ -225,6 +233,8 @@ class FixedDepthController(DraftController):
             raise ValueError(f"num_draft_tokens must be an integer ≥ 0, got {num_draft_tokens!r}.")
         self.num_draft_tokens = self.max_depth = int(num_draft_tokens)
 
+    reads_state = False  # CONTINUE below max_depth: the depth rule stops there
+
     def decide(self, state: DraftState) -> bool:
         return True  # the decoder stops at max_depth
 
@@ -249,6 +259,8 @@ class FixedTreeController(DraftController):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name} must be an integer ≥ 0, got {v!r}.")
         self.max_depth, self.verify_size = int(depth), int(verify_size)
+
+    reads_state = False  # CONTINUE below max_depth: the depth rule stops there
 
     def decide(self, state: DraftState) -> bool:
         return True  # the decoder stops at max_depth
@@ -366,11 +378,14 @@ class CycleDriver:
         """Ask ``controller`` STOP or CONTINUE on ``state()`` (:meth:`DraftController.decide`; a rule reads its
         fields, a learned policy builds :meth:`~learn2draft.state.DraftState.features` from it), its time charged to
         the cycle — building the state included; returns the action (:func:`as_action`: 0 STOP, 1 CONTINUE — with
-        lookup on a hybrid drafter — or 2 CONTINUE with a hybrid's neural drafter), truthy when drafting goes on.
+        lookup on a hybrid drafter — or 2 CONTINUE with a hybrid's neural drafter), truthy when drafting goes on. A
+        controller whose ``reads_state`` is False is not asked: CONTINUE (1).
 
         Raises:
             ValueError: the controller returned something else.
         """
+        if not getattr(controller, "reads_state", True):
+            return 1  # CONTINUE below its step depth, asked or not (DraftController.reads_state)
         t0 = self.clock.now()
         action = as_action(controller.decide(self.state()))
         self._cycle_other += self.clock.now() - t0

@@ -19,7 +19,10 @@ One *cycle*:
    ``DynamicCache``: cropped) and the drafter rolled back.
 
 The cycle exists once, here: :meth:`~SpeculativeDecoder.draft_step` and :meth:`~SpeculativeDecoder.verify`
-(prepare, one target forward, accept, commit, roll back, time). How a controller drives them — the drafting loop
+(prepare, one target forward, accept, commit, roll back, time). Recording drafted tokens (:func:`draft_rows`) and the
+verification's tail (:func:`finish_rows`: commit, roll back, time, results) are functions over B ≥ 1 rows: a
+sequence decoded alone is a batch of one, and :class:`learn2draft.batched.BatchedSpeculativeDecoder` runs them once
+per step for all its rows. How a controller drives them — the drafting loop
 (ask the controller, draft, repeat), the size decision, :meth:`~SpeculativeDecoder.run_cycle` (deployment,
 evaluation, trace recording), :meth:`~SpeculativeDecoder.step` (one agent decision, for the gymnasium environments,
 :mod:`envs`) and :meth:`~SpeculativeDecoder.generate` — is :class:`learn2draft.control.CycleDriver`, which the
@@ -42,7 +45,7 @@ attention mask, the accepted path's entries gathered into the cache) are
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -123,8 +126,9 @@ class SpeculativeDecoder(CycleDriver):
         self.sampler = sampler
         self.drafter = drafter if drafter is not None else ModelDrafter(pair.draft, pair.vocab_size)
         self._hybrid = isinstance(self.drafter, HybridDrafter)
-        self._target_row: torch.Tensor | None = None  # raw target logits (V,) where the last committed token was drawn
-        self._target_stats: tuple[torch.Tensor, np.ndarray] | None = None  # (that row, its stats), computed once
+        #: where the last committed token was drawn: (raw target logits float (n, V), the row), read on demand
+        self._target_row: tuple[torch.Tensor, int] | None = None
+        self._target_stats: tuple[tuple, np.ndarray] | None = None  # (that reference, its stats), computed once
         self.clock = DeviceClock(pair.device)
         #: The target's cache: a row (:attr:`cache_row`) of a :class:`~learn2draft.batch_cache.BatchCache` for a chain
         #: on a target its ragged forward supports, else a ``DynamicCache``; reused from one :meth:`start` to the next.
@@ -160,8 +164,10 @@ class SpeculativeDecoder(CycleDriver):
         self.pair.check_length(prompt_ids.numel(), self.max_new_tokens)
         self.prompt_len = prompt_ids.numel()
         # One preallocated token buffer: committed tokens, then this cycle's drafted chain. ids and _seq()
-        # are views of it, so drafting a token writes one slot instead of rebuilding the sequence tensor.
-        self._buf = torch.empty(self.prompt_len + self.max_new_tokens + 1, dtype=torch.long, device=self.pair.device)
+        # are views of it, so drafting a token writes one slot instead of rebuilding the sequence tensor. It is a row
+        # (slot) of a token store, so that a verification commits the tokens of all rows sharing it in one write.
+        self._store, self._slot = self._open_buffer(self.prompt_len + self.max_new_tokens + 1)
+        self._buf = self._store[self._slot]
         self._buf[: self.prompt_len] = prompt_ids
         self._n = self.prompt_len
         self.generator = torch.Generator(device=self.pair.device).manual_seed(self.seed if seed is None else seed)
@@ -177,6 +183,12 @@ class SpeculativeDecoder(CycleDriver):
         self.drafter.start(prompt_ids)
         if prefill:
             self._first_token(self._target_forward(self.ids, last_only=True))
+
+    def _open_buffer(self, length: int) -> tuple[torch.Tensor, int]:
+        """The token store this sequence's buffer is a row of (int64 (slots, ≥ ``length``)) and that row: a sequence
+        decoded alone has its own one-row store; a batch's rows share one (:class:`learn2draft.batched.
+        BatchedSpeculativeDecoder`)."""
+        return torch.empty(1, length, dtype=torch.long, device=self.pair.device), 0
 
     def _open_target_cache(self) -> BatchCache | DynamicCache:
         """The target's cache for a new sequence: one row of a :class:`~learn2draft.batch_cache.BatchCache` (this
@@ -199,11 +211,11 @@ class SpeculativeDecoder(CycleDriver):
         """Draw and commit the first token from the prefill's last logits (float (1, V)); a batched prefill
         (:meth:`learn2draft.batched.BatchedSpeculativeDecoder.add_many`) calls it per row with ``token``, the row's
         draw from its own generator already made for all joining rows at once. Returns the committed tokens."""
-        self._target_row = logits[-1]
+        self._target_row = (logits, logits.shape[0] - 1)
         self.target_len = self.prompt_len
         if token is None:
             token = sample_from(self.sampling.probs(logits, self.ids, source="target")[0], self.generator)
-        emitted = self._commit([token])
+        emitted = commit_rows([self], [[token]])[0]
         self.drafter.observe_tokens(emitted, self.prompt_len)
         # The target has now seen every committed token but the first generated one: the invariant holds.
         self._cycle_other = 0.0  # prefill is not part of a cycle; generate() counts it in wall/TTFT
@@ -230,12 +242,12 @@ class SpeculativeDecoder(CycleDriver):
         last committed token was drawn (the prefill's last row, then the corrected or bonus row of each chain
         verification); zeros before :meth:`start` and after a tree cycle. Computed on demand (one softmax over V).
         Every value is known before the next decision, so a policy may read it without touching the law."""
-        row = self._target_row
-        if row is None:
+        at = self._target_row
+        if at is None:
             return np.zeros(3, dtype=np.float32)
         cached = self._target_stats
-        if cached is None or cached[0] is not row:  # once per committed row, however many decisions read it
-            cached = self._target_stats = (row, np.asarray(raw_distribution_stats(row), dtype=np.float32))
+        if cached is None or cached[0] is not at:  # once per committed row, however many decisions read it
+            cached = self._target_stats = (at, np.asarray(raw_distribution_stats(at[0][at[1]]), dtype=np.float32))
         return cached[1].copy()
 
     @property
@@ -345,13 +357,7 @@ class SpeculativeDecoder(CycleDriver):
                 else self.drafter.finish(prepared, seq, self.sampling, self.generator))
         if self._hybrid:
             self.drafted_sources.append(self.drafter.last_source)
-        self._buf[self._n + len(self.drafted)] = prop.token
-        self.drafter.observe_tokens([prop.token], self._n + len(self.drafted))
-        self.drafted.append(prop.token)
-        self.draft_probs.append(prop.probs)
-        self.confidences.append(prop.confidence)
-        self.entropies.append(prop.entropy)
-        self.margins.append(float(prop.margin))
+        draft_rows([self], [[prop]])
         self._cycle_draft += self.clock.now() - t0
         return prop
 
@@ -470,41 +476,11 @@ class SpeculativeDecoder(CycleDriver):
         p = self._verification_forward(plan)
         return self._finish_verification(plan, p, t0, t1, self.clock.now())
 
-    def _finish_verification(self, plan: Any, p: torch.Tensor, t0: float, t1: float, t2: float,
-                             decided: tuple[list[int], int] | None = None) -> CycleResult:
-        """The verification's tail once the target's probabilities ``p`` are known: accept, commit, roll back, time.
-        ``t0``/``t1``/``t2``: clock readings before preparing, before the forward and after it (seconds).
-        ``decided``: the accepted drafted tokens and the next token when the sampler already ran (a batched step's
-        one call for all rows); None: :meth:`_accept` runs here."""
-        accepted, nxt = decided if decided is not None else self._accept(plan, p)
-        t3 = self.clock.now()
-        committed_before = self.ids.numel()
-        if self._verify_logits is not None:  # the corrected or bonus token was drawn at row len(accepted)
-            self._target_row, self._verify_logits = self._verify_logits[len(accepted)], None
-        else:  # a shape whose forward does not keep its rows (a tree): no target statistics this cycle
-            self._target_row = None
-        emitted = self._commit(list(accepted) + [nxt])
-        self._rollback(plan, committed_before, len(accepted))
-        self.drafter.observe_tokens(emitted, committed_before)
-        t4 = self.clock.now()
-        tau = min(len(accepted), len(emitted))  # drafted tokens accepted after an EOS are not emitted: not counted
-        depth, verified = self.depth, self._verified_count(plan)
-        neural = self.drafted_sources.count(NEURAL_SOURCE)
-        self.accepted_history.append(tau)
-        self.last_accept_fraction = tau / depth if depth else 1.0
-        draft_s, other_s = self._cycle_draft, self._cycle_other
-        timing = {"draft": draft_s, "select_mask": t1 - t0, "forward": t2 - t1, "sample": t3 - t2, "gather": t4 - t3}
-        self._begin_cycle()
-        feats = self._next_features()
-        other_s += (t1 - t0) + (t4 - t2) + (self.clock.now() - t4)
-        timing["cycle"] = draft_s + (t2 - t1) + other_s
-        self._record_timing(timing)
-        return CycleResult(emitted, depth, verified, tau, draft_s, t2 - t1, other_s, self.finished, feats, neural)
-
-    def _next_features(self) -> np.ndarray | None:
-        """The next decision's observation for the :class:`~learn2draft.metrics.CycleResult` (the environments read
-        it)."""
-        return self.features()
+    def _finish_verification(self, plan: Any, p: torch.Tensor, t0: float, t1: float, t2: float) -> CycleResult:
+        """The verification's tail once the target's probabilities ``p`` are known: accept (:meth:`_accept`), then
+        :func:`finish_rows` for this one row. ``t0``/``t1``/``t2``: clock readings before preparing, before the forward
+        and after it (seconds)."""
+        return finish_rows([self], [plan], [self._accept(plan, p)], t0, t1, t2, features=True)[0]
 
     def _draft_q(self, p: torch.Tensor) -> torch.Tensor:
         """float (γ, V): the draft distributions, with a point mass for deterministic proposals (all of them
@@ -521,25 +497,186 @@ class SpeculativeDecoder(CycleDriver):
             rows.append(q)
         return torch.stack(rows)
 
-    def _commit(self, tokens: list[int]) -> list[int]:
-        """Append ``tokens`` to the committed sequence, cut at EOS and ``max_new_tokens``; set
-        :attr:`finished`. Returns the tokens actually committed."""
-        emitted = tokens[: self.max_new_tokens - self.generated]
-        eos_at = [i for i, t in enumerate(emitted) if t in self.pair.eos_token_ids]
-        if eos_at:
-            emitted = emitted[: eos_at[0] + 1]
-        n = self._n
-        # from the host without waiting for the device (a synchronous copy would sync a CUDA stream per row)
-        self._buf[n : n + len(emitted)] = torch.tensor(emitted, dtype=torch.long).to(self._buf.device,
-                                                                                      non_blocking=True)
-        self._n = n + len(emitted)
-        self.finished = bool(eos_at) or self.generated >= self.max_new_tokens
-        return emitted
-
     @property
     def target_dtype(self):
         """The target's precision (a ``torch.dtype``), which :meth:`generate` checks a trained policy against."""
         return self.pair.target.dtype
 
 
-__all__ = ["DraftController", "FixedDepthController", "SpeculativeDecoder"]
+def chain_verification(rows: Sequence[SpeculativeDecoder]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Each chain row's verification plan (its committed + drafted sequence, int64 (L_i + γ_i,), as
+    :meth:`SpeculativeDecoder._prepare_verification`'s) and what its forward feeds after its cached prefix (its last
+    committed token and its chain, int64 (γ_i + 1,)): views of the token buffers, no copy."""
+    plans = [r._buf[: r._n + len(r.drafted)] for r in rows]
+    return plans, [p[r.target_len :] for p, r in zip(plans, rows)]
+
+
+def _write_rows(rows: Sequence[SpeculativeDecoder], counts: Sequence[int], slots: list[int], pos: list[int],
+                vals: list[int]) -> None:
+    """Write ``vals`` at (``slots``, ``pos``) of the rows' token stores (row i's ``counts[i]`` entries in order): one
+    indexed write when the rows share a store (a batch, or one sequence), copied to the device without waiting for it
+    (a synchronous copy would sync a CUDA stream); else each row its own."""
+    if not vals:
+        return
+    store = rows[0]._store
+    if len(vals) == 1:  # one token (a drafted token, a first token): a scalar write, no index tensor
+        rows[[k > 0 for k in counts].index(True)]._store[slots[0], pos[0]] = vals[0]
+        return
+    idx = torch.tensor([slots, pos, vals], dtype=torch.long).to(store.device, non_blocking=True)
+    shared = True
+    for r in rows:
+        shared = shared and r._store is store
+    if shared:
+        store[idx[0], idx[1]] = idx[2]
+        return
+    a = 0
+    for r, k in zip(rows, counts):
+        r._store[r._slot, idx[1, a : a + k]] = idx[2, a : a + k]
+        a += k
+
+
+def draft_rows(rows: Sequence[SpeculativeDecoder], proposals: Sequence[Sequence[Any]]) -> None:
+    """Record drafted tokens (the one copy of a drafted token's bookkeeping): row i's ``proposals[i]``
+    (:class:`~learn2draft.drafters.base.DraftProposal`, in drafting order) after the tokens it drafted this cycle —
+    their tokens written to the token stores at once (:func:`_write_rows`), their q, confidence, entropy and margin
+    kept, and each row's drafter told (:meth:`~learn2draft.drafters.Drafter.observe_tokens`).
+    :meth:`SpeculativeDecoder.draft_step` records its one proposal here; a batch records prompt lookup's chains
+    here (:meth:`learn2draft.batched.BatchedSpeculativeDecoder._draft`). A hybrid's source is recorded by the caller.
+    The caller keeps each row within its depth limit."""
+    counts, slots, pos, vals = [], [], [], []
+    for r, props in zip(rows, proposals):
+        n0 = r._n + len(r.drafted)
+        toks = []
+        for prop in props:
+            toks.append(prop.token)
+            r.draft_probs.append(prop.probs)
+            r.confidences.append(prop.confidence)
+            r.entropies.append(prop.entropy)
+            r.margins.append(float(prop.margin))
+        r.drafter.observe_tokens(toks, n0)
+        r.drafted += toks
+        counts.append(len(toks))
+        slots += [r._slot] * len(toks)
+        pos += range(n0, n0 + len(toks))
+        vals += toks
+    _write_rows(rows, counts, slots, pos, vals)
+
+
+def commit_rows(rows: Sequence[SpeculativeDecoder], tokens: Sequence[list[int]]) -> list[list[int]]:
+    """Append ``tokens[i]`` (host ints) to row i's committed sequence, cut at its first EOS and at its
+    ``max_new_tokens``, and set each row's ``finished``; the rows that share a token store (a batch's rows, or one
+    sequence) get theirs in one indexed write (:func:`_write_rows`). Returns the tokens each row actually committed.
+
+    Args:
+        rows: the decoders (B ≥ 1), started and not finished.
+        tokens: per row, the tokens to commit (τ_i accepted drafts and the next token, or a first token).
+    """
+    out, counts, slots, pos, vals = [], [], [], [], []
+    for r, toks in zip(rows, tokens):
+        emitted = toks[: r.max_new_tokens - (r._n - r.prompt_len)]
+        eos, ended = r.pair.eos_token_ids, False
+        for i, t in enumerate(emitted):
+            if t in eos:
+                emitted, ended = emitted[: i + 1], True
+                break
+        n, k = r._n, len(emitted)
+        counts.append(k)
+        slots += [r._slot] * k
+        pos += range(n, n + k)
+        vals += emitted
+        r._n = n + k
+        r.finished = ended or r._n - r.prompt_len >= r.max_new_tokens
+        out.append(emitted)
+    _write_rows(rows, counts, slots, pos, vals)
+    return out
+
+def rollback_rows(rows: Sequence[SpeculativeDecoder], plans: Sequence[Any], before: Sequence[int],
+                  accepted: Sequence[int]) -> None:
+    """Roll each row's target cache back to its committed prefix ``before[i]`` + its ``accepted[i]`` accepted drafts,
+    and its drafter back to them. Chains in rows of one :class:`~learn2draft.batch_cache.BatchCache` (a batch, or a
+    sequence alone on a target the ragged forward runs) set their lengths at once (rejected drafts' slots, and a
+    padded verification's padding, are never attended to again); another cache (a ``DynamicCache``, a tree's) rolls
+    back row by row (:meth:`SpeculativeDecoder._rollback`)."""
+    cache = rows[0].target_cache
+    together = isinstance(cache, BatchCache)
+    for r in rows:
+        together = together and r.shape == "chain" and r.target_cache is cache
+    if not together:
+        for r, plan, b, a in zip(rows, plans, before, accepted):
+            r._rollback(plan, b, a)
+        return
+    valid = [b + a for b, a in zip(before, accepted)]  # the same tokens in the drafted and the committed sequence
+    lengths = []
+    for r, v in zip(rows, valid):
+        r.target_len = min(r.target_len, v)
+        lengths.append(r.target_len)
+    cache.set_lengths([r.cache_row for r in rows], lengths)
+    for r, v in zip(rows, valid):
+        r.drafter.rollback(v)
+
+
+def finish_rows(rows: Sequence[SpeculativeDecoder], plans: Sequence[Any], decided: Sequence[tuple[list[int], int]],
+                t0: float, t1: float, t2: float, logits: torch.Tensor | None = None,
+                starts: Sequence[int] | None = None, features: bool = False) -> list[CycleResult]:
+    """THE verification tail, for B ≥ 1 rows verified by one target forward (a sequence decoded alone is a batch of
+    one): record where each row's next token was drawn, commit every row's accepted drafts and next token
+    (:func:`commit_rows`), roll the target's cache and the drafters back (:func:`rollback_rows`), feed each drafter
+    its committed tokens, time, and build each row's :class:`~learn2draft.metrics.CycleResult`.
+
+    Args:
+        rows: the decoders, each with its cycle drafted and verified.
+        plans: each row's verification plan (:meth:`SpeculativeDecoder._prepare_verification`).
+        decided: per row, the sampler's result: the accepted drafted tokens and the next (corrected or bonus) token.
+        t0, t1, t2: clock readings (seconds) before preparing the verification, before its forward and after it.
+        logits, starts: chains fed in one packed forward (a batch): the raw target logits float (Σ (γ_i + 1), V) and
+            where row i's γ_i + 1 rows start; each row's target has then seen its chain. None: each row recorded its
+            own (:meth:`SpeculativeDecoder._observe_verification`; a tree keeps none: no target statistics).
+        features: put the next decision's observation in each result (the environments read it; a batch's
+            controllers build their own when they decide).
+
+    Returns:
+        the rows' results, in order. τ counts only drafted tokens actually emitted (none after an EOS).
+    """
+    clock = rows[0].clock
+    t3 = clock.now()
+    before = [r._n for r in rows]
+    accepted = [len(a) for a, _ in decided]
+    if logits is not None:
+        for r, st, a in zip(rows, starts, accepted):
+            r.target_len = r._n + len(r.drafted)
+            r._target_row = (logits, st + a)  # the corrected or bonus token was drawn at the row's τ-th position
+    else:
+        for r, a in zip(rows, accepted):
+            at = r._verify_logits
+            r._target_row, r._verify_logits = (None if at is None else (at, a)), None
+    emitted = commit_rows(rows, [list(a) + [n] for a, n in decided])
+    rollback_rows(rows, plans, before, accepted)
+    for r, e, b in zip(rows, emitted, before):
+        r.drafter.observe_tokens(e, b)
+    t4 = clock.now()
+    out = []
+    for r, plan, e, a in zip(rows, plans, emitted, accepted):
+        tau = min(a, len(e))
+        chain = r.shape == "chain"
+        depth = len(r.drafted) if chain else r.depth
+        verified = depth if chain else r._verified_count(plan)
+        neural = r.drafted_sources.count(NEURAL_SOURCE)
+        r.accepted_history.append(tau)
+        r.last_accept_fraction = tau / depth if depth else 1.0
+        draft_s, other_s = r._cycle_draft, r._cycle_other
+        timing = {"draft": draft_s, "select_mask": t1 - t0, "forward": t2 - t1, "sample": t3 - t2,
+                  "gather": t4 - t3}
+        r._begin_cycle()
+        feats = r.features() if features else None
+        other_s += (t1 - t0) + (t4 - t2) + (r.clock.now() - t4)
+        timing["cycle"] = draft_s + (t2 - t1) + other_s
+        if chain:
+            r.last_timing = timing
+        else:
+            r._record_timing(timing)
+        out.append(CycleResult(e, depth, verified, tau, draft_s, t2 - t1, other_s, r.finished, feats, neural))
+    return out
+
+
+__all__ = ["DraftController", "FixedDepthController", "SpeculativeDecoder", "chain_verification", "commit_rows",
+           "draft_rows", "finish_rows", "rollback_rows"]

@@ -258,6 +258,8 @@ class _StepGammaController(DraftController):
         """The step's γ: the depth rule stops there without asking :meth:`decide`."""
         return min(int(self.gamma), self.max_depth)
 
+    reads_state = False  # CONTINUE below the step's γ, where the depth rule stops
+
     def decide(self, state: DraftState) -> bool:
         return state.depth < self.gamma
 

@@ -196,3 +196,17 @@ def test_forwards_from_two_threads_take_turns_and_each_reads_its_own_rows(model)
     for name in prompts:
         torch.testing.assert_close(got[name][0], want[name][0], rtol=0, atol=0)
         torch.testing.assert_close(got[name][1], want[name][1], rtol=0, atol=0)
+
+
+def test_set_lengths_sets_many_rows_or_none(model):
+    """BatchCache.set_lengths rolls many rows back at once, like set_length each; a length beyond a row's refuses
+    with the row named and changes no row."""
+    cache = BatchCache(model)
+    cache.add_rows(3)
+    cache.forward(0, [torch.tensor([1, 2, 3, 4]), torch.tensor([5, 6]), torch.tensor([7, 8, 9])])
+    assert cache.lengths == [4, 2, 3]
+    cache.set_lengths([0, 2], [1, 3])
+    assert cache.lengths == [1, 2, 3]
+    with pytest.raises(ValueError, match="Row 1 holds 2 slots"):
+        cache.set_lengths([0, 1], [0, 5])
+    assert cache.lengths == [1, 2, 3]

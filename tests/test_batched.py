@@ -732,3 +732,75 @@ def test_the_load_states_draftable_runs_a_rows_lookahead_only_when_that_row_is_r
     assert seen == [dec.rows[1]] and load.draftable[-2] == one and len(seen) == 1
     whole = tuple(load.draftable)
     assert len(seen) == 3 and whole[1] == one and list(whole) == [real(r, r.ids, r.depth_limit) for r in dec.rows]
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, T1])
+def test_lookup_chains_are_drafted_at_once_for_controllers_that_do_not_read_the_state(close_pair, monkeypatch,
+                                                                                        sampling):
+    """Rows whose prompt-lookup chains one search found and whose controller does not read the state (a fixed γ:
+    reads_state False) draft their whole chains in one draft_rows call per step; a controller that decides on the
+    state (a FixedDepthController subclass with its own decide: reads_state True again) drafts token by token. Both
+    give every row the same tokens and the same depth and τ in every cycle. Control: the subclass is asked, the fixed
+    γ never is."""
+    import learn2draft.batched as lb
+    from learn2draft.control import FixedDepthController
+
+    asked = []
+
+    class Asking(FixedDepthController):
+        def decide(self, state):
+            asked.append(state.depth)
+            return True
+
+    assert FixedDepthController(3).reads_state is False and Asking(3).reads_state is True
+    calls = []
+    real = lb.draft_rows
+    monkeypatch.setattr(lb, "draft_rows", lambda rows, props: calls.append(len(rows)) or real(rows, props))
+    prompts = [PROMPTS[i % 4].repeat(2) for i in range(6)]
+
+    def run(ctrl):
+        dec = BatchedSpeculativeDecoder(close_pair, "lookup", sampling, max_new_tokens=16, max_depth=4, max_batch=6)
+        rids = dec.add_many(prompts, [ctrl(3) for _ in prompts], list(range(30, 36)))
+        calls.clear()
+        while dec.rows:
+            dec.step()
+        return [dec.result(r) for r in rids], list(calls)
+
+    fixed, fixed_calls = run(FixedDepthController)
+    assert asked == [] and max(fixed_calls) > 1  # several rows' chains in one call
+    asking, _ = run(Asking)
+    assert asked and 0 in asked
+    drafted = 0
+    for a, b in zip(fixed, asking):
+        assert a.tokens == b.tokens
+        assert [(c.depth, c.num_accepted) for c in a.cycles] == [(c.depth, c.num_accepted) for c in b.cycles]
+        drafted += sum(c.depth for c in a.cycles)
+    assert drafted > 0
+
+
+def test_the_rows_token_store_grows_and_reuses_slots_without_touching_a_row(close_pair):
+    """The batch's rows keep their tokens in one store (one write commits a step): a row whose prompt is longer than
+    the store makes it grow, a row that leaves frees its slot for the next; every row's tokens are still those it
+    decodes alone (greedy)."""
+    dec = BatchedSpeculativeDecoder(close_pair, "model", GREEDY, max_new_tokens=10, max_depth=3, max_batch=3)
+    short, long_ = PROMPTS[1], PROMPTS[2].repeat(3)
+    a = dec.add(short, FixedDepthController(2))
+    dec.step()
+    width = dec.token_rows.data.shape[1]
+    b = dec.add(long_, FixedDepthController(2))
+    assert dec.token_rows.data.shape[1] > width and long_.numel() > width  # it grew for the long prompt
+    slot_a = dec.rows[0]._slot
+    while a in dec.running:
+        dec.step()
+    shape = dec.token_rows.data.shape
+    freed = set(range(shape[0])) - set(dec.token_rows.owners)
+    assert slot_a in freed  # freed when a left
+    c = dec.add(PROMPTS[3], FixedDepthController(1))
+    assert dec.rows[dec.running.index(c)]._slot in freed and dec.token_rows.data.shape == shape  # reused, no growth
+    while dec.rows:
+        dec.step()
+    for rid, prompt, gamma in ((a, short, 2), (b, long_, 2), (c, PROMPTS[3], 1)):
+        ref = SpeculativeDecoder(close_pair, GREEDY, max_new_tokens=10, max_depth=3,
+                                 drafter=drafter_for("model", close_pair))
+        assert dec.result(rid).tokens == ref.generate(prompt, FixedDepthController(gamma)).tokens, rid
+    assert dec.token_rows.owners == {}  # every row left: every slot free

@@ -359,3 +359,31 @@ def test_env_runs_the_lookup_drafter_through_the_decoders_step(tiny_tok, copy_ta
     assert sum(i["accepted"] for i in verified) > 0 and all(i["depth"] <= 4 for i in infos)
     ref = SpeculativeDecoder(pair, SamplingConfig(), max_new_tokens=24, max_depth=4, drafter=LookupDrafter())
     assert env.generated_tokens() == ref.generate(REPEATING, FixedDepthController(4)).tokens
+
+
+def test_lookup_chain_gives_the_lookaheads_proposals_only_for_its_length_and_limit():
+    """LookupDrafter.chain(n, k): the proposals propose() makes along the last lookahead's chain (token, no q,
+    confidence, margin), for the length it was made at; None after another length, and None when that lookahead
+    stopped at a limit below k (what follows is unknown); a chain that ended without a match serves any k."""
+    seq = t([1, 2, 3, 4, 1, 2, 3, 4, 1, 2])
+    d, fresh = LookupDrafter(min_ngram=1), LookupDrafter(min_ngram=1)
+    d.start(seq)
+    fresh.start(seq)
+    assert d.chain(seq.numel(), 2) is None  # no lookahead yet
+    toks, confs = d.lookahead(seq, 3)
+    assert len(toks) == 3
+    props = d.chain(seq.numel(), 3)
+    cur = seq
+    for p, tok, conf in zip(props, toks, confs):
+        own = fresh.propose(cur, None, None)
+        assert (p.token, p.probs, p.confidence, p.margin) == (own.token, None, own.confidence, own.margin) == \
+            (tok, None, conf, own.margin)
+        cur = torch.cat([cur, t([tok])])
+    assert [p.token for p in d.chain(seq.numel(), 2)] == toks[:2]
+    assert d.chain(seq.numel(), 4) is None  # the lookahead stopped at its limit 3
+    assert d.chain(seq.numel() + 1, 1) is None  # made at another length
+    e = LookupDrafter(min_ngram=1)
+    s2 = t([1, 2, 3, 4, 1, 2, 3, 4, 9])  # the last token never occurred before: no match
+    e.start(s2)
+    assert e.lookahead(s2, 8) == ([], [])
+    assert e.chain(s2.numel(), 8) == [] and e.chain(s2.numel(), 20) == []

@@ -362,3 +362,31 @@ def test_target_stats_are_the_targets_view_of_the_last_committed_token(tiny_pair
         seen += 1
         dec.run_cycle(ctrl)
     assert seen >= 2
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, T1])
+def test_a_fixed_depth_is_not_asked_and_drafts_what_an_asked_one_does(V, sampling, monkeypatch):
+    """FixedDepthController.reads_state is False: the cycle builds no DraftState to ask it and does not ask it (it says
+    CONTINUE below its depth, where the depth rule stops); a subclass with a decide of its own reads the state again
+    and is asked at every depth. Both give the same tokens and cycles at a fixed seed (control: the subclass was
+    asked, with its state built)."""
+    target = model_without_eos(V)
+    pair = make_pair(target, noisy_copy(target, 0.1, seed=2), tiny_tokenizer(), tiny_tokenizer())
+    built = []
+    real = SpeculativeDecoder.state
+    monkeypatch.setattr(SpeculativeDecoder, "state", lambda self: built.append(1) or real(self))
+
+    class Asking(FixedDepthController):
+        def decide(self, state):
+            return True
+
+    runs = {}
+    for ctrl in (FixedDepthController(3), Asking(3)):
+        built.clear()
+        dec = SpeculativeDecoder(pair, sampling, max_new_tokens=20, max_depth=4)
+        res = dec.generate(PROMPT, ctrl, seed=3)
+        runs[type(ctrl)] = (res.tokens, [(c.depth, c.num_accepted) for c in res.cycles], len(built))
+    fixed, asking = runs[FixedDepthController], runs[Asking]
+    # one state a cycle for the result's features (what the environments read), none for decisions
+    assert fixed[2] == len(fixed[1]) and asking[2] > len(asking[1])
+    assert fixed[:2] == asking[:2] and sum(d for d, _ in fixed[1]) > 0

@@ -80,7 +80,7 @@ class LookupDrafter(Drafter):
             return
         if first_position < n:  # positions rewritten: any cached match past them is stale
             self._match = None
-        self._tokens = np.concatenate([self._tokens[:first_position], np.asarray([int(t) for t in tokens], dtype=np.int64)])
+        self._tokens = np.concatenate([self._tokens[:first_position], np.asarray(tokens, dtype=np.int64)])
 
     def lookup(self, seq: torch.Tensor) -> tuple[int, int, int, float, float] | None:
         """The match for the token after ``seq`` (int64 (n,)): ``(token, match_len, count, confidence, margin)``
@@ -167,7 +167,7 @@ class LookupDrafter(Drafter):
                              f"{len(seqs)} sequences, {len(limits)} limits).")
         if len({id(d) for d in drafters}) != b:
             raise ValueError("lookahead_rows: a drafter is given for two rows; each row needs its own (spawn() one).")
-        if any(isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0 for k in limits):
+        if any([isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0 for k in limits]):
             raise ValueError(f"lookahead_rows: limits must be integers ≥ 0, got {list(limits)!r}.")
         ks = np.asarray(limits, dtype=np.int64).reshape(b)
         hosts = [d._sync(s) for d, s in zip(drafters, seqs)]
@@ -204,6 +204,20 @@ class LookupDrafter(Drafter):
         for d, n, (toks, _), m in zip(drafters, lens, out, matches):
             d._ahead = (int(n), np.asarray(toks, dtype=np.int64), m)
         return out
+
+    def chain(self, n: int, k: int) -> list[DraftProposal] | None:
+        """The first ``k`` proposals (fewer where no n-gram matches) along the chain of the last :meth:`lookahead`
+        (or :meth:`lookahead_rows`), made after a sequence of ``n`` tokens: what :meth:`propose` returns along it,
+        token after token. None when that lookahead was made after another length, or stopped at a limit below ``k``
+        (it does not know what follows)."""
+        ahead = self._ahead
+        if ahead is None or ahead[0] != n:
+            return None
+        matches = ahead[2]
+        props = [DraftProposal(m[0], None, m[3], 0.0, m[4]) for m in matches[:k] if m is not None]
+        if len(props) < k and not (matches and matches[-1] is None):
+            return None
+        return props
 
     def can_propose(self, seq: torch.Tensor) -> bool:
         return self.lookup(seq) is not None
