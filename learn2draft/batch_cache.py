@@ -14,7 +14,7 @@ target's dtype. Row r's slots 0 … ``lengths[r]`` − 1 hold the keys of its to
 slot = position, so rolling back rejected drafts is setting the row's length (no copy), and a token written at a
 slot ≥ the length (a rejected draft's) is never attended to: query j of row r attends to slots
 0 … ``start_r`` + j only, ``start_r`` being the row's length before the forward. The running rows are always rows
-0 … B − 1 (a leaving row is removed by compaction), so a step's attention reads views of the cache, never copies.
+0 … B − 1 (a leaving row's place is taken by another: :meth:`BatchCache.keep_rows`), so a step's attention reads views of the cache, never copies.
 
 Per forward and layer: two ``index_put_`` for the new keys and values, then per group of rows the queries as a
 (rows, max k, heads, head_dim) block (a view of the packed queries when every row of the group feeds the same number
@@ -246,14 +246,17 @@ class BatchCache:
 
     @torch.inference_mode()
     def keep_rows(self, keep: Sequence[int]) -> None:
-        """Keep rows ``keep`` (ascending row indices), moved to rows 0 … len(keep) − 1 in that order."""
-        if list(keep) == list(range(len(keep))):
-            self.lengths = self.lengths[: len(keep)]
-            return
-        idx = torch.tensor(list(keep), dtype=torch.long, device=self.model.device)
-        s = max((self.lengths[i] for i in keep), default=0)
-        for t in self.keys + self.values:
-            t[: len(keep), :, :s] = t[idx, :, :s]
+        """Keep rows ``keep`` (distinct row indices, in any order), moved to rows 0 … len(keep) − 1 in that order;
+        only the rows whose index changes are copied (the others stay where they are)."""
+        keep = list(keep)
+        moves = [(d, s) for d, s in enumerate(keep) if d != s]
+        if moves:
+            dev = self.model.device
+            dst = torch.tensor([d for d, _ in moves], dtype=torch.long, device=dev)
+            src = torch.tensor([s for _, s in moves], dtype=torch.long, device=dev)
+            n = max([self.lengths[s] for _, s in moves])
+            for t in self.keys + self.values:
+                t[dst, :, :n] = t[src, :, :n]  # the right side is gathered first: a source may also be a destination
         self.lengths = [self.lengths[i] for i in keep]
 
     def set_length(self, row: int, length: int) -> None:

@@ -20,8 +20,8 @@ steps, as in vLLM's and SGLang's schedulers. One step:
 
 The target's KV cache (:class:`learn2draft.batch_cache.BatchCache`) is kept per row by length: row i's slot s holds
 the key of its token at position s, the row attends to its first ``target_len`` slots and the new tokens, and rolling
-back rejected drafts sets the row's length, so no rejected entry is ever attended to. Rows that leave are removed by
-compacting the cache.
+back rejected drafts sets the row's length, so no rejected entry is ever attended to. A row that leaves gives its place
+to the last row (the cache copies that row alone; :meth:`BatchedSpeculativeDecoder._drop`).
 
 Prefill runs when a request joins (its time is the request's TTFT): alone (:meth:`BatchedSpeculativeDecoder.add`,
 the same one-forward prefill as batch 1), or for requests that join together in one packed forward
@@ -412,12 +412,18 @@ class BatchedSpeculativeDecoder:
         return self._results[request_id]
 
     def _drop(self, indices: list[int]) -> None:
-        """Remove rows ``indices`` (batch positions) from the batch and the cache."""
-        keep = [i for i in range(len(self.rows)) if i not in set(indices)]
+        """Remove rows ``indices`` (batch positions) from the batch and the cache: the last rows that stay take the
+        places of those that leave (as vLLM's persistent batch condenses), so the cache copies one row per row that
+        left, not every row after it; the other rows keep their places."""
+        gone = set(indices)
+        b = len(self.rows)
+        n = b - len(gone)
+        keep = list(range(n))
+        for hole, row in zip(sorted(i for i in gone if i < n), [i for i in range(n, b) if i not in gone]):
+            keep[hole] = row
         for i in indices:
             self._controllers.pop(self._ids[i], None)
         self.token_rows.close([self.rows[i] for i in indices])
-        b = len(self.rows)
         self.rows = [self.rows[i] for i in keep]
         self._ids = [self._ids[i] for i in keep]
         self.cache.keep_rows(keep + list(range(b, b + len(self._joining))))  # joining rows' slots follow

@@ -804,3 +804,20 @@ def test_the_rows_token_store_grows_and_reuses_slots_without_touching_a_row(clos
                                  drafter=drafter_for("model", close_pair))
         assert dec.result(rid).tokens == ref.generate(prompt, FixedDepthController(gamma)).tokens, rid
     assert dec.token_rows.owners == {}  # every row left: every slot free
+
+
+def test_a_leaving_rows_place_goes_to_the_last_row_and_no_row_changes(close_pair):
+    """When a row leaves, the last row takes its place in the batch and the cache (one row copied, not every row after
+    it); every row's tokens are still those it decodes alone (greedy), and the cache's lengths follow the rows."""
+    dec = BatchedSpeculativeDecoder(close_pair, "model", GREEDY, max_new_tokens=12, max_depth=3, max_batch=4)
+    rids = dec.add_many(PROMPTS, [FixedDepthController(2) for _ in PROMPTS])
+    dec.step()
+    dec.remove(rids[1])
+    assert dec.running == [rids[0], rids[3], rids[2]]
+    assert dec.cache.lengths == [r.target_len for r in dec.rows] and [r.cache_row for r in dec.rows] == [0, 1, 2]
+    while dec.rows:
+        dec.step()
+    for i in (0, 2, 3):
+        ref = SpeculativeDecoder(close_pair, GREEDY, max_new_tokens=12, max_depth=3,
+                                 drafter=drafter_for("model", close_pair))
+        assert dec.result(rids[i]).tokens == ref.generate(PROMPTS[i], FixedDepthController(2)).tokens, i
