@@ -509,12 +509,15 @@ class BatchedSpeculativeDecoder:
         (:meth:`_lookahead_rows`; or the load state's ``draftable`` did this step), then decide and propose per row
         along them (no row searches again)."""
         rows = self.rows
+        caps = [step_cap(c) for c in ctrls]
         if load is not None and isinstance(load.draftable, _Lazy) and load.draftable.searched:
             # the load state's draftable found these rows' chains this step, each up to its depth limit
-            searched = {i: min(step_cap(ctrls[i]), rows[i].depth_limit) for i in load.draftable.searched}
+            searched = {i: min(caps[i], rows[i].depth_limit) for i in load.draftable.searched}
         else:
-            searched = self._lookahead_rows(ctrls)
-        active = self._draft_chains(ctrls, searched) if searched else list(range(len(rows)))
+            searched = self._lookahead_rows(caps)
+        active = [i for i, k in enumerate(caps) if k > 0]  # at a step depth of 0 the depth rule drafts nothing
+        if searched:
+            active = self._draft_chains(ctrls, searched, active)
         while active:
             cand = [i for i in active if rows[i].drafter.batched and not rows[i]._hybrid
                     and keeps_drafting(ctrls[i], len(rows[i].drafted), rows[i].can_draft, lambda: True)]
@@ -532,15 +535,15 @@ class BatchedSpeculativeDecoder:
                 rows[i].draft_step(prepared.get(i))
             active = nxt
 
-    def _draft_chains(self, ctrls: list[DraftController], searched: dict[int, int]) -> list[int]:
+    def _draft_chains(self, ctrls: list[DraftController], searched: dict[int, int], active: list[int]) -> list[int]:
         """Draft, in one :func:`~learn2draft.decoding.draft_rows` call, the whole chain of every prompt-lookup row
         whose chain this step's search found (``searched``: row index → the most tokens it may draft, its step depth
         capped by its depth limit; from :meth:`_lookahead_rows` or the load state's ``draftable``) and whose
         controller does not read the state (``reads_state`` False: a fixed γ, a
         per-batch-size table, a load-aware step policy's rows): such a row drafts its chain up to its step depth and
         depth limit, which is what the depth rule lets it draft token by token, without asking. The call's seconds
-        are split equally over those rows' draft seconds. Returns the rows left to draft token by token: the others,
-        less the rows whose chain is empty (they have no proposal)."""
+        are split equally over those rows' draft seconds. Returns the rows of ``active`` left to draft token by token:
+        the others, less the rows whose chain is empty (they have no proposal)."""
         rows = self.rows
         chained, props, done = [], [], set()
         for i, cap in searched.items():
@@ -561,12 +564,12 @@ class BatchedSpeculativeDecoder:
             share = (clock.now() - t0) / len(chained)
             for r in chained:
                 r._cycle_draft += share  # charge_draft, without a call per row
-        return [i for i in range(len(rows)) if i not in done]
+        return [i for i in active if i not in done]
 
-    def _lookahead_rows(self, ctrls: list[DraftController]) -> dict[int, int]:
+    def _lookahead_rows(self, caps: list[int]) -> dict[int, int]:
         """Prompt lookup's chains for the rows at once (:meth:`learn2draft.drafters.lookup.LookupDrafter.
         lookahead_rows`: one array search over the rows per chain position instead of one search per row and depth),
-        each up to its controller's step depth and its depth limit, when at least
+        each up to its controller's step depth (``caps[i]``) and its depth limit, when at least
         :data:`~learn2draft.drafters.lookup.MIN_ROWS_SEARCHED_TOGETHER` rows draft with prompt lookup this step. Each
         drafter keeps its chain, so the rows' drafting along it does not search again; the call's seconds are split
         equally over those rows' draft seconds. The tokens drafted are those of each row alone. Returns the rows
@@ -574,7 +577,7 @@ class BatchedSpeculativeDecoder:
         rows = self.rows
         if sum([type(r.drafter) is LookupDrafter for r in rows]) < MIN_ROWS_SEARCHED_TOGETHER:
             return {}
-        caps = [min(step_cap(c), r.depth_limit) if type(r.drafter) is LookupDrafter else 0 for r, c in zip(rows, ctrls)]
+        caps = [min(k, r.depth_limit) if k > 0 and type(r.drafter) is LookupDrafter else 0 for r, k in zip(rows, caps)]
         idx = _searched_together(rows, caps)
         if not idx:
             return {}
