@@ -247,8 +247,15 @@ class BatchCache:
     @torch.inference_mode()
     def keep_rows(self, keep: Sequence[int]) -> None:
         """Keep rows ``keep`` (distinct row indices, in any order), moved to rows 0 … len(keep) − 1 in that order;
-        only the rows whose index changes are copied (the others stay where they are)."""
+        only the rows whose index changes are copied (the others stay where they are).
+
+        Raises:
+            ValueError: a repeated index, or one that is not a running row's.
+        """
         keep = list(keep)
+        if len(set(keep)) != len(keep) or any([not 0 <= k < len(self.lengths) for k in keep]):
+            raise ValueError(f"keep_rows takes distinct indices of running rows (0 … {len(self.lengths) - 1}), "
+                             f"got {keep!r}.")
         moves = [(d, s) for d, s in enumerate(keep) if d != s]
         if moves:
             dev = self.model.device
@@ -260,28 +267,33 @@ class BatchCache:
         self.lengths = [self.lengths[i] for i in keep]
 
     def set_length(self, row: int, length: int) -> None:
-        """Roll row ``row`` back to its first ``length`` slots (the tokens after them are forgotten).
+        """Roll row ``row`` back to its first ``length`` slots (the tokens after them are forgotten):
+        :meth:`set_lengths` for one row.
 
         Raises:
-            ValueError: ``length`` is beyond what the row holds.
+            ValueError: ``length`` is beyond what the row holds, or a bad row or length (:meth:`set_lengths`).
         """
-        if not 0 <= length <= self.lengths[row]:
-            raise ValueError(f"Row {row} holds {self.lengths[row]} slots; cannot set its length to {length}.")
-        self.lengths[row] = length
+        self.set_lengths([row], [length])
 
     def set_lengths(self, rows: Sequence[int], lengths: Sequence[int]) -> None:
-        """:meth:`set_length` for many rows at once (row ``rows[i]`` to ``lengths[i]`` slots).
+        """Roll rows ``rows`` back to their first ``lengths`` slots (row ``rows[i]`` to ``lengths[i]``; the tokens
+        after them are forgotten).
 
         Raises:
-            ValueError: a length beyond what its row holds (no row is changed then).
+            ValueError: not one length per row, a row that is not an index of a running row (0 ≤ row < rows), a
+                length that is not an integer, or beyond what its row holds; no row is changed then.
         """
         held = self.lengths
-        bad = [(r, n) for r, n in zip(rows, lengths) if not 0 <= n <= held[r]]
-        if bad:
-            r, n = bad[0]
-            raise ValueError(f"Row {r} holds {held[r]} slots; cannot set its length to {n}.")
+        rows, lengths = list(rows), list(lengths)
+        if len(rows) != len(lengths):
+            raise ValueError(f"set_lengths needs one length per row ({len(rows)} rows, {len(lengths)} lengths).")
         for r, n in zip(rows, lengths):
-            held[r] = n
+            if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or not 0 <= r < len(held):
+                raise ValueError(f"No row {r!r}: the cache holds rows 0 … {len(held) - 1}.")
+            if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= held[r]:
+                raise ValueError(f"Row {r} holds {held[r]} slots; cannot set its length to {n!r}.")
+        for r, n in zip(rows, lengths):
+            held[r] = int(n)
 
     @contextmanager
     def _ragged(self):

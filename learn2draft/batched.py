@@ -62,6 +62,7 @@ import torch
 from learn2draft.batch_cache import BatchCache
 from learn2draft.control import (
     DraftController,
+    asks,
     check_depth_feature_scale,
     keeps_drafting,
     step_cap,
@@ -110,47 +111,52 @@ class _Row(SpeculativeDecoder):
     def _open_target_cache(self) -> BatchCache:
         return self.target_cache  # the batch's, set before start(); the batch opens the row and numbers it
 
-    def charge_draft(self, seconds: float) -> None:
-        """Add ``seconds`` (a share of a batched draft forward) to this cycle's draft seconds."""
-        self._cycle_draft += seconds
-
     def _open_buffer(self, length: int) -> tuple[torch.Tensor, int]:
         return self.token_rows.open(self, length)  # the batch's store: a step commits every row in one write
 
 
 class _TokenRows:
-    """The rows' token buffers as the rows of one int64 (slots, L) tensor, so that a step commits every row's tokens
-    in one indexed write (:func:`learn2draft.decoding.commit_rows`). A row's buffer is a view of its slot; a slot is
-    freed when its row leaves and reused by a later one; a row that needs more than L columns, or more slots than
-    there are, makes the tensor grow (capacities doubled, the rows' tokens copied and their views re-pointed)."""
+    """The rows' token buffers as the rows of one int64 (R, L) tensor (the token store), so that a step commits every
+    row's tokens in one indexed write (:func:`learn2draft.decoding.commit_rows`). A request's buffer is a view of its
+    store row (``_store_row``; not a KV-cache slot, which is a position); a store row is freed when its request leaves
+    and reused by a later one; a request that needs more than L columns, or more rows than there are, makes the tensor
+    grow (capacities doubled, the tokens copied and the requests' views re-pointed)."""
 
     def __init__(self, device: torch.device):
         self.data = torch.empty(0, 0, dtype=torch.long, device=device)
-        self.owners: dict[int, SpeculativeDecoder] = {}  # slot → the row that holds it
+        self.owners: dict[int, SpeculativeDecoder] = {}  # store row → the request's row that holds it
         self._free: list[int] = []
 
     def open(self, row: SpeculativeDecoder, length: int) -> tuple[torch.Tensor, int]:
-        """A slot of at least ``length`` tokens for ``row``; returns (the store, the slot)."""
-        slots, width = self.data.shape
+        """A store row of at least ``length`` tokens for ``row``; returns (the store, that store row)."""
+        held, width = self.data.shape
         if length > width or not self._free:
-            rows = slots if self._free else max(2 * slots, 1)
+            rows = held if self._free else max(2 * held, 1)
             grown = torch.empty(rows, max(2 * width, length) if length > width else width, dtype=torch.long,
                                 device=self.data.device)
-            grown[:slots, :width] = self.data
-            self._free += range(rows - 1, slots - 1, -1)
+            grown[:held, :width] = self.data
+            self._free += range(rows - 1, held - 1, -1)
             self.data = grown
-            for slot, r in self.owners.items():
-                r._store, r._buf = grown, grown[slot]
-        slot = self._free.pop()
-        self.owners[slot] = row
-        return self.data, slot
+            for i, r in self.owners.items():
+                r._store, r._buf = grown, grown[i]
+        i = self._free.pop()
+        self.owners[i] = row
+        return self.data, i
 
     def close(self, rows: Sequence[SpeculativeDecoder]) -> None:
-        """Free the slots of ``rows`` (rows that left the batch)."""
+        """Free the store rows of ``rows`` (requests that left the batch)."""
         for r in rows:
-            if self.owners.get(r._slot) is r:
-                del self.owners[r._slot]
-                self._free.append(r._slot)
+            if self.owners.get(r._store_row) is r:
+                del self.owners[r._store_row]
+                self._free.append(r._store_row)
+
+
+def _charge_draft(rows: Sequence[SpeculativeDecoder], seconds: float) -> None:
+    """Split ``seconds`` (a batched drafter forward, a search over the rows, a chain record) equally over ``rows``'
+    draft seconds this cycle."""
+    share = seconds / len(rows)
+    for r in rows:
+        r._cycle_draft += share
 
 
 class BatchedSpeculativeDecoder:
@@ -548,7 +554,7 @@ class BatchedSpeculativeDecoder:
         chained, props, done = [], [], set()
         for i, cap in searched.items():
             r = rows[i]
-            if getattr(ctrls[i], "reads_state", True):
+            if asks(ctrls[i]):
                 continue
             chain = r.drafter.chain(r._n, cap)
             if chain is None:  # its search stopped below this limit: token by token
@@ -561,9 +567,7 @@ class BatchedSpeculativeDecoder:
             clock = chained[0].clock  # host work: a clock that does not wait for the device
             t0 = clock.now()
             draft_rows(chained, props)
-            share = (clock.now() - t0) / len(chained)
-            for r in chained:
-                r._cycle_draft += share  # charge_draft, without a call per row
+            _charge_draft(chained, clock.now() - t0)
         return [i for i in active if i not in done]
 
     def _lookahead_rows(self, caps: list[int]) -> dict[int, int]:
@@ -585,9 +589,7 @@ class BatchedSpeculativeDecoder:
         t0 = clock.now()
         LookupDrafter.lookahead_rows([rows[i].drafter for i in idx], [rows[i]._buf[: rows[i]._n] for i in idx],
                                      [caps[i] for i in idx])  # at depth 0: each row's committed tokens
-        share = (clock.now() - t0) / len(idx)
-        for i in idx:
-            rows[i]._cycle_draft += share  # charge_draft, without a call per row
+        _charge_draft([rows[i] for i in idx], clock.now() - t0)
         return {i: caps[i] for i in idx}
 
     def _prepare_drafts(self, idx: list[int]) -> dict[int, Any]:
@@ -603,10 +605,8 @@ class BatchedSpeculativeDecoder:
         for kind, group in by_type.items():
             t0 = self.clock.now()
             out = kind.prepare_batch([self.rows[i].drafter for i in group], [self.rows[i]._seq() for i in group])
-            share = (self.clock.now() - t0) / len(group)
-            for i, p in zip(group, out):
-                self.rows[i].charge_draft(share)
-                prepared[i] = p
+            _charge_draft([self.rows[i] for i in group], self.clock.now() - t0)
+            prepared.update(zip(group, out))
         return prepared
 
     def _accept_rows(self, logits: torch.Tensor, probs: torch.Tensor | None,

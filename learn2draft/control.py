@@ -100,7 +100,8 @@ class DraftController(ABC):
     #: Whether :meth:`decide` reads its state. False: the controller says CONTINUE at every depth below its
     #: :attr:`step_depth` (a fixed γ, a per-step γ), where the depth rule stops anyway, so the decoder neither builds
     #: the :class:`~learn2draft.state.DraftState` nor asks (its CONTINUE drafts with a hybrid's lookup). A subclass
-    #: that defines its own :meth:`decide` reads it again unless it sets this itself.
+    #: whose :meth:`decide` comes from nearer in its MRO than this flag (its own, a mixin's) reads it again unless it
+    #: sets this itself, and so does an instance given a ``decide`` of its own (:func:`asks`).
     reads_state: bool = True
 
     @property
@@ -127,8 +128,10 @@ class DraftController(ABC):
             TypeError: naming the class and what to write instead.
         """
         super().__init_subclass__(**kwargs)
-        if "decide" in cls.__dict__ and "reads_state" not in cls.__dict__:
-            cls.reads_state = True  # a decision of its own: asked, whatever the class it extends skipped
+        mro = cls.__mro__
+        decides = next(i for i, k in enumerate(mro) if "decide" in k.__dict__)
+        if decides < next(i for i, k in enumerate(mro) if "reads_state" in k.__dict__):
+            cls.reads_state = True  # a decision nearer than the flag (its own, a mixin's): asked, whatever it extends
         if "continue_drafting" in cls.__dict__ and getattr(cls.decide, "__isabstractmethod__", False):
             raise TypeError(f"{cls.__name__} defines continue_drafting(features), which controllers no longer have: "
                             "implement decide(self, state) instead (state is a learn2draft.state.DraftState; "
@@ -278,6 +281,12 @@ def step_cap(controller: DraftController) -> int:
     return getattr(controller, "step_depth", controller.max_depth)
 
 
+def asks(controller: Any) -> bool:
+    """Whether the cycle asks ``controller`` (builds the state and calls ``decide``): unless its ``reads_state`` is
+    False (a controller-like object without one is asked) and no ``decide`` was set on the instance itself."""
+    return getattr(controller, "reads_state", True) or "decide" in getattr(controller, "__dict__", ())
+
+
 def keeps_drafting(controller: DraftController, depth: int, can_draft: Callable[[], bool], decide: Callable[[], bool],
                    min_depth: int = 0) -> bool:
     """The one depth rule of a cycle, on the real loop and in replay: draft one more step when the depth is
@@ -384,7 +393,7 @@ class CycleDriver:
         Raises:
             ValueError: the controller returned something else.
         """
-        if not getattr(controller, "reads_state", True):
+        if not asks(controller):
             return 1  # CONTINUE below its step depth, asked or not (DraftController.reads_state)
         t0 = self.clock.now()
         action = as_action(controller.decide(self.state()))

@@ -164,10 +164,10 @@ class SpeculativeDecoder(CycleDriver):
         self.pair.check_length(prompt_ids.numel(), self.max_new_tokens)
         self.prompt_len = prompt_ids.numel()
         # One preallocated token buffer: committed tokens, then this cycle's drafted chain. ids and _seq()
-        # are views of it, so drafting a token writes one slot instead of rebuilding the sequence tensor. It is a row
-        # (slot) of a token store, so that a verification commits the tokens of all rows sharing it in one write.
-        self._store, self._slot = self._open_buffer(self.prompt_len + self.max_new_tokens + 1)
-        self._buf = self._store[self._slot]
+        # are views of it, so drafting a token writes one entry instead of rebuilding the sequence tensor. It is a row
+        # of a token store, so that a verification commits the tokens of all rows sharing it in one write.
+        self._store, self._store_row = self._open_buffer(self.prompt_len + self.max_new_tokens + 1)
+        self._buf = self._store[self._store_row]
         self._buf[: self.prompt_len] = prompt_ids
         self._n = self.prompt_len
         self.generator = torch.Generator(device=self.pair.device).manual_seed(self.seed if seed is None else seed)
@@ -185,7 +185,7 @@ class SpeculativeDecoder(CycleDriver):
             self._first_token(self._target_forward(self.ids, last_only=True))
 
     def _open_buffer(self, length: int) -> tuple[torch.Tensor, int]:
-        """The token store this sequence's buffer is a row of (int64 (slots, ≥ ``length``)) and that row: a sequence
+        """The token store this sequence's buffer is a row of (int64 (R, ≥ ``length``)) and that row: a sequence
         decoded alone has its own one-row store; a batch's rows share one (:class:`learn2draft.batched.
         BatchedSpeculativeDecoder`)."""
         return torch.empty(1, length, dtype=torch.long, device=self.pair.device), 0
@@ -416,13 +416,11 @@ class SpeculativeDecoder(CycleDriver):
         return self.sampling.probs(logits, self.ids, plan[self.ids.numel() :], source="target")
 
     def _observe_verification(self, plan: Any, logits: torch.Tensor) -> torch.Tensor:
-        """Record that the target has seen the whole chain (its cache length and the logits the next token is drawn
-        from) without forming probabilities: what :meth:`_verification_probs` does first, and all a batched greedy
+        """Keep the logits the next token is drawn from without forming probabilities: what :meth:`_verification_probs` does first, and all a batched greedy
         step needs (its acceptance reads the logits' argmax for all rows at once,
         :func:`learn2draft.sampling.greedy_accept_rows`). Returns the chain's logits, float (γ+1, V)."""
         logits = logits[-(self.depth + 1) :]
-        self._verify_logits = logits
-        self.target_len = plan.numel()
+        self._verify_logits = logits  # the target's cache length is set by the tail (finish_rows)
         return logits
 
     def _accept(self, plan: Any, p: torch.Tensor) -> tuple[list[int], int]:
@@ -503,26 +501,43 @@ class SpeculativeDecoder(CycleDriver):
         return self.pair.target.dtype
 
 
-def chain_verification(rows: Sequence[SpeculativeDecoder]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Each chain row's verification plan (its committed + drafted sequence, int64 (L_i + γ_i,), as
-    :meth:`SpeculativeDecoder._prepare_verification`'s) and what its forward feeds after its cached prefix (its last
-    committed token and its chain, int64 (γ_i + 1,)): views of the token buffers, no copy."""
-    plans = [r._buf[: r._n + len(r.drafted)] for r in rows]
-    return plans, [p[r.target_len :] for p, r in zip(plans, rows)]
+#: The hooks a chain decoder's subclass may override; a class that overrides none of them runs the tail's shared
+#: path (its rows' lengths, timings and counts handled for all rows at once), else each row calls its own.
+_CHAIN_HOOKS = ("_prepare_verification", "_verification_tokens", "_rollback", "_verified_count", "_record_timing",
+                "depth")
+_PLAIN: dict[type, bool] = {}
 
 
-def _write_rows(rows: Sequence[SpeculativeDecoder], counts: Sequence[int], slots: list[int], pos: list[int],
+def _plain_chain(cls: type) -> bool:
+    """Whether ``cls`` (a :class:`SpeculativeDecoder` class) is a chain that overrides none of :data:`_CHAIN_HOOKS`."""
+    plain = _PLAIN.get(cls)
+    if plain is None:
+        plain = _PLAIN[cls] = cls.shape == "chain" and all(
+            getattr(cls, h) is getattr(SpeculativeDecoder, h) for h in _CHAIN_HOOKS)
+    return plain
+
+
+def chain_verification(rows: Sequence[SpeculativeDecoder]) -> tuple[list[Any], list[torch.Tensor]]:
+    """Each row's verification plan (a chain: its committed + drafted sequence, int64 (L_i + γ_i,), as
+    :meth:`SpeculativeDecoder._prepare_verification` returns it) and what its forward feeds after its cached prefix
+    (its last committed token and its chain, int64 (γ_i + 1,)): views of the token buffers, no copy. A row of a class
+    that overrides those hooks plans with its own."""
+    plans = [r._buf[: r._n + len(r.drafted)] if _plain_chain(type(r)) else r._prepare_verification(None) for r in rows]
+    return plans, [p[r.target_len :] if _plain_chain(type(r)) else r._verification_tokens(p) for p, r in zip(plans, rows)]
+
+
+def _write_rows(rows: Sequence[SpeculativeDecoder], counts: Sequence[int], store_rows: list[int], pos: list[int],
                 vals: list[int]) -> None:
-    """Write ``vals`` at (``slots``, ``pos``) of the rows' token stores (row i's ``counts[i]`` entries in order): one
-    indexed write when the rows share a store (a batch, or one sequence), copied to the device without waiting for it
-    (a synchronous copy would sync a CUDA stream); else each row its own."""
+    """Write ``vals`` (token ids) at (``store_rows``, ``pos``) of the rows' token stores (row i's ``counts[i]`` entries
+    in order): one indexed write when the rows share a store (a batch, or one sequence), copied to the device without
+    waiting for it (a synchronous copy would sync a CUDA stream); else each row its own."""
     if not vals:
         return
     store = rows[0]._store
     if len(vals) == 1:  # one token (a drafted token, a first token): a scalar write, no index tensor
-        rows[[k > 0 for k in counts].index(True)]._store[slots[0], pos[0]] = vals[0]
+        rows[[k > 0 for k in counts].index(True)]._store[store_rows[0], pos[0]] = vals[0]
         return
-    idx = torch.tensor([slots, pos, vals], dtype=torch.long).to(store.device, non_blocking=True)
+    idx = torch.tensor([store_rows, pos, vals], dtype=torch.long).to(store.device, non_blocking=True)
     shared = True
     for r in rows:
         shared = shared and r._store is store
@@ -531,21 +546,33 @@ def _write_rows(rows: Sequence[SpeculativeDecoder], counts: Sequence[int], slots
         return
     a = 0
     for r, k in zip(rows, counts):
-        r._store[r._slot, idx[1, a : a + k]] = idx[2, a : a + k]
+        r._store[r._store_row, idx[1, a : a + k]] = idx[2, a : a + k]
         a += k
 
 
 def draft_rows(rows: Sequence[SpeculativeDecoder], proposals: Sequence[Sequence[Any]]) -> None:
     """Record drafted tokens (the one copy of a drafted token's bookkeeping): row i's ``proposals[i]``
     (:class:`~learn2draft.drafters.base.DraftProposal`, in drafting order) after the tokens it drafted this cycle —
-    their tokens written to the token stores at once (:func:`_write_rows`), their q, confidence, entropy and margin
-    kept, and each row's drafter told (:meth:`~learn2draft.drafters.Drafter.observe_tokens`).
-    :meth:`SpeculativeDecoder.draft_step` records its one proposal here; a batch records prompt lookup's chains
-    here (:meth:`learn2draft.batched.BatchedSpeculativeDecoder._draft`). A hybrid's source is recorded by the caller.
-    The caller keeps each row within its depth limit."""
-    counts, slots, pos, vals = [], [], [], []
+    their tokens written to the token stores at once (:func:`_write_rows`), their q (float32 (V,) or None for a point
+    mass), confidence, entropy and margin kept, and each row's drafter told
+    (:meth:`~learn2draft.drafters.Drafter.observe_tokens`). :meth:`SpeculativeDecoder.draft_step` records its one
+    proposal here; a batch records prompt lookup's chains here
+    (:meth:`learn2draft.batched.BatchedSpeculativeDecoder._draft_chains`). A hybrid's source is recorded by the caller.
+
+    Args:
+        rows: started, unfinished decoders (B ≥ 0).
+        proposals: one sequence of proposals per row (possibly empty).
+
+    Raises:
+        ValueError: not one sequence of proposals per row, or a row would draft beyond its depth limit.
+    """
+    if len(proposals) != len(rows):
+        raise ValueError(f"draft_rows needs one sequence of proposals per row ({len(rows)} rows, {len(proposals)}).")
+    counts, store_rows, pos, vals = [], [], [], []
     for r, props in zip(rows, proposals):
         n0 = r._n + len(r.drafted)
+        if len(r.drafted) + len(props) > r.max_depth or n0 + len(props) >= r.prompt_len + r.max_new_tokens:
+            raise ValueError(f"draft_rows: {len(props)} more drafted tokens exceed the row's depth limit.")
         toks = []
         for prop in props:
             toks.append(prop.token)
@@ -556,23 +583,34 @@ def draft_rows(rows: Sequence[SpeculativeDecoder], proposals: Sequence[Sequence[
         r.drafter.observe_tokens(toks, n0)
         r.drafted += toks
         counts.append(len(toks))
-        slots += [r._slot] * len(toks)
+        store_rows += [r._store_row] * len(toks)
         pos += range(n0, n0 + len(toks))
         vals += toks
-    _write_rows(rows, counts, slots, pos, vals)
+    _write_rows(rows, counts, store_rows, pos, vals)
 
 
 def commit_rows(rows: Sequence[SpeculativeDecoder], tokens: Sequence[list[int]]) -> list[list[int]]:
     """Append ``tokens[i]`` (host ints) to row i's committed sequence, cut at its first EOS and at its
     ``max_new_tokens``, and set each row's ``finished``; the rows that share a token store (a batch's rows, or one
-    sequence) get theirs in one indexed write (:func:`_write_rows`). Returns the tokens each row actually committed.
+    sequence) get theirs in one indexed write (:func:`_write_rows`).
 
     Args:
-        rows: the decoders (B ≥ 1), started and not finished.
+        rows: the decoders (B ≥ 0), started and not finished.
         tokens: per row, the tokens to commit (τ_i accepted drafts and the next token, or a first token).
+
+    Returns:
+        per row, the tokens it actually committed.
+
+    Raises:
+        ValueError: not one list of tokens per row.
+        RuntimeError: a row not started, or finished.
     """
-    out, counts, slots, pos, vals = [], [], [], [], []
+    if len(tokens) != len(rows):
+        raise ValueError(f"commit_rows needs one list of tokens per row ({len(rows)} rows, {len(tokens)} lists).")
+    out, counts, store_rows, pos, vals = [], [], [], [], []
     for r, toks in zip(rows, tokens):
+        if not r._started or r.finished:
+            r._check_running()
         emitted = toks[: r.max_new_tokens - (r._n - r.prompt_len)]
         eos, ended = r.pair.eos_token_ids, False
         for i, t in enumerate(emitted):
@@ -581,26 +619,38 @@ def commit_rows(rows: Sequence[SpeculativeDecoder], tokens: Sequence[list[int]])
                 break
         n, k = r._n, len(emitted)
         counts.append(k)
-        slots += [r._slot] * k
+        store_rows += [r._store_row] * k
         pos += range(n, n + k)
         vals += emitted
         r._n = n + k
         r.finished = ended or r._n - r.prompt_len >= r.max_new_tokens
         out.append(emitted)
-    _write_rows(rows, counts, slots, pos, vals)
+    _write_rows(rows, counts, store_rows, pos, vals)
     return out
+
 
 def rollback_rows(rows: Sequence[SpeculativeDecoder], plans: Sequence[Any], before: Sequence[int],
                   accepted: Sequence[int]) -> None:
     """Roll each row's target cache back to its committed prefix ``before[i]`` + its ``accepted[i]`` accepted drafts,
     and its drafter back to them. Chains in rows of one :class:`~learn2draft.batch_cache.BatchCache` (a batch, or a
-    sequence alone on a target the ragged forward runs) set their lengths at once (rejected drafts' slots, and a
-    padded verification's padding, are never attended to again); another cache (a ``DynamicCache``, a tree's) rolls
-    back row by row (:meth:`SpeculativeDecoder._rollback`)."""
+    sequence alone on a target the ragged forward runs) set their lengths at once
+    (:meth:`~learn2draft.batch_cache.BatchCache.set_lengths`: rejected drafts' positions, and a padded verification's
+    padding, are never attended to again); another cache (a ``DynamicCache``, a tree's) or a class with its own
+    ``_rollback`` rolls back row by row (:meth:`SpeculativeDecoder._rollback`).
+
+    Args:
+        rows: the decoders (B ≥ 1), after their verification forward; plans: their verification plans;
+        before: each row's committed length before this cycle's commit; accepted: each row's τ.
+
+    Raises:
+        ValueError: no row, or mismatched lengths.
+    """
+    if not rows or not len(rows) == len(plans) == len(before) == len(accepted):
+        raise ValueError(f"rollback_rows needs B ≥ 1 rows and one plan, length and τ per row ({len(rows)} rows).")
     cache = rows[0].target_cache
     together = isinstance(cache, BatchCache)
     for r in rows:
-        together = together and r.shape == "chain" and r.target_cache is cache
+        together = together and _plain_chain(type(r)) and r.target_cache is cache
     if not together:
         for r, plan, b, a in zip(rows, plans, before, accepted):
             r._rollback(plan, b, a)
@@ -619,34 +669,43 @@ def finish_rows(rows: Sequence[SpeculativeDecoder], plans: Sequence[Any], decide
                 t0: float, t1: float, t2: float, logits: torch.Tensor | None = None,
                 starts: Sequence[int] | None = None, features: bool = False) -> list[CycleResult]:
     """THE verification tail, for B ≥ 1 rows verified by one target forward (a sequence decoded alone is a batch of
-    one): record where each row's next token was drawn, commit every row's accepted drafts and next token
-    (:func:`commit_rows`), roll the target's cache and the drafters back (:func:`rollback_rows`), feed each drafter
-    its committed tokens, time, and build each row's :class:`~learn2draft.metrics.CycleResult`.
+    one): record that each chain's target has seen its chain and where each row's next token was drawn, commit every
+    row's accepted drafts and next token (:func:`commit_rows`), roll the target's cache and the drafters back
+    (:func:`rollback_rows`), feed each drafter its committed tokens, time, and build each row's
+    :class:`~learn2draft.metrics.CycleResult`. A class that overrides the chain's hooks (:data:`_CHAIN_HOOKS`; a
+    tree) has its own called per row.
 
     Args:
         rows: the decoders, each with its cycle drafted and verified.
-        plans: each row's verification plan (:meth:`SpeculativeDecoder._prepare_verification`).
+        plans: each row's verification plan (:func:`chain_verification`, :meth:`SpeculativeDecoder._prepare_verification`).
         decided: per row, the sampler's result: the accepted drafted tokens and the next (corrected or bonus) token.
         t0, t1, t2: clock readings (seconds) before preparing the verification, before its forward and after it.
         logits, starts: chains fed in one packed forward (a batch): the raw target logits float (Σ (γ_i + 1), V) and
-            where row i's γ_i + 1 rows start; each row's target has then seen its chain. None: each row recorded its
-            own (:meth:`SpeculativeDecoder._observe_verification`; a tree keeps none: no target statistics).
+            where row i's γ_i + 1 rows start. None: each row kept its own
+            (:meth:`SpeculativeDecoder._observe_verification`; a tree keeps none: no target statistics).
         features: put the next decision's observation in each result (the environments read it; a batch's
             controllers build their own when they decide).
 
     Returns:
         the rows' results, in order. τ counts only drafted tokens actually emitted (none after an EOS).
+
+    Raises:
+        ValueError: no row, or not one plan and one result per row.
     """
+    if not rows or not len(rows) == len(plans) == len(decided):
+        raise ValueError(f"finish_rows needs B ≥ 1 rows and one plan and one sampler result per row ({len(rows)} rows, "
+                         f"{len(plans)} plans, {len(decided)} results).")
     clock = rows[0].clock
     t3 = clock.now()
     before = [r._n for r in rows]
     accepted = [len(a) for a, _ in decided]
-    if logits is not None:
-        for r, st, a in zip(rows, starts, accepted):
+    plain = [_plain_chain(type(r)) for r in rows]
+    for i, (r, a) in enumerate(zip(rows, accepted)):
+        if plain[i]:  # the target has seen the last committed token and the chain
             r.target_len = r._n + len(r.drafted)
-            r._target_row = (logits, st + a)  # the corrected or bonus token was drawn at the row's τ-th position
-    else:
-        for r, a in zip(rows, accepted):
+        if logits is not None:  # the corrected or bonus token was drawn at the row's τ-th position
+            r._target_row = (logits, starts[i] + a)
+        else:
             at = r._verify_logits
             r._target_row, r._verify_logits = (None if at is None else (at, a)), None
     emitted = commit_rows(rows, [list(a) + [n] for a, n in decided])
@@ -655,9 +714,8 @@ def finish_rows(rows: Sequence[SpeculativeDecoder], plans: Sequence[Any], decide
         r.drafter.observe_tokens(e, b)
     t4 = clock.now()
     out = []
-    for r, plan, e, a in zip(rows, plans, emitted, accepted):
+    for r, plan, e, a, chain in zip(rows, plans, emitted, accepted, plain):
         tau = min(a, len(e))
-        chain = r.shape == "chain"
         depth = len(r.drafted) if chain else r.depth
         verified = depth if chain else r._verified_count(plan)
         neural = r.drafted_sources.count(NEURAL_SOURCE)

@@ -122,7 +122,9 @@ class LoadState:
         waiting: requests that arrived and wait for a free row (0 for a closed loop).
         last_taus, last_depths: per row, the previous cycle's accepted length τ and depth (0 before the first).
         draftable: per row, the tokens its drafter can propose now, at most its depth limit (prompt lookup: the chain
-            its n-gram match continues; a neural drafter: the depth limit).
+            its n-gram match continues; a neural drafter: the depth limit). The batched decoder computes it on first
+            read: read it during the step it was built for (a row that left may have handed its token buffer to a
+            later request).
         tokens_left: per row, the tokens it may still generate.
         max_depth, max_new_tokens: the decoder's.
         last_step_batch, last_step_tokens, last_step_seconds: the previous batched step's rows, the tokens all its

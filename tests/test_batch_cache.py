@@ -217,3 +217,19 @@ def test_set_lengths_sets_many_rows_or_none(model):
     with pytest.raises(ValueError, match="Row 1 holds 2 slots"):
         cache.set_lengths([0, 1], [0, 5])
     assert cache.lengths == [1, 2, 3]
+
+
+def test_set_lengths_and_keep_rows_refuse_bad_rows_and_lengths(model):
+    """set_lengths refuses a row outside the running rows (a negative index included), a non-integer or bool length,
+    and mismatched lists, changing nothing; keep_rows refuses a repeated row."""
+    cache = BatchCache(model)
+    cache.add_rows(2)
+    cache.forward(0, [torch.tensor([1, 2, 3]), torch.tensor([4, 5])])
+    for rows, lengths, msg in (([5], [0], "No row 5"), ([-1], [1], "No row -1"), ([0], [2.5], "cannot set"),
+                               ([0], [True], "cannot set"), ([0, 1], [1], "one length per row")):
+        with pytest.raises(ValueError, match=msg):
+            cache.set_lengths(rows, lengths)
+        assert cache.lengths == [3, 2]
+    with pytest.raises(ValueError, match="distinct"):
+        cache.keep_rows([1, 1])
+    assert cache.lengths == [3, 2]

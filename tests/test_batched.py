@@ -789,14 +789,14 @@ def test_the_rows_token_store_grows_and_reuses_slots_without_touching_a_row(clos
     width = dec.token_rows.data.shape[1]
     b = dec.add(long_, FixedDepthController(2))
     assert dec.token_rows.data.shape[1] > width and long_.numel() > width  # it grew for the long prompt
-    slot_a = dec.rows[0]._slot
+    slot_a = dec.rows[0]._store_row
     while a in dec.running:
         dec.step()
     shape = dec.token_rows.data.shape
     freed = set(range(shape[0])) - set(dec.token_rows.owners)
     assert slot_a in freed  # freed when a left
     c = dec.add(PROMPTS[3], FixedDepthController(1))
-    assert dec.rows[dec.running.index(c)]._slot in freed and dec.token_rows.data.shape == shape  # reused, no growth
+    assert dec.rows[dec.running.index(c)]._store_row in freed and dec.token_rows.data.shape == shape  # reused, no growth
     while dec.rows:
         dec.step()
     for rid, prompt, gamma in ((a, short, 2), (b, long_, 2), (c, PROMPTS[3], 1)):
@@ -821,3 +821,49 @@ def test_a_leaving_rows_place_goes_to_the_last_row_and_no_row_changes(close_pair
         ref = SpeculativeDecoder(close_pair, GREEDY, max_new_tokens=12, max_depth=3,
                                  drafter=drafter_for("model", close_pair))
         assert dec.result(rids[i]).tokens == ref.generate(PROMPTS[i], FixedDepthController(2)).tokens, i
+
+
+def test_the_tails_hooks_and_a_mixins_decide_are_still_honoured(close_pair):
+    """A SpeculativeDecoder subclass that overrides the chain's hooks (_rollback, _record_timing, _verified_count) has
+    them called by the shared tail, once per cycle, with the same tokens; a FixedDepthController combined with a mixin
+    whose decide stops at depth 1 is asked (reads_state True), as is an instance given its own decide."""
+    from learn2draft.control import FixedDepthController, asks
+
+    calls = {"_rollback": 0, "_record_timing": 0, "_verified_count": 0}
+
+    class Hooked(SpeculativeDecoder):
+        def _rollback(self, plan, committed_before, accepted):
+            calls["_rollback"] += 1
+            return super()._rollback(plan, committed_before, accepted)
+
+        def _record_timing(self, timing):
+            calls["_record_timing"] += 1
+            return super()._record_timing(timing)
+
+        def _verified_count(self, plan):
+            calls["_verified_count"] += 1
+            return super()._verified_count(plan)
+
+    ref = SpeculativeDecoder(close_pair, GREEDY, max_new_tokens=12, max_depth=3, drafter=drafter_for("model", close_pair))
+    hooked = Hooked(close_pair, GREEDY, max_new_tokens=12, max_depth=3, drafter=drafter_for("model", close_pair))
+    want, got = (d.generate(PROMPTS[0], FixedDepthController(2)) for d in (ref, hooked))
+    assert got.tokens == want.tokens and len(got.cycles) > 1
+    assert calls == dict.fromkeys(calls, len(got.cycles))
+
+    class OneMore:
+        def decide(self, state):
+            return state.depth < 1
+
+    class Mixed(OneMore, FixedDepthController):
+        pass
+
+    assert Mixed(3).reads_state is True and asks(Mixed(3)) and not asks(FixedDepthController(3))
+    res = SpeculativeDecoder(close_pair, GREEDY, max_new_tokens=12, max_depth=3,
+                             drafter=drafter_for("model", close_pair)).generate(PROMPTS[0], Mixed(3))
+    assert max(c.depth for c in res.cycles) == 1
+    patched = FixedDepthController(3)
+    patched.decide = lambda state: state.depth < 1
+    assert asks(patched)
+    res = SpeculativeDecoder(close_pair, GREEDY, max_new_tokens=12, max_depth=3,
+                             drafter=drafter_for("model", close_pair)).generate(PROMPTS[0], patched)
+    assert max(c.depth for c in res.cycles) == 1

@@ -387,3 +387,6 @@ def test_lookup_chain_gives_the_lookaheads_proposals_only_for_its_length_and_lim
     e.start(s2)
     assert e.lookahead(s2, 8) == ([], [])
     assert e.chain(s2.numel(), 8) == [] and e.chain(s2.numel(), 20) == []
+    for bad in (-1, True, 1.5, None):
+        with pytest.raises(ValueError, match="k must be an integer"):
+            e.chain(s2.numel(), bad)

@@ -209,12 +209,18 @@ class LookupDrafter(Drafter):
         """The first ``k`` proposals (fewer where no n-gram matches) along the chain of the last :meth:`lookahead`
         (or :meth:`lookahead_rows`), made after a sequence of ``n`` tokens: what :meth:`propose` returns along it,
         token after token. None when that lookahead was made after another length, or stopped at a limit below ``k``
-        (it does not know what follows)."""
+        (it does not know what follows).
+
+        Raises:
+            ValueError: ``k`` is not an integer ≥ 0.
+        """
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
+            raise ValueError(f"chain: k must be an integer ≥ 0, got {k!r}.")
         ahead = self._ahead
         if ahead is None or ahead[0] != n:
             return None
         matches = ahead[2]
-        props = [DraftProposal(m[0], None, m[3], 0.0, m[4]) for m in matches[:k] if m is not None]
+        props = [_proposal(m) for m in matches[:k] if m is not None]
         if len(props) < k and not (matches and matches[-1] is None):
             return None
         return props
@@ -226,7 +232,7 @@ class LookupDrafter(Drafter):
         m = self.lookup(seq)
         if m is None:
             raise RuntimeError("No n-gram match: nothing to propose (check can_propose() first).")
-        return DraftProposal(m[0], None, m[3], 0.0, m[4])
+        return _proposal(m)
 
     def rollback(self, length: int) -> None:
         if self._tokens.size > length:
@@ -249,6 +255,11 @@ class LookupDrafter(Drafter):
 
     def extra_config(self) -> dict:
         return {"drafter": self.name, "max_ngram": self.max_ngram, "min_ngram": self.min_ngram}
+
+
+def _proposal(m: tuple[int, int, int, float, float]) -> DraftProposal:
+    """A match ``(token, match_len, count, confidence, margin)`` as a proposal: a point mass (no q), no entropy."""
+    return DraftProposal(m[0], None, m[3], 0.0, m[4])
 
 
 def find_rows(t: np.ndarray, lens: np.ndarray, max_ngram: np.ndarray,
