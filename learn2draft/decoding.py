@@ -522,8 +522,8 @@ def chain_verification(rows: Sequence[SpeculativeDecoder]) -> tuple[list[Any], l
     :meth:`SpeculativeDecoder._prepare_verification` returns it) and what its forward feeds after its cached prefix
     (its last committed token and its chain, int64 (γ_i + 1,)): views of the token buffers, no copy. A row of a class
     that overrides those hooks plans with its own."""
-    plans = [r._buf[: r._n + len(r.drafted)] if _plain_chain(type(r)) else r._prepare_verification(None) for r in rows]
-    return plans, [p[r.target_len :] if _plain_chain(type(r)) else r._verification_tokens(p) for p, r in zip(plans, rows)]
+    plans = [r._buf[: r._n + len(r.drafted)] if (_PLAIN.get(type(r)) or _plain_chain(type(r))) else r._prepare_verification(None) for r in rows]
+    return plans, [p[r.target_len :] if (_PLAIN.get(type(r)) or _plain_chain(type(r))) else r._verification_tokens(p) for p, r in zip(plans, rows)]
 
 
 def _write_rows(rows: Sequence[SpeculativeDecoder], counts: Sequence[int], store_rows: list[int], pos: list[int],
@@ -650,7 +650,7 @@ def rollback_rows(rows: Sequence[SpeculativeDecoder], plans: Sequence[Any], befo
     cache = rows[0].target_cache
     together = isinstance(cache, BatchCache)
     for r in rows:
-        together = together and _plain_chain(type(r)) and r.target_cache is cache
+        together = together and (_PLAIN.get(type(r)) or _plain_chain(type(r))) and r.target_cache is cache
     if not together:
         for r, plan, b, a in zip(rows, plans, before, accepted):
             r._rollback(plan, b, a)
@@ -699,7 +699,7 @@ def finish_rows(rows: Sequence[SpeculativeDecoder], plans: Sequence[Any], decide
     t3 = clock.now()
     before = [r._n for r in rows]
     accepted = [len(a) for a, _ in decided]
-    plain = [_plain_chain(type(r)) for r in rows]
+    plain = [(_PLAIN.get(type(r)) or _plain_chain(type(r))) for r in rows]
     for i, (r, a) in enumerate(zip(rows, accepted)):
         if plain[i]:  # the target has seen the last committed token and the chain
             r.target_len = r._n + len(r.drafted)
