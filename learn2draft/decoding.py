@@ -522,8 +522,17 @@ def chain_verification(rows: Sequence[SpeculativeDecoder]) -> tuple[list[Any], l
     :meth:`SpeculativeDecoder._prepare_verification` returns it) and what its forward feeds after its cached prefix
     (its last committed token and its chain, int64 (γ_i + 1,)): views of the token buffers, no copy. A row of a class
     that overrides those hooks plans with its own."""
-    plans = [r._buf[: r._n + len(r.drafted)] if (_PLAIN.get(type(r)) or _plain_chain(type(r))) else r._prepare_verification(None) for r in rows]
-    return plans, [p[r.target_len :] if (_PLAIN.get(type(r)) or _plain_chain(type(r))) else r._verification_tokens(p) for p, r in zip(plans, rows)]
+    plans, tokens = [], []
+    for r in rows:
+        if _PLAIN.get(type(r)) or _plain_chain(type(r)):
+            p = r._buf[: r._n + len(r.drafted)]
+            t = p[r.target_len :]
+        else:
+            p = r._prepare_verification(None)
+            t = r._verification_tokens(p)
+        plans.append(p)
+        tokens.append(t)
+    return plans, tokens
 
 
 def _write_rows(rows: Sequence[SpeculativeDecoder], counts: Sequence[int], store_rows: list[int], pos: list[int],

@@ -58,29 +58,47 @@ class LookupDrafter(Drafter):
         if not (isinstance(max_ngram, int) and isinstance(min_ngram, int) and 1 <= min_ngram <= max_ngram):
             raise ValueError(f"Need integers 1 ≤ min_ngram ≤ max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}.")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
-        self._tokens = np.zeros(0, dtype=np.int64)
+        self._host = np.zeros(0, dtype=np.int64)  # the host copy of the tokens: its first _size entries
+        self._size = 0
         self._match: tuple[int, tuple[int, int, int, float, float] | None] | None = None  # (length, match) cache
         self._ahead: tuple[int, np.ndarray, list] | None = None  # the last lookahead: (length, its tokens, its matches)
 
+    @property
+    def _tokens(self) -> np.ndarray:
+        """int64 (n,): the host copy of the tokens observed so far (a view: later writes may change it)."""
+        return self._host[: self._size]
+
     def start(self, prompt_ids: torch.Tensor) -> None:
-        self._tokens = np.asarray(prompt_ids.reshape(-1).tolist(), dtype=np.int64)
+        self._size = 0
+        self._write(prompt_ids.reshape(-1).tolist(), 0)
         self._match = self._ahead = None
+
+    def _write(self, tokens: list[int], at: int) -> None:
+        """Put ``tokens`` at position ``at`` (≤ the copy's length) of the host copy, which then ends after them: the
+        buffer doubles when full, so extending it by k tokens costs O(k), not a copy of the sequence."""
+        end = at + len(tokens)
+        if end > self._host.size:
+            grown = np.empty(max(2 * self._host.size, end, 64), dtype=np.int64)
+            grown[:at] = self._host[:at]
+            self._host = grown
+        self._host[at:end] = tokens
+        self._size = end
 
     def _sync(self, seq: torch.Tensor) -> np.ndarray:
         n = seq.numel()
-        if self._tokens.size < n:
-            self._tokens = np.concatenate([self._tokens, np.asarray(seq[self._tokens.size :].tolist(), dtype=np.int64)])
-        return self._tokens[:n]
+        if self._size < n:
+            self._write(seq[self._size :].tolist(), self._size)
+        return self._host[:n]
 
     def observe_tokens(self, tokens: list[int], first_position: int) -> None:
         """Extend the host copy with ``tokens`` at ``first_position`` (what the decoder wrote there) when the copy
         reaches that position; a copy that is shorter is left to :meth:`_sync` (it reads the device)."""
-        n = self._tokens.size
+        n = self._size
         if first_position > n or not tokens:
             return
         if first_position < n:  # positions rewritten: any cached match past them is stale
             self._match = None
-        self._tokens = np.concatenate([self._tokens[:first_position], np.asarray(tokens, dtype=np.int64)])
+        self._write(tokens, first_position)
 
     def lookup(self, seq: torch.Tensor) -> tuple[int, int, int, float, float] | None:
         """The match for the token after ``seq`` (int64 (n,)): ``(token, match_len, count, confidence, margin)``
@@ -235,8 +253,8 @@ class LookupDrafter(Drafter):
         return _proposal(m)
 
     def rollback(self, length: int) -> None:
-        if self._tokens.size > length:
-            self._tokens = self._tokens[:length]
+        if self._size > length:
+            self._size = max(int(length), 0)
         self._match = None
         if self._ahead is not None and length < self._ahead[0]:
             self._ahead = None
