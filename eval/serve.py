@@ -104,7 +104,7 @@ def parse_rates(text: str) -> list[float]:
     except ValueError:
         raise ValueError(f"--arrival-rates {text!r}: use comma-separated requests/s, e.g. 0.5,1,2.") from None
     if any(not np.isfinite(r) or r <= 0 for r in rates):
-        raise ValueError(f"--arrival-rates {text!r}: every rate must be > 0 requests/s.")
+        raise ValueError(f"--arrival-rates {text!r}: every rate must be a finite number > 0 requests/s.")
     return rates
 
 
@@ -239,8 +239,10 @@ def check_args(args) -> Settings:
     if not (np.isfinite(args.step_slack) and args.step_slack >= 0):
         raise ValueError(f"--step-slack must be a finite number ≥ 0 (0.05: a step may grow 5%), got {args.step_slack}.")
     if ("fixed" in methods or "table" in methods) and args.calibration_concurrency not in levels:
-        raise ValueError(f"--calibration-concurrency {args.calibration_concurrency} is not one of --concurrency "
-                         f"{args.concurrency}.")
+        raise ValueError(f"--calibration-concurrency {args.calibration_concurrency} (the level where the fixed γ and "
+                         f"the table are chosen) is not one of --concurrency {args.concurrency}: pass "
+                         f"--calibration-concurrency {min(levels)}, or add {args.calibration_concurrency} to "
+                         "--concurrency.")
     max_batch = max(levels) if args.max_batch is None else args.max_batch
     if max_batch < max(levels):
         raise ValueError(f"--max-batch {max_batch} is below the largest --concurrency {max(levels)}: a closed loop of "

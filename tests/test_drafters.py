@@ -136,6 +136,28 @@ def test_lookup_after_a_lookahead_matches_a_fresh_search():
         assert d.lookup(other) == fresh.lookup(other)
 
 
+def test_a_rewrite_below_the_lookaheads_start_drops_its_chain():
+    """Positions before a lookahead's start rewritten by observe_tokens (not only by rollback) make its kept chain
+    stale: lookup and chain then answer as a fresh search; a negative position is refused."""
+    seq = t([1, 2, 1, 2, 1])
+    d = LookupDrafter(min_ngram=1)
+    d.start(seq)
+    assert d.lookahead(seq, 2)[0] == [2, 1]
+    d.observe_tokens([3, 1], 3)  # the sequence is now 1 2 1 3 1
+    now = t([1, 2, 1, 3, 1])
+    fresh = LookupDrafter(min_ngram=1)
+    fresh.start(now)
+    assert d.lookup(now) == fresh.lookup(now) == (3, 1, 2, 0.5, 0.0)
+    assert d.chain(5, 2) is None  # no chain kept for this sequence
+    assert d.lookahead(now, 2) == fresh.lookahead(now, 2)
+    # writing at the lookahead's start (the decoder's commit) keeps it
+    d.lookahead(now, 2)
+    d.observe_tokens([3], 5)
+    assert d.chain(5, 1) is not None
+    with pytest.raises(ValueError, match="first_position"):
+        d.observe_tokens([9], -1)
+
+
 def test_lookahead_over_rows_finds_each_rows_own_chain():
     """LookupDrafter.lookahead_rows (one array search over rows) against each row's own lookahead: the same tokens,
     confidences and kept matches (token, match length, count, confidence, margin: floats equal, not close), on 300

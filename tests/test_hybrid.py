@@ -209,6 +209,22 @@ def test_hybrid_observation_and_lookahead(close_pair):
     assert checked >= 3, "the repeated prompt should give lookup matches"
 
 
+def test_hybrid_lookahead_is_dropped_when_a_position_before_it_is_rewritten(close_pair):
+    """The hybrid's cached chain is checked against the tokens after its start; a rewrite before that start (by
+    observe_tokens, not only a rollback) must drop it: the chain then is a fresh lookup's."""
+    drafter = hybrid(close_pair, "model")
+    seq = torch.tensor([1, 2, 1, 2, 1])
+    drafter.start(seq)
+    assert drafter.lookahead(seq, 2)[0] == drafter.lookup.lookahead(seq, 2)[0]
+    first = drafter.lookahead(seq, 2)[0]
+    drafter.observe_tokens([3, 1], 3)  # the sequence is now 1 2 1 3 1
+    now = torch.tensor([1, 2, 1, 3, 1])
+    fresh = LookupDrafter()
+    fresh.start(now)
+    assert drafter.lookahead(now, 2) == fresh.lookahead(now, 2)
+    assert first == [2, 1] and fresh.lookahead(now, 2)[0] != first
+
+
 def test_rules_choose_their_source():
     def feats(depth, max_depth, available, score):
         hyb = np.zeros(len(HYBRID_FEATURE_NAMES), dtype=np.float32)

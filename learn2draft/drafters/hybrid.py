@@ -82,6 +82,8 @@ class HybridDrafter(Drafter):
     def observe_tokens(self, tokens: list[int], first_position: int) -> None:
         self.lookup.observe_tokens(tokens, first_position)
         self.neural.observe_tokens(tokens, first_position)
+        if tokens and self._lookahead is not None and first_position < self._lookahead[0]:
+            self._lookahead = None  # a position before the cached chain's start rewritten: the chain is stale
 
     def select(self, source: int) -> None:
         """Draft the next token with ``sources[source]``.

@@ -93,11 +93,15 @@ class LookupDrafter(Drafter):
     def observe_tokens(self, tokens: list[int], first_position: int) -> None:
         """Extend the host copy with ``tokens`` at ``first_position`` (what the decoder wrote there) when the copy
         reaches that position; a copy that is shorter is left to :meth:`_sync` (it reads the device)."""
+        if isinstance(first_position, bool) or not isinstance(first_position, (int, np.integer)) or first_position < 0:
+            raise ValueError(f"observe_tokens: first_position must be an integer ≥ 0, got {first_position!r}.")
         n = self._size
         if first_position > n or not tokens:
             return
         if first_position < n:  # positions rewritten: any cached match past them is stale
             self._match = None
+            if self._ahead is not None and first_position < self._ahead[0]:  # the lookahead's own sequence changed
+                self._ahead = None
         self._write(tokens, first_position)
 
     def lookup(self, seq: torch.Tensor) -> tuple[int, int, int, float, float] | None:
@@ -117,8 +121,8 @@ class LookupDrafter(Drafter):
     def _ahead_match(self, t: np.ndarray):
         """``(match,)`` (the match may be None) for the token after ``t`` when the last :meth:`lookahead` computed it:
         ``t`` is its sequence extended by a prefix of its proposed tokens (the drafter's tokens before the
-        lookahead's start are unchanged since: :meth:`rollback` below it drops the cache), so the match is the same
-        computation; else None."""
+        lookahead's start are unchanged since: :meth:`rollback` below it, or :meth:`observe_tokens` rewriting a
+        position below it, drops the cache), so the match is the same computation; else None."""
         if self._ahead is None:
             return None
         n0, toks, matches = self._ahead
