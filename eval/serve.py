@@ -16,7 +16,8 @@ Methods (``--methods``):
   what the never-slower test reads when nothing differs, the noise floor of that test on this machine and load
   (a verdict line of its own, not a goal);
 * ``fixed`` — the best single fixed γ of ``--gammas``, chosen on the *training* prompts at
-  ``--calibration-concurrency`` (default 1: the γ a user tunes at batch 1);
+  ``--calibration-concurrency`` (default: the smallest ``--concurrency`` level, 1 in the default sweep: the γ a
+  user tunes at batch 1);
 * ``table`` — the grid-tuned per-batch-size table (vLLM's ``num_speculative_tokens_per_batch_size``,
   :class:`learn2draft.budget.BatchSizeTable`): the best γ of 0 ∪ ``--gammas`` at each concurrency level on the training
   prompts; level c_i's γ covers batch sizes c_{i−1}+1 … c_i (larger ones: the last level's);
@@ -168,8 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="training-split requests per calibration run (at concurrency c at least --requests-per-slot "
                         "× c, as the measured levels)")
     p.add_argument("--gammas", default="1,2,4,6", help="the fixed-γ grid (the table also tries γ = 0)")
-    p.add_argument("--calibration-concurrency", type=int, default=1,
-                   help="the concurrency level where the best single fixed γ is chosen (one of --concurrency)")
+    p.add_argument("--calibration-concurrency", type=int, default=None,
+                   help="the concurrency level where the best single fixed γ is chosen (one of --concurrency; "
+                        "default: the smallest level)")
     p.add_argument("--max-depth", type=int, default=None,
                    help="tokens every row drafts before adaptive verification cuts (default: the largest of --gammas)")
     p.add_argument("--refit-every", type=int, default=100,
@@ -214,6 +216,7 @@ class Settings:
     max_depth: int
     out: Path
     device: str
+    calibration: int  # the level where the fixed γ is chosen (--calibration-concurrency, default the smallest)
 
 
 def check_args(args) -> Settings:
@@ -238,7 +241,8 @@ def check_args(args) -> Settings:
             raise ValueError(f"{flag} must be ≥ 1, got {v}.")
     if not (np.isfinite(args.step_slack) and args.step_slack >= 0):
         raise ValueError(f"--step-slack must be a finite number ≥ 0 (0.05: a step may grow 5%), got {args.step_slack}.")
-    if ("fixed" in methods or "table" in methods) and args.calibration_concurrency not in levels:
+    calibration = min(levels) if args.calibration_concurrency is None else args.calibration_concurrency
+    if ("fixed" in methods or "table" in methods) and calibration not in levels:
         raise ValueError(f"--calibration-concurrency {args.calibration_concurrency} (the level where the fixed γ and "
                          f"the table are chosen) is not one of --concurrency {args.concurrency}: pass "
                          f"--calibration-concurrency {min(levels)}, or add {args.calibration_concurrency} to "
@@ -268,7 +272,7 @@ def check_args(args) -> Settings:
         raise ValueError("--min-p, --repetition-penalty and --presence-penalty: the hf generate (batched) row supports "
                          "temperature, top-k and top-p only; drop them or leave hf out of --methods.")
     device = cli.resolve_device(args.device)
-    return Settings(levels, rates, gammas, methods, max_batch, max_depth, out, device)
+    return Settings(levels, rates, gammas, methods, max_batch, max_depth, out, device, calibration)
 
 
 # ----------------------------------------------------------------------------------------------- costs
@@ -516,7 +520,7 @@ def _run(args) -> int:
            "requests_per_slot": args.requests_per_slot,
            "max_new_tokens": args.max_new_tokens, "passes": args.passes, "gammas": s.gammas, "max_depth": s.max_depth,
            "learned_max_depth": getattr(policy, "max_depth", None) if policy is not None else None,
-           "calibration_concurrency": args.calibration_concurrency, "seed": args.seed}
+           "calibration_concurrency": s.calibration, "seed": args.seed}
     report = {"header": header, "settings": run}
     common = dict(pair=pair, drafter=rs.drafter, sampling=sampling, max_new_tokens=args.max_new_tokens, head=head,
                   min_ngram=rs.lookup_min_ngram)
@@ -554,7 +558,7 @@ def _run(args) -> int:
         methods.append(ServeMethod(NOSPEC_AGAIN, lambda: FixedDepthController(0), 0))
     if "fixed" in s.methods:
         g = calib["best_fixed_gamma"]
-        methods.append(ServeMethod(f"fixed γ={g} (best at c={args.calibration_concurrency})",
+        methods.append(ServeMethod(f"fixed γ={g} (best at c={s.calibration})",
                                    lambda g=g: FixedDepthController(g), g))
     if "table" in s.methods:
         from learn2draft.budget import BatchSizeTable
@@ -763,7 +767,7 @@ def _calibrate(s: Settings, args, train, common: dict, av) -> dict:
             v = m.run(requests=reqs, concurrency=c, max_batch=c, **common)["aggregate_tokens_per_second"]
             out["adaptive_tokens_per_second"][str(c)] = v
     if need_grid:
-        cal = out["grid"][str(args.calibration_concurrency)]
+        cal = out["grid"][str(s.calibration)]
         out["best_fixed_gamma"] = max(s.gammas, key=lambda g: cal[str(g)])
         best = {c: max(out["grid"][str(c)], key=lambda g: out["grid"][str(c)][g]) for c in s.levels}
         out["table"] = [[prev + 1, c, int(best[c])] for prev, c in zip([0, *s.levels], s.levels)]

@@ -156,6 +156,18 @@ def test_bad_input_fails_before_any_model_loads(flags, words, tmp_path, monkeypa
     assert words in err and "Traceback" not in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("flags, level", [(["--concurrency", "2,4"], 2), (["--concurrency", "1,8"], 1),
+                                           (["--concurrency", "2,4", "--calibration-concurrency", "4"], 4)])
+def test_the_fixed_gamma_is_chosen_at_the_smallest_level_unless_told(flags, level, tmp_path):
+    """Without --calibration-concurrency the fixed γ and the table are chosen at the smallest --concurrency level (a
+    sweep without c = 1 runs as given); a level given is used."""
+    from eval.serve import build_parser, check_args
+
+    args = build_parser().parse_args([*flags, "--methods", "nospec,fixed,table", "--device", "cpu",
+                                      "--out", str(tmp_path / "o")])
+    assert check_args(args).calibration == level
+
+
 def test_an_earlier_run_is_not_overwritten_without_overwrite(tmp_path, monkeypatch, capsys):
     import learn2draft.models
 
