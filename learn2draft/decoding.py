@@ -416,9 +416,10 @@ class SpeculativeDecoder(CycleDriver):
         return self.sampling.probs(logits, self.ids, plan[self.ids.numel() :], source="target")
 
     def _observe_verification(self, plan: Any, logits: torch.Tensor) -> torch.Tensor:
-        """Keep the logits the next token is drawn from without forming probabilities: what :meth:`_verification_probs` does first, and all a batched greedy
-        step needs (its acceptance reads the logits' argmax for all rows at once,
-        :func:`learn2draft.sampling.greedy_accept_rows`). Returns the chain's logits, float (γ+1, V)."""
+        """Keep the logits the next token is drawn from without forming probabilities: what
+        :meth:`_verification_probs` does first, and all a batched greedy step needs (its acceptance reads the
+        logits' argmax for all rows at once, :func:`learn2draft.sampling.greedy_accept_rows`).
+        Returns the chain's logits, float (γ+1, V)."""
         logits = logits[-(self.depth + 1) :]
         self._verify_logits = logits  # the target's cache length is set by the tail (finish_rows)
         return logits

@@ -280,8 +280,8 @@ def test_lookup_never_reads_the_device_sequence_back_after_the_prompt(tiny_tok, 
     orig, short = LookupDrafter._sync, []
 
     def spy(self, seq):
-        if self._tokens.size < seq.numel():
-            short.append(seq.numel() - self._tokens.size)
+        if self._size < seq.numel():
+            short.append(seq.numel() - self._size)
         return orig(self, seq)
 
     monkeypatch.setattr(LookupDrafter, "_sync", spy)

@@ -63,11 +63,6 @@ class LookupDrafter(Drafter):
         self._match: tuple[int, tuple[int, int, int, float, float] | None] | None = None  # (length, match) cache
         self._ahead: tuple[int, np.ndarray, list] | None = None  # the last lookahead: (length, its tokens, its matches)
 
-    @property
-    def _tokens(self) -> np.ndarray:
-        """int64 (n,): the host copy of the tokens observed so far (a view: later writes may change it)."""
-        return self._host[: self._size]
-
     def start(self, prompt_ids: torch.Tensor) -> None:
         self._size = 0
         self._write(prompt_ids.reshape(-1).tolist(), 0)
