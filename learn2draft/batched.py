@@ -74,6 +74,7 @@ from learn2draft.decoding import (
     check_decoder_settings,
     draft_rows,
     finish_rows,
+    host_mirror,
 )
 from learn2draft.drafters import make_drafter
 from learn2draft.drafters.base import Drafter
@@ -111,7 +112,7 @@ class _Row(SpeculativeDecoder):
     def _open_target_cache(self) -> BatchCache:
         return self.target_cache  # the batch's, set before start(); the batch opens the row and numbers it
 
-    def _open_buffer(self, length: int) -> tuple[torch.Tensor, int]:
+    def _open_buffer(self, length: int) -> tuple[torch.Tensor, np.ndarray | None, int]:
         return self.token_rows.open(self, length)  # the batch's store: a step commits every row in one write
 
 
@@ -120,28 +121,37 @@ class _TokenRows:
     row's tokens in one indexed write (:func:`learn2draft.decoding.commit_rows`). A request's buffer is a view of its
     store row (``_store_row``; not a KV-cache slot, which is a position); a store row is freed when its request leaves
     and reused by a later one; a request that needs more than L columns, or more rows than there are, makes the tensor
-    grow (capacities doubled, the tokens copied and the requests' views re-pointed)."""
+    grow (capacities doubled, the tokens copied and the requests' views re-pointed, their drafters re-attached). Off
+    the host the store has a host mirror (:func:`learn2draft.decoding.host_mirror`), grown with it."""
 
     def __init__(self, device: torch.device):
         self.data = torch.empty(0, 0, dtype=torch.long, device=device)
+        self.host = host_mirror(self.data)  # None on a CPU
+        self.view = self.data.numpy() if self.host is None else self.host  # the tokens in host memory, (R, L)
         self.owners: dict[int, SpeculativeDecoder] = {}  # store row → the request's row that holds it
         self._free: list[int] = []
 
-    def open(self, row: SpeculativeDecoder, length: int) -> tuple[torch.Tensor, int]:
-        """A store row of at least ``length`` tokens for ``row``; returns (the store, that store row)."""
+    def open(self, row: SpeculativeDecoder, length: int) -> tuple[torch.Tensor, np.ndarray | None, int]:
+        """A store row of at least ``length`` tokens for ``row``; returns (the store, its host mirror or None, that
+        store row)."""
         held, width = self.data.shape
         if length > width or not self._free:
             rows = held if self._free else max(2 * held, 1)
             grown = torch.empty(rows, max(2 * width, length) if length > width else width, dtype=torch.long,
                                 device=self.data.device)
             grown[:held, :width] = self.data
+            host = host_mirror(grown)
+            if host is not None:
+                host[:held, :width] = self.host
             self._free += range(rows - 1, held - 1, -1)
-            self.data = grown
+            self.data, self.host = grown, host
+            self.view = grown.numpy() if host is None else host
             for i, r in self.owners.items():
-                r._store, r._buf = grown, grown[i]
+                r._store, r._store_host, r._buf = grown, host, grown[i]
+                r.drafter.attach_tokens(r.host_tokens())
         i = self._free.pop()
         self.owners[i] = row
-        return self.data, i
+        return self.data, self.host, i
 
     def close(self, rows: Sequence[SpeculativeDecoder]) -> None:
         """Free the store rows of ``rows`` (requests that left the batch)."""
@@ -484,7 +494,7 @@ class BatchedSpeculativeDecoder:
         return LoadState(
             len(self.rows), self.max_batch, tuple(int(r.ids.numel()) for r in self.rows), waiting,
             last_taus=tuple(c.num_accepted if c else 0 for c in last), last_depths=tuple(c.depth if c else 0 for c in last),
-            draftable=_Lazy([(r, r.ids, r.depth_limit) for r in self.rows]), row_ids=tuple(self._ids),
+            draftable=_Lazy([(r, r.ids, r.depth_limit) for r in self.rows], self.token_rows), row_ids=tuple(self._ids),
             tokens_left=tuple(self.max_new_tokens - r.generated for r in self.rows),
             max_depth=self.max_depth, max_new_tokens=self.max_new_tokens,
             **({} if not self.steps else dict(last_step_batch=self.steps[-1].batch_size,
@@ -551,17 +561,16 @@ class BatchedSpeculativeDecoder:
         are split equally over those rows' draft seconds. Returns the rows of ``active`` left to draft token by token:
         the others, less the rows whose chain is empty (they have no proposal)."""
         rows = self.rows
+        cand = [i for i in searched if not asks(ctrls[i])]
+        chains = LookupDrafter.chain_rows([rows[i].drafter for i in cand], [rows[i]._n for i in cand],
+                                          [searched[i] for i in cand])  # the searched rows draft with prompt lookup
         chained, props, done = [], [], set()
-        for i, cap in searched.items():
-            r = rows[i]
-            if asks(ctrls[i]):
-                continue
-            chain = r.drafter.chain(r._n, cap)
+        for i, chain in zip(cand, chains):
             if chain is None:  # its search stopped below this limit: token by token
                 continue
             done.add(i)
             if chain:
-                chained.append(r)
+                chained.append(rows[i])
                 props.append(chain)
         if chained:
             clock = chained[0].clock  # host work: a clock that does not wait for the device
@@ -572,7 +581,8 @@ class BatchedSpeculativeDecoder:
 
     def _lookahead_rows(self, caps: list[int]) -> dict[int, int]:
         """Prompt lookup's chains for the rows at once (:meth:`learn2draft.drafters.lookup.LookupDrafter.
-        lookahead_rows`: one array search over the rows per chain position instead of one search per row and depth),
+        lookahead_store`: one array search over the rows per chain position, on the rows of the token store in host
+        memory, instead of one search per row and depth),
         each up to its controller's step depth (``caps[i]``) and its depth limit, when at least
         :data:`~learn2draft.drafters.lookup.MIN_ROWS_SEARCHED_TOGETHER` rows draft with prompt lookup this step. Each
         drafter keeps its chain, so the rows' drafting along it does not search again; the call's seconds are split
@@ -587,8 +597,8 @@ class BatchedSpeculativeDecoder:
             return {}
         clock = rows[idx[0]].clock  # host work: a clock that does not wait for the device
         t0 = clock.now()
-        LookupDrafter.lookahead_rows([rows[i].drafter for i in idx], [rows[i]._buf[: rows[i]._n] for i in idx],
-                                     [caps[i] for i in idx])  # at depth 0: each row's committed tokens
+        # at depth 0: each row's committed tokens
+        _search_chains(self.token_rows.view, [rows[i] for i in idx], [rows[i]._n for i in idx], [caps[i] for i in idx])
         _charge_draft([rows[i] for i in idx], clock.now() - t0)
         return {i: caps[i] for i in idx}
 
@@ -749,13 +759,13 @@ class _Lazy(Sequence):
     a 2-core CPU), so nothing is computed before a read: a step whose controllers never read it (a fixed table) pays
     nothing. A read of a row computes that row alone, except where
     :data:`~learn2draft.drafters.lookup.MIN_ROWS_SEARCHED_TOGETHER` or more rows draft with prompt lookup: the first
-    read of one of them finds all their chains in one array search over the rows
-    (:meth:`learn2draft.drafters.lookup.LookupDrafter.lookahead_rows`), which the step's drafting then reuses (its
+    read of one of them finds all their chains in one array search over the rows of the token store ``store``
+    (:meth:`learn2draft.drafters.lookup.LookupDrafter.lookahead_store`), which the step's drafting then reuses (its
     seconds are the reader's, e.g. a controller's decision, as a row's own lookahead's were). Reads as, compares
     equal to and pickles as the tuple of ints."""
 
-    def __init__(self, rows: list):
-        self._rows, self._values = rows, [None] * len(rows)
+    def __init__(self, rows: list, store: _TokenRows):
+        self._rows, self._values, self._store = rows, [None] * len(rows), store
         self._lookup = _searched_together([r for r, _, _ in rows], [limit for _, _, limit in rows])
         #: the rows (indices) whose prompt-lookup chains a read found in one search (each up to its depth limit: the
         #: step's drafting then searches nothing); empty before such a read
@@ -765,8 +775,8 @@ class _Lazy(Sequence):
         if self._values[i] is None:
             if self._lookup and i in self._lookup:
                 rows = [self._rows[j] for j in self._lookup]
-                chains = LookupDrafter.lookahead_rows([r.drafter for r, _, _ in rows], [s for _, s, _ in rows],
-                                                      [limit for _, _, limit in rows])
+                chains = _search_chains(self._store.view, [r for r, _, _ in rows], [s.numel() for _, s, _ in rows],
+                                        [limit for _, _, limit in rows])
                 for j, (toks, _) in zip(self._lookup, chains):
                     self._values[j] = len(toks)
                 self._lookup, self.searched = [], self._lookup
@@ -798,9 +808,19 @@ class _Lazy(Sequence):
         return repr(self._get())
 
 
+def _search_chains(tokens: np.ndarray, rows: Sequence[SpeculativeDecoder], lengths: Sequence[int],
+                   limits: Sequence[int]) -> list[tuple[list[int], list[float]]]:
+    """Prompt lookup's chains after the first ``lengths[i]`` tokens of ``rows`` (prompt-lookup rows of one batch), each
+    up to ``limits[i]`` tokens: one :meth:`~learn2draft.drafters.lookup.LookupDrafter.lookahead_store` over ``tokens``,
+    the batch's token store in host memory (:attr:`_TokenRows.view`: the store itself on a CPU, its host mirror off
+    it)."""
+    return LookupDrafter.lookahead_store([r.drafter for r in rows], tokens, [r._store_row for r in rows], lengths,
+                                         limits)
+
+
 def _searched_together(rows: Sequence[SpeculativeDecoder], limits: Sequence[int]) -> list[int]:
     """The rows whose prompt-lookup chains one search finds together (:meth:`~learn2draft.drafters.lookup.LookupDrafter.
-    lookahead_rows`): those drafting with prompt lookup (not a hybrid) with a limit above 0, when there are at least
+    lookahead_store`): those drafting with prompt lookup (not a hybrid) with a limit above 0, when there are at least
     :data:`~learn2draft.drafters.lookup.MIN_ROWS_SEARCHED_TOGETHER` of them; else none (each searches alone)."""
     idx = [i for i, (r, k) in enumerate(zip(rows, limits)) if type(r.drafter) is LookupDrafter and k > 0]
     return idx if len(idx) >= MIN_ROWS_SEARCHED_TOGETHER else []

@@ -160,15 +160,19 @@ class SpeculativeDecoder(CycleDriver):
                 non-integer tensor, an empty prompt, an id outside the vocabulary, or prompt +
                 ``max_new_tokens`` beyond the context window.
         """
-        prompt_ids = check_prompt_ids(prompt_ids, self.pair.vocab_size).to(self.pair.device)
+        checked = check_prompt_ids(prompt_ids, self.pair.vocab_size)
+        prompt_ids = checked.to(self.pair.device)
         self.pair.check_length(prompt_ids.numel(), self.max_new_tokens)
         self.prompt_len = prompt_ids.numel()
         # One preallocated token buffer: committed tokens, then this cycle's drafted chain. ids and _seq()
         # are views of it, so drafting a token writes one entry instead of rebuilding the sequence tensor. It is a row
-        # of a token store, so that a verification commits the tokens of all rows sharing it in one write.
-        self._store, self._store_row = self._open_buffer(self.prompt_len + self.max_new_tokens + 1)
+        # of a token store, so that a verification commits the tokens of all rows sharing it in one write. A store
+        # off the host has a host mirror (_store_host) that the same writes keep equal to it.
+        self._store, self._store_host, self._store_row = self._open_buffer(self.prompt_len + self.max_new_tokens + 1)
         self._buf = self._store[self._store_row]
         self._buf[: self.prompt_len] = prompt_ids
+        if self._store_host is not None:
+            self._store_host[self._store_row, : self.prompt_len] = checked.reshape(-1).cpu().numpy()
         self._n = self.prompt_len
         self.generator = torch.Generator(device=self.pair.device).manual_seed(self.seed if seed is None else seed)
         self.target_cache = self._open_target_cache()
@@ -181,14 +185,25 @@ class SpeculativeDecoder(CycleDriver):
         self._begin_cycle()
         self._started = True
         self.drafter.start(prompt_ids)
+        self.drafter.attach_tokens(self.host_tokens())
         if prefill:
             self._first_token(self._target_forward(self.ids, last_only=True))
 
-    def _open_buffer(self, length: int) -> tuple[torch.Tensor, int]:
-        """The token store this sequence's buffer is a row of (int64 (R, ≥ ``length``)) and that row: a sequence
-        decoded alone has its own one-row store; a batch's rows share one (:class:`learn2draft.batched.
-        BatchedSpeculativeDecoder`)."""
-        return torch.empty(1, length, dtype=torch.long, device=self.pair.device), 0
+    def _open_buffer(self, length: int) -> tuple[torch.Tensor, np.ndarray | None, int]:
+        """The token store this sequence's buffer is a row of (int64 (R, ≥ ``length``)), its host mirror
+        (:func:`host_mirror`) and that row: a sequence decoded alone has its own one-row store; a batch's rows share
+        one (:class:`learn2draft.batched.BatchedSpeculativeDecoder`)."""
+        store = torch.empty(1, length, dtype=torch.long, device=self.pair.device)
+        return store, host_mirror(store), 0
+
+    def host_tokens(self) -> np.ndarray:
+        """This sequence's token buffer in host memory, int64 (capacity,): its first ``len(ids) + len(drafted)``
+        entries are the committed and drafted tokens (the rest is unset). On a CPU the buffer itself (no copy), else
+        its host mirror; valid until the next :meth:`start` (a batch re-attaches its drafters when its store grows).
+        The drafters that search the sequence on the host read it (:meth:`~learn2draft.drafters.Drafter.
+        attach_tokens`)."""
+        host = self._store_host
+        return self._buf.numpy() if host is None else host[self._store_row]
 
     def _open_target_cache(self) -> BatchCache | DynamicCache:
         """The target's cache for a new sequence: one row of a :class:`~learn2draft.batch_cache.BatchCache` (this
@@ -267,7 +282,7 @@ class SpeculativeDecoder(CycleDriver):
     @property
     def depth_limit(self) -> int:
         """The most tokens this cycle may draft: ``max_depth`` capped so that τ + 1 ≤ tokens left."""
-        return max(0, min(self.max_depth, self.max_new_tokens - self.generated - 1))
+        return max(0, min(self.max_depth, self.max_new_tokens - (self._n - self.prompt_len) - 1))  # generated: _n − L
 
     def can_draft(self) -> bool:
         """Whether :meth:`draft_step` may run now: below the depth limit and the drafter has a
@@ -540,12 +555,16 @@ def _write_rows(rows: Sequence[SpeculativeDecoder], counts: Sequence[int], store
                 vals: list[int]) -> None:
     """Write ``vals`` (token ids) at (``store_rows``, ``pos``) of the rows' token stores (row i's ``counts[i]`` entries
     in order): one indexed write when the rows share a store (a batch, or one sequence), copied to the device without
-    waiting for it (a synchronous copy would sync a CUDA stream); else each row its own."""
+    waiting for it (a synchronous copy would sync a CUDA stream); else each row its own. A store's host mirror
+    (:func:`host_mirror`) gets the same values from the host lists (no device read)."""
     if not vals:
         return
-    store = rows[0]._store
+    store, host = rows[0]._store, rows[0]._store_host
     if len(vals) == 1:  # one token (a drafted token, a first token): a scalar write, no index tensor
-        rows[[k > 0 for k in counts].index(True)]._store[store_rows[0], pos[0]] = vals[0]
+        r = rows[[k > 0 for k in counts].index(True)]
+        r._store[store_rows[0], pos[0]] = vals[0]
+        if r._store_host is not None:
+            r._store_host[store_rows[0], pos[0]] = vals[0]
         return
     idx = torch.tensor([store_rows, pos, vals], dtype=torch.long).to(store.device, non_blocking=True)
     shared = True
@@ -553,19 +572,45 @@ def _write_rows(rows: Sequence[SpeculativeDecoder], counts: Sequence[int], store
         shared = shared and r._store is store
     if shared:
         store[idx[0], idx[1]] = idx[2]
+        if host is not None:
+            host[store_rows, pos] = vals
         return
     a = 0
     for r, k in zip(rows, counts):
         r._store[r._store_row, idx[1, a : a + k]] = idx[2, a : a + k]
+        if r._store_host is not None:
+            r._store_host[r._store_row, pos[a : a + k]] = vals[a : a + k]
         a += k
+
+
+def host_mirror(store: torch.Tensor) -> np.ndarray | None:
+    """The host mirror a token store (int64 (R, L)) needs: None on a CPU (the store's own memory is read, through
+    ``numpy()``), else a new int64 (R, L) numpy array, which every write to the store (the prompt at
+    :meth:`SpeculativeDecoder.start`, :func:`_write_rows`) also writes, from the host values it writes."""
+    return None if store.device.type == "cpu" else np.zeros(tuple(store.shape), dtype=np.int64)
+
+
+def _tell_drafters(rows: Sequence[SpeculativeDecoder], hook: str, *per_row: Sequence) -> None:
+    """Call the drafters' class hook ``hook`` (``"observe_rows"``, ``"rollback_rows"``: :class:`~learn2draft.
+    drafters.Drafter`) once per drafter class over ``rows``, with that class's rows' entries of each ``per_row``."""
+    if len(rows) == 1:  # a sequence decoded alone
+        getattr(type(rows[0].drafter), hook)([rows[0].drafter], *per_row)
+        return
+    kinds = {type(r.drafter) for r in rows}
+    if len(kinds) == 1:
+        getattr(kinds.pop(), hook)([r.drafter for r in rows], *per_row)
+        return
+    for kind in kinds:
+        idx = [i for i, r in enumerate(rows) if type(r.drafter) is kind]
+        getattr(kind, hook)([rows[i].drafter for i in idx], *[[a[i] for i in idx] for a in per_row])
 
 
 def draft_rows(rows: Sequence[SpeculativeDecoder], proposals: Sequence[Sequence[Any]]) -> None:
     """Record drafted tokens (the one copy of a drafted token's bookkeeping): row i's ``proposals[i]``
     (:class:`~learn2draft.drafters.base.DraftProposal`, in drafting order) after the tokens it drafted this cycle —
     their tokens written to the token stores at once (:func:`_write_rows`), their q (float32 (V,) or None for a point
-    mass), confidence, entropy and margin kept, and each row's drafter told
-    (:meth:`~learn2draft.drafters.Drafter.observe_tokens`). :meth:`SpeculativeDecoder.draft_step` records its one
+    mass), confidence, entropy and margin kept, and the rows' drafters told, one call per drafter class
+    (:meth:`~learn2draft.drafters.Drafter.observe_rows`). :meth:`SpeculativeDecoder.draft_step` records its one
     proposal here; a batch records prompt lookup's chains here
     (:meth:`learn2draft.batched.BatchedSpeculativeDecoder._draft_chains`). A hybrid's source is recorded by the caller.
 
@@ -578,7 +623,7 @@ def draft_rows(rows: Sequence[SpeculativeDecoder], proposals: Sequence[Sequence[
     """
     if len(proposals) != len(rows):
         raise ValueError(f"draft_rows needs one sequence of proposals per row ({len(rows)} rows, {len(proposals)}).")
-    counts, store_rows, pos, vals = [], [], [], []
+    counts, store_rows, pos, vals, firsts, told = [], [], [], [], [], []
     for r, props in zip(rows, proposals):
         n0 = r._n + len(r.drafted)
         if len(r.drafted) + len(props) > r.max_depth or n0 + len(props) >= r.prompt_len + r.max_new_tokens:
@@ -590,13 +635,16 @@ def draft_rows(rows: Sequence[SpeculativeDecoder], proposals: Sequence[Sequence[
             r.confidences.append(prop.confidence)
             r.entropies.append(prop.entropy)
             r.margins.append(float(prop.margin))
-        r.drafter.observe_tokens(toks, n0)
         r.drafted += toks
         counts.append(len(toks))
+        firsts.append(n0)
+        told.append(toks)
         store_rows += [r._store_row] * len(toks)
         pos += range(n0, n0 + len(toks))
         vals += toks
     _write_rows(rows, counts, store_rows, pos, vals)
+    if rows:
+        _tell_drafters(rows, "observe_rows", told, firsts)
 
 
 def commit_rows(rows: Sequence[SpeculativeDecoder], tokens: Sequence[list[int]]) -> list[list[int]]:
@@ -671,8 +719,7 @@ def rollback_rows(rows: Sequence[SpeculativeDecoder], plans: Sequence[Any], befo
         r.target_len = min(r.target_len, v)
         lengths.append(r.target_len)
     cache.set_lengths([r.cache_row for r in rows], lengths)
-    for r, v in zip(rows, valid):
-        r.drafter.rollback(v)
+    _tell_drafters(rows, "rollback_rows", valid)
 
 
 def finish_rows(rows: Sequence[SpeculativeDecoder], plans: Sequence[Any], decided: Sequence[tuple[list[int], int]],
@@ -720,8 +767,7 @@ def finish_rows(rows: Sequence[SpeculativeDecoder], plans: Sequence[Any], decide
             r._target_row, r._verify_logits = (None if at is None else (at, a)), None
     emitted = commit_rows(rows, [list(a) + [n] for a, n in decided])
     rollback_rows(rows, plans, before, accepted)
-    for r, e, b in zip(rows, emitted, before):
-        r.drafter.observe_tokens(e, b)
+    _tell_drafters(rows, "observe_rows", emitted, before)
     t4 = clock.now()
     out = []
     for r, plan, e, a, chain in zip(rows, plans, emitted, accepted, plain):

@@ -619,7 +619,7 @@ def test_the_load_states_draftable_is_the_rows_when_it_was_built(tiny_pair):
 @pytest.mark.parametrize("sampling", [GREEDY, T1])
 def test_lookup_rows_searched_together_draft_what_each_row_drafts_alone(close_pair, monkeypatch, sampling):
     """At MIN_ROWS_SEARCHED_TOGETHER or more prompt-lookup rows a step finds their chains in one array search over the
-    rows (LookupDrafter.lookahead_rows) and no row searches alone while they draft; each row's tokens, and its depth and
+    rows (LookupDrafter.lookahead_store) and no row searches alone while they draft; each row's tokens, and its depth and
     τ in every cycle, are those of the row decoded alone with its seed. Control: at fewer rows each row searches
     alone."""
     import learn2draft.batched as lb
@@ -628,7 +628,7 @@ def test_lookup_rows_searched_together_draft_what_each_row_drafts_alone(close_pa
     prompts = [PROMPTS[i % 4].repeat(2) for i in range(6)]
     seeds = list(range(20, 26))
     calls = {"rows": 0, "one": 0}
-    real_rows, real_find = LookupDrafter.lookahead_rows, LookupDrafter._find
+    real_rows, real_find = LookupDrafter.lookahead_store, LookupDrafter._find
 
     def rows(*a, **k):
         calls["rows"] += 1
@@ -648,7 +648,7 @@ def test_lookup_rows_searched_together_draft_what_each_row_drafts_alone(close_pa
             dec.step()
         return [dec.result(r) for r in rids], first
 
-    monkeypatch.setattr(LookupDrafter, "lookahead_rows", staticmethod(rows))
+    monkeypatch.setattr(LookupDrafter, "lookahead_store", staticmethod(rows))
     monkeypatch.setattr(LookupDrafter, "_find", one)
     results, first = run(6)
     assert first == {"rows": 1, "one": 0}
@@ -702,8 +702,8 @@ def test_the_load_states_draftable_searches_many_lookup_rows_together(close_pair
         dec.step()
     assert len(dec.rows) == 5
     load = dec.load()
-    real, calls = LookupDrafter.lookahead_rows, []
-    monkeypatch.setattr(LookupDrafter, "lookahead_rows", staticmethod(lambda *a: calls.append(1) or real(*a)))
+    real, calls = LookupDrafter.lookahead_store, []
+    monkeypatch.setattr(LookupDrafter, "lookahead_store", staticmethod(lambda *a: calls.append(1) or real(*a)))
     assert load.draftable[2] == own[2] and len(calls) == 1
     assert tuple(load.draftable) == tuple(own) and len(calls) == 1 and any(own)
     monkeypatch.setattr(LookupDrafter, "_find", None)  # any search from here fails

@@ -136,6 +136,54 @@ def test_lookup_after_a_lookahead_matches_a_fresh_search():
         assert d.lookup(other) == fresh.lookup(other)
 
 
+@pytest.mark.parametrize("attached", [False, True])
+def test_lookup_answers_as_a_fresh_search_along_random_decoder_histories(attached):
+    """A prompt lookup driven as a decoder drives it (tokens written at the end or over drafted positions, each write
+    told by observe_tokens or observe_rows, rollbacks by rollback or rollback_rows, lookups and lookaheads between),
+    with its own copy or with the decoder's buffer attached (attach_tokens: the buffer holds stale tokens past the
+    sequence, as a decoder's does after a rollback): every lookup, lookahead and kept chain equals a fresh search of
+    the same sequence, in 400 random histories of 40 operations over 3 symbols (so matches and rewrites are common)."""
+    rng = np.random.default_rng(11)
+    for trial in range(400):
+        buf = np.full(200, 99, dtype=np.int64)
+        n = int(rng.integers(2, 8))
+        buf[:n] = rng.integers(0, 3, n)
+        d = LookupDrafter(min_ngram=1)
+        d.start(t(buf[:n].tolist()))
+        if attached:
+            d.attach_tokens(buf)
+        for _ in range(40):
+            op = int(rng.integers(0, 5))
+            if op == 0:  # write k tokens at position f ≤ n (the end, or over drafted ones)
+                f, k = int(rng.integers(max(n - 3, 0), n + 1)), int(rng.integers(1, 4))
+                toks = rng.integers(0, 3, k).tolist()
+                buf[f : f + k] = toks
+                n = f + k
+                if rng.random() < 0.5:
+                    d.observe_tokens(toks, f)
+                else:
+                    LookupDrafter.observe_rows([d], [toks], [f])
+            elif op == 1:  # roll back (the buffer keeps its stale tokens)
+                n = int(rng.integers(1, n + 1))
+                d.rollback(n) if rng.random() < 0.5 else LookupDrafter.rollback_rows([d], [n])
+            else:
+                seq = t(buf[:n].tolist())
+                fresh = LookupDrafter(min_ngram=1)
+                fresh.start(seq)
+                if op == 2:
+                    assert d.lookup(seq) == fresh.lookup(seq), trial
+                elif op == 3:
+                    assert d.lookahead(seq, 3) == fresh.lookahead(seq, 3), trial
+                else:
+                    k = int(rng.integers(0, 4))
+                    got = d.chain(n, k)
+                    if got is not None:  # a kept chain answers as the fresh search's own
+                        fresh.lookahead(seq, 3)
+                        assert got == fresh.chain(n, k), trial
+    with pytest.raises(ValueError, match="one-dimensional int64"):
+        LookupDrafter().attach_tokens(np.zeros((2, 3), dtype=np.int64))
+
+
 def test_a_rewrite_below_the_lookaheads_start_drops_its_chain():
     """Positions before a lookahead's start rewritten by observe_tokens (not only by rollback) make its kept chain
     stale: lookup and chain then answer as a fresh search; a negative position is refused."""
@@ -159,7 +207,9 @@ def test_a_rewrite_below_the_lookaheads_start_drops_its_chain():
 
 
 def test_lookahead_over_rows_finds_each_rows_own_chain():
-    """LookupDrafter.lookahead_rows (one array search over rows) against each row's own lookahead: the same tokens,
+    """LookupDrafter.lookahead_rows (one array search over rows), and lookahead_store (the same rows read from a token
+    store: rows in shuffled store rows, other tokens past each row's length, a store as wide as the longest row or
+    wider), against each row's own lookahead: the same tokens,
     confidences and kept matches (token, match length, count, confidence, margin: floats equal, not close), on 300
     random batches of 1–8 rows of 1–60 tokens over 2–11 symbols (ties in the margin, matches long enough to reach the
     16-token match-length cap), each row with its own n-gram sizes and limit (0 included); the drafting that follows
@@ -180,6 +230,14 @@ def test_lookahead_over_rows_finds_each_rows_own_chain():
             rows.append(LookupDrafter(mx, mn))
             rows[-1].start(s[:1])
         got = LookupDrafter.lookahead_rows(rows, seqs, limits)
+        lens = [len(x) for x in seqs]
+        store = rng.integers(0, vocab, size=(b + int(rng.integers(0, 3)), max(lens) + int(rng.integers(0, 4))))
+        where = rng.permutation(store.shape[0])[:b].tolist()
+        for x, r in zip(seqs, where):
+            store[r, : len(x)] = x.numpy()
+        stored = [LookupDrafter(mx, mn) for mx, mn in sizes]
+        assert LookupDrafter.lookahead_store(stored, store, where, lens, limits) == got, trial
+        assert [d._ahead[2] for d in stored] == [d._ahead[2] for d in rows], trial
         for (chain, matches), g, d, s, k in zip(own, got, rows, seqs, limits):
             assert g == chain and d._ahead[2] == matches, trial
             toks = chain[0]
@@ -209,6 +267,17 @@ def test_lookahead_over_rows_refuses_a_shared_drafter_and_bad_limits():
     with pytest.raises(ValueError, match="one sequence and one limit per drafter"):
         LookupDrafter.lookahead_rows([d, e], [seq], [2, 2])
     assert LookupDrafter.lookahead_rows([], [], []) == []
+    store = np.zeros((2, 5), dtype=np.int64)
+    with pytest.raises(ValueError, match="a drafter is given for two rows"):
+        LookupDrafter.lookahead_store([d, d], store, [0, 1], [5, 5], [2, 2])
+    with pytest.raises(ValueError, match="limits must be integers ≥ 0"):
+        LookupDrafter.lookahead_store([d, e], store, [0, 1], [5, 5], [2, -1])
+    with pytest.raises(ValueError, match="one store row, length and limit per drafter"):
+        LookupDrafter.lookahead_store([d, e], store, [0], [5, 5], [2, 2])
+    for bad in (0, 6):
+        with pytest.raises(ValueError, match="lengths must be in 1..5"):
+            LookupDrafter.lookahead_store([d, e], store, [0, 1], [5, bad], [2, 2])
+    assert LookupDrafter.lookahead_store([], store, [], [], []) == []
 
 
 def test_the_search_over_rows_counts_a_rows_many_matches():
@@ -268,35 +337,65 @@ def test_greedy_lookup_output_equals_autoregressive(tiny_tok, copy_target, gamma
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_lookup_never_reads_the_device_sequence_back_after_the_prompt(tiny_tok, copy_target, monkeypatch, temperature):
-    """The decoder tells prompt lookup every token it writes (Drafter.observe_tokens: the drafted token, the committed
-    ones after a verification), so the drafter's host copy is complete whenever it looks up a match: on a GPU, no
-    host synchronisation per drafted token. The output stays greedy-exact (T = 0) and accepted/rejected drafts occur
-    (T = 1: the rewrite after a rejection is exercised)."""
+@pytest.mark.parametrize("mirror", [False, True])
+def test_lookup_never_reads_the_device_sequence_back_after_the_prompt(tiny_tok, copy_target, monkeypatch, temperature,
+                                                                     mirror):
+    """The decoders attach their host tokens to prompt lookup (Drafter.attach_tokens: on a CPU the token buffer itself,
+    off it a host mirror that every write to the store also writes), so the drafter searches the sequence without
+    reading the device: on a GPU, no host synchronisation per drafted token. ``mirror`` runs the mirror's path on the
+    CPU (the store gets a separate host array, as off the host): the mirror then equals the store, and the drafter
+    reads the mirror. The output stays greedy-exact (T = 0) and accepted/rejected drafts occur (T = 1: the rewrite
+    after a rejection is exercised)."""
+    from learn2draft import batched, decoding
     from learn2draft.batched import BatchedSpeculativeDecoder, Request, serve
 
     V = len(tiny_tok)
     pair = make_pair(copy_target, copy_target, tiny_tok, tiny_tok)
-    orig, short = LookupDrafter._sync, []
+    orig, short, reads = LookupDrafter._sync, [], []
 
     def spy(self, seq):
         if self._size < seq.numel():
-            short.append(seq.numel() - self._size)
-        return orig(self, seq)
+            short.append(seq.numel() - self._size)  # the copy is short: the drafter reads the device sequence
+        out = orig(self, seq)
+        reads.append(self._view is not None and np.shares_memory(out, self._view))
+        return out
 
     monkeypatch.setattr(LookupDrafter, "_sync", spy)
+    if mirror:
+        def separate(store):
+            return np.full(tuple(store.shape), -7, dtype=np.int64)  # unset entries differ from the store's
+
+        monkeypatch.setattr(decoding, "host_mirror", separate)
+        monkeypatch.setattr(batched, "host_mirror", separate)
     sampling = SamplingConfig(temperature=temperature)
-    r = SpeculativeDecoder(pair, sampling, max_new_tokens=40, max_depth=4, drafter=LookupDrafter()).generate(
-        REPEATING, FixedDepthController(4), seed=1)
+    dec1 = SpeculativeDecoder(pair, sampling, max_new_tokens=40, max_depth=4, drafter=LookupDrafter())
+    r = dec1.generate(REPEATING, FixedDepthController(4), seed=1)
     if temperature == 0.0:
         assert r.tokens == greedy_reference(copy_target, REPEATING, 40, V, eos=pair.eos_token_ids)
     else:
         assert 0 < r.acceptance_rate < 1
-    assert sum(c.depth for c in r.cycles) > 10 and short == []
+    assert sum(c.depth for c in r.cycles) > 10 and short == [] and reads and all(reads)
+    assert (dec1._store_host is not None) == mirror
+    if mirror:
+        n = dec1.ids.numel()
+        assert np.array_equal(dec1._store_host[0, :n], dec1.ids.numpy())
     dec = BatchedSpeculativeDecoder(pair, drafter="lookup", sampling=sampling, max_new_tokens=24, max_depth=4, max_batch=3)
     reqs = [Request(REPEATING[: 16 - i], 0.0, i) for i in range(5)]
+    held = []
+    step = dec.step
+
+    def checked_step(*a, **k):
+        out = step(*a, **k)
+        for row in dec.rows:  # the running rows' committed tokens: the mirror equals the store
+            n = row.ids.numel()
+            held.append(np.array_equal(row.host_tokens()[:n], row.ids.numpy()))
+        return out
+
+    dec.step = checked_step
+    reads.clear()
     results = serve(dec, reqs, lambda: FixedDepthController(4), concurrency=3)
-    assert sum(c.depth for res in results for c in res.cycles) > 10 and short == []
+    assert sum(c.depth for res in results for c in res.cycles) > 10 and short == [] and reads and all(reads)
+    assert held and all(held) and (dec.token_rows.host is not None) == mirror
     if temperature == 0.0:
         for rq, res in zip(reqs, results):
             assert res.tokens == greedy_reference(copy_target, rq.prompt_ids, 24, V, eos=pair.eos_token_ids)

@@ -218,6 +218,28 @@ class Drafter(ABC):
         instead of reading the device tensor back (one host synchronisation per drafted token and per verification
         on a GPU). Proposals only: the output law never depends on it. No-op by default."""
 
+    def attach_tokens(self, tokens: np.ndarray) -> None:  # noqa: B027 (optional hook)
+        """Read the sequence from ``tokens`` (int64 (L,) host memory, L ≥ the longest sequence passed; its first n
+        entries are the sequence of n tokens passed next), which the decoder keeps current: its token buffer itself
+        on a CPU, a host mirror of it on a GPU (:class:`learn2draft.decoding.SpeculativeDecoder`). A drafter that
+        searches the sequence on the host (prompt lookup) then keeps no copy of its own. No-op by default."""
+
+    @classmethod
+    def observe_rows(cls, drafters: Sequence[Drafter], tokens: Sequence[list[int]],
+                     first_positions: Sequence[int]) -> None:
+        """:meth:`observe_tokens` for many rows of this class: row i wrote ``tokens[i]`` at ``first_positions[i]``.
+        The decoders call it once per drafter class and step (:func:`learn2draft.decoding.finish_rows`,
+        :func:`learn2draft.decoding.draft_rows`); a class whose rows' bookkeeping needs no call per row overrides it
+        (prompt lookup). Unchecked: the decoders give one entry per row."""
+        for d, t, f in zip(drafters, tokens, first_positions):
+            d.observe_tokens(t, f)
+
+    @classmethod
+    def rollback_rows(cls, drafters: Sequence[Drafter], lengths: Sequence[int]) -> None:
+        """:meth:`rollback` for many rows of this class, row i to ``lengths[i]`` tokens (as :meth:`observe_rows`)."""
+        for d, n in zip(drafters, lengths):
+            d.rollback(n)
+
     def observe_target(self, hidden: torch.Tensor, first_position: int) -> None:  # noqa: B027 (optional hook)
         """Receive the target's last hidden states (float (n, H)) for sequence positions
         ``first_position .. first_position + n − 1`` (only when ``needs_target_hidden``)."""

@@ -79,6 +79,10 @@ class HybridDrafter(Drafter):
     def observe_target(self, hidden: torch.Tensor, first_position: int) -> None:
         self.neural.observe_target(hidden, first_position)
 
+    def attach_tokens(self, tokens: np.ndarray) -> None:
+        """Attach the decoder's host tokens to the prompt lookup (:meth:`LookupDrafter.attach_tokens`)."""
+        self.lookup.attach_tokens(tokens)
+
     def observe_tokens(self, tokens: list[int], first_position: int) -> None:
         self.lookup.observe_tokens(tokens, first_position)
         self.neural.observe_tokens(tokens, first_position)

@@ -38,8 +38,10 @@ class LookupDrafter(Drafter):
     minus the second's (0 for a second that never occurs) its top-2 margin. Without a match there is no proposal
     (:meth:`can_propose` is False) and the decoder verifies what it has.
 
-    Cost: one vectorised comparison over the sequence per n (tens of µs at 1k tokens on a CPU);
-    the tokens are kept on the host, copied incrementally, so a CUDA run syncs once per step.
+    Cost: one vectorised comparison over the sequence per n (tens of µs at 1k tokens on a CPU). It searches host
+    memory: the decoder's token buffer (or its host mirror on a GPU) when the decoder attaches it
+    (:meth:`attach_tokens`), else its own copy of the tokens, extended from what the decoder tells it
+    (:meth:`observe_tokens`); either way a CUDA run reads the device once per step, not per search.
 
     Args:
         max_ngram, min_ngram: n-gram sizes tried, longest first (1 ≤ min_ngram ≤ max_ngram). The
@@ -60,13 +62,28 @@ class LookupDrafter(Drafter):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self._host = np.zeros(0, dtype=np.int64)  # the host copy of the tokens: its first _size entries
         self._size = 0
+        # the decoder's host tokens (attach_tokens), read instead of the copy; _size counts the tokens known either way
+        self._view: np.ndarray | None = None
         self._match: tuple[int, tuple[int, int, int, float, float] | None] | None = None  # (length, match) cache
         self._ahead: tuple[int, np.ndarray, list] | None = None  # the last lookahead: (length, its tokens, its matches)
 
     def start(self, prompt_ids: torch.Tensor) -> None:
-        self._size = 0
+        """Start on ``prompt_ids`` (int64 (L,)) with a copy of its own (a decoder attaches its tokens after this)."""
+        self._size, self._view = 0, None
         self._write(prompt_ids.reshape(-1).tolist(), 0)
         self._match = self._ahead = None
+
+    def attach_tokens(self, tokens: np.ndarray) -> None:
+        """Search ``tokens`` (int64 (L,), host memory the decoder keeps current: its first n entries are the sequence
+        of n tokens passed next) instead of a copy (:meth:`Drafter.attach_tokens`); :meth:`start` detaches it.
+
+        Raises:
+            ValueError: not a one-dimensional int64 numpy array.
+        """
+        if not (isinstance(tokens, np.ndarray) and tokens.ndim == 1 and tokens.dtype == np.int64):
+            raise ValueError(f"attach_tokens needs a one-dimensional int64 numpy array, got {type(tokens).__name__} "
+                             f"{getattr(tokens, 'dtype', '')} {getattr(tokens, 'shape', '')}.")
+        self._view, self._host = tokens, np.zeros(0, dtype=np.int64)  # the copy is not kept while attached
 
     def _write(self, tokens: list[int], at: int) -> None:
         """Put ``tokens`` at position ``at`` (≤ the copy's length) of the host copy, which then ends after them: the
@@ -80,24 +97,48 @@ class LookupDrafter(Drafter):
         self._size = end
 
     def _sync(self, seq: torch.Tensor) -> np.ndarray:
+        """The host tokens of ``seq`` (int64 (n,)): the first n of the attached tokens, else of the copy; where the
+        tokens known (written by the decoder: ``_size``) are fewer, the rest is read from ``seq`` (a device read),
+        into the copy (none for attached tokens: a copy of them)."""
         n = seq.numel()
+        if self._view is not None:
+            if self._size >= n:
+                return self._view[:n]
+            return np.concatenate((self._view[: self._size], seq[self._size :].cpu().numpy().astype(np.int64)))
         if self._size < n:
             self._write(seq[self._size :].tolist(), self._size)
         return self._host[:n]
 
     def observe_tokens(self, tokens: list[int], first_position: int) -> None:
-        """Extend the host copy with ``tokens`` at ``first_position`` (what the decoder wrote there) when the copy
-        reaches that position; a copy that is shorter is left to :meth:`_sync` (it reads the device)."""
+        """The decoder wrote ``tokens`` at ``first_position``: a cached match or lookahead that read a position from
+        there on is dropped, and the host copy (none when tokens are attached) is extended with them when it reaches
+        that position; a copy that is shorter is left to :meth:`_sync` (it reads the device).
+
+        Raises:
+            ValueError: ``first_position`` is not an integer ≥ 0.
+        """
         if isinstance(first_position, bool) or not isinstance(first_position, (int, np.integer)) or first_position < 0:
             raise ValueError(f"observe_tokens: first_position must be an integer ≥ 0, got {first_position!r}.")
-        n = self._size
-        if first_position > n or not tokens:
-            return
-        if first_position < n:  # positions rewritten: any cached match past them is stale
-            self._match = None
-            if self._ahead is not None and first_position < self._ahead[0]:  # the lookahead's own sequence changed
-                self._ahead = None
-        self._write(tokens, first_position)
+        self.observe_rows([self], [tokens], [first_position])
+
+    @classmethod
+    def observe_rows(cls, drafters: Sequence[LookupDrafter], tokens: Sequence[list[int]],
+                     first_positions: Sequence[int]) -> None:
+        """:meth:`observe_tokens` for many rows in one call (:meth:`Drafter.observe_rows`; unchecked): with attached
+        tokens a row's bookkeeping is dropping its caches, no copy."""
+        for d, toks, f in zip(drafters, tokens, first_positions):
+            if not toks:
+                continue
+            if d._match is not None and f < d._match[0]:  # the match read a rewritten position
+                d._match = None
+            if d._ahead is not None and f < d._ahead[0]:  # the lookahead's own sequence changed
+                d._ahead = None
+            if f > d._size:  # beyond the tokens known: left to _sync
+                continue
+            if d._view is None:
+                d._write(toks, f)
+            else:
+                d._size = f + len(toks)
 
     def lookup(self, seq: torch.Tensor) -> tuple[int, int, int, float, float] | None:
         """The match for the token after ``seq`` (int64 (n,)): ``(token, match_len, count, confidence, margin)``
@@ -189,13 +230,63 @@ class LookupDrafter(Drafter):
         ks = np.asarray(limits, dtype=np.int64).reshape(b)
         hosts = [d._sync(s) for d, s in zip(drafters, seqs)]
         lens = np.asarray([h.size for h in hosts], dtype=np.int64)
+        kmax = int(ks.max()) if b else 0
+        t = np.full((b, (int(lens.max()) if b else 0) + kmax), -1, dtype=np.int64)  # -1 pads: never a token
+        for i, h in enumerate(hosts):
+            t[i, : h.size] = h
+        return LookupDrafter._chains(drafters, t, lens, ks)
+
+    @staticmethod
+    def lookahead_store(drafters: Sequence[LookupDrafter], tokens: np.ndarray, store_rows: Sequence[int],
+                        lengths: Sequence[int], limits: Sequence[int]) -> list[tuple[list[int], list[float]]]:
+        """:meth:`lookahead_rows` for rows whose sequences are rows of one host token array (a batch's token store:
+        :meth:`learn2draft.decoding.SpeculativeDecoder.host_tokens`): row i's sequence is
+        ``tokens[store_rows[i], :lengths[i]]``, gathered for all rows by one indexing, with no per-row copy or read of
+        the drafters' own tokens. The same chains, confidences and kept matches as :meth:`lookahead_rows` on those
+        sequences.
+
+        Args:
+            drafters: one prompt lookup per row (distinct), as for :meth:`lookahead_rows`.
+            tokens: int64 (R, L) host token ids.
+            store_rows: each row's row of ``tokens``; lengths: each row's length (1 ≤ lengths[i] ≤ L);
+            limits: the most tokens per row (integers ≥ 0).
+
+        Raises:
+            ValueError: mismatched lengths, a drafter given for two rows, a limit that is not an integer ≥ 0, or a
+                length outside 1..L.
+        """
+        b = len(drafters)
+        if not len(store_rows) == len(lengths) == len(limits) == b:
+            raise ValueError(f"lookahead_store needs one store row, length and limit per drafter ({b} drafters, "
+                             f"{len(store_rows)} store rows, {len(lengths)} lengths, {len(limits)} limits).")
+        if len({id(d) for d in drafters}) != b:
+            raise ValueError("lookahead_store: a drafter is given for two rows; each row needs its own (spawn() one).")
+        if any([isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0 for k in limits]):
+            raise ValueError(f"lookahead_store: limits must be integers ≥ 0, got {list(limits)!r}.")
+        lens = np.asarray(lengths, dtype=np.int64).reshape(b)
+        width = tokens.shape[1]
+        if b and not (lens.min() >= 1 and lens.max() <= width):
+            raise ValueError(f"lookahead_store: lengths must be in 1..{width}, got {list(lengths)!r}.")
+        ks = np.asarray(limits, dtype=np.int64).reshape(b)
+        kmax = int(ks.max()) if b else 0
+        t = np.full((b, (int(lens.max()) if b else 0) + kmax), -1, dtype=np.int64)  # -1 pads: never a token
+        if b:
+            w = min(t.shape[1], width)
+            t[:, :w] = tokens[np.asarray(store_rows, dtype=np.int64), :w]
+            t[np.arange(t.shape[1])[None, :] >= lens[:, None]] = -1  # past each row's length
+        return LookupDrafter._chains(drafters, t, lens, ks)
+
+    @staticmethod
+    def _chains(drafters: Sequence[LookupDrafter], t: np.ndarray, lens: np.ndarray,
+                ks: np.ndarray) -> list[tuple[list[int], list[float]]]:
+        """The chains of :meth:`lookahead_rows` from the rows' tokens ``t`` (int64 (B, ≥ max(lens) + max(ks)), −1
+        past each row's length; extended in place along the chains), lengths ``lens`` and limits ``ks`` (int64
+        (B,)); each drafter keeps its chain's matches."""
+        b = len(drafters)
         out: list[tuple[list[int], list[float]]] = [([], []) for _ in range(b)]
         matches: list[list] = [[] for _ in range(b)]
         kmax = int(ks.max()) if b else 0
         if kmax > 0:
-            t = np.full((b, int(lens.max()) + kmax), -1, dtype=np.int64)  # -1 pads: never a token, never matched
-            for i, h in enumerate(hosts):
-                t[i, : h.size] = h
             sizes = np.asarray([[d.max_ngram, d.min_ngram] for d in drafters], dtype=np.int64)
             active = ks > 0
             cur = lens.copy()
@@ -218,29 +309,40 @@ class LookupDrafter(Drafter):
                     out[i][1].append(m[3])
                     cur[i] += 1
                     active[i] = len(out[i][0]) < ks[i]
-        for d, n, (toks, _), m in zip(drafters, lens, out, matches):
-            d._ahead = (int(n), np.asarray(toks, dtype=np.int64), m)
+        for d, n, (toks, _), m in zip(drafters, lens.tolist(), out, matches):
+            d._ahead = (n, np.asarray(toks, dtype=np.int64), m)
         return out
 
     def chain(self, n: int, k: int) -> list[DraftProposal] | None:
         """The first ``k`` proposals (fewer where no n-gram matches) along the chain of the last :meth:`lookahead`
-        (or :meth:`lookahead_rows`), made after a sequence of ``n`` tokens: what :meth:`propose` returns along it,
-        token after token. None when that lookahead was made after another length, or stopped at a limit below ``k``
-        (it does not know what follows).
+        (or :meth:`lookahead_rows`, :meth:`lookahead_store`), made after a sequence of ``n`` tokens: what
+        :meth:`propose` returns along it, token after token. None when that lookahead was made after another length,
+        or stopped at a limit below ``k`` (it does not know what follows).
 
         Raises:
             ValueError: ``k`` is not an integer ≥ 0.
         """
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
             raise ValueError(f"chain: k must be an integer ≥ 0, got {k!r}.")
-        ahead = self._ahead
-        if ahead is None or ahead[0] != n:
-            return None
-        matches = ahead[2]
-        props = [_proposal(m) for m in matches[:k] if m is not None]
-        if len(props) < k and not (matches and matches[-1] is None):
-            return None
-        return props
+        return self.chain_rows([self], [n], [k])[0]
+
+    @classmethod
+    def chain_rows(cls, drafters: Sequence[LookupDrafter], lengths: Sequence[int],
+                   ks: Sequence[int]) -> list[list[DraftProposal] | None]:
+        """:meth:`chain` for many rows in one call: row i's first ``ks[i]`` proposals along its kept chain, made after
+        ``lengths[i]`` tokens (unchecked: integers ≥ 0, one per drafter; a batch's step records them at once)."""
+        out: list[list[DraftProposal] | None] = []
+        for d, n, k in zip(drafters, lengths, ks):
+            ahead = d._ahead
+            if ahead is None or ahead[0] != n:
+                out.append(None)
+                continue
+            matches, props = ahead[2], []
+            for m in matches[:k]:
+                if m is not None:
+                    props.append(_proposal(m))
+            out.append(None if len(props) < k and not (matches and matches[-1] is None) else props)
+        return out
 
     def can_propose(self, seq: torch.Tensor) -> bool:
         return self.lookup(seq) is not None
@@ -252,11 +354,17 @@ class LookupDrafter(Drafter):
         return _proposal(m)
 
     def rollback(self, length: int) -> None:
-        if self._size > length:
-            self._size = max(int(length), 0)
-        self._match = None
-        if self._ahead is not None and length < self._ahead[0]:
-            self._ahead = None
+        self.rollback_rows([self], [length])
+
+    @classmethod
+    def rollback_rows(cls, drafters: Sequence[LookupDrafter], lengths: Sequence[int]) -> None:
+        """:meth:`rollback` for many rows in one call (:meth:`Drafter.rollback_rows`; unchecked)."""
+        for d, n in zip(drafters, lengths):
+            if d._size > n:
+                d._size = max(int(n), 0)
+            d._match = None
+            if d._ahead is not None and n < d._ahead[0]:
+                d._ahead = None
 
     def features(self, seq: torch.Tensor) -> np.ndarray:
         m = self.lookup(seq)
