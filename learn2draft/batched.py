@@ -525,13 +525,16 @@ class BatchedSpeculativeDecoder:
         (:meth:`_lookahead_rows`; or the load state's ``draftable`` did this step), then decide and propose per row
         along them (no row searches again)."""
         rows = self.rows
+        # what each row may draft this step: its step depth capped by its depth limit (at 0 the depth rule drafts
+        # nothing: can_draft() is False below the limit's end, and the controller is not asked)
         caps = [step_cap(c) for c in ctrls]
+        caps = [min(k, r.depth_limit) if k > 0 else 0 for k, r in zip(caps, rows)]
         if load is not None and isinstance(load.draftable, _Lazy) and load.draftable.searched:
             # the load state's draftable found these rows' chains this step, each up to its depth limit
-            searched = {i: min(caps[i], rows[i].depth_limit) for i in load.draftable.searched}
+            searched = {i: caps[i] for i in load.draftable.searched}
         else:
             searched = self._lookahead_rows(caps)
-        active = [i for i, k in enumerate(caps) if k > 0]  # at a step depth of 0 the depth rule drafts nothing
+        active = [i for i, k in enumerate(caps) if k > 0]
         if searched:
             active = self._draft_chains(ctrls, searched, active)
         while active:
@@ -583,7 +586,7 @@ class BatchedSpeculativeDecoder:
         """Prompt lookup's chains for the rows at once (:meth:`learn2draft.drafters.lookup.LookupDrafter.
         lookahead_store`: one array search over the rows per chain position, on the rows of the token store in host
         memory, instead of one search per row and depth),
-        each up to its controller's step depth (``caps[i]``) and its depth limit, when at least
+        each up to ``caps[i]`` tokens (its controller's step depth capped by its depth limit), when at least
         :data:`~learn2draft.drafters.lookup.MIN_ROWS_SEARCHED_TOGETHER` rows draft with prompt lookup this step. Each
         drafter keeps its chain, so the rows' drafting along it does not search again; the call's seconds are split
         equally over those rows' draft seconds. The tokens drafted are those of each row alone. Returns the rows
@@ -591,7 +594,7 @@ class BatchedSpeculativeDecoder:
         rows = self.rows
         if sum([type(r.drafter) is LookupDrafter for r in rows]) < MIN_ROWS_SEARCHED_TOGETHER:
             return {}
-        caps = [min(k, r.depth_limit) if k > 0 and type(r.drafter) is LookupDrafter else 0 for r, k in zip(rows, caps)]
+        caps = [k if type(r.drafter) is LookupDrafter else 0 for r, k in zip(rows, caps)]
         idx = _searched_together(rows, caps)
         if not idx:
             return {}
