@@ -274,8 +274,8 @@ def test_lookahead_over_rows_refuses_a_shared_drafter_and_bad_limits():
         LookupDrafter.lookahead_store([d, e], store, [0, 1], [5, 5], [2, -1])
     with pytest.raises(ValueError, match="one store row, length and limit per drafter"):
         LookupDrafter.lookahead_store([d, e], store, [0], [5, 5], [2, 2])
-    for bad in (0, 6):
-        with pytest.raises(ValueError, match="lengths must be in 1..5"):
+    for bad in (-1, 6):
+        with pytest.raises(ValueError, match="lengths must be in 0..5"):
             LookupDrafter.lookahead_store([d, e], store, [0, 1], [5, bad], [2, 2])
     assert LookupDrafter.lookahead_store([], store, [], [], []) == []
 

@@ -223,18 +223,12 @@ class LookupDrafter(Drafter):
         if len(seqs) != b or len(limits) != b:
             raise ValueError(f"lookahead_rows needs one sequence and one limit per drafter ({b} drafters, "
                              f"{len(seqs)} sequences, {len(limits)} limits).")
-        if len({id(d) for d in drafters}) != b:
-            raise ValueError("lookahead_rows: a drafter is given for two rows; each row needs its own (spawn() one).")
-        if any([isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0 for k in limits]):
-            raise ValueError(f"lookahead_rows: limits must be integers ≥ 0, got {list(limits)!r}.")
-        ks = np.asarray(limits, dtype=np.int64).reshape(b)
         hosts = [d._sync(s) for d, s in zip(drafters, seqs)]
-        lens = np.asarray([h.size for h in hosts], dtype=np.int64)
-        kmax = int(ks.max()) if b else 0
-        t = np.full((b, (int(lens.max()) if b else 0) + kmax), -1, dtype=np.int64)  # -1 pads: never a token
+        lens = [h.size for h in hosts]
+        tokens = np.zeros((b, max(lens, default=0)), dtype=np.int64)
         for i, h in enumerate(hosts):
-            t[i, : h.size] = h
-        return LookupDrafter._chains(drafters, t, lens, ks)
+            tokens[i, : h.size] = h
+        return LookupDrafter.lookahead_store(drafters, tokens, range(b), lens, limits)
 
     @staticmethod
     def lookahead_store(drafters: Sequence[LookupDrafter], tokens: np.ndarray, store_rows: Sequence[int],
@@ -248,25 +242,25 @@ class LookupDrafter(Drafter):
         Args:
             drafters: one prompt lookup per row (distinct), as for :meth:`lookahead_rows`.
             tokens: int64 (R, L) host token ids.
-            store_rows: each row's row of ``tokens``; lengths: each row's length (1 ≤ lengths[i] ≤ L);
+            store_rows: each row's row of ``tokens``; lengths: each row's length (0 ≤ lengths[i] ≤ L);
             limits: the most tokens per row (integers ≥ 0).
 
         Raises:
             ValueError: mismatched lengths, a drafter given for two rows, a limit that is not an integer ≥ 0, or a
-                length outside 1..L.
+                length outside 0..L.
         """
         b = len(drafters)
         if not len(store_rows) == len(lengths) == len(limits) == b:
             raise ValueError(f"lookahead_store needs one store row, length and limit per drafter ({b} drafters, "
                              f"{len(store_rows)} store rows, {len(lengths)} lengths, {len(limits)} limits).")
         if len({id(d) for d in drafters}) != b:
-            raise ValueError("lookahead_store: a drafter is given for two rows; each row needs its own (spawn() one).")
+            raise ValueError("lookahead: a drafter is given for two rows; each row needs its own (spawn() one).")
         if any([isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0 for k in limits]):
-            raise ValueError(f"lookahead_store: limits must be integers ≥ 0, got {list(limits)!r}.")
+            raise ValueError(f"lookahead: limits must be integers ≥ 0, got {list(limits)!r}.")
         lens = np.asarray(lengths, dtype=np.int64).reshape(b)
         width = tokens.shape[1]
-        if b and not (lens.min() >= 1 and lens.max() <= width):
-            raise ValueError(f"lookahead_store: lengths must be in 1..{width}, got {list(lengths)!r}.")
+        if b and not (lens.min() >= 0 and lens.max() <= width):
+            raise ValueError(f"lookahead_store: lengths must be in 0..{width}, got {list(lengths)!r}.")
         ks = np.asarray(limits, dtype=np.int64).reshape(b)
         kmax = int(ks.max()) if b else 0
         t = np.full((b, (int(lens.max()) if b else 0) + kmax), -1, dtype=np.int64)  # -1 pads: never a token
