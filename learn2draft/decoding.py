@@ -199,7 +199,8 @@ class SpeculativeDecoder(CycleDriver):
     def host_tokens(self) -> np.ndarray:
         """This sequence's token buffer in host memory, int64 (capacity,): its first ``len(ids) + len(drafted)``
         entries are the committed and drafted tokens (the rest is unset). On a CPU the buffer itself (no copy), else
-        its host mirror; valid until the next :meth:`start` (a batch re-attaches its drafters when its store grows).
+        its host mirror. Valid until the next :meth:`start`, and for a batch's row until the batch's token store grows
+        (it then copies the rows into a larger store and re-attaches each row's drafter to its new row).
         The drafters that search the sequence on the host read it (:meth:`~learn2draft.drafters.Drafter.
         attach_tokens`)."""
         host = self._store_host

@@ -182,6 +182,49 @@ def test_lookup_answers_as_a_fresh_search_along_random_decoder_histories(attache
                         assert got == fresh.chain(n, k), trial
     with pytest.raises(ValueError, match="one-dimensional int64"):
         LookupDrafter().attach_tokens(np.zeros((2, 3), dtype=np.int64))
+    d = LookupDrafter()
+    d.start(t([1, 2, 3, 1, 2]))
+    with pytest.raises(ValueError, match="fewer than the 5 known"):
+        d.attach_tokens(np.asarray([1, 2, 3], dtype=np.int64))
+
+
+def test_a_lookup_subclass_keeps_its_own_observe_and_rollback(tiny_tok, copy_target):
+    """The decoders tell drafters once per drafter class (Drafter.observe_rows / rollback_rows); prompt lookup's own
+    class hooks skip the per-row methods, so a subclass that overrides observe_tokens or rollback must still have them
+    called for every write and every verification, alone and in a batch. Control: the base class's hooks do not call
+    the per-row methods."""
+    from learn2draft.batched import BatchedSpeculativeDecoder, Request, serve
+
+    calls = {"observe": 0, "rollback": 0}
+
+    class Counting(LookupDrafter):
+        def observe_tokens(self, tokens, first_position):
+            calls["observe"] += 1
+            super().observe_tokens(tokens, first_position)
+
+        def rollback(self, length):
+            calls["rollback"] += 1
+            super().rollback(length)
+
+        def spawn(self):
+            return Counting(self.max_ngram, self.min_ngram)
+
+    pair = make_pair(copy_target, copy_target, tiny_tok, tiny_tok)
+    r = SpeculativeDecoder(pair, max_new_tokens=30, max_depth=4, drafter=Counting()).generate(
+        REPEATING, FixedDepthController(4))
+    drafted = sum(c.depth for c in r.cycles)
+    assert drafted > 5 and calls["rollback"] == len(r.cycles) and calls["observe"] == 1 + len(r.cycles) + drafted
+    calls.update(observe=0, rollback=0)
+    dec = BatchedSpeculativeDecoder(pair, drafter=Counting, max_new_tokens=20, max_depth=4, max_batch=5)
+    results = serve(dec, [Request(REPEATING[: 16 - i], 0.0, i) for i in range(6)], lambda: FixedDepthController(4),
+                    concurrency=5)
+    assert calls["rollback"] == sum(len(res.cycles) for res in results) > 0 and calls["observe"] > calls["rollback"]
+    d = Counting()
+    d.start(t([1, 2, 1, 2]))
+    calls.update(observe=0, rollback=0)
+    LookupDrafter._observe([d], [[1]], [4])  # the base implementation alone: no per-row method
+    LookupDrafter._rollback([d], [4])
+    assert calls == {"observe": 0, "rollback": 0}
 
 
 def test_a_rewrite_below_the_lookaheads_start_drops_its_chain():
@@ -274,9 +317,15 @@ def test_lookahead_over_rows_refuses_a_shared_drafter_and_bad_limits():
         LookupDrafter.lookahead_store([d, e], store, [0, 1], [5, 5], [2, -1])
     with pytest.raises(ValueError, match="one store row, length and limit per drafter"):
         LookupDrafter.lookahead_store([d, e], store, [0], [5, 5], [2, 2])
-    for bad in (-1, 6):
-        with pytest.raises(ValueError, match="lengths must be in 0..5"):
+    for bad in (-1, 6, 2.9, True):
+        with pytest.raises(ValueError, match="lengths must be integers in 0..5"):
             LookupDrafter.lookahead_store([d, e], store, [0, 1], [5, bad], [2, 2])
+    for bad in (-1, 2, 0.5, True):
+        with pytest.raises(ValueError, match="store rows must be integers in 0..1"):
+            LookupDrafter.lookahead_store([d, e], store, [0, bad], [5, 5], [2, 2])
+    for bad in (np.zeros(5, dtype=np.int64), store.astype(np.float64), store.tolist()):
+        with pytest.raises(ValueError, match="two-dimensional int64 numpy array"):
+            LookupDrafter.lookahead_store([], bad, [], [], [])
     assert LookupDrafter.lookahead_store([], store, [], [], []) == []
 
 
@@ -379,8 +428,12 @@ def test_lookup_never_reads_the_device_sequence_back_after_the_prompt(tiny_tok, 
     if mirror:
         n = dec1.ids.numel()
         assert np.array_equal(dec1._store_host[0, :n], dec1.ids.numpy())
-    dec = BatchedSpeculativeDecoder(pair, drafter="lookup", sampling=sampling, max_new_tokens=24, max_depth=4, max_batch=3)
-    reqs = [Request(REPEATING[: 16 - i], 0.0, i) for i in range(5)]
+    dec = BatchedSpeculativeDecoder(pair, drafter="lookup", sampling=sampling, max_new_tokens=24, max_depth=4, max_batch=5)
+    reqs = [Request(REPEATING[: 16 - i], 0.0, i) for i in range(7)]
+    stored = []
+    store_search = LookupDrafter.lookahead_store
+    monkeypatch.setattr(LookupDrafter, "lookahead_store", staticmethod(
+        lambda ds, tokens, *a: stored.append(tokens is dec.token_rows.view) or store_search(ds, tokens, *a)))
     held = []
     step = dec.step
 
@@ -393,8 +446,9 @@ def test_lookup_never_reads_the_device_sequence_back_after_the_prompt(tiny_tok, 
 
     dec.step = checked_step
     reads.clear()
-    results = serve(dec, reqs, lambda: FixedDepthController(4), concurrency=3)
+    results = serve(dec, reqs, lambda: FixedDepthController(4), concurrency=5)
     assert sum(c.depth for res in results for c in res.cycles) > 10 and short == [] and reads and all(reads)
+    assert stored and all(stored)  # the rows searched together read the store's host rows (the mirror: mirror=True)
     assert held and all(held) and (dec.token_rows.host is not None) == mirror
     if temperature == 0.0:
         for rq, res in zip(reqs, results):

@@ -228,8 +228,9 @@ class Drafter(ABC):
     def observe_rows(cls, drafters: Sequence[Drafter], tokens: Sequence[list[int]],
                      first_positions: Sequence[int]) -> None:
         """:meth:`observe_tokens` for many rows of this class: row i wrote ``tokens[i]`` at ``first_positions[i]``.
-        The decoders call it once per drafter class and step (:func:`learn2draft.decoding.finish_rows`,
-        :func:`learn2draft.decoding.draft_rows`); a class whose rows' bookkeeping needs no call per row overrides it
+        The decoders call it once per drafter class in each verification tail (:func:`learn2draft.decoding.
+        finish_rows`) and each record of drafted tokens (:func:`learn2draft.decoding.draft_rows`: a batch's chains at
+        once, a token drafted token by token alone); a class whose rows' bookkeeping needs no call per row overrides it
         (prompt lookup). Unchecked: the decoders give one entry per row."""
         for d, t, f in zip(drafters, tokens, first_positions):
             d.observe_tokens(t, f)

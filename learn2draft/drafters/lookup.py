@@ -41,7 +41,8 @@ class LookupDrafter(Drafter):
     Cost: one vectorised comparison over the sequence per n (tens of µs at 1k tokens on a CPU). It searches host
     memory: the decoder's token buffer (or its host mirror on a GPU) when the decoder attaches it
     (:meth:`attach_tokens`), else its own copy of the tokens, extended from what the decoder tells it
-    (:meth:`observe_tokens`); either way a CUDA run reads the device once per step, not per search.
+    (:meth:`observe_tokens`). Attached, it never reads the device; with its copy, only where the copy falls short of
+    the sequence it is given (the decoders tell it every token they write, so on a GPU they cause no read).
 
     Args:
         max_ngram, min_ngram: n-gram sizes tried, longest first (1 ≤ min_ngram ≤ max_ngram). The
@@ -77,13 +78,19 @@ class LookupDrafter(Drafter):
         """Search ``tokens`` (int64 (L,), host memory the decoder keeps current: its first n entries are the sequence
         of n tokens passed next) instead of a copy (:meth:`Drafter.attach_tokens`); :meth:`start` detaches it.
 
+        The tokens known so far (the prompt, and what was observed since) must stand at the array's start; a cached
+        match or chain is dropped.
+
         Raises:
-            ValueError: not a one-dimensional int64 numpy array.
+            ValueError: not a one-dimensional int64 numpy array, or shorter than the tokens known.
         """
         if not (isinstance(tokens, np.ndarray) and tokens.ndim == 1 and tokens.dtype == np.int64):
             raise ValueError(f"attach_tokens needs a one-dimensional int64 numpy array, got {type(tokens).__name__} "
                              f"{getattr(tokens, 'dtype', '')} {getattr(tokens, 'shape', '')}.")
+        if tokens.size < self._size:
+            raise ValueError(f"attach_tokens: the array holds {tokens.size} tokens, fewer than the {self._size} known.")
         self._view, self._host = tokens, np.zeros(0, dtype=np.int64)  # the copy is not kept while attached
+        self._match = self._ahead = None
 
     def _write(self, tokens: list[int], at: int) -> None:
         """Put ``tokens`` at position ``at`` (≤ the copy's length) of the host copy, which then ends after them: the
@@ -119,13 +126,22 @@ class LookupDrafter(Drafter):
         """
         if isinstance(first_position, bool) or not isinstance(first_position, (int, np.integer)) or first_position < 0:
             raise ValueError(f"observe_tokens: first_position must be an integer ≥ 0, got {first_position!r}.")
-        self.observe_rows([self], [tokens], [first_position])
+        LookupDrafter._observe([self], [tokens], [first_position])
 
     @classmethod
     def observe_rows(cls, drafters: Sequence[LookupDrafter], tokens: Sequence[list[int]],
                      first_positions: Sequence[int]) -> None:
         """:meth:`observe_tokens` for many rows in one call (:meth:`Drafter.observe_rows`; unchecked): with attached
-        tokens a row's bookkeeping is dropping its caches, no copy."""
+        tokens a row's bookkeeping is dropping its caches, no copy. A subclass that overrides :meth:`observe_tokens`
+        has it called per row."""
+        if cls.observe_tokens is not LookupDrafter.observe_tokens:
+            super().observe_rows(drafters, tokens, first_positions)
+        else:
+            LookupDrafter._observe(drafters, tokens, first_positions)
+
+    @staticmethod
+    def _observe(drafters: Sequence[LookupDrafter], tokens: Sequence[list[int]], first_positions: Sequence[int]) -> None:
+        """The one implementation of :meth:`observe_tokens` over rows (unchecked)."""
         for d, toks, f in zip(drafters, tokens, first_positions):
             if not toks:
                 continue
@@ -208,8 +224,8 @@ class LookupDrafter(Drafter):
 
         Args:
             drafters: one prompt lookup per row (distinct objects: each keeps its own row's state), each started on
-                its row (:meth:`start`: as for :meth:`lookahead`, a drafter reads its own host copy of the tokens, so
-                ``seqs[i]`` must continue what drafter i was started on and has observed).
+                its row (:meth:`start`: as for :meth:`lookahead`, a drafter reads its own tokens, its copy or its
+                attached tokens, so ``seqs[i]`` must continue what drafter i was started on and has observed).
             seqs: the rows' sequences (committed + drafted so far), int64 (n_i,).
             limits: the most tokens per row (integers ≥ 0).
 
@@ -237,36 +253,43 @@ class LookupDrafter(Drafter):
         :meth:`learn2draft.decoding.SpeculativeDecoder.host_tokens`): row i's sequence is
         ``tokens[store_rows[i], :lengths[i]]``, gathered for all rows by one indexing, with no per-row copy or read of
         the drafters' own tokens. The same chains, confidences and kept matches as :meth:`lookahead_rows` on those
-        sequences.
+        sequences. Each drafter keeps its chain for the sequence it proposes after next (:meth:`lookup`,
+        :meth:`chain`), so row i's tokens must be drafter i's own sequence (what it was started on and observed, or
+        its attached tokens); another sequence leaves it proposing that one's chain (proposals only: never the law).
 
         Args:
             drafters: one prompt lookup per row (distinct), as for :meth:`lookahead_rows`.
             tokens: int64 (R, L) host token ids.
-            store_rows: each row's row of ``tokens``; lengths: each row's length (0 ≤ lengths[i] ≤ L);
-            limits: the most tokens per row (integers ≥ 0).
+            store_rows: each row's row of ``tokens`` (integers in 0..R − 1); lengths: each row's length (integers in
+                0..L); limits: the most tokens per row (integers ≥ 0).
 
         Raises:
-            ValueError: mismatched lengths, a drafter given for two rows, a limit that is not an integer ≥ 0, or a
-                length outside 0..L.
+            ValueError: ``tokens`` not a two-dimensional int64 numpy array, mismatched lengths, a drafter given for two
+                rows, or a store row, length or limit that is not an integer in its range.
         """
         b = len(drafters)
+        if not (isinstance(tokens, np.ndarray) and tokens.ndim == 2 and tokens.dtype == np.int64):
+            raise ValueError(f"lookahead_store needs tokens as a two-dimensional int64 numpy array, got "
+                             f"{type(tokens).__name__} {getattr(tokens, 'dtype', '')} {getattr(tokens, 'shape', '')}.")
         if not len(store_rows) == len(lengths) == len(limits) == b:
             raise ValueError(f"lookahead_store needs one store row, length and limit per drafter ({b} drafters, "
                              f"{len(store_rows)} store rows, {len(lengths)} lengths, {len(limits)} limits).")
         if len({id(d) for d in drafters}) != b:
             raise ValueError("lookahead: a drafter is given for two rows; each row needs its own (spawn() one).")
-        if any([isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0 for k in limits]):
-            raise ValueError(f"lookahead: limits must be integers ≥ 0, got {list(limits)!r}.")
+        held, width = tokens.shape
+        for name, values, hi in (("limits", limits, None), ("lengths", lengths, width), ("store rows", store_rows, held - 1)):
+            if not all([isinstance(v, (int, np.integer)) and not isinstance(v, bool) and 0 <= v and (hi is None or v <= hi)
+                        for v in values]):
+                span = "≥ 0" if hi is None else f"in 0..{hi}"
+                raise ValueError(f"lookahead: {name} must be integers {span}, got {list(values)!r}.")
         lens = np.asarray(lengths, dtype=np.int64).reshape(b)
-        width = tokens.shape[1]
-        if b and not (lens.min() >= 0 and lens.max() <= width):
-            raise ValueError(f"lookahead_store: lengths must be in 0..{width}, got {list(lengths)!r}.")
+        where = np.asarray(store_rows, dtype=np.int64).reshape(b)
         ks = np.asarray(limits, dtype=np.int64).reshape(b)
         kmax = int(ks.max()) if b else 0
         t = np.full((b, (int(lens.max()) if b else 0) + kmax), -1, dtype=np.int64)  # -1 pads: never a token
         if b:
             w = min(t.shape[1], width)
-            t[:, :w] = tokens[np.asarray(store_rows, dtype=np.int64), :w]
+            t[:, :w] = tokens[where, :w]
             t[np.arange(t.shape[1])[None, :] >= lens[:, None]] = -1  # past each row's length
         return LookupDrafter._chains(drafters, t, lens, ks)
 
@@ -348,11 +371,20 @@ class LookupDrafter(Drafter):
         return _proposal(m)
 
     def rollback(self, length: int) -> None:
-        self.rollback_rows([self], [length])
+        LookupDrafter._rollback([self], [length])
 
     @classmethod
     def rollback_rows(cls, drafters: Sequence[LookupDrafter], lengths: Sequence[int]) -> None:
-        """:meth:`rollback` for many rows in one call (:meth:`Drafter.rollback_rows`; unchecked)."""
+        """:meth:`rollback` for many rows in one call (:meth:`Drafter.rollback_rows`; unchecked). A subclass that
+        overrides :meth:`rollback` has it called per row."""
+        if cls.rollback is not LookupDrafter.rollback:
+            super().rollback_rows(drafters, lengths)
+        else:
+            LookupDrafter._rollback(drafters, lengths)
+
+    @staticmethod
+    def _rollback(drafters: Sequence[LookupDrafter], lengths: Sequence[int]) -> None:
+        """The one implementation of :meth:`rollback` over rows (unchecked)."""
         for d, n in zip(drafters, lengths):
             if d._size > n:
                 d._size = max(int(n), 0)
@@ -402,7 +434,7 @@ def find_rows(t: np.ndarray, lens: np.ndarray, max_ngram: np.ndarray,
     Returns:
         per row, its match or None.
 
-    The arrays are not checked (the callers build them: :meth:`LookupDrafter.lookahead_rows`); other shapes or values
+    The arrays are not checked (the one caller builds them: ``LookupDrafter._chains``); other shapes or values
     give numpy's errors or wrong matches.
     """
     b, width = t.shape
