@@ -62,16 +62,18 @@ import torch
 from learn2draft.batch_cache import BatchCache
 from learn2draft.control import (
     DraftController,
-    asks,
+    asks_rows,
     check_depth_feature_scale,
     keeps_drafting,
-    step_cap,
+    observe_loads,
+    step_caps,
     warn_precision_mismatch,
 )
 from learn2draft.decoding import (
     SpeculativeDecoder,
     chain_verification,
     check_decoder_settings,
+    depth_limits,
     draft_rows,
     finish_rows,
     host_mirror,
@@ -491,11 +493,12 @@ class BatchedSpeculativeDecoder:
         """The :class:`learn2draft.state.LoadState` of the running rows (``waiting``: queued requests) and the
         previous step's measured tokens and seconds; every field is known before the step's drafting."""
         last = [self._results[rid].cycles[-1] if self._results[rid].cycles else None for rid in self._ids]
+        rows = self.rows  # no per-row call: each row's committed length _n, its ids a view of its token buffer
         return LoadState(
-            len(self.rows), self.max_batch, tuple(int(r.ids.numel()) for r in self.rows), waiting,
+            len(rows), self.max_batch, tuple([r._n for r in rows]), waiting,
             last_taus=tuple(c.num_accepted if c else 0 for c in last), last_depths=tuple(c.depth if c else 0 for c in last),
-            draftable=_Lazy([(r, r.ids, r.depth_limit) for r in self.rows], self.token_rows), row_ids=tuple(self._ids),
-            tokens_left=tuple(self.max_new_tokens - r.generated for r in self.rows),
+            draftable=_Lazy([(r, r._buf[: r._n], m) for r, m in zip(rows, depth_limits(rows))], self.token_rows),
+            row_ids=tuple(self._ids), tokens_left=tuple([self.max_new_tokens - (r._n - r.prompt_len) for r in rows]),
             max_depth=self.max_depth, max_new_tokens=self.max_new_tokens,
             **({} if not self.steps else dict(last_step_batch=self.steps[-1].batch_size,
                                               last_step_tokens=self.steps[-1].tokens,
@@ -527,8 +530,7 @@ class BatchedSpeculativeDecoder:
         rows = self.rows
         # what each row may draft this step: its step depth capped by its depth limit (at 0 the depth rule drafts
         # nothing: can_draft() is False below the limit's end, and the controller is not asked)
-        caps = [step_cap(c) for c in ctrls]
-        caps = [min(k, r.depth_limit) if k > 0 else 0 for k, r in zip(caps, rows)]
+        caps = [min(k, m) if k > 0 else 0 for k, m in zip(step_caps(ctrls), depth_limits(rows))]
         if load is not None and isinstance(load.draftable, _Lazy) and load.draftable.searched:
             # the load state's draftable found these rows' chains this step, each up to its depth limit
             searched = {i: caps[i] for i in load.draftable.searched}
@@ -564,7 +566,8 @@ class BatchedSpeculativeDecoder:
         are split equally over those rows' draft seconds. Returns the rows of ``active`` left to draft token by token:
         the others, less the rows whose chain is empty (they have no proposal)."""
         rows = self.rows
-        cand = [i for i in searched if not asks(ctrls[i])]
+        asked = asks_rows(ctrls)
+        cand = [i for i in searched if not asked[i]]
         chains = LookupDrafter.chain_rows([rows[i].drafter for i in cand], [rows[i]._n for i in cand],
                                           [searched[i] for i in cand])  # the searched rows draft with prompt lookup
         chained, props, done = [], [], set()
@@ -694,8 +697,7 @@ class BatchedSpeculativeDecoder:
         # the load state only when something reads it (it runs a lookahead per row)
         load = self.load(waiting) if budget is not None or any([c.reads_load for c in ctrls]) else None
         if load is not None:
-            for ctrl in ctrls:
-                ctrl.observe_load(load)
+            observe_loads(ctrls, load)
         self._draft(ctrls, load)
         if budget is not None:
             keep = list(budget([np.asarray(r.margins, dtype=np.float64) for r in self.rows], load))

@@ -158,6 +158,13 @@ class BatchSizeTable(DraftController):
         """The step's γ: the depth rule stops there without asking :meth:`decide`."""
         return self.gamma
 
+    @classmethod
+    def step_depths(cls, controllers: Sequence[BatchSizeTable]) -> list[int]:
+        """Each row's step γ (a subclass with its own :attr:`step_depth`: each row's)."""
+        if cls.step_depth is not BatchSizeTable.step_depth:
+            return super().step_depths(controllers)
+        return [c.gamma for c in controllers]
+
     reads_state = False  # CONTINUE below the step's γ, where the depth rule stops
 
     def decide(self, state: DraftState) -> bool:

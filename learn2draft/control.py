@@ -25,7 +25,7 @@ from __future__ import annotations
 import numbers
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -112,6 +112,15 @@ class DraftController(ABC):
         (at γ = 0, a step of plain decoding costs what one without a controller does)."""
         return self.max_depth
 
+    @classmethod
+    def step_depths(cls, controllers: Sequence[DraftController]) -> list[int]:
+        """The :attr:`step_depth` of each of ``controllers`` (all of this class), in one call for a batch's rows
+        (:func:`step_caps`): their ``max_depth`` when the class keeps this class's :attr:`step_depth`, else each
+        row's own. A class with a step depth of its own overrides this to read its rows together."""
+        if cls.step_depth is DraftController.step_depth:
+            return [c.max_depth for c in controllers]
+        return [c.step_depth for c in controllers]
+
     def reset(self) -> None:  # noqa: B027 (optional hook, a no-op by default)
         """Called at the start of each generation."""
 
@@ -119,6 +128,13 @@ class DraftController(ABC):
         """Called by the batched decoder before each step's drafting with the step's
         :class:`learn2draft.state.LoadState` (rows, contexts, the previous step's measured tokens and seconds), when
         :attr:`reads_load` is set: a per-batch-size table or a load-aware step policy picks the step's γ here."""
+
+    @classmethod
+    def observe_loads(cls, controllers: Sequence[DraftController], load: LoadState) -> None:
+        """:meth:`observe_load` of each of ``controllers`` (all of this class; one call for a step's rows:
+        :func:`observe_loads`). A class whose rows share one decision overrides this to decide once."""
+        for c in controllers:
+            c.observe_load(load)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Refuse, where it is defined, a controller written for the protocol's former method: one that defines
@@ -282,9 +298,60 @@ def step_cap(controller: DraftController) -> int:
 
 
 def asks(controller: Any) -> bool:
-    """Whether the cycle asks ``controller`` (builds the state and calls ``decide``): unless its ``reads_state`` is
-    False (a controller-like object without one is asked) and no ``decide`` was set on the instance itself."""
-    return getattr(controller, "reads_state", True) or "decide" in getattr(controller, "__dict__", ())
+    """Whether the cycle asks ``controller`` (builds the state and calls ``decide``): :func:`asks_rows` of one."""
+    return asks_rows([controller])[0]
+
+
+def asks_rows(controllers: Sequence[Any]) -> list[bool]:
+    """Whether the cycle asks each of ``controllers`` (builds the state and calls ``decide``), in one call for a batch:
+    unless its ``reads_state`` is False (a controller-like object without one is asked) and no ``decide`` was set on
+    the instance itself."""
+    return [getattr(c, "reads_state", True) or "decide" in getattr(c, "__dict__", ()) for c in controllers]
+
+
+def per_class(objects: Sequence[Any], hook: str, *per_row: Sequence[Any], shared: tuple = (),
+              default: Callable[..., Any] | None = None) -> list[Any] | None:
+    """Call the class hook ``hook`` (a classmethod over a list of instances of its class, e.g.
+    :meth:`DraftController.step_depths`, :meth:`learn2draft.drafters.Drafter.observe_rows`) once per class of
+    ``objects``, with that class's objects, their entries of each ``per_row`` sequence and then the ``shared``
+    arguments, so that a batch's rows cost one call per class, not one per row. A class without the hook (a
+    controller-like object) gets ``default`` called the same way.
+
+    Returns:
+        the hooks' answers, one per object in the order of ``objects`` (None where a hook answered None), or None
+        when every hook answered None.
+
+    Raises:
+        AttributeError: a class without the hook and no ``default``.
+    """
+    kinds = {type(o) for o in objects}
+    if len(kinds) == 1:
+        kind = kinds.pop()
+        fn = getattr(kind, hook, None) if default is not None else getattr(kind, hook)
+        return (fn or default)(objects, *per_row, *shared)
+    out: list[Any] = [None] * len(objects)
+    answered = False
+    for kind in kinds:
+        idx = [i for i, o in enumerate(objects) if type(o) is kind]
+        fn = getattr(kind, hook, None) if default is not None else getattr(kind, hook)
+        got = (fn or default)([objects[i] for i in idx], *[[a[i] for i in idx] for a in per_row], *shared)
+        if got is not None:
+            answered = True
+            for i, v in zip(idx, got):
+                out[i] = v
+    return out if answered else None
+
+
+def step_caps(controllers: Sequence[Any]) -> list[int]:
+    """:func:`step_cap` of each of ``controllers`` (a batch's rows), one :meth:`DraftController.step_depths` call per
+    controller class."""
+    return per_class(controllers, "step_depths", default=lambda cs: [step_cap(c) for c in cs])
+
+
+def observe_loads(controllers: Sequence[DraftController], load: LoadState) -> None:
+    """Give ``load`` (the step's :class:`~learn2draft.state.LoadState`) to each of ``controllers`` (a batch's rows),
+    one :meth:`DraftController.observe_loads` call per controller class."""
+    per_class(controllers, "observe_loads", shared=(load,), default=DraftController.observe_loads)
 
 
 def keeps_drafting(controller: DraftController, depth: int, can_draft: Callable[[], bool], decide: Callable[[], bool],
@@ -517,5 +584,5 @@ class CycleDriver:
 __all__ = [
     "ACTION_MEANINGS", "CONTINUE", "CONTINUE_LOOKUP", "CycleDriver", "CONTINUE_NEURAL", "HYBRID_ACTION_MEANINGS", "STOP", "as_action", "DraftController", "PrecisionMismatchWarning", "precision_mismatch", "warn_precision_mismatch", "FixedDepthController", "FixedTreeController",
     "SizeDecider", "as_size", "check_depth_feature_scale", "decides_verification_size", "keeps_drafting",
-    "size_decider", "step_cap",
+    "size_decider", "step_cap", "step_caps", "asks_rows", "observe_loads", "per_class",
 ]

@@ -53,7 +53,7 @@ import torch
 from transformers import DynamicCache
 
 from learn2draft.batch_cache import BatchCache, is_supported
-from learn2draft.control import CycleDriver, DraftController, FixedDepthController
+from learn2draft.control import CycleDriver, DraftController, FixedDepthController, per_class
 from learn2draft.drafters.base import Drafter, raw_distribution_stats
 from learn2draft.drafters.hybrid import NEURAL_SOURCE, HybridDrafter
 from learn2draft.drafters.model import ModelDrafter
@@ -238,14 +238,9 @@ class SpeculativeDecoder(CycleDriver):
         return emitted
 
     def _begin_cycle(self) -> None:
-        """Forget the drafted tokens of the cycle that ended (the committed state stays)."""
-        self.drafted: list[int] = []
-        self.draft_probs: list[torch.Tensor | None] = []
-        self.confidences: list[float] = []
-        self.entropies: list[float] = []
-        self.margins: list[float] = []  # each drafted token's top-2 margin (DraftProposal.margin)
-        self.drafted_sources: list[int] = []  # a hybrid drafter's source of each drafted token
-        self._cycle_draft = self._cycle_verify = self._cycle_other = 0.0
+        """Forget the drafted tokens of the cycle that ended (the committed state stays): :func:`begin_cycles` of
+        this row; a subclass with per-cycle state of its own (a tree) extends this."""
+        begin_cycles([self])
 
     @property
     def last_entropy(self) -> float:
@@ -282,8 +277,9 @@ class SpeculativeDecoder(CycleDriver):
 
     @property
     def depth_limit(self) -> int:
-        """The most tokens this cycle may draft: ``max_depth`` capped so that τ + 1 ≤ tokens left."""
-        return max(0, min(self.max_depth, self.max_new_tokens - (self._n - self.prompt_len) - 1))  # generated: _n − L
+        """The most tokens this cycle may draft: ``max_depth`` capped so that τ + 1 ≤ tokens left
+        (:func:`depth_limits` of this row)."""
+        return depth_limits([self])[0]
 
     def can_draft(self) -> bool:
         """Whether :meth:`draft_step` may run now: below the depth limit and the drafter has a
@@ -521,7 +517,7 @@ class SpeculativeDecoder(CycleDriver):
 #: The hooks a chain decoder's subclass may override; a class that overrides none of them runs the tail's shared
 #: path (its rows' lengths, timings and counts handled for all rows at once), else each row calls its own.
 _CHAIN_HOOKS = ("_prepare_verification", "_verification_tokens", "_rollback", "_verified_count", "_record_timing",
-                "depth")
+                "depth", "_begin_cycle")
 _PLAIN: dict[type, bool] = {}
 
 
@@ -593,17 +589,34 @@ def host_mirror(store: torch.Tensor) -> np.ndarray | None:
 
 def _tell_drafters(rows: Sequence[SpeculativeDecoder], hook: str, *per_row: Sequence) -> None:
     """Call the drafters' class hook ``hook`` (``"observe_rows"``, ``"rollback_rows"``: :class:`~learn2draft.
-    drafters.Drafter`) once per drafter class over ``rows``, with that class's rows' entries of each ``per_row``."""
+    drafters.Drafter`) once per drafter class over ``rows``, with that class's rows' entries of each ``per_row``
+    (:func:`learn2draft.control.per_class`)."""
     if len(rows) == 1:  # a sequence decoded alone
         getattr(type(rows[0].drafter), hook)([rows[0].drafter], *per_row)
         return
-    kinds = {type(r.drafter) for r in rows}
-    if len(kinds) == 1:
-        getattr(kinds.pop(), hook)([r.drafter for r in rows], *per_row)
-        return
-    for kind in kinds:
-        idx = [i for i, r in enumerate(rows) if type(r.drafter) is kind]
-        getattr(kind, hook)([rows[i].drafter for i in idx], *[[a[i] for i in idx] for a in per_row])
+    per_class([r.drafter for r in rows], hook, *per_row)
+
+
+def depth_limits(rows: Sequence[SpeculativeDecoder]) -> list[int]:
+    """The most tokens each row's current cycle may draft (:attr:`SpeculativeDecoder.depth_limit`), in one call for a
+    batch's rows: its ``max_depth`` capped so that τ + 1 ≤ its tokens left (``max_new_tokens`` − generated − 1,
+    generated = committed length − prompt length), never below 0."""
+    return [max(0, min(r.max_depth, r.max_new_tokens - (r._n - r.prompt_len) - 1)) for r in rows]
+
+
+def begin_cycles(rows: Sequence[SpeculativeDecoder]) -> None:
+    """Forget, for each of ``rows``, the drafted tokens of the cycle that ended (the committed state stays): the
+    drafted tokens, their q (float32 (V,) or None), confidences, entropies, top-2 margins
+    (:class:`~learn2draft.drafters.base.DraftProposal`), a hybrid's source of each, and the cycle's seconds. One call
+    for a batch's chain rows (:func:`finish_rows`); :meth:`SpeculativeDecoder._begin_cycle` is one row's."""
+    for r in rows:
+        r.drafted = []
+        r.draft_probs = []
+        r.confidences = []
+        r.entropies = []
+        r.margins = []
+        r.drafted_sources = []
+        r._cycle_draft = r._cycle_verify = r._cycle_other = 0.0
 
 
 def draft_rows(rows: Sequence[SpeculativeDecoder], proposals: Sequence[Sequence[Any]]) -> None:
@@ -781,7 +794,8 @@ def finish_rows(rows: Sequence[SpeculativeDecoder], plans: Sequence[Any], decide
         draft_s, other_s = r._cycle_draft, r._cycle_other
         timing = {"draft": draft_s, "select_mask": t1 - t0, "forward": t2 - t1, "sample": t3 - t2,
                   "gather": t4 - t3}
-        r._begin_cycle()
+        if features or not chain:  # the next observation reads the new cycle; a tree resets its own state
+            r._begin_cycle()
         feats = r.features() if features else None
         other_s += (t1 - t0) + (t4 - t2) + (r.clock.now() - t4)
         timing["cycle"] = draft_s + (t2 - t1) + other_s
@@ -790,8 +804,10 @@ def finish_rows(rows: Sequence[SpeculativeDecoder], plans: Sequence[Any], decide
         else:
             r._record_timing(timing)
         out.append(CycleResult(e, depth, verified, tau, draft_s, t2 - t1, other_s, r.finished, feats, neural))
+    if not features:  # the chain rows' next cycles, in one call
+        begin_cycles([r for r, chain in zip(rows, plain) if chain])
     return out
 
 
-__all__ = ["DraftController", "FixedDepthController", "SpeculativeDecoder", "chain_verification", "commit_rows",
-           "draft_rows", "finish_rows", "rollback_rows"]
+__all__ = ["DraftController", "FixedDepthController", "SpeculativeDecoder", "begin_cycles", "chain_verification",
+           "commit_rows", "depth_limits", "draft_rows", "finish_rows", "rollback_rows"]

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -253,10 +254,29 @@ class _StepGammaController(DraftController):
     def observe_load(self, load: Any) -> None:
         self.gamma = self.policy.gamma(load)
 
+    @classmethod
+    def observe_loads(cls, controllers: Sequence[_StepGammaController], load: Any) -> None:
+        """The step's γ for every row: each step policy decides once (``policy.gamma(load)``) for all the rows that
+        follow it. A subclass with its own :meth:`observe_load` has it called per row."""
+        if cls.observe_load is not _StepGammaController.observe_load:
+            return super().observe_loads(controllers, load)
+        decided: dict[int, int] = {}
+        for c in controllers:
+            g = decided.get(id(c.policy))
+            c.gamma = g if g is not None else decided.setdefault(id(c.policy), c.policy.gamma(load))
+        return None
+
     @property
     def step_depth(self) -> int:
         """The step's γ: the depth rule stops there without asking :meth:`decide`."""
-        return min(int(self.gamma), self.max_depth)
+        return self.step_depths([self])[0]
+
+    @classmethod
+    def step_depths(cls, controllers: Sequence[_StepGammaController]) -> list[int]:
+        """Each row's step γ, capped by its ``max_depth`` (a subclass with its own :attr:`step_depth`: each row's)."""
+        if cls.step_depth is not _StepGammaController.step_depth:
+            return super().step_depths(controllers)
+        return [min(int(c.gamma), c.max_depth) for c in controllers]
 
     reads_state = False  # CONTINUE below the step's γ, where the depth rule stops
 

@@ -867,3 +867,83 @@ def test_the_tails_hooks_and_a_mixins_decide_are_still_honoured(close_pair):
     res = SpeculativeDecoder(close_pair, GREEDY, max_new_tokens=12, max_depth=3,
                              drafter=drafter_for("model", close_pair)).generate(PROMPTS[0], patched)
     assert max(c.depth for c in res.cycles) == 1
+
+
+def test_a_steps_controllers_and_cycle_resets_are_read_per_class_not_per_row(close_pair):
+    """The batched step reads its rows' controllers in one call per controller class: the step γ of a step policy's
+    rows is decided once per policy and load (not once per row), step depths are read together, and a subclass that
+    overrides observe_load, step_depth or a chain decoder's _begin_cycle still has its own called for each row."""
+    from learn2draft.budget import BatchSizeTable
+    from learn2draft.control import FixedDepthController, observe_loads, per_class, step_caps
+    from policies.rules import _StepGammaController
+
+    class Policy:
+        max_depth = 4
+
+        def __init__(self, g):
+            self.g, self.asked = g, 0
+
+        def gamma(self, load):
+            self.asked += 1
+            return self.g
+
+    a, b = Policy(3), Policy(9)  # b's γ is above max_depth: capped at 4
+    rows = [_StepGammaController(a) for _ in range(5)] + [_StepGammaController(b) for _ in range(3)]
+    observe_loads(rows, object())
+    assert (a.asked, b.asked) == (1, 1)
+    assert step_caps(rows) == [3] * 5 + [4] * 3 == [r.step_depth for r in rows]
+
+    class PerRow(_StepGammaController):
+        def observe_load(self, load):
+            self.gamma = self.policy.gamma(load) - 1
+
+        @property
+        def step_depth(self):
+            return 1
+
+    c = Policy(3)
+    mixed = [PerRow(c), PerRow(c), FixedDepthController(2), BatchSizeTable({1: 2, 2: 3})]
+    observe_loads(mixed[:2], object())
+    assert c.asked == 2 and [r.gamma for r in mixed[:2]] == [2, 2]
+    mixed[3].observe_load(type("Load", (), {"batch_size": 5})())
+    assert step_caps(mixed) == [1, 1, 2, 3]
+    # a controller-like object without the class hooks: its step_depth or max_depth, its own observe_load
+    seen = []
+    fake = type("Fake", (), {"max_depth": 2, "observe_load": lambda self, load: seen.append(load)})()
+    assert step_caps([fake, FixedDepthController(1)]) == [2, 1]
+    observe_loads([fake], "L")
+    assert seen == ["L"]
+    # per_class keeps the objects' order over several classes and passes each class its rows' entries
+    class K1:
+        @classmethod
+        def hook(cls, objs, xs, s):
+            return [(cls.__name__, x, s) for x in xs]
+
+    class K2(K1):
+        pass
+
+    objs = [K1(), K2(), K1(), K2()]
+    assert per_class(objs, "hook", [0, 1, 2, 3], shared=("s",)) == [("K1", 0, "s"), ("K2", 1, "s"),
+                                                                     ("K1", 2, "s"), ("K2", 3, "s")]
+    with pytest.raises(AttributeError):
+        per_class([object()], "hook")
+
+    resets = []
+
+    from learn2draft.batched import _Row
+
+    class Resets(_Row):
+        def _begin_cycle(self):
+            resets.append(id(self))
+            super()._begin_cycle()
+
+    dec = BatchedSpeculativeDecoder(close_pair, drafter="model", max_new_tokens=8, max_depth=3, max_batch=2)
+    for p in PROMPTS[:2]:
+        dec.add(p, FixedDepthController(2))
+    if dec._joining:
+        dec._prefill_joining()
+    for r in dec.rows:
+        r.__class__ = Resets  # the chain's hooks now include a _begin_cycle of its own
+    dec.step()
+    assert sorted(resets) == sorted(id(r) for r in dec.rows)  # each row's own reset after the step's verification
+    assert all(r.drafted == [] for r in dec.rows)

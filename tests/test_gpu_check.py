@@ -72,6 +72,9 @@ def test_dry_run_counts_host_reads_per_draft_token(dry_run):
     # the project's own Python calls per step are counted (the decoder's step, its rows' tails, the controllers)
     calls = {(b["batch_size"], b["depth"]): b["python_calls_per_step"] for b in batched}
     assert all(c > 0 for c in calls.values()), calls
+    # and they do not grow with B: a step's rows are read in batch calls (one per controller or drafter class), no
+    # call per row (B = 1 takes the single-row paths: a lone row searches and reads without the batch's grouping)
+    assert calls[(16, 0)] == calls[(64, 0)] and calls[(16, 4)] == calls[(64, 4)], calls
     assert "our Python calls / step" in (out / "report.md").read_text()
     # the readings of a waiting clock (a device synchronisation each off the CPU) do not grow with B: the rows'
     # clocks do not wait, and the token times are read once per step
