@@ -13,7 +13,8 @@ It writes under ``--out`` (at most 7 files, one folder):
   synchronisations per draft token, per depth decision and per verification, counted on a separate run
   (:class:`HostSyncCounter`: reads of device tensors on the host, the decoder clock's synchronisations, and on
   CUDA the synchronisations ``torch.cuda.set_sync_debug_mode("warn")`` reports); then the batched decoder with
-  prompt lookup at B = 1, 16, 64 rows, γ = 0 and 4: step milliseconds and host synchronisations per batched step
+  prompt lookup at B = 1, 16, 64 rows, γ = 0 and 4, and with the draft model at γ = 4: step milliseconds and host
+  synchronisations per batched step
   (:func:`batched_check`);
 * ``tests.log``: the tests that use the tiny models (loop, tree loop, tree traces, law, sampling) run with
   ``LEARN2DRAFT_TEST_DEVICE`` set to the device, in what is left of ``--budget-seconds``;
@@ -259,13 +260,14 @@ def loop_check(pair, drafter_name: str, prompts, max_new_tokens: int, depth: int
 
 
 def batched_check(pair, prompts, batch_sizes, max_new_tokens: int, depth: int) -> list[dict]:
-    """The batched decoder (:class:`learn2draft.batched.BatchedSpeculativeDecoder`, prompt lookup, greedy) at each
-    closed-loop concurrency B of ``batch_sizes`` (B requests over ``prompts``), at fixed γ = 0 and γ = ``depth``:
+    """The batched decoder (:class:`learn2draft.batched.BatchedSpeculativeDecoder`, greedy) at each closed-loop
+    concurrency B of ``batch_sizes`` (B requests over ``prompts``), with prompt lookup at fixed γ = 0 and γ =
+    ``depth``, and with the draft model at γ = ``depth`` (its rows' draft forward and draws batched per depth):
     the median milliseconds of a step with all B rows (the decoder's device-synchronised clock), the aggregate
     tokens/s, and, on one more run, the host reads (and on CUDA the synchronisations) per batched step
     (:class:`HostSyncCounter` on ``step``) — what the per-row host work costs a GPU, beside the forward it drives —
     and the calls of this project's Python functions per step (``python_calls_per_step``: constant in B when a step
-    has no per-row Python). One warm-up run per B first."""
+    has no per-row Python; ``drafted_per_step``: the drafted tokens a step verifies). One warm-up run per B first."""
     import statistics
 
     from learn2draft.batched import BatchedSpeculativeDecoder, Request, serve
@@ -273,9 +275,9 @@ def batched_check(pair, prompts, batch_sizes, max_new_tokens: int, depth: int) -
 
     out = []
     for B in batch_sizes:
-        for d in (0, depth):
-            def run(counter=None, B=B, d=d):
-                dec = BatchedSpeculativeDecoder(pair, drafter="lookup", max_new_tokens=max_new_tokens,
+        for drafter, d in (("lookup", 0), ("lookup", depth), ("model", depth)):
+            def run(counter=None, B=B, d=d, drafter=drafter):
+                dec = BatchedSpeculativeDecoder(pair, drafter=drafter, max_new_tokens=max_new_tokens,
                                                 max_depth=max(depth, 1), max_batch=B)
                 if counter is not None:
                     counter.watch(dec, ("step",))
@@ -291,7 +293,9 @@ def batched_check(pair, prompts, batch_sizes, max_new_tokens: int, depth: int) -
             with HostSyncCounter(pair.device) as counter:
                 run(counter)
             syncs = counter.per_call().get("step", {})
-            out.append({"batch_size": B, "depth": d, "steps": len(steps),
+            out.append({"batch_size": B, "drafter": drafter, "depth": d, "steps": len(steps),
+                        "drafted_per_step": round(sum(c.depth for st in steps for c in st.rows.values())
+                                                  / max(len(steps), 1), 2),
                         "full_step_ms": round(1e3 * statistics.median(full), 3),
                         "tokens_per_second": round(sum(st.tokens for st in steps) / wall, 2) if wall else 0.0,
                         "host_reads_per_step": syncs.get("host_reads", 0),
@@ -493,12 +497,13 @@ def format_report(report: dict) -> str:
                          f"{c.get('cuda_syncs', '–')} |")
         lines.append("")
     if report.get("batched"):
-        lines += ["## Batched loop: prompt lookup, closed loop of B requests", "",
-                  "| B | γ | steps | step ms (all B rows) | tokens/s | host reads / step | clock syncs / step | "
-                  "CUDA syncs / step | our Python calls / step |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        lines += ["## Batched loop: closed loop of B requests", "",
+                  "| B | drafter | γ | steps | drafted / step | step ms (all B rows) | tokens/s | host reads / step | "
+                  "clock syncs / step | CUDA syncs / step | our Python calls / step |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for b in report["batched"]:
-            lines.append(f"| {b['batch_size']} | {b['depth']} | {b['steps']} | {b['full_step_ms']} | "
+            lines.append(f"| {b['batch_size']} | {b.get('drafter', 'lookup')} | {b['depth']} | {b['steps']} | "
+                         f"{b.get('drafted_per_step', '–')} | {b['full_step_ms']} | "
                          f"{b['tokens_per_second']} | {b['host_reads_per_step']} | {b.get('clock_syncs_per_step', '–')} | "
                          f"{b['cuda_syncs_per_step'] or '–'} | "
                          f"{b.get('python_calls_per_step', '–')} |")

@@ -31,11 +31,13 @@ Drafting is lockstep: at each depth, the rows the depth rule lets draft without 
 (below their controller's and the decoder's depth limit) are fed in ONE drafter forward when the drafter is
 batched (the model and head drafters, :meth:`learn2draft.drafters.Drafter.prepare_batch`: each row's own KV
 cache gathered into a left-padded batch, its new tokens right-padded, a 4D mask and per-row ``position_ids``, the
-new entries appended to each row's cache); then each row's controller decides and a row that continues draws its
-token from its own logits with its own generator (:meth:`~learn2draft.decoding.SpeculativeDecoder.draft_step`).
-The decision still precedes the draw, and a row's draws are those it makes alone, in the same order, so at a fixed
-seed a row's tokens are those of the row decoded alone (up to float rounding of the padded batch). The batched
-forward's seconds are split equally over the rows it fed (their ``draft_seconds``). A row that says STOP at a depth
+new entries appended to each row's cache); then each row's controller decides, and the rows that continue draw
+their tokens from their own logits together, each with its own generator (:func:`learn2draft.decoding.
+draft_prepared`; the model drafter's rows in one computation whose tokens and confidences cross to the host once for
+all rows, :meth:`learn2draft.drafters.model.ModelDrafter.finish_rows`). The decision still precedes the draw, and a
+row's draws are those it makes alone, in the same order, so at a fixed seed a row's tokens are those of the row
+decoded alone (up to float rounding of the padded batch). The batched forward's seconds are split equally over the
+rows it fed (their ``draft_seconds``). A row that says STOP at a depth
 below its controller's ``max_depth`` was fed one token for nothing (rolled back after verification); a lone
 candidate decides first and proposes alone. A hybrid's rows decide first (the source follows the controller's
 answer), then the rows drafting with its neural drafter share one forward. Prompt lookup's rows (at least
@@ -72,9 +74,12 @@ from learn2draft.control import (
 from learn2draft.decoding import (
     SpeculativeDecoder,
     chain_verification,
+    charge_draft,
     check_decoder_settings,
     depth_limits,
+    draft_prepared,
     draft_rows,
+    draft_sequences,
     finish_rows,
     host_mirror,
 )
@@ -161,14 +166,6 @@ class _TokenRows:
             if self.owners.get(r._store_row) is r:
                 del self.owners[r._store_row]
                 self._free.append(r._store_row)
-
-
-def _charge_draft(rows: Sequence[SpeculativeDecoder], seconds: float) -> None:
-    """Split ``seconds`` (a batched drafter forward, a search over the rows, a chain record) equally over ``rows``'
-    draft seconds this cycle."""
-    share = seconds / len(rows)
-    for r in rows:
-        r._cycle_draft += share
 
 
 class BatchedSpeculativeDecoder:
@@ -496,7 +493,8 @@ class BatchedSpeculativeDecoder:
         rows = self.rows  # no per-row call: each row's committed length _n, its ids a view of its token buffer
         return LoadState(
             len(rows), self.max_batch, tuple([r._n for r in rows]), waiting,
-            last_taus=tuple(c.num_accepted if c else 0 for c in last), last_depths=tuple(c.depth if c else 0 for c in last),
+            last_taus=tuple([c.num_accepted if c else 0 for c in last]),
+            last_depths=tuple([c.depth if c else 0 for c in last]),
             draftable=_Lazy([(r, r._buf[: r._n], m) for r, m in zip(rows, depth_limits(rows))], self.token_rows),
             row_ids=tuple(self._ids), tokens_left=tuple([self.max_new_tokens - (r._n - r.prompt_len) for r in rows]),
             max_depth=self.max_depth, max_new_tokens=self.max_new_tokens,
@@ -505,10 +503,10 @@ class BatchedSpeculativeDecoder:
                                               last_step_seconds=self.steps[-1].seconds,
                                               last_step_prefill_tokens=self.steps[-1].prefill_tokens,
                                               last_step_row_ids=tuple(self.steps[-1].rows),
-                                              last_step_row_tokens=tuple(len(c.tokens) for c in
-                                                                         self.steps[-1].rows.values()),
-                                              last_step_row_drafted=tuple(c.verify_size for c in
-                                                                          self.steps[-1].rows.values()))))
+                                              last_step_row_tokens=tuple([len(c.tokens) for c in
+                                                                          self.steps[-1].rows.values()]),
+                                              last_step_row_drafted=tuple([c.verify_size for c in
+                                                                           self.steps[-1].rows.values()]))))
 
     def _draft(self, ctrls: list[DraftController], load: LoadState | None = None) -> None:
         """The drafting half of a step, depth by depth (lockstep) for every row with its own controller ``ctrls[i]``.
@@ -516,13 +514,15 @@ class BatchedSpeculativeDecoder:
         At each depth, the rows that :func:`learn2draft.control.keeps_drafting` (the one depth rule) lets draft
         without the controller's answer are the candidates. With a batched drafter (``Drafter.batched``: model,
         head) and two or more candidates, their forwards run as ONE :meth:`~learn2draft.drafters.Drafter.prepare_batch`
-        call (per drafter type), whose seconds are split equally over the candidates' draft seconds; then, row by
-        row, the controller decides (:meth:`~learn2draft.decoding.SpeculativeDecoder.wants_draft`) and a row that
-        continues draws its token from its own prepared logits with its own generator
-        (:meth:`~learn2draft.decoding.SpeculativeDecoder.draft_step`). The forward comes before the decision, the
-        draw after it, so the decision still precedes the draw (the law), a row's draws are those it makes alone, in
-        the same order, and a row that stops has only fed one more token to its drafter (rolled back after
-        verification). A single candidate decides first and proposes alone (batch-1 cost). A hybrid's forward
+        call (per drafter type), whose seconds are split equally over the candidates' draft seconds; then each row's
+        controller decides (:meth:`~learn2draft.decoding.SpeculativeDecoder.wants_draft`), and the rows that
+        continue draw their tokens from their prepared logits together (:func:`~learn2draft.decoding.draft_prepared`:
+        one :meth:`~learn2draft.drafters.Drafter.finish_rows` call per drafter type, each row from its own
+        generator). A row whose controller is not asked and whose drafter always has a proposal drafts up to its cap
+        (step depth and depth limit) with no call per row: what the depth rule gives it. The forward comes before the
+        decision, the draw after it, so the decision still precedes the draw (the law), a row's draws are those it
+        makes alone, in the same order, and a row that stops has only fed one more token to its drafter (rolled back
+        after verification). A single candidate decides first and proposes alone (batch-1 cost). A hybrid's forward
         depends on the source its controller chooses: its rows decide first, then those drafting with a batched
         neural drafter run one forward. Prompt lookup's rows find their chains in one search over the rows first
         (:meth:`_lookahead_rows`; or the load state's ``draftable`` did this step), then decide and propose per row
@@ -537,36 +537,53 @@ class BatchedSpeculativeDecoder:
         else:
             searched = self._lookahead_rows(caps)
         active = [i for i, k in enumerate(caps) if k > 0]
+        asked = asks_rows(ctrls)
         if searched:
-            active = self._draft_chains(ctrls, searched, active)
+            active = self._draft_chains(searched, active, asked)
+        # the rows the depth rule drafts to their cap with no decision: a controller that is not asked, a batched
+        # drafter (not a hybrid) that always has a proposal (Drafter.can_propose's default); at round `level` such
+        # a row has drafted `level` tokens and drafts one more while level < its cap (the cap is its step depth and
+        # depth limit: what keeps_drafting and can_draft() read), without a call per row
+        to_cap = {i for i in active if not asked[i] and rows[i].drafter.batched and not rows[i]._hybrid
+                  and type(rows[i].drafter).can_propose is Drafter.can_propose}
+        level = 0
         while active:
-            cand = [i for i in active if rows[i].drafter.batched and not rows[i]._hybrid
-                    and keeps_drafting(ctrls[i], len(rows[i].drafted), rows[i].can_draft, lambda: True)]
-            prepared = self._prepare_drafts(cand)
-            nxt, chosen = [], []
+            cand = [i for i in active if (caps[i] > level if i in to_cap else (
+                rows[i].drafter.batched and not rows[i]._hybrid
+                and keeps_drafting(ctrls[i], len(rows[i].drafted), rows[i].can_draft, lambda: True)))]
+            prepared = self._prepare_drafts(cand) if len(cand) > 1 else {}  # a lone row proposes alone
+            nxt, ready, chosen = [], [], []
             for i in active:  # a non-candidate's rule says no without asking its controller
-                if rows[i].wants_draft(ctrls[i]):
-                    if i in prepared or not (rows[i]._hybrid and rows[i].drafter.batched):
-                        rows[i].draft_step(prepared.get(i))
+                if i in to_cap:
+                    if caps[i] > level:
+                        ready.append(i)
+                        nxt.append(i)
+                elif rows[i].wants_draft(ctrls[i]):
+                    if i in prepared:
+                        ready.append(i)  # drawn below with the other prepared rows
+                    elif not (rows[i]._hybrid and rows[i].drafter.batched):
+                        rows[i].draft_step()
                     else:
                         chosen.append(i)  # a hybrid whose source is chosen: batched below
                     nxt.append(i)
-            prepared = self._prepare_drafts(chosen)
-            for i in chosen:
-                rows[i].draft_step(prepared.get(i))
+            if ready:
+                self._draw_prepared(ready, prepared)
+            if chosen:
+                self._draw_prepared(chosen, self._prepare_drafts(chosen))
             active = nxt
+            level += 1
 
-    def _draft_chains(self, ctrls: list[DraftController], searched: dict[int, int], active: list[int]) -> list[int]:
+    def _draft_chains(self, searched: dict[int, int], active: list[int], asked: list[bool]) -> list[int]:
         """Draft, in one :func:`~learn2draft.decoding.draft_rows` call, the whole chain of every prompt-lookup row
         whose chain this step's search found (``searched``: row index → the most tokens it may draft, its step depth
         capped by its depth limit; from :meth:`_lookahead_rows` or the load state's ``draftable``) and whose
-        controller does not read the state (``reads_state`` False: a fixed γ, a
+        controller is not asked (``asked[i]`` False, :func:`~learn2draft.control.asks_rows`; ``reads_state`` False: a
+        fixed γ, a
         per-batch-size table, a load-aware step policy's rows): such a row drafts its chain up to its step depth and
         depth limit, which is what the depth rule lets it draft token by token, without asking. The call's seconds
         are split equally over those rows' draft seconds. Returns the rows of ``active`` left to draft token by token:
         the others, less the rows whose chain is empty (they have no proposal)."""
         rows = self.rows
-        asked = asks_rows(ctrls)
         cand = [i for i in searched if not asked[i]]
         chains = LookupDrafter.chain_rows([rows[i].drafter for i in cand], [rows[i]._n for i in cand],
                                           [searched[i] for i in cand])  # the searched rows draft with prompt lookup
@@ -582,7 +599,7 @@ class BatchedSpeculativeDecoder:
             clock = chained[0].clock  # host work: a clock that does not wait for the device
             t0 = clock.now()
             draft_rows(chained, props)
-            _charge_draft(chained, clock.now() - t0)
+            charge_draft(chained, clock.now() - t0)
         return [i for i in active if i not in done]
 
     def _lookahead_rows(self, caps: list[int]) -> dict[int, int]:
@@ -605,7 +622,7 @@ class BatchedSpeculativeDecoder:
         t0 = clock.now()
         # at depth 0: each row's committed tokens
         _search_chains(self.token_rows.view, [rows[i] for i in idx], [rows[i]._n for i in idx], [caps[i] for i in idx])
-        _charge_draft([rows[i] for i in idx], clock.now() - t0)
+        charge_draft([rows[i] for i in idx], clock.now() - t0)
         return {i: caps[i] for i in idx}
 
     def _prepare_drafts(self, idx: list[int]) -> dict[int, Any]:
@@ -620,10 +637,22 @@ class BatchedSpeculativeDecoder:
         prepared: dict[int, Any] = {}
         for kind, group in by_type.items():
             t0 = self.clock.now()
-            out = kind.prepare_batch([self.rows[i].drafter for i in group], [self.rows[i]._seq() for i in group])
-            _charge_draft([self.rows[i] for i in group], self.clock.now() - t0)
+            out = kind.prepare_batch([self.rows[i].drafter for i in group],
+                                     draft_sequences([self.rows[i] for i in group]))
+            charge_draft([self.rows[i] for i in group], self.clock.now() - t0)
             prepared.update(zip(group, out))
         return prepared
+
+    def _draw_prepared(self, idx: list[int], prepared: dict[int, Any]) -> None:
+        """Draft one token in each row of ``idx``: the rows with a ``prepared`` entry (:meth:`_prepare_drafts`) draw
+        from it together (:func:`~learn2draft.decoding.draft_prepared`: one draw call per drafter class, each row from
+        its own generator), the others propose alone."""
+        ready = [i for i in idx if i in prepared]
+        if ready:
+            draft_prepared([self.rows[i] for i in ready], [prepared[i] for i in ready])
+        for i in idx:
+            if i not in prepared:
+                self.rows[i].draft_step()
 
     def _accept_rows(self, logits: torch.Tensor, probs: torch.Tensor | None,
                      tokens: list[torch.Tensor]) -> list[tuple[list[int], int]] | None:

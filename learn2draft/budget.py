@@ -159,6 +159,21 @@ class BatchSizeTable(DraftController):
         return self.gamma
 
     @classmethod
+    def observe_loads(cls, controllers: Sequence[BatchSizeTable], load) -> None:
+        """:meth:`observe_load` of a step's rows at once: one :meth:`gamma_for` of ``load.batch_size`` per distinct
+        table (rows with equal ranges share it). A subclass with its own :meth:`observe_load` or :meth:`gamma_for`,
+        or a row given its own ``observe_load``, has each row's called."""
+        if (cls.observe_load is not BatchSizeTable.observe_load or cls.gamma_for is not BatchSizeTable.gamma_for
+                or any(["observe_load" in c.__dict__ for c in controllers])):
+            return super().observe_loads(controllers, load)
+        size, decided = int(load.batch_size), {}
+        for c in controllers:
+            key = tuple(c.ranges)
+            g = decided.get(key)
+            c.gamma = g if g is not None else decided.setdefault(key, c.gamma_for(size))
+        return None
+
+    @classmethod
     def step_depths(cls, controllers: Sequence[BatchSizeTable]) -> list[int]:
         """Each row's step γ (a subclass with its own :attr:`step_depth`: each row's)."""
         if cls.step_depth is not BatchSizeTable.step_depth:

@@ -319,11 +319,13 @@ def per_class(objects: Sequence[Any], hook: str, *per_row: Sequence[Any], shared
 
     Returns:
         the hooks' answers, one per object in the order of ``objects`` (None where a hook answered None), or None
-        when every hook answered None.
+        when every hook answered None or ``objects`` is empty.
 
     Raises:
         AttributeError: a class without the hook and no ``default``.
     """
+    if not objects:
+        return None
     kinds = {type(o) for o in objects}
     if len(kinds) == 1:
         kind = kinds.pop()
@@ -344,13 +346,22 @@ def per_class(objects: Sequence[Any], hook: str, *per_row: Sequence[Any], shared
 
 def step_caps(controllers: Sequence[Any]) -> list[int]:
     """:func:`step_cap` of each of ``controllers`` (a batch's rows), one :meth:`DraftController.step_depths` call per
-    controller class."""
-    return per_class(controllers, "step_depths", default=lambda cs: [step_cap(c) for c in cs])
+    controller class (a controller-like object without it: its ``step_depth``, else its ``max_depth``); [] for none.
+
+    Raises:
+        AttributeError: a controller-like object with neither ``step_depth`` nor ``max_depth``.
+    """
+    return per_class(controllers, "step_depths", default=lambda cs: [step_cap(c) for c in cs]) or []
 
 
 def observe_loads(controllers: Sequence[DraftController], load: LoadState) -> None:
     """Give ``load`` (the step's :class:`~learn2draft.state.LoadState`) to each of ``controllers`` (a batch's rows),
-    one :meth:`DraftController.observe_loads` call per controller class."""
+    one :meth:`DraftController.observe_loads` call per controller class (a controller-like object without it: its
+    own ``observe_load``).
+
+    Raises:
+        AttributeError: a controller-like object without ``observe_load``.
+    """
     per_class(controllers, "observe_loads", shared=(load,), default=DraftController.observe_loads)
 
 

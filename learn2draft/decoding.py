@@ -340,7 +340,8 @@ class SpeculativeDecoder(CycleDriver):
         return logits[:, : self.pair.vocab_size]
 
     def _seq(self) -> torch.Tensor:
-        """int64 (L + generated + γ,): committed + this cycle's drafted chain (a view of the token buffer)."""
+        """int64 (L + generated + γ,): committed + this cycle's drafted chain (a view of the token buffer; a batch's
+        rows: :func:`draft_sequences`)."""
         return self._buf[: self._n + len(self.drafted)]
 
     def draft_step(self, prepared: Any = None) -> Any:
@@ -363,10 +364,10 @@ class SpeculativeDecoder(CycleDriver):
         self._check_running()
         if self.depth >= self.depth_limit:
             raise RuntimeError(f"Depth limit {self.depth_limit} reached: call verify().")
+        if prepared is not None:
+            return draft_prepared([self], [prepared])[0]
         t0 = self.clock.now()
-        seq = self._seq()
-        prop = (self.drafter.propose(seq, self.sampling, self.generator) if prepared is None
-                else self.drafter.finish(prepared, seq, self.sampling, self.generator))
+        prop = self.drafter.propose(self._seq(), self.sampling, self.generator)
         if self._hybrid:
             self.drafted_sources.append(self.drafter.last_source)
         draft_rows([self], [[prop]])
@@ -517,7 +518,7 @@ class SpeculativeDecoder(CycleDriver):
 #: The hooks a chain decoder's subclass may override; a class that overrides none of them runs the tail's shared
 #: path (its rows' lengths, timings and counts handled for all rows at once), else each row calls its own.
 _CHAIN_HOOKS = ("_prepare_verification", "_verification_tokens", "_rollback", "_verified_count", "_record_timing",
-                "depth", "_begin_cycle")
+                "depth")
 _PLAIN: dict[type, bool] = {}
 
 
@@ -536,9 +537,9 @@ def chain_verification(rows: Sequence[SpeculativeDecoder]) -> tuple[list[Any], l
     (its last committed token and its chain, int64 (γ_i + 1,)): views of the token buffers, no copy. A row of a class
     that overrides those hooks plans with its own."""
     plans, tokens = [], []
-    for r in rows:
+    for r, seq in zip(rows, draft_sequences(rows)):
         if _PLAIN.get(type(r)) or _plain_chain(type(r)):
-            p = r._buf[: r._n + len(r.drafted)]
+            p = seq
             t = p[r.target_len :]
         else:
             p = r._prepare_verification(None)
@@ -597,10 +598,17 @@ def _tell_drafters(rows: Sequence[SpeculativeDecoder], hook: str, *per_row: Sequ
     per_class([r.drafter for r in rows], hook, *per_row)
 
 
+def draft_sequences(rows: Sequence[SpeculativeDecoder]) -> list[torch.Tensor]:
+    """Each row's committed tokens and this cycle's drafted chain, int64 (L_i + generated_i + γ_i,): views of the
+    rows' token buffers (no copy), in one call for a batch's rows (:meth:`SpeculativeDecoder._seq` of each)."""
+    return [r._buf[: r._n + len(r.drafted)] for r in rows]
+
+
 def depth_limits(rows: Sequence[SpeculativeDecoder]) -> list[int]:
     """The most tokens each row's current cycle may draft (:attr:`SpeculativeDecoder.depth_limit`), in one call for a
     batch's rows: its ``max_depth`` capped so that τ + 1 ≤ its tokens left (``max_new_tokens`` − generated − 1,
-    generated = committed length − prompt length), never below 0."""
+    generated = committed length − prompt length), never below 0. It reads the rows' fields, not a subclass's own
+    ``depth_limit`` property."""
     return [max(0, min(r.max_depth, r.max_new_tokens - (r._n - r.prompt_len) - 1)) for r in rows]
 
 
@@ -608,7 +616,8 @@ def begin_cycles(rows: Sequence[SpeculativeDecoder]) -> None:
     """Forget, for each of ``rows``, the drafted tokens of the cycle that ended (the committed state stays): the
     drafted tokens, their q (float32 (V,) or None), confidences, entropies, top-2 margins
     (:class:`~learn2draft.drafters.base.DraftProposal`), a hybrid's source of each, and the cycle's seconds. One call
-    for a batch's chain rows (:func:`finish_rows`); :meth:`SpeculativeDecoder._begin_cycle` is one row's."""
+    for a batch's chain rows (:func:`finish_rows`); :meth:`SpeculativeDecoder._begin_cycle` is one row's. It resets
+    the fields and does not call a subclass's own ``_begin_cycle``: :func:`finish_rows` calls that per row instead."""
     for r in rows:
         r.drafted = []
         r.draft_probs = []
@@ -659,6 +668,50 @@ def draft_rows(rows: Sequence[SpeculativeDecoder], proposals: Sequence[Sequence[
     _write_rows(rows, counts, store_rows, pos, vals)
     if rows:
         _tell_drafters(rows, "observe_rows", told, firsts)
+
+
+def draft_prepared(rows: Sequence[SpeculativeDecoder], prepared: Sequence[Any]) -> list[Any]:
+    """Draft one token in each of ``rows`` from what one batched drafter forward prepared for it (``prepared[i]``:
+    row i's entry of :meth:`~learn2draft.drafters.Drafter.prepare_batch`): the drafters draw, one
+    :meth:`~learn2draft.drafters.Drafter.finish_rows` call per drafter class when the rows share their sampling
+    settings (else one :meth:`~learn2draft.drafters.Drafter.finish` per row), each row from its own generator (the
+    draws it makes alone); a hybrid's source is recorded, the tokens in one :func:`draft_rows` call, and the call's
+    seconds split equally over the rows' draft seconds (:func:`charge_draft`). The rows must be able to draft
+    (``can_draft()``: the controller decided before the forward's draw).
+
+    Returns:
+        the rows' :class:`~learn2draft.drafters.base.DraftProposal`, in order.
+
+    Raises:
+        ValueError: not one prepared entry per row.
+    """
+    if len(prepared) != len(rows):
+        raise ValueError(f"draft_prepared needs one prepared entry per row ({len(rows)} rows, {len(prepared)}).")
+    if not rows:
+        return []
+    clock = rows[0].clock
+    t0 = clock.now()
+    seqs = draft_sequences(rows)
+    sampling = rows[0].sampling
+    if all([r.sampling is sampling for r in rows]):
+        props = per_class([r.drafter for r in rows], "finish_rows", prepared, seqs, [r.generator for r in rows],
+                          shared=(sampling,))
+    else:
+        props = [r.drafter.finish(p, s, r.sampling, r.generator) for r, p, s in zip(rows, prepared, seqs)]
+    for r in rows:
+        if r._hybrid:
+            r.drafted_sources.append(r.drafter.last_source)
+    draft_rows(rows, [[p] for p in props])
+    charge_draft(rows, clock.now() - t0)
+    return props
+
+
+def charge_draft(rows: Sequence[SpeculativeDecoder], seconds: float) -> None:
+    """Split ``seconds`` (a batched drafter forward or draw, a search over the rows, a chain record) equally over
+    ``rows``' draft seconds this cycle."""
+    share = seconds / len(rows)
+    for r in rows:
+        r._cycle_draft += share
 
 
 def commit_rows(rows: Sequence[SpeculativeDecoder], tokens: Sequence[list[int]]) -> list[list[int]]:
@@ -772,7 +825,7 @@ def finish_rows(rows: Sequence[SpeculativeDecoder], plans: Sequence[Any], decide
     accepted = [len(a) for a, _ in decided]
     plain = [(_PLAIN.get(type(r)) or _plain_chain(type(r))) for r in rows]
     for i, (r, a) in enumerate(zip(rows, accepted)):
-        if plain[i]:  # the target has seen the last committed token and the chain
+        if plain[i] or r.shape == "chain":  # the target has seen the last committed token and the chain
             r.target_len = r._n + len(r.drafted)
         if logits is not None:  # the corrected or bonus token was drawn at the row's τ-th position
             r._target_row = (logits, starts[i] + a)
@@ -794,7 +847,8 @@ def finish_rows(rows: Sequence[SpeculativeDecoder], plans: Sequence[Any], decide
         draft_s, other_s = r._cycle_draft, r._cycle_other
         timing = {"draft": draft_s, "select_mask": t1 - t0, "forward": t2 - t1, "sample": t3 - t2,
                   "gather": t4 - t3}
-        if features or not chain:  # the next observation reads the new cycle; a tree resets its own state
+        own_reset = not chain or type(r)._begin_cycle is not SpeculativeDecoder._begin_cycle  # a tree, a subclass
+        if features or own_reset:  # the next observation reads the new cycle; a class's own reset is called
             r._begin_cycle()
         feats = r.features() if features else None
         other_s += (t1 - t0) + (t4 - t2) + (r.clock.now() - t4)
@@ -804,10 +858,11 @@ def finish_rows(rows: Sequence[SpeculativeDecoder], plans: Sequence[Any], decide
         else:
             r._record_timing(timing)
         out.append(CycleResult(e, depth, verified, tau, draft_s, t2 - t1, other_s, r.finished, feats, neural))
-    if not features:  # the chain rows' next cycles, in one call
-        begin_cycles([r for r, chain in zip(rows, plain) if chain])
+    if not features:  # the other chain rows' next cycles, in one call
+        begin_cycles([r for r, chain in zip(rows, plain)
+                      if chain and type(r)._begin_cycle is SpeculativeDecoder._begin_cycle])
     return out
 
 
 __all__ = ["DraftController", "FixedDepthController", "SpeculativeDecoder", "begin_cycles", "chain_verification",
-           "commit_rows", "depth_limits", "draft_rows", "finish_rows", "rollback_rows"]
+           "charge_draft", "commit_rows", "depth_limits", "draft_prepared", "draft_rows", "draft_sequences", "finish_rows", "rollback_rows"]

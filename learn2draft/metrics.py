@@ -227,7 +227,7 @@ class BatchStep:
     @property
     def tokens(self) -> int:
         """Tokens committed by all rows this step."""
-        return sum(len(c.tokens) for c in self.rows.values())
+        return sum([len(c.tokens) for c in self.rows.values()])
 
     @property
     def tokens_per_second(self) -> float:

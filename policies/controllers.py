@@ -287,7 +287,9 @@ class LoadAwarePolicy:
                                     self.batch_scale, self.context_scale, self.batch_context)
 
     def gamma(self, load: Any) -> int:
-        """The step's γ (0..max_depth), decided once per load state (every row of the step asks)."""
+        """The step's γ (0..max_depth), decided once per load state (the rows of the step ask once for all of them,
+        :meth:`policies.rules._StepGammaController.observe_loads`; an answer kept per load serves a row that asks
+        again)."""
         if self._decided[0] is not load:
             g = int(self.graph.actions(self.features(load))[0])
             self._decided = (load, g)

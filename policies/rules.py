@@ -231,7 +231,8 @@ class SuffixScoreController(_HybridRule):
 class _StepGammaController(DraftController):
     """One row of a step policy (:class:`policies.controllers.LoadAwarePolicy`, :class:`SpeculationGuard`, or any
     object with ``gamma(load)`` and ``max_depth``): the step's γ from :meth:`observe_load`, then CONTINUE while
-    depth < γ."""
+    depth < γ. A batched step asks ``gamma(load)`` once per policy for all its rows (:meth:`observe_loads`): the
+    policy decides one γ per step."""
 
     def __init__(self, policy: Any):
         self.policy, self.max_depth, self.gamma = policy, policy.max_depth, 0
@@ -256,9 +257,11 @@ class _StepGammaController(DraftController):
 
     @classmethod
     def observe_loads(cls, controllers: Sequence[_StepGammaController], load: Any) -> None:
-        """The step's γ for every row: each step policy decides once (``policy.gamma(load)``) for all the rows that
-        follow it. A subclass with its own :meth:`observe_load` has it called per row."""
-        if cls.observe_load is not _StepGammaController.observe_load:
+        """The step's γ for every row: a step policy decides one γ per step, so ``policy.gamma(load)`` is asked once
+        per policy and step for all the rows that follow it. A subclass with its own :meth:`observe_load`, or a row
+        given one on the instance, has it called per row."""
+        if cls.observe_load is not _StepGammaController.observe_load or any(
+                ["observe_load" in c.__dict__ for c in controllers]):
             return super().observe_loads(controllers, load)
         decided: dict[int, int] = {}
         for c in controllers:
@@ -268,12 +271,13 @@ class _StepGammaController(DraftController):
 
     @property
     def step_depth(self) -> int:
-        """The step's γ: the depth rule stops there without asking :meth:`decide`."""
-        return self.step_depths([self])[0]
+        """The step's γ, capped by ``max_depth``: the depth rule stops there without asking :meth:`decide`."""
+        return min(int(self.gamma), self.max_depth)
 
     @classmethod
     def step_depths(cls, controllers: Sequence[_StepGammaController]) -> list[int]:
-        """Each row's step γ, capped by its ``max_depth`` (a subclass with its own :attr:`step_depth`: each row's)."""
+        """Each row's :attr:`step_depth` read from its fields at once (a subclass with its own :attr:`step_depth`:
+        each row's property)."""
         if cls.step_depth is not _StepGammaController.step_depth:
             return super().step_depths(controllers)
         return [min(int(c.gamma), c.max_depth) for c in controllers]
@@ -773,7 +777,8 @@ class SpeculationGuard:
         return w
 
     def gamma(self, load: Any) -> int:
-        """The step's γ (0..max_depth), decided once per load state (every row of the step asks)."""
+        """The step's γ (0..max_depth), decided once per load state (the rows of the step ask once for all of them,
+        :meth:`_StepGammaController.observe_loads`; an answer kept per load serves a row that asks again)."""
         if self._decided[0] is load:
             return self._decided[1]
         self._learn(load)

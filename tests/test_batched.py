@@ -435,9 +435,16 @@ def _run_scripted(dec, script: _Script, depths_a, depths_b):
 
     b_script = _FirstOption()
     draw = lambda p, g=None: (script if _Current.row == "a" else b_script).first(p, g)  # noqa: E731
-    saved = decoding.sample_from, model_drafter.sample_from, batched.sample_rows
+    saved = decoding.sample_from, model_drafter.sample_from, batched.sample_rows, model_drafter.sample_rows
     decoding.sample_from = model_drafter.sample_from = draw
     batched.sample_rows = lambda probs, u: [draw(row) for row in probs]  # the joining rows' first tokens (one here)
+
+    def draw_rows(probs, u):  # both rows drafting at one depth draw together (ModelDrafter.finish_rows): a, then b
+        assert len(probs) == len(u) == 2
+        _Current.drawn_together += 1
+        return [script.first(probs[0]), b_script.first(probs[1])]
+
+    model_drafter.sample_rows = draw_rows
     try:
         _Current.row = "a"
         a = dec.add(PROMPTS[0], _RowController(depths_a, "a"))
@@ -449,7 +456,7 @@ def _run_scripted(dec, script: _Script, depths_a, depths_b):
             dec.step()
         return dec.result(a).tokens
     finally:
-        decoding.sample_from, model_drafter.sample_from, batched.sample_rows = saved
+        decoding.sample_from, model_drafter.sample_from, batched.sample_rows, model_drafter.sample_rows = saved
 
 
 class _RowController(ScheduleController):
@@ -466,6 +473,7 @@ class _RowController(ScheduleController):
 
 class _Current:
     row = "a"
+    drawn_together = 0  # the scripted batched draws (both rows' draft tokens in one finish_rows call)
 
 
 class _FirstOption(_Script):
@@ -516,7 +524,9 @@ def test_each_rows_law_is_the_targets_exactly_beside_another_row(law_pair, depth
     each row normalised to ~1e-7; products and sums in float64). Negative control: the same enumeration with the residual replaced by
     p itself (the wrong rule) is off by more than 1e-3."""
     sampling = SamplingConfig(temperature=1.0, top_k=3)
+    _Current.drawn_together = 0
     law = _enumerate_row_law(law_pair, sampling, 3, depths_a, depths_b)
+    assert (_Current.drawn_together > 0) == (min(depths_b) > 0)  # both rows drafting: their draws in one call
     ref = _target_law(law_pair, sampling, PROMPTS[0], 3)
     keys = set(law) | set(ref)
     err = max(abs(law.get(k, 0.0) - ref.get(k, 0.0)) for k in keys)
@@ -937,13 +947,100 @@ def test_a_steps_controllers_and_cycle_resets_are_read_per_class_not_per_row(clo
             resets.append(id(self))
             super()._begin_cycle()
 
-    dec = BatchedSpeculativeDecoder(close_pair, drafter="model", max_new_tokens=8, max_depth=3, max_batch=2)
-    for p in PROMPTS[:2]:
-        dec.add(p, FixedDepthController(2))
-    if dec._joining:
-        dec._prefill_joining()
-    for r in dec.rows:
-        r.__class__ = Resets  # the chain's hooks now include a _begin_cycle of its own
-    dec.step()
-    assert sorted(resets) == sorted(id(r) for r in dec.rows)  # each row's own reset after the step's verification
-    assert all(r.drafted == [] for r in dec.rows)
+    timed = []
+
+    class Timed(_Row):  # a chain hook of its own: the row leaves the shared tail's path
+        def _record_timing(self, timing):
+            timed.append(1)
+            super()._record_timing(timing)
+
+    def run(swap):
+        dec = BatchedSpeculativeDecoder(close_pair, drafter="model", max_new_tokens=16, max_depth=3, max_batch=2)
+        rids = [dec.add(p, FixedDepthController(2)) for p in PROMPTS[:2]]
+        if dec._joining:
+            dec._prefill_joining()
+        if swap is not None:
+            for r in dec.rows:
+                r.__class__ = swap
+        first = [id(r) for r in dec.rows]
+        dec.step()
+        if swap is Resets:
+            assert sorted(resets) == sorted(first)  # each row's own reset after the step's verification
+            assert all(r.drafted == [] for r in dec.rows)
+        while dec.rows:
+            dec.step()
+        return [dec.result(r).tokens for r in rids], sum(st.tokens_fed for st in dec.steps)
+
+    # the same tokens, and the target fed only each step's new tokens (a hooked chain row's cache length advances)
+    assert run(Resets) == run(None) == run(Timed) and timed
+    resets.clear()
+
+    class AloneResets(SpeculativeDecoder):  # alone, on the DynamicCache path too (a target the ragged forward skips)
+        def _begin_cycle(self):
+            resets.append(1)
+            super()._begin_cycle()
+
+    class AloneTimed(SpeculativeDecoder):
+        def _record_timing(self, timing):
+            timed.append(1)
+            super()._record_timing(timing)
+
+    for ragged in (True, False):
+        decs = [cls(close_pair, GREEDY, max_new_tokens=16, max_depth=3, drafter=drafter_for("model", close_pair))
+                for cls in (SpeculativeDecoder, AloneResets, AloneTimed)]
+        outs = []
+        for d in decs:
+            d._ragged = ragged
+            outs.append(d.generate(PROMPTS[0], FixedDepthController(2)))
+        assert outs[1].tokens == outs[2].tokens == outs[0].tokens
+        assert decs[1].target_len == decs[2].target_len == decs[0].target_len > PROMPTS[0].numel()
+        assert len(resets) > len(outs[1].cycles)  # its own reset each cycle (and at start)
+        resets.clear()
+
+    class Capped(_StepGammaController):  # a subclass extending the step depth through super(): no recursion
+        @property
+        def step_depth(self):
+            return min(super().step_depth, 2)
+
+    d = Policy(3)
+    capped = [Capped(d), Capped(d)]
+    observe_loads(capped, object())
+    assert step_caps(capped) == [2, 2] and step_caps([]) == []
+    own = _StepGammaController(Policy(3))  # a row given its own observe_load on the instance: it is called
+    own.observe_load = lambda load: setattr(own, "gamma", 1)
+    observe_loads([own, _StepGammaController(own.policy)], object())
+    assert own.gamma == 1
+    tables = [BatchSizeTable([[1, 4, 2], [5, 64, 3]]) for _ in range(3)] + [BatchSizeTable([[1, 64, 1]])]
+    asked = []
+    for t in tables:
+        t.gamma_for = lambda b, _f=t.gamma_for: asked.append(b) or _f(b)  # counted (an instance attribute)
+    observe_loads(tables, type("Load", (), {"batch_size": 5})())
+    assert [t.gamma for t in tables] == [3, 3, 3, 1] and len(asked) == 2  # once per distinct table
+
+
+def test_the_model_drafters_rows_draw_together_so_host_reads_do_not_grow_with_the_batch(close_pair, monkeypatch):
+    """The rows a depth's one batched draft forward fed draw their tokens in one ModelDrafter.finish_rows call (q of
+    all rows, each row's uniform from its own generator, the tokens and the confidence, entropy and margin each
+    crossing to the host once), so a full step's host reads are the same at B = 2 and B = 6 (T = 1, fixed γ = 3).
+    Control: with each row's own finish (Drafter.finish_rows' default) they grow with B."""
+    from eval.gpu_check import HostSyncCounter
+    from learn2draft.drafters.base import Drafter
+    from learn2draft.drafters.model import ModelDrafter
+
+    def reads(batch):
+        dec = BatchedSpeculativeDecoder(close_pair, "model", T1, max_new_tokens=40, max_depth=3, max_batch=batch)
+        for i in range(batch):
+            dec.add(PROMPTS[i % 4], FixedDepthController(3), seed=i)
+        dec.step()  # the joining rows' prefill rides on the first step
+        with HostSyncCounter("cpu") as counter:
+            counter.watch(dec, ("step",))
+            steps = [dec.step() for _ in range(2)]
+        assert all(st.batch_size == batch and all(c.depth == 3 for c in st.rows.values()) for st in steps), \
+            [(st.batch_size, [c.depth for c in st.rows.values()]) for st in steps]
+        return counter.per_call()["step"]["host_reads"]
+
+    together = reads(2), reads(6)
+    assert together[0] == together[1], together
+    monkeypatch.setattr(ModelDrafter, "finish_rows", classmethod(Drafter.finish_rows.__func__))
+    alone = reads(2), reads(6)
+    assert alone[1] > alone[0] > together[0], (together, alone)

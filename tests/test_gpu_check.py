@@ -64,7 +64,10 @@ def test_dry_run_counts_host_reads_per_draft_token(dry_run):
     assert model["host_syncs"]["verify"]["calls"] == model["counted_generation"]["cycles"]
     # the batched loop at each closed-loop size and γ (B = 1, 16, 64 as on the GPU): timed, host reads per step counted
     batched = json.loads((out / "report.json").read_text())["batched"]
-    assert [(b["batch_size"], b["depth"]) for b in batched] == [(B, d) for B in (1, 16, 64) for d in (0, 4)]
+    assert [(b["batch_size"], b["drafter"], b["depth"]) for b in batched] == [
+        (B, name, d) for B in (1, 16, 64) for name, d in (("lookup", 0), ("lookup", 4), ("model", 4))]
+    model_rows = {b["batch_size"]: b for b in batched if b["drafter"] == "model"}
+    batched = [b for b in batched if b["drafter"] == "lookup"]
     assert all(b["full_step_ms"] > 0 and b["tokens_per_second"] > 0 and b["host_reads_per_step"] >= 1 for b in batched)
     # every row's acceptance in one call: the host reads per step do not grow with B (greedy: 1, the argmax with the
     # finite check)
@@ -75,6 +78,11 @@ def test_dry_run_counts_host_reads_per_draft_token(dry_run):
     # and they do not grow with B: a step's rows are read in batch calls (one per controller or drafter class), no
     # call per row (B = 1 takes the single-row paths: a lone row searches and reads without the batch's grouping)
     assert calls[(16, 0)] == calls[(64, 0)] and calls[(16, 4)] == calls[(64, 4)], calls
+    # the draft model's rows: their draws at a depth are one call, so the host reads per step do not grow with B
+    # either (at B = 1 the lone row proposes alone: the same reads); each step verifies drafted tokens
+    assert len({m["host_reads_per_step"] for m in model_rows.values()}) == 1, model_rows
+    assert model_rows[16]["python_calls_per_step"] == model_rows[64]["python_calls_per_step"], model_rows
+    assert all(m["drafted_per_step"] > 0 for m in model_rows.values()), model_rows
     assert "our Python calls / step" in (out / "report.md").read_text()
     # the readings of a waiting clock (a device synchronisation each off the CPU) do not grow with B: the rows'
     # clocks do not wait, and the token times are read once per step

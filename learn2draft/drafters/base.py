@@ -175,9 +175,18 @@ class Drafter(ABC):
         """
         _check_rows(drafters, seqs, generators)
         if drafters and all(d.batched for d in drafters):
-            prepared = type(drafters[0]).prepare_batch(drafters, seqs)
-            return [d.finish(p, s, sampling, g) for d, p, s, g in zip(drafters, prepared, seqs, generators)]
+            kind = type(drafters[0])
+            return kind.finish_rows(drafters, kind.prepare_batch(drafters, seqs), seqs, generators, sampling)
         return [d.propose(s, sampling, g) for d, s, g in zip(drafters, seqs, generators)]
+
+    @classmethod
+    def finish_rows(cls, drafters: Sequence[Drafter], prepared: Sequence[Any], seqs: Sequence[torch.Tensor],
+                    generators: Sequence[torch.Generator | None], sampling: SamplingConfig) -> list[DraftProposal]:
+        """:meth:`finish` for many rows of this class (unchecked: one ``prepared``, int64 ``seqs[i]`` and generator
+        per drafter): row i's proposal is ``drafters[i].finish(prepared[i], seqs[i], sampling, generators[i])``, its
+        draw from its own generator. The model drafter overrides it with one computation over the rows (one host
+        read for all rows' tokens); default: one :meth:`finish` per row."""
+        return [d.finish(p, s, sampling, g) for d, p, s, g in zip(drafters, prepared, seqs, generators)]
 
     def spawn(self) -> Drafter:
         """A new drafter of the same kind over the same weights (shared, not copied), started on nothing: what a
@@ -231,7 +240,10 @@ class Drafter(ABC):
         The decoders call it once per drafter class in each verification tail (:func:`learn2draft.decoding.
         finish_rows`) and each record of drafted tokens (:func:`learn2draft.decoding.draft_rows`: a batch's chains at
         once, a token drafted token by token alone); a class whose rows' bookkeeping needs no call per row overrides it
-        (prompt lookup). Unchecked: the decoders give one entry per row."""
+        (prompt lookup). Unchecked: the decoders give one entry per row. A class that keeps the default no-op
+        :meth:`observe_tokens` is not called per row."""
+        if cls.observe_tokens is Drafter.observe_tokens:
+            return
         for d, t, f in zip(drafters, tokens, first_positions):
             d.observe_tokens(t, f)
 
@@ -421,27 +433,34 @@ def batch_attention_mask(lengths: Sequence[int], past: int, new: Sequence[int], 
     return torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, torch.finfo(dtype).min)
 
 
-def group_by_module(drafters: Sequence, module) -> list[list[int]]:
-    """Row indices of ``drafters`` grouped by the module ``module(drafter)`` they run (by identity), in first-seen
-    order: one batched forward per group."""
+def group_by_module(drafters: Sequence, module: str) -> list[list[int]]:
+    """Row indices of ``drafters`` grouped by the module they run (their attribute named ``module``, e.g.
+    ``"model"``; by identity), in first-seen order: one batched forward per group."""
     groups: dict[int, list[int]] = {}
     for i, d in enumerate(drafters):
-        groups.setdefault(id(module(d)), []).append(i)
+        groups.setdefault(id(getattr(d, module)), []).append(i)
     return list(groups.values())
 
 
 def raw_distribution_stats(logits: torch.Tensor) -> tuple[float, float, float]:
     """Max probability, entropy (nats) and top-2 margin (max − second probability) of softmax(``logits``) for
-    float (V,) raw logits (V ≥ 1; the margin is the max probability when V = 1). The three cross to the host in
-    one transfer. The top-2 margin is the signal vLLM's online acceptance estimator reads (PR #52228)."""
+    float (V,) raw logits: :func:`raw_distribution_stats_rows` of one row."""
+    return raw_distribution_stats_rows(logits[None])[0]
+
+
+def raw_distribution_stats_rows(logits: torch.Tensor) -> list[tuple[float, float, float]]:
+    """Per row of float (B, V) raw logits (V ≥ 1): the max probability, the entropy (nats) and the top-2 margin (max
+    − second probability; the max probability when V = 1) of its softmax, computed in float32. All rows' values cross
+    to the host in one transfer. The top-2 margin is the signal vLLM's online acceptance estimator reads (PR
+    #52228)."""
     raw = torch.softmax(logits.float(), dim=-1)
-    top = raw.topk(min(2, raw.numel())).values
-    second = top[1] if top.numel() > 1 else top.new_zeros(())
-    ent = -(raw * torch.log(raw.clamp_min(1e-30))).sum()
-    conf, ent, margin = torch.stack([top[0], ent, top[0] - second]).tolist()
-    return conf, ent, margin
+    top = raw.topk(min(2, raw.shape[-1]), dim=-1).values
+    second = top[:, 1] if top.shape[-1] > 1 else torch.zeros_like(top[:, 0])
+    ent = -(raw * torch.log(raw.clamp_min(1e-30))).sum(dim=-1)
+    return [(c, e, m) for c, e, m in torch.stack([top[:, 0], ent, top[:, 0] - second], dim=1).tolist()]
 
 
 __all__ = ["NUM_DRAFTER_FEATURES", "DraftProposal", "Drafter", "TopKProposal", "append_new_entries",
            "batch_attention_mask", "draft_log_probs", "group_by_module", "pad_caches", "raw_distribution_stats",
+           "raw_distribution_stats_rows",
            "topk_proposal", "tree_slot_mask"]

@@ -464,7 +464,7 @@ class HeadDrafter(Drafter):
         """
         _check_rows(drafters, seqs)
         out: list[torch.Tensor | None] = [None] * len(drafters)
-        for group in group_by_module(drafters, lambda d: d.head):
+        for group in group_by_module(drafters, "head"):
             if len(group) == 1:
                 out[group[0]] = drafters[group[0]].prepare(seqs[group[0]])
                 continue

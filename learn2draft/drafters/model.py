@@ -15,10 +15,11 @@ from learn2draft.drafters.base import (
     group_by_module,
     pad_caches,
     raw_distribution_stats,
+    raw_distribution_stats_rows,
     topk_proposal,
     tree_slot_mask,
 )
-from learn2draft.sampling import SamplingConfig, sample_from
+from learn2draft.sampling import SamplingConfig, sample_from, sample_rows
 
 
 class ModelDrafter(Drafter):
@@ -85,6 +86,31 @@ class ModelDrafter(Drafter):
 
     @classmethod
     @torch.inference_mode()
+    def finish_rows(cls, drafters, prepared, seqs, generators, sampling) -> list[DraftProposal]:
+        """:meth:`finish` for many rows in one computation (:meth:`Drafter.finish_rows`): the rows' raw logits
+        (``prepared[i]``: float (V,), as :meth:`prepare_batch` returns them) stacked into (B, V), q of all rows in one
+        :meth:`~learn2draft.sampling.SamplingConfig.probs_rows` call (float32 (B, V); row i's q is its row), row i's
+        token drawn by inverse CDF with one float64 uniform from its own generator — the draw :func:`sample_from`
+        makes for it alone — all rows' tokens crossing to the host in one transfer
+        (:func:`~learn2draft.sampling.sample_rows`), and the rows' confidence, entropy and margin in one more
+        (:func:`~learn2draft.drafters.base.raw_distribution_stats_rows`): 3 host reads for the rows instead of 3 per
+        row. Per row (:meth:`finish`) for one row, a penalty that reads each row's prefix, logits of other lengths or
+        devices, or a subclass with its own :meth:`finish`.
+
+        Raises:
+            ValueError: NaN or infinite draft logits.
+        """
+        if (cls.finish is not ModelDrafter.finish or len(prepared) < 2 or sampling.prefix_dependent
+                or len({(p.shape, p.device) for p in prepared}) != 1):
+            return super().finish_rows(drafters, prepared, seqs, generators, sampling)
+        logits = torch.stack(list(prepared))
+        q = sampling.probs_rows(logits, source="draft")
+        u = torch.cat([torch.rand(1, generator=g, device=q.device, dtype=torch.float64) for g in generators])
+        tokens = sample_rows(q, u)
+        return [DraftProposal(t, q[i], *st) for i, (t, st) in enumerate(zip(tokens, raw_distribution_stats_rows(logits)))]
+
+    @classmethod
+    @torch.inference_mode()
     def prepare_batch(cls, drafters, seqs) -> list[torch.Tensor]:
         """One draft forward per group of rows sharing a model (one for a batch of :meth:`spawn`-ed drafters).
 
@@ -103,13 +129,14 @@ class ModelDrafter(Drafter):
         """
         _check_rows(drafters, seqs)
         out: list[torch.Tensor | None] = [None] * len(drafters)
-        for group in group_by_module(drafters, lambda d: d.model):
+        for group in group_by_module(drafters, "model"):
             if len(group) == 1:
                 out[group[0]] = drafters[group[0]].prepare(seqs[group[0]])
                 continue
             ds = [drafters[i] for i in group]
             for d in ds:
-                d._drop_tree()
+                if d.tree_slots:  # a tree's entries (none in a chain: no call per row)
+                    d._drop_tree()
             model, dev = ds[0].model, seqs[group[0]].device
             lengths = [d.cache_len for d in ds]
             new = [int(seqs[i].numel()) - n for i, n in zip(group, lengths)]
@@ -121,7 +148,7 @@ class ModelDrafter(Drafter):
             cache = cache if cache is not None else DynamicCache()
             pos = torch.tensor(lengths, device=dev)[:, None] + torch.arange(T, device=dev)[None]
             mask = batch_attention_mask(lengths, past, new, model.dtype, dev)
-            keep = sorted(set(n - 1 for n in new))  # the LM head only at the rows' last real positions
+            keep = sorted({n - 1 for n in new})  # the LM head only at the rows' last real positions
             res = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True,
                         logits_to_keep=torch.tensor(keep, device=dev))
             append_new_entries(cache, [d.cache for d in ds], past, new)
@@ -167,10 +194,27 @@ class ModelDrafter(Drafter):
         return topk_proposal(logits, k, sampling, prefixes)
 
     def rollback(self, length: int) -> None:
-        self._drop_tree()
-        if self.cache_len > length:
-            self.cache.crop(-(self.cache_len - length))
-            self.cache_len = length
+        ModelDrafter._rollback([self], [length])
+
+    @classmethod
+    def rollback_rows(cls, drafters, lengths) -> None:
+        """:meth:`rollback` for many rows in one call (:meth:`Drafter.rollback_rows`; unchecked): each row's cache
+        cropped to its length. A subclass that overrides :meth:`rollback` has it called per row."""
+        if cls.rollback is not ModelDrafter.rollback:
+            super().rollback_rows(drafters, lengths)
+        else:
+            ModelDrafter._rollback(drafters, lengths)
+
+    @staticmethod
+    def _rollback(drafters, lengths) -> None:
+        """The one implementation of :meth:`rollback` over rows: drop a row's tree entries, crop its cache past
+        ``lengths[i]`` tokens."""
+        for d, n in zip(drafters, lengths):
+            if d.tree_slots:
+                d._drop_tree()
+            if d.cache_len > n:
+                d.cache.crop(-(d.cache_len - n))
+                d.cache_len = n
 
     def extra_config(self) -> dict:
         from learn2draft.models import canonical_model_name
