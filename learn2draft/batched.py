@@ -628,7 +628,7 @@ class BatchedSpeculativeDecoder:
     def _prepare_drafts(self, idx: list[int]) -> dict[int, Any]:
         """One :meth:`~learn2draft.drafters.Drafter.prepare_batch` call per drafter type over rows ``idx`` (none for
         fewer than two rows: a lone row proposes alone); each row is charged an equal share of its call's seconds.
-        Returns row index → what its :meth:`~learn2draft.decoding.SpeculativeDecoder.draft_step` draws from."""
+        Returns row index → what the row draws from (:meth:`_draw_prepared`)."""
         if len(idx) < 2 or not self.batched_drafting:
             return {}
         by_type: dict[type, list[int]] = {}

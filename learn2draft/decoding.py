@@ -673,17 +673,19 @@ def draft_rows(rows: Sequence[SpeculativeDecoder], proposals: Sequence[Sequence[
 def draft_prepared(rows: Sequence[SpeculativeDecoder], prepared: Sequence[Any]) -> list[Any]:
     """Draft one token in each of ``rows`` from what one batched drafter forward prepared for it (``prepared[i]``:
     row i's entry of :meth:`~learn2draft.drafters.Drafter.prepare_batch`): the drafters draw, one
-    :meth:`~learn2draft.drafters.Drafter.finish_rows` call per drafter class when the rows share their sampling
-    settings (else one :meth:`~learn2draft.drafters.Drafter.finish` per row), each row from its own generator (the
+    :meth:`~learn2draft.drafters.Drafter.finish_rows` call per drafter class when the rows share one
+    :class:`~learn2draft.sampling.SamplingConfig` object (a batch's; else one
+    :meth:`~learn2draft.drafters.Drafter.finish` per row), each row from its own generator (the
     draws it makes alone); a hybrid's source is recorded, the tokens in one :func:`draft_rows` call, and the call's
     seconds split equally over the rows' draft seconds (:func:`charge_draft`). The rows must be able to draft
-    (``can_draft()``: the controller decided before the forward's draw).
+    (``can_draft()``: the controller decided before the forward's draw; unchecked here,
+    :meth:`SpeculativeDecoder.draft_step` checks one row).
 
     Returns:
         the rows' :class:`~learn2draft.drafters.base.DraftProposal`, in order.
 
     Raises:
-        ValueError: not one prepared entry per row.
+        ValueError: not one prepared entry per row; NaN or infinite draft logits.
     """
     if len(prepared) != len(rows):
         raise ValueError(f"draft_prepared needs one prepared entry per row ({len(rows)} rows, {len(prepared)}).")
@@ -709,7 +711,7 @@ def draft_prepared(rows: Sequence[SpeculativeDecoder], prepared: Sequence[Any]) 
 def charge_draft(rows: Sequence[SpeculativeDecoder], seconds: float) -> None:
     """Split ``seconds`` (a batched drafter forward or draw, a search over the rows, a chain record) equally over
     ``rows``' draft seconds this cycle."""
-    share = seconds / len(rows)
+    share = seconds / max(len(rows), 1)
     for r in rows:
         r._cycle_draft += share
 

@@ -82,6 +82,39 @@ def test_sampled_rows_equal_the_same_rows_decoded_alone(close_pair, drafter):
         assert got[r] == alone(close_pair, drafter, T1, r, seed=seeds[i]), (drafter, r)
 
 
+@pytest.mark.parametrize("drafter", ["model", "head", "lookup+model"])
+@pytest.mark.parametrize("sampling", [T1, SamplingConfig(temperature=0.8, top_k=5, top_p=0.9)], ids=["T1", "topk-topp"])
+def test_sampled_rows_drawing_together_equal_the_same_rows_decoded_alone(close_pair, drafter, sampling, monkeypatch):
+    """Rows at a fixed γ (drafted to their cap with no decision) beside a row whose controller is asked, sampled:
+    the rows a depth's draft forward fed draw their tokens together (Drafter.finish_rows, counted), each from its own
+    generator, and every row's tokens are those of the batch-1 decoder with its seed and controller."""
+    import learn2draft.drafters.base as base
+    import learn2draft.drafters.head as head
+    import learn2draft.drafters.model as model
+
+    together = []
+
+    def counted(q, raw, generators):
+        together.append(len(generators))
+        return base.draw_rows(q, raw, generators)
+
+    monkeypatch.setattr(model, "draw_rows", counted)
+    monkeypatch.setattr(head, "draw_rows", counted)
+    make = [lambda: FixedDepthController(3), lambda: FixedDepthController(2), lambda: ScheduleController(SCHEDULES[0])]
+    seeds = [21, 22, 23]
+    proto = drafter_for(drafter, close_pair)  # the rows' drafters spawned from one: they share its module
+    dec = BatchedSpeculativeDecoder(close_pair, proto.spawn, sampling, max_new_tokens=20, max_depth=4)
+    rids = [dec.add(PROMPTS[i], make[i](), seed=seeds[i]) for i in range(3)]
+    while dec.rows:
+        dec.step()
+    for i, rid in enumerate(rids):
+        ref = SpeculativeDecoder(close_pair, sampling, max_new_tokens=20, max_depth=4,
+                                 drafter=proto.spawn()).generate(PROMPTS[i], make[i](), seed=seeds[i])
+        assert dec.result(rid).tokens == ref.tokens, (drafter, i)
+    assert any(c.depth == 3 for c in dec.result(rids[0]).cycles)
+    assert together and max(together) >= 2  # rows drew together
+
+
 def test_a_join_or_a_leave_changes_no_other_row(close_pair):
     ref = run_rows(close_pair, "model", GREEDY, rows=(0, 0))[0][0]
     dec = BatchedSpeculativeDecoder(close_pair, "model", GREEDY, max_new_tokens=20, max_depth=4)
@@ -431,20 +464,21 @@ def _run_scripted(dec, script: _Script, depths_a, depths_b):
     draft tokens (each weighted by its probability under p, resp. q) and each cycle's (τ, token)."""
     import learn2draft.batched as batched
     import learn2draft.decoding as decoding
+    import learn2draft.drafters.base as drafter_base
     import learn2draft.drafters.model as model_drafter
 
     b_script = _FirstOption()
     draw = lambda p, g=None: (script if _Current.row == "a" else b_script).first(p, g)  # noqa: E731
-    saved = decoding.sample_from, model_drafter.sample_from, batched.sample_rows, model_drafter.sample_rows
+    saved = decoding.sample_from, model_drafter.sample_from, batched.sample_rows, drafter_base.sample_rows
     decoding.sample_from = model_drafter.sample_from = draw
     batched.sample_rows = lambda probs, u: [draw(row) for row in probs]  # the joining rows' first tokens (one here)
 
-    def draw_rows(probs, u):  # both rows drafting at one depth draw together (ModelDrafter.finish_rows): a, then b
+    def draw_rows(probs, u):  # both rows drafting at one depth draw together (drafters.base.draw_rows): a, then b
         assert len(probs) == len(u) == 2
         _Current.drawn_together += 1
         return [script.first(probs[0]), b_script.first(probs[1])]
 
-    model_drafter.sample_rows = draw_rows
+    drafter_base.sample_rows = draw_rows
     try:
         _Current.row = "a"
         a = dec.add(PROMPTS[0], _RowController(depths_a, "a"))
@@ -456,7 +490,7 @@ def _run_scripted(dec, script: _Script, depths_a, depths_b):
             dec.step()
         return dec.result(a).tokens
     finally:
-        decoding.sample_from, model_drafter.sample_from, batched.sample_rows, model_drafter.sample_rows = saved
+        decoding.sample_from, model_drafter.sample_from, batched.sample_rows, drafter_base.sample_rows = saved
 
 
 class _RowController(ScheduleController):

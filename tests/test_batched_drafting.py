@@ -258,3 +258,30 @@ def test_spawned_drafters_share_weights_and_not_state(close_pair):
     a, b = h.spawn(), h.spawn()
     assert a.batched and a.neural.model is b.neural.model and a.lookup is not b.lookup and a.neural is not b.neural
     assert not LookupDrafter().batched and LookupDrafter(3, 1).spawn().extra_config()["max_ngram"] == 3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_model_drafters_rows_drawn_together_are_each_rows_own_draw_bitwise(dtype):
+    """ModelDrafter.finish_rows (the rows' draws in one computation) against one finish per row on random logits
+    (V = 63, B = 5), for greedy, T = 1, top-k/top-p/min-p and a repetition penalty (the per-row fallback): every
+    row's token, q, confidence, entropy and margin are bitwise equal, and each generator is left in the same state
+    (one uniform drawn from it, as alone)."""
+    from learn2draft.drafters.model import ModelDrafter
+
+    configs = [GREEDY, T1, SamplingConfig(temperature=1.3, top_k=50, top_p=0.8, min_p=0.02),
+               SamplingConfig(temperature=1.0, repetition_penalty=1.2)]
+    g0 = torch.Generator().manual_seed(4)
+    logits = (torch.randn(5, 63, generator=g0) * 4).to(dtype)
+    prepared = [logits[i] for i in range(5)]  # views of one tensor, as prepare_batch returns them
+    seqs = [torch.randint(0, 63, (7 + i,), generator=g0) for i in range(5)]
+    rows = [ModelDrafter.__new__(ModelDrafter) for _ in range(5)]  # finish reads no drafter state
+    for s in configs:
+        ga = [torch.Generator().manual_seed(100 + i) for i in range(5)]
+        gb = [torch.Generator().manual_seed(100 + i) for i in range(5)]
+        together = ModelDrafter.finish_rows(rows, prepared, seqs, ga, s)
+        alone = [r.finish(p, q, s, g) for r, p, q, g in zip(rows, prepared, seqs, gb)]
+        for t, a in zip(together, alone):
+            assert (t.token, t.confidence, t.entropy, t.margin) == (a.token, a.confidence, a.entropy, a.margin), s
+            assert torch.equal(t.probs, a.probs), s
+        assert all(torch.equal(x.get_state(), y.get_state()) for x, y in zip(ga, gb)), s
+        assert len({t.token for t in together}) > 1 or s is GREEDY  # the rows drew different tokens

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from learn2draft.sampling import SamplingConfig
+from learn2draft.sampling import SamplingConfig, sample_rows
 
 #: Number of drafter-specific features every drafter reports (see :meth:`Drafter.features`).
 NUM_DRAFTER_FEATURES = 2
@@ -166,8 +166,8 @@ class Drafter(ABC):
                       generators: Sequence[torch.Generator | None]) -> list[DraftProposal]:
         """:meth:`propose` for many rows: row i's proposal equals ``drafters[i].propose(seqs[i], sampling,
         generators[i])`` (up to float rounding of a padded batch), its draws from its own generator. With
-        ``batched`` drafters one :meth:`prepare_batch` forward, then one :meth:`finish` per row; else one
-        :meth:`propose` per row (lookup; a hybrid, whose rows choose their source first, batches in the batched
+        ``batched`` drafters one :meth:`prepare_batch` forward, then one :meth:`finish_rows` draw for the rows; else
+        one :meth:`propose` per row (lookup; a hybrid, whose rows choose their source first, batches in the batched
         decoder instead).
 
         Raises:
@@ -184,8 +184,13 @@ class Drafter(ABC):
                     generators: Sequence[torch.Generator | None], sampling: SamplingConfig) -> list[DraftProposal]:
         """:meth:`finish` for many rows of this class (unchecked: one ``prepared``, int64 ``seqs[i]`` and generator
         per drafter): row i's proposal is ``drafters[i].finish(prepared[i], seqs[i], sampling, generators[i])``, its
-        draw from its own generator. The model drafter overrides it with one computation over the rows (one host
-        read for all rows' tokens); default: one :meth:`finish` per row."""
+        draw from its own generator. The model and head drafters override it with one computation over the rows
+        (:func:`draw_rows`: one host read for all rows' tokens), a hybrid with one call per neural drafter type;
+        default: one :meth:`finish` per row. A class method: a ``finish`` patched on one instance is not seen by an
+        override (a subclass's own :meth:`finish` is: the overrides fall back to this default for it).
+
+        Raises:
+            ValueError: NaN or infinite draft logits."""
         return [d.finish(p, s, sampling, g) for d, p, s, g in zip(drafters, prepared, seqs, generators)]
 
     def spawn(self) -> Drafter:
@@ -442,6 +447,26 @@ def group_by_module(drafters: Sequence, module: str) -> list[list[int]]:
     return list(groups.values())
 
 
+def draw_rows(q: torch.Tensor, raw: torch.Tensor, generators: Sequence[torch.Generator | None]) -> list[DraftProposal]:
+    """Draw one token per row of ``q`` and make the rows' proposals: row i's token by inverse CDF with one float64
+    uniform from ``generators[i]`` (the draw :func:`~learn2draft.sampling.sample_from` makes for the row alone: the
+    same generator stream), its q the row ``q[i]``, its confidence, entropy and margin those of the raw logits
+    ``raw[i]`` (:func:`raw_distribution_stats_rows`). The tokens and the statistics cross to the host in one transfer
+    each, whatever the number of rows. The drafters' batched draws (:meth:`Drafter.finish_rows`) end here.
+
+    Args:
+        q: float32 (B, V), the rows' processed draft distributions (need not be normalised).
+        raw: float (B, K), the rows' raw draft logits (K = V, or a head's draft vocabulary).
+        generators: B generators (None: the global one).
+
+    Raises:
+        ValueError: a row of ``q`` is NaN, infinite, negative or all zero.
+    """
+    u = torch.cat([torch.rand(1, generator=g, device=q.device, dtype=torch.float64) for g in generators])
+    tokens = sample_rows(q, u)
+    return [DraftProposal(t, q[i], *st) for i, (t, st) in enumerate(zip(tokens, raw_distribution_stats_rows(raw)))]
+
+
 def raw_distribution_stats(logits: torch.Tensor) -> tuple[float, float, float]:
     """Max probability, entropy (nats) and top-2 margin (max − second probability) of softmax(``logits``) for
     float (V,) raw logits: :func:`raw_distribution_stats_rows` of one row."""
@@ -461,6 +486,7 @@ def raw_distribution_stats_rows(logits: torch.Tensor) -> list[tuple[float, float
 
 
 __all__ = ["NUM_DRAFTER_FEATURES", "DraftProposal", "Drafter", "TopKProposal", "append_new_entries",
+           "draw_rows",
            "batch_attention_mask", "draft_log_probs", "group_by_module", "pad_caches", "raw_distribution_stats",
            "raw_distribution_stats_rows",
            "topk_proposal", "tree_slot_mask"]

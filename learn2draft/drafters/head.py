@@ -40,6 +40,7 @@ from learn2draft.drafters.base import (
     _check_rows,
     append_new_entries,
     batch_attention_mask,
+    draw_rows,
     group_by_module,
     pad_caches,
     raw_distribution_stats,
@@ -439,6 +440,33 @@ class HeadDrafter(Drafter):
             raise ValueError(f"The draft head: {e}") from None
         token = sample_from(q, generator)
         return DraftProposal(token, q, *raw_distribution_stats(prepared))
+
+    @classmethod
+    @torch.inference_mode()
+    def finish_rows(cls, drafters, prepared, seqs, generators, sampling) -> list[DraftProposal]:
+        """:meth:`finish` for many rows sharing one head in one computation (:meth:`Drafter.finish_rows`): the rows'
+        draft-vocabulary logits (``prepared[i]``: float32 (K,)) stacked into (B, K) and placed at ``d2t`` in (B, V)
+        rows of :attr:`masked_logit`, q of all rows in one :meth:`~learn2draft.sampling.SamplingConfig.probs_rows`
+        call, and the draws and statistics of :func:`~learn2draft.drafters.base.draw_rows` (each row's uniform from
+        its own generator: the draw :meth:`finish` makes for it alone). Per row (:meth:`finish`) for one row, rows of
+        several heads or vocabularies, a penalty that reads each row's prefix, or a subclass with its own
+        :meth:`finish`.
+
+        Raises:
+            ValueError: NaN or infinite head logits.
+        """
+        first = drafters[0] if drafters else None
+        if (cls.finish is not HeadDrafter.finish or len(prepared) < 2 or sampling.prefix_dependent
+                or any([d.head is not first.head or d.vocab_size != first.vocab_size for d in drafters])):
+            return super().finish_rows(drafters, prepared, seqs, generators, sampling)
+        raw = torch.stack(list(prepared))
+        rows = torch.full((len(drafters), first.vocab_size), first.masked_logit, device=raw.device)
+        rows[:, first.head.d2t] = raw
+        try:
+            q = sampling.probs_rows(rows, source="draft")
+        except ValueError as e:
+            raise ValueError(f"The draft head: {e}") from None
+        return draw_rows(q, raw, generators)
 
     @classmethod
     @torch.inference_mode()

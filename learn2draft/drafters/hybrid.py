@@ -149,6 +149,29 @@ class HybridDrafter(Drafter):
         return self.lookup.propose(seq, sampling, generator)
 
     @classmethod
+    def finish_rows(cls, drafters, prepared, seqs, generators, sampling) -> list[DraftProposal]:
+        """:meth:`finish` for many rows (:meth:`Drafter.finish_rows`): the rows whose prepared source is the neural
+        drafter draw together, one :meth:`~learn2draft.drafters.Drafter.finish_rows` call per neural drafter type
+        (each row from its own generator); the lookup rows propose one by one (a point mass, no draw). A subclass
+        with its own :meth:`finish` has it called per row."""
+        if cls.finish is not HybridDrafter.finish:
+            return super().finish_rows(drafters, prepared, seqs, generators, sampling)
+        out: list[DraftProposal | None] = [None] * len(drafters)
+        by_type: dict[type, list[int]] = {}
+        for i, (d, (src, _)) in enumerate(zip(drafters, prepared)):
+            d.last_source = src
+            if src == NEURAL_SOURCE:
+                by_type.setdefault(type(d.neural), []).append(i)
+            else:
+                out[i] = d.lookup.propose(seqs[i], sampling, generators[i])
+        for kind, idx in by_type.items():
+            props = kind.finish_rows([drafters[i].neural for i in idx], [prepared[i][1] for i in idx],
+                                     [seqs[i] for i in idx], [generators[i] for i in idx], sampling)
+            for i, p in zip(idx, props):
+                out[i] = p
+        return out
+
+    @classmethod
     def prepare_batch(cls, drafters, seqs) -> list[tuple[int, Any]]:
         """:meth:`prepare` for many rows, their sources already selected: the rows whose source is the neural
         drafter run one :meth:`~learn2draft.drafters.Drafter.prepare_batch` forward of it (per neural drafter type).

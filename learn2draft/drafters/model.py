@@ -12,14 +12,14 @@ from learn2draft.drafters.base import (
     _check_rows,
     append_new_entries,
     batch_attention_mask,
+    draw_rows,
     group_by_module,
     pad_caches,
     raw_distribution_stats,
-    raw_distribution_stats_rows,
     topk_proposal,
     tree_slot_mask,
 )
-from learn2draft.sampling import SamplingConfig, sample_from, sample_rows
+from learn2draft.sampling import SamplingConfig, sample_from
 
 
 class ModelDrafter(Drafter):
@@ -94,7 +94,7 @@ class ModelDrafter(Drafter):
         makes for it alone — all rows' tokens crossing to the host in one transfer
         (:func:`~learn2draft.sampling.sample_rows`), and the rows' confidence, entropy and margin in one more
         (:func:`~learn2draft.drafters.base.raw_distribution_stats_rows`): 3 host reads for the rows instead of 3 per
-        row. Per row (:meth:`finish`) for one row, a penalty that reads each row's prefix, logits of other lengths or
+        row (:func:`~learn2draft.drafters.base.draw_rows`). Per row (:meth:`finish`) for one row, a penalty that reads each row's prefix, logits of other lengths or
         devices, or a subclass with its own :meth:`finish`.
 
         Raises:
@@ -104,10 +104,7 @@ class ModelDrafter(Drafter):
                 or len({(p.shape, p.device) for p in prepared}) != 1):
             return super().finish_rows(drafters, prepared, seqs, generators, sampling)
         logits = torch.stack(list(prepared))
-        q = sampling.probs_rows(logits, source="draft")
-        u = torch.cat([torch.rand(1, generator=g, device=q.device, dtype=torch.float64) for g in generators])
-        tokens = sample_rows(q, u)
-        return [DraftProposal(t, q[i], *st) for i, (t, st) in enumerate(zip(tokens, raw_distribution_stats_rows(logits)))]
+        return draw_rows(sampling.probs_rows(logits, source="draft"), logits, generators)
 
     @classmethod
     @torch.inference_mode()
