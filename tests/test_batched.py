@@ -465,17 +465,16 @@ def _run_scripted(dec, script: _Script, depths_a, depths_b):
     import learn2draft.batched as batched
     import learn2draft.decoding as decoding
     import learn2draft.drafters.base as drafter_base
+    import learn2draft.drafters.model as model_drafter
 
     b_script = _FirstOption()
     draw = lambda p, g=None: (script if _Current.row == "a" else b_script).first(p, g)  # noqa: E731
-    saved = decoding.sample_from, batched.sample_rows, drafter_base.sample_rows
-    decoding.sample_from = draw
+    saved = decoding.sample_from, model_drafter.sample_from, batched.sample_rows, drafter_base.sample_rows
+    decoding.sample_from = model_drafter.sample_from = draw
     batched.sample_rows = lambda probs, u: [draw(row) for row in probs]  # the joining rows' first tokens (one here)
 
-    def draw_rows(probs, u):  # the draft model's draws (drafters.base.draw_rows): a row alone (the row that decided
-        assert len(probs) == len(u) in (1, 2)  # last), or both rows drafting at one depth together: a, then b
-        if len(probs) == 1:
-            return [draw(probs[0])]
+    def draw_rows(probs, u):  # both rows drafting at one depth draw together (drafters.base.draw_rows): a, then b
+        assert len(probs) == len(u) == 2
         _Current.drawn_together += 1
         return [script.first(probs[0]), b_script.first(probs[1])]
 
@@ -491,7 +490,7 @@ def _run_scripted(dec, script: _Script, depths_a, depths_b):
             dec.step()
         return dec.result(a).tokens
     finally:
-        decoding.sample_from, batched.sample_rows, drafter_base.sample_rows = saved
+        decoding.sample_from, model_drafter.sample_from, batched.sample_rows, drafter_base.sample_rows = saved
 
 
 class _RowController(ScheduleController):

@@ -43,11 +43,12 @@ from learn2draft.drafters.base import (
     draw_rows,
     group_by_module,
     pad_caches,
+    raw_distribution_stats,
     topk_proposal,
     tree_slot_mask,
 )
 from learn2draft.models import DEFAULT_TARGET, ModelLoadError
-from learn2draft.sampling import SamplingConfig
+from learn2draft.sampling import SamplingConfig, sample_from
 
 #: Directory of the head shipped for the embedded default target (SmolLM2-135M-Instruct).
 DEFAULT_HEAD_DIR = Path(__file__).resolve().parent.parent / "assets" / "smollm2-135m-head"
@@ -434,10 +435,11 @@ class HeadDrafter(Drafter):
         row = torch.full((self.vocab_size,), self.masked_logit, device=prepared.device)
         row[self.head.d2t] = prepared
         try:
-            q = sampling.probs(row[None], seq)
+            q = sampling.probs(row[None], seq)[0]
         except ValueError as e:
             raise ValueError(f"The draft head: {e}") from None
-        return draw_rows(q, prepared[None], [generator])[0]  # the one draw path, a row of finish_rows
+        token = sample_from(q, generator)
+        return DraftProposal(token, q, *raw_distribution_stats(prepared))
 
     @classmethod
     @torch.inference_mode()

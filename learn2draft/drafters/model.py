@@ -15,10 +15,11 @@ from learn2draft.drafters.base import (
     draw_rows,
     group_by_module,
     pad_caches,
+    raw_distribution_stats,
     topk_proposal,
     tree_slot_mask,
 )
-from learn2draft.sampling import SamplingConfig
+from learn2draft.sampling import SamplingConfig, sample_from
 
 
 class ModelDrafter(Drafter):
@@ -79,8 +80,9 @@ class ModelDrafter(Drafter):
     def finish(self, prepared: torch.Tensor, seq: torch.Tensor, sampling: SamplingConfig,
                generator: torch.Generator | None) -> DraftProposal:
         """Draw the token from q = ``sampling.probs(prepared, seq)`` (one draw from ``generator``)."""
-        q = sampling.probs(prepared[None], seq, source="draft")
-        return draw_rows(q, prepared[None], [generator])[0]  # the one draw path, a row of finish_rows
+        q = sampling.probs(prepared[None], seq, source="draft")[0]
+        token = sample_from(q, generator)
+        return DraftProposal(token, q, *raw_distribution_stats(prepared))
 
     @classmethod
     @torch.inference_mode()
@@ -88,7 +90,7 @@ class ModelDrafter(Drafter):
         """:meth:`finish` for many rows in one computation (:meth:`Drafter.finish_rows`): the rows' raw logits
         (``prepared[i]``: float (V,), as :meth:`prepare_batch` returns them) stacked into (B, V), q of all rows in one
         :meth:`~learn2draft.sampling.SamplingConfig.probs_rows` call (float32 (B, V); row i's q is its row), row i's
-        token drawn by inverse CDF with one float64 uniform from its own generator — the draw :meth:`finish`
+        token drawn by inverse CDF with one float64 uniform from its own generator — the draw :func:`sample_from`
         makes for it alone — all rows' tokens crossing to the host in one transfer
         (:func:`~learn2draft.sampling.sample_rows`), and the rows' confidence, entropy and margin in one more
         (:func:`~learn2draft.drafters.base.raw_distribution_stats_rows`): 3 host reads for the rows instead of 3 per
